@@ -1,0 +1,56 @@
+//! The `yolo9` command line: one file per subcommand (clap derive), each thin: parse, call the
+//! library, print.
+
+pub mod check;
+pub mod convert;
+pub mod detect;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+/// Pure-Rust YOLOv9: detect, train, validate, convert.
+#[derive(Debug, Parser)]
+#[command(name = "yolo9", version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run detection on images, directories or globs.
+    Detect(detect::DetectArgs),
+    /// Convert an official YOLOv9 PyTorch checkpoint (.pt) to safetensors.
+    Convert(convert::ConvertArgs),
+    /// Scan a dataset (data.yaml) and report every problem, without training.
+    Check(check::CheckArgs),
+}
+
+/// Entry point used by `src/main.rs`: parses arguments, runs, and turns errors into a message
+/// and a non-zero exit code (never a panic or a stack trace).
+pub fn main() -> ExitCode {
+    init_tracing();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Detect(a) => detect::run(a),
+        Command::Convert(a) => convert::run(a),
+        Command::Check(a) => check::run(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("YOLO9_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}

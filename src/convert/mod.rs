@@ -1,0 +1,1 @@
+//! Official YOLOv9 PyTorch checkpoints (`.pt`) → safetensors, parsed without Python.

@@ -1,0 +1,1 @@
+//! Data: image decoding, dataset description, labels, augmentation, loading.

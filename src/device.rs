@@ -1,0 +1,1 @@
+//! Device selection (`--device cpu|N`).

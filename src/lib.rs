@@ -1,0 +1,30 @@
+//! # yolo9 — YOLOv9 object detection and training in pure Rust on Candle
+//!
+//! One model definition (the official YOLOv9-s, WongKinYiu/yolov9 `models/detect/yolov9-s.yaml`)
+//! serves three users: the `yolo9` command line (`detect`, `train`, `val`, `convert`, `check`),
+//! and Rust programs embedding [`Detector`].
+//!
+//! Module map (the pipeline, one concept per module):
+//! - [`model`]: layers, the YOLOv9-s graph (training and inference), head, weights I/O.
+//! - [`convert`]: official PyTorch `.pt` checkpoints → safetensors, parsed without Python.
+//! - [`data`]: image decoding (EXIF, colour modes), dataset yaml, labels, augmentation, loader.
+//! - [`detect`]: letterbox, NMS, post-processing, drawing, the public [`Detector`].
+//! - [`loss`]: IoU/CIoU, the TaskAlignedAssigner, the dual-branch TAL loss.
+//! - [`metrics`]: mAP (official `ap_per_class`), validation reports.
+//! - [`train`]: optimizer, EMA, schedules, memory budget, checkpoints, the training loop.
+//! - [`ops`]: custom Candle ops (backward passes, CUDA kernels).
+//! - [`cli`]: the `yolo9` subcommands (thin wrappers around the library).
+
+pub mod cli;
+pub mod convert;
+pub mod data;
+pub mod detect;
+pub mod device;
+pub mod loss;
+pub mod metrics;
+pub mod model;
+pub mod ops;
+pub mod train;
+
+pub use detect::detector::{Detection, Detector};
+pub use model::weights::{Graph, ModelMeta, Weights};

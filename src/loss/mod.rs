@@ -1,0 +1,1 @@
+//! Training loss: IoU/CIoU, TaskAlignedAssigner, the dual-branch TAL loss (official `loss_tal_dual`).

@@ -1,0 +1,1 @@
+//! Training: optimizer, EMA, schedules, memory budget, checkpoints, the loop.
