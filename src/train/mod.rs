@@ -1,1 +1,5 @@
 //! Training: optimizer, EMA, schedules, memory budget, checkpoints, the loop.
+
+pub mod ema;
+pub mod optimizer;
+pub mod schedule;

@@ -1,0 +1,63 @@
+//! Exponential moving average of the model state (official `utils/torch_utils.py ModelEMA`).
+//!
+//! Averages every floating-point entry of the state_dict — parameters *and* BatchNorm running
+//! statistics — with the ramped decay `d(u) = decay · (1 − e^(−u/tau))`, `decay = 0.9999`,
+//! `tau = 2000`, where `u` is the number of updates so far (counted from 1):
+//! `ema = d · ema + (1 − d) · model`. The EMA weights are the ones validated and saved.
+
+use anyhow::{Context, Result};
+use candle_core::Tensor;
+
+/// The EMA of a named model state.
+#[derive(Debug, Clone)]
+pub struct Ema {
+    /// Averaged tensors, by official state_dict name (f32).
+    pub state: Vec<(String, Tensor)>,
+    /// Number of updates so far (saved in checkpoints for exact resume).
+    pub updates: u64,
+    /// Base decay (0.9999).
+    pub decay: f64,
+    /// Ramp constant in updates (2000).
+    pub tau: f64,
+}
+
+impl Ema {
+    /// Starts an EMA as a copy of `state` (official: `deepcopy(model)`), with `updates = 0`.
+    pub fn new(state: &[(String, Tensor)]) -> Result<Self> {
+        let state = state
+            .iter()
+            .map(|(n, t)| Ok((n.clone(), t.detach().copy()?)))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Ema {
+            state,
+            updates: 0,
+            decay: 0.9999,
+            tau: 2000.0,
+        })
+    }
+
+    /// The decay used for update number `u` (1-based).
+    pub fn decay_at(&self, u: u64) -> f64 {
+        self.decay * (1.0 - (-(u as f64) / self.tau).exp())
+    }
+
+    /// One update from the current model state; `model` must hold the same names in the same
+    /// order as the EMA (an error names the first mismatch).
+    pub fn update(&mut self, model: &[(String, Tensor)]) -> Result<()> {
+        anyhow::ensure!(
+            model.len() == self.state.len(),
+            "EMA holds {} tensors, model state has {}",
+            self.state.len(),
+            model.len()
+        );
+        self.updates += 1;
+        let d = self.decay_at(self.updates);
+        for ((name, e), (mname, m)) in self.state.iter_mut().zip(model) {
+            anyhow::ensure!(name == mname, "EMA entry {name} vs model entry {mname}");
+            let next = ((&*e * d)? + (m.detach() * (1.0 - d))?)
+                .with_context(|| format!("EMA update of {name}"))?;
+            *e = next;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,202 @@
+//! SGD with Nesterov momentum and the three official parameter groups.
+//!
+//! Follows the official `utils/torch_utils.py smart_optimizer(name='SGD')` and PyTorch's
+//! `torch.optim.SGD(momentum, nesterov=True, dampening=0)`:
+//!
+//! ```text
+//! g   = grad + weight_decay * p            (only the decay group has weight_decay != 0)
+//! buf = g                    on the first step of a parameter
+//! buf = momentum * buf + g   afterwards
+//! p  -= lr * (g + momentum * buf)          (Nesterov)
+//! ```
+//!
+//! Groups, in the official order (`pg0..pg2` in results.csv):
+//! - [`ParamGroup::Bias`]: every bias (no decay; its warmup LR starts at `warmup_bias_lr`),
+//! - [`ParamGroup::Weight`]: conv weights (weight decay `5e-4 * batch * accumulate / 64`),
+//! - [`ParamGroup::BnWeight`]: BatchNorm weights (no decay).
+//!
+//! BatchNorm running statistics are buffers, never parameters: they are not in the optimizer.
+
+use anyhow::{Context, Result};
+use candle_core::{backprop::GradStore, DType, Tensor, Var};
+
+/// The three official parameter groups.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ParamGroup {
+    /// Biases of convs and BatchNorms (`pg0`), no weight decay.
+    Bias = 0,
+    /// Convolution weights (`pg1`), with weight decay.
+    Weight = 1,
+    /// BatchNorm weights (`pg2`), no weight decay.
+    BnWeight = 2,
+}
+
+impl ParamGroup {
+    /// The group of a parameter from its official state_dict name: `*.bias` → Bias,
+    /// `*.bn.weight` → BnWeight (every BatchNorm of YOLOv9 is named `bn`), other `*.weight` →
+    /// Weight. Mirrors the isinstance tests of `smart_optimizer`.
+    pub fn of(name: &str) -> ParamGroup {
+        if name.ends_with(".bias") {
+            ParamGroup::Bias
+        } else if name.ends_with(".bn.weight") {
+            ParamGroup::BnWeight
+        } else {
+            ParamGroup::Weight
+        }
+    }
+}
+
+/// One trainable parameter: its official name, the variable and its group.
+#[derive(Debug, Clone)]
+pub struct Param {
+    /// Official state_dict name, e.g. `model.0.conv.weight`.
+    pub name: String,
+    /// The trainable tensor (f32).
+    pub var: Var,
+    /// Its optimizer group.
+    pub group: ParamGroup,
+}
+
+/// SGD with Nesterov momentum over three parameter groups, with state that can be saved and
+/// restored exactly (momentum buffers by parameter name).
+#[derive(Debug)]
+pub struct Sgd {
+    params: Vec<Param>,
+    /// Momentum buffer per parameter (None before its first update).
+    buffers: Vec<Option<Tensor>>,
+    /// Learning rate of each group, indexed by `ParamGroup as usize`.
+    pub lr: [f64; 3],
+    /// Momentum shared by all groups (0.937; 0.8 → 0.937 during warmup).
+    pub momentum: f64,
+    /// Weight decay of the [`ParamGroup::Weight`] group (already scaled by batch × accumulate / 64).
+    pub weight_decay: f64,
+}
+
+impl Sgd {
+    /// New optimizer over `params` (named variables); groups are derived from the names.
+    pub fn new(params: Vec<(String, Var)>, lr: f64, momentum: f64, weight_decay: f64) -> Self {
+        let params: Vec<Param> = params
+            .into_iter()
+            .map(|(name, var)| Param {
+                group: ParamGroup::of(&name),
+                name,
+                var,
+            })
+            .collect();
+        let buffers = vec![None; params.len()];
+        Sgd {
+            params,
+            buffers,
+            lr: [lr; 3],
+            momentum,
+            weight_decay,
+        }
+    }
+
+    /// The parameters, in the order given to [`Sgd::new`].
+    pub fn params(&self) -> &[Param] {
+        &self.params
+    }
+
+    /// Number of parameters in each group (`[bias, weight, bn_weight]`).
+    pub fn group_sizes(&self) -> [usize; 3] {
+        let mut n = [0; 3];
+        for p in &self.params {
+            n[p.group as usize] += 1;
+        }
+        n
+    }
+
+    /// Global L2 norm of all gradients present in `grads` (as `torch.nn.utils.clip_grad_norm_`).
+    pub fn grad_norm(&self, grads: &GradStore) -> Result<f64> {
+        let mut total = 0f64;
+        for p in &self.params {
+            if let Some(g) = grads.get(p.var.as_tensor()) {
+                total += g
+                    .sqr()?
+                    .sum_all()?
+                    .to_dtype(DType::F64)?
+                    .to_scalar::<f64>()?;
+            }
+        }
+        Ok(total.sqrt())
+    }
+
+    /// Scales all gradients so that their global norm is at most `max_norm` (official: 10.0).
+    /// Returns the norm before clipping; a non-finite norm leaves the gradients untouched and
+    /// is returned as is (the caller's NaN guard decides).
+    pub fn clip_grad_norm(&self, grads: &mut GradStore, max_norm: f64) -> Result<f64> {
+        let norm = self.grad_norm(grads)?;
+        let coef = max_norm / (norm + 1e-6);
+        if norm.is_finite() && coef < 1.0 {
+            for p in &self.params {
+                if let Some(g) = grads.remove(p.var.as_tensor()) {
+                    grads.insert(p.var.as_tensor(), (g * coef)?);
+                }
+            }
+        }
+        Ok(norm)
+    }
+
+    /// One optimizer step with the gradients in `grads`. Parameters without a gradient (e.g.
+    /// the frozen DFL conv) are skipped, as PyTorch does.
+    pub fn step(&mut self, grads: &GradStore) -> Result<()> {
+        let m = self.momentum;
+        for (p, buf) in self.params.iter().zip(self.buffers.iter_mut()) {
+            let Some(g) = grads.get(p.var.as_tensor()) else {
+                continue;
+            };
+            let w = p.var.as_tensor();
+            let g = if p.group == ParamGroup::Weight && self.weight_decay != 0.0 {
+                (g + (w * self.weight_decay)?)?
+            } else {
+                g.clone()
+            };
+            let b = match buf.take() {
+                None => g.clone(),
+                Some(b) => ((b * m)? + &g)?,
+            };
+            let update = (&g + (&b * m)?)?;
+            let lr = self.lr[p.group as usize];
+            p.var
+                .set(&(w - (update * lr)?)?)
+                .with_context(|| format!("updating {}", p.name))?;
+            *buf = Some(b);
+        }
+        Ok(())
+    }
+
+    /// The momentum buffers by parameter name (for checkpoints). Parameters never updated have
+    /// no entry.
+    pub fn state(&self) -> Vec<(String, Tensor)> {
+        self.params
+            .iter()
+            .zip(&self.buffers)
+            .filter_map(|(p, b)| b.as_ref().map(|b| (p.name.clone(), b.clone())))
+            .collect()
+    }
+
+    /// Restores momentum buffers saved by [`Sgd::state`]. Errors name an unknown parameter or a
+    /// shape mismatch.
+    pub fn load_state(&mut self, state: &[(String, Tensor)]) -> Result<()> {
+        for b in self.buffers.iter_mut() {
+            *b = None;
+        }
+        for (name, t) in state {
+            let i = self
+                .params
+                .iter()
+                .position(|p| &p.name == name)
+                .with_context(|| format!("optimizer state has unknown parameter {name}"))?;
+            let want = self.params[i].var.shape();
+            anyhow::ensure!(
+                t.shape() == want,
+                "optimizer state for {name} has shape {:?}, parameter has {:?}",
+                t.shape(),
+                want
+            );
+            self.buffers[i] = Some(t.to_device(self.params[i].var.device())?);
+        }
+        Ok(())
+    }
+}
