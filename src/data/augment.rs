@@ -1,0 +1,548 @@
+//! Training augmentation with the official `hyp.scratch-high.yaml` recipe.
+//!
+//! Follows the official `utils/dataloaders.py` (`load_image`, `load_mosaic`, `__getitem__`) and
+//! `utils/augmentations.py` (`random_perspective`, `augment_hsv`, `mixup`, `box_candidates`):
+//!
+//! 1. each image is resized so its long side is `img_size` (bilinear);
+//! 2. with probability `mosaic`, four images (the sample and three random others) are tiled
+//!    around a random centre in a `2s × 2s` canvas filled with grey 114, then a random affine
+//!    (scale `1 ± 0.9`, translation `0.5 ± 0.1`, no rotation/shear for scratch-high) crops it back to
+//!    `s × s`; with probability `mixup` a second mosaic is blended in with ratio `Beta(32, 32)`;
+//!    otherwise the image is letterboxed to `s × s` (no auto padding) and the same affine applied;
+//! 3. boxes are warped by their four corners, clipped, and kept only if they pass
+//!    [`box_candidates`] (width and height > 2 px, area ratio > 0.1, aspect ratio < 100);
+//! 4. HSV gains `1 ± (0.015, 0.7, 0.4)` (OpenCV 8-bit HSV: hue in 0..180), then a horizontal flip
+//!    with probability 0.5.
+//!
+//! Boxes are `[x1, y1, x2, y2]` in **pixels** of the image they belong to while augmenting; the
+//! final labels are normalized `cx, cy, w, h` ([`Augmented::labels`]). All randomness comes from
+//! the caller's RNG, so a sample is reproducible from its seed whatever thread runs it.
+
+use image::{imageops, Rgb, RgbImage};
+use rand::Rng;
+use rand_distr::{Beta, Distribution};
+
+/// Grey used for padding and for the area outside warped images (official 114).
+pub const PAD_GREY: u8 = 114;
+
+/// One object box: class and `[x1, y1, x2, y2]` in pixels.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PixelBox {
+    /// Class index.
+    pub cls: u32,
+    /// Corners in pixels.
+    pub xyxy: [f32; 4],
+}
+
+/// Augmentation hyper-parameters (the keys of `hyp.scratch-high.yaml`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AugmentConfig {
+    /// Hue gain (fraction), 0.015.
+    pub hsv_h: f32,
+    /// Saturation gain, 0.7.
+    pub hsv_s: f32,
+    /// Value gain, 0.4.
+    pub hsv_v: f32,
+    /// Rotation in degrees (±), 0.
+    pub degrees: f32,
+    /// Translation (± fraction), 0.1.
+    pub translate: f32,
+    /// Scale gain (±), 0.9.
+    pub scale: f32,
+    /// Shear in degrees (±), 0.
+    pub shear: f32,
+    /// Up-down flip probability, 0.
+    pub flipud: f32,
+    /// Left-right flip probability, 0.5.
+    pub fliplr: f32,
+    /// Mosaic probability, 1.0 (set to 0 for the last `--close-mosaic` epochs).
+    pub mosaic: f32,
+    /// Mixup probability, 0.15.
+    pub mixup: f32,
+}
+
+impl Default for AugmentConfig {
+    fn default() -> Self {
+        AugmentConfig {
+            hsv_h: 0.015,
+            hsv_s: 0.7,
+            hsv_v: 0.4,
+            degrees: 0.0,
+            translate: 0.1,
+            scale: 0.9,
+            shear: 0.0,
+            flipud: 0.0,
+            fliplr: 0.5,
+            mosaic: 1.0,
+            mixup: 0.15,
+        }
+    }
+}
+
+/// A decoded training image with its labels in normalized `cls cx cy w h` (as in label files).
+#[derive(Debug, Clone)]
+pub struct SourceImage {
+    /// RGB pixels (any size).
+    pub image: RgbImage,
+    /// `(cls, [cx, cy, w, h])`, normalized to the image size.
+    pub labels: Vec<(u32, [f32; 4])>,
+}
+
+/// An augmented training sample: `s × s` RGB and normalized `cx, cy, w, h` labels.
+#[derive(Debug, Clone)]
+pub struct Augmented {
+    /// RGB pixels, `img_size × img_size`.
+    pub image: RgbImage,
+    /// `(cls, [cx, cy, w, h])` normalized to the output image, clipped to it.
+    pub labels: Vec<(u32, [f32; 4])>,
+}
+
+/// Resizes so the long side equals `img_size` (official `load_image`: `r = s / max(h, w)`,
+/// new size `int(w·r) × int(h·r)`, bilinear). Returns the image unchanged when `r == 1`.
+pub fn resize_long_side(img: &RgbImage, img_size: u32) -> RgbImage {
+    let (w, h) = img.dimensions();
+    let r = img_size as f64 / w.max(h) as f64;
+    if (r - 1.0).abs() < f64::EPSILON {
+        return img.clone();
+    }
+    let nw = ((w as f64 * r) as u32).max(1);
+    let nh = ((h as f64 * r) as u32).max(1);
+    imageops::resize(img, nw, nh, imageops::FilterType::Triangle)
+}
+
+/// Normalized `cx cy w h` → pixel `xyxy` for an image of `w × h` placed at offset `(padw, padh)`
+/// (official `xywhn2xyxy`).
+pub fn xywhn_to_xyxy(l: &[f32; 4], w: f32, h: f32, padw: f32, padh: f32) -> [f32; 4] {
+    [
+        w * (l[0] - l[2] / 2.0) + padw,
+        h * (l[1] - l[3] / 2.0) + padh,
+        w * (l[0] + l[2] / 2.0) + padw,
+        h * (l[1] + l[3] / 2.0) + padh,
+    ]
+}
+
+/// Pixel `xyxy` → normalized `cx cy w h`, clipping the corners to `[0, w − eps] × [0, h − eps]`
+/// first with `eps = 1e-3` (official `xyxy2xywhn(..., clip=True, eps=1e-3)`).
+pub fn xyxy_to_xywhn(b: &[f32; 4], w: f32, h: f32) -> [f32; 4] {
+    let eps = 1e-3;
+    let x1 = b[0].clamp(0.0, w - eps);
+    let y1 = b[1].clamp(0.0, h - eps);
+    let x2 = b[2].clamp(0.0, w - eps);
+    let y2 = b[3].clamp(0.0, h - eps);
+    [
+        (x1 + x2) / 2.0 / w,
+        (y1 + y2) / 2.0 / h,
+        (x2 - x1) / w,
+        (y2 - y1) / h,
+    ]
+}
+
+/// Official `box_candidates`: keeps a box warped from `before` to `after` when its width and
+/// height exceed `wh_thr` px (2), its area is more than `area_thr` (0.1) of the scaled original,
+/// and its aspect ratio is below `ar_thr` (100).
+pub fn box_candidates(before: &[f32; 4], after: &[f32; 4], area_thr: f32) -> bool {
+    let eps = 1e-16f32;
+    let (w1, h1) = (before[2] - before[0], before[3] - before[1]);
+    let (w2, h2) = (after[2] - after[0], after[3] - after[1]);
+    let ar = (w2 / (h2 + eps)).max(h2 / (w2 + eps));
+    w2 > 2.0 && h2 > 2.0 && w2 * h2 / (w1 * h1 + eps) > area_thr && ar < 100.0
+}
+
+/// Builds the 4-image mosaic of official `load_mosaic` on a `2s × 2s` grey canvas. `images` are
+/// already resized to long side `s`; `centre` is `(xc, yc)` in `[s/2, 3s/2)`.
+pub fn mosaic4(images: [&SourceImage; 4], s: u32, centre: (i64, i64)) -> (RgbImage, Vec<PixelBox>) {
+    let s2 = 2 * s as i64;
+    let mut canvas = RgbImage::from_pixel(s2 as u32, s2 as u32, Rgb([PAD_GREY; 3]));
+    let (xc, yc) = centre;
+    let mut boxes = Vec::new();
+    for (i, src) in images.iter().enumerate() {
+        let (w, h) = (src.image.width() as i64, src.image.height() as i64);
+        let (x1a, y1a, x2a, y2a, x1b, y1b) = match i {
+            0 => {
+                let (x1a, y1a) = ((xc - w).max(0), (yc - h).max(0));
+                (x1a, y1a, xc, yc, w - (xc - x1a), h - (yc - y1a))
+            }
+            1 => {
+                let (y1a, x2a) = ((yc - h).max(0), (xc + w).min(s2));
+                (xc, y1a, x2a, yc, 0, h - (yc - y1a))
+            }
+            2 => {
+                let (x1a, y2a) = ((xc - w).max(0), (yc + h).min(s2));
+                (x1a, yc, xc, y2a, w - (xc - x1a), 0)
+            }
+            _ => (xc, yc, (xc + w).min(s2), (yc + h).min(s2), 0, 0),
+        };
+        let (cw, ch) = (x2a - x1a, y2a - y1a);
+        if cw > 0 && ch > 0 {
+            for y in 0..ch {
+                for x in 0..cw {
+                    let p = *src.image.get_pixel((x1b + x) as u32, (y1b + y) as u32);
+                    canvas.put_pixel((x1a + x) as u32, (y1a + y) as u32, p);
+                }
+            }
+        }
+        let (padw, padh) = ((x1a - x1b) as f32, (y1a - y1b) as f32);
+        for (cls, l) in &src.labels {
+            let mut b = xywhn_to_xyxy(l, w as f32, h as f32, padw, padh);
+            for v in &mut b {
+                *v = v.clamp(0.0, s2 as f32);
+            }
+            boxes.push(PixelBox { cls: *cls, xyxy: b });
+        }
+    }
+    (canvas, boxes)
+}
+
+/// A 2×3 affine matrix `[a b c; d e f]` mapping source pixels to output pixels.
+pub type Affine = [[f64; 3]; 2];
+
+/// Draws the official `random_perspective` affine (without perspective): centre, rotate/scale,
+/// shear, translate, for an input of `in_w × in_h` and an output of
+/// `(in_w + 2·border) × (in_h + 2·border)`. Returns the matrix and the scale `s` drawn.
+pub fn random_affine<R: Rng>(
+    cfg: &AugmentConfig,
+    in_w: u32,
+    in_h: u32,
+    border: i64,
+    rng: &mut R,
+) -> (Affine, f64) {
+    let out_w = in_w as f64 + 2.0 * border as f64;
+    let out_h = in_h as f64 + 2.0 * border as f64;
+    let uni = |rng: &mut R, a: f64, b: f64| if b > a { rng.random_range(a..b) } else { a };
+    let deg = cfg.degrees as f64;
+    let a = uni(rng, -deg, deg).to_radians();
+    let s = uni(rng, 1.0 - cfg.scale as f64, 1.0 + cfg.scale as f64);
+    let sh = cfg.shear as f64;
+    let shx = uni(rng, -sh, sh).to_radians().tan();
+    let shy = uni(rng, -sh, sh).to_radians().tan();
+    let t = cfg.translate as f64;
+    let tx = uni(rng, 0.5 - t, 0.5 + t) * out_w;
+    let ty = uni(rng, 0.5 - t, 0.5 + t) * out_h;
+    // C: move the input centre to the origin.
+    let c = [
+        [1.0, 0.0, -(in_w as f64) / 2.0],
+        [0.0, 1.0, -(in_h as f64) / 2.0],
+        [0.0, 0.0, 1.0],
+    ];
+    // R: OpenCV getRotationMatrix2D(angle=a, centre 0, scale s) (counter-clockwise angle).
+    let (sin, cos) = a.sin_cos();
+    let r = [
+        [s * cos, s * sin, 0.0],
+        [-s * sin, s * cos, 0.0],
+        [0.0, 0.0, 1.0],
+    ];
+    let shm = [[1.0, shx, 0.0], [shy, 1.0, 0.0], [0.0, 0.0, 1.0]];
+    let tm = [[1.0, 0.0, tx], [0.0, 1.0, ty], [0.0, 0.0, 1.0]];
+    let m = matmul(&tm, &matmul(&shm, &matmul(&r, &c)));
+    ([m[0], m[1]], s)
+}
+
+fn matmul(a: &[[f64; 3]; 3], b: &[[f64; 3]; 3]) -> [[f64; 3]; 3] {
+    let mut o = [[0.0; 3]; 3];
+    for i in 0..3 {
+        for j in 0..3 {
+            o[i][j] = (0..3).map(|k| a[i][k] * b[k][j]).sum();
+        }
+    }
+    o
+}
+
+/// Warps `img` by `m` into an `out_w × out_h` image (bilinear, grey 114 outside), as
+/// `cv2.warpAffine(..., borderValue=114)`.
+pub fn warp_affine(img: &RgbImage, m: &Affine, out_w: u32, out_h: u32) -> RgbImage {
+    let [[a, b, c], [d, e, f]] = *m;
+    let det = a * e - b * d;
+    let mut out = RgbImage::from_pixel(out_w, out_h, Rgb([PAD_GREY; 3]));
+    if det.abs() < 1e-12 {
+        return out;
+    }
+    // Inverse affine: source = M^-1 · destination.
+    let (ia, ib, id, ie) = (e / det, -b / det, -d / det, a / det);
+    let ic = -(ia * c + ib * f);
+    let if_ = -(id * c + ie * f);
+    let (w, h) = (img.width() as i64, img.height() as i64);
+    let raw = img.as_raw();
+    let px = |x: i64, y: i64, ch: usize| -> f64 {
+        if x < 0 || y < 0 || x >= w || y >= h {
+            PAD_GREY as f64
+        } else {
+            raw[((y * w + x) * 3) as usize + ch] as f64
+        }
+    };
+    let out_raw: &mut [u8] = &mut out;
+    for oy in 0..out_h as i64 {
+        for ox in 0..out_w as i64 {
+            let sx = ia * ox as f64 + ib * oy as f64 + ic;
+            let sy = id * ox as f64 + ie * oy as f64 + if_;
+            if sx <= -1.0 || sy <= -1.0 || sx >= w as f64 || sy >= h as f64 {
+                continue;
+            }
+            let (x0, y0) = (sx.floor() as i64, sy.floor() as i64);
+            let (fx, fy) = (sx - x0 as f64, sy - y0 as f64);
+            let o = ((oy * out_w as i64 + ox) * 3) as usize;
+            for ch in 0..3 {
+                let v = px(x0, y0, ch) * (1.0 - fx) * (1.0 - fy)
+                    + px(x0 + 1, y0, ch) * fx * (1.0 - fy)
+                    + px(x0, y0 + 1, ch) * (1.0 - fx) * fy
+                    + px(x0 + 1, y0 + 1, ch) * fx * fy;
+                out_raw[o + ch] = v.round().clamp(0.0, 255.0) as u8;
+            }
+        }
+    }
+    out
+}
+
+/// Warps boxes by their four corners, clips them to the output and keeps the
+/// [`box_candidates`] (official `random_perspective`, box branch). `s` is the drawn scale.
+pub fn warp_boxes(boxes: &[PixelBox], m: &Affine, s: f64, out_w: u32, out_h: u32) -> Vec<PixelBox> {
+    let [[a, b, c], [d, e, f]] = *m;
+    let mut kept = Vec::with_capacity(boxes.len());
+    for bx in boxes {
+        let [x1, y1, x2, y2] = bx.xyxy.map(|v| v as f64);
+        let corners = [(x1, y1), (x2, y2), (x1, y2), (x2, y1)];
+        let (mut nx1, mut ny1, mut nx2, mut ny2) = (f64::MAX, f64::MAX, f64::MIN, f64::MIN);
+        for (x, y) in corners {
+            let tx = a * x + b * y + c;
+            let ty = d * x + e * y + f;
+            nx1 = nx1.min(tx);
+            ny1 = ny1.min(ty);
+            nx2 = nx2.max(tx);
+            ny2 = ny2.max(ty);
+        }
+        let new = [
+            nx1.clamp(0.0, out_w as f64) as f32,
+            ny1.clamp(0.0, out_h as f64) as f32,
+            nx2.clamp(0.0, out_w as f64) as f32,
+            ny2.clamp(0.0, out_h as f64) as f32,
+        ];
+        let before = bx.xyxy.map(|v| (v as f64 * s) as f32);
+        if box_candidates(&before, &new, 0.1) {
+            kept.push(PixelBox {
+                cls: bx.cls,
+                xyxy: new,
+            });
+        }
+    }
+    kept
+}
+
+/// Official `augment_hsv` on 8-bit RGB: random gains `1 + U(-1, 1)·(h, s, v)` applied through
+/// lookup tables in OpenCV's 8-bit HSV space (hue 0..180 wraps, saturation and value clip).
+pub fn augment_hsv<R: Rng>(img: &mut RgbImage, hgain: f32, sgain: f32, vgain: f32, rng: &mut R) {
+    if hgain == 0.0 && sgain == 0.0 && vgain == 0.0 {
+        return;
+    }
+    let mut r = [0f64; 3];
+    for (ri, g) in r.iter_mut().zip([hgain, sgain, vgain]) {
+        *ri = rng.random_range(-1.0..1.0) * g as f64 + 1.0;
+    }
+    let lut = |k: usize| -> [u8; 256] {
+        let mut t = [0u8; 256];
+        for (x, v) in t.iter_mut().enumerate() {
+            let y = x as f64 * r[k];
+            *v = if k == 0 {
+                (y % 180.0) as u8
+            } else {
+                y.clamp(0.0, 255.0) as u8
+            };
+        }
+        t
+    };
+    let (lh, ls, lv) = (lut(0), lut(1), lut(2));
+    for p in img.pixels_mut() {
+        let [h, s, v] = rgb_to_hsv8(p.0);
+        p.0 = hsv8_to_rgb([lh[h as usize], ls[s as usize], lv[v as usize]]);
+    }
+}
+
+/// OpenCV `COLOR_RGB2HSV` for 8-bit images: `h ∈ [0, 180)`, `s, v ∈ [0, 255]`.
+pub fn rgb_to_hsv8(rgb: [u8; 3]) -> [u8; 3] {
+    let [r, g, b] = rgb.map(|c| c as f64);
+    let v = r.max(g).max(b);
+    let min = r.min(g).min(b);
+    let diff = v - min;
+    let s = if v > 0.0 { diff * 255.0 / v } else { 0.0 };
+    let mut h = if diff == 0.0 {
+        0.0
+    } else if v == r {
+        60.0 * (g - b) / diff
+    } else if v == g {
+        120.0 + 60.0 * (b - r) / diff
+    } else {
+        240.0 + 60.0 * (r - g) / diff
+    };
+    if h < 0.0 {
+        h += 360.0;
+    }
+    [
+        ((h / 2.0).round() as u32 % 180) as u8,
+        s.round().clamp(0.0, 255.0) as u8,
+        v as u8,
+    ]
+}
+
+/// OpenCV `COLOR_HSV2RGB` for 8-bit images (inverse of [`rgb_to_hsv8`]).
+pub fn hsv8_to_rgb(hsv: [u8; 3]) -> [u8; 3] {
+    let h = hsv[0] as f64 * 2.0;
+    let s = hsv[1] as f64 / 255.0;
+    let v = hsv[2] as f64;
+    let c = v * s;
+    let hp = (h / 60.0) % 6.0;
+    let x = c * (1.0 - ((hp % 2.0) - 1.0).abs());
+    let (r, g, b) = match hp as u32 {
+        0 => (c, x, 0.0),
+        1 => (x, c, 0.0),
+        2 => (0.0, c, x),
+        3 => (0.0, x, c),
+        4 => (x, 0.0, c),
+        _ => (c, 0.0, x),
+    };
+    let m = v - c;
+    [r + m, g + m, b + m].map(|u| u.round().clamp(0.0, 255.0) as u8)
+}
+
+/// Official `mixup`: blends two images with ratio `r ~ Beta(32, 32)` (`im·r + im2·(1−r)`,
+/// truncated to u8) and concatenates their boxes.
+pub fn mixup<R: Rng>(
+    a: (RgbImage, Vec<PixelBox>),
+    b: (RgbImage, Vec<PixelBox>),
+    rng: &mut R,
+) -> (RgbImage, Vec<PixelBox>) {
+    let r: f64 = Beta::new(32.0, 32.0).map(|d| d.sample(rng)).unwrap_or(0.5);
+    let (mut img, mut boxes) = a;
+    for (p, q) in img.pixels_mut().zip(b.0.pixels()) {
+        for ch in 0..3 {
+            p.0[ch] = (p.0[ch] as f64 * r + q.0[ch] as f64 * (1.0 - r)) as u8;
+        }
+    }
+    boxes.extend(b.1);
+    (img, boxes)
+}
+
+/// Letterboxes to exactly `s × s` (official `letterbox(..., auto=False, scaleup=True)`),
+/// returning the image and the boxes moved into it.
+pub fn letterbox_square(src: &SourceImage, s: u32) -> (RgbImage, Vec<PixelBox>) {
+    let (w, h) = src.image.dimensions();
+    let r = (s as f64 / h as f64).min(s as f64 / w as f64);
+    let nw = ((w as f64 * r).round() as u32).clamp(1, s);
+    let nh = ((h as f64 * r).round() as u32).clamp(1, s);
+    let resized = if (nw, nh) != (w, h) {
+        imageops::resize(&src.image, nw, nh, imageops::FilterType::Triangle)
+    } else {
+        src.image.clone()
+    };
+    let dw = (s - nw) as f64 / 2.0;
+    let dh = (s - nh) as f64 / 2.0;
+    let left = (dw - 0.1).round() as i64;
+    let top = (dh - 0.1).round() as i64;
+    let mut out = RgbImage::from_pixel(s, s, Rgb([PAD_GREY; 3]));
+    imageops::overlay(&mut out, &resized, left, top);
+    let boxes = src
+        .labels
+        .iter()
+        .map(|(cls, l)| PixelBox {
+            cls: *cls,
+            xyxy: xywhn_to_xyxy(l, nw as f32, nh as f32, left as f32, top as f32),
+        })
+        .collect();
+    (out, boxes)
+}
+
+/// One full training sample as the official `__getitem__` with `augment=True`.
+///
+/// `load(i)` returns dataset image `i` already resized to long side `s` (see
+/// [`resize_long_side`]); `n` is the dataset size; `index` the sample. Returns `None` only if
+/// `load` fails for the sample itself (the caller skips and counts it).
+pub fn augment_sample<R, F>(
+    cfg: &AugmentConfig,
+    s: u32,
+    index: usize,
+    n: usize,
+    load: &F,
+    rng: &mut R,
+) -> Option<Augmented>
+where
+    R: Rng,
+    F: Fn(usize) -> Option<SourceImage>,
+{
+    let use_mosaic = rng.random::<f32>() < cfg.mosaic;
+    let (mut img, boxes) = if use_mosaic {
+        let first = build_mosaic(cfg, s, index, n, load, rng)?;
+        if rng.random::<f32>() < cfg.mixup {
+            let j = rng.random_range(0..n);
+            match build_mosaic(cfg, s, j, n, load, rng) {
+                Some(second) => mixup(first, second, rng),
+                None => first,
+            }
+        } else {
+            first
+        }
+    } else {
+        let src = load(index)?;
+        let (lb, boxes) = letterbox_square(&src, s);
+        let (m, sc) = random_affine(cfg, s, s, 0, rng);
+        (warp_affine(&lb, &m, s, s), warp_boxes(&boxes, &m, sc, s, s))
+    };
+    augment_hsv(&mut img, cfg.hsv_h, cfg.hsv_s, cfg.hsv_v, rng);
+    let (w, h) = (img.width() as f32, img.height() as f32);
+    let mut labels: Vec<(u32, [f32; 4])> = boxes
+        .iter()
+        .map(|b| (b.cls, xyxy_to_xywhn(&b.xyxy, w, h)))
+        .collect();
+    if rng.random::<f32>() < cfg.flipud {
+        imageops::flip_vertical_in_place(&mut img);
+        for l in &mut labels {
+            l.1[1] = 1.0 - l.1[1];
+        }
+    }
+    if rng.random::<f32>() < cfg.fliplr {
+        imageops::flip_horizontal_in_place(&mut img);
+        for l in &mut labels {
+            l.1[0] = 1.0 - l.1[0];
+        }
+    }
+    Some(Augmented { image: img, labels })
+}
+
+fn build_mosaic<R, F>(
+    cfg: &AugmentConfig,
+    s: u32,
+    index: usize,
+    n: usize,
+    load: &F,
+    rng: &mut R,
+) -> Option<(RgbImage, Vec<PixelBox>)>
+where
+    R: Rng,
+    F: Fn(usize) -> Option<SourceImage>,
+{
+    let border = -(s as i64) / 2;
+    let lo = -border;
+    let hi = 2 * s as i64 + border;
+    let yc = rng.random_range(lo..hi);
+    let xc = rng.random_range(lo..hi);
+    let mut idx = [index, 0, 0, 0];
+    for v in idx.iter_mut().skip(1) {
+        *v = rng.random_range(0..n);
+    }
+    // Shuffle the four tiles (official: random.shuffle).
+    for i in (1..4).rev() {
+        let j = rng.random_range(0..=i);
+        idx.swap(i, j);
+    }
+    let main = load(index)?;
+    let mut tiles = Vec::with_capacity(4);
+    for &i in &idx {
+        // A tile other than the sample itself that fails to load is replaced by the sample.
+        tiles.push(if i == index {
+            main.clone()
+        } else {
+            load(i).unwrap_or_else(|| main.clone())
+        });
+    }
+    let (canvas, boxes) = mosaic4([&tiles[0], &tiles[1], &tiles[2], &tiles[3]], s, (xc, yc));
+    let (m, sc) = random_affine(cfg, 2 * s, 2 * s, border, rng);
+    let img = warp_affine(&canvas, &m, s, s);
+    let boxes = warp_boxes(&boxes, &m, sc, s, s);
+    Some((img, boxes))
+}
