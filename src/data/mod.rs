@@ -1,3 +1,4 @@
 //! Data: image decoding, dataset description, labels, augmentation, loading.
 
 pub mod augment;
+pub mod loader;

@@ -1,0 +1,308 @@
+//! The training loader: rayon workers decode and augment ahead of the training step through a
+//! bounded queue.
+//!
+//! - **Deterministic**: the epoch order is a shuffle seeded by `(seed, epoch)`, and sample `p` of
+//!   the epoch draws its augmentation from an RNG seeded by `(seed, epoch, p)`: the batches are the
+//!   same whatever `workers` is, and a resumed run reproduces them from any batch index.
+//! - **Bounded memory**: at most `prefetch` finished batches wait in the queue, plus the one
+//!   being built, whatever `workers` is.
+//! - **Never dies on a bad sample**: an image that fails to decode is replaced by the next
+//!   decodable image in the epoch order and reported in [`Batch::skipped`]; the epoch goes on.
+//!
+//! Batches follow the official `collate_fn`: images `(B, 3, S, S)` u8 RGB, targets `(N, 6)`
+//! rows `[image_index_in_batch, cls, cx, cy, w, h]` normalized.
+
+use crate::data::augment::{augment_sample, resize_long_side, AugmentConfig, SourceImage};
+use image::RgbImage;
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use rayon::prelude::*;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{sync_channel, Receiver};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+/// A function that decodes an image file to 8-bit RGB (EXIF and colour rules applied).
+pub type DecodeFn = dyn Fn(&Path) -> anyhow::Result<RgbImage> + Send + Sync;
+
+/// One training image and its labels `(cls, [cx, cy, w, h])`, normalized.
+#[derive(Debug, Clone)]
+pub struct TrainItem {
+    /// Image file.
+    pub path: PathBuf,
+    /// Labels, normalized `cx cy w h`.
+    pub labels: Vec<(u32, [f32; 4])>,
+}
+
+/// Loader settings.
+#[derive(Debug, Clone)]
+pub struct LoaderConfig {
+    /// Square training size `S` in pixels (multiple of 32).
+    pub img_size: u32,
+    /// Micro-batch size.
+    pub batch: usize,
+    /// Run seed (`--seed`).
+    pub seed: u64,
+    /// Decoding threads (`--workers`).
+    pub workers: usize,
+    /// Finished batches allowed to wait in the queue.
+    pub prefetch: usize,
+    /// Augmentation (set `mosaic = 0` for the close-mosaic epochs).
+    pub augment: AugmentConfig,
+    /// Shuffle the epoch order (training) or keep the file order.
+    pub shuffle: bool,
+}
+
+/// One collated micro-batch.
+#[derive(Debug, Clone)]
+pub struct Batch {
+    /// Index of this batch within the epoch.
+    pub index: usize,
+    /// `B × 3 × S × S` RGB bytes, channel-major (CHW per image).
+    pub images: Vec<u8>,
+    /// Number of images `B`.
+    pub len: usize,
+    /// Side `S`.
+    pub size: u32,
+    /// Targets `[img, cls, cx, cy, w, h]`, normalized.
+    pub targets: Vec<[f32; 6]>,
+    /// Image paths, one per image.
+    pub paths: Vec<PathBuf>,
+    /// Samples skipped while building this batch: path and reason.
+    pub skipped: Vec<(PathBuf, String)>,
+}
+
+/// Default number of workers: available cores − 1 (at least 1).
+pub fn default_workers() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get().saturating_sub(1).max(1))
+        .unwrap_or(1)
+}
+
+/// The order of the dataset for `epoch`: a permutation of `0..n` seeded by `(seed, epoch)`.
+pub fn epoch_order(n: usize, seed: u64, epoch: usize, shuffle: bool) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..n).collect();
+    if shuffle {
+        let mut rng = ChaCha8Rng::seed_from_u64(mix(seed, epoch as u64, u64::MAX));
+        order.shuffle(&mut rng);
+    }
+    order
+}
+
+/// Number of batches per epoch (the last batch may be smaller).
+pub fn batches_per_epoch(n: usize, batch: usize) -> usize {
+    n.div_ceil(batch.max(1))
+}
+
+fn mix(a: u64, b: u64, c: u64) -> u64 {
+    // SplitMix64 finalizer over the three words: distinct seeds per (run, epoch, sample).
+    let mut z = a
+        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        .wrapping_add(b.wrapping_mul(0xBF58_476D_1CE4_E5B9))
+        .wrapping_add(c.wrapping_mul(0x94D0_49BB_1331_11EB));
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The training loader over a fixed list of items.
+pub struct Loader {
+    items: Arc<Vec<TrainItem>>,
+    decode: Arc<DecodeFn>,
+    cfg: LoaderConfig,
+    pool: Arc<rayon::ThreadPool>,
+}
+
+/// The batches of one epoch, produced in the background. Dropping it stops the producer.
+pub struct EpochBatches {
+    rx: Receiver<Batch>,
+    handle: Option<JoinHandle<()>>,
+}
+
+impl Iterator for EpochBatches {
+    type Item = Batch;
+    fn next(&mut self) -> Option<Batch> {
+        self.rx.recv().ok()
+    }
+}
+
+impl Drop for EpochBatches {
+    fn drop(&mut self) {
+        // Closing the receiver makes the producer's next send fail, so it ends promptly.
+        let (_tx, rx) = sync_channel(0);
+        self.rx = rx;
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Loader {
+    /// A loader over `items`, decoding with `decode`. Errors if the worker pool cannot start.
+    pub fn new(
+        items: Vec<TrainItem>,
+        decode: Arc<DecodeFn>,
+        cfg: LoaderConfig,
+    ) -> anyhow::Result<Self> {
+        anyhow::ensure!(!items.is_empty(), "no training images to load");
+        anyhow::ensure!(cfg.batch >= 1, "batch size must be at least 1");
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(cfg.workers.max(1))
+            .thread_name(|i| format!("yolo9-loader-{i}"))
+            .build()?;
+        Ok(Loader {
+            items: Arc::new(items),
+            decode,
+            cfg,
+            pool: Arc::new(pool),
+        })
+    }
+
+    /// Number of items.
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    /// True when there are no items (never: [`Loader::new`] refuses that).
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    /// The settings (mutable between epochs, e.g. to close mosaic or change the batch size).
+    pub fn config_mut(&mut self) -> &mut LoaderConfig {
+        &mut self.cfg
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &LoaderConfig {
+        &self.cfg
+    }
+
+    /// Builds one sample: position `pos` of the epoch, dataset index `index`.
+    fn sample(
+        &self,
+        epoch: usize,
+        pos: usize,
+        index: usize,
+    ) -> (
+        Option<(RgbImage, Vec<(u32, [f32; 4])>)>,
+        Vec<(PathBuf, String)>,
+    ) {
+        build_sample(&self.items, &self.decode, &self.cfg, epoch, pos, index)
+    }
+
+    /// Builds batch `b` of `epoch` synchronously (used by the producer and by tests).
+    pub fn batch(&self, epoch: usize, b: usize) -> Batch {
+        let order = epoch_order(self.items.len(), self.cfg.seed, epoch, self.cfg.shuffle);
+        make_batch(self, &order, epoch, b)
+    }
+
+    /// Starts producing the batches of `epoch` from batch index `start` (for resume) in the
+    /// background.
+    pub fn epoch(&self, epoch: usize, start: usize) -> EpochBatches {
+        let (tx, rx) = sync_channel(self.cfg.prefetch.max(1));
+        let this = Loader {
+            items: self.items.clone(),
+            decode: self.decode.clone(),
+            cfg: self.cfg.clone(),
+            pool: self.pool.clone(),
+        };
+        let handle = std::thread::spawn(move || {
+            let order = epoch_order(this.items.len(), this.cfg.seed, epoch, this.cfg.shuffle);
+            let nb = batches_per_epoch(order.len(), this.cfg.batch);
+            for b in start..nb {
+                let batch = make_batch(&this, &order, epoch, b);
+                if tx.send(batch).is_err() {
+                    break;
+                }
+            }
+        });
+        EpochBatches {
+            rx,
+            handle: Some(handle),
+        }
+    }
+}
+
+fn build_sample(
+    items: &Arc<Vec<TrainItem>>,
+    decode: &Arc<DecodeFn>,
+    cfg: &LoaderConfig,
+    epoch: usize,
+    pos: usize,
+    index: usize,
+) -> (
+    Option<(RgbImage, Vec<(u32, [f32; 4])>)>,
+    Vec<(PathBuf, String)>,
+) {
+    let n = items.len();
+    let skipped = std::sync::Mutex::new(Vec::new());
+    let load = |i: usize| -> Option<SourceImage> {
+        let it = &items[i];
+        match decode(&it.path) {
+            Ok(img) => Some(SourceImage {
+                image: resize_long_side(&img, cfg.img_size),
+                labels: it.labels.clone(),
+            }),
+            Err(e) => {
+                if let Ok(mut s) = skipped.lock() {
+                    s.push((it.path.clone(), format!("{e:#}")));
+                }
+                None
+            }
+        }
+    };
+    // A sample that cannot be decoded is replaced by the next decodable one in dataset order.
+    for k in 0..n {
+        let idx = (index + k) % n;
+        let mut rng = ChaCha8Rng::seed_from_u64(mix(cfg.seed, epoch as u64, pos as u64));
+        if let Some(a) = augment_sample(&cfg.augment, cfg.img_size, idx, n, &load, &mut rng) {
+            let mut s = skipped.into_inner().unwrap_or_default();
+            s.dedup_by(|a, b| a.0 == b.0);
+            return (Some((a.image, a.labels)), s);
+        }
+    }
+    (None, skipped.into_inner().unwrap_or_default())
+}
+
+fn make_batch(loader: &Loader, order: &[usize], epoch: usize, b: usize) -> Batch {
+    let bs = loader.cfg.batch;
+    let lo = (b * bs).min(order.len());
+    let hi = ((b + 1) * bs).min(order.len());
+    let positions: Vec<usize> = (lo..hi).collect();
+    let results: Vec<_> = loader.pool.install(|| {
+        positions
+            .par_iter()
+            .map(|&p| (p, loader.sample(epoch, p, order[p])))
+            .collect()
+    });
+    let s = loader.cfg.img_size as usize;
+    let mut batch = Batch {
+        index: b,
+        images: Vec::with_capacity(results.len() * 3 * s * s),
+        len: 0,
+        size: loader.cfg.img_size,
+        targets: Vec::new(),
+        paths: Vec::new(),
+        skipped: Vec::new(),
+    };
+    for (p, (sample, skipped)) in results {
+        batch.skipped.extend(skipped);
+        let Some((img, labels)) = sample else {
+            continue;
+        };
+        let i = batch.len as f32;
+        // HWC RGB → CHW.
+        let raw = img.as_raw();
+        for c in 0..3 {
+            batch.images.extend(raw.iter().skip(c).step_by(3));
+        }
+        for (cls, l) in labels {
+            batch.targets.push([i, cls as f32, l[0], l[1], l[2], l[3]]);
+        }
+        batch.paths.push(loader.items[order[p]].path.clone());
+        batch.len += 1;
+    }
+    batch
+}
