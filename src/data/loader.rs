@@ -26,6 +26,13 @@ use std::thread::JoinHandle;
 /// A function that decodes an image file to 8-bit RGB (EXIF and colour rules applied).
 pub type DecodeFn = dyn Fn(&Path) -> anyhow::Result<RgbImage> + Send + Sync;
 
+/// A built sample (image and normalized labels, or `None` when nothing decodable was found)
+/// and the files skipped on the way with their reasons.
+type SampleResult = (
+    Option<(RgbImage, Vec<(u32, [f32; 4])>)>,
+    Vec<(PathBuf, String)>,
+);
+
 /// One training image and its labels `(cls, [cx, cy, w, h])`, normalized.
 #[derive(Debug, Clone)]
 pub struct TrainItem {
@@ -180,15 +187,7 @@ impl Loader {
     }
 
     /// Builds one sample: position `pos` of the epoch, dataset index `index`.
-    fn sample(
-        &self,
-        epoch: usize,
-        pos: usize,
-        index: usize,
-    ) -> (
-        Option<(RgbImage, Vec<(u32, [f32; 4])>)>,
-        Vec<(PathBuf, String)>,
-    ) {
+    fn sample(&self, epoch: usize, pos: usize, index: usize) -> SampleResult {
         build_sample(&self.items, &self.decode, &self.cfg, epoch, pos, index)
     }
 
@@ -232,10 +231,7 @@ fn build_sample(
     epoch: usize,
     pos: usize,
     index: usize,
-) -> (
-    Option<(RgbImage, Vec<(u32, [f32; 4])>)>,
-    Vec<(PathBuf, String)>,
-) {
+) -> SampleResult {
     let n = items.len();
     let skipped = std::sync::Mutex::new(Vec::new());
     let load = |i: usize| -> Option<SourceImage> {
