@@ -263,6 +263,7 @@ fn dfl_decode_of_p5_matches_oracle() {
     let eb = max_abs(&y.narrow(1, 0, 4).unwrap(), &want.narrow(1, 0, 4).unwrap());
     let es = max_abs(&y.narrow(1, 4, 80).unwrap(), &want.narrow(1, 4, 80).unwrap());
     println!("P5 decode: box max abs err {eb:.2e} px, score max abs err {es:.2e}");
-    assert!(eb <= 1e-4, "box error {eb}");
+    // ~1e-4 px: 2 f32 ulps at 512..640 px (the oracle notes 1.1e-4 for its own check).
+    assert!(eb <= 2e-4, "box error {eb}");
     assert!(es <= 1e-6, "score error {es}");
 }
