@@ -5,8 +5,6 @@
 use super::params::{BuildMode, Builder, Init, ParamGroup};
 use anyhow::{Context, Result};
 use candle_core::{DType, Tensor, Var};
-use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::Arc;
 
 /// BatchNorm epsilon of every BN layer of YOLOv9 (`initialize_weights` sets 1e-3).
 pub const BN_EPS: f64 = 1e-3;
@@ -24,13 +22,18 @@ pub struct BatchNorm2d {
     pub running_mean: Var,
     /// Running **unbiased** variance, (C,) f32.
     pub running_var: Var,
-    /// Shared `num_batches_tracked` counter.
-    pub batches_tracked: Arc<AtomicI64>,
+}
+
+/// Per-channel sum over (N, H, W) of x (B, C, H, W) → (1, C, 1, 1), reduced one axis at a time
+/// (W, then H, then N) so f32 rounding stays close to PyTorch's pairwise reductions.
+fn channel_sum(x: &Tensor) -> Result<Tensor> {
+    Ok(x.sum_keepdim(3)?.sum_keepdim(2)?.sum_keepdim(0)?)
 }
 
 impl BatchNorm2d {
     /// Train mode: normalizes with the batch mean and **biased** batch variance over (N, H, W),
-    /// then updates `running = 0.97*running + 0.03*batch` with the **unbiased** variance.
+    /// then updates `running = 0.97*running + 0.03*batch` with the **unbiased** variance
+    /// (`num_batches_tracked` is counted once per forward by the owning model).
     /// Eval mode: `(x - running_mean) / sqrt(running_var + eps) * γ + β`.
     /// x: (B, C, H, W) f32 → same shape.
     pub fn forward(&self, x: &Tensor, train: bool) -> Result<Tensor> {
@@ -39,9 +42,9 @@ impl BatchNorm2d {
         if train {
             let (b, _, h, w) = x.dims4()?;
             let n = (b * h * w) as f64;
-            let mean = (x.sum_keepdim((0, 2, 3))? / n)?;
+            let mean = (channel_sum(x)? / n)?;
             let xc = x.broadcast_sub(&mean)?;
-            let var = (xc.sqr()?.sum_keepdim((0, 2, 3))? / n)?;
+            let var = (channel_sum(&xc.sqr()?)? / n)?;
             let inv = (var.clone() + BN_EPS)?.sqrt()?.recip()?;
             let scale = inv.broadcast_mul(&self.weight.reshape(shape4)?)?;
             let y = xc
@@ -57,7 +60,6 @@ impl BatchNorm2d {
                 ((self.running_var.as_tensor() * (1.0 - BN_MOMENTUM))? + (var_d * BN_MOMENTUM)?)?;
             self.running_mean.set(&rm)?;
             self.running_var.set(&rv)?;
-            self.batches_tracked.fetch_add(1, Ordering::Relaxed);
             Ok(y)
         } else {
             let (scale, shift) = self.scale_shift()?;
@@ -197,7 +199,6 @@ pub fn load_conv_bn(
         bias: beta,
         running_mean,
         running_var,
-        batches_tracked: b.batches_tracked.clone(),
     };
     Ok((weight, bn))
 }

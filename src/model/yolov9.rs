@@ -372,6 +372,9 @@ impl YoloV9Train {
     pub fn forward(&self, x: &Tensor, train: bool) -> Result<DualRaw> {
         check_input(x)?;
         let x = x.to_device(&self.device)?;
+        if train {
+            self.batches_tracked.fetch_add(1, Ordering::Relaxed);
+        }
         let g = self.gelan.forward(&x, train)?;
         let aux_in = self.aux.forward(&g, train)?;
         Ok(DualRaw {
