@@ -1,1 +1,5 @@
 //! Data: image decoding, dataset description, labels, augmentation, loading.
+
+pub mod labels;
+pub mod scan;
+pub mod yaml;
