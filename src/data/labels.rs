@@ -219,7 +219,7 @@ fn parse_row(fields: &[&str], nc: usize) -> Result<Row, (String, String)> {
     let out_of_range: Vec<String> = vals
         .iter()
         .enumerate()
-        .filter(|(_, &v)| !(-EDGE_TOL..=1.0 + EDGE_TOL).contains(&v))
+        .filter(|&(_, &v)| !(-EDGE_TOL..=1.0 + EDGE_TOL).contains(&v))
         .map(|(k, v)| format!("{}={}", field_name(polygon, k), v))
         .collect();
     if !out_of_range.is_empty() {

@@ -581,7 +581,7 @@ fn find_orphans(images: &[PathBuf], records: &[ImageRecord]) -> Vec<PathBuf> {
             .filter(|p| p.extension().is_some_and(|e| e == "txt") && p.is_file())
             .collect();
         files.sort();
-        out.extend(files.into_iter().filter(|p| !expected.contains(p) && !used.contains(p)));
+        out.extend(files.into_iter().filter(|p| !expected.contains(p) && !used.contains(&p)));
     }
     out
 }

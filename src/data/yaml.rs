@@ -96,7 +96,7 @@ impl DataConfig {
         let map = doc
             .as_mapping()
             .with_context(|| format!("{shown}: expected a mapping with keys path/train/val/names"))?;
-        let get = |k: &str| map.get(Value::String(k.to_string())).filter(|v| !v.is_null());
+        let get = |k: &str| map.get(k).filter(|v| !v.is_null());
         let yaml_dir = yaml_path.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("/"));
 
         let root = match get("path") {
@@ -117,7 +117,7 @@ impl DataConfig {
             }
         };
 
-        let mut sources = |split: Split, required: bool| -> Result<Vec<PathBuf>> {
+        let sources = |split: Split, required: bool| -> Result<Vec<PathBuf>> {
             let key = split.key();
             let Some(v) = get(key) else {
                 if required {
