@@ -175,7 +175,7 @@ fn mixed_polygon_and_box() {
     }
     check(&current);
     assert_eq!(files, 8);
-    assert_eq!(t.counts.polygons, 6);
+    assert_eq!(t.counts.polygons, 7);
     assert_eq!(t.counts.rows_dropped, 0);
 }
 

@@ -149,7 +149,7 @@ fn label_rows_by_hand() {
     let lines: Vec<Option<usize>> = r.issues.iter().map(|i| i.line).collect();
     assert_eq!(lines, vec![Some(2), Some(3), Some(5)]);
     assert!(r.issues.iter().all(|i| i.kind == IssueKind::RowDropped));
-    assert_eq!(r.issues[0].to_string(), "l.txt:2: 4 values → row dropped (expected 5 (cls cx cy w h) or a class and 3 or more x y pairs)");
+    assert_eq!(r.issues[0].to_string(), "l.txt:2: 4 values → row dropped: expected 5 (cls cx cy w h) or a class and 3 or more x y pairs");
     // BOM, tiny float noise silently clipped, box with no area after clipping dropped
     let r = parse_labels("\u{feff}0 0.5 0.5 1.0000001 0.5\n0 1.0005 0.5 0.0002 0.1\n", 1, p);
     assert_eq!(r.boxes.len(), 1);

@@ -137,7 +137,7 @@ pub fn parse_labels(text: &str, nc: usize, path: &Path) -> ParsedLabels {
         match parse_row(&fields, nc) {
             Err((value, why)) => out
                 .issues
-                .push(issue(value, format!("row dropped ({why})"), IssueKind::RowDropped)),
+                .push(issue(value, format!("row dropped: {why}"), IssueKind::RowDropped)),
             Ok(row) => {
                 if row.polygon {
                     out.polygons += 1;
