@@ -8,7 +8,6 @@ use yolo9::data::labels::{parse_labels, IssueKind, LabelBox};
 use yolo9::data::scan::{scan_split, CacheStatus, LabelStatus, ScanOptions, SplitScan};
 use yolo9::data::yaml::{DataConfig, Split};
 
-
 /// `shared/cases/<name>`, lexically normalized (the yaml loader reports normalized paths).
 fn case_dir(name: &str) -> PathBuf {
     yolo9::data::yaml::normalize(&common::case(name))
@@ -16,7 +15,15 @@ fn case_dir(name: &str) -> PathBuf {
 
 fn scan(yaml: &Path, split: Split) -> SplitScan {
     let cfg = DataConfig::load(yaml).unwrap_or_else(|e| panic!("{}: {e:#}", yaml.display()));
-    scan_split(&cfg, split, &ScanOptions { use_cache: true, print: true }).expect("scan")
+    scan_split(
+        &cfg,
+        split,
+        &ScanOptions {
+            use_cache: true,
+            print: true,
+        },
+    )
+    .expect("scan")
 }
 
 fn name(p: &Path) -> String {
@@ -32,7 +39,11 @@ fn issues_of(s: &SplitScan, kind: IssueKind) -> Vec<(String, Option<usize>, Stri
 }
 
 fn boxes_of<'a>(s: &'a SplitScan, file: &str) -> &'a [LabelBox] {
-    &s.records.iter().find(|r| name(&r.image) == file).unwrap_or_else(|| panic!("{file} not scanned")).boxes
+    &s.records
+        .iter()
+        .find(|r| name(&r.image) == file)
+        .unwrap_or_else(|| panic!("{file} not scanned"))
+        .boxes
 }
 
 /// Every file listed in SHA256SUMS still has its hash.
@@ -42,7 +53,10 @@ fn assert_unmodified(case: &Path) {
     for line in sums.lines().filter(|l| !l.trim().is_empty()) {
         let (hash, file) = line.split_once("  ").expect("sha256sum format");
         let bytes = std::fs::read(case.join(file.trim_start_matches('*'))).expect("listed file");
-        let got: String = Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect();
+        let got: String = Sha256::digest(&bytes)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
         assert_eq!(got, hash, "{file} was modified");
     }
 }
@@ -59,7 +73,10 @@ fn missing_and_empty_labels() {
     let case = case_dir("missing_and_empty_labels");
     let t = scan(&case.join("data.yaml"), Split::Train);
     let c = &t.counts;
-    assert_eq!((c.images, c.labelled, c.missing, c.empty, c.corrupt), (7, 3, 2, 2, 0));
+    assert_eq!(
+        (c.images, c.labelled, c.missing, c.empty, c.corrupt),
+        (7, 3, 2, 2, 0)
+    );
     assert_eq!(c.orphans, 1);
     assert_eq!(issues_of(&t, IssueKind::OrphanLabel)[0].0, "ghost_999.txt");
     for f in ["img_003.jpg", "img_004.jpg"] {
@@ -72,8 +89,13 @@ fn missing_and_empty_labels() {
         assert!(r.boxes.is_empty());
     }
     let v = scan(&case.join("data.yaml"), Split::Val);
-    assert_eq!((v.counts.images, v.counts.labelled, v.counts.missing), (2, 1, 1));
-    assert!(t.summary(&["square".into(), "circle".into()]).contains("3 labelled, 2 empty (background), 2 missing labels"));
+    assert_eq!(
+        (v.counts.images, v.counts.labelled, v.counts.missing),
+        (2, 1, 1)
+    );
+    assert!(t
+        .summary(&["square".into(), "circle".into()])
+        .contains("3 labelled, 2 empty (background), 2 missing labels"));
     assert_cache_not_written_readonly(&t);
     assert_unmodified(&case);
 }
@@ -90,12 +112,23 @@ fn class_id_out_of_range() {
             ("img_004.txt".to_string(), Some(1), "class 7".to_string())
         ]
     );
-    let msg = t.issues.iter().find(|i| i.kind == IssueKind::RowDropped).unwrap().to_string();
-    assert!(msg.contains("img_002.txt:3: class 2 → row dropped") && msg.contains("0..1"), "{msg}");
+    let msg = t
+        .issues
+        .iter()
+        .find(|i| i.kind == IssueKind::RowDropped)
+        .unwrap()
+        .to_string();
+    assert!(
+        msg.contains("img_002.txt:3: class 2 → row dropped") && msg.contains("0..1"),
+        "{msg}"
+    );
     // the rest of each file still trains
     assert_eq!(boxes_of(&t, "img_002.jpg").len(), 2);
     assert_eq!(boxes_of(&t, "img_004.jpg").len(), 2);
-    assert_eq!((t.counts.labelled, t.counts.boxes, t.counts.rows_dropped), (5, 13, 2));
+    assert_eq!(
+        (t.counts.labelled, t.counts.boxes, t.counts.rows_dropped),
+        (5, 13, 2)
+    );
     assert_unmodified(&case);
 }
 
@@ -118,7 +151,10 @@ fn coords_invalid() {
     }
     let clipped = issues_of(&t, IssueKind::RowClipped);
     assert_eq!(
-        clipped.iter().map(|(f, l, _)| (f.as_str(), *l)).collect::<Vec<_>>(),
+        clipped
+            .iter()
+            .map(|(f, l, _)| (f.as_str(), *l))
+            .collect::<Vec<_>>(),
         vec![("img_005.txt", Some(1)), ("img_005.txt", Some(2))]
     );
     // every image still trains with its other boxes; nothing of zero size reaches the loss
@@ -126,15 +162,40 @@ fn coords_invalid() {
     for r in &t.records {
         for b in &r.boxes {
             let [x1, y1, x2, y2] = b.xyxy();
-            assert!(b.w > 0.0 && b.h > 0.0 && x1 >= -1e-6 && y1 >= -1e-6 && x2 <= 1.0 + 1e-6 && y2 <= 1.0 + 1e-6, "{b:?}");
+            assert!(
+                b.w > 0.0
+                    && b.h > 0.0
+                    && x1 >= -1e-6
+                    && y1 >= -1e-6
+                    && x2 <= 1.0 + 1e-6
+                    && y2 <= 1.0 + 1e-6,
+                "{b:?}"
+            );
         }
     }
     let b = boxes_of(&t, "img_005.jpg");
     // 1.0000004 ± 0.05 → 0.95..1.0; 0.95 ± 0.15 → 0.80..1.0
-    assert!((b[0].cx - 0.975).abs() < 1e-6 && (b[0].w - 0.05).abs() < 1e-6, "{:?}", b[0]);
-    assert!((b[1].cx - 0.9).abs() < 1e-6 && (b[1].w - 0.2).abs() < 1e-6, "{:?}", b[1]);
+    assert!(
+        (b[0].cx - 0.975).abs() < 1e-6 && (b[0].w - 0.05).abs() < 1e-6,
+        "{:?}",
+        b[0]
+    );
+    assert!(
+        (b[1].cx - 0.9).abs() < 1e-6 && (b[1].w - 0.2).abs() < 1e-6,
+        "{:?}",
+        b[1]
+    );
     assert_eq!(boxes_of(&t, "img_006.jpg").len(), 2);
-    assert_eq!(boxes_of(&t, "img_006.jpg")[0], LabelBox { cls: 1, cx: 0.535937, cy: 0.290625, w: 0.346875, h: 0.275 });
+    assert_eq!(
+        boxes_of(&t, "img_006.jpg")[0],
+        LabelBox {
+            cls: 1,
+            cx: 0.535937,
+            cy: 0.290625,
+            w: 0.346875,
+            h: 0.275
+        }
+    );
     assert_unmodified(&case);
 }
 
@@ -169,7 +230,10 @@ fn mixed_polygon_and_box() {
             check(&current);
             current = Some((k.trim_end_matches(']').to_string(), Vec::new()));
         } else {
-            let vals: Vec<f32> = line.split_whitespace().map(|x| x.parse().unwrap()).collect();
+            let vals: Vec<f32> = line
+                .split_whitespace()
+                .map(|x| x.parse().unwrap())
+                .collect();
             current.as_mut().unwrap().1.push(vals);
         }
     }
@@ -184,15 +248,23 @@ fn label_text_hygiene() {
     let case = case_dir("label_text_hygiene");
     let t = scan(&case.join("data.yaml"), Split::Train);
     for i in 0..5 {
-        let want_text = std::fs::read_to_string(case.join(format!("expected_labels/img_{i:03}.txt"))).unwrap();
+        let want_text =
+            std::fs::read_to_string(case.join(format!("expected_labels/img_{i:03}.txt"))).unwrap();
         let want = parse_labels(&want_text, 2, Path::new("expected"));
         assert!(want.issues.is_empty());
-        assert_eq!(boxes_of(&t, &format!("img_{i:03}.jpg")), want.boxes.as_slice(), "img_{i:03}");
+        assert_eq!(
+            boxes_of(&t, &format!("img_{i:03}.jpg")),
+            want.boxes.as_slice(),
+            "img_{i:03}"
+        );
     }
     // only img_004's repeats are reported, once, with the count
     assert_eq!(t.issues.len(), 1, "{:?}", t.issues);
     let d = &t.issues[0];
-    assert_eq!((d.kind, name(&d.path)), (IssueKind::DuplicatesRemoved, "img_004.txt".to_string()));
+    assert_eq!(
+        (d.kind, name(&d.path)),
+        (IssueKind::DuplicatesRemoved, "img_004.txt".to_string())
+    );
     assert!(d.value.starts_with("2 duplicate rows"), "{}", d.value);
     assert_eq!(t.counts.duplicates, 2);
     assert_unmodified(&case);
@@ -202,10 +274,21 @@ fn label_text_hygiene() {
 fn nested_images_dirname() {
     let case = case_dir("nested_images_dirname");
     let t = scan(&case.join("images/proj/data.yaml"), Split::Train);
-    assert_eq!(t.counts.per_class, vec![10, 0], "a circle means the decoy under labels/proj/images was read");
-    assert!(t.records.iter().all(|r| r.label.as_ref().unwrap().starts_with(case.join("images/proj/labels"))));
+    assert_eq!(
+        t.counts.per_class,
+        vec![10, 0],
+        "a circle means the decoy under labels/proj/images was read"
+    );
+    assert!(t.records.iter().all(|r| r
+        .label
+        .as_ref()
+        .unwrap()
+        .starts_with(case.join("images/proj/labels"))));
     let s = scan(&case.join("images/proj/data_sidecar.yaml"), Split::Train);
-    assert_eq!((s.counts.images, s.counts.labelled, s.counts.sidecar), (3, 3, 3));
+    assert_eq!(
+        (s.counts.images, s.counts.labelled, s.counts.sidecar),
+        (3, 3, 3)
+    );
     let side = issues_of(&s, IssueKind::SidecarLabels);
     assert_eq!(side.len(), 1, "{side:?}");
     assert_unmodified(&case);
@@ -220,7 +303,10 @@ fn paths_spaces_unicode() {
     assert_eq!((t.counts.images, t.counts.labelled), (4, 4));
     assert_eq!((v.counts.images, v.counts.labelled), (2, 2));
     let names: Vec<String> = t.records.iter().map(|r| name(&r.image)).collect();
-    assert!(names.contains(&"写真 2.jpg".to_string()) && names.contains(&"Ærø ø.png".to_string()), "{names:?}");
+    assert!(
+        names.contains(&"写真 2.jpg".to_string()) && names.contains(&"Ærø ø.png".to_string()),
+        "{names:?}"
+    );
     assert!(v.records.iter().any(|r| name(&r.image) == "sp ace.jpg"));
     assert!(t.issues.is_empty() && v.issues.is_empty());
 }
@@ -234,9 +320,15 @@ fn truncated_jpeg() {
     assert_eq!(skipped.len(), 1, "{skipped:?}");
     assert_eq!(skipped[0].0, "img_002.jpg");
     assert!(skipped[0].2.contains("cut off"), "{}", skipped[0].2);
-    assert_eq!((t.counts.images, t.counts.corrupt, t.records.len()), (5, 1, 4));
+    assert_eq!(
+        (t.counts.images, t.counts.corrupt, t.records.len()),
+        (5, 1, 4)
+    );
     let skipped = issues_of(&v, IssueKind::ImageSkipped);
-    assert_eq!(skipped.iter().map(|s| s.0.as_str()).collect::<Vec<_>>(), vec!["img_101.jpg"]);
+    assert_eq!(
+        skipped.iter().map(|s| s.0.as_str()).collect::<Vec<_>>(),
+        vec!["img_101.jpg"]
+    );
     assert_eq!((v.counts.corrupt, v.records.len()), (1, 1));
     assert_unmodified(&case);
 }
@@ -244,7 +336,11 @@ fn truncated_jpeg() {
 #[test]
 fn many_images_open_files() {
     let case = case_dir("many_images_open_files");
-    let fds = || std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0);
+    let fds = || {
+        std::fs::read_dir("/proc/self/fd")
+            .map(|d| d.count())
+            .unwrap_or(0)
+    };
     let before = fds();
     let t0 = std::time::Instant::now();
     let t = scan(&case.join("data.yaml"), Split::Train);
@@ -261,11 +357,32 @@ fn extensions_case_and_mismatch() {
     let case = case_dir("extensions_case_and_mismatch");
     let t = scan(&case.join("data.yaml"), Split::Train);
     let v = scan(&case.join("data.yaml"), Split::Val);
-    assert_eq!((t.counts.images, t.counts.labelled, t.counts.missing, t.counts.corrupt), (7, 7, 0, 0));
-    assert_eq!((v.counts.images, v.counts.labelled, v.counts.missing), (2, 2, 0));
-    let mut notes: Vec<String> = issues_of(&t, IssueKind::ImageNote).into_iter().map(|n| n.0).collect();
+    assert_eq!(
+        (
+            t.counts.images,
+            t.counts.labelled,
+            t.counts.missing,
+            t.counts.corrupt
+        ),
+        (7, 7, 0, 0)
+    );
+    assert_eq!(
+        (v.counts.images, v.counts.labelled, v.counts.missing),
+        (2, 2, 0)
+    );
+    let mut notes: Vec<String> = issues_of(&t, IssueKind::ImageNote)
+        .into_iter()
+        .map(|n| n.0)
+        .collect();
     notes.sort();
-    assert_eq!(notes, vec!["jpeg_inside_0006.png", "png_inside_0005.jpg", "webp_inside_0007.jpg"]);
+    assert_eq!(
+        notes,
+        vec![
+            "jpeg_inside_0006.png",
+            "png_inside_0005.jpg",
+            "webp_inside_0007.jpg"
+        ]
+    );
     assert_unmodified(&case);
 }
 
@@ -276,10 +393,21 @@ fn bccd_real_dataset() {
     assert_eq!(cfg.names, vec!["RBC", "WBC", "Platelets"]);
     let mut all = Vec::new();
     for split in [Split::Train, Split::Val, Split::Test] {
-        let s = scan_split(&cfg, split, &ScanOptions { use_cache: true, print: true }).unwrap();
+        let s = scan_split(
+            &cfg,
+            split,
+            &ScanOptions {
+                use_cache: true,
+                print: true,
+            },
+        )
+        .unwrap();
         all.push(s);
     }
-    let counts: Vec<(usize, usize)> = all.iter().map(|s| (s.counts.images, s.records.len())).collect();
+    let counts: Vec<(usize, usize)> = all
+        .iter()
+        .map(|s| (s.counts.images, s.records.len()))
+        .collect();
     assert_eq!(counts, vec![(205, 205), (87, 87), (72, 72)]);
     // the test split matches the official val run: 72 images, 945 instances
     assert_eq!(all[2].counts.boxes, 945);
@@ -291,7 +419,10 @@ fn bccd_real_dataset() {
         .collect();
     assert_eq!(
         dropped,
-        vec![("BloodImage_00343.txt".to_string(), Some(4)), ("BloodImage_00338.txt".to_string(), Some(13))]
+        vec![
+            ("BloodImage_00343.txt".to_string(), Some(4)),
+            ("BloodImage_00338.txt".to_string(), Some(13))
+        ]
     );
 }
 
@@ -333,13 +464,25 @@ fn label_cache_round_trip_and_invalidation() {
     assert_eq!(first.cache, CacheStatus::Written(cache_file.clone()));
     let second = scan(&yaml, Split::Train);
     assert_eq!(second.cache, CacheStatus::Loaded(cache_file.clone()));
-    assert_eq!((&second.records, &second.issues, &second.counts), (&first.records, &first.issues, &first.counts));
+    assert_eq!(
+        (&second.records, &second.issues, &second.counts),
+        (&first.records, &first.issues, &first.counts)
+    );
     // editing a label invalidates the cache
     std::thread::sleep(std::time::Duration::from_millis(20));
     std::fs::write(dir.join("labels/train/img_000.txt"), "0 0.5 0.5 0.2 0.2\n").unwrap();
     let third = scan(&yaml, Split::Train);
     assert_eq!(third.cache, CacheStatus::Written(cache_file.clone()));
-    assert_eq!(boxes_of(&third, "img_000.jpg"), &[LabelBox { cls: 0, cx: 0.5, cy: 0.5, w: 0.2, h: 0.2 }]);
+    assert_eq!(
+        boxes_of(&third, "img_000.jpg"),
+        &[LabelBox {
+            cls: 0,
+            cx: 0.5,
+            cy: 0.5,
+            w: 0.2,
+            h: 0.2
+        }]
+    );
     // a corrupt cache file is ignored and rewritten
     std::fs::write(&cache_file, "{not json").unwrap();
     let fourth = scan(&yaml, Split::Train);

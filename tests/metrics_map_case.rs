@@ -3,16 +3,23 @@
 mod common;
 
 use serde_json::Value;
-use yolo9::metrics::ap::{box_iou, compute_ap, fmt_g3, iou_thresholds, process_batch, smooth, ValStats, N_IOU};
+use yolo9::metrics::ap::{
+    box_iou, compute_ap, fmt_g3, iou_thresholds, process_batch, smooth, ValStats, N_IOU,
+};
 
 fn load_case() -> Value {
     let p = common::reference("map_case.json");
-    let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("cannot read {}: {e}", p.display()));
+    let text =
+        std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("cannot read {}: {e}", p.display()));
     serde_json::from_str(&text).expect("map_case.json is JSON")
 }
 
 fn f64s(v: &Value) -> Vec<f64> {
-    v.as_array().expect("array").iter().map(|x| x.as_f64().expect("number")).collect()
+    v.as_array()
+        .expect("array")
+        .iter()
+        .map(|x| x.as_f64().expect("number"))
+        .collect()
 }
 
 fn rows<const N: usize>(v: &Value) -> Vec<[f32; N]> {
@@ -38,7 +45,13 @@ fn run_case(case: &Value) -> (ValStats, usize) {
             .as_array()
             .expect("correct")
             .iter()
-            .map(|r| r.as_array().unwrap().iter().map(|b| b.as_i64().unwrap() != 0).collect())
+            .map(|r| {
+                r.as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|b| b.as_i64().unwrap() != 0)
+                    .collect()
+            })
             .collect();
         let got = process_batch(&pred, &gt);
         assert_eq!(got.len(), want.len(), "image {}", im["id"]);
@@ -54,7 +67,10 @@ fn run_case(case: &Value) -> (ValStats, usize) {
 
 fn max_diff(a: &[f64], b: &[f64]) -> f64 {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f64::max)
 }
 
 #[test]
@@ -71,7 +87,10 @@ fn thresholds_match_official_f32() {
 fn process_batch_matches_official_correct_matrices() {
     let case = load_case();
     let (stats, mismatches) = run_case(&case);
-    assert_eq!(mismatches, 0, "rows of `correct` differing from val_dual.process_batch");
+    assert_eq!(
+        mismatches, 0,
+        "rows of `correct` differing from val_dual.process_batch"
+    );
     assert_eq!(stats.conf.len(), 86, "86 predictions");
     assert_eq!(stats.target_cls.len(), 64, "64 ground truths");
     assert_eq!(stats.seen, 20);
@@ -107,7 +126,12 @@ fn ap_per_class_matches_official() {
         assert!(d <= 1e-6, "ap[{c}] {row:?} vs {:?}", ap_off[c]);
         worst = worst.max(d);
     }
-    for (name, got) in [("mp", m.mp), ("mr", m.mr), ("map50", m.map50), ("map50_95", m.map50_95)] {
+    for (name, got) in [
+        ("mp", m.mp),
+        ("mr", m.mr),
+        ("map50", m.map50),
+        ("map50_95", m.map50_95),
+    ] {
         let want = off[name].as_f64().unwrap();
         let d = (got - want).abs();
         println!("{name}: yolo9 {got:.17} official {want:.17} |diff| {d:.3e}");
@@ -137,7 +161,11 @@ fn ap_per_class_matches_official() {
         );
     }
     let f = m.fitness();
-    assert!((f - (0.1 * off["map50"].as_f64().unwrap() + 0.9 * off["map50_95"].as_f64().unwrap())).abs() < 1e-12);
+    assert!(
+        (f - (0.1 * off["map50"].as_f64().unwrap() + 0.9 * off["map50_95"].as_f64().unwrap()))
+            .abs()
+            < 1e-12
+    );
     let table = m.table(&["class0".into(), "class1".into(), "class2".into()]);
     println!("{table}");
     let all = table.lines().nth(1).unwrap();
@@ -161,12 +189,21 @@ fn matching_ignores_score_and_keeps_lowest_index() {
     // one label; detection 0 has IoU 0.6 and low score, detection 1 has IoU 0.9 and high score.
     // Official: each detection keeps its best label; the label keeps the lowest detection index → det 0.
     let label = [[0.0, 0.0, 0.0, 100.0, 100.0]];
-    let dets = [[0.0, 0.0, 100.0, 60.0, 0.1, 0.0], [0.0, 0.0, 100.0, 90.0, 0.9, 0.0]];
+    let dets = [
+        [0.0, 0.0, 100.0, 60.0, 0.1, 0.0],
+        [0.0, 0.0, 100.0, 90.0, 0.9, 0.0],
+    ];
     let c = process_batch(&dets, &label);
     // det 0 IoU 0.6: true at 0.50, 0.55, 0.60; det 1 never (its label was taken by det 0 at those
     // thresholds) except where det 0 no longer qualifies: 0.65..0.90
-    assert_eq!(c[0], [true, true, true, false, false, false, false, false, false, false]);
-    assert_eq!(c[1], [false, false, false, true, true, true, true, true, true, false]);
+    assert_eq!(
+        c[0],
+        [true, true, true, false, false, false, false, false, false, false]
+    );
+    assert_eq!(
+        c[1],
+        [false, false, false, true, true, true, true, true, true, false]
+    );
     // wrong class never matches
     let c = process_batch(&[[0.0, 0.0, 100.0, 100.0, 0.9, 1.0]], &label);
     assert_eq!(c[0], [false; N_IOU]);
@@ -206,7 +243,10 @@ fn g3_format_like_c() {
 #[test]
 fn no_true_positive_gives_zeros() {
     let mut s = ValStats::default();
-    s.add_image(&[[0.0, 0.0, 10.0, 10.0, 0.9, 0.0]], &[[0.0, 50.0, 50.0, 60.0, 60.0]]);
+    s.add_image(
+        &[[0.0, 0.0, 10.0, 10.0, 0.9, 0.0]],
+        &[[0.0, 50.0, 50.0, 60.0, 60.0]],
+    );
     s.add_image(&[], &[[1.0, 0.0, 0.0, 5.0, 5.0]]);
     let m = s.metrics(2);
     assert_eq!((m.mp, m.mr, m.map50, m.map50_95), (0.0, 0.0, 0.0, 0.0));

@@ -40,7 +40,10 @@ pub fn run(args: CheckArgs) -> Result<()> {
 
 /// Scans every split of `cfg` (train, val, and test when present), without printing.
 pub fn check(cfg: &DataConfig, use_cache: bool) -> Result<Vec<SplitScan>> {
-    let opts = ScanOptions { use_cache, print: false };
+    let opts = ScanOptions {
+        use_cache,
+        print: false,
+    };
     [Split::Train, Split::Val, Split::Test]
         .into_iter()
         .filter(|s| !cfg.sources(*s).is_empty())

@@ -44,7 +44,12 @@ pub struct LabelBox {
 impl LabelBox {
     /// Corners `[x1, y1, x2, y2]`, normalized.
     pub fn xyxy(&self) -> [f32; 4] {
-        [self.cx - self.w / 2.0, self.cy - self.h / 2.0, self.cx + self.w / 2.0, self.cy + self.h / 2.0]
+        [
+            self.cx - self.w / 2.0,
+            self.cy - self.h / 2.0,
+            self.cx + self.w / 2.0,
+            self.cy + self.h / 2.0,
+        ]
     }
 }
 
@@ -135,9 +140,11 @@ pub fn parse_labels(text: &str, nc: usize, path: &Path) -> ParsedLabels {
             kind,
         };
         match parse_row(&fields, nc) {
-            Err((value, why)) => out
-                .issues
-                .push(issue(value, format!("row dropped: {why}"), IssueKind::RowDropped)),
+            Err((value, why)) => out.issues.push(issue(
+                value,
+                format!("row dropped: {why}"),
+                IssueKind::RowDropped,
+            )),
             Ok(row) => {
                 if row.polygon {
                     out.polygons += 1;
@@ -146,7 +153,13 @@ pub fn parse_labels(text: &str, nc: usize, path: &Path) -> ParsedLabels {
                     out.issues.push(issue(value, action, IssueKind::RowClipped));
                 }
                 let b = row.bx;
-                let key = [b.cls, b.cx.to_bits(), b.cy.to_bits(), b.w.to_bits(), b.h.to_bits()];
+                let key = [
+                    b.cls,
+                    b.cx.to_bits(),
+                    b.cy.to_bits(),
+                    b.w.to_bits(),
+                    b.h.to_bits(),
+                ];
                 if seen.contains(&key) {
                     dup_lines.push(lineno);
                 } else {
@@ -186,7 +199,7 @@ struct Row {
 /// One non-blank line → a box, or (value, reason) for the drop report.
 fn parse_row(fields: &[&str], nc: usize) -> Result<Row, (String, String)> {
     let n = fields.len();
-    let polygon = n >= 7 && n % 2 == 1;
+    let polygon = n >= 7 && !n.is_multiple_of(2);
     if n != 5 && !polygon {
         return Err((
             format!("{n} values"),
@@ -255,7 +268,12 @@ fn parse_row(fields: &[&str], nc: usize) -> Result<Row, (String, String)> {
         }
         (cx - w / 2.0, cy - h / 2.0, cx + w / 2.0, cy + h / 2.0)
     };
-    let (cx1, cy1, cx2, cy2) = (x1.clamp(0.0, 1.0), y1.clamp(0.0, 1.0), x2.clamp(0.0, 1.0), y2.clamp(0.0, 1.0));
+    let (cx1, cy1, cx2, cy2) = (
+        x1.clamp(0.0, 1.0),
+        y1.clamp(0.0, 1.0),
+        x2.clamp(0.0, 1.0),
+        y2.clamp(0.0, 1.0),
+    );
     if cx2 - cx1 <= 0.0 || cy2 - cy1 <= 0.0 {
         return Err((
             format!("box x {x1:.6}..{x2:.6} y {y1:.6}..{y2:.6}"),
@@ -282,16 +300,26 @@ fn parse_row(fields: &[&str], nc: usize) -> Result<Row, (String, String)> {
     // corners); float noise below 1e-6 is clipped silently
     let inside = (x1, y1, x2, y2) == (cx1, cy1, cx2, cy2);
     let bx = if !polygon && inside {
-        LabelBox { cls, cx: vals[0] as f32, cy: vals[1] as f32, w: vals[2] as f32, h: vals[3] as f32 }
+        LabelBox {
+            cls,
+            cx: vals[0] as f32,
+            cy: vals[1] as f32,
+            w: vals[2] as f32,
+            h: vals[3] as f32,
+        }
     } else {
         bx
     };
-    Ok(Row { bx, polygon, clipped })
+    Ok(Row {
+        bx,
+        polygon,
+        clipped,
+    })
 }
 
 fn field_name(polygon: bool, k: usize) -> String {
     if polygon {
-        format!("{}{}", if k % 2 == 0 { "x" } else { "y" }, k / 2 + 1)
+        format!("{}{}", if k.is_multiple_of(2) { "x" } else { "y" }, k / 2 + 1)
     } else {
         ["x", "y", "w", "h"][k].to_string()
     }

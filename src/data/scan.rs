@@ -137,7 +137,10 @@ pub struct ScanOptions {
 
 impl Default for ScanOptions {
     fn default() -> Self {
-        ScanOptions { use_cache: true, print: true }
+        ScanOptions {
+            use_cache: true,
+            print: true,
+        }
     }
 }
 
@@ -153,7 +156,13 @@ pub fn label_path_for(image: &Path) -> PathBuf {
         Some(i) => comps
             .iter()
             .enumerate()
-            .map(|(k, c)| if k == i { std::ffi::OsStr::new("labels") } else { c.as_os_str() })
+            .map(|(k, c)| {
+                if k == i {
+                    std::ffi::OsStr::new("labels")
+                } else {
+                    c.as_os_str()
+                }
+            })
             .collect(),
         None => image.to_path_buf(),
     };
@@ -166,7 +175,9 @@ pub fn label_path_for(image: &Path) -> PathBuf {
 /// that cannot be read); every per-file problem is an [`Issue`] instead.
 pub fn scan_split(cfg: &DataConfig, split: Split, opts: &ScanOptions) -> Result<SplitScan> {
     let images = cfg.list_images(split)?;
-    let cache_path = images.first().and_then(|img| cache_path_for(&label_path_for(img)));
+    let cache_path = images
+        .first()
+        .and_then(|img| cache_path_for(&label_path_for(img)));
     let key = scan_key(&images, cfg.nc);
 
     let mut cache_status = CacheStatus::Disabled;
@@ -196,7 +207,10 @@ pub fn scan_split(cfg: &DataConfig, split: Split, opts: &ScanOptions) -> Result<
                         };
                         match write_cache(cp, &cache) {
                             Ok(()) => CacheStatus::Written(cp.clone()),
-                            Err(reason) => CacheStatus::NotWritten { path: cp.clone(), reason },
+                            Err(reason) => CacheStatus::NotWritten {
+                                path: cp.clone(),
+                                reason,
+                            },
                         }
                     }
                 };
@@ -216,7 +230,13 @@ pub fn scan_split(cfg: &DataConfig, split: Split, opts: &ScanOptions) -> Result<
         kind: IssueKind::OrphanLabel,
     }));
 
-    let scan = SplitScan { split, records, issues, counts, cache: cache_status };
+    let scan = SplitScan {
+        split,
+        records,
+        issues,
+        counts,
+        cache: cache_status,
+    };
     if opts.print {
         eprint!("{}", scan.report(&cfg.root, &cfg.names));
     }
@@ -259,9 +279,15 @@ impl SplitScan {
         }
         match &self.cache {
             CacheStatus::NotWritten { path, reason } => {
-                s += &format!("{}: warning: label cache {} not written: {reason}\n", self.split, path.display())
+                s += &format!(
+                    "{}: warning: label cache {} not written: {reason}\n",
+                    self.split,
+                    path.display()
+                )
             }
-            CacheStatus::Loaded(p) => s += &format!("{}: labels read from cache {}\n", self.split, p.display()),
+            CacheStatus::Loaded(p) => {
+                s += &format!("{}: labels read from cache {}\n", self.split, p.display())
+            }
             _ => {}
         }
         s += &self.summary(names);
@@ -273,11 +299,21 @@ impl SplitScan {
 /// Scans every image (in parallel; each worker holds at most one file open at a time).
 fn scan_images(images: &[PathBuf], nc: usize) -> (Vec<ImageRecord>, Vec<Issue>, ScanCounts) {
     let results: Vec<OneScan> = images.par_iter().map(|img| scan_one(img, nc)).collect();
-    let mut counts = ScanCounts { images: images.len(), per_class: vec![0; nc], ..Default::default() };
+    let mut counts = ScanCounts {
+        images: images.len(),
+        per_class: vec![0; nc],
+        ..Default::default()
+    };
     let mut records = Vec::new();
     let mut issues = Vec::new();
     let mut sidecar_dirs = BTreeSet::new();
-    for OneScan { rec, issues: iss, polygons, duplicates } in results {
+    for OneScan {
+        rec,
+        issues: iss,
+        polygons,
+        duplicates,
+    } in results
+    {
         counts.polygons += polygons;
         counts.duplicates += duplicates;
         for i in &iss {
@@ -352,7 +388,12 @@ fn scan_one(img: &Path, nc: usize) -> OneScan {
         Ok(p) => p,
         Err(why) => {
             skip(why, &mut issues);
-            return OneScan { rec: None, issues, polygons: 0, duplicates: 0 };
+            return OneScan {
+                rec: None,
+                issues,
+                polygons: 0,
+                duplicates: 0,
+            };
         }
     };
     if let Some(note) = probe.note {
@@ -366,10 +407,18 @@ fn scan_one(img: &Path, nc: usize) -> OneScan {
     }
     if probe.width < MIN_IMAGE_SIDE || probe.height < MIN_IMAGE_SIDE {
         skip(
-            format!("{}x{} pixels, below the {MIN_IMAGE_SIDE} px minimum", probe.width, probe.height),
+            format!(
+                "{}x{} pixels, below the {MIN_IMAGE_SIDE} px minimum",
+                probe.width, probe.height
+            ),
             &mut issues,
         );
-        return OneScan { rec: None, issues, polygons: 0, duplicates: 0 };
+        return OneScan {
+            rec: None,
+            issues,
+            polygons: 0,
+            duplicates: 0,
+        };
     }
     let rule = label_path_for(img);
     let beside = img.with_extension("txt");
@@ -399,7 +448,11 @@ fn scan_one(img: &Path, nc: usize) -> OneScan {
                 polygons = parsed.polygons;
                 duplicates = parsed.duplicates;
                 issues.extend(parsed.issues);
-                let status = if parsed.boxes.is_empty() { LabelStatus::Empty } else { LabelStatus::Labelled };
+                let status = if parsed.boxes.is_empty() {
+                    LabelStatus::Empty
+                } else {
+                    LabelStatus::Labelled
+                };
                 (parsed.boxes, status)
             }
         },
@@ -412,7 +465,12 @@ fn scan_one(img: &Path, nc: usize) -> OneScan {
         boxes,
         status,
     };
-    OneScan { rec: Some(rec), issues, polygons, duplicates }
+    OneScan {
+        rec: Some(rec),
+        issues,
+        polygons,
+        duplicates,
+    }
 }
 
 /// Header facts of an image.
@@ -439,15 +497,19 @@ pub fn probe_image(path: &Path) -> std::result::Result<ImageProbe, String> {
         return Err("unknown image format (content not recognized)".to_string());
     };
     let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
-    let note = (!format.extensions_str().iter().any(|x| x.eq_ignore_ascii_case(ext))).then(|| {
-        format!("content is {format:?} but the extension is .{ext}")
-    });
+    let note = (!format
+        .extensions_str()
+        .iter()
+        .any(|x| x.eq_ignore_ascii_case(ext)))
+    .then(|| format!("content is {format:?} but the extension is .{ext}"));
     let mut decoder = reader
         .into_decoder()
         .map_err(|e| format!("cannot read the {format:?} header: {e}"))?;
     use image::ImageDecoder;
     let (w, h) = decoder.dimensions();
-    let orientation = decoder.orientation().unwrap_or(image::metadata::Orientation::NoTransforms);
+    let orientation = decoder
+        .orientation()
+        .unwrap_or(image::metadata::Orientation::NoTransforms);
     drop(decoder);
     use image::metadata::Orientation as O;
     let (width, height) = match orientation {
@@ -459,7 +521,12 @@ pub fn probe_image(path: &Path) -> std::result::Result<ImageProbe, String> {
         image::ImageFormat::Png => check_png_complete(path)?,
         _ => {}
     }
-    Ok(ImageProbe { format, width, height, note })
+    Ok(ImageProbe {
+        format,
+        width,
+        height,
+        note,
+    })
 }
 
 /// JPEG completeness: a file ending in the EOI marker (`FF D9`) is complete; otherwise the marker
@@ -469,7 +536,10 @@ fn check_jpeg_complete(path: &Path) -> std::result::Result<(), String> {
     let len = f.metadata().map(|m| m.len()).unwrap_or(0);
     if len >= 4 {
         let mut tail = [0u8; 2];
-        if f.seek(SeekFrom::End(-2)).is_ok() && f.read_exact(&mut tail).is_ok() && tail == [0xFF, 0xD9] {
+        if f.seek(SeekFrom::End(-2)).is_ok()
+            && f.read_exact(&mut tail).is_ok()
+            && tail == [0xFF, 0xD9]
+        {
             return Ok(());
         }
     }
@@ -575,13 +645,19 @@ fn find_orphans(images: &[PathBuf], records: &[ImageRecord]) -> Vec<PathBuf> {
         .collect();
     let mut out = Vec::new();
     for d in label_dirs {
-        let Ok(rd) = std::fs::read_dir(&d) else { continue };
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
         let mut files: Vec<PathBuf> = rd
             .filter_map(|e| e.ok().map(|e| e.path()))
             .filter(|p| p.extension().is_some_and(|e| e == "txt") && p.is_file())
             .collect();
         files.sort();
-        out.extend(files.into_iter().filter(|p| !expected.contains(p) && !used.contains(&p)));
+        out.extend(
+            files
+                .into_iter()
+                .filter(|p| !expected.contains(p) && !used.contains(&p)),
+        );
     }
     out
 }

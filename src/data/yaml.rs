@@ -91,19 +91,24 @@ impl DataConfig {
     pub fn from_yaml_str(text: &str, yaml_path: &Path) -> Result<DataConfig> {
         let yaml_path = absolute(yaml_path)?;
         let shown = yaml_path.display();
-        let doc: Value = serde_yaml::from_str(text)
-            .with_context(|| format!("{shown} is not valid YAML (fix the syntax at the position above)"))?;
-        let map = doc
-            .as_mapping()
-            .with_context(|| format!("{shown}: expected a mapping with keys path/train/val/names"))?;
+        let doc: Value = serde_yaml::from_str(text).with_context(|| {
+            format!("{shown} is not valid YAML (fix the syntax at the position above)")
+        })?;
+        let map = doc.as_mapping().with_context(|| {
+            format!("{shown}: expected a mapping with keys path/train/val/names")
+        })?;
         let get = |k: &str| map.get(k).filter(|v| !v.is_null());
-        let yaml_dir = yaml_path.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("/"));
+        let yaml_dir = yaml_path
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| PathBuf::from("/"));
 
         let root = match get("path") {
             None => yaml_dir.clone(),
             Some(v) => {
-                let s = scalar_string(v)
-                    .with_context(|| format!("{shown}: key `path` must be a string (the dataset root folder)"))?;
+                let s = scalar_string(v).with_context(|| {
+                    format!("{shown}: key `path` must be a string (the dataset root folder)")
+                })?;
                 let p = normalize(&yaml_dir.join(&s));
                 if !p.is_dir() {
                     bail!(
@@ -128,7 +133,11 @@ impl DataConfig {
             let items: Vec<String> = match v {
                 Value::Sequence(seq) => seq
                     .iter()
-                    .map(|x| scalar_string(x).with_context(|| format!("{shown}: key `{key}`: every list entry must be a path string")))
+                    .map(|x| {
+                        scalar_string(x).with_context(|| {
+                            format!("{shown}: key `{key}`: every list entry must be a path string")
+                        })
+                    })
                     .collect::<Result<_>>()?,
                 other => vec![scalar_string(other).with_context(|| {
                     format!("{shown}: key `{key}` must be a path string or a list of path strings")
@@ -165,17 +174,19 @@ impl DataConfig {
 
         let nc_key = match get("nc") {
             None => None,
-            Some(v) => Some(
-                v.as_u64()
-                    .filter(|&n| n > 0)
-                    .with_context(|| format!("{shown}: key `nc` must be a positive integer, got {}", show_value(v)))?
-                    as usize,
-            ),
+            Some(v) => Some(v.as_u64().filter(|&n| n > 0).with_context(|| {
+                format!(
+                    "{shown}: key `nc` must be a positive integer, got {}",
+                    show_value(v)
+                )
+            })? as usize),
         };
         let names = match get("names") {
             None => match nc_key {
                 Some(n) => (0..n).map(|i| format!("class{i}")).collect(),
-                None => bail!("{shown}: neither `names` nor `nc` is given (add `names: [a, b, ...]`)"),
+                None => {
+                    bail!("{shown}: neither `names` nor `nc` is given (add `names: [a, b, ...]`)")
+                }
             },
             Some(v) => parse_names(v).with_context(|| format!("{shown}: key `names`"))?,
         };
@@ -190,7 +201,15 @@ impl DataConfig {
                 );
             }
         }
-        Ok(DataConfig { nc: names.len(), names, yaml_path, root, train, val, test })
+        Ok(DataConfig {
+            nc: names.len(),
+            names,
+            yaml_path,
+            root,
+            train,
+            val,
+            test,
+        })
     }
 
     /// The sources of `split` (empty for an absent `test`).
@@ -210,11 +229,20 @@ impl DataConfig {
         let mut out = Vec::new();
         for src in self.sources(split) {
             if src.is_dir() {
-                walk_images(src, &mut out)
-                    .with_context(|| format!("{}: cannot list images in {} (key `{split}`)", self.yaml_path.display(), src.display()))?;
+                walk_images(src, &mut out).with_context(|| {
+                    format!(
+                        "{}: cannot list images in {} (key `{split}`)",
+                        self.yaml_path.display(),
+                        src.display()
+                    )
+                })?;
             } else {
                 let text = std::fs::read_to_string(src).with_context(|| {
-                    format!("cannot read image list {} (key `{split}` of {})", src.display(), self.yaml_path.display())
+                    format!(
+                        "cannot read image list {} (key `{split}` of {})",
+                        src.display(),
+                        self.yaml_path.display()
+                    )
                 })?;
                 let base = src.parent().unwrap_or(Path::new("/"));
                 for line in text.lines() {
@@ -262,7 +290,10 @@ fn parse_names(v: &Value) -> Result<Vec<String>> {
         Value::Sequence(seq) => seq
             .iter()
             .enumerate()
-            .map(|(i, x)| scalar_string(x).with_context(|| format!("entry {i} must be a string, got {}", show_value(x))))
+            .map(|(i, x)| {
+                scalar_string(x)
+                    .with_context(|| format!("entry {i} must be a string, got {}", show_value(x)))
+            })
             .collect(),
         Value::Mapping(m) => {
             let mut pairs = Vec::new();
@@ -270,19 +301,28 @@ fn parse_names(v: &Value) -> Result<Vec<String>> {
                 let idx = k
                     .as_u64()
                     .or_else(|| k.as_str().and_then(|s| s.trim().parse().ok()))
-                    .with_context(|| format!("map key {} must be a class index 0, 1, ...", show_value(k)))?;
-                let name = scalar_string(x).with_context(|| format!("name of class {idx} must be a string"))?;
+                    .with_context(|| {
+                        format!("map key {} must be a class index 0, 1, ...", show_value(k))
+                    })?;
+                let name = scalar_string(x)
+                    .with_context(|| format!("name of class {idx} must be a string"))?;
                 pairs.push((idx as usize, name));
             }
             pairs.sort_by_key(|p| p.0);
             for (i, (idx, _)) in pairs.iter().enumerate() {
                 if *idx != i {
-                    bail!("index map must have keys exactly 0..{} with no gaps; key {i} is missing", pairs.len() - 1);
+                    bail!(
+                        "index map must have keys exactly 0..{} with no gaps; key {i} is missing",
+                        pairs.len() - 1
+                    );
                 }
             }
             Ok(pairs.into_iter().map(|p| p.1).collect())
         }
-        other => bail!("expected a list of names or an index map, got {}", show_value(other)),
+        other => bail!(
+            "expected a list of names or an index map, got {}",
+            show_value(other)
+        ),
     }
 }
 
@@ -297,12 +337,15 @@ fn scalar_string(v: &Value) -> Option<String> {
 }
 
 fn show_value(v: &Value) -> String {
-    serde_yaml::to_string(v).map(|s| s.trim().to_string()).unwrap_or_else(|_| format!("{v:?}"))
+    serde_yaml::to_string(v)
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| format!("{v:?}"))
 }
 
 /// `p` made absolute against the current directory (only when relative) and lexically normalized.
 pub fn absolute(p: &Path) -> Result<PathBuf> {
-    let abs = std::path::absolute(p).with_context(|| format!("cannot make {} absolute", p.display()))?;
+    let abs =
+        std::path::absolute(p).with_context(|| format!("cannot make {} absolute", p.display()))?;
     Ok(normalize(&abs))
 }
 

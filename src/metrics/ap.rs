@@ -65,7 +65,10 @@ pub fn process_batch(detections: &[[f32; 6]], labels: &[[f32; 5]]) -> Vec<[bool;
         .iter()
         .map(|l| {
             let lb = [l[1], l[2], l[3], l[4]];
-            detections.iter().map(|d| box_iou(&lb, &[d[0], d[1], d[2], d[3]])).collect()
+            detections
+                .iter()
+                .map(|d| box_iou(&lb, &[d[0], d[1], d[2], d[3]]))
+                .collect()
         })
         .collect();
     for (t, thr) in iou_thresholds().iter().enumerate() {
@@ -95,7 +98,10 @@ pub fn process_batch(detections: &[[f32; 6]], labels: &[[f32; 5]]) -> Vec<[bool;
 }
 
 /// numpy `unique(key, return_index=True)` then take: the first row of each key, sorted by key.
-fn first_per_key(m: &[(usize, usize, f32)], key: impl Fn(&(usize, usize, f32)) -> usize) -> Vec<(usize, usize, f32)> {
+fn first_per_key(
+    m: &[(usize, usize, f32)],
+    key: impl Fn(&(usize, usize, f32)) -> usize,
+) -> Vec<(usize, usize, f32)> {
     let mut out: Vec<(usize, usize, f32)> = Vec::new();
     let mut seen = std::collections::BTreeMap::new();
     for (i, r) in m.iter().enumerate() {
@@ -155,7 +161,13 @@ impl ValStats {
         };
         let ap50: Vec<f64> = ap.ap.iter().map(|a| a[0]).collect();
         let ap50_95: Vec<f64> = ap.ap.iter().map(|a| np_sum(a) / N_IOU as f64).collect();
-        let mean = |v: &[f64]| if v.is_empty() { 0.0 } else { np_sum(v) / v.len() as f64 };
+        let mean = |v: &[f64]| {
+            if v.is_empty() {
+                0.0
+            } else {
+                np_sum(v) / v.len() as f64
+            }
+        };
         ValMetrics {
             seen: self.seen,
             nt,
@@ -197,7 +209,12 @@ pub struct ApPerClass {
 /// and `target_cls`, one entry per ground-truth box. Classes with no target are ignored; a class with
 /// targets and no predictions gets zeros. P and R are read off curves sampled at 1000 confidences
 /// in 0..1, at the index maximizing the box-filtered (fraction 0.1) class-mean F1.
-pub fn ap_per_class(tp: &[[bool; N_IOU]], conf: &[f32], pred_cls: &[u32], target_cls: &[u32]) -> ApPerClass {
+pub fn ap_per_class(
+    tp: &[[bool; N_IOU]],
+    conf: &[f32],
+    pred_cls: &[u32],
+    target_cls: &[u32],
+) -> ApPerClass {
     let eps = 1e-16f64;
     // sort by descending confidence (stable)
     let mut order: Vec<usize> = (0..conf.len()).collect();
@@ -206,7 +223,10 @@ pub fn ap_per_class(tp: &[[bool; N_IOU]], conf: &[f32], pred_cls: &[u32], target
     let mut classes: Vec<u32> = target_cls.to_vec();
     classes.sort_unstable();
     classes.dedup();
-    let nt: Vec<usize> = classes.iter().map(|c| target_cls.iter().filter(|t| *t == c).count()).collect();
+    let nt: Vec<usize> = classes
+        .iter()
+        .map(|c| target_cls.iter().filter(|t| *t == c).count())
+        .collect();
     let nc = classes.len();
 
     let px: Vec<f64> = linspace(0.0, 1.0, 1000);
@@ -215,7 +235,11 @@ pub fn ap_per_class(tp: &[[bool; N_IOU]], conf: &[f32], pred_cls: &[u32], target
     let mut p = vec![vec![0f64; 1000]; nc];
     let mut r = vec![vec![0f64; 1000]; nc];
     for (ci, &c) in classes.iter().enumerate() {
-        let idx: Vec<usize> = order.iter().copied().filter(|&i| pred_cls[i] == c).collect();
+        let idx: Vec<usize> = order
+            .iter()
+            .copied()
+            .filter(|&i| pred_cls[i] == c)
+            .collect();
         let n_l = nt[ci];
         if idx.is_empty() || n_l == 0 {
             continue;
@@ -243,7 +267,11 @@ pub fn ap_per_class(tp: &[[bool; N_IOU]], conf: &[f32], pred_cls: &[u32], target
     }
     // f1 and its class mean (numpy mean over axis 0: sequential row sums, then divide)
     let f1: Vec<Vec<f64>> = (0..nc)
-        .map(|ci| (0..1000).map(|k| 2.0 * p[ci][k] * r[ci][k] / (p[ci][k] + r[ci][k] + eps)).collect())
+        .map(|ci| {
+            (0..1000)
+                .map(|k| 2.0 * p[ci][k] * r[ci][k] / (p[ci][k] + r[ci][k] + eps))
+                .collect()
+        })
         .collect();
     let mut f1_mean = vec![0f64; 1000];
     for k in 0..1000 {
@@ -263,8 +291,16 @@ pub fn ap_per_class(tp: &[[bool; N_IOU]], conf: &[f32], pred_cls: &[u32], target
     let pk: Vec<f64> = p.iter().map(|row| row[best]).collect();
     let rk: Vec<f64> = r.iter().map(|row| row[best]).collect();
     let f1k: Vec<f64> = f1.iter().map(|row| row[best]).collect();
-    let tpk: Vec<f64> = rk.iter().zip(&nt).map(|(r, &n)| (r * n as f64).round_ties_even()).collect();
-    let fpk: Vec<f64> = tpk.iter().zip(&pk).map(|(t, p)| (t / (p + eps) - t).round_ties_even()).collect();
+    let tpk: Vec<f64> = rk
+        .iter()
+        .zip(&nt)
+        .map(|(r, &n)| (r * n as f64).round_ties_even())
+        .collect();
+    let fpk: Vec<f64> = tpk
+        .iter()
+        .zip(&pk)
+        .map(|(t, p)| (t / (p + eps) - t).round_ties_even())
+        .collect();
     ApPerClass {
         classes: classes.iter().map(|&c| c as usize).collect(),
         nt,
@@ -443,13 +479,29 @@ impl ValMetrics {
                 fmt_g3(a)
             );
         };
-        row(&mut s, "all", total, self.mp, self.mr, self.map50, self.map50_95);
+        row(
+            &mut s,
+            "all",
+            total,
+            self.mp,
+            self.mr,
+            self.map50,
+            self.map50_95,
+        );
         if self.nt.len() > 1 {
             let pc = &self.per_class;
             for (i, &c) in pc.classes.iter().enumerate() {
                 let name = names.get(c).cloned().unwrap_or_else(|| c.to_string());
                 let n = self.nt.get(c).copied().unwrap_or(0);
-                row(&mut s, &name, n, pc.p[i], pc.r[i], self.ap50[i], self.ap50_95[i]);
+                row(
+                    &mut s,
+                    &name,
+                    n,
+                    pc.p[i],
+                    pc.r[i],
+                    self.ap50[i],
+                    self.ap50_95[i],
+                );
             }
         }
         s
@@ -464,7 +516,11 @@ pub fn fitness(map50: f64, map50_95: f64) -> f64 {
 /// C's `%.3g`: 3 significant digits, trailing zeros removed, exponent form below 1e-4 or from 1e3.
 pub fn fmt_g3(v: f64) -> String {
     if v == 0.0 || !v.is_finite() {
-        return if v == 0.0 { "0".to_string() } else { format!("{v}") };
+        return if v == 0.0 {
+            "0".to_string()
+        } else {
+            format!("{v}")
+        };
     }
     let e = format!("{v:.2e}");
     let (mant, exp) = e.split_once('e').unwrap_or((&e, "0"));
