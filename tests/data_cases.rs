@@ -508,3 +508,37 @@ fn label_cache_read_only_folder_only_warns() {
     std::fs::set_permissions(&labels, perm).unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn truncation_checks_by_hand() {
+    use yolo9::data::scan::{jpeg_has_eoi, probe_image};
+    let jpg = std::fs::read(case_dir("coords_invalid").join("images/train/img_000.jpg")).unwrap();
+    assert_eq!(jpeg_has_eoi(&jpg), Ok(()));
+    // data after the EOI marker (some cameras append it) is tolerated
+    let mut tail = jpg.clone();
+    tail.extend_from_slice(b"\0\0trailing bytes");
+    assert_eq!(jpeg_has_eoi(&tail), Ok(()));
+    for keep in [jpg.len() / 2, jpg.len() - 2, 300] {
+        let e = jpeg_has_eoi(&jpg[..keep]).unwrap_err();
+        assert!(e.contains("cut off"), "{keep}: {e}");
+    }
+    assert!(jpeg_has_eoi(b"GIF89a").is_err());
+
+    let dir = temp_dir("trunc");
+    std::fs::create_dir_all(&dir).unwrap();
+    let png =
+        std::fs::read(case_dir("extensions_case_and_mismatch").join("images/train/IMG_0003.PNG"))
+            .unwrap();
+    let p = dir.join("cut.png");
+    std::fs::write(&p, &png[..png.len() * 6 / 10]).unwrap();
+    let e = probe_image(&p).unwrap_err();
+    assert!(e.contains("PNG cut off"), "{e}");
+    std::fs::write(&p, &png).unwrap();
+    let ok = probe_image(&p).unwrap();
+    assert_eq!((ok.format, ok.note), (image::ImageFormat::Png, None));
+    // a text file named .jpg is refused by content
+    std::fs::write(dir.join("x.jpg"), "hello").unwrap();
+    let e = probe_image(&dir.join("x.jpg")).unwrap_err();
+    assert!(e.contains("unknown image format"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -7,7 +7,7 @@
 //!   image's stem sits beside the image, that one is used and the split reports it once.
 //! - Missing or empty label file: the image is a background image (kept, no boxes).
 //! - Image check (no full decode, to keep the scan cheap on large datasets): the format is sniffed from
-//!   the content (`with_guessed_format`), the dimensions come from the header (swapped for EXIF
+//!   the content (`image::guess_format`), the dimensions come from the header (swapped for EXIF
 //!   rotations of 90°/270°), and JPEG and PNG files are walked structurally to their end marker (EOI /
 //!   `IEND`), which catches truncated files that a header read accepts. An image whose content does not
 //!   match its extension is used, with a note. Unreadable, unknown, truncated or smaller than 10 px
@@ -486,16 +486,22 @@ pub struct ImageProbe {
     pub note: Option<String>,
 }
 
-/// Checks an image without decoding its pixels (see the module documentation). `Err` holds the
+/// Checks an image without decoding its pixels (see the module documentation): format sniffed from
+/// the first bytes, header dimensions, EXIF orientation, JPEG/PNG end marker. `Err` holds the
 /// reason the image cannot be used, e.g. `JPEG cut off: no end-of-image marker (12345 bytes)`.
 pub fn probe_image(path: &Path) -> std::result::Result<ImageProbe, String> {
-    let reader = image::ImageReader::open(path)
-        .map_err(|e| format!("cannot open: {e}"))?
-        .with_guessed_format()
+    // the format comes from the content only (`with_guessed_format` would fall back to the extension)
+    let mut f = std::fs::File::open(path).map_err(|e| format!("cannot open: {e}"))?;
+    let mut head = Vec::with_capacity(64);
+    (&mut f)
+        .take(64)
+        .read_to_end(&mut head)
+        .and_then(|_| f.seek(SeekFrom::Start(0)))
         .map_err(|e| format!("cannot read: {e}"))?;
-    let Some(format) = reader.format() else {
-        return Err("unknown image format (content not recognized)".to_string());
-    };
+    let format = image::guess_format(&head).map_err(|_| {
+        "unknown image format (content is not JPEG, PNG, BMP, TIFF, WebP or GIF)".to_string()
+    })?;
+    let reader = image::ImageReader::with_format(std::io::BufReader::new(f), format);
     let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
     let note = (!format
         .extensions_str()
