@@ -1,4 +1,7 @@
 //! Data: image decoding, dataset description, labels, augmentation, loading.
 
 pub mod augment;
+pub mod labels;
 pub mod loader;
+pub mod scan;
+pub mod yaml;

@@ -1,1 +1,5 @@
 //! Validation metrics: matching and AP as the official `ap_per_class`.
+
+pub mod ap;
+
+pub use ap::{ap_per_class, fitness, process_batch, ApPerClass, ValMetrics, ValStats};

@@ -1,0 +1,742 @@
+//! Dataset scan: pairs every image of a split with its label file, checks each image's header,
+//! parses the labels ([`super::labels`]) and counts what was found. The result is cached next to the
+//! labels so that a restart does not rescan.
+//!
+//! - Label path: the last `/images/` component of the image path becomes `/labels/` and the extension
+//!   becomes `.txt` (official `img2label_paths`). When that file does not exist but a `.txt` with the
+//!   image's stem sits beside the image, that one is used and the split reports it once.
+//! - Missing or empty label file: the image is a background image (kept, no boxes).
+//! - Image check (no full decode, to keep the scan cheap on large datasets): the format is sniffed from
+//!   the content (`image::guess_format`), the dimensions come from the header (swapped for EXIF
+//!   rotations of 90°/270°), and JPEG and PNG files are walked structurally to their end marker (EOI /
+//!   `IEND`), which catches truncated files that a header read accepts. An image whose content does not
+//!   match its extension is used, with a note. Unreadable, unknown, truncated or smaller than 10 px
+//!   images are skipped and counted as corrupt. The loader must still handle a decode error on an image
+//!   that passed (a corrupt entropy stream is only found by decoding).
+//! - Label files in a labels folder with no matching image are reported as orphans.
+//! - Cache: `<labels folder>.yolo9-cache.json` beside the labels folder of the first image, keyed by a
+//!   SHA-256 of the scan rules version, `nc`, and every image's and label candidate's path, size and
+//!   modification time. A read-only folder (by permission bits, honoured even for root) or a failed
+//!   write only warns. The user's files are never modified.
+
+use super::labels::{parse_labels, Issue, IssueKind, LabelBox};
+use super::yaml::{DataConfig, Split};
+use anyhow::{Context, Result};
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeSet;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+
+/// Version of the scan rules; part of the cache key so a rule change invalidates old caches.
+pub const SCAN_VERSION: u32 = 1;
+/// Smallest accepted image side, in pixels (as the official `verify_image_label`).
+pub const MIN_IMAGE_SIDE: u32 = 10;
+
+/// How an image's labels were found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LabelStatus {
+    /// A label file with at least one valid box.
+    Labelled,
+    /// A label file with no valid box (empty, whitespace, or every row dropped): background image.
+    Empty,
+    /// No label file: background image.
+    Missing,
+}
+
+/// One usable image of a split.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ImageRecord {
+    /// The image file (absolute).
+    pub image: PathBuf,
+    /// The label file read, if any.
+    pub label: Option<PathBuf>,
+    /// Width in pixels after EXIF orientation.
+    pub width: u32,
+    /// Height in pixels after EXIF orientation.
+    pub height: u32,
+    /// The boxes kept (normalized cxcywh, relative to the oriented image).
+    pub boxes: Vec<LabelBox>,
+    /// How the labels were found.
+    pub status: LabelStatus,
+}
+
+/// Counts of a split scan.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ScanCounts {
+    /// Image files listed by the split.
+    pub images: usize,
+    /// Images with at least one box.
+    pub labelled: usize,
+    /// Images without a label file (kept as background).
+    pub missing: usize,
+    /// Images whose label file holds no valid box (kept as background).
+    pub empty: usize,
+    /// Images skipped (unreadable, truncated, unknown format, too small).
+    pub corrupt: usize,
+    /// Boxes kept.
+    pub boxes: usize,
+    /// Boxes kept per class, `nc` entries.
+    pub per_class: Vec<usize>,
+    /// Label rows dropped.
+    pub rows_dropped: usize,
+    /// Label rows clipped to the image.
+    pub rows_clipped: usize,
+    /// Label rows removed as repeats.
+    pub duplicates: usize,
+    /// Polygon rows used as their bounding box.
+    pub polygons: usize,
+    /// Labels read from `.txt` files beside the images.
+    pub sidecar: usize,
+    /// Label files with no image.
+    pub orphans: usize,
+}
+
+/// What happened with the label cache.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CacheStatus {
+    /// Caching was turned off.
+    Disabled,
+    /// A valid cache was found and used (nothing rescanned).
+    Loaded(PathBuf),
+    /// The split was scanned and the cache written.
+    Written(PathBuf),
+    /// The split was scanned but the cache could not be written (a warning, not an error).
+    NotWritten {
+        /// Where the cache would have gone.
+        path: PathBuf,
+        /// Why it was not written.
+        reason: String,
+    },
+}
+
+/// The result of scanning one split.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SplitScan {
+    /// Which split.
+    pub split: Split,
+    /// The usable images, sorted by path.
+    pub records: Vec<ImageRecord>,
+    /// Every problem found, in image order.
+    pub issues: Vec<Issue>,
+    /// The counts.
+    pub counts: ScanCounts,
+    /// What happened with the cache.
+    pub cache: CacheStatus,
+}
+
+/// Options of [`scan_split`].
+#[derive(Debug, Clone)]
+pub struct ScanOptions {
+    /// Read and write the label cache.
+    pub use_cache: bool,
+    /// Print the summary, every issue and cache warnings to stderr.
+    pub print: bool,
+}
+
+impl Default for ScanOptions {
+    fn default() -> Self {
+        ScanOptions {
+            use_cache: true,
+            print: true,
+        }
+    }
+}
+
+/// The official label path of an image: the last `/images/` component replaced by `/labels/`, the
+/// extension by `.txt`. An image with no `images` folder in its path gets the `.txt` beside it.
+pub fn label_path_for(image: &Path) -> PathBuf {
+    let comps: Vec<_> = image.components().collect();
+    // the last "images" component that is a folder (not the file name itself)
+    let idx = comps[..comps.len().saturating_sub(1)]
+        .iter()
+        .rposition(|c| c.as_os_str() == "images");
+    let mut p: PathBuf = match idx {
+        Some(i) => comps
+            .iter()
+            .enumerate()
+            .map(|(k, c)| {
+                if k == i {
+                    std::ffi::OsStr::new("labels")
+                } else {
+                    c.as_os_str()
+                }
+            })
+            .collect(),
+        None => image.to_path_buf(),
+    };
+    p.set_extension("txt");
+    p
+}
+
+/// Scans `split` of `cfg`: lists its images, checks them, reads their labels, finds orphans, and uses
+/// or writes the label cache. Errors only when the split cannot be listed (a `.txt` list or folder
+/// that cannot be read); every per-file problem is an [`Issue`] instead.
+pub fn scan_split(cfg: &DataConfig, split: Split, opts: &ScanOptions) -> Result<SplitScan> {
+    let images = cfg.list_images(split)?;
+    let cache_path = images
+        .first()
+        .and_then(|img| cache_path_for(&label_path_for(img)));
+    let key = scan_key(&images, cfg.nc);
+
+    let mut cache_status = CacheStatus::Disabled;
+    let mut loaded = None;
+    if opts.use_cache {
+        if let Some(cp) = &cache_path {
+            if let Some(c) = read_cache(cp, &key) {
+                loaded = Some((c.records, c.issues, c.counts));
+                cache_status = CacheStatus::Loaded(cp.clone());
+            }
+        }
+    }
+    let (records, mut issues, mut counts) = match loaded {
+        Some(x) => x,
+        None => {
+            let (records, issues, counts) = scan_images(&images, cfg.nc);
+            if opts.use_cache {
+                cache_status = match &cache_path {
+                    None => CacheStatus::Disabled,
+                    Some(cp) => {
+                        let cache = CacheFile {
+                            version: SCAN_VERSION,
+                            key: key.clone(),
+                            records: records.clone(),
+                            issues: issues.clone(),
+                            counts: counts.clone(),
+                        };
+                        match write_cache(cp, &cache) {
+                            Ok(()) => CacheStatus::Written(cp.clone()),
+                            Err(reason) => CacheStatus::NotWritten {
+                                path: cp.clone(),
+                                reason,
+                            },
+                        }
+                    }
+                };
+            }
+            (records, issues, counts)
+        }
+    };
+
+    // orphans: never cached (a readdir is cheap, and a new stray file must show up)
+    let orphans = find_orphans(&images, &records);
+    counts.orphans = orphans.len();
+    issues.extend(orphans.into_iter().map(|p| Issue {
+        path: p,
+        line: None,
+        value: "label file with no image of the same stem".to_string(),
+        action: "ignored".to_string(),
+        kind: IssueKind::OrphanLabel,
+    }));
+
+    let scan = SplitScan {
+        split,
+        records,
+        issues,
+        counts,
+        cache: cache_status,
+    };
+    if opts.print {
+        eprint!("{}", scan.report(&cfg.root, &cfg.names));
+    }
+    Ok(scan)
+}
+
+impl SplitScan {
+    /// One line: `train: 7 images: 3 labelled, 2 empty (background), 2 missing labels, 0 corrupt
+    /// (skipped); 6 boxes; ...`.
+    pub fn summary(&self, names: &[String]) -> String {
+        let c = &self.counts;
+        let mut s = format!(
+            "{}: {} images: {} labelled, {} empty (background), {} missing labels (background), {} corrupt (skipped); {} boxes",
+            self.split, c.images, c.labelled, c.empty, c.missing, c.corrupt, c.boxes
+        );
+        if !c.per_class.is_empty() {
+            let per: Vec<String> = c
+                .per_class
+                .iter()
+                .enumerate()
+                .map(|(i, n)| format!("{} {n}", names.get(i).map(String::as_str).unwrap_or("?")))
+                .collect();
+            s += &format!(" [{}]", per.join(", "));
+        }
+        s += &format!(
+            "; {} rows dropped, {} clipped, {} duplicates removed, {} polygons as boxes, {} orphan label files",
+            c.rows_dropped, c.rows_clipped, c.duplicates, c.polygons, c.orphans
+        );
+        if c.sidecar > 0 {
+            s += &format!(", {} labels from .txt beside the images", c.sidecar);
+        }
+        s
+    }
+
+    /// The full report: every issue (paths relative to `root`), the cache outcome, then the summary.
+    pub fn report(&self, root: &Path, names: &[String]) -> String {
+        let mut s = String::new();
+        for i in &self.issues {
+            s += &format!("{}: {}\n", self.split, i.display_relative(root));
+        }
+        match &self.cache {
+            CacheStatus::NotWritten { path, reason } => {
+                s += &format!(
+                    "{}: warning: label cache {} not written: {reason}\n",
+                    self.split,
+                    path.display()
+                )
+            }
+            CacheStatus::Loaded(p) => {
+                s += &format!("{}: labels read from cache {}\n", self.split, p.display())
+            }
+            _ => {}
+        }
+        s += &self.summary(names);
+        s.push('\n');
+        s
+    }
+}
+
+/// Scans every image (in parallel; each worker holds at most one file open at a time).
+fn scan_images(images: &[PathBuf], nc: usize) -> (Vec<ImageRecord>, Vec<Issue>, ScanCounts) {
+    let results: Vec<OneScan> = images.par_iter().map(|img| scan_one(img, nc)).collect();
+    let mut counts = ScanCounts {
+        images: images.len(),
+        per_class: vec![0; nc],
+        ..Default::default()
+    };
+    let mut records = Vec::new();
+    let mut issues = Vec::new();
+    let mut sidecar_dirs = BTreeSet::new();
+    for OneScan {
+        rec,
+        issues: iss,
+        polygons,
+        duplicates,
+    } in results
+    {
+        counts.polygons += polygons;
+        counts.duplicates += duplicates;
+        for i in &iss {
+            match i.kind {
+                IssueKind::RowDropped => counts.rows_dropped += 1,
+                IssueKind::RowClipped => counts.rows_clipped += 1,
+                _ => {}
+            }
+        }
+        issues.extend(iss);
+        let Some(rec) = rec else {
+            counts.corrupt += 1;
+            continue;
+        };
+        if let Some(l) = &rec.label {
+            if *l != label_path_for(&rec.image) {
+                counts.sidecar += 1;
+                if let Some(d) = rec.image.parent() {
+                    sidecar_dirs.insert(d.to_path_buf());
+                }
+            }
+        }
+        match rec.status {
+            LabelStatus::Labelled => counts.labelled += 1,
+            LabelStatus::Empty => counts.empty += 1,
+            LabelStatus::Missing => counts.missing += 1,
+        }
+        counts.boxes += rec.boxes.len();
+        for b in &rec.boxes {
+            counts.per_class[b.cls as usize] += 1;
+        }
+        records.push(rec);
+    }
+    for d in sidecar_dirs {
+        let expected = label_path_for(&d.join("x.jpg"));
+        issues.push(Issue {
+            path: d.clone(),
+            line: None,
+            value: format!(
+                "no label file at {} but .txt files beside the images",
+                expected.parent().unwrap_or(&d).display()
+            ),
+            action: "used the .txt files beside the images as labels".to_string(),
+            kind: IssueKind::SidecarLabels,
+        });
+    }
+    (records, issues, counts)
+}
+
+/// What [`scan_one`] found about one image.
+struct OneScan {
+    /// The record; `None` when the image is skipped.
+    rec: Option<ImageRecord>,
+    issues: Vec<Issue>,
+    polygons: usize,
+    duplicates: usize,
+}
+
+/// One image: header check, label lookup and parse.
+fn scan_one(img: &Path, nc: usize) -> OneScan {
+    let mut issues = Vec::new();
+    let skip = |value: String, issues: &mut Vec<Issue>| {
+        issues.push(Issue {
+            path: img.to_path_buf(),
+            line: None,
+            value,
+            action: "image skipped".to_string(),
+            kind: IssueKind::ImageSkipped,
+        });
+    };
+    let probe = match probe_image(img) {
+        Ok(p) => p,
+        Err(why) => {
+            skip(why, &mut issues);
+            return OneScan {
+                rec: None,
+                issues,
+                polygons: 0,
+                duplicates: 0,
+            };
+        }
+    };
+    if let Some(note) = probe.note {
+        issues.push(Issue {
+            path: img.to_path_buf(),
+            line: None,
+            value: note,
+            action: "decoded by content".to_string(),
+            kind: IssueKind::ImageNote,
+        });
+    }
+    if probe.width < MIN_IMAGE_SIDE || probe.height < MIN_IMAGE_SIDE {
+        skip(
+            format!(
+                "{}x{} pixels, below the {MIN_IMAGE_SIDE} px minimum",
+                probe.width, probe.height
+            ),
+            &mut issues,
+        );
+        return OneScan {
+            rec: None,
+            issues,
+            polygons: 0,
+            duplicates: 0,
+        };
+    }
+    let rule = label_path_for(img);
+    let beside = img.with_extension("txt");
+    let label = if rule.is_file() {
+        Some(rule)
+    } else if beside != rule && beside.is_file() {
+        Some(beside)
+    } else {
+        None
+    };
+    let (mut polygons, mut duplicates) = (0, 0);
+    let (boxes, status) = match &label {
+        None => (Vec::new(), LabelStatus::Missing),
+        Some(lp) => match std::fs::read(lp) {
+            Err(e) => {
+                issues.push(Issue {
+                    path: lp.clone(),
+                    line: None,
+                    value: format!("cannot read: {e}"),
+                    action: "image used as background".to_string(),
+                    kind: IssueKind::LabelUnreadable,
+                });
+                (Vec::new(), LabelStatus::Missing)
+            }
+            Ok(bytes) => {
+                let parsed = parse_labels(&String::from_utf8_lossy(&bytes), nc, lp);
+                polygons = parsed.polygons;
+                duplicates = parsed.duplicates;
+                issues.extend(parsed.issues);
+                let status = if parsed.boxes.is_empty() {
+                    LabelStatus::Empty
+                } else {
+                    LabelStatus::Labelled
+                };
+                (parsed.boxes, status)
+            }
+        },
+    };
+    let rec = ImageRecord {
+        image: img.to_path_buf(),
+        label,
+        width: probe.width,
+        height: probe.height,
+        boxes,
+        status,
+    };
+    OneScan {
+        rec: Some(rec),
+        issues,
+        polygons,
+        duplicates,
+    }
+}
+
+/// Header facts of an image.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ImageProbe {
+    /// Detected format (by content).
+    pub format: image::ImageFormat,
+    /// Width in pixels after EXIF orientation.
+    pub width: u32,
+    /// Height in pixels after EXIF orientation.
+    pub height: u32,
+    /// A remark, e.g. when the content does not match the extension.
+    pub note: Option<String>,
+}
+
+/// Checks an image without decoding its pixels (see the module documentation): format sniffed from
+/// the first bytes, header dimensions, EXIF orientation, JPEG/PNG end marker. `Err` holds the
+/// reason the image cannot be used, e.g. `JPEG cut off: no end-of-image marker (12345 bytes)`.
+pub fn probe_image(path: &Path) -> std::result::Result<ImageProbe, String> {
+    // the format comes from the content only (`with_guessed_format` would fall back to the extension)
+    let mut f = std::fs::File::open(path).map_err(|e| format!("cannot open: {e}"))?;
+    let mut head = Vec::with_capacity(64);
+    (&mut f)
+        .take(64)
+        .read_to_end(&mut head)
+        .and_then(|_| f.seek(SeekFrom::Start(0)))
+        .map_err(|e| format!("cannot read: {e}"))?;
+    let format = image::guess_format(&head).map_err(|_| {
+        "unknown image format (content is not JPEG, PNG, BMP, TIFF, WebP or GIF)".to_string()
+    })?;
+    let reader = image::ImageReader::with_format(std::io::BufReader::new(f), format);
+    let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
+    let note = (!format
+        .extensions_str()
+        .iter()
+        .any(|x| x.eq_ignore_ascii_case(ext)))
+    .then(|| format!("content is {format:?} but the extension is .{ext}"));
+    let mut decoder = reader
+        .into_decoder()
+        .map_err(|e| format!("cannot read the {format:?} header: {e}"))?;
+    use image::ImageDecoder;
+    let (w, h) = decoder.dimensions();
+    let orientation = decoder
+        .orientation()
+        .unwrap_or(image::metadata::Orientation::NoTransforms);
+    drop(decoder);
+    use image::metadata::Orientation as O;
+    let (width, height) = match orientation {
+        O::Rotate90 | O::Rotate270 | O::Rotate90FlipH | O::Rotate270FlipH => (h, w),
+        _ => (w, h),
+    };
+    match format {
+        image::ImageFormat::Jpeg => check_jpeg_complete(path)?,
+        image::ImageFormat::Png => check_png_complete(path)?,
+        _ => {}
+    }
+    Ok(ImageProbe {
+        format,
+        width,
+        height,
+        note,
+    })
+}
+
+/// JPEG completeness: a file ending in the EOI marker (`FF D9`) is complete; otherwise the marker
+/// segments and entropy-coded scans are walked to find EOI (data after it is tolerated).
+fn check_jpeg_complete(path: &Path) -> std::result::Result<(), String> {
+    let mut f = std::fs::File::open(path).map_err(|e| format!("cannot open: {e}"))?;
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    if len >= 4 {
+        let mut tail = [0u8; 2];
+        if f.seek(SeekFrom::End(-2)).is_ok()
+            && f.read_exact(&mut tail).is_ok()
+            && tail == [0xFF, 0xD9]
+        {
+            return Ok(());
+        }
+    }
+    let mut b = Vec::new();
+    f.seek(SeekFrom::Start(0))
+        .and_then(|_| f.read_to_end(&mut b))
+        .map_err(|e| format!("cannot read: {e}"))?;
+    jpeg_has_eoi(&b)
+}
+
+/// Walks JPEG bytes to the EOI marker. `Err` says why the stream is incomplete.
+pub fn jpeg_has_eoi(b: &[u8]) -> std::result::Result<(), String> {
+    let cut = || format!("JPEG cut off: no end-of-image marker ({} bytes)", b.len());
+    if b.len() < 2 || b[0] != 0xFF || b[1] != 0xD8 {
+        return Err("not a JPEG stream (no start-of-image marker)".to_string());
+    }
+    let mut i = 2;
+    loop {
+        if i >= b.len() {
+            return Err(cut());
+        }
+        if b[i] != 0xFF {
+            return Err(format!("JPEG corrupt: expected a marker at byte {i}"));
+        }
+        while i < b.len() && b[i] == 0xFF {
+            i += 1;
+        }
+        if i >= b.len() {
+            return Err(cut());
+        }
+        let m = b[i];
+        i += 1;
+        match m {
+            0xD9 => return Ok(()),
+            0x01 | 0xD0..=0xD8 => continue,
+            _ => {
+                if i + 2 > b.len() {
+                    return Err(cut());
+                }
+                let seg = u16::from_be_bytes([b[i], b[i + 1]]) as usize;
+                if seg < 2 {
+                    return Err(format!("JPEG corrupt: segment length {seg} at byte {i}"));
+                }
+                i += seg;
+                if i > b.len() {
+                    return Err(cut());
+                }
+                if m == 0xDA {
+                    // entropy-coded data: FF 00 is a stuffed byte, FF D0..D7 a restart marker
+                    loop {
+                        match b[i..].iter().position(|&x| x == 0xFF) {
+                            None => return Err(cut()),
+                            Some(off) => {
+                                let j = i + off;
+                                let mut k = j + 1;
+                                while k < b.len() && b[k] == 0xFF {
+                                    k += 1;
+                                }
+                                if k >= b.len() {
+                                    return Err(cut());
+                                }
+                                if b[k] == 0x00 || (0xD0..=0xD7).contains(&b[k]) {
+                                    i = k + 1;
+                                } else {
+                                    i = k - 1; // at the last FF before the marker
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// PNG completeness: the chunk list is walked to `IEND`.
+fn check_png_complete(path: &Path) -> std::result::Result<(), String> {
+    let b = std::fs::read(path).map_err(|e| format!("cannot read: {e}"))?;
+    let cut = || format!("PNG cut off: no IEND chunk ({} bytes)", b.len());
+    let mut i = 8;
+    loop {
+        if i + 8 > b.len() {
+            return Err(cut());
+        }
+        let n = u32::from_be_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]) as usize;
+        if &b[i + 4..i + 8] == b"IEND" {
+            return Ok(());
+        }
+        i = i.saturating_add(12).saturating_add(n);
+    }
+}
+
+/// Label files under the labels folders of the split's images that match no image (same stem).
+fn find_orphans(images: &[PathBuf], records: &[ImageRecord]) -> Vec<PathBuf> {
+    let expected: BTreeSet<PathBuf> = images.iter().map(|i| label_path_for(i)).collect();
+    let used: BTreeSet<&PathBuf> = records.iter().filter_map(|r| r.label.as_ref()).collect();
+    let image_dirs: BTreeSet<&Path> = images.iter().filter_map(|i| i.parent()).collect();
+    let label_dirs: BTreeSet<PathBuf> = expected
+        .iter()
+        .filter_map(|l| l.parent().map(Path::to_path_buf))
+        .filter(|d| !image_dirs.contains(d.as_path()) && d.is_dir())
+        .collect();
+    let mut out = Vec::new();
+    for d in label_dirs {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        let mut files: Vec<PathBuf> = rd
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|e| e == "txt") && p.is_file())
+            .collect();
+        files.sort();
+        out.extend(
+            files
+                .into_iter()
+                .filter(|p| !expected.contains(p) && !used.contains(&p)),
+        );
+    }
+    out
+}
+
+#[derive(Serialize, Deserialize)]
+struct CacheFile {
+    version: u32,
+    key: String,
+    records: Vec<ImageRecord>,
+    issues: Vec<Issue>,
+    counts: ScanCounts,
+}
+
+/// `<labels folder>.yolo9-cache.json`, beside the folder holding `label`.
+fn cache_path_for(label: &Path) -> Option<PathBuf> {
+    let dir = label.parent()?;
+    let name = dir.file_name()?;
+    let mut n = name.to_os_string();
+    n.push(".yolo9-cache.json");
+    Some(dir.with_file_name(n))
+}
+
+/// SHA-256 over the rules version, nc, and every image's and label candidate's path, size, mtime.
+fn scan_key(images: &[PathBuf], nc: usize) -> String {
+    let mut h = Sha256::new();
+    h.update(SCAN_VERSION.to_le_bytes());
+    h.update((nc as u64).to_le_bytes());
+    let stamp = |h: &mut Sha256, p: &Path| {
+        h.update(p.to_string_lossy().as_bytes());
+        h.update([0]);
+        match std::fs::metadata(p) {
+            Ok(m) => {
+                h.update(m.len().to_le_bytes());
+                let t = m
+                    .modified()
+                    .ok()
+                    .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                    .map(|d| d.as_nanos())
+                    .unwrap_or(0);
+                h.update(t.to_le_bytes());
+            }
+            Err(_) => h.update(b"absent"),
+        }
+    };
+    for img in images {
+        stamp(&mut h, img);
+        stamp(&mut h, &label_path_for(img));
+        stamp(&mut h, &img.with_extension("txt"));
+    }
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn read_cache(path: &Path, key: &str) -> Option<CacheFile> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let c: CacheFile = serde_json::from_str(&text).ok()?;
+    (c.version == SCAN_VERSION && c.key == key).then_some(c)
+}
+
+/// Atomic write (temporary file + rename). `Err` is the reason, for a warning.
+fn write_cache(path: &Path, cache: &CacheFile) -> std::result::Result<(), String> {
+    let dir = path.parent().ok_or("no parent folder")?;
+    let meta = std::fs::metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    if meta.permissions().readonly() {
+        return Err(format!("{} is read-only", dir.display()));
+    }
+    let text = serde_json::to_string(cache).map_err(|e| format!("cannot serialize: {e}"))?;
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    let res = std::fs::write(&tmp, text)
+        .and_then(|_| std::fs::rename(&tmp, path))
+        .with_context(|| format!("cannot write {}", path.display()));
+    if let Err(e) = res {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(format!("{e:#}"));
+    }
+    Ok(())
+}

@@ -1,0 +1,370 @@
+//! The dataset description (`data.yaml`) as users write it for the official YOLOv9
+//! (`utils/general.py check_dataset`), with one deliberate fix: every relative path resolves against
+//! the folder that holds the yaml, never against the current directory or the code's folder.
+//!
+//! Keys read:
+//! - `path` (optional): dataset root. Relative → joined to the yaml's folder. Absent → the yaml's folder.
+//! - `train`, `val` (required), `test` (optional): each a directory of images (searched recursively),
+//!   a `.txt` file listing image paths (relative entries resolve against the `.txt`'s folder), or a
+//!   YAML list of those. Relative values join to the root.
+//! - `names`: a list (`[a, b]`) or an index map (`{0: a, 1: b}`, keys exactly `0..n`).
+//! - `nc` (optional): checked against `names`; with no `names`, names become `class0`, `class1`, ...
+//!
+//! Other keys (`download`, ...) are ignored.
+
+use anyhow::{bail, Context, Result};
+use serde_yaml::Value;
+use std::path::{Component, Path, PathBuf};
+
+/// File extensions (lower case) accepted as images when a split is a directory. Compared
+/// case-insensitively; the decoder is still chosen by content, not by extension.
+pub const IMAGE_EXTENSIONS: &[&str] = &["jpg", "jpeg", "png", "bmp", "tif", "tiff", "webp", "mpo"];
+
+/// One of the three dataset splits named in `data.yaml`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Split {
+    /// `train:`
+    Train,
+    /// `val:`
+    Val,
+    /// `test:`
+    Test,
+}
+
+impl Split {
+    /// The yaml key (`"train"`, `"val"`, `"test"`).
+    pub fn key(self) -> &'static str {
+        match self {
+            Split::Train => "train",
+            Split::Val => "val",
+            Split::Test => "test",
+        }
+    }
+}
+
+impl std::fmt::Display for Split {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.key())
+    }
+}
+
+/// A parsed and resolved `data.yaml`. Every path in it is absolute and lexically normalized
+/// (no `.`/`..`), and every split source was checked to exist when it was loaded.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DataConfig {
+    /// The yaml file itself (absolute).
+    pub yaml_path: PathBuf,
+    /// The dataset root: `path:` resolved, or the yaml's folder.
+    pub root: PathBuf,
+    /// `train:` sources (directories or `.txt` lists), absolute.
+    pub train: Vec<PathBuf>,
+    /// `val:` sources, absolute.
+    pub val: Vec<PathBuf>,
+    /// `test:` sources, absolute; empty when the key is absent.
+    pub test: Vec<PathBuf>,
+    /// Number of classes (`nc`, or the length of `names`).
+    pub nc: usize,
+    /// Class names, index = class id.
+    pub names: Vec<String>,
+}
+
+impl DataConfig {
+    /// Reads and resolves `path` (a data.yaml).
+    ///
+    /// Errors (each names the yaml, the key, the resolved absolute path and what was expected): the
+    /// file is missing or not YAML; `train`/`val` absent; a source that does not exist or is neither a
+    /// directory nor a `.txt` list; `path` not a directory; `names` malformed; `nc` disagreeing
+    /// with `names`.
+    pub fn load(path: &Path) -> Result<DataConfig> {
+        let yaml_path = absolute(path)?;
+        let text = std::fs::read_to_string(&yaml_path).with_context(|| {
+            format!(
+                "cannot read dataset description {} (pass --data with the path of an existing data.yaml)",
+                yaml_path.display()
+            )
+        })?;
+        Self::from_yaml_str(&text, &yaml_path)
+    }
+
+    /// Parses yaml `text` as if it were the file at `yaml_path` (absolute; relative paths resolve
+    /// against its folder). Same errors as [`DataConfig::load`].
+    pub fn from_yaml_str(text: &str, yaml_path: &Path) -> Result<DataConfig> {
+        let yaml_path = absolute(yaml_path)?;
+        let shown = yaml_path.display();
+        let doc: Value = serde_yaml::from_str(text).with_context(|| {
+            format!("{shown} is not valid YAML (fix the syntax at the position above)")
+        })?;
+        let map = doc.as_mapping().with_context(|| {
+            format!("{shown}: expected a mapping with keys path/train/val/names")
+        })?;
+        let get = |k: &str| map.get(k).filter(|v| !v.is_null());
+        let yaml_dir = yaml_path
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| PathBuf::from("/"));
+
+        let root = match get("path") {
+            None => yaml_dir.clone(),
+            Some(v) => {
+                let s = scalar_string(v).with_context(|| {
+                    format!("{shown}: key `path` must be a string (the dataset root folder)")
+                })?;
+                let p = normalize(&yaml_dir.join(&s));
+                if !p.is_dir() {
+                    bail!(
+                        "{shown}: key `path` ({s:?}) resolves to {}, which is not an existing directory \
+                         (relative paths resolve against the yaml's own folder {}; fix `path`)",
+                        p.display(),
+                        yaml_dir.display()
+                    );
+                }
+                p
+            }
+        };
+
+        let sources = |split: Split, required: bool| -> Result<Vec<PathBuf>> {
+            let key = split.key();
+            let Some(v) = get(key) else {
+                if required {
+                    bail!("{shown}: key `{key}` is missing (expected a directory of images, a .txt list of image paths, or a list of those)");
+                }
+                return Ok(Vec::new());
+            };
+            let items: Vec<String> = match v {
+                Value::Sequence(seq) => seq
+                    .iter()
+                    .map(|x| {
+                        scalar_string(x).with_context(|| {
+                            format!("{shown}: key `{key}`: every list entry must be a path string")
+                        })
+                    })
+                    .collect::<Result<_>>()?,
+                other => vec![scalar_string(other).with_context(|| {
+                    format!("{shown}: key `{key}` must be a path string or a list of path strings")
+                })?],
+            };
+            if items.is_empty() {
+                bail!("{shown}: key `{key}` is an empty list (expected at least one image directory or .txt list)");
+            }
+            let mut out = Vec::new();
+            for s in items {
+                let p = normalize(&root.join(&s));
+                let is_txt = p.extension().is_some_and(|e| e.eq_ignore_ascii_case("txt"));
+                if p.is_dir() || (is_txt && p.is_file()) {
+                    out.push(p);
+                } else if p.exists() {
+                    bail!(
+                        "{shown}: key `{key}` ({s:?}) resolves to {}, which is neither a directory nor a .txt list of images",
+                        p.display()
+                    );
+                } else {
+                    bail!(
+                        "{shown}: key `{key}` ({s:?}) resolves to {}, which does not exist (expected a directory of \
+                         images or a .txt list; relative paths resolve against `path` = {})",
+                        p.display(),
+                        root.display()
+                    );
+                }
+            }
+            Ok(out)
+        };
+        let train = sources(Split::Train, true)?;
+        let val = sources(Split::Val, true)?;
+        let test = sources(Split::Test, false)?;
+
+        let nc_key = match get("nc") {
+            None => None,
+            Some(v) => Some(v.as_u64().filter(|&n| n > 0).with_context(|| {
+                format!(
+                    "{shown}: key `nc` must be a positive integer, got {}",
+                    show_value(v)
+                )
+            })? as usize),
+        };
+        let names = match get("names") {
+            None => match nc_key {
+                Some(n) => (0..n).map(|i| format!("class{i}")).collect(),
+                None => {
+                    bail!("{shown}: neither `names` nor `nc` is given (add `names: [a, b, ...]`)")
+                }
+            },
+            Some(v) => parse_names(v).with_context(|| format!("{shown}: key `names`"))?,
+        };
+        if names.is_empty() {
+            bail!("{shown}: key `names` is empty (expected at least one class name)");
+        }
+        if let Some(n) = nc_key {
+            if n != names.len() {
+                bail!(
+                    "{shown}: `nc: {n}` disagrees with `names`, which has {} entries (fix one of them)",
+                    names.len()
+                );
+            }
+        }
+        Ok(DataConfig {
+            nc: names.len(),
+            names,
+            yaml_path,
+            root,
+            train,
+            val,
+            test,
+        })
+    }
+
+    /// The sources of `split` (empty for an absent `test`).
+    pub fn sources(&self, split: Split) -> &[PathBuf] {
+        match split {
+            Split::Train => &self.train,
+            Split::Val => &self.val,
+            Split::Test => &self.test,
+        }
+    }
+
+    /// Lists the image files of `split`: directories are walked recursively (entries whose extension
+    /// is one of [`IMAGE_EXTENSIONS`], case-insensitively), `.txt` lists are read line by line
+    /// (blank lines skipped; relative entries resolve against the list's folder). Sorted, duplicates
+    /// removed. Errors name the list file and line when an entry cannot be read.
+    pub fn list_images(&self, split: Split) -> Result<Vec<PathBuf>> {
+        let mut out = Vec::new();
+        for src in self.sources(split) {
+            if src.is_dir() {
+                walk_images(src, &mut out).with_context(|| {
+                    format!(
+                        "{}: cannot list images in {} (key `{split}`)",
+                        self.yaml_path.display(),
+                        src.display()
+                    )
+                })?;
+            } else {
+                let text = std::fs::read_to_string(src).with_context(|| {
+                    format!(
+                        "cannot read image list {} (key `{split}` of {})",
+                        src.display(),
+                        self.yaml_path.display()
+                    )
+                })?;
+                let base = src.parent().unwrap_or(Path::new("/"));
+                for line in text.lines() {
+                    let entry = line.trim();
+                    if entry.is_empty() {
+                        continue;
+                    }
+                    out.push(normalize(&base.join(entry)));
+                }
+            }
+        }
+        out.sort();
+        out.dedup();
+        Ok(out)
+    }
+}
+
+/// True when `p`'s extension is one of [`IMAGE_EXTENSIONS`] (case-insensitive).
+pub fn has_image_extension(p: &Path) -> bool {
+    p.extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| IMAGE_EXTENSIONS.iter().any(|x| x.eq_ignore_ascii_case(e)))
+}
+
+fn walk_images(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .with_context(|| format!("cannot read directory {}", dir.display()))?
+        .collect::<std::io::Result<_>>()
+        .with_context(|| format!("cannot read directory {}", dir.display()))?;
+    entries.sort_by_key(|e| e.file_name());
+    for e in entries {
+        let p = e.path();
+        // follow symlinks: a symlinked folder or image counts like the real thing
+        if p.is_dir() {
+            walk_images(&p, out)?;
+        } else if has_image_extension(&p) {
+            out.push(p);
+        }
+    }
+    Ok(())
+}
+
+fn parse_names(v: &Value) -> Result<Vec<String>> {
+    match v {
+        Value::Sequence(seq) => seq
+            .iter()
+            .enumerate()
+            .map(|(i, x)| {
+                scalar_string(x)
+                    .with_context(|| format!("entry {i} must be a string, got {}", show_value(x)))
+            })
+            .collect(),
+        Value::Mapping(m) => {
+            let mut pairs = Vec::new();
+            for (k, x) in m {
+                let idx = k
+                    .as_u64()
+                    .or_else(|| k.as_str().and_then(|s| s.trim().parse().ok()))
+                    .with_context(|| {
+                        format!("map key {} must be a class index 0, 1, ...", show_value(k))
+                    })?;
+                let name = scalar_string(x)
+                    .with_context(|| format!("name of class {idx} must be a string"))?;
+                pairs.push((idx as usize, name));
+            }
+            pairs.sort_by_key(|p| p.0);
+            for (i, (idx, _)) in pairs.iter().enumerate() {
+                if *idx != i {
+                    bail!(
+                        "index map must have keys exactly 0..{} with no gaps; key {i} is missing",
+                        pairs.len() - 1
+                    );
+                }
+            }
+            Ok(pairs.into_iter().map(|p| p.1).collect())
+        }
+        other => bail!(
+            "expected a list of names or an index map, got {}",
+            show_value(other)
+        ),
+    }
+}
+
+/// A yaml scalar as text (strings, numbers, booleans); `None` for lists, maps and null.
+fn scalar_string(v: &Value) -> Option<String> {
+    match v {
+        Value::String(s) => Some(s.clone()),
+        Value::Number(n) => Some(n.to_string()),
+        Value::Bool(b) => Some(b.to_string()),
+        _ => None,
+    }
+}
+
+fn show_value(v: &Value) -> String {
+    serde_yaml::to_string(v)
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| format!("{v:?}"))
+}
+
+/// `p` made absolute against the current directory (only when relative) and lexically normalized.
+pub fn absolute(p: &Path) -> Result<PathBuf> {
+    let abs =
+        std::path::absolute(p).with_context(|| format!("cannot make {} absolute", p.display()))?;
+    Ok(normalize(&abs))
+}
+
+/// Lexical normalization: drops `.` and resolves `..` against the preceding component, without
+/// touching the file system (so a missing path can still be shown in absolute form).
+pub fn normalize(p: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for c in p.components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                if out.file_name().is_some() {
+                    out.pop();
+                } else if !out.has_root() {
+                    out.push("..");
+                }
+            }
+            other => out.push(other),
+        }
+    }
+    out
+}

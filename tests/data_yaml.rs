@@ -1,0 +1,235 @@
+//! data.yaml resolution (case yaml_relative_path, from several working directories through the
+//! `yolo9 check` binary), hand-made yaml variants, label-row rules by hand, and the label path rule.
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use yolo9::data::labels::{parse_labels, IssueKind, LabelBox};
+use yolo9::data::scan::label_path_for;
+use yolo9::data::yaml::{DataConfig, Split};
+
+/// `shared/cases/<name>`, lexically normalized (the yaml loader reports normalized paths).
+fn case_dir(name: &str) -> PathBuf {
+    yolo9::data::yaml::normalize(&common::case(name))
+}
+
+fn temp_dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("yolo9-yaml-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn yolo9_check(yaml: &Path, cwd: &Path) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_yolo9"))
+        .args(["check", "--no-cache", "--data"])
+        .arg(yaml)
+        .current_dir(cwd)
+        .output()
+        .expect("run yolo9");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
+#[test]
+fn yaml_relative_path_from_any_cwd() {
+    let case = case_dir("yaml_relative_path");
+    for yaml in ["configs/data.yaml", "dataset/data_nopath.yaml"] {
+        let cfg = DataConfig::load(&case.join(yaml)).unwrap();
+        assert_eq!(cfg.root, case.join("dataset"), "{yaml}");
+        assert_eq!(cfg.list_images(Split::Train).unwrap().len(), 4, "{yaml}");
+        assert_eq!(cfg.list_images(Split::Val).unwrap().len(), 2, "{yaml}");
+    }
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| "/".into());
+    for cwd in [PathBuf::from("/"), home, case.clone()] {
+        let (ok, text) = yolo9_check(&case.join("configs/data.yaml"), &cwd);
+        assert!(ok, "from {}: {text}", cwd.display());
+        assert!(text.contains("train: 4 images: 4 labelled"), "{text}");
+        assert!(text.contains("val: 2 images: 2 labelled"), "{text}");
+    }
+    // a relative --data from the case folder works too
+    let (ok, text) = yolo9_check(Path::new("dataset/data_nopath.yaml"), &case);
+    assert!(ok, "{text}");
+
+    let err = DataConfig::load(&case.join("configs/data_missing.yaml")).unwrap_err();
+    let msg = format!("{err:#}");
+    let resolved = case.join("does_not_exist");
+    assert!(
+        msg.contains("`path`") && msg.contains(&resolved.display().to_string()),
+        "{msg}"
+    );
+    let (ok, text) = yolo9_check(&case.join("configs/data_missing.yaml"), Path::new("/"));
+    assert!(
+        !ok && text.contains(&resolved.display().to_string()),
+        "{text}"
+    );
+}
+
+#[test]
+fn check_exit_code_only_fails_when_nothing_is_trainable() {
+    // a dataset full of problems still checks OK
+    let (ok, text) = yolo9_check(
+        &case_dir("coords_invalid").join("data.yaml"),
+        Path::new("/"),
+    );
+    assert!(ok, "{text}");
+    assert!(
+        text.contains("img_000.txt:2: x=1.2 → row dropped"),
+        "{text}"
+    );
+    // every train label invalid → non-zero
+    let d = temp_dir("untrainable");
+    std::fs::create_dir_all(d.join("images/train")).unwrap();
+    std::fs::create_dir_all(d.join("labels/train")).unwrap();
+    let img = case_dir("coords_invalid").join("images/train/img_000.jpg");
+    std::fs::copy(&img, d.join("images/train/a.jpg")).unwrap();
+    std::fs::write(d.join("labels/train/a.txt"), "5 0.5 0.5 0.1 0.1\n").unwrap();
+    std::fs::write(
+        d.join("data.yaml"),
+        "train: images/train\nval: images/train\nnames: [a]\n",
+    )
+    .unwrap();
+    let (ok, text) = yolo9_check(&d.join("data.yaml"), Path::new("/"));
+    assert!(!ok, "{text}");
+    assert!(
+        text.contains("nothing is trainable") && text.contains("a.txt:1: class 5"),
+        "{text}"
+    );
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn yaml_variants() {
+    let d = temp_dir("variants");
+    for sub in ["a/images", "b/images", "lists"] {
+        std::fs::create_dir_all(d.join(sub)).unwrap();
+    }
+    let img = case_dir("coords_invalid").join("images/train/img_000.jpg");
+    std::fs::copy(&img, d.join("a/images/x.JPG")).unwrap();
+    std::fs::copy(&img, d.join("b/images/y.jpeg")).unwrap();
+    std::fs::write(d.join("a/images/notes.md"), "not an image").unwrap();
+    // a .txt list with entries relative to the list itself, a blank line and an absolute entry
+    std::fs::write(
+        d.join("lists/val.txt"),
+        format!(
+            "../a/images/x.JPG\n\n{}\n",
+            d.join("b/images/y.jpeg").display()
+        ),
+    )
+    .unwrap();
+    let yaml = d.join("data.yaml");
+    let load = |text: &str| {
+        std::fs::write(&yaml, text).unwrap();
+        DataConfig::load(&yaml)
+    };
+    let cfg =
+        load("train: [a/images, b/images]\nval: lists/val.txt\nnames: {0: cat, 1: dog}\nnc: 2\n")
+            .unwrap();
+    assert_eq!(cfg.names, vec!["cat", "dog"]);
+    assert_eq!(
+        cfg.list_images(Split::Train).unwrap(),
+        vec![d.join("a/images/x.JPG"), d.join("b/images/y.jpeg")]
+    );
+    assert_eq!(
+        cfg.list_images(Split::Val).unwrap(),
+        vec![d.join("a/images/x.JPG"), d.join("b/images/y.jpeg")]
+    );
+    assert!(cfg.test.is_empty());
+    // nc only: generated names
+    let cfg = load("train: a/images\nval: a/images\nnc: 3\n").unwrap();
+    assert_eq!(cfg.names, vec!["class0", "class1", "class2"]);
+    // errors name the key and the resolved path
+    let e = format!(
+        "{:#}",
+        load("train: a/images\nval: nope\nnames: [a]\n").unwrap_err()
+    );
+    assert!(
+        e.contains("`val`") && e.contains(&d.join("nope").display().to_string()),
+        "{e}"
+    );
+    let e = format!("{:#}", load("train: a/images\nnames: [a]\n").unwrap_err());
+    assert!(e.contains("`val` is missing"), "{e}");
+    let e = format!(
+        "{:#}",
+        load("train: a/images\nval: a/images\nnames: [a, b]\nnc: 3\n").unwrap_err()
+    );
+    assert!(e.contains("nc: 3") && e.contains("2 entries"), "{e}");
+    let e = format!(
+        "{:#}",
+        load("train: a/images\nval: a/images\nnames: {0: a, 2: b}\n").unwrap_err()
+    );
+    assert!(e.contains("key 1 is missing"), "{e}");
+    let e = format!("{:#}", load("train: [a/images\n").unwrap_err());
+    assert!(e.contains("not valid YAML"), "{e}");
+    let e = format!(
+        "{:#}",
+        DataConfig::load(&d.join("absent.yaml")).unwrap_err()
+    );
+    assert!(
+        e.contains(&d.join("absent.yaml").display().to_string()),
+        "{e}"
+    );
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn label_path_rule_swaps_only_the_last_images_folder() {
+    assert_eq!(
+        label_path_for(Path::new("/d/images/proj/images/train/a.b.JPG")),
+        PathBuf::from("/d/images/proj/labels/train/a.b.txt")
+    );
+    assert_eq!(
+        label_path_for(Path::new("/d/sidecar/x.png")),
+        PathBuf::from("/d/sidecar/x.txt")
+    );
+    // a file named "images" is not a folder to swap
+    assert_eq!(
+        label_path_for(Path::new("/d/images/images")),
+        PathBuf::from("/d/labels/images.txt")
+    );
+}
+
+#[test]
+fn label_rows_by_hand() {
+    let p = Path::new("l.txt");
+    let r = parse_labels("0 0.5 0.5 0.2 0.2\n1 0.5 0.5 0.2\nx 0.5 0.5 0.2 0.2\n1.0 0.1 0.1 0.1 0.1\n0 nan 0.5 0.1 0.1\n1 0.2 0.2 0.6 0.2 0.4 0.6\n", 2, p);
+    assert_eq!(r.boxes.len(), 3, "{:?}", r.boxes);
+    assert_eq!(
+        r.boxes[1],
+        LabelBox {
+            cls: 1,
+            cx: 0.1,
+            cy: 0.1,
+            w: 0.1,
+            h: 0.1
+        }
+    );
+    // polygon (0.2,0.2) (0.6,0.2) (0.4,0.6) → x 0.2..0.6, y 0.2..0.6
+    let b = r.boxes[2];
+    assert!(
+        (b.cx - 0.4).abs() < 1e-7
+            && (b.cy - 0.4).abs() < 1e-7
+            && (b.w - 0.4).abs() < 1e-7
+            && (b.h - 0.4).abs() < 1e-7
+    );
+    assert_eq!(r.polygons, 1);
+    let lines: Vec<Option<usize>> = r.issues.iter().map(|i| i.line).collect();
+    assert_eq!(lines, vec![Some(2), Some(3), Some(5)]);
+    assert!(r.issues.iter().all(|i| i.kind == IssueKind::RowDropped));
+    assert_eq!(r.issues[0].to_string(), "l.txt:2: 4 values → row dropped: expected 5 (cls cx cy w h) or a class and 3 or more x y pairs");
+    // BOM, tiny float noise silently clipped, box with no area after clipping dropped
+    let r = parse_labels(
+        "\u{feff}0 0.5 0.5 1.0000001 0.5\n0 1.0005 0.5 0.0002 0.1\n",
+        1,
+        p,
+    );
+    assert_eq!(r.boxes.len(), 1);
+    assert!(
+        r.boxes[0].w <= 1.0 && r.issues.len() == 1 && r.issues[0].line == Some(2),
+        "{:?}",
+        r.issues
+    );
+}
