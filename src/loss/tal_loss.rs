@@ -441,10 +441,13 @@ pub fn dfl_loss(logits: &Tensor, targets: &[[f32; 4]]) -> Result<Tensor> {
 }
 
 /// Elementwise BCE-with-logits in the stable form
-/// `max(x, 0) - x * t + log1p(exp(-|x|))` (PyTorch `binary_cross_entropy_with_logits`,
-/// `pos_weight = 1`). `x`, `t`: same shape and dtype. Gradient w.r.t. `x`: `sigmoid(x) - t`.
+/// `(1 - t) * x + max(-x, 0) + log1p(exp(-|x|))` = `(1 - t) * x - log_sigmoid(x)` (PyTorch
+/// `binary_cross_entropy_with_logits`, `pos_weight = 1`). `x`, `t`: same shape and dtype.
+/// Gradient w.r.t. `x`: `sigmoid(x) - t`.
 pub fn bce_with_logits(x: &Tensor, t: &Tensor) -> Result<Tensor> {
-    Ok(bce_with_logits_zero_target(x)?.sub(&x.mul(t)?)?)
+    let e = x.abs()?.neg()?.exp()?;
+    let one_minus_t = t.affine(-1.0, 1.0)?;
+    Ok(one_minus_t.mul(x)?.add(&x.neg()?.relu()?)?.add(&log1p_unit(&e)?)?)
 }
 
 /// [`bce_with_logits`] with target 0: `max(x, 0) + log1p(exp(-|x|))` (softplus of `x`).
