@@ -1,1 +1,18 @@
 //! Training loss: IoU/CIoU, TaskAlignedAssigner, the dual-branch TAL loss (official `loss_tal_dual`).
+//!
+//! - [`iou`]: IoU and CIoU on plain `f32` boxes (shared with NMS and metrics) and on tensors.
+//! - [`anchors`]: anchor points of the head levels (official `make_anchors`).
+//! - [`assigner`]: the TaskAlignedAssigner on host arrays (official `utils/tal/assigner.py`).
+//! - [`tal_loss`]: [`DualTalLoss`], the YOLOv9 training loss (official `ComputeLoss`).
+
+pub mod anchors;
+pub mod assigner;
+pub mod iou;
+pub mod tal_loss;
+
+pub use anchors::Anchors;
+pub use assigner::{
+    AssignerDiagnostics, AssignerInput, Assignment, GtBatch, Scores, TaskAlignedAssigner,
+};
+pub use iou::{box_iou, ciou_tensor, ciou_xyxy, CiouBox, IOU_EPS};
+pub use tal_loss::{BranchLoss, DualTalLoss, LossOutput};

@@ -1,0 +1,473 @@
+//! The YOLOv9 training loss: BCE class loss, CIoU box loss and Distribution Focal Loss over the
+//! TaskAlignedAssigner targets, for both branches of the dual head (official
+//! `utils/loss_tal_dual.py ComputeLoss` with `BboxLoss(reg_max - 1 = 15, use_dfl=True)`).
+//!
+//! Per branch (auxiliary and main, each with its own assignment), with
+//! `S = max(sum of target scores, 1)` and `w_a` = the target score of foreground anchor `a`:
+//! - cls = `sum over all anchors and classes of BCEWithLogits(logit, target_score) / S`;
+//! - box = `sum over fg of (1 - CIoU(pred, target)) * w_a / S` (boxes in grid units);
+//! - dfl = `sum over fg of mean over the 4 sides of DFL(side) * w_a / S`, where the side target
+//!   distance is clamped to `[0, 14.99]` and DFL is the cross-entropy to its two neighbouring
+//!   integer bins weighted by proximity (GFL, Li et al. 2020, eq. 6).
+//!
+//! Then `item = 0.25 * aux + main` for each of box/cls/dfl, the gains 7.5 / 0.5 / 1.5, and
+//! `total = (box + cls + dfl) * batch_size`.
+//!
+//! Only the predictions are differentiated: the assignment and the targets are constants, as in
+//! the official code (`detach()` / `no_grad`). The loss is built from Candle ops on the head
+//! outputs, so `total.backward()` gives the parameter gradients on any device; the assigner
+//! reads a detached host copy of the head outputs.
+
+use anyhow::{bail, ensure, Context, Result};
+use candle_core::{DType, Device, Tensor, D};
+
+use super::anchors::Anchors;
+use super::assigner::{AssignerInput, Assignment, GtBatch, Scores, TaskAlignedAssigner};
+use super::iou::ciou_tensor;
+
+/// DFL bins per box side (`reg_max` of the official head).
+pub const REG_MAX: usize = 16;
+/// Weight of the auxiliary branch in every loss item.
+pub const AUX_WEIGHT: f32 = 0.25;
+/// Hard-coded official gains of the (box, cls, dfl) items.
+pub const GAINS: [f32; 3] = [7.5, 0.5, 1.5];
+/// Upper clamp of DFL target distances (`reg_max - 1 - 0.01`, in grid units).
+pub const DFL_TARGET_MAX: f32 = 14.99;
+
+/// Loss of one branch, before the branch weight and the gains (host values), with its assignment.
+#[derive(Debug, Clone)]
+pub struct BranchLoss {
+    /// `sum((1 - CIoU) * w) / S` (0 without foreground).
+    pub box_loss: f32,
+    /// `sum(BCE) / S`.
+    pub cls_loss: f32,
+    /// `sum(DFL * w) / S` (0 without foreground).
+    pub dfl_loss: f32,
+    /// `S = max(sum of target scores, 1)`.
+    pub target_scores_sum: f32,
+    /// The TaskAlignedAssigner result of this branch (boxes in pixels).
+    pub assignment: Assignment,
+}
+
+/// Result of [`DualTalLoss::compute`].
+#[derive(Debug, Clone)]
+pub struct LossOutput {
+    /// Scalar f32 tensor `(box + cls + dfl) * batch_size`, differentiable w.r.t. the head
+    /// outputs (call `backward()` on it).
+    pub total: Tensor,
+    /// `[box, cls, dfl]` after branch weighting and gains, before the batch-size factor (the
+    /// official `loss.detach()`, what training logs).
+    pub items: [f32; 3],
+    /// Auxiliary branch details.
+    pub aux: BranchLoss,
+    /// Main branch details.
+    pub main: BranchLoss,
+}
+
+/// The dual-branch TAL loss of YOLOv9 (official `ComputeLoss` of `loss_tal_dual.py`).
+#[derive(Debug, Clone)]
+pub struct DualTalLoss {
+    nc: usize,
+    strides: Vec<u32>,
+    assigner: TaskAlignedAssigner,
+}
+
+impl DualTalLoss {
+    /// Loss for `nc` classes and head strides (e.g. `[8, 16, 32]`, one per level).
+    ///
+    /// Errors: `nc == 0`, no strides, or a zero stride.
+    pub fn new(nc: usize, strides: &[u32]) -> Result<Self> {
+        ensure!(nc > 0, "loss: the model must have at least one class (nc = 0)");
+        ensure!(!strides.is_empty(), "loss: no head strides given; YOLOv9 uses [8, 16, 32]");
+        ensure!(
+            strides.iter().all(|&s| s > 0),
+            "loss: strides {strides:?} contain 0; strides are pixels per cell"
+        );
+        Ok(DualTalLoss {
+            nc,
+            strides: strides.to_vec(),
+            assigner: TaskAlignedAssigner::new(nc),
+        })
+    }
+
+    /// Number of classes.
+    pub fn num_classes(&self) -> usize {
+        self.nc
+    }
+
+    /// The assigner used for both branches (topk 10, alpha 0.5, beta 6).
+    pub fn assigner(&self) -> &TaskAlignedAssigner {
+        &self.assigner
+    }
+
+    /// Compute the loss of one training batch.
+    ///
+    /// - `aux`, `main`: per branch, one raw head output per level (P3, P4, P5), each
+    ///   `(B, 64 + nc, H_i, W_i)` of any float dtype on any device: channels `0..64` are DFL
+    ///   logits side-major (l, t, r, b) x 16 bins, then `nc` class logits. Both branches must
+    ///   have the same shapes.
+    /// - `targets`: `(N, 6)` rows `[img_idx, cls, cx, cy, w, h]`, box normalized to the image
+    ///   (official format); `N = 0` is allowed (the loss is then the BCE against all-zero targets).
+    /// - `img_hw`: the network input size `(height, width)` in pixels; each level must satisfy
+    ///   `H_i * stride_i == height` and `W_i * stride_i == width`.
+    ///
+    /// Errors: wrong level count, channel count, batch or spatial sizes (naming the tensor),
+    /// invalid targets (see [`GtBatch::from_targets`]), non-finite head outputs.
+    pub fn compute(
+        &self,
+        aux: &[Tensor],
+        main: &[Tensor],
+        targets: &Tensor,
+        img_hw: (usize, usize),
+    ) -> Result<LossOutput> {
+        let (flat_aux, hw_aux, bs) = self.flatten_levels(aux, "aux")?;
+        let (flat_main, hw_main, bs_main) = self.flatten_levels(main, "main")?;
+        ensure!(
+            hw_aux == hw_main && bs == bs_main,
+            "loss: aux levels {hw_aux:?} (batch {bs}) and main levels {hw_main:?} (batch \
+             {bs_main}) differ; both branches must come from the same forward pass"
+        );
+        for (i, (&(h, w), &s)) in hw_aux.iter().zip(&self.strides).enumerate() {
+            let s = s as usize;
+            ensure!(
+                h * s == img_hw.0 && w * s == img_hw.1,
+                "loss: level {i} is {h}x{w} at stride {s}, which does not cover the input \
+                 {}x{} (h x w); pass img_hw = the network input size, a multiple of 32",
+                img_hw.0,
+                img_hw.1
+            );
+        }
+        let anchors = Anchors::new(&hw_aux, &self.strides)?;
+
+        let (n, six) = targets
+            .dims2()
+            .with_context(|| format!("loss: targets must be (N, 6), got {:?}", targets.dims()))?;
+        ensure!(six == 6, "loss: targets must be (N, 6) [img_idx, cls, cx, cy, w, h], got {:?}", targets.dims());
+        let flat_t: Vec<f32> = targets
+            .to_dtype(DType::F32)?
+            .flatten_all()?
+            .to_vec1()
+            .context("loss: reading targets")?;
+        let rows: Vec<[f32; 6]> = (0..n)
+            .map(|r| {
+                let c = &flat_t[r * 6..r * 6 + 6];
+                [c[0], c[1], c[2], c[3], c[4], c[5]]
+            })
+            .collect();
+        let gt = GtBatch::from_targets(&rows, bs, img_hw, self.nc)?;
+
+        let (t_aux, aux_r) = self.branch(&flat_aux, &anchors, &gt, "aux")?;
+        let (t_main, main_r) = self.branch(&flat_main, &anchors, &gt, "main")?;
+
+        let aw = AUX_WEIGHT as f64;
+        let mut parts = Vec::with_capacity(3);
+        for i in 0..3 {
+            let t = ((t_aux[i].affine(aw, 0.0)? + &t_main[i])? * GAINS[i] as f64)?;
+            parts.push(t);
+        }
+        let total = ((&parts[0] + &parts[1])? + &parts[2])?.affine(bs as f64, 0.0)?;
+        let item = |a: f32, m: f32, g: f32| (a * AUX_WEIGHT + m) * g;
+        let items = [
+            item(aux_r.box_loss, main_r.box_loss, GAINS[0]),
+            item(aux_r.cls_loss, main_r.cls_loss, GAINS[1]),
+            item(aux_r.dfl_loss, main_r.dfl_loss, GAINS[2]),
+        ];
+        Ok(LossOutput {
+            total,
+            items,
+            aux: aux_r,
+            main: main_r,
+        })
+    }
+
+    /// Check the levels of one branch and concatenate them to `(B, 64 + nc, A)` f32.
+    fn flatten_levels(
+        &self,
+        levels: &[Tensor],
+        which: &str,
+    ) -> Result<(Tensor, Vec<(usize, usize)>, usize)> {
+        ensure!(
+            levels.len() == self.strides.len(),
+            "loss: the {which} branch has {} levels but the loss has {} strides {:?}",
+            levels.len(),
+            self.strides.len(),
+            self.strides
+        );
+        let no = 4 * REG_MAX + self.nc;
+        let mut hw = Vec::with_capacity(levels.len());
+        let mut flat = Vec::with_capacity(levels.len());
+        let mut bs = None;
+        for (i, x) in levels.iter().enumerate() {
+            let (b, c, h, w) = x.dims4().with_context(|| {
+                format!("loss: {which} level {i} must be (B, 64 + nc, H, W), got {:?}", x.dims())
+            })?;
+            ensure!(
+                c == no,
+                "loss: {which} level {i} has {c} channels, expected 64 + nc = {no} (nc = {}); \
+                 the head and the loss must agree on the class count",
+                self.nc
+            );
+            ensure!(b > 0 && h > 0 && w > 0, "loss: {which} level {i} is empty: {:?}", x.dims());
+            if let Some(b0) = bs {
+                ensure!(b == b0, "loss: {which} level {i} has batch {b}, level 0 has {b0}");
+            }
+            bs = Some(b);
+            hw.push((h, w));
+            flat.push(x.to_dtype(DType::F32)?.reshape((b, c, h * w))?);
+        }
+        let bs = bs.context("loss: no levels")?;
+        Ok((Tensor::cat(&flat, 2)?, hw, bs))
+    }
+
+    /// Loss of one branch: `[box, cls, dfl]` scalar tensors before weights and gains.
+    fn branch(
+        &self,
+        flat: &Tensor,
+        anchors: &Anchors,
+        gt: &GtBatch,
+        which: &str,
+    ) -> Result<([Tensor; 3], BranchLoss)> {
+        let (bs, no, na) = flat.dims3()?;
+        let dev = flat.device().clone();
+        let host: Vec<f32> = flat
+            .detach()
+            .flatten_all()?
+            .to_vec1()
+            .with_context(|| format!("loss: copying the {which} head output to the host"))?;
+        if let Some(i) = host.iter().position(|v| !v.is_finite()) {
+            bail!(
+                "loss: the {which} head output has a non-finite value ({}) at (b, c, anchor) = \
+                 ({}, {}, {}); training diverged or the input is broken (lower the learning \
+                 rate, check the images)",
+                host[i],
+                i / (no * na),
+                (i / na) % no,
+                i % na
+            );
+        }
+
+        // Decoded predicted boxes in pixels for the assigner (official bbox_decode * stride).
+        let mut pd_bboxes = Vec::with_capacity(bs * na);
+        for b in 0..bs {
+            for a in 0..na {
+                let mut d = [0f32; 4];
+                for (s, ds) in d.iter_mut().enumerate() {
+                    let mut bins = [0f32; REG_MAX];
+                    for (k, v) in bins.iter_mut().enumerate() {
+                        *v = host[(b * no + s * REG_MAX + k) * na + a];
+                    }
+                    *ds = dfl_expectation(&bins);
+                }
+                let [ax, ay] = anchors.points[a];
+                let st = anchors.strides[a];
+                pd_bboxes.push([(ax - d[0]) * st, (ay - d[1]) * st, (ax + d[2]) * st, (ay + d[3]) * st]);
+            }
+        }
+        let anc_px = anchors.points_px();
+        let asg = self.assigner.assign(&AssignerInput {
+            scores: Scores::HeadLogits {
+                data: &host,
+                channels: no,
+                offset: 4 * REG_MAX,
+            },
+            pd_bboxes: &pd_bboxes,
+            anc_points: &anc_px,
+            gt,
+        })?;
+        let tss = asg.target_scores_sum().max(1.0);
+
+        let flat1 = flat.flatten_all()?;
+        ensure!(
+            flat1.elem_count() < u32::MAX as usize,
+            "loss: head output of {} values is too large for one batch; use a smaller batch",
+            flat1.elem_count()
+        );
+        let fg = asg.fg_indices();
+        let nfg = fg.len();
+
+        // Class loss: dense sum of relu(x) + log1p(exp(-|x|)) minus the sparse sum of x * t.
+        let cls_logits = flat.narrow(1, 4 * REG_MAX, self.nc)?;
+        let dense = bce_with_logits_zero_target(&cls_logits)?
+            .to_dtype(DType::F64)?
+            .sum_all()?
+            .to_dtype(DType::F32)?;
+        let cls_sum = if nfg > 0 {
+            let idx: Vec<u32> = fg
+                .iter()
+                .map(|&i| {
+                    let (b, a) = (i / na, i % na);
+                    ((b * no + 4 * REG_MAX + asg.target_labels[i] as usize) * na + a) as u32
+                })
+                .collect();
+            let t: Vec<f32> = fg.iter().map(|&i| asg.target_score[i]).collect();
+            let x_fg = flat1.index_select(&Tensor::from_vec(idx, nfg, &dev)?, 0)?;
+            let xt = x_fg.mul(&Tensor::from_vec(t, nfg, &dev)?)?.sum_all()?;
+            dense.sub(&xt)?
+        } else {
+            dense
+        };
+        let cls = (cls_sum / tss as f64)?;
+
+        let (bx, dfl) = if nfg > 0 {
+            let mut idx = Vec::with_capacity(nfg * 4 * REG_MAX);
+            let mut anc4 = Vec::with_capacity(nfg * 4);
+            let mut tgt = Vec::with_capacity(nfg * 4);
+            let mut ltrb = Vec::with_capacity(nfg);
+            let mut w = Vec::with_capacity(nfg);
+            for &i in &fg {
+                let (b, a) = (i / na, i % na);
+                for ch in 0..4 * REG_MAX {
+                    idx.push(((b * no + ch) * na + a) as u32);
+                }
+                let [ax, ay] = anchors.points[a];
+                let st = anchors.strides[a];
+                anc4.extend_from_slice(&[ax, ay, ax, ay]);
+                let tb = asg.target_bboxes[i];
+                let tb = [tb[0] / st, tb[1] / st, tb[2] / st, tb[3] / st];
+                tgt.extend_from_slice(&tb);
+                ltrb.push(bbox2dist([ax, ay], tb));
+                w.push(asg.target_score[i]);
+            }
+            let logits = flat1
+                .index_select(&Tensor::from_vec(idx, nfg * 4 * REG_MAX, &dev)?, 0)?
+                .reshape((nfg, 4, REG_MAX))?;
+            let pbox = decode_boxes(&logits, &Tensor::from_vec(anc4, (nfg, 4), &dev)?)?;
+            let tbox = Tensor::from_vec(tgt, (nfg, 4), &dev)?;
+            let w = Tensor::from_vec(w, nfg, &dev)?;
+            let iou = ciou_tensor(&pbox, &tbox)?;
+            let box_sum = iou.affine(-1.0, 1.0)?.mul(&w)?.sum_all()?;
+            let dfl_sum = dfl_loss(&logits, &ltrb)?.mul(&w)?.sum_all()?;
+            ((box_sum / tss as f64)?, (dfl_sum / tss as f64)?)
+        } else {
+            let z = Tensor::zeros((), DType::F32, &dev)?;
+            (z.clone(), z)
+        };
+
+        let report = BranchLoss {
+            box_loss: bx.to_scalar::<f32>()?,
+            cls_loss: cls.to_scalar::<f32>()?,
+            dfl_loss: dfl.to_scalar::<f32>()?,
+            target_scores_sum: tss,
+            assignment: asg,
+        };
+        Ok(([bx, cls, dfl], report))
+    }
+}
+
+/// Expected distance of one side from its 16 DFL logits: `sum_k softmax(x)_k * k` (f32, the
+/// official `bbox_decode`), in grid units, in `[0, 15]`.
+pub fn dfl_expectation(bins: &[f32; REG_MAX]) -> f32 {
+    let max = bins.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut e = [0f32; REG_MAX];
+    let mut sum = 0f32;
+    for (ek, &x) in e.iter_mut().zip(bins) {
+        *ek = (x - max).exp();
+        sum += *ek;
+    }
+    let mut d = 0f32;
+    for (k, ek) in e.iter().enumerate() {
+        d += (ek / sum) * k as f32;
+    }
+    d
+}
+
+/// Target distances `(l, t, r, b)` from an anchor to a box, both in grid units, clamped to
+/// `[0, 14.99]` (official `bbox2dist(anchor, bbox, reg_max - 1)`).
+pub fn bbox2dist(anchor: [f32; 2], xyxy: [f32; 4]) -> [f32; 4] {
+    let c = |v: f32| v.clamp(0.0, DFL_TARGET_MAX);
+    [
+        c(anchor[0] - xyxy[0]),
+        c(anchor[1] - xyxy[1]),
+        c(xyxy[2] - anchor[0]),
+        c(xyxy[3] - anchor[1]),
+    ]
+}
+
+/// Decode DFL logits to xyxy boxes, differentiably (official `bbox_decode` + `dist2bbox`).
+///
+/// `logits`: `(N, 4, 16)` side-major (l, t, r, b); `anchors4`: `(N, 4)` = `[ax, ay, ax, ay]`
+/// in grid units. Returns `(N, 4)` xyxy in grid units: `ax - l, ay - t, ax + r, ay + b`.
+pub fn decode_boxes(logits: &Tensor, anchors4: &Tensor) -> Result<Tensor> {
+    let (n, sides, bins) = logits.dims3()?;
+    ensure!(sides == 4 && bins == REG_MAX, "decode_boxes: logits must be (N, 4, 16), got {:?}", logits.dims());
+    ensure!(anchors4.dims() == [n, 4], "decode_boxes: anchors must be (N, 4), got {:?}", anchors4.dims());
+    let dev = logits.device();
+    let p = candle_nn::ops::softmax(logits, D::Minus1)?;
+    let proj = Tensor::arange(0u32, REG_MAX as u32, dev)?
+        .to_dtype(logits.dtype())?
+        .reshape((1, 1, REG_MAX))?;
+    let dist = p.broadcast_mul(&proj)?.sum(D::Minus1)?;
+    let sign = Tensor::new(&[-1f32, -1.0, 1.0, 1.0], dev)?
+        .to_dtype(logits.dtype())?
+        .reshape((1, 4))?;
+    Ok(anchors4.add(&dist.broadcast_mul(&sign)?)?)
+}
+
+/// Distribution Focal Loss per anchor (official `BboxLoss._df_loss`).
+///
+/// `logits`: `(N, 4, 16)`; `targets`: N side distances in grid units, each in `[0, 15)` (use
+/// [`bbox2dist`]). For a side with target `t`, `l = floor(t)`:
+/// `CE(logits, l) * (l + 1 - t) + CE(logits, l + 1) * (t - l)`; the result `(N,)` is the mean
+/// over the 4 sides. Differentiable w.r.t. `logits`.
+///
+/// Errors: shape mismatch, or a target outside `[0, 15)`.
+pub fn dfl_loss(logits: &Tensor, targets: &[[f32; 4]]) -> Result<Tensor> {
+    let (n, sides, bins) = logits.dims3()?;
+    ensure!(
+        sides == 4 && bins == REG_MAX && n == targets.len(),
+        "dfl_loss: logits {:?} must be (N, 4, 16) with N = {} targets",
+        logits.dims(),
+        targets.len()
+    );
+    let mut wts = vec![0f32; n * 4 * REG_MAX];
+    for (i, t4) in targets.iter().enumerate() {
+        for (s, &t) in t4.iter().enumerate() {
+            ensure!(
+                (0.0..(REG_MAX - 1) as f32).contains(&t),
+                "dfl_loss: target distance {t} (anchor {i}, side {s}) is outside [0, 15); clamp \
+                 it with bbox2dist"
+            );
+            let left = t as usize;
+            let wl = (left + 1) as f32 - t;
+            let wr = 1.0 - wl;
+            wts[(i * 4 + s) * REG_MAX + left] = wl;
+            wts[(i * 4 + s) * REG_MAX + left + 1] = wr;
+        }
+    }
+    let w = Tensor::from_vec(wts, (n, 4, REG_MAX), logits.device())?.to_dtype(logits.dtype())?;
+    let logp = candle_nn::ops::log_softmax(logits, D::Minus1)?;
+    let ce = logp.mul(&w)?.sum(D::Minus1)?.neg()?; // (N, 4)
+    Ok(ce.mean(D::Minus1)?)
+}
+
+/// Elementwise BCE-with-logits in the stable form
+/// `(1 - t) * x + max(-x, 0) + log1p(exp(-|x|))` = `(1 - t) * x - log_sigmoid(x)` (PyTorch
+/// `binary_cross_entropy_with_logits`, `pos_weight = 1`). `x`, `t`: same shape and dtype.
+/// Gradient w.r.t. `x`: `sigmoid(x) - t`.
+pub fn bce_with_logits(x: &Tensor, t: &Tensor) -> Result<Tensor> {
+    let e = x.abs()?.neg()?.exp()?;
+    let one_minus_t = t.affine(-1.0, 1.0)?;
+    Ok(one_minus_t.mul(x)?.add(&x.neg()?.relu()?)?.add(&log1p_unit(&e)?)?)
+}
+
+/// [`bce_with_logits`] with target 0: `max(x, 0) + log1p(exp(-|x|))` (softplus of `x`).
+pub fn bce_with_logits_zero_target(x: &Tensor) -> Result<Tensor> {
+    let e = x.abs()?.neg()?.exp()?;
+    Ok(x.relu()?.add(&log1p_unit(&e)?)?)
+}
+
+/// `log1p(e)` for `e` in `[0, 1]`, accurate to f32 rounding even for tiny `e` (Candle has no
+/// `log1p`): with `u = 1 + e` rounded, `log(u) + (e - (u - 1)) / u` corrects the rounding of
+/// `u` to first order. Differentiable (gradient `1 / u`).
+fn log1p_unit(e: &Tensor) -> Result<Tensor> {
+    let u = (e + 1.0)?;
+    let corr = e.sub(&(&u - 1.0)?)?.div(&u)?;
+    Ok(u.log()?.add(&corr)?)
+}
+
+/// Build the official-format `(N, 6)` f32 targets tensor on `device` from rows
+/// `[img_idx, cls, cx, cy, w, h]` (normalized boxes). Convenience for callers and tests.
+pub fn targets_tensor(rows: &[[f32; 6]], device: &Device) -> Result<Tensor> {
+    let flat: Vec<f32> = rows.iter().flatten().copied().collect();
+    Ok(Tensor::from_vec(flat, (rows.len(), 6), device)?)
+}
