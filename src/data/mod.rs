@@ -1,1 +1,3 @@
 //! Data: image decoding, dataset description, labels, augmentation, loading.
+
+pub mod image;
