@@ -68,7 +68,7 @@ fn resize_matches_opencv_on_the_same_decoded_pixels() {
     let x = to_tensor(&[&lb], &Device::Cpu).unwrap();
     let (mean, max) = level_diff(&x, &t["input"]);
     println!("resize only (oracle pixels) vs oracle input: mean {mean:.4} levels, max {max:.0} levels");
-    assert!(max <= 1.0 + 1e-6, "max abs diff {max} levels");
+    assert!(max <= 1.0 + 1e-4, "max abs diff {max} levels");
     assert!(mean < 0.05, "mean abs diff {mean} levels");
 }
 

@@ -42,8 +42,9 @@ impl InferenceModel for Fake {
         let (b, c, h, w) = x.dims4()?;
         assert_eq!(c, 3);
         assert!(h % 32 == 0 && w % 32 == 0, "input {h}x{w} not a stride multiple");
-        if (b, h, w) == (1, 448, 640) {
-            return Ok(self.y_main.clone());
+        if (h, w) == (448, 640) {
+            let copies = vec![&self.y_main; b];
+            return Ok(Tensor::cat(&copies, 0)?);
         }
         // Synthetic: every 7th anchor carries a box 3 strides wide (class anchor % 3, score 0.9),
         // so boxes reach past the image edges and test clipping.

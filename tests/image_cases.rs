@@ -270,6 +270,12 @@ fn png_header(w: u32, h: u32) -> Vec<u8> {
     v.extend_from_slice(&13u32.to_be_bytes());
     v.extend_from_slice(&chunk);
     v.extend_from_slice(&crc32(&chunk).to_be_bytes());
+    // An empty IDAT (so the header parses completely) and IEND.
+    for kind in [&b"IDAT"[..], &b"IEND"[..]] {
+        v.extend_from_slice(&0u32.to_be_bytes());
+        v.extend_from_slice(kind);
+        v.extend_from_slice(&crc32(kind).to_be_bytes());
+    }
     v
 }
 

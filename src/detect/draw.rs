@@ -70,7 +70,8 @@ pub fn draw_scale(w: u32, h: u32) -> f64 {
 }
 
 /// Returns the canvas to draw `img` on: `img` itself, or a copy scaled by [`draw_scale`]
-/// (triangle filter) when it is larger than [`DRAW_MAX_SIDE`].
+/// (area averaging, `image::imageops::thumbnail`, no full-size intermediate buffer) when it is
+/// larger than [`DRAW_MAX_SIDE`]. The original is dropped.
 pub fn canvas_for(img: RgbImage) -> (RgbImage, f64) {
     let s = draw_scale(img.width(), img.height());
     if s >= 1.0 {
@@ -78,7 +79,7 @@ pub fn canvas_for(img: RgbImage) -> (RgbImage, f64) {
     }
     let w = ((f64::from(img.width()) * s).round() as u32).max(1);
     let h = ((f64::from(img.height()) * s).round() as u32).max(1);
-    let small = image::imageops::resize(&img, w, h, image::imageops::FilterType::Triangle);
+    let small = image::imageops::thumbnail(&img, w, h);
     (small, s)
 }
 
