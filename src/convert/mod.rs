@@ -1,1 +1,344 @@
 //! Official YOLOv9 PyTorch checkpoints (`.pt`) → safetensors, parsed without Python.
+//!
+//! - [`checkpoint`]: the `torch.save` zip layout (record prefix, `data.pkl`, `data/<key>` storages)
+//!   and strided tensor reads with bounds checks.
+//! - [`pickle`]: candle's pickle reader run under an allow-list of globals and size/depth bounds,
+//!   and the walk of `nn.Module` trees (`_parameters` / `_buffers` / `_modules`) into state_dict
+//!   names.
+//! - [`keys`]: the expected state_dict names of the training (yolov9-s) and inference (gelan-s)
+//!   graphs, and the official re-parameterization name mapping.
+//!
+//! [`import_pt`] reads any supported `.pt` (an official checkpoint dict with `model`/`ema`, a
+//! pickled module, or a plain state_dict) into state_dict tensors; [`convert`] turns a checkpoint
+//! into [`Weights`] (optionally the inference graph only) and a printable [`Report`];
+//! `yolo9 convert` (`crate::cli::convert`) writes them with [`Weights::save_with_provenance`].
+
+pub mod checkpoint;
+pub mod keys;
+pub mod pickle;
+
+use crate::model::weights::{Graph, Provenance, Weights};
+use anyhow::{bail, Context, Result};
+use candle_core::pickle::Object;
+use candle_core::{DType, Tensor};
+use sha2::Digest;
+use std::fmt;
+use std::path::Path;
+
+/// Tensors and metadata read from a `.pt` file.
+pub struct Imported {
+    /// `(state_dict name, tensor)`: floating-point tensors upcast to f32, int64 kept, on the CPU,
+    /// in the order of the walk.
+    pub tensors: Vec<(String, Tensor)>,
+    /// `model.nc` when the checkpoint holds a model object.
+    pub nc: Option<usize>,
+    /// `model.names` (dict or list) when present.
+    pub names: Option<Vec<String>>,
+    /// Class of the last layer, e.g. `models.yolo.DualDDetect`, with its index.
+    pub head: Option<(usize, String)>,
+    /// `model.stride` when present (pixels per head level).
+    pub strides: Option<Vec<u32>>,
+    /// Which object the tensors came from: `ema`, `model`, `state_dict` or `(top level)`.
+    pub source_key: String,
+    /// What was seen but not imported (for the summary).
+    pub ignored: Vec<String>,
+    /// Floating-point tensors stored as f16/bf16/f64 in the file and converted to f32.
+    pub converted_from: Vec<(String, usize)>,
+    /// Shared module references (parameterless in YOLOv9; see [`pickle::WalkReport`]).
+    pub shared_modules: usize,
+}
+
+fn describe(o: &Object) -> String {
+    match o {
+        Object::None => "None".into(),
+        Object::Dict(d) => format!("dict of {}", d.len()),
+        Object::List(l) => format!("list of {}", l.len()),
+        Object::Unicode(_) => "str".into(),
+        Object::Int(_) | Object::Long(_) => "int".into(),
+        Object::Float(_) => "float".into(),
+        Object::Bool(_) => "bool".into(),
+        Object::Build { callable, .. } | Object::Reduce { callable, .. } => match &**callable {
+            Object::Class {
+                module_name,
+                class_name,
+            } => format!("{module_name}.{class_name}"),
+            Object::Reduce { callable, .. } => match &**callable {
+                Object::Class {
+                    module_name,
+                    class_name,
+                } => format!("{module_name}.{class_name}"),
+                _ => "object".into(),
+            },
+            _ => "object".into(),
+        },
+        _ => "object".into(),
+    }
+}
+
+/// Reads a PyTorch zip checkpoint (`torch.save`, PyTorch ≥ 1.6) without Python.
+///
+/// Accepted top-level objects: the official training checkpoint dict (`ema` is used when it is
+/// not `None`, else `model`; a `models.yolo.DetectionModel` tree or a state_dict), a dict with a
+/// `state_dict` key, a plain state_dict, or a pickled module. Errors name the file and the
+/// damage: not a zip / truncated, no `data.pkl`, a forbidden pickle global, a missing or short
+/// storage record, an absurd shape.
+pub fn import_pt(path: &Path) -> Result<Imported> {
+    let file = path.display().to_string();
+    let mut ck = checkpoint::Checkpoint::open(path)?;
+    let pkl = ck.pickle_bytes()?;
+    let what = format!("{file}: {}/data.pkl", ck.prefix);
+    let top = pickle::parse(&pkl, &what)?;
+    drop(pkl);
+
+    let mut ignored = Vec::new();
+    let mut refs = Vec::new();
+    let mut walk = pickle::WalkReport::default();
+    let (mut nc, mut names, mut head, mut stride_ref) = (None, None, None, None);
+
+    let (source_key, model): (String, &Object) = match &top {
+        Object::Dict(entries) => {
+            let get = |k: &str| pickle::dict_get(entries, k).filter(|o| **o != Object::None);
+            let chosen = if let Some(ema) = get("ema") {
+                Some(("ema", ema))
+            } else if let Some(m) = get("model") {
+                Some(("model", m))
+            } else {
+                get("state_dict").map(|m| ("state_dict", m))
+            };
+            match chosen {
+                Some((k, m)) => {
+                    for (key, v) in entries {
+                        if let Object::Unicode(key) = key {
+                            if key != k && *v != Object::None {
+                                ignored.push(format!("checkpoint['{key}'] ({})", describe(v)));
+                            }
+                        }
+                    }
+                    (k.to_string(), m)
+                }
+                None => ("(top level)".to_string(), &top),
+            }
+        }
+        other => ("(top level)".to_string(), other),
+    };
+
+    if let Some(((m, c), state)) = pickle::as_module(model) {
+        pickle::walk_module(model, "", &mut refs, &mut walk)
+            .with_context(|| format!("{file}: reading the {m}.{c} in '{source_key}'"))?;
+        if let Some(o) = pickle::dict_get(state, "nc") {
+            nc = pickle::uint(o).map(|n| n as usize);
+        }
+        if let Some(o) = pickle::dict_get(state, "names") {
+            names = Some(
+                pickle::class_names(o).with_context(|| format!("{file}: reading model.names"))?,
+            );
+        }
+        if let Some(o) = pickle::dict_get(state, "stride") {
+            stride_ref = pickle::tensor_ref(o, "model.stride")?;
+        }
+        head = pickle::yolo_head(state);
+        let mut attrs: Vec<&str> = state
+            .iter()
+            .filter_map(|(k, _)| match k {
+                Object::Unicode(k) if !k.starts_with('_') && k != "training" => Some(k.as_str()),
+                _ => None,
+            })
+            .filter(|k| !matches!(*k, "nc" | "names" | "stride"))
+            .collect();
+        attrs.sort_unstable();
+        if !attrs.is_empty() {
+            ignored.push(format!("model attributes {}", attrs.join(", ")));
+        }
+    } else if let Object::Dict(entries) = model {
+        for (k, v) in entries.iter().rev() {
+            let Object::Unicode(k) = k else {
+                bail!("{file}: '{source_key}' is a dict with a non-string key {k:?}")
+            };
+            match pickle::tensor_ref(v, k)? {
+                Some(t) => refs.push((k.clone(), t)),
+                None => ignored.push(format!("'{k}' ({})", describe(v))),
+            }
+        }
+        if refs.is_empty() {
+            let keys: Vec<String> = entries
+                .iter()
+                .take(12)
+                .map(|(k, v)| format!("{k:?}: {}", describe(v)))
+                .collect();
+            bail!(
+                "{file}: no model found: expected an official checkpoint (keys 'model'/'ema'), a \
+                 state_dict or a module; the top-level object holds {keys:?}"
+            )
+        }
+    } else {
+        bail!(
+            "{file}: no model found: the checkpoint holds a {} (expected a dict with 'model' or \
+             'ema', a state_dict, or a module)",
+            describe(model)
+        )
+    }
+
+    let mut seen = std::collections::HashSet::new();
+    let mut tensors = Vec::with_capacity(refs.len());
+    let mut converted = std::collections::BTreeMap::new();
+    for (name, r) in &refs {
+        if !seen.insert(name.as_str()) {
+            bail!("{file}: tensor {name} appears twice")
+        }
+        let t = ck.read_tensor(name, r)?;
+        if r.dtype.is_float() && r.dtype != pickle::StorageDType::F32 {
+            *converted
+                .entry(format!("{:?}", r.dtype).to_lowercase())
+                .or_insert(0) += 1;
+        }
+        tensors.push((name.clone(), t));
+    }
+    let strides = match stride_ref {
+        Some(r) => {
+            let t = ck.read_tensor("model.stride", &r)?;
+            let v: Vec<f32> = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
+            let s: Vec<u32> = v.iter().map(|x| *x as u32).collect();
+            if v.iter().zip(&s).any(|(f, u)| *f != *u as f32) {
+                bail!("{file}: model.stride {v:?} is not a list of whole pixel counts")
+            }
+            Some(s)
+        }
+        None => None,
+    };
+    Ok(Imported {
+        tensors,
+        nc,
+        names,
+        head,
+        strides,
+        source_key,
+        ignored,
+        converted_from: converted.into_iter().collect(),
+        shared_modules: walk.shared_modules,
+    })
+}
+
+/// Options of [`convert`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ConvertOptions {
+    /// Store floating-point tensors as f16 (the loader upcasts to f32).
+    pub half: bool,
+    /// Keep only the inference graph (gelan-s layout, see [`keys::train_to_infer_name`]).
+    pub infer: bool,
+}
+
+/// What a conversion did, printed by `yolo9 convert`.
+#[derive(Debug, Clone)]
+pub struct Report {
+    /// Input file name.
+    pub source: String,
+    /// sha256 of the input file.
+    pub sha256: String,
+    /// How the input was read (e.g. "official checkpoint, 'model' (models.yolo.DualDDetect head)").
+    pub how: String,
+    /// Tensors imported from the input (float + int64 counters).
+    pub imported: usize,
+    /// Tensors written (after `--infer`).
+    pub written: usize,
+    /// Parameters of the written graph, counted like the official summary.
+    pub parameters: usize,
+    /// Graph written.
+    pub graph: Graph,
+    /// Number of classes and their names.
+    pub nc: usize,
+    /// Class names.
+    pub names: Vec<String>,
+    /// Things seen and not imported, conversions, dropped tensors.
+    pub notes: Vec<String>,
+    /// Whether the output stores f16.
+    pub half: bool,
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "source:     {} (sha256 {})", self.source, self.sha256)?;
+        writeln!(f, "read:       {}", self.how)?;
+        writeln!(f, "imported:   {} tensors", self.imported)?;
+        writeln!(
+            f,
+            "written:    {} tensors, {} graph, {} parameters, {}",
+            self.written,
+            match self.graph {
+                Graph::Train => "training (yolov9-s, DualDDetect at 29)",
+                Graph::Infer => "inference (gelan-s, DDetect at 22)",
+            },
+            self.parameters,
+            if self.half { "f16" } else { "f32" }
+        )?;
+        let shown: Vec<&str> = self.names.iter().take(10).map(String::as_str).collect();
+        writeln!(
+            f,
+            "classes:    nc={} {:?}{}",
+            self.nc,
+            shown,
+            if self.names.len() > 10 { " ..." } else { "" }
+        )?;
+        writeln!(f, "missing:    none (all tensors of the graph present)")?;
+        for n in &self.notes {
+            writeln!(f, "note:       {n}")?;
+        }
+        Ok(())
+    }
+}
+
+/// sha256 of a file, lowercase hex.
+pub fn sha256_file(path: &Path) -> Result<String> {
+    let mut f = std::fs::File::open(path)
+        .with_context(|| format!("{}: cannot open to hash", path.display()))?;
+    let mut h = sha2::Sha256::new();
+    std::io::copy(&mut f, &mut h).with_context(|| format!("{}: read error", path.display()))?;
+    Ok(format!("{:x}", h.finalize()))
+}
+
+/// Reads `input` (official `.pt`, state_dict `.pt`, or `.safetensors`) into validated
+/// [`Weights`] (see [`Weights::load`]), optionally reduced to the inference graph, with the
+/// source's provenance and a [`Report`]. Nothing is written.
+pub fn convert(input: &Path, opts: ConvertOptions) -> Result<(Weights, Provenance, Report)> {
+    let (weights, mut notes, how, imported) = Weights::load_detailed(input)?;
+    let file_name = input
+        .file_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| input.display().to_string());
+    let sha256 = sha256_file(input)?;
+    let weights = if opts.infer && weights.meta.graph == Graph::Train {
+        let w = weights.to_infer()?;
+        notes.push(format!(
+            "--infer: kept layers 0-21, renamed model.29.cv4/cv5/dfl2 -> model.22.cv2/cv3/dfl, \
+             dropped {} tensors of the auxiliary branch (layers 22, 25, 28, model.29.cv2/cv3/dfl)",
+            weights.tensors.len() - w.tensors.len()
+        ));
+        w
+    } else {
+        weights
+    };
+    let report = Report {
+        source: file_name.clone(),
+        sha256: sha256.clone(),
+        how,
+        imported,
+        written: weights.tensors.len(),
+        parameters: weights.parameter_count(),
+        graph: weights.meta.graph,
+        nc: weights.meta.nc,
+        names: weights.meta.names.clone(),
+        notes,
+        half: opts.half,
+    };
+    let prov = Provenance {
+        file: file_name,
+        sha256,
+    };
+    Ok((weights, prov, report))
+}
+
+/// [`convert`] then [`Weights::save_with_provenance`] to `output` (atomic write).
+pub fn convert_file(input: &Path, output: &Path, opts: ConvertOptions) -> Result<Report> {
+    let (weights, prov, report) = convert(input, opts)?;
+    weights.save_with_provenance(output, opts.half, Some(&prov))?;
+    Ok(report)
+}

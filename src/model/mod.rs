@@ -1,3 +1,20 @@
 //! The YOLOv9 model: layers, the YOLOv9-s graph (training and inference), head, weights.
+//!
+//! - [`conv`]: `Conv` (conv + BN + SiLU), BN folding, train/eval BatchNorm.
+//! - [`blocks`]: `RepConvN`, `RepNBottleneck`, `RepNCSP`, `RepNCSPELAN4`, `ELAN1`, `AConv`, `SPPELAN`.
+//! - [`pool`]: PyTorch-exact, differentiable avg/max pooling and nearest upsampling.
+//! - [`head`]: `DDetect` branch, DFL, anchors, decode.
+//! - [`yolov9`]: the inference graph [`YoloV9`] and the training graph [`YoloV9Train`].
+//! - [`params`]: building layers from a state_dict; trainable variables and optimizer groups.
+//! - [`weights`]: safetensors I/O.
 
+pub mod blocks;
+pub mod conv;
+pub mod head;
+pub mod params;
+pub mod pool;
 pub mod weights;
+pub mod yolov9;
+
+pub use params::{NamedVar, ParamGroup};
+pub use yolov9::{DualRaw, YoloV9, YoloV9Train, STRIDES};

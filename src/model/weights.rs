@@ -1,7 +1,33 @@
-//! Model weights in safetensors: a flat state_dict (official key names) plus metadata.
+//! Model weights: a flat state_dict (official key names) plus metadata, read from yolo9
+//! safetensors, plain state_dict safetensors, or official PyTorch `.pt` checkpoints, and written
+//! as safetensors atomically.
+//!
+//! # File format
+//!
+//! A standard safetensors file. Tensors carry the official state_dict names
+//! (`model.4.cv2.0.m.0.cv1.conv1.conv.weight`, see [`crate::convert::keys`]); floating-point
+//! tensors are `F32` (or `F16` when saved with `half`), BatchNorm `*.num_batches_tracked`
+//! counters are `I64` scalars. The metadata holds **one key, `yolo9`**, whose value is a JSON
+//! object (one key keeps the file bytes deterministic, since safetensors writes metadata from a
+//! hash map):
+//!
+//! ```json
+//! {"format":"yolo9-weights","version":1,"nc":3,"names":["RBC","WBC","Platelets"],
+//!  "strides":[8,16,32],"graph":"infer","dtype":"f16",
+//!  "source":{"file":"bccd-official-best.pt","sha256":"85bf…"}}
+//! ```
+//!
+//! `graph` is `train` (yolov9-s.yaml: layers 0–28 + DualDDetect at 29) or `infer` (gelan-s:
+//! 0–21 + DDetect at 22); `source` is optional. A safetensors file without this key (a plain
+//! state_dict) is accepted: the graph is inferred from the names, `nc` from the class
+//! convolution, and names default to `class0`, `class1`, ….
 
-use candle_core::Tensor;
+use crate::convert::{self, keys};
+use anyhow::{bail, Context, Result};
+use candle_core::{DType, Device, Tensor};
+use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
+use std::io::Write;
 use std::path::Path;
 
 /// Which graph a set of weights describes.
@@ -11,6 +37,16 @@ pub enum Graph {
     Train,
     /// The inference graph (gelan-s): layers 0–21 and `DDetect` (layer 22).
     Infer,
+}
+
+impl Graph {
+    /// `"train"` / `"infer"` (the metadata spelling).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Graph::Train => "train",
+            Graph::Infer => "infer",
+        }
+    }
 }
 
 /// Metadata stored with the weights.
@@ -26,8 +62,20 @@ pub struct ModelMeta {
     pub graph: Graph,
 }
 
-/// A flat state_dict with official names (`model.N....`), all tensors f32 on the CPU,
-/// plus metadata.
+/// Where converted weights came from: the source file name and the sha256 of its bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Provenance {
+    /// File name of the source checkpoint (no directory), e.g. `bccd-official-best.pt`.
+    pub file: String,
+    /// sha256 of the source file, lowercase hex.
+    pub sha256: String,
+}
+
+/// A flat state_dict with official names (`model.N....`), on the CPU, plus metadata.
+///
+/// Every floating-point tensor is f32. The BatchNorm step counters `*.num_batches_tracked`
+/// (int64 scalars) are kept when the source has them so that a state_dict round trip is
+/// complete; model loaders ignore them ([`keys::is_counter`]).
 pub struct Weights {
     /// Tensors by official state_dict name.
     pub tensors: HashMap<String, Tensor>,
@@ -35,9 +83,597 @@ pub struct Weights {
     pub meta: ModelMeta,
 }
 
+/// The `yolo9` metadata value (JSON).
+#[derive(Debug, Serialize, Deserialize)]
+struct MetaJson {
+    format: String,
+    version: u32,
+    nc: usize,
+    names: Vec<String>,
+    strides: Vec<u32>,
+    graph: String,
+    #[serde(default)]
+    dtype: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    source: Option<Provenance>,
+}
+
+/// The metadata key of yolo9 safetensors files.
+pub const META_KEY: &str = "yolo9";
+/// The strides every YOLOv9-s head uses.
+pub const STRIDES: [u32; 3] = [8, 16, 32];
+
 impl Weights {
-    /// Loads weights from a safetensors file written by `yolo9 convert` (or an official `.pt`).
-    pub fn load(path: &Path) -> anyhow::Result<Self> {
-        anyhow::bail!("{}: weight loading not implemented yet", path.display())
+    /// Loads weights from a safetensors file (written by `yolo9 convert` / [`Weights::save`], or a
+    /// plain state_dict), or from an official `.pt` checkpoint / state_dict `.pt` converted in
+    /// memory. The format is detected from the content, not the extension.
+    ///
+    /// The tensor names are checked against the graph ([`keys::state_dict_names`]): a missing
+    /// tensor is an error (`missing tensor model.0.conv.weight`), as is an unexpected one, a
+    /// class count that disagrees with the class convolution, or damaged bytes (`empty file`,
+    /// `truncated: header declares N bytes of tensor data, file has M`, `garbage header`).
+    /// Every error names the file and what to do.
+    pub fn load(path: &Path) -> Result<Self> {
+        Ok(Self::load_detailed(path)?.0)
     }
+
+    /// [`Weights::load`], also returning the provenance stored in yolo9 safetensors metadata
+    /// (`None` for other files).
+    pub fn load_with_provenance(path: &Path) -> Result<(Self, Option<Provenance>)> {
+        let file = path.display().to_string();
+        let bytes = read_file(path)?;
+        if bytes.starts_with(b"PK") {
+            return Ok((Self::load_detailed(path)?.0, None));
+        }
+        let (w, prov) = from_safetensors(&bytes, &file)?;
+        Ok((w, prov))
+    }
+
+    /// [`Weights::load`] plus notes for a conversion summary: `(weights, notes, how it was read,
+    /// number of tensors imported)`.
+    pub fn load_detailed(path: &Path) -> Result<(Self, Vec<String>, String, usize)> {
+        let file = path.display().to_string();
+        let bytes = read_file(path)?;
+        if bytes.starts_with(b"PK") {
+            drop(bytes);
+            return from_pt(path);
+        }
+        // The legacy format starts with the pickled magic number 0x1950a86a20f9469cfc6c
+        // (PROTO 2, LONG1 of 10 bytes).
+        if bytes.starts_with(&[0x80, 0x02, 0x8a, 0x0a, 0x6c, 0xfc]) {
+            bail!(
+                "{file}: this is a legacy (pre-1.6, non-zip) torch.save file, which yolo9 does not \
+                 read; re-save it with a current PyTorch (`torch.save(torch.load(f), f2)`)"
+            )
+        }
+        let n = bytes.len();
+        let (w, _) = from_safetensors(&bytes, &file)?;
+        let imported = w.tensors.len();
+        Ok((w, Vec::new(), format!("safetensors ({n} bytes)"), imported))
+    }
+
+    /// Saves as safetensors (format in the module docs), atomically (temporary file in the same
+    /// directory, fsync, rename, fsync of the directory). `half` stores floating-point tensors as
+    /// f16 (round to nearest even; exact for weights that came from an fp16 checkpoint).
+    pub fn save(&self, path: &Path, half: bool) -> Result<()> {
+        self.save_with_provenance(path, half, None)
+    }
+
+    /// [`Weights::save`] recording where the weights came from.
+    pub fn save_with_provenance(
+        &self,
+        path: &Path,
+        half: bool,
+        source: Option<&Provenance>,
+    ) -> Result<()> {
+        let file = path.display().to_string();
+        let meta = MetaJson {
+            format: "yolo9-weights".into(),
+            version: 1,
+            nc: self.meta.nc,
+            names: self.meta.names.clone(),
+            strides: self.meta.strides.clone(),
+            graph: self.meta.graph.as_str().into(),
+            dtype: Some(if half { "f16" } else { "f32" }.into()),
+            source: source.cloned(),
+        };
+        let mut raws = Vec::with_capacity(self.tensors.len());
+        for (name, t) in &self.tensors {
+            raws.push((
+                name.clone(),
+                RawTensor::from_tensor(t, half)
+                    .with_context(|| format!("{file}: cannot serialize tensor {name}"))?,
+            ));
+        }
+        let info: HashMap<String, String> =
+            [(META_KEY.to_string(), serde_json::to_string(&meta)?)].into();
+        let bytes = safetensors::serialize(raws.iter().map(|(n, r)| (n.as_str(), r)), Some(info))
+            .with_context(|| format!("{file}: cannot serialize safetensors"))?;
+        write_atomic(path, &bytes)
+    }
+
+    /// Parameters counted like the official model summary (`sum(p.numel() for p in
+    /// model.parameters())`): every tensor except BN running statistics and counters.
+    /// 9,804,512 for the training graph and 7,226,208 for the inference graph at nc=80.
+    pub fn parameter_count(&self) -> usize {
+        self.tensors
+            .iter()
+            .filter(|(n, _)| keys::is_parameter(n))
+            .map(|(_, t)| t.elem_count())
+            .sum()
+    }
+
+    /// The inference graph of these weights: for [`Graph::Train`], layers 0–21 as they are and
+    /// `model.29.cv4/cv5/dfl2` renamed to `model.22.cv2/cv3/dfl` (the official
+    /// re-parameterization, `tools/reparameterization.ipynb`); Infer weights are returned as a
+    /// copy. Tensors are shared (candle tensors are reference counted), not copied.
+    pub fn to_infer(&self) -> Result<Weights> {
+        let tensors = match self.meta.graph {
+            Graph::Infer => self.tensors.clone(),
+            Graph::Train => self
+                .tensors
+                .iter()
+                .filter_map(|(n, t)| keys::train_to_infer_name(n).map(|m| (m, t.clone())))
+                .collect(),
+        };
+        let w = Weights {
+            tensors,
+            meta: ModelMeta {
+                graph: Graph::Infer,
+                ..self.meta.clone()
+            },
+        };
+        w.validate("inference graph")?;
+        Ok(w)
+    }
+
+    /// Checks the tensors against the graph of `self.meta`: every float tensor present with dtype
+    /// f32, nothing unexpected, counters int64 when present, `nc` equal to the class-convolution
+    /// width and to `names.len()`, strides `[8, 16, 32]`. `what` names the source in errors.
+    pub fn validate(&self, what: &str) -> Result<()> {
+        let graph = self.meta.graph;
+        let expected = keys::state_dict_names(graph);
+        let set: std::collections::HashSet<&str> = expected.iter().map(String::as_str).collect();
+        let kind = match graph {
+            Graph::Train => "training (yolov9-s)",
+            Graph::Infer => "inference (gelan-s)",
+        };
+        let missing: Vec<&str> = expected
+            .iter()
+            .filter(|n| !keys::is_counter(n) && !self.tensors.contains_key(*n))
+            .map(String::as_str)
+            .collect();
+        if let Some(first) = missing.first() {
+            bail!(
+                "{what}: missing tensor {first}{}: not a complete YOLOv9-s {kind} state_dict; use \
+                 weights made by `yolo9 convert` from an official yolov9-s checkpoint",
+                if missing.len() > 1 {
+                    format!(" (and {} more)", missing.len() - 1)
+                } else {
+                    String::new()
+                }
+            )
+        }
+        let mut unexpected: Vec<&str> = self
+            .tensors
+            .keys()
+            .filter(|n| !set.contains(n.as_str()))
+            .map(String::as_str)
+            .collect();
+        unexpected.sort_unstable();
+        if let Some(first) = unexpected.first() {
+            bail!(
+                "{what}: unexpected tensor {first}{} for the YOLOv9-s {kind} graph: the file holds \
+                 another model (or a different graph than its metadata says)",
+                if unexpected.len() > 1 {
+                    format!(" (and {} more)", unexpected.len() - 1)
+                } else {
+                    String::new()
+                }
+            )
+        }
+        for (n, t) in &self.tensors {
+            let want = if keys::is_counter(n) {
+                DType::I64
+            } else {
+                DType::F32
+            };
+            if t.dtype() != want {
+                bail!(
+                    "{what}: tensor {n} has dtype {:?}, expected {want:?}",
+                    t.dtype()
+                )
+            }
+        }
+        let cls = keys::class_conv_name(graph);
+        let width = self
+            .tensors
+            .get(cls)
+            .map(|t| t.dims().first().copied().unwrap_or(0));
+        if width != Some(self.meta.nc) {
+            bail!(
+                "{what}: nc={} but {cls} has {} output channels: class count and weights disagree",
+                self.meta.nc,
+                width.unwrap_or(0)
+            )
+        }
+        if self.meta.names.len() != self.meta.nc {
+            bail!(
+                "{what}: {} class names for nc={}",
+                self.meta.names.len(),
+                self.meta.nc
+            )
+        }
+        if self.meta.strides != STRIDES {
+            bail!(
+                "{what}: strides {:?} are not supported (YOLOv9-s uses {STRIDES:?})",
+                self.meta.strides
+            )
+        }
+        Ok(())
+    }
+}
+
+/// Graph implied by the tensor names: any `model.29.*` → Train, else Infer.
+pub fn graph_from_names<'a>(mut names: impl Iterator<Item = &'a str>) -> Graph {
+    if names.any(|n| n.starts_with("model.29.") || n.starts_with("model.25.")) {
+        Graph::Train
+    } else {
+        Graph::Infer
+    }
+}
+
+fn read_file(path: &Path) -> Result<Vec<u8>> {
+    let file = path.display().to_string();
+    let bytes = std::fs::read(path)
+        .with_context(|| format!("{file}: cannot read the weights file (check the path)"))?;
+    if bytes.is_empty() {
+        bail!(
+            "{file}: empty file (0 bytes): the weights were not written completely; use another \
+             copy or re-run `yolo9 convert`"
+        )
+    }
+    Ok(bytes)
+}
+
+/// Builds and validates [`Weights`] from imported `.pt` tensors.
+fn from_pt(path: &Path) -> Result<(Weights, Vec<String>, String, usize)> {
+    let file = path.display().to_string();
+    let imp = convert::import_pt(path)?;
+    let imported = imp.tensors.len();
+    let tensors: HashMap<String, Tensor> = imp.tensors.into_iter().collect();
+    let head_graph = match imp.head.as_ref().map(|(i, c)| (*i, c.as_str())) {
+        Some((29, "models.yolo.DualDDetect")) => Some(Graph::Train),
+        Some((22, "models.yolo.DDetect")) => Some(Graph::Infer),
+        Some((i, c)) => bail!(
+            "{file}: the model's head is {c} at layer {i}; yolo9 reads YOLOv9-s (DualDDetect at 29) \
+             and gelan-s (DDetect at 22) only"
+        ),
+        None => None,
+    };
+    let graph = head_graph.unwrap_or_else(|| graph_from_names(tensors.keys().map(String::as_str)));
+    let mut notes = Vec::new();
+    let (nc, names) = resolve_classes(&tensors, graph, imp.nc, imp.names, &mut notes, &file)?;
+    let strides = imp.strides.unwrap_or_else(|| STRIDES.to_vec());
+    let w = Weights {
+        tensors,
+        meta: ModelMeta {
+            nc,
+            names,
+            strides,
+            graph,
+        },
+    };
+    w.validate(&file)?;
+    for (dt, n) in &imp.converted_from {
+        notes.push(format!("upcast {n} {dt} tensors to f32 (exact)"));
+    }
+    if imp.shared_modules > 0 {
+        notes.push(format!(
+            "{} shared module references (the parameterless SiLU of every Conv)",
+            imp.shared_modules
+        ));
+    }
+    for i in &imp.ignored {
+        notes.push(format!("ignored {i}"));
+    }
+    let how = format!(
+        "PyTorch checkpoint, '{}'{}",
+        imp.source_key,
+        imp.head
+            .as_ref()
+            .map(|(i, c)| format!(" ({c} head at layer {i})"))
+            .unwrap_or_default()
+    );
+    Ok((w, notes, how, imported))
+}
+
+/// `nc` and names: from the checkpoint when present, else the class-convolution width and
+/// `class{i}`; checked against each other.
+fn resolve_classes(
+    tensors: &HashMap<String, Tensor>,
+    graph: Graph,
+    nc: Option<usize>,
+    names: Option<Vec<String>>,
+    notes: &mut Vec<String>,
+    file: &str,
+) -> Result<(usize, Vec<String>)> {
+    let cls = keys::class_conv_name(graph);
+    let width = tensors.get(cls).and_then(|t| t.dims().first().copied());
+    let nc = match (nc, &names, width) {
+        (Some(n), _, _) => n,
+        (None, Some(v), _) => v.len(),
+        (None, None, Some(w)) => w,
+        (None, None, None) => bail!(
+            "{file}: missing tensor {cls}: cannot tell the number of classes; not a YOLOv9-s model"
+        ),
+    };
+    let names = match names {
+        Some(v) => v,
+        None => {
+            notes.push(format!(
+                "no class names in the source: using class0..class{}",
+                nc.saturating_sub(1)
+            ));
+            (0..nc).map(|i| format!("class{i}")).collect()
+        }
+    };
+    if names.len() != nc {
+        bail!("{file}: nc={nc} but {} class names", names.len())
+    }
+    Ok((nc, names))
+}
+
+/// Checks the safetensors framing before parsing, for precise errors on damaged files.
+fn check_safetensors_frame(bytes: &[u8], file: &str) -> Result<()> {
+    let len = bytes.len() as u64;
+    if len < 8 {
+        bail!("{file}: truncated: {len} bytes, shorter than the 8-byte safetensors header length; the file is damaged: use another copy")
+    }
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap_or([0; 8]));
+    let looks_json = bytes.get(8) == Some(&b'{');
+    if !looks_json || n < 2 || n > 100_000_000 {
+        bail!(
+            "{file}: garbage header: not a safetensors file (header length {n}, first bytes {:02x?}) \
+             nor a PyTorch zip checkpoint; check that this is a weights file",
+            &bytes[..bytes.len().min(12)]
+        )
+    }
+    if n > len - 8 {
+        bail!(
+            "{file}: truncated: header declares a {n}-byte JSON header, file has {} bytes after the \
+             length; the file is damaged: use another copy or re-run `yolo9 convert`",
+            len - 8
+        )
+    }
+    let header: serde_json::Value =
+        serde_json::from_slice(&bytes[8..8 + n as usize]).map_err(|e| {
+            anyhow::anyhow!(
+                "{file}: garbage header: the JSON header does not parse ({e}); the file is damaged"
+            )
+        })?;
+    let Some(obj) = header.as_object() else {
+        bail!("{file}: garbage header: the JSON header is not an object")
+    };
+    let mut declared = 0u64;
+    for (k, v) in obj {
+        if k == "__metadata__" {
+            continue;
+        }
+        let end = v
+            .get("data_offsets")
+            .and_then(|o| o.get(1))
+            .and_then(|e| e.as_u64())
+            .with_context(|| format!("{file}: garbage header: tensor {k} has no data_offsets"))?;
+        declared = declared.max(end);
+    }
+    let have = len - 8 - n;
+    if have < declared {
+        bail!(
+            "{file}: truncated: header declares {declared} bytes of tensor data, file has {have}; the \
+             file was not written completely: use another copy or re-run `yolo9 convert`"
+        )
+    }
+    if have > declared {
+        bail!(
+            "{file}: {} trailing bytes after the {declared} bytes of tensor data the header declares: \
+             the file is damaged",
+            have - declared
+        )
+    }
+    Ok(())
+}
+
+fn from_safetensors(bytes: &[u8], file: &str) -> Result<(Weights, Option<Provenance>)> {
+    check_safetensors_frame(bytes, file)?;
+    let st = safetensors::SafeTensors::deserialize(bytes)
+        .map_err(|e| anyhow::anyhow!("{file}: invalid safetensors file: {e}"))?;
+    let (_, metadata) = safetensors::SafeTensors::read_metadata(bytes)
+        .map_err(|e| anyhow::anyhow!("{file}: invalid safetensors header: {e}"))?;
+    let meta_json = match metadata.metadata().as_ref().and_then(|m| m.get(META_KEY)) {
+        Some(s) => Some(serde_json::from_str::<MetaJson>(s).map_err(|e| {
+            anyhow::anyhow!(
+                "{file}: the '{META_KEY}' metadata is not valid ({e}); re-run `yolo9 convert`"
+            )
+        })?),
+        None => None,
+    };
+    let mut tensors = HashMap::new();
+    for (name, view) in st.iter() {
+        let t = view_to_tensor(&view).with_context(|| format!("{file}: tensor {name}"))?;
+        tensors.insert(name.to_string(), t);
+    }
+    let mut notes = Vec::new();
+    let (meta, prov) = match meta_json {
+        Some(m) => {
+            if m.format != "yolo9-weights" || m.version != 1 {
+                bail!(
+                    "{file}: metadata format {:?} version {} is not supported by this yolo9",
+                    m.format,
+                    m.version
+                )
+            }
+            let graph = match m.graph.as_str() {
+                "train" => Graph::Train,
+                "infer" => Graph::Infer,
+                g => bail!("{file}: unknown graph {g:?} in metadata (expected train or infer)"),
+            };
+            (
+                ModelMeta {
+                    nc: m.nc,
+                    names: m.names,
+                    strides: m.strides,
+                    graph,
+                },
+                m.source,
+            )
+        }
+        None => {
+            let graph = graph_from_names(tensors.keys().map(String::as_str));
+            let (nc, names) = resolve_classes(&tensors, graph, None, None, &mut notes, file)?;
+            (
+                ModelMeta {
+                    nc,
+                    names,
+                    strides: STRIDES.to_vec(),
+                    graph,
+                },
+                None,
+            )
+        }
+    };
+    let w = Weights { tensors, meta };
+    w.validate(file)?;
+    Ok((w, prov))
+}
+
+fn view_to_tensor(view: &safetensors::tensor::TensorView<'_>) -> Result<Tensor> {
+    use safetensors::Dtype as D;
+    let data = view.data();
+    let shape = view.shape().to_vec();
+    let dev = &Device::Cpu;
+    let floats: Vec<f32> = match view.dtype() {
+        D::F32 => data
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        D::F16 => data
+            .chunks_exact(2)
+            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        D::BF16 => data
+            .chunks_exact(2)
+            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        D::F64 => data
+            .chunks_exact(8)
+            .map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as f32)
+            .collect(),
+        D::I64 => {
+            let v: Vec<i64> = data
+                .chunks_exact(8)
+                .map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+                .collect();
+            return Ok(Tensor::from_vec(v, shape, dev)?);
+        }
+        other => bail!("unsupported dtype {other:?} (expected F32, F16, BF16, F64 or I64)"),
+    };
+    Ok(Tensor::from_vec(floats, shape, dev)?)
+}
+
+/// A tensor's bytes ready for `safetensors::serialize`.
+struct RawTensor {
+    dtype: safetensors::Dtype,
+    shape: Vec<usize>,
+    data: Vec<u8>,
+}
+
+impl RawTensor {
+    fn from_tensor(t: &Tensor, half: bool) -> Result<Self> {
+        let shape = t.dims().to_vec();
+        let flat = t.flatten_all()?;
+        let (dtype, data) = match t.dtype() {
+            DType::I64 => (
+                safetensors::Dtype::I64,
+                flat.to_vec1::<i64>()?
+                    .iter()
+                    .flat_map(|x| x.to_le_bytes())
+                    .collect(),
+            ),
+            _ => {
+                let v = flat.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+                if half {
+                    (
+                        safetensors::Dtype::F16,
+                        v.iter()
+                            .flat_map(|x| half::f16::from_f32(*x).to_le_bytes())
+                            .collect(),
+                    )
+                } else {
+                    (
+                        safetensors::Dtype::F32,
+                        v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                    )
+                }
+            }
+        };
+        Ok(Self { dtype, shape, data })
+    }
+}
+
+impl safetensors::View for &RawTensor {
+    fn dtype(&self) -> safetensors::Dtype {
+        self.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data(&self) -> std::borrow::Cow<'_, [u8]> {
+        std::borrow::Cow::Borrowed(&self.data)
+    }
+    fn data_len(&self) -> usize {
+        self.data.len()
+    }
+}
+
+/// Writes `bytes` to `path` atomically: a temporary file in the same directory, `fsync`, rename
+/// over `path`, then `fsync` of the directory (Unix). A crash leaves either the old file or the
+/// new one, never a torn file; the temporary is removed on error.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let file = path.display().to_string();
+    let name = path
+        .file_name()
+        .with_context(|| format!("{file}: not a file path"))?
+        .to_string_lossy()
+        .into_owned();
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => std::path::PathBuf::from("."),
+    };
+    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let result = (|| -> Result<()> {
+        let mut f = std::fs::File::create(&tmp).with_context(|| {
+            format!(
+                "{}: cannot create (is the directory writable?)",
+                tmp.display()
+            )
+        })?;
+        f.write_all(bytes)
+            .with_context(|| format!("{}: write failed (disk full?)", tmp.display()))?;
+        f.sync_all()
+            .with_context(|| format!("{}: fsync failed", tmp.display()))?;
+        std::fs::rename(&tmp, path)
+            .with_context(|| format!("{file}: cannot rename {} into place", tmp.display()))?;
+        Ok(())
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result?;
+    #[cfg(unix)]
+    if let Ok(d) = std::fs::File::open(&dir) {
+        d.sync_all()
+            .with_context(|| format!("{}: fsync of the directory failed", dir.display()))?;
+    }
+    Ok(())
 }

@@ -1,0 +1,276 @@
+//! The building blocks of YOLOv9-s (official `models/common.py`), each named and laid out like the
+//! official modules so the state_dict keys map 1:1 (`{prefix}.cv1.conv.weight`, …).
+//!
+//! Every `forward(x, train)` takes NCHW f32 and a flag: `train = true` uses batch-statistics BN
+//! (training builds only) and differentiable pooling.
+
+use super::conv::{fold_bn, load_conv_bn, Conv, ConvSpec};
+use super::params::{BuildMode, Builder};
+use super::pool;
+use anyhow::{Context, Result};
+use candle_core::Tensor;
+
+/// `RepConvN(c1, c2, k=3)`: SiLU(BN(conv3x3(x)) + BN(conv1x1(x))), no identity branch.
+/// Inference builds fuse both branches into one 3×3 conv: kernel `k3 + pad(k1)`, bias `b3 + b1`
+/// (official `RepConvN.fuse_convs`).
+pub enum RepConvN {
+    /// The two branches fused into one 3×3 conv + SiLU.
+    Fused(Conv),
+    /// Training form: `conv1` (3×3, BN, no act) and `conv2` (1×1, BN, no act).
+    Branches {
+        /// 3×3 branch (`{prefix}.conv1`).
+        conv1: Conv,
+        /// 1×1 branch (`{prefix}.conv2`).
+        conv2: Conv,
+    },
+}
+
+impl RepConvN {
+    pub fn load(b: &mut Builder, prefix: &str, c1: usize, c2: usize) -> Result<Self> {
+        let s3 = ConvSpec::new(c1, c2, 3, 1).no_act();
+        let s1 = ConvSpec::new(c1, c2, 1, 1).no_act();
+        if b.mode == BuildMode::Fused {
+            let (w3, bn3) = load_conv_bn(b, &format!("{prefix}.conv1"), s3)?;
+            let (w1, bn1) = load_conv_bn(b, &format!("{prefix}.conv2"), s1)?;
+            let (w3, b3) = fold_bn(&w3, &bn3)?;
+            let (w1, b1) = fold_bn(&w1, &bn1)?;
+            let w1 = w1.pad_with_zeros(2, 1, 1)?.pad_with_zeros(3, 1, 1)?;
+            let w = (w3 + w1)?.contiguous()?;
+            let bias = (b3 + b1)?;
+            Ok(Self::Fused(Conv::from_parts(
+                w,
+                Some(bias),
+                ConvSpec::new(c1, c2, 3, 1),
+            )))
+        } else {
+            Ok(Self::Branches {
+                conv1: Conv::load(b, &format!("{prefix}.conv1"), s3)?,
+                conv2: Conv::load(b, &format!("{prefix}.conv2"), s1)?,
+            })
+        }
+    }
+
+    /// x: (B, c1, H, W) → (B, c2, H, W).
+    pub fn forward(&self, x: &Tensor, train: bool) -> Result<Tensor> {
+        match self {
+            Self::Fused(c) => c.forward(x, train),
+            Self::Branches { conv1, conv2 } => {
+                Ok((conv1.forward(x, train)? + conv2.forward(x, train)?)?.silu()?)
+            }
+        }
+    }
+}
+
+/// `RepNBottleneck(c, c, shortcut=True, e=1.0)`: `x + cv2(cv1(x))` with `cv1` a [`RepConvN`] and
+/// `cv2` a 3×3 [`Conv`].
+pub struct RepNBottleneck {
+    /// `{prefix}.cv1`.
+    pub cv1: RepConvN,
+    /// `{prefix}.cv2`.
+    pub cv2: Conv,
+    /// Residual add (`shortcut and c1 == c2`).
+    pub add: bool,
+}
+
+impl RepNBottleneck {
+    pub fn load(b: &mut Builder, prefix: &str, c1: usize, c2: usize) -> Result<Self> {
+        Ok(Self {
+            cv1: RepConvN::load(b, &format!("{prefix}.cv1"), c1, c2)?,
+            cv2: Conv::load(b, &format!("{prefix}.cv2"), ConvSpec::new(c2, c2, 3, 1))?,
+            add: c1 == c2,
+        })
+    }
+
+    /// x: (B, c1, H, W) → (B, c2, H, W).
+    pub fn forward(&self, x: &Tensor, train: bool) -> Result<Tensor> {
+        let y = self.cv2.forward(&self.cv1.forward(x, train)?, train)?;
+        if self.add {
+            Ok((x + y)?)
+        } else {
+            Ok(y)
+        }
+    }
+}
+
+/// `RepNCSP(c1, c2, n)`: `cv3(cat(m(cv1(x)), cv2(x)))` with hidden width `c2/2`.
+pub struct RepNCSP {
+    /// `{prefix}.cv1`: 1×1, c1 → c2/2.
+    pub cv1: Conv,
+    /// `{prefix}.cv2`: 1×1, c1 → c2/2.
+    pub cv2: Conv,
+    /// `{prefix}.cv3`: 1×1, c2 → c2.
+    pub cv3: Conv,
+    /// `{prefix}.m.{i}`.
+    pub m: Vec<RepNBottleneck>,
+}
+
+impl RepNCSP {
+    pub fn load(
+        b: &mut Builder,
+        prefix: &str,
+        c1: usize,
+        c2: usize,
+        n: usize,
+    ) -> Result<Self> {
+        let c_ = c2 / 2;
+        Ok(Self {
+            cv1: Conv::load(b, &format!("{prefix}.cv1"), ConvSpec::new(c1, c_, 1, 1))?,
+            cv2: Conv::load(b, &format!("{prefix}.cv2"), ConvSpec::new(c1, c_, 1, 1))?,
+            cv3: Conv::load(b, &format!("{prefix}.cv3"), ConvSpec::new(2 * c_, c2, 1, 1))?,
+            m: (0..n)
+                .map(|i| RepNBottleneck::load(b, &format!("{prefix}.m.{i}"), c_, c_))
+                .collect::<Result<_>>()?,
+        })
+    }
+
+    /// x: (B, c1, H, W) → (B, c2, H, W).
+    pub fn forward(&self, x: &Tensor, train: bool) -> Result<Tensor> {
+        let mut y = self.cv1.forward(x, train)?;
+        for m in &self.m {
+            y = m.forward(&y, train)?;
+        }
+        let z = self.cv2.forward(x, train)?;
+        self.cv3.forward(&Tensor::cat(&[&y, &z], 1)?, train)
+    }
+}
+
+/// `RepNCSPELAN4(c1, c2, c3, c4, n)`: split `cv1(x)` in two halves, chain
+/// `cv2 = RepNCSP + Conv3x3` and `cv3 = RepNCSP + Conv3x3` on the second half, concatenate the
+/// four pieces and fuse with `cv4` (1×1).
+pub struct RepNCSPELAN4 {
+    /// `{prefix}.cv1`: 1×1, c1 → c3.
+    pub cv1: Conv,
+    /// `{prefix}.cv2.0` (RepNCSP c3/2 → c4) and `{prefix}.cv2.1` (Conv 3×3).
+    pub cv2: (RepNCSP, Conv),
+    /// `{prefix}.cv3.0` (RepNCSP c4 → c4) and `{prefix}.cv3.1` (Conv 3×3).
+    pub cv3: (RepNCSP, Conv),
+    /// `{prefix}.cv4`: 1×1, c3 + 2·c4 → c2.
+    pub cv4: Conv,
+    c: usize,
+}
+
+impl RepNCSPELAN4 {
+    pub fn load(
+        b: &mut Builder,
+        prefix: &str,
+        [c1, c2, c3, c4, n]: [usize; 5],
+    ) -> Result<Self> {
+        let r = (|| -> Result<Self> {
+            Ok(Self {
+                cv1: Conv::load(b, &format!("{prefix}.cv1"), ConvSpec::new(c1, c3, 1, 1))?,
+                cv2: (
+                    RepNCSP::load(b, &format!("{prefix}.cv2.0"), c3 / 2, c4, n)?,
+                    Conv::load(b, &format!("{prefix}.cv2.1"), ConvSpec::new(c4, c4, 3, 1))?,
+                ),
+                cv3: (
+                    RepNCSP::load(b, &format!("{prefix}.cv3.0"), c4, c4, n)?,
+                    Conv::load(b, &format!("{prefix}.cv3.1"), ConvSpec::new(c4, c4, 3, 1))?,
+                ),
+                cv4: Conv::load(
+                    b,
+                    &format!("{prefix}.cv4"),
+                    ConvSpec::new(c3 + 2 * c4, c2, 1, 1),
+                )?,
+                c: c3 / 2,
+            })
+        })();
+        r.with_context(|| format!("loading RepNCSPELAN4 `{prefix}`"))
+    }
+
+    /// x: (B, c1, H, W) → (B, c2, H, W).
+    pub fn forward(&self, x: &Tensor, train: bool) -> Result<Tensor> {
+        let y = self.cv1.forward(x, train)?;
+        let half = y.narrow(1, self.c, self.c)?;
+        let a = self.cv2.0.forward(&half, train)?;
+        let a = self.cv2.1.forward(&a, train)?;
+        let c = self.cv3.0.forward(&a, train)?;
+        let c = self.cv3.1.forward(&c, train)?;
+        self.cv4.forward(&Tensor::cat(&[&y, &a, &c], 1)?, train)
+    }
+}
+
+/// `ELAN1(c1, c2, c3, c4)`: like [`RepNCSPELAN4`] with plain 3×3 convs `cv2` (c3/2 → c4) and
+/// `cv3` (c4 → c4).
+pub struct Elan1 {
+    /// `{prefix}.cv1`: 1×1, c1 → c3.
+    pub cv1: Conv,
+    /// `{prefix}.cv2`: 3×3, c3/2 → c4.
+    pub cv2: Conv,
+    /// `{prefix}.cv3`: 3×3, c4 → c4.
+    pub cv3: Conv,
+    /// `{prefix}.cv4`: 1×1, c3 + 2·c4 → c2.
+    pub cv4: Conv,
+    c: usize,
+}
+
+impl Elan1 {
+    pub fn load(b: &mut Builder, prefix: &str, [c1, c2, c3, c4]: [usize; 4]) -> Result<Self> {
+        Ok(Self {
+            cv1: Conv::load(b, &format!("{prefix}.cv1"), ConvSpec::new(c1, c3, 1, 1))?,
+            cv2: Conv::load(b, &format!("{prefix}.cv2"), ConvSpec::new(c3 / 2, c4, 3, 1))?,
+            cv3: Conv::load(b, &format!("{prefix}.cv3"), ConvSpec::new(c4, c4, 3, 1))?,
+            cv4: Conv::load(
+                b,
+                &format!("{prefix}.cv4"),
+                ConvSpec::new(c3 + 2 * c4, c2, 1, 1),
+            )?,
+            c: c3 / 2,
+        })
+    }
+
+    /// x: (B, c1, H, W) → (B, c2, H, W).
+    pub fn forward(&self, x: &Tensor, train: bool) -> Result<Tensor> {
+        let y = self.cv1.forward(x, train)?;
+        let half = y.narrow(1, self.c, self.c)?;
+        let a = self.cv2.forward(&half, train)?;
+        let c = self.cv3.forward(&a, train)?;
+        self.cv4.forward(&Tensor::cat(&[&y, &a, &c], 1)?, train)
+    }
+}
+
+/// `AConv(c1, c2)`: `avg_pool2d(2, stride 1)` then a 3×3 stride-2 [`Conv`] (padding 1).
+pub struct AConv {
+    /// `{prefix}.cv1`.
+    pub cv1: Conv,
+}
+
+impl AConv {
+    pub fn load(b: &mut Builder, prefix: &str, c1: usize, c2: usize) -> Result<Self> {
+        Ok(Self {
+            cv1: Conv::load(b, &format!("{prefix}.cv1"), ConvSpec::new(c1, c2, 3, 2))?,
+        })
+    }
+
+    /// x: (B, c1, H, W) → (B, c2, H/2, W/2) for even H, W.
+    pub fn forward(&self, x: &Tensor, train: bool) -> Result<Tensor> {
+        let y = pool::avg_pool_2x2_s1(x, train)?;
+        self.cv1.forward(&y, train)
+    }
+}
+
+/// `SPPELAN(c1, c2, c3)`: `y0 = cv1(x)`, then three chained `MaxPool2d(5, 1, 2)`, concatenated and
+/// fused by `cv5` (1×1, 4·c3 → c2).
+pub struct SppElan {
+    /// `{prefix}.cv1`: 1×1, c1 → c3.
+    pub cv1: Conv,
+    /// `{prefix}.cv5`: 1×1, 4·c3 → c2.
+    pub cv5: Conv,
+}
+
+impl SppElan {
+    pub fn load(b: &mut Builder, prefix: &str, [c1, c2, c3]: [usize; 3]) -> Result<Self> {
+        Ok(Self {
+            cv1: Conv::load(b, &format!("{prefix}.cv1"), ConvSpec::new(c1, c3, 1, 1))?,
+            cv5: Conv::load(b, &format!("{prefix}.cv5"), ConvSpec::new(4 * c3, c2, 1, 1))?,
+        })
+    }
+
+    /// x: (B, c1, H, W) → (B, c2, H, W).
+    pub fn forward(&self, x: &Tensor, train: bool) -> Result<Tensor> {
+        let y0 = self.cv1.forward(x, train)?;
+        let y1 = pool::max_pool_same(&y0, 5)?;
+        let y2 = pool::max_pool_same(&y1, 5)?;
+        let y3 = pool::max_pool_same(&y2, 5)?;
+        self.cv5.forward(&Tensor::cat(&[&y0, &y1, &y2, &y3], 1)?, train)
+    }
+}

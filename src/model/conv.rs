@@ -1,0 +1,283 @@
+//! `Conv` = Conv2d (no bias) + BatchNorm2d + SiLU (official `models/common.py::Conv`), with BN
+//! folding for inference (official `utils/torch_utils.py::fuse_conv_and_bn`), and the plain
+//! biased `nn.Conv2d` used as the last layer of each head branch.
+
+use super::params::{BuildMode, Builder, Init, ParamGroup};
+use anyhow::{Context, Result};
+use candle_core::{DType, Tensor, Var};
+
+/// BatchNorm epsilon of every BN layer of YOLOv9 (`initialize_weights` sets 1e-3).
+pub const BN_EPS: f64 = 1e-3;
+/// BatchNorm momentum (weight of the new batch statistic in the running average).
+pub const BN_MOMENTUM: f64 = 0.03;
+
+/// BatchNorm2d over channels of an NCHW tensor, with train (batch statistics) and eval (running
+/// statistics) behaviour identical to `torch.nn.BatchNorm2d(eps=1e-3, momentum=0.03)`.
+pub struct BatchNorm2d {
+    /// Scale γ, (C,) f32.
+    pub weight: Tensor,
+    /// Shift β, (C,) f32.
+    pub bias: Tensor,
+    /// Running mean, (C,) f32 (updated in place by train-mode forwards).
+    pub running_mean: Var,
+    /// Running **unbiased** variance, (C,) f32.
+    pub running_var: Var,
+}
+
+/// Per-channel sum over (N, H, W) of x (B, C, H, W) → (1, C, 1, 1), reduced one axis at a time
+/// (W, then H, then N) so f32 rounding stays close to PyTorch's pairwise reductions.
+fn channel_sum(x: &Tensor) -> Result<Tensor> {
+    Ok(x.sum_keepdim(3)?.sum_keepdim(2)?.sum_keepdim(0)?)
+}
+
+impl BatchNorm2d {
+    /// Train mode: normalizes with the batch mean and **biased** batch variance over (N, H, W),
+    /// then updates `running = 0.97*running + 0.03*batch` with the **unbiased** variance
+    /// (`num_batches_tracked` is counted once per forward by the owning model).
+    /// Eval mode: `(x - running_mean) / sqrt(running_var + eps) * γ + β`.
+    /// x: (B, C, H, W) f32 → same shape.
+    pub fn forward(&self, x: &Tensor, train: bool) -> Result<Tensor> {
+        let c = self.weight.dim(0)?;
+        let shape4 = (1, c, 1, 1);
+        if train {
+            let (b, _, h, w) = x.dims4()?;
+            let n = (b * h * w) as f64;
+            let mean = (channel_sum(x)? / n)?;
+            let xc = x.broadcast_sub(&mean)?;
+            let var = (channel_sum(&xc.sqr()?)? / n)?;
+            let inv = (var.clone() + BN_EPS)?.sqrt()?.recip()?;
+            let scale = inv.broadcast_mul(&self.weight.reshape(shape4)?)?;
+            let y = xc
+                .broadcast_mul(&scale)?
+                .broadcast_add(&self.bias.reshape(shape4)?)?;
+            // Running stats update (no gradient).
+            let mean_d = mean.detach().flatten_all()?;
+            let unbiased = if n > 1.0 { n / (n - 1.0) } else { 1.0 };
+            let var_d = (var.detach().flatten_all()? * unbiased)?;
+            let rm = ((self.running_mean.as_tensor() * (1.0 - BN_MOMENTUM))?
+                + (mean_d * BN_MOMENTUM)?)?;
+            let rv =
+                ((self.running_var.as_tensor() * (1.0 - BN_MOMENTUM))? + (var_d * BN_MOMENTUM)?)?;
+            self.running_mean.set(&rm)?;
+            self.running_var.set(&rv)?;
+            Ok(y)
+        } else {
+            let (scale, shift) = self.scale_shift()?;
+            Ok(x.broadcast_mul(&scale.reshape(shape4)?)?
+                .broadcast_add(&shift.reshape(shape4)?)?)
+        }
+    }
+
+    /// Eval-mode affine form `(γ/sqrt(var+eps), β - γ*mean/sqrt(var+eps))`, each (C,), computed
+    /// in the order of the official `fuse_conv_and_bn`.
+    pub fn scale_shift(&self) -> Result<(Tensor, Tensor)> {
+        let std = (self.running_var.as_tensor() + BN_EPS)?.sqrt()?;
+        let scale = self.weight.div(&std)?;
+        let shift = self
+            .bias
+            .sub(&self.weight.mul(self.running_mean.as_tensor())?.div(&std)?)?;
+        Ok((scale, shift))
+    }
+}
+
+/// Convolution (+ optional bias / BatchNorm / SiLU).
+///
+/// In inference builds BN is folded into `weight`/`bias` at load time; in training builds the
+/// conv has no bias and a [`BatchNorm2d`].
+pub struct Conv {
+    /// Kernel (C_out, C_in/groups, k, k) f32.
+    pub weight: Tensor,
+    /// Bias reshaped to (1, C_out, 1, 1), if any.
+    pub bias: Option<Tensor>,
+    /// BatchNorm (training builds only).
+    pub bn: Option<BatchNorm2d>,
+    /// Stride.
+    pub stride: usize,
+    /// Zero padding on each side.
+    pub padding: usize,
+    /// Groups.
+    pub groups: usize,
+    /// Apply SiLU after BN.
+    pub act: bool,
+}
+
+/// Geometry of a convolution.
+#[derive(Debug, Clone, Copy)]
+pub struct ConvSpec {
+    /// Input channels.
+    pub c1: usize,
+    /// Output channels.
+    pub c2: usize,
+    /// Square kernel size.
+    pub k: usize,
+    /// Stride.
+    pub s: usize,
+    /// Zero padding per side.
+    pub p: usize,
+    /// Groups.
+    pub g: usize,
+    /// SiLU after BN.
+    pub act: bool,
+}
+
+impl ConvSpec {
+    /// `Conv(c1, c2, k, s)` with autopad `k/2`, groups 1, SiLU.
+    pub fn new(c1: usize, c2: usize, k: usize, s: usize) -> Self {
+        Self {
+            c1,
+            c2,
+            k,
+            s,
+            p: k / 2,
+            g: 1,
+            act: true,
+        }
+    }
+    pub fn groups(mut self, g: usize) -> Self {
+        self.g = g;
+        self
+    }
+    pub fn no_act(mut self) -> Self {
+        self.act = false;
+        self
+    }
+    pub fn pad(mut self, p: usize) -> Self {
+        self.p = p;
+        self
+    }
+    fn wshape(&self) -> [usize; 4] {
+        [self.c2, self.c1 / self.g, self.k, self.k]
+    }
+    fn fan_in(&self) -> f32 {
+        ((self.c1 / self.g) * self.k * self.k) as f32
+    }
+}
+
+/// Loads the raw pieces of an official `Conv` at `prefix` (`prefix.conv.weight`, `prefix.bn.*`).
+/// Returns the kernel and the BN.
+pub fn load_conv_bn(
+    b: &mut Builder,
+    prefix: &str,
+    spec: ConvSpec,
+) -> Result<(Tensor, BatchNorm2d)> {
+    let c2 = spec.c2;
+    let weight = b.param(
+        &format!("{prefix}.conv.weight"),
+        &spec.wshape(),
+        ParamGroup::ConvWeight,
+        Init::Uniform(1.0 / spec.fan_in().sqrt()),
+    )?;
+    let gamma = b.param(
+        &format!("{prefix}.bn.weight"),
+        &[c2],
+        ParamGroup::BnWeight,
+        Init::Const(1.0),
+    )?;
+    let beta = b.param(
+        &format!("{prefix}.bn.bias"),
+        &[c2],
+        ParamGroup::Bias,
+        Init::Const(0.0),
+    )?;
+    let rm = b.buffer(
+        &format!("{prefix}.bn.running_mean"),
+        &[c2],
+        Init::Const(0.0),
+    )?;
+    let rv = b.buffer(&format!("{prefix}.bn.running_var"), &[c2], Init::Const(1.0))?;
+    let running_mean = Var::from_tensor(&rm)?;
+    let running_var = Var::from_tensor(&rv)?;
+    if b.mode == BuildMode::Train {
+        b.buffers.push((
+            format!("{prefix}.bn"),
+            running_mean.clone(),
+            running_var.clone(),
+        ));
+    }
+    let bn = BatchNorm2d {
+        weight: gamma,
+        bias: beta,
+        running_mean,
+        running_var,
+    };
+    Ok((weight, bn))
+}
+
+impl Conv {
+    /// Loads an official `Conv` (conv without bias + BN + optional SiLU) at `prefix`.
+    /// Inference builds fold the BN: `w' = w·γ/√(var+ε)`, `b' = β − γ·mean/√(var+ε)`.
+    pub fn load(b: &mut Builder, prefix: &str, spec: ConvSpec) -> Result<Self> {
+        let (weight, bn) =
+            load_conv_bn(b, prefix, spec).with_context(|| format!("loading Conv `{prefix}`"))?;
+        if b.mode == BuildMode::Fused {
+            let (w, bias) = fold_bn(&weight, &bn)?;
+            Ok(Self::from_parts(w, Some(bias), spec))
+        } else {
+            let mut c = Self::from_parts(weight, None, spec);
+            c.bn = Some(bn);
+            Ok(c)
+        }
+    }
+
+    /// Loads a plain biased `nn.Conv2d` (no BN, no activation) at `prefix` (`prefix.weight`,
+    /// `prefix.bias`). `bias_init` is used for a missing bias in training builds.
+    pub fn load_plain(
+        b: &mut Builder,
+        prefix: &str,
+        spec: ConvSpec,
+        bias_init: Option<f32>,
+    ) -> Result<Self> {
+        let bound = 1.0 / spec.fan_in().sqrt();
+        let weight = b.param(
+            &format!("{prefix}.weight"),
+            &spec.wshape(),
+            ParamGroup::ConvWeight,
+            Init::Uniform(bound),
+        )?;
+        let init = match bias_init {
+            Some(v) => Init::Const(v),
+            None => Init::Uniform(bound),
+        };
+        let bias = b.param(&format!("{prefix}.bias"), &[spec.c2], ParamGroup::Bias, init)?;
+        Ok(Self::from_parts(weight, Some(bias), spec.no_act()))
+    }
+
+    /// Builds from a kernel and an optional bias (C_out,).
+    pub fn from_parts(weight: Tensor, bias: Option<Tensor>, spec: ConvSpec) -> Self {
+        let c2 = spec.c2;
+        let bias = bias.map(|b| b.reshape((1, c2, 1, 1)).unwrap_or(b));
+        Self {
+            weight,
+            bias,
+            bn: None,
+            stride: spec.s,
+            padding: spec.p,
+            groups: spec.g,
+            act: spec.act,
+        }
+    }
+
+    /// x: (B, C_in, H, W) f32 → (B, C_out, H', W') with `H' = (H + 2p − k)/s + 1`.
+    pub fn forward(&self, x: &Tensor, train: bool) -> Result<Tensor> {
+        let mut y = x.conv2d(&self.weight, self.padding, self.stride, 1, self.groups)?;
+        if let Some(b) = &self.bias {
+            y = y.broadcast_add(b)?;
+        }
+        if let Some(bn) = &self.bn {
+            y = bn.forward(&y, train)?;
+        }
+        if self.act {
+            y = y.silu()?;
+        }
+        Ok(y)
+    }
+}
+
+/// Folds an eval-mode BN into the preceding bias-free conv: returns the kernel (C_out, …) and the
+/// bias (C_out,). Follows the official `fuse_conv_and_bn` (f32 arithmetic, ε = 1e-3).
+pub fn fold_bn(weight: &Tensor, bn: &BatchNorm2d) -> Result<(Tensor, Tensor)> {
+    let (scale, shift) = bn.scale_shift()?;
+    let c2 = weight.dim(0)?;
+    let w = weight.broadcast_mul(&scale.reshape((c2, 1, 1, 1))?)?;
+    Ok((w.contiguous()?, shift.to_dtype(DType::F32)?))
+}

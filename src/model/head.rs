@@ -1,0 +1,195 @@
+//! Detection head: one `DDetect` branch (official `models/yolo.py::DDetect`; `DualDDetect` is two
+//! of them), the DFL decode (`DFL`, `dist2bbox`) and anchor generation (`make_anchors`).
+
+use super::conv::{Conv, ConvSpec};
+use super::params::Builder;
+use anyhow::{ensure, Context, Result};
+use candle_core::{DType, Device, Tensor};
+
+/// DFL bins per box side (`reg_max`).
+pub const REG_MAX: usize = 16;
+
+/// One detection branch over three pyramid levels: per level a box tower
+/// (`Conv(c,64,3)`, `Conv(64,64,3,g=4)`, `Conv2d(64,64,1,g=4)`) and a class tower
+/// (`Conv(c,128,3)`, `Conv(128,128,3)`, `Conv2d(128,nc,1)`).
+///
+/// Named `{box_prefix}.{level}.{0,1,2}` and `{cls_prefix}.{level}.{0,1,2}`, e.g. `model.29.cv4.0.1`.
+pub struct DetectHead {
+    /// Box towers per level; the last conv outputs 4·16 DFL logits, side-major (l, t, r, b).
+    pub boxes: Vec<[Conv; 3]>,
+    /// Class towers per level; the last conv outputs `nc` logits.
+    pub classes: Vec<[Conv; 3]>,
+    /// Number of classes.
+    pub nc: usize,
+}
+
+impl DetectHead {
+    /// `ch`: input channels per level; `strides` only drive the official `bias_init` of freshly
+    /// initialized class biases (`ln(5 / nc / (640 / s)^2)`); box biases start at 1.0.
+    pub fn load(
+        b: &mut Builder,
+        box_prefix: &str,
+        cls_prefix: &str,
+        ch: &[usize],
+        nc: usize,
+        strides: &[u32],
+    ) -> Result<Self> {
+        let c2 = ((ch[0] / 4).max(REG_MAX * 4).max(16)).div_ceil(4) * 4;
+        let c3 = ch[0].max((nc * 2).min(128));
+        let mut boxes = Vec::new();
+        let mut classes = Vec::new();
+        for (i, (&c, &s)) in ch.iter().zip(strides).enumerate() {
+            let bp = format!("{box_prefix}.{i}");
+            boxes.push([
+                Conv::load(b, &format!("{bp}.0"), ConvSpec::new(c, c2, 3, 1))?,
+                Conv::load(b, &format!("{bp}.1"), ConvSpec::new(c2, c2, 3, 1).groups(4))?,
+                Conv::load_plain(
+                    b,
+                    &format!("{bp}.2"),
+                    ConvSpec::new(c2, 4 * REG_MAX, 1, 1).groups(4),
+                    Some(1.0),
+                )?,
+            ]);
+            let cp = format!("{cls_prefix}.{i}");
+            let cls_bias = (5.0 / nc as f64 / (640.0 / s as f64).powi(2)).ln() as f32;
+            classes.push([
+                Conv::load(b, &format!("{cp}.0"), ConvSpec::new(c, c3, 3, 1))?,
+                Conv::load(b, &format!("{cp}.1"), ConvSpec::new(c3, c3, 3, 1))?,
+                Conv::load_plain(
+                    b,
+                    &format!("{cp}.2"),
+                    ConvSpec::new(c3, nc, 1, 1),
+                    Some(cls_bias),
+                )?,
+            ]);
+        }
+        Ok(Self {
+            boxes,
+            classes,
+            nc,
+        })
+    }
+
+    /// Raw head outputs: for each level i, feats[i] (B, ch[i], H_i, W_i) →
+    /// (B, 64 + nc, H_i, W_i) = cat(box DFL logits (side-major l,t,r,b × 16 bins), class logits).
+    pub fn forward_raw(&self, feats: &[Tensor], train: bool) -> Result<Vec<Tensor>> {
+        ensure!(
+            feats.len() == self.boxes.len(),
+            "head: got {} feature maps, expected {}",
+            feats.len(),
+            self.boxes.len()
+        );
+        feats
+            .iter()
+            .zip(self.boxes.iter().zip(&self.classes))
+            .map(|(x, (bt, ct))| {
+                let mut bx = x.clone();
+                for c in bt {
+                    bx = c.forward(&bx, train)?;
+                }
+                let mut cx = x.clone();
+                for c in ct {
+                    cx = c.forward(&cx, train)?;
+                }
+                Ok(Tensor::cat(&[&bx, &cx], 1)?)
+            })
+            .collect()
+    }
+}
+
+/// Anchor centres and strides for feature maps of sizes `sizes[i] = (H_i, W_i)` and `strides[i]`
+/// (official `make_anchors(feats, strides, 0.5)`): returns `(points (A, 2) f32 = (x+0.5, y+0.5)` in
+/// **grid units** of each level, `stride_tensor (A, 1) f32)`; order P3, P4, P5, row-major (y outer).
+pub fn make_anchors(
+    sizes: &[(usize, usize)],
+    strides: &[u32],
+    device: &Device,
+) -> Result<(Tensor, Tensor)> {
+    ensure!(
+        sizes.len() == strides.len(),
+        "make_anchors: {} sizes but {} strides",
+        sizes.len(),
+        strides.len()
+    );
+    let total: usize = sizes.iter().map(|(h, w)| h * w).sum();
+    let mut pts = Vec::with_capacity(total * 2);
+    let mut st = Vec::with_capacity(total);
+    for (&(h, w), &s) in sizes.iter().zip(strides) {
+        for y in 0..h {
+            for x in 0..w {
+                pts.push(x as f32 + 0.5);
+                pts.push(y as f32 + 0.5);
+                st.push(s as f32);
+            }
+        }
+    }
+    Ok((
+        Tensor::from_vec(pts, (total, 2), device)?,
+        Tensor::from_vec(st, (total, 1), device)?,
+    ))
+}
+
+/// DFL expectation (official `DFL`): logits (B, 64, A), side-major (side·16 + bin) →
+/// distances (B, 4, A) = Σ_bin softmax(bin logits)·bin, in grid units, sides (l, t, r, b).
+pub fn dfl(box_logits: &Tensor) -> Result<Tensor> {
+    let (b, c, a) = box_logits.dims3()?;
+    ensure!(
+        c == 4 * REG_MAX,
+        "dfl: expected {} channels, got {c}",
+        4 * REG_MAX
+    );
+    let x = box_logits.reshape((b, 4, REG_MAX, a))?;
+    let p = candle_nn::ops::softmax(&x, 2)?;
+    let bins = Tensor::arange(0f32, REG_MAX as f32, x.device())?
+        .to_dtype(x.dtype())?
+        .reshape((1, 1, REG_MAX, 1))?;
+    Ok(p.broadcast_mul(&bins)?.sum(2)?)
+}
+
+/// Decodes raw head outputs (one per level, (B, 64+nc, H_i, W_i)) into (B, 4+nc, A) f32:
+/// rows 0..4 = cx, cy, w, h in input pixels (`dist2bbox(..., xywh=True) * stride`), rows 4.. =
+/// sigmoid class scores. Anchors are ordered P3, P4, P5, row-major within a level.
+pub fn decode(raw: &[Tensor], strides: &[u32]) -> Result<Tensor> {
+    ensure!(
+        !raw.is_empty() && raw.len() == strides.len(),
+        "decode: {} levels but {} strides",
+        raw.len(),
+        strides.len()
+    );
+    let (b, no, _, _) = raw[0].dims4()?;
+    ensure!(
+        no > 4 * REG_MAX,
+        "decode: head output has {no} channels, expected 64 + nc"
+    );
+    let nc = no - 4 * REG_MAX;
+    let mut sizes = Vec::with_capacity(raw.len());
+    let mut flat = Vec::with_capacity(raw.len());
+    for r in raw {
+        let (bb, n, h, w) = r.dims4()?;
+        ensure!(
+            bb == b && n == no,
+            "decode: level shapes disagree ({:?} vs {:?})",
+            r.dims(),
+            raw[0].dims()
+        );
+        sizes.push((h, w));
+        flat.push(r.reshape((b, no, h * w))?);
+    }
+    let flat = Tensor::cat(&flat, 2)?;
+    let device = flat.device();
+    let (pts, st) = make_anchors(&sizes, strides, device)?;
+    let pts = pts.t()?.unsqueeze(0)?.to_dtype(flat.dtype())?; // (1, 2, A)
+    let st = st.t()?.unsqueeze(0)?.to_dtype(flat.dtype())?; // (1, 1, A)
+    let d = dfl(&flat.narrow(1, 0, 4 * REG_MAX)?)?; // (B, 4, A)
+    let lt = d.narrow(1, 0, 2)?;
+    let rb = d.narrow(1, 2, 2)?;
+    let x1y1 = pts.broadcast_sub(&lt)?;
+    let x2y2 = pts.broadcast_add(&rb)?;
+    let cxy = ((&x1y1 + &x2y2)? / 2.0)?;
+    let wh = (x2y2 - x1y1)?;
+    let dbox = Tensor::cat(&[&cxy, &wh], 1)?.broadcast_mul(&st)?;
+    let cls = candle_nn::ops::sigmoid(&flat.narrow(1, 4 * REG_MAX, nc)?)?;
+    Tensor::cat(&[&dbox, &cls], 1)
+        .context("decode: concatenating boxes and scores")
+        .and_then(|t| Ok(t.to_dtype(DType::F32)?))
+}

@@ -1,0 +1,242 @@
+//! Parameter source for building the network: official state_dict names → tensors on the target
+//! device, either as plain tensors (inference, folded) or as trainable [`Var`]s (training).
+//!
+//! The builder records every trainable parameter with its official name and optimizer group, and
+//! every BatchNorm buffer, so a trained model can be written back as an official state_dict.
+
+use anyhow::{bail, Context, Result};
+use crate::model::weights::Graph;
+use candle_core::{DType, Device, Tensor, Var};
+use std::collections::HashMap;
+use std::sync::atomic::AtomicI64;
+use std::sync::Arc;
+
+/// Optimizer group of a trainable parameter, following the official `smart_optimizer`:
+/// group 0 = weights with weight decay (conv weights), group 1 = BatchNorm weights (no decay),
+/// group 2 = biases (BatchNorm biases and conv biases, no decay).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ParamGroup {
+    /// Convolution kernels (`*.conv.weight`, head `*.2.weight`): decayed.
+    ConvWeight,
+    /// BatchNorm scale (`*.bn.weight`): not decayed.
+    BnWeight,
+    /// Any bias (`*.bn.bias`, head `*.2.bias`): not decayed.
+    Bias,
+}
+
+/// A trainable parameter: official state_dict name, the variable, its optimizer group.
+#[derive(Clone)]
+pub struct NamedVar {
+    /// Official state_dict name, e.g. `model.0.conv.weight`.
+    pub name: String,
+    /// The variable (f32, on the model's device).
+    pub var: Var,
+    /// Optimizer group.
+    pub group: ParamGroup,
+}
+
+/// How tensors are turned into layers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BuildMode {
+    /// Inference: every tensor must be present with the expected shape; BN is folded.
+    Fused,
+    /// Training: tensors become [`Var`]s; missing or mis-shaped ones are freshly initialized.
+    Train,
+}
+
+/// Builds layers from a flat state_dict with official names. Layers always ask for official
+/// yolov9-s (training graph) names; with gelan-s (`Graph::Infer`) sources they are renamed
+/// (see [`source_name`]).
+pub struct Builder<'a> {
+    tensors: Option<&'a HashMap<String, Tensor>>,
+    source: Graph,
+    pub(crate) device: Device,
+    pub(crate) mode: BuildMode,
+    pub(crate) vars: Vec<NamedVar>,
+    /// BN buffers: (prefix `model.N....bn`, running_mean, running_var).
+    pub(crate) buffers: Vec<(String, Var, Var)>,
+    /// Names that were not found in the source (or had another shape) and were initialized.
+    pub(crate) initialized: Vec<String>,
+    /// Shared `num_batches_tracked` counter of all BN layers (they always move together).
+    pub(crate) batches_tracked: Arc<AtomicI64>,
+    rng: u64,
+}
+
+impl<'a> Builder<'a> {
+    /// A builder over `tensors` (official names of graph `source`), placing tensors on `device`.
+    /// `seed` drives the initialization of tensors missing in training mode.
+    pub fn new(
+        tensors: Option<&'a HashMap<String, Tensor>>,
+        source: Graph,
+        device: &Device,
+        mode: BuildMode,
+        seed: u64,
+    ) -> Self {
+        Self {
+            tensors,
+            source,
+            device: device.clone(),
+            mode,
+            vars: Vec::new(),
+            buffers: Vec::new(),
+            initialized: Vec::new(),
+            batches_tracked: Arc::new(AtomicI64::new(0)),
+            rng: seed ^ 0x9E37_79B9_7F4A_7C15,
+        }
+    }
+
+    /// Trainable variables created so far (training mode), in creation order.
+    pub fn vars(&self) -> &[NamedVar] {
+        &self.vars
+    }
+
+    /// Names initialized because the source lacked them (or had another shape).
+    pub fn initialized(&self) -> &[String] {
+        &self.initialized
+    }
+
+    /// splitmix64 → uniform f32 in [0, 1).
+    fn next_uniform(&mut self) -> f32 {
+        self.rng = self.rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.rng;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        (z >> 40) as f32 / (1u64 << 24) as f32
+    }
+
+    /// Looks up `name` in the source; checks dtype and shape. `Ok(None)` when absent (or, in
+    /// training mode, present with another shape — the official `intersect_dicts` drops those).
+    fn lookup(&self, name: &str, shape: &[usize]) -> Result<Option<Tensor>> {
+        let src_name = source_name(self.source, name);
+        let found = match (self.tensors, &src_name) {
+            (Some(t), Some(n)) => t.get(n),
+            _ => None,
+        };
+        let src_name = src_name.unwrap_or_else(|| name.to_string());
+        match found {
+            None => Ok(None),
+            Some(t) if t.dims() != shape => {
+                if self.mode == BuildMode::Train {
+                    Ok(None)
+                } else {
+                    bail!(
+                        "weights: tensor `{src_name}` has shape {:?}, the YOLOv9-s graph needs {shape:?} \
+                         (are these weights for another model or another number of classes?)",
+                        t.dims()
+                    )
+                }
+            }
+            Some(t) => {
+                let t = t
+                    .to_dtype(DType::F32)
+                    .and_then(|t| t.to_device(&self.device))
+                    .with_context(|| format!("weights: moving `{src_name}` to {:?}", self.device))?;
+                Ok(Some(t))
+            }
+        }
+    }
+
+    /// A required tensor (inference mode) or a trainable one (training mode, initialized with
+    /// `init` when absent).
+    pub fn param(
+        &mut self,
+        name: &str,
+        shape: &[usize],
+        group: ParamGroup,
+        init: Init,
+    ) -> Result<Tensor> {
+        let t = self.lookup(name, shape)?;
+        match self.mode {
+            BuildMode::Fused => t.with_context(|| {
+                format!(
+                    "weights: missing tensor `{}` (shape {shape:?}); the file is not a complete \
+                     YOLOv9-s/gelan-s state_dict — re-convert it with `yolo9 convert`",
+                    source_name(self.source, name).unwrap_or_else(|| name.to_string())
+                )
+            }),
+            BuildMode::Train => {
+                let t = match t {
+                    Some(t) => t,
+                    None => {
+                        self.initialized.push(name.to_string());
+                        self.init_tensor(shape, init)?
+                    }
+                };
+                let var = Var::from_tensor(&t)?;
+                let out = var.as_tensor().clone();
+                self.vars.push(NamedVar {
+                    name: name.to_string(),
+                    var,
+                    group,
+                });
+                Ok(out)
+            }
+        }
+    }
+
+    /// A non-trainable buffer (BN running stats): present, or `init` in training mode.
+    pub fn buffer(&mut self, name: &str, shape: &[usize], init: Init) -> Result<Tensor> {
+        let t = self.lookup(name, shape)?;
+        match (t, self.mode) {
+            (Some(t), _) => Ok(t),
+            (None, BuildMode::Fused) => bail!(
+                "weights: missing tensor `{}` (shape {shape:?}); the file is not a complete \
+                 YOLOv9-s/gelan-s state_dict — re-convert it with `yolo9 convert`",
+                source_name(self.source, name).unwrap_or_else(|| name.to_string())
+            ),
+            (None, BuildMode::Train) => {
+                self.initialized.push(name.to_string());
+                self.init_tensor(shape, init)
+            }
+        }
+    }
+
+    pub fn init_tensor(&mut self, shape: &[usize], init: Init) -> Result<Tensor> {
+        let n: usize = shape.iter().product();
+        let data: Vec<f32> = match init {
+            Init::Const(c) => vec![c; n],
+            Init::Uniform(bound) => (0..n)
+                .map(|_| (self.next_uniform() * 2.0 - 1.0) * bound)
+                .collect(),
+        };
+        Ok(Tensor::from_vec(data, shape, &self.device)?)
+    }
+}
+
+/// Initializer for tensors missing from the source (training from scratch / new class count).
+#[derive(Debug, Clone, Copy)]
+pub enum Init {
+    /// Every element equal.
+    Const(f32),
+    /// U(-b, b); PyTorch's default conv init is `b = 1/sqrt(fan_in)`.
+    Uniform(f32),
+}
+
+/// Maps an official yolov9-s name to its name in weights of graph `g`: gelan-s (`Graph::Infer`)
+/// renames the main head `model.29.cv4/cv5/dfl2` to `model.22.cv2/cv3/dfl` and has no auxiliary
+/// branch (layers 22–28 and `model.29.cv2/cv3/dfl` → `None`).
+pub fn source_name(g: Graph, name: &str) -> Option<String> {
+    match g {
+        Graph::Train => Some(name.to_string()),
+        Graph::Infer => {
+            for (from, to) in [
+                ("model.29.cv4.", "model.22.cv2."),
+                ("model.29.cv5.", "model.22.cv3."),
+                ("model.29.dfl2.", "model.22.dfl."),
+            ] {
+                if let Some(rest) = name.strip_prefix(from) {
+                    return Some(format!("{to}{rest}"));
+                }
+            }
+            let layer: Option<usize> = name
+                .strip_prefix("model.")
+                .and_then(|r| r.split('.').next())
+                .and_then(|n| n.parse().ok());
+            match layer {
+                Some(l) if l <= 21 => Some(name.to_string()),
+                _ => None,
+            }
+        }
+    }
+}

@@ -1,0 +1,230 @@
+//! Training-graph tests: train-mode BN against the official oracle, gradients of the custom
+//! pooling/upsampling against finite differences, variables, groups and state_dict export.
+
+mod common;
+
+use candle_core::{DType, Device, Tensor, Var};
+use std::collections::HashMap;
+use yolo9::model::conv::{Conv, ConvSpec};
+use yolo9::model::params::{BuildMode, Builder};
+use yolo9::model::{pool, ParamGroup, YoloV9Train};
+use yolo9::Graph;
+
+fn rand_f64(shape: &[usize], seed: u64) -> Tensor {
+    let n: usize = shape.iter().product();
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let v: Vec<f64> = (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
+        })
+        .collect();
+    Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+}
+
+fn max_abs(a: &Tensor, b: &Tensor) -> f64 {
+    (a.to_dtype(DType::F64).unwrap() - b.to_dtype(DType::F64).unwrap())
+        .unwrap()
+        .abs()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_scalar::<f64>()
+        .unwrap()
+}
+
+/// Checks d(sum(f(x) * r))/dx from candle's backward against central differences.
+fn check_grad(name: &str, x: &Tensor, f: impl Fn(&Tensor) -> Tensor) {
+    let xv = Var::from_tensor(x).unwrap();
+    let y0 = f(xv.as_tensor());
+    let r = rand_f64(y0.dims(), 99);
+    let loss = (y0 * &r).unwrap().sum_all().unwrap();
+    let grads = loss.backward().unwrap();
+    let g: Vec<f64> = grads
+        .get(xv.as_tensor())
+        .expect("no gradient reached the input")
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    let base: Vec<f64> = x.flatten_all().unwrap().to_vec1().unwrap();
+    let eps = 1e-6;
+    let mut worst = 0f64;
+    for i in 0..base.len() {
+        let mut p = base.clone();
+        p[i] += eps;
+        let mut m = base.clone();
+        m[i] -= eps;
+        let ev = |v: Vec<f64>| {
+            let t = Tensor::from_vec(v, x.dims(), &Device::Cpu).unwrap();
+            (f(&t) * &r)
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .to_scalar::<f64>()
+                .unwrap()
+        };
+        let fd = (ev(p) - ev(m)) / (2.0 * eps);
+        worst = worst.max((fd - g[i]).abs());
+    }
+    println!("{name}: max |autograd - finite difference| = {worst:.2e}");
+    assert!(worst < 1e-6, "{name}: gradient error {worst}");
+}
+
+#[test]
+fn pooling_and_upsample_gradients_match_finite_differences() {
+    let x = rand_f64(&[1, 2, 5, 6], 1);
+    check_grad("avg_pool 2x2 s1", &x, |t| {
+        pool::avg_pool_2x2_s1(t, true).unwrap()
+    });
+    check_grad("max_pool 5 s1 p2 (x3 chained, as SPPELAN)", &x, |t| {
+        let a = pool::max_pool_same(t, 5).unwrap();
+        let b = pool::max_pool_same(&a, 5).unwrap();
+        let c = pool::max_pool_same(&b, 5).unwrap();
+        Tensor::cat(&[t, &a, &b, &c], 1).unwrap()
+    });
+    check_grad("upsample nearest 2x", &x, |t| {
+        pool::upsample_nearest_2x(t).unwrap()
+    });
+}
+
+#[test]
+fn train_mode_bn_gradient_matches_finite_differences() {
+    // One Conv (conv + train-mode BN + SiLU) built in f64 from fresh init.
+    let dev = Device::Cpu;
+    let mut b = Builder::new(None, Graph::Train, &dev, BuildMode::Train, 7);
+    let mut conv = Conv::load(&mut b, "model.0", ConvSpec::new(2, 3, 3, 1)).unwrap();
+    conv.weight = rand_f64(&[3, 2, 3, 3], 3);
+    let bn = conv.bn.as_mut().unwrap();
+    bn.weight = (rand_f64(&[3], 4) + 1.5).unwrap();
+    bn.bias = rand_f64(&[3], 5);
+    bn.running_mean = Var::from_tensor(&Tensor::zeros(3, DType::F64, &dev).unwrap()).unwrap();
+    bn.running_var = Var::from_tensor(&Tensor::ones(3, DType::F64, &dev).unwrap()).unwrap();
+    let x = rand_f64(&[2, 2, 4, 5], 6);
+    check_grad("Conv+BN(train)+SiLU", &x, |t| conv.forward(t, true).unwrap());
+}
+
+#[test]
+fn bn0_running_stats_after_one_train_forward_match_oracle() {
+    let sd: HashMap<String, Tensor> = candle_core::safetensors::load(
+        common::reference("yolov9-s.state_dict.subset.safetensors"),
+        &Device::Cpu,
+    )
+    .unwrap();
+    let lb = candle_core::safetensors::load(common::reference("loss_batch.safetensors"), &Device::Cpu)
+        .unwrap();
+    let mut b = Builder::new(Some(&sd), Graph::Train, &Device::Cpu, BuildMode::Train, 0);
+    let conv = Conv::load(&mut b, "model.0", ConvSpec::new(3, 32, 3, 2)).unwrap();
+    let bn = conv.bn.as_ref().unwrap();
+    let before_m = &lb["bn0_running_mean_before"];
+    let before_v = &lb["bn0_running_var_before"];
+    assert_eq!(max_abs(bn.running_mean.as_tensor(), before_m), 0.0);
+    assert_eq!(max_abs(bn.running_var.as_tensor(), before_v), 0.0);
+
+    let x = (lb["images_u8"].to_dtype(DType::F32).unwrap() / 255.0).unwrap();
+    let y = conv.forward(&x, true).unwrap();
+    assert_eq!(y.dims(), &[2, 32, 320, 320]);
+    let em = max_abs(bn.running_mean.as_tensor(), &lb["bn0_running_mean_after"]);
+    let ev = max_abs(bn.running_var.as_tensor(), &lb["bn0_running_var_after"]);
+    println!("bn0 after one train forward: running_mean err {em:.2e}, running_var err {ev:.2e}");
+    assert!(em <= 1e-5 && ev <= 1e-5, "mean err {em}, var err {ev}");
+}
+
+#[test]
+fn fresh_training_graph_exports_official_state_dict() {
+    let index: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(common::reference("yolov9-s.state_dict.index.json")).unwrap(),
+    )
+    .unwrap();
+    let entries = index["entries"].as_array().unwrap();
+    let names: Vec<String> = (0..80).map(|i| format!("c{i}")).collect();
+    let m = YoloV9Train::new(None, 80, names, &Device::Cpu, 0).unwrap();
+    let sd = m.state_dict().unwrap();
+    assert_eq!(sd.len(), entries.len(), "state_dict size");
+    for e in entries {
+        let name = e["name"].as_str().unwrap();
+        let shape: Vec<usize> = e["shape"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as usize)
+            .collect();
+        let t = sd
+            .get(name)
+            .unwrap_or_else(|| panic!("missing {name} in exported state_dict"));
+        assert_eq!(t.dims(), &shape[..], "{name}");
+        let want = if e["dtype"] == "int64" { DType::I64 } else { DType::F32 };
+        assert_eq!(t.dtype(), want, "{name}");
+    }
+    // Parameter groups follow the names; bias_init of fresh heads.
+    let mut counts = [0usize; 3];
+    for v in m.vars() {
+        let g = match v.group {
+            ParamGroup::ConvWeight => 0,
+            ParamGroup::BnWeight => 1,
+            ParamGroup::Bias => 2,
+        };
+        counts[g] += 1;
+        if v.name.ends_with(".bias") {
+            assert_eq!(v.group, ParamGroup::Bias, "{}", v.name);
+        } else if v.name.contains(".bn.") {
+            assert_eq!(v.group, ParamGroup::BnWeight, "{}", v.name);
+        } else {
+            assert_eq!(v.group, ParamGroup::ConvWeight, "{}", v.name);
+        }
+    }
+    println!("param groups (decay weights, bn weights, biases) = {counts:?}");
+    assert_eq!(counts[1], 291, "291 BatchNorm layers (reference README)");
+    assert_eq!(counts[1] + 12, counts[2]); // + 12 head conv biases
+    let cls_bias: Vec<f32> = sd["model.29.cv5.0.2.bias"].to_vec1().unwrap();
+    let want = (5.0f64 / 80.0 / (640.0f64 / 8.0).powi(2)).ln() as f32;
+    assert!((cls_bias[0] - want).abs() < 1e-6);
+    let box_bias: Vec<f32> = sd["model.29.cv2.2.2.bias"].to_vec1().unwrap();
+    assert!(box_bias.iter().all(|v| *v == 1.0));
+}
+
+#[test]
+fn training_graph_forward_shapes_and_gradients_reach_every_variable() {
+    let m = YoloV9Train::new(None, 3, vec![], &Device::Cpu, 1).unwrap();
+    let x = rand_f64(&[2, 3, 64, 96], 11).to_dtype(DType::F32).unwrap();
+    let x = x.affine(0.5, 0.5).unwrap();
+    let out = m.forward(&x, true).unwrap();
+    let want = [[2, 67, 8, 12], [2, 67, 4, 6], [2, 67, 2, 3]];
+    for (i, w) in want.iter().enumerate() {
+        assert_eq!(out.aux[i].dims(), w);
+        assert_eq!(out.main[i].dims(), w);
+    }
+    let mut loss = Tensor::new(0f32, &Device::Cpu).unwrap();
+    for t in out.aux.iter().chain(&out.main) {
+        loss = (loss + t.sqr().unwrap().mean_all().unwrap()).unwrap();
+    }
+    let grads = loss.backward().unwrap();
+    let missing: Vec<&str> = m
+        .vars()
+        .iter()
+        .filter(|v| grads.get(v.var.as_tensor()).is_none())
+        .map(|v| v.name.as_str())
+        .collect();
+    assert!(missing.is_empty(), "no gradient for {missing:?}");
+    assert_eq!(m.batches_tracked(), 1);
+    let (ya, ym) = m.forward_eval_decoded(&x).unwrap();
+    assert_eq!(ya.dims(), &[2, 7, 96 + 24 + 6]);
+    assert_eq!(ym.dims(), &[2, 7, 126]);
+    assert_eq!(m.batches_tracked(), 1, "eval forward must not touch BN stats");
+}
+
+#[test]
+fn bad_inputs_are_errors_not_panics() {
+    let m = YoloV9Train::new(None, 2, vec![], &Device::Cpu, 0).unwrap();
+    for shape in [&[1usize, 3, 60, 64][..], &[1, 1, 64, 64], &[3, 64, 64], &[0, 3, 64, 64]] {
+        let x = Tensor::zeros(shape, DType::F32, &Device::Cpu).unwrap();
+        let e = m.forward(&x, false).err().expect("must fail");
+        println!("{shape:?}: {e:#}");
+    }
+    let x = Tensor::zeros((1, 3, 64, 64), DType::F64, &Device::Cpu).unwrap();
+    assert!(m.forward(&x, false).is_err());
+}
