@@ -432,7 +432,7 @@ fn check_safetensors_frame(bytes: &[u8], file: &str) -> Result<()> {
     }
     let n = u64::from_le_bytes(bytes[..8].try_into().unwrap_or([0; 8]));
     let looks_json = bytes.get(8) == Some(&b'{');
-    if !looks_json || n < 2 || n > 100_000_000 {
+    if !looks_json || !(2..=100_000_000).contains(&n) {
         bail!(
             "{file}: garbage header: not a safetensors file (header length {n}, first bytes {:02x?}) \
              nor a PyTorch zip checkpoint; check that this is a weights file",
