@@ -517,6 +517,14 @@ fn damaged_safetensors_cases() {
     );
     let e = err_of(Weights::load(&dir.join("absent.safetensors")));
     assert!(e.contains("absent.safetensors"), "{e}");
+    let e = err_of(Weights::load(&dir));
+    assert!(e.contains(&dir.display().to_string()), "{e}");
+    // Saving into a missing directory fails cleanly and leaves nothing behind.
+    let w = Weights::load(&common::reference("yolov9-s-converted.pt")).unwrap();
+    let target = dir.join("no/such/dir/w.safetensors");
+    let e = err_of(w.save(&target, true));
+    assert!(e.contains("cannot create"), "{e}");
+    assert!(!dir.join("no").exists());
     let _ = std::fs::remove_dir_all(dir);
 }
 
