@@ -517,6 +517,14 @@ fn damaged_safetensors_cases() {
     );
     let e = err_of(Weights::load(&dir.join("absent.safetensors")));
     assert!(e.contains("absent.safetensors"), "{e}");
+    let e = err_of(Weights::load(&dir));
+    assert!(e.contains(&dir.display().to_string()), "{e}");
+    // Saving into a missing directory fails cleanly and leaves nothing behind.
+    let w = Weights::load(&common::reference("yolov9-s-converted.pt")).unwrap();
+    let target = dir.join("no/such/dir/w.safetensors");
+    let e = err_of(w.save(&target, true));
+    assert!(e.contains("cannot create"), "{e}");
+    assert!(!dir.join("no").exists());
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -685,12 +693,8 @@ fn bad_storages_and_hostile_pickles_give_errors() {
     );
     // deep nesting: 100k nested lists (would overflow the stack when dropped)
     let mut deep = vec![0x80, 2];
-    for _ in 0..100_000 {
-        deep.push(b']');
-    }
-    for _ in 0..99_999 {
-        deep.push(b'a');
-    }
+    deep.extend(std::iter::repeat_n(b']', 100_000));
+    deep.extend(std::iter::repeat_n(b'a', 99_999));
     deep.push(b'.');
     let f = pt_with_pickle(&dir, "deep.pt", deep, &[]);
     let e = err_of(Weights::load(&f));
@@ -708,5 +712,122 @@ fn bad_storages_and_hostile_pickles_give_errors() {
     let f = pt_with_pickle(&dir, "op.pt", vec![0x80, 2, 0xff, b'.'], &[]);
     let e = err_of(Weights::load(&f));
     assert!(e.contains("op.pt") && e.contains("corrupt pickle"), "{e}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The shipped default weights (`weights/yolov9-s-bccd.safetensors`, see weights/README.md):
+/// f16, inference graph, nc=3, provenance of bccd-official-best.pt, and exactly the source's
+/// mapped tensors.
+#[test]
+fn shipped_bccd_weights_match_their_source() {
+    let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("weights/yolov9-s-bccd.safetensors");
+    let (w, prov) = Weights::load_with_provenance(&shipped).unwrap();
+    assert_eq!(w.meta.graph, Graph::Infer);
+    assert_eq!(w.meta.names, vec!["RBC", "WBC", "Platelets"]);
+    assert_eq!(w.meta.strides, vec![8, 16, 32]);
+    let prov = prov.expect("provenance in metadata");
+    assert_eq!(prov.file, "bccd-official-best.pt");
+    assert_eq!(
+        prov.sha256,
+        "85bf540acea44420e7539839512e0e2156d91a7af40d6aa722be4e8f7c70a606"
+    );
+    let src = Weights::load(&common::reference("bccd-official-best.pt"))
+        .unwrap()
+        .to_infer()
+        .unwrap();
+    assert_same_tensors(&w, &src);
+    assert_eq!(w.parameter_count(), 7_226_208 - 6 / 2 * 77 * 129);
+    let size = std::fs::metadata(&shipped).unwrap().len();
+    assert!((14_000_000..15_000_000).contains(&size), "{size} bytes");
+}
+
+/// `yolo9 convert` end to end: summary figures on stdout, and bad input → exit code 1 with one
+/// `error:` line naming the file (no panic, no backtrace).
+#[test]
+fn cli_convert_summary_and_errors() {
+    let exe = env!("CARGO_BIN_EXE_yolo9");
+    let dir = tmpdir("cli");
+    let out = dir.join("y.safetensors");
+    let o = std::process::Command::new(exe)
+        .args(["convert", "--infer", "-o"])
+        .arg(&out)
+        .arg(common::reference("yolov9-s.pt"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{stdout} {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(stdout.contains("imported:   1772 tensors"), "{stdout}");
+    assert!(stdout.contains("1339 tensors, inference"), "{stdout}");
+    assert!(stdout.contains("7226208 parameters, f32"), "{stdout}");
+    assert!(stdout.contains("nc=80"), "{stdout}");
+    let o = std::process::Command::new(exe)
+        .args(["convert", "-o"])
+        .arg(dir.join("t.safetensors"))
+        .arg(common::reference("yolov9-s.pt"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(stdout.contains("9804512 parameters, f32"), "{stdout}");
+    assert!(stdout.contains("training"), "{stdout}");
+
+    let bad = common::case("checkpoint_truncated").join("truncated_70pct.safetensors");
+    let o = std::process::Command::new(exe)
+        .args(["convert", "-o"])
+        .arg(dir.join("z.safetensors"))
+        .arg(&bad)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.starts_with("error: ") && stderr.contains("truncated_70pct"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(!dir.join("z.safetensors").exists());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// An unstripped training checkpoint holds both `model` and `ema`: `ema` wins when not None,
+/// `model` otherwise (official `strip_optimizer` / `attempt_load` behaviour).
+#[test]
+fn ema_is_preferred_over_model() {
+    let dir = tmpdir("ema");
+    let sd = |p: &mut Pkl, key: &str| {
+        p.op(b"}(").s("w");
+        p.tensor("FloatStorage", key, 1, 0, &[1], &[1]);
+        p.op(b"u");
+    };
+    let storages = [
+        ("m", 1.0f32.to_le_bytes().to_vec()),
+        ("e", 2.0f32.to_le_bytes().to_vec()),
+    ];
+    for (with_ema, want_key, want) in [(true, "ema", 2.0f32), (false, "model", 1.0)] {
+        let mut p = Pkl::default();
+        p.op(&[0x80, 2]).op(b"}(").s("model");
+        sd(&mut p, "m");
+        p.s("ema");
+        if with_ema {
+            sd(&mut p, "e");
+        } else {
+            p.op(b"N");
+        }
+        p.s("epoch").int(7).op(b"u.");
+        let f = pt_with_pickle(&dir, &format!("ck-{with_ema}.pt"), p.0, &storages);
+        let imp = convert::import_pt(&f).unwrap();
+        assert_eq!(imp.source_key, want_key);
+        assert_eq!(imp.tensors.len(), 1);
+        assert_eq!(imp.tensors[0].0, "w");
+        assert_eq!(imp.tensors[0].1.to_vec1::<f32>().unwrap(), vec![want]);
+        assert!(
+            imp.ignored.iter().any(|i| i.contains("epoch")),
+            "{:?}",
+            imp.ignored
+        );
+    }
     let _ = std::fs::remove_dir_all(dir);
 }
