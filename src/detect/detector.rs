@@ -216,6 +216,13 @@ impl Detector {
         Ok(y.to_dtype(DType::F32)?.to_device(&Device::Cpu)?)
     }
 
+    /// The raw forward pass on a prepared input `x` `(B, 3, H, W)` f32 RGB 0..1 (H, W multiples
+    /// of 32) → `(B, 4+nc, A)` f32 on the CPU. For callers that letterbox themselves.
+    pub fn forward_tensor(&self, x: &Tensor) -> Result<Tensor> {
+        let y = self.model.forward(x).context("model forward")?;
+        Ok(y.to_dtype(DType::F32)?.to_device(&Device::Cpu)?)
+    }
+
     /// Step 3: NMS on a `(B, 4+nc, A)` output and scaling to original pixels (`infos[b]`).
     pub fn postprocess(&self, pred: &Tensor, infos: &[LetterboxInfo]) -> Result<Vec<Vec<Detection>>> {
         self.validate()?;
@@ -307,13 +314,19 @@ impl Detector {
     }
 }
 
-/// Builds the inference model from weights (`YoloV9` of the model module).
+impl InferenceModel for crate::model::yolov9::YoloV9 {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        crate::model::yolov9::YoloV9::forward(self, x)
+    }
+    fn meta(&self) -> &ModelMeta {
+        crate::model::yolov9::YoloV9::meta(self)
+    }
+}
+
+/// Builds the inference model (`YoloV9`, BN folded, RepConvN fused) from weights of either graph.
 fn load_model(
     weights: &crate::model::weights::Weights,
-    _device: &Device,
+    device: &Device,
 ) -> Result<Box<dyn InferenceModel>> {
-    bail!(
-        "the YOLOv9 model ({} classes) is not available in this build yet",
-        weights.meta.nc
-    )
+    Ok(Box::new(crate::model::yolov9::YoloV9::load(weights, device)?))
 }
