@@ -25,7 +25,8 @@ impl std::fmt::Display for DeviceSpec {
     }
 }
 
-const SYNTAX: &str = "expected 'cpu', a CUDA device index such as 0 (or cuda:0), or a list like 0,1";
+const SYNTAX: &str =
+    "expected 'cpu', a CUDA device index such as 0 (or cuda:0), or a list like 0,1";
 
 /// Parses one device (`cpu`, `0`, `cuda:0`, `cuda`). The error names the value and the syntax.
 pub fn parse_device(s: &str) -> Result<DeviceSpec, String> {
@@ -35,7 +36,9 @@ pub fn parse_device(s: &str) -> Result<DeviceSpec, String> {
             "'{s}' is a list; this command runs on one device ({SYNTAX})"
         ));
     }
-    parse_one(&t).ok_or_else(|| format!("invalid device '{s}': {SYNTAX}"))
+    parse_one(&t).ok_or_else(|| {
+        format!("invalid device '{s}': expected 'cpu' or a CUDA device index such as 0 (or cuda:0)")
+    })
 }
 
 fn parse_one(t: &str) -> Option<DeviceSpec> {
@@ -60,7 +63,10 @@ pub fn parse_devices(s: &str) -> Result<Vec<DeviceSpec>, String> {
     let mut out = Vec::new();
     for item in t.split(',') {
         let d = parse_one(item.trim()).ok_or_else(|| {
-            format!("invalid device '{s}': item '{}' is not valid; {SYNTAX}", item.trim())
+            format!(
+                "invalid device '{s}': item '{}' is not valid; {SYNTAX}",
+                item.trim()
+            )
         })?;
         if out.contains(&d) {
             return Err(format!("invalid device '{s}': {d} is listed twice"));

@@ -30,7 +30,20 @@ fn defaults_like_detect_dual() {
     assert_eq!(a.project, std::path::PathBuf::from("runs/detect"));
     assert_eq!(a.name, "exp");
     assert_eq!(a.line_thickness, 3);
-    let a = parse(&["--conf", "0.5", "--iou", "0.6", "--imgsz", "320", "--classes", "0", "2", "--device", "cuda:1"]).unwrap();
+    let a = parse(&[
+        "--conf",
+        "0.5",
+        "--iou",
+        "0.6",
+        "--imgsz",
+        "320",
+        "--classes",
+        "0",
+        "2",
+        "--device",
+        "cuda:1",
+    ])
+    .unwrap();
     assert_eq!((a.conf_thres, a.iou_thres, a.img), (0.5, 0.6, 320));
     assert_eq!(a.classes, Some(vec![0, 2]));
     assert_eq!(a.device, DeviceSpec::Cuda(1));
@@ -54,7 +67,12 @@ fn thresholds_in_unit_range() {
     assert_eq!(parse(&["--conf", "1"]).unwrap().conf_thres, 1.0);
     assert_eq!(parse(&["--iou", "0"]).unwrap().iou_thres, 0.0);
     assert_eq!(parse(&["--iou", "1"]).unwrap().iou_thres, 1.0);
-    for (flag, v) in [("--conf", "1.5"), ("--conf", "-0.1"), ("--iou", "1.2"), ("--conf-thres", "x")] {
+    for (flag, v) in [
+        ("--conf", "1.5"),
+        ("--conf", "-0.1"),
+        ("--iou", "1.2"),
+        ("--conf-thres", "x"),
+    ] {
         let e = parse(&[flag, v]).unwrap_err();
         assert!(e.contains("[0, 1]"), "{flag} {v}: {e}");
         assert!(e.contains("-thres"), "{flag} {v}: {e}");

@@ -9,8 +9,11 @@ use yolo9::Detector;
 
 #[test]
 fn horses_yolov9s_matches_detect_dual() {
-    let t = candle_core::safetensors::load(common::reference("forward_horses.safetensors"), &Device::Cpu)
-        .unwrap();
+    let t = candle_core::safetensors::load(
+        common::reference("forward_horses.safetensors"),
+        &Device::Cpu,
+    )
+    .unwrap();
     let want = t["nms_detect_det_orig"].to_vec2::<f32>().unwrap();
     let det = Detector::load(&common::reference("yolov9-s.pt"), Device::Cpu).unwrap();
     assert_eq!(det.names()[17], "horse");
@@ -29,7 +32,10 @@ fn horses_yolov9s_matches_detect_dual() {
             dbox = dbox.max((g.bbox[k] - w[k]).abs());
         }
     }
-    println!("oracle input: {} boxes, max box diff {dbox:.2e} px, max conf diff {dconf:.2e}", got.len());
+    println!(
+        "oracle input: {} boxes, max box diff {dbox:.2e} px, max conf diff {dconf:.2e}",
+        got.len()
+    );
     assert!(dbox < 0.5, "box diff {dbox} px");
     assert!(dconf < 1e-3, "conf diff {dconf}");
 
@@ -51,16 +57,26 @@ fn horses_yolov9s_matches_detect_dual() {
 
 #[test]
 fn shipped_bccd_weights_detect_cells() {
-    let w = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("weights/yolov9-s-bccd.safetensors");
+    let w = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("weights/yolov9-s-bccd.safetensors");
     let det = Detector::load(&w, Device::Cpu).unwrap();
     assert_eq!(det.names(), ["RBC", "WBC", "Platelets"]);
     let dir = common::shared_dir().join("datasets/bccd/images/test");
-    let mut files: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
     files.sort();
     let img = yolo9::data::image::load_rgb8(&files[0]).unwrap();
-    let dets = det.detect(&image::DynamicImage::ImageRgb8(img.clone())).unwrap();
+    let dets = det
+        .detect(&image::DynamicImage::ImageRgb8(img.clone()))
+        .unwrap();
     let rbc = dets.iter().filter(|d| d.class_id == 0).count();
-    println!("{}: {} detections, {rbc} RBC", files[0].display(), dets.len());
+    println!(
+        "{}: {} detections, {rbc} RBC",
+        files[0].display(),
+        dets.len()
+    );
     // A blood smear has many red cells.
     assert!(rbc >= 3, "{} RBC", rbc);
     for d in &dets {

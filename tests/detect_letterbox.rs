@@ -49,7 +49,13 @@ fn horses_letterbox_matches_official_geometry_and_pixels() {
     println!("horses.jpg (our JPEG decoder + resize) vs oracle input: mean {mean:.3} levels, max {max:.0} levels");
     assert!(mean < 2.0, "mean abs diff {mean} levels");
     // The grey border must be exactly 114 in all channels.
-    let border = x.narrow(2, 0, 12).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let border = x
+        .narrow(2, 0, 12)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
     assert!(border.iter().all(|&v| v == 114.0 / 255.0));
 }
 
@@ -57,7 +63,11 @@ fn horses_letterbox_matches_official_geometry_and_pixels() {
 fn resize_matches_opencv_on_the_same_decoded_pixels() {
     // Feed the oracle's own decoded pixels (cv2.imread, BGR) to isolate the resize.
     let t = oracle();
-    let bgr = t["orig_bgr_u8"].flatten_all().unwrap().to_vec1::<u8>().unwrap();
+    let bgr = t["orig_bgr_u8"]
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<u8>()
+        .unwrap();
     let mut rgb = Vec::with_capacity(bgr.len());
     for px in bgr.chunks_exact(3) {
         rgb.extend_from_slice(&[px[2], px[1], px[0]]);
@@ -67,7 +77,9 @@ fn resize_matches_opencv_on_the_same_decoded_pixels() {
     let lb = apply_letterbox(&img, &info);
     let x = to_tensor(&[&lb], &Device::Cpu).unwrap();
     let (mean, max) = level_diff(&x, &t["input"]);
-    println!("resize only (oracle pixels) vs oracle input: mean {mean:.4} levels, max {max:.0} levels");
+    println!(
+        "resize only (oracle pixels) vs oracle input: mean {mean:.4} levels, max {max:.0} levels"
+    );
     assert!(max <= 1.0 + 1e-4, "max abs diff {max} levels");
     assert!(mean < 0.05, "mean abs diff {mean} levels");
 }
@@ -88,7 +100,15 @@ fn tensor_layout_is_nchw_rgb_over_255() {
 
 #[test]
 fn odd_sizes_geometry() {
-    for (w, h) in [(1, 1), (9, 9), (33, 17), (641, 479), (4000, 20), (20, 4000), (12000, 9000)] {
+    for (w, h) in [
+        (1, 1),
+        (9, 9),
+        (33, 17),
+        (641, 479),
+        (4000, 20),
+        (20, 4000),
+        (12000, 9000),
+    ] {
         let i = letterbox_info(w, h, 640, 640, 32, true).unwrap();
         assert_eq!(i.out_w() % 32, 0, "{w}x{h}");
         assert_eq!(i.out_h() % 32, 0, "{w}x{h}");
@@ -98,5 +118,8 @@ fn odd_sizes_geometry() {
     assert!(letterbox_info(0, 5, 640, 640, 32, true).is_err());
     // auto=false pads to the full square.
     let i = letterbox_info(773, 512, 640, 640, 32, false).unwrap();
-    assert_eq!((i.out_w(), i.out_h(), i.top, i.bottom), (640, 640, 108, 108));
+    assert_eq!(
+        (i.out_w(), i.out_h(), i.top, i.bottom),
+        (640, 640, 108, 108)
+    );
 }

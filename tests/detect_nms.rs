@@ -139,7 +139,9 @@ fn official_nms_on_y_main_detect_defaults() {
 #[test]
 fn class_filter_and_agnostic() {
     let (y, _) = y_main();
-    let all = non_max_suppression(&y, &NmsOptions::default()).unwrap().remove(0);
+    let all = non_max_suppression(&y, &NmsOptions::default())
+        .unwrap()
+        .remove(0);
     let only = non_max_suppression(
         &y,
         &NmsOptions {
@@ -218,7 +220,11 @@ fn hand_computed_nms_edges() {
     let z = [[5.0, 5.0, 5.0, 9.0], [5.0, 5.0, 5.0, 9.0]];
     assert_eq!(nms(&z, &[0.9, 0.8], 0.1), vec![0, 1]);
     // iou 1 keeps duplicates, iou 0 keeps one per touching group.
-    let d = [[0.0, 0.0, 4.0, 4.0], [0.0, 0.0, 4.0, 4.0], [3.0, 3.0, 8.0, 8.0]];
+    let d = [
+        [0.0, 0.0, 4.0, 4.0],
+        [0.0, 0.0, 4.0, 4.0],
+        [3.0, 3.0, 8.0, 8.0],
+    ];
     assert_eq!(nms(&d, &[0.9, 0.8, 0.7], 1.0), vec![0, 1, 2]);
     assert_eq!(nms(&d, &[0.9, 0.8, 0.7], 0.0), vec![0]);
     assert!(nms(&[], &[], 0.5).is_empty());

@@ -41,7 +41,10 @@ impl InferenceModel for Fake {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let (b, c, h, w) = x.dims4()?;
         assert_eq!(c, 3);
-        assert!(h % 32 == 0 && w % 32 == 0, "input {h}x{w} not a stride multiple");
+        assert!(
+            h % 32 == 0 && w % 32 == 0,
+            "input {h}x{w} not a stride multiple"
+        );
         if (h, w) == (448, 640) {
             let copies = vec![&self.y_main; b];
             return Ok(Tensor::cat(&copies, 0)?);
@@ -52,7 +55,11 @@ impl InferenceModel for Fake {
         for s in [8usize, 16, 32] {
             for gy in 0..h / s {
                 for gx in 0..w / s {
-                    cols.push(((gx as f32 + 0.5) * s as f32, (gy as f32 + 0.5) * s as f32, s));
+                    cols.push((
+                        (gx as f32 + 0.5) * s as f32,
+                        (gy as f32 + 0.5) * s as f32,
+                        s,
+                    ));
                 }
             }
         }
@@ -120,7 +127,14 @@ fn horses_detections_equal_oracle_orig() {
 #[test]
 fn boxes_stay_inside_odd_sized_images() {
     let det = Detector::from_model(Fake::new(), Device::Cpu).conf(0.5);
-    for (w, h) in [(1u32, 1u32), (9, 9), (33, 17), (641, 479), (4000, 20), (20, 4000)] {
+    for (w, h) in [
+        (1u32, 1u32),
+        (9, 9),
+        (33, 17),
+        (641, 479),
+        (4000, 20),
+        (20, 4000),
+    ] {
         let img = image::DynamicImage::ImageRgb8(image::RgbImage::new(w, h));
         let d = det.detect(&img).unwrap();
         assert!(!d.is_empty(), "{w}x{h}");

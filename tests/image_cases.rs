@@ -94,7 +94,11 @@ fn all_eight_orientations_hand_computed() {
     // Stored 3x2 image with pixels a b c / d e f (values 1..6 in the red channel).
     let stored = RgbImage::from_fn(3, 2, |x, y| image::Rgb([(1 + x + 3 * y) as u8, 0, 0]));
     let red = |img: &RgbImage| -> (u32, u32, Vec<u8>) {
-        (img.width(), img.height(), img.pixels().map(|p| p.0[0]).collect())
+        (
+            img.width(),
+            img.height(),
+            img.pixels().map(|p| p.0[0]).collect(),
+        )
     };
     let expect: [(u8, (u32, u32, Vec<u8>)); 8] = [
         (1, (3, 2, vec![1, 2, 3, 4, 5, 6])),
@@ -195,7 +199,16 @@ fn dir_mixed_files_sources_and_reasons() {
     ok.sort();
     assert_eq!(
         ok,
-        ["UPPER.JPG", "a.jpg", "b.png", "c.bmp", "d.webp", "e_two_pages.tif", "f_anim.gif", "png_named.jpg"]
+        [
+            "UPPER.JPG",
+            "a.jpg",
+            "b.png",
+            "c.bmp",
+            "d.webp",
+            "e_two_pages.tif",
+            "f_anim.gif",
+            "png_named.jpg"
+        ]
     );
     for (n, msg) in &bad {
         println!("{n}: {msg}");
@@ -254,7 +267,11 @@ fn crc32(data: &[u8]) -> u32 {
     for &b in data {
         c ^= u32::from(b);
         for _ in 0..8 {
-            c = if c & 1 != 0 { 0xedb8_8320 ^ (c >> 1) } else { c >> 1 };
+            c = if c & 1 != 0 {
+                0xedb8_8320 ^ (c >> 1)
+            } else {
+                c >> 1
+            };
         }
     }
     !c

@@ -107,7 +107,9 @@ pub fn parse_img(s: &str) -> Result<u32, String> {
         .parse()
         .map_err(|_| format!("'{s}' is not an integer; --img must be in 1..={MAX_IMG} pixels"))?;
     if !(1..=i64::from(MAX_IMG)).contains(&v) {
-        return Err(format!("{v} is out of range; --img must be in 1..={MAX_IMG} pixels"));
+        return Err(format!(
+            "{v} is out of range; --img must be in 1..={MAX_IMG} pixels"
+        ));
     }
     Ok(v as u32)
 }
@@ -127,9 +129,8 @@ pub fn parse_unit(s: &str) -> Result<f64, String> {
 /// The `--img` actually used (next multiple of 32) and the notice to print when it changed.
 pub fn effective_img(img: u32) -> (u32, Option<String>) {
     let r = round_img_size(img).unwrap_or(32);
-    let note = (r != img).then(|| {
-        format!("note: --img {img} is not a multiple of the stride 32; using --img {r}")
-    });
+    let note = (r != img)
+        .then(|| format!("note: --img {img} is not a multiple of the stride 32; using --img {r}"));
     (r, note)
 }
 
@@ -249,7 +250,10 @@ pub fn count_summary(dets: &[Detection], names: &[String]) -> String {
 }
 
 fn annotated_name(p: &Path) -> PathBuf {
-    let name = p.file_name().map(PathBuf::from).unwrap_or_else(|| "image".into());
+    let name = p
+        .file_name()
+        .map(PathBuf::from)
+        .unwrap_or_else(|| "image".into());
     let ext = p
         .extension()
         .and_then(|e| e.to_str())
@@ -311,9 +315,8 @@ pub fn run_with(
         std::fs::create_dir_all(&save_dir)
             .with_context(|| format!("cannot create the run folder {}", save_dir.display()))?;
         if args.save_txt {
-            std::fs::create_dir_all(save_dir.join("labels")).with_context(|| {
-                format!("cannot create {}", save_dir.join("labels").display())
-            })?;
+            std::fs::create_dir_all(save_dir.join("labels"))
+                .with_context(|| format!("cannot create {}", save_dir.join("labels").display()))?;
         }
     }
     let mut jsonl = if args.json {
@@ -372,10 +375,7 @@ pub fn run_with(
             .infer(&[&lb])
             .with_context(|| format!("inference on {}", path.display()))?;
         let t2 = Instant::now();
-        let dets = detector
-            .postprocess(&y, &[info])?
-            .pop()
-            .unwrap_or_default();
+        let dets = detector.postprocess(&y, &[info])?.pop().unwrap_or_default();
         let t3 = Instant::now();
         let ms = |a: Instant, b: Instant| (b - a).as_secs_f64() * 1e3;
         let (p, i, n) = (ms(t0, t1), ms(t1, t2), ms(t2, t3));
@@ -401,7 +401,10 @@ pub fn run_with(
             );
         }
         if args.save_txt && !dets.is_empty() {
-            let stem = path.file_stem().map(PathBuf::from).unwrap_or_else(|| "image".into());
+            let stem = path
+                .file_stem()
+                .map(PathBuf::from)
+                .unwrap_or_else(|| "image".into());
             let mut lp = save_dir.join("labels").join(stem).into_os_string();
             lp.push(".txt");
             let lp = PathBuf::from(lp);

@@ -224,7 +224,11 @@ impl Detector {
     }
 
     /// Step 3: NMS on a `(B, 4+nc, A)` output and scaling to original pixels (`infos[b]`).
-    pub fn postprocess(&self, pred: &Tensor, infos: &[LetterboxInfo]) -> Result<Vec<Vec<Detection>>> {
+    pub fn postprocess(
+        &self,
+        pred: &Tensor,
+        infos: &[LetterboxInfo],
+    ) -> Result<Vec<Vec<Detection>>> {
         self.validate()?;
         let (b, rows, a) = pred.dims3()?;
         if b != infos.len() || rows < 5 {
@@ -237,7 +241,12 @@ impl Detector {
         let data: Vec<f32> = pred.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
         Ok((0..b)
             .map(|i| {
-                let mut det = nms_image(&data[i * rows * a..(i + 1) * rows * a], rows - 4, a, &self.nms);
+                let mut det = nms_image(
+                    &data[i * rows * a..(i + 1) * rows * a],
+                    rows - 4,
+                    a,
+                    &self.nms,
+                );
                 scale_rows(&mut det, &infos[i]);
                 self.to_detections(&det)
             })
@@ -328,5 +337,7 @@ fn load_model(
     weights: &crate::model::weights::Weights,
     device: &Device,
 ) -> Result<Box<dyn InferenceModel>> {
-    Ok(Box::new(crate::model::yolov9::YoloV9::load(weights, device)?))
+    Ok(Box::new(crate::model::yolov9::YoloV9::load(
+        weights, device,
+    )?))
 }

@@ -94,7 +94,8 @@ pub fn expand_sources(sources: &[PathBuf]) -> Result<Sources> {
                         .push((src.clone(), format!("invalid glob pattern: {e}"))),
                 }
             } else {
-                out.skipped.push((src.clone(), "no such file or directory".into()));
+                out.skipped
+                    .push((src.clone(), "no such file or directory".into()));
             }
         }
     }
