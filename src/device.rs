@@ -1,1 +1,143 @@
-//! Device selection (`--device cpu|N`).
+//! Device selection (`--device cpu|N`), shared by `detect`, `train` and `val`.
+//!
+//! Accepted spellings (case-insensitive, surrounding spaces ignored): `cpu`, a CUDA index `0`,
+//! `cuda:0` or `cuda` (= `cuda:0`), and for commands that use several GPUs a comma list `0,1`.
+//! Parsing ([`parse_device`], [`parse_devices`]) only checks the syntax, so clap can reject a bad
+//! value at parse time; [`select`] checks availability and opens the device.
+use anyhow::{bail, Result};
+use candle_core::Device;
+
+/// A parsed `--device` value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DeviceSpec {
+    /// The CPU.
+    Cpu,
+    /// CUDA device by ordinal.
+    Cuda(usize),
+}
+
+impl std::fmt::Display for DeviceSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DeviceSpec::Cpu => write!(f, "cpu"),
+            DeviceSpec::Cuda(i) => write!(f, "cuda:{i}"),
+        }
+    }
+}
+
+const SYNTAX: &str =
+    "expected 'cpu', a CUDA device index such as 0 (or cuda:0), or a list like 0,1";
+
+/// Parses one device (`cpu`, `0`, `cuda:0`, `cuda`). The error names the value and the syntax.
+pub fn parse_device(s: &str) -> Result<DeviceSpec, String> {
+    let t = s.trim().to_ascii_lowercase();
+    if t.contains(',') {
+        return Err(format!(
+            "'{s}' is a list; this command runs on one device ({SYNTAX})"
+        ));
+    }
+    parse_one(&t).ok_or_else(|| {
+        format!("invalid device '{s}': expected 'cpu' or a CUDA device index such as 0 (or cuda:0)")
+    })
+}
+
+fn parse_one(t: &str) -> Option<DeviceSpec> {
+    match t {
+        "cpu" => Some(DeviceSpec::Cpu),
+        "cuda" | "gpu" => Some(DeviceSpec::Cuda(0)),
+        _ => {
+            let n = t.strip_prefix("cuda:").unwrap_or(t);
+            // Only plain decimal digits: "-1", "+1", "1.0", "x" are refused.
+            if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) || n.len() > 4 {
+                return None;
+            }
+            n.parse().ok().map(DeviceSpec::Cuda)
+        }
+    }
+}
+
+/// Parses a device list (`cpu`, `0`, `0,1`, `cuda:0,cuda:1`). Refuses empty items, duplicates
+/// and mixing `cpu` with GPUs; errors name the value.
+pub fn parse_devices(s: &str) -> Result<Vec<DeviceSpec>, String> {
+    let t = s.trim().to_ascii_lowercase();
+    let mut out = Vec::new();
+    for item in t.split(',') {
+        let d = parse_one(item.trim()).ok_or_else(|| {
+            format!(
+                "invalid device '{s}': item '{}' is not valid; {SYNTAX}",
+                item.trim()
+            )
+        })?;
+        if out.contains(&d) {
+            return Err(format!("invalid device '{s}': {d} is listed twice"));
+        }
+        out.push(d);
+    }
+    if out.len() > 1 && out.contains(&DeviceSpec::Cpu) {
+        return Err(format!("invalid device '{s}': cannot mix cpu with GPUs"));
+    }
+    Ok(out)
+}
+
+/// Names of the devices this build can use now, e.g. `["cpu"]` or `["cpu", "cuda:0"]`.
+pub fn available_devices() -> Vec<String> {
+    let mut v = vec!["cpu".to_string()];
+    if candle_core::utils::cuda_is_available() {
+        for i in 0..64 {
+            if Device::new_cuda(i).is_err() {
+                break;
+            }
+            v.push(format!("cuda:{i}"));
+        }
+    }
+    v
+}
+
+/// Opens the device. Errors: a CUDA device in a build without the `cuda` feature (the message
+/// says how to rebuild), or a CUDA ordinal that does not exist (the message lists the available
+/// devices).
+pub fn select(spec: DeviceSpec) -> Result<Device> {
+    match spec {
+        DeviceSpec::Cpu => Ok(Device::Cpu),
+        DeviceSpec::Cuda(i) => {
+            if !candle_core::utils::cuda_is_available() {
+                bail!(
+                    "device {i} not available: this yolo9 was built without CUDA; available: cpu. \
+                     Use --device cpu, or rebuild with CUDA: `cargo build --release --features \
+                     cuda` (add `cudnn` for cuDNN)"
+                );
+            }
+            match Device::new_cuda(i) {
+                Ok(d) => Ok(d),
+                Err(e) => bail!(
+                    "device {i} not available; available: {} ({e})",
+                    available_devices().join(", ")
+                ),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses() {
+        assert_eq!(parse_device("cpu"), Ok(DeviceSpec::Cpu));
+        assert_eq!(parse_device(" CPU "), Ok(DeviceSpec::Cpu));
+        assert_eq!(parse_device("0"), Ok(DeviceSpec::Cuda(0)));
+        assert_eq!(parse_device("cuda:3"), Ok(DeviceSpec::Cuda(3)));
+        for bad in ["cuda:x", "-1", "", "1.0", "+1", "gpu0", "0,0", "0,1"] {
+            let e = parse_device(bad).unwrap_err();
+            assert!(e.contains(&format!("'{bad}'")), "{bad}: {e}");
+        }
+        assert_eq!(
+            parse_devices("0,1"),
+            Ok(vec![DeviceSpec::Cuda(0), DeviceSpec::Cuda(1)])
+        );
+        assert!(parse_devices("0,0").unwrap_err().contains("twice"));
+        assert!(parse_devices("cpu,0").is_err());
+        assert!(parse_devices("0,").is_err());
+    }
+}

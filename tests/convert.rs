@@ -517,6 +517,14 @@ fn damaged_safetensors_cases() {
     );
     let e = err_of(Weights::load(&dir.join("absent.safetensors")));
     assert!(e.contains("absent.safetensors"), "{e}");
+    let e = err_of(Weights::load(&dir));
+    assert!(e.contains(&dir.display().to_string()), "{e}");
+    // Saving into a missing directory fails cleanly and leaves nothing behind.
+    let w = Weights::load(&common::reference("yolov9-s-converted.pt")).unwrap();
+    let target = dir.join("no/such/dir/w.safetensors");
+    let e = err_of(w.save(&target, true));
+    assert!(e.contains("cannot create"), "{e}");
+    assert!(!dir.join("no").exists());
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -685,12 +693,8 @@ fn bad_storages_and_hostile_pickles_give_errors() {
     );
     // deep nesting: 100k nested lists (would overflow the stack when dropped)
     let mut deep = vec![0x80, 2];
-    for _ in 0..100_000 {
-        deep.push(b']');
-    }
-    for _ in 0..99_999 {
-        deep.push(b'a');
-    }
+    deep.extend(std::iter::repeat_n(b']', 100_000));
+    deep.extend(std::iter::repeat_n(b'a', 99_999));
     deep.push(b'.');
     let f = pt_with_pickle(&dir, "deep.pt", deep, &[]);
     let e = err_of(Weights::load(&f));
@@ -751,7 +755,11 @@ fn cli_convert_summary_and_errors() {
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&o.stdout);
-    assert!(o.status.success(), "{stdout} {}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "{stdout} {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     assert!(stdout.contains("imported:   1772 tensors"), "{stdout}");
     assert!(stdout.contains("1339 tensors, inference"), "{stdout}");
     assert!(stdout.contains("7226208 parameters, f32"), "{stdout}");
@@ -775,8 +783,51 @@ fn cli_convert_summary_and_errors() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{stderr}");
-    assert!(stderr.starts_with("error: ") && stderr.contains("truncated_70pct"), "{stderr}");
+    assert!(
+        stderr.starts_with("error: ") && stderr.contains("truncated_70pct"),
+        "{stderr}"
+    );
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert!(!dir.join("z.safetensors").exists());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// An unstripped training checkpoint holds both `model` and `ema`: `ema` wins when not None,
+/// `model` otherwise (official `strip_optimizer` / `attempt_load` behaviour).
+#[test]
+fn ema_is_preferred_over_model() {
+    let dir = tmpdir("ema");
+    let sd = |p: &mut Pkl, key: &str| {
+        p.op(b"}(").s("w");
+        p.tensor("FloatStorage", key, 1, 0, &[1], &[1]);
+        p.op(b"u");
+    };
+    let storages = [
+        ("m", 1.0f32.to_le_bytes().to_vec()),
+        ("e", 2.0f32.to_le_bytes().to_vec()),
+    ];
+    for (with_ema, want_key, want) in [(true, "ema", 2.0f32), (false, "model", 1.0)] {
+        let mut p = Pkl::default();
+        p.op(&[0x80, 2]).op(b"}(").s("model");
+        sd(&mut p, "m");
+        p.s("ema");
+        if with_ema {
+            sd(&mut p, "e");
+        } else {
+            p.op(b"N");
+        }
+        p.s("epoch").int(7).op(b"u.");
+        let f = pt_with_pickle(&dir, &format!("ck-{with_ema}.pt"), p.0, &storages);
+        let imp = convert::import_pt(&f).unwrap();
+        assert_eq!(imp.source_key, want_key);
+        assert_eq!(imp.tensors.len(), 1);
+        assert_eq!(imp.tensors[0].0, "w");
+        assert_eq!(imp.tensors[0].1.to_vec1::<f32>().unwrap(), vec![want]);
+        assert!(
+            imp.ignored.iter().any(|i| i.contains("epoch")),
+            "{:?}",
+            imp.ignored
+        );
+    }
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -1,15 +1,516 @@
-//! `yolo9 detect`: detection on images, directories and globs.
+//! `yolo9 detect`: detection on images, directories and globs, with the flags of the official
+//! `detect_dual.py`.
+//!
+//! Per image it prints `image 1/3 path: 448x640 25 RBC, 2 WBC, 12.3ms pre, 80.1ms infer, 0.4ms
+//! nms` (the size is the letterboxed network input, H x W). Files that cannot be decoded are
+//! skipped with one line each (`skipped path: reason`) and counted at the end.
+//!
+//! Outputs in the run folder (`--project runs/detect --name exp`, then `exp2`, `exp3`, ...
+//! unless `--exist-ok`): annotated images (unless `--nosave`; inputs larger than 4096 px are drawn
+//! on a copy scaled to 4096 px on the longer side), `labels/<stem>.txt` with `--save-txt` (`cls cx
+//! cy w h [conf]`, normalized, boxes rounded to whole pixels first as officially, numbers printed
+//! like Python's `%g`), and `predictions.jsonl` with `--json` (one object per detection, `xyxy` in
+//! original pixels).
+//!
+//! Memory: each image is decoded, letterboxed, and its full-resolution pixels are dropped at once
+//! (only a ≤ 4096 px drawing copy is kept when saving), so a 108-MP input costs one decoded buffer.
+use crate::data::image::load_rgb8;
+use crate::detect::detector::{round_img_size, Detection, Detector};
+use crate::detect::draw::{canvas_for, draw_detections, DrawOptions};
+use crate::detect::postprocess::xyxy_to_yolo;
+use crate::detect::source::expand_sources;
+use crate::device::{parse_device, DeviceSpec};
+use anyhow::{bail, Context, Result};
 use clap::Args;
-use std::path::PathBuf;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// Default weights, relative to the crate root (then to the current directory).
+pub const DEFAULT_WEIGHTS: &str = "weights/yolov9-s-bccd.safetensors";
+
+/// Largest accepted `--img`.
+pub const MAX_IMG: u32 = 8192;
 
 /// Arguments of `yolo9 detect`.
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct DetectArgs {
-    /// Image files, directories or glob patterns.
+    /// Image files, directories (not recursive) or glob patterns ("imgs/**/*.jpg").
+    #[arg(required = true)]
     pub source: Vec<PathBuf>,
+    /// Weights: yolo9 .safetensors or an official .pt [default: weights/yolov9-s-bccd.safetensors
+    /// in the yolo9 source folder, then in the current folder].
+    #[arg(long)]
+    pub weights: Option<PathBuf>,
+    /// Inference size in pixels (1..=8192), rounded up to a multiple of 32.
+    #[arg(long = "img", visible_aliases = ["imgsz", "img-size"], default_value = "640",
+          value_parser = parse_img, allow_negative_numbers = true)]
+    pub img: u32,
+    /// Confidence threshold in [0, 1]; a box needs a score strictly above it.
+    #[arg(long = "conf-thres", visible_alias = "conf", default_value = "0.25",
+          value_parser = parse_unit, allow_negative_numbers = true)]
+    pub conf_thres: f64,
+    /// NMS IoU threshold in [0, 1]; an overlap strictly above it suppresses.
+    #[arg(long = "iou-thres", visible_alias = "iou", default_value = "0.45",
+          value_parser = parse_unit, allow_negative_numbers = true)]
+    pub iou_thres: f64,
+    /// Maximum detections per image (≥ 1).
+    #[arg(long = "max-det", default_value = "1000",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_det: u32,
+    /// Keep only these class ids, e.g. --classes 0 2.
+    #[arg(long, num_args = 1..)]
+    pub classes: Option<Vec<usize>>,
+    /// Class-agnostic NMS.
+    #[arg(long = "agnostic-nms")]
+    pub agnostic_nms: bool,
+    /// Device: cpu, or a CUDA index such as 0 (cuda:0).
+    #[arg(long, default_value = "cpu", value_parser = parse_device, allow_negative_numbers = true)]
+    pub device: DeviceSpec,
+    /// Save YOLO label files (labels/<stem>.txt).
+    #[arg(long = "save-txt")]
+    pub save_txt: bool,
+    /// Add the confidence to --save-txt lines.
+    #[arg(long = "save-conf")]
+    pub save_conf: bool,
+    /// Write predictions.jsonl (one detection per line, original pixels).
+    #[arg(long)]
+    pub json: bool,
+    /// Parent folder of the run folder.
+    #[arg(long, default_value = "runs/detect")]
+    pub project: PathBuf,
+    /// Run folder name (exp, exp2, ... when it exists).
+    #[arg(long, default_value = "exp")]
+    pub name: String,
+    /// Reuse the run folder if it exists instead of incrementing.
+    #[arg(long = "exist-ok")]
+    pub exist_ok: bool,
+    /// Box line thickness in pixels (≥ 1).
+    #[arg(long = "line-thickness", default_value = "3",
+          value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub line_thickness: u32,
+    /// Do not draw labels.
+    #[arg(long = "hide-labels")]
+    pub hide_labels: bool,
+    /// Do not draw confidences.
+    #[arg(long = "hide-conf")]
+    pub hide_conf: bool,
+    /// Do not save annotated images.
+    #[arg(long)]
+    pub nosave: bool,
+}
+
+/// `--img` parser: an integer in 1..=8192 (rounding to 32 happens, with a notice, when running).
+pub fn parse_img(s: &str) -> Result<u32, String> {
+    let v: i64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{s}' is not an integer; --img must be in 1..={MAX_IMG} pixels"))?;
+    if !(1..=i64::from(MAX_IMG)).contains(&v) {
+        return Err(format!(
+            "{v} is out of range; --img must be in 1..={MAX_IMG} pixels"
+        ));
+    }
+    Ok(v as u32)
+}
+
+/// `--conf`/`--iou` parser: a number in [0, 1].
+pub fn parse_unit(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{s}' is not a number; the valid range is [0, 1]"))?;
+    if !(0.0..=1.0).contains(&v) {
+        return Err(format!("{v} is outside the valid range [0, 1]"));
+    }
+    Ok(v)
+}
+
+/// The `--img` actually used (next multiple of 32) and the notice to print when it changed.
+pub fn effective_img(img: u32) -> (u32, Option<String>) {
+    let r = round_img_size(img).unwrap_or(32);
+    let note = (r != img)
+        .then(|| format!("note: --img {img} is not a multiple of the stride 32; using --img {r}"));
+    (r, note)
+}
+
+/// Finds the weights: `--weights` as given, else [`DEFAULT_WEIGHTS`] under the crate folder
+/// (compile time) then under the current folder.
+pub fn resolve_weights(arg: Option<&Path>) -> Result<PathBuf> {
+    if let Some(p) = arg {
+        if !p.is_file() {
+            bail!(
+                "weights file {} not found (--weights); pass an existing .safetensors or .pt",
+                p.display()
+            );
+        }
+        return Ok(p.to_path_buf());
+    }
+    let candidates = [
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(DEFAULT_WEIGHTS),
+        PathBuf::from(DEFAULT_WEIGHTS),
+    ];
+    for c in &candidates {
+        if c.is_file() {
+            return Ok(c.clone());
+        }
+    }
+    bail!(
+        "default weights {DEFAULT_WEIGHTS} not found (looked at {} and {}); pass --weights PATH \
+         (a yolo9 .safetensors or an official .pt; `yolo9 convert` converts checkpoints)",
+        candidates[0].display(),
+        candidates[1].display()
+    )
+}
+
+/// Official `increment_path`: `project/name`, or `name2`, `name3`, ... if it exists (unless
+/// `exist_ok`). Does not create the folder.
+pub fn increment_path(project: &Path, name: &str, exist_ok: bool) -> PathBuf {
+    let base = project.join(name);
+    if exist_ok || !base.exists() {
+        return base;
+    }
+    (2u64..)
+        .map(|n| project.join(format!("{name}{n}")))
+        .find(|p| !p.exists())
+        .unwrap_or(base)
+}
+
+/// Formats a number like C/Python `'%g'` (6 significant digits, trailing zeros removed,
+/// exponent form below 1e-4 or from 1e6).
+pub fn fmt_g(x: f64) -> String {
+    if x == 0.0 {
+        return if x.is_sign_negative() { "-0" } else { "0" }.into();
+    }
+    if !x.is_finite() {
+        return if x.is_nan() {
+            "nan".into()
+        } else if x > 0.0 {
+            "inf".into()
+        } else {
+            "-inf".into()
+        };
+    }
+    let e = format!("{x:.5e}");
+    let (mant, exp) = e.split_once('e').unwrap_or((&e, "0"));
+    let exp: i32 = exp.parse().unwrap_or(0);
+    let strip = |s: &str| -> String {
+        if s.contains('.') {
+            s.trim_end_matches('0').trim_end_matches('.').to_string()
+        } else {
+            s.to_string()
+        }
+    };
+    if !(-4..6).contains(&exp) {
+        format!(
+            "{}e{}{:02}",
+            strip(mant),
+            if exp < 0 { '-' } else { '+' },
+            exp.abs()
+        )
+    } else {
+        strip(&format!("{:.*}", (5 - exp) as usize, x))
+    }
+}
+
+/// One label line `cls cx cy w h [conf]` for a detection on a `w x h` image, as the official
+/// `--save-txt`: box rounded to whole pixels, normalized, `%g`.
+pub fn label_line(d: &Detection, w: u32, h: u32, with_conf: bool) -> String {
+    let b = d.bbox.map(|v| v.round_ties_even());
+    let y = xyxy_to_yolo(b, w, h);
+    let mut s = format!("{}", d.class_id);
+    for v in y {
+        s.push(' ');
+        s.push_str(&fmt_g(f64::from(v)));
+    }
+    if with_conf {
+        s.push(' ');
+        s.push_str(&fmt_g(f64::from(d.confidence)));
+    }
+    s
+}
+
+/// `25 RBC, 2 WBC` (counts by class id order) or `(no detections)`.
+pub fn count_summary(dets: &[Detection], names: &[String]) -> String {
+    let mut counts = std::collections::BTreeMap::new();
+    for d in dets {
+        *counts.entry(d.class_id).or_insert(0usize) += 1;
+    }
+    if counts.is_empty() {
+        return "(no detections)".into();
+    }
+    counts
+        .into_iter()
+        .map(|(c, n)| {
+            let name = names.get(c).cloned().unwrap_or_else(|| format!("class{c}"));
+            format!("{n} {name}")
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn annotated_name(p: &Path) -> PathBuf {
+    let name = p
+        .file_name()
+        .map(PathBuf::from)
+        .unwrap_or_else(|| "image".into());
+    let ext = p
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(|e| e.to_ascii_lowercase());
+    match ext.as_deref() {
+        Some("jpg" | "jpeg" | "png" | "bmp") => name,
+        _ => {
+            let mut s = name.into_os_string();
+            s.push(".jpg");
+            PathBuf::from(s)
+        }
+    }
 }
 
 /// Runs `yolo9 detect`.
-pub fn run(_args: DetectArgs) -> anyhow::Result<()> {
-    anyhow::bail!("detect: not implemented yet")
+pub fn run(args: DetectArgs) -> Result<()> {
+    let (img, note) = effective_img(args.img);
+    if let Some(n) = note {
+        eprintln!("{n}");
+    }
+    let sources = expand_sources(&args.source)?;
+    let weights = resolve_weights(args.weights.as_deref())?;
+    let device = crate::device::select(args.device)?;
+    let detector = Detector::load(&weights, device)?
+        .img_size(img)
+        .conf(args.conf_thres as f32)
+        .iou(args.iou_thres)
+        .max_det(args.max_det as usize)
+        .classes(args.classes.clone())
+        .agnostic(args.agnostic_nms);
+    run_with(&detector, &args, &sources.files, &sources.skipped)
+}
+
+/// The detect loop with an already built detector (used by `run` and by tests with a stand-in
+/// model). `skipped` are sources already rejected by [`expand_sources`].
+pub fn run_with(
+    detector: &Detector,
+    args: &DetectArgs,
+    files: &[PathBuf],
+    skipped: &[(PathBuf, String)],
+) -> Result<()> {
+    let names = detector.names().to_vec();
+    if let Some(cs) = &args.classes {
+        if let Some(bad) = cs.iter().find(|&&c| c >= names.len()) {
+            bail!(
+                "--classes {bad}: the model has {} classes (0..={}: {})",
+                names.len(),
+                names.len().saturating_sub(1),
+                names.join(", ")
+            );
+        }
+    }
+    for (p, why) in skipped {
+        eprintln!("skipped {}: {why}", p.display());
+    }
+    let saving = !args.nosave || args.save_txt || args.json;
+    let save_dir = increment_path(&args.project, &args.name, args.exist_ok);
+    if saving {
+        std::fs::create_dir_all(&save_dir)
+            .with_context(|| format!("cannot create the run folder {}", save_dir.display()))?;
+        if args.save_txt {
+            std::fs::create_dir_all(save_dir.join("labels"))
+                .with_context(|| format!("cannot create {}", save_dir.join("labels").display()))?;
+        }
+    }
+    let mut jsonl = if args.json {
+        let p = save_dir.join("predictions.jsonl");
+        Some(std::io::BufWriter::new(
+            std::fs::File::create(&p).with_context(|| format!("cannot create {}", p.display()))?,
+        ))
+    } else {
+        None
+    };
+    let draw_opts = DrawOptions {
+        line_thickness: args.line_thickness,
+        hide_labels: args.hide_labels,
+        hide_conf: args.hide_conf,
+    };
+    let max_det = args.max_det as usize;
+    let (mut n_ok, mut n_bad) = (0usize, skipped.len());
+    let (mut t_pre, mut t_inf, mut t_nms) = (0f64, 0f64, 0f64);
+    let mut n_labels = 0usize;
+    let total = files.len();
+    for (k, path) in files.iter().enumerate() {
+        let t0 = Instant::now();
+        let img = match load_rgb8(path) {
+            Ok(i) => i,
+            Err(e) => {
+                // The error chain starts with the file name; print the reasons.
+                let reason = e
+                    .chain()
+                    .skip(1)
+                    .map(|c| c.to_string())
+                    .collect::<Vec<_>>()
+                    .join(": ");
+                eprintln!("skipped {}: {reason}", path.display());
+                n_bad += 1;
+                continue;
+            }
+        };
+        let (w, h) = img.dimensions();
+        let (lb, info) = match detector.preprocess(&img) {
+            Ok(x) => x,
+            Err(e) => {
+                eprintln!("skipped {}: {e:#}", path.display());
+                n_bad += 1;
+                continue;
+            }
+        };
+        // Drop the full-resolution pixels now; keep at most a 4096-px copy for drawing.
+        let canvas = if args.nosave {
+            drop(img);
+            None
+        } else {
+            Some(canvas_for(img))
+        };
+        let t1 = Instant::now();
+        let y = detector
+            .infer(&[&lb])
+            .with_context(|| format!("inference on {}", path.display()))?;
+        let t2 = Instant::now();
+        let dets = detector.postprocess(&y, &[info])?.pop().unwrap_or_default();
+        let t3 = Instant::now();
+        let ms = |a: Instant, b: Instant| (b - a).as_secs_f64() * 1e3;
+        let (p, i, n) = (ms(t0, t1), ms(t1, t2), ms(t2, t3));
+        t_pre += p;
+        t_inf += i;
+        t_nms += n;
+        n_ok += 1;
+        println!(
+            "image {}/{} {}: {}x{} {}, {p:.1}ms pre, {i:.1}ms infer, {n:.1}ms nms",
+            k + 1,
+            total,
+            path.display(),
+            info.out_h(),
+            info.out_w(),
+            count_summary(&dets, &names)
+        );
+        if dets.len() >= max_det {
+            eprintln!(
+                "note: {}: {} detections reached --max-det {max_det}; lower-confidence boxes were \
+                 dropped (raise --max-det or --conf)",
+                path.display(),
+                dets.len()
+            );
+        }
+        if args.save_txt && !dets.is_empty() {
+            let stem = path
+                .file_stem()
+                .map(PathBuf::from)
+                .unwrap_or_else(|| "image".into());
+            let mut lp = save_dir.join("labels").join(stem).into_os_string();
+            lp.push(".txt");
+            let lp = PathBuf::from(lp);
+            let mut text = String::new();
+            for d in &dets {
+                text.push_str(&label_line(d, w, h, args.save_conf));
+                text.push('\n');
+            }
+            std::fs::write(&lp, text).with_context(|| format!("cannot write {}", lp.display()))?;
+            n_labels += 1;
+        }
+        if let Some(out) = jsonl.as_mut() {
+            for d in &dets {
+                let line = serde_json::json!({
+                    "image": path.to_string_lossy(),
+                    "class_id": d.class_id,
+                    "class_name": d.class_name,
+                    "confidence": d.confidence,
+                    "xyxy": d.bbox,
+                });
+                writeln!(out, "{line}").context("writing predictions.jsonl")?;
+            }
+        }
+        if let Some((mut canvas, scale)) = canvas {
+            draw_detections(&mut canvas, &dets, scale, &draw_opts)?;
+            let op = save_dir.join(annotated_name(path));
+            if scale < 1.0 {
+                eprintln!(
+                    "note: {} is {w}x{h}; the annotated copy is drawn at {}x{}",
+                    path.display(),
+                    canvas.width(),
+                    canvas.height()
+                );
+            }
+            canvas
+                .save(&op)
+                .with_context(|| format!("cannot save the annotated image {}", op.display()))?;
+        }
+    }
+    if let Some(mut out) = jsonl {
+        out.flush().context("writing predictions.jsonl")?;
+    }
+    if n_ok > 0 {
+        let d = n_ok as f64;
+        println!(
+            "Speed: {:.1}ms pre-process, {:.1}ms inference, {:.1}ms NMS per image (size {})",
+            t_pre / d,
+            t_inf / d,
+            t_nms / d,
+            detector.effective_img_size().unwrap_or(0)
+        );
+    }
+    if saving {
+        let mut s = format!("Results saved to {}", save_dir.display());
+        if args.save_txt {
+            s.push_str(&format!(
+                "\n{n_labels} labels saved to {}",
+                save_dir.join("labels").display()
+            ));
+        }
+        println!("{s}");
+    }
+    println!("{n_ok} images processed, {n_bad} skipped");
+    if n_ok == 0 {
+        bail!("no image could be processed ({n_bad} skipped, reasons above)");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn g_format_matches_printf() {
+        let cases = [
+            (0.5, "0.5"),
+            (0.123456789, "0.123457"),
+            (1.0, "1"),
+            (100.0, "100"),
+            (123456.0, "123456"),
+            (1234567.0, "1.23457e+06"),
+            (0.0001, "0.0001"),
+            (0.00001234, "1.234e-05"),
+            (0.0, "0"),
+            (2.5e-7, "2.5e-07"),
+            (0.999999, "0.999999"),
+            (0.9999996, "1"),
+        ];
+        for (x, s) in cases {
+            assert_eq!(fmt_g(x), s, "{x}");
+        }
+    }
+
+    #[test]
+    fn img_rounding() {
+        assert_eq!(effective_img(640), (640, None));
+        assert_eq!(effective_img(650).0, 672);
+        assert_eq!(effective_img(31).0, 32);
+        assert!(effective_img(31).1.unwrap().contains("32"));
+        assert!(parse_img("0").unwrap_err().contains("1..=8192"));
+        assert!(parse_img("-5").is_err());
+        assert!(parse_img("abc").is_err());
+        assert!(parse_unit("1.5").unwrap_err().contains("[0, 1]"));
+        assert!(parse_unit("-0.1").is_err());
+        assert_eq!(parse_unit("0"), Ok(0.0));
+        assert_eq!(parse_unit("1"), Ok(1.0));
+    }
 }

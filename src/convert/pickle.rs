@@ -451,8 +451,11 @@ pub fn dict_get<'a>(entries: &'a [(Object, Object)], key: &str) -> Option<&'a Ob
     })
 }
 
+/// Pickled dict entries, in candle's representation.
+pub type Entries = [(Object, Object)];
+
 /// A built module: `(module, class)` and its `__dict__` entries.
-pub fn as_module(obj: &Object) -> Option<((&str, &str), &[(Object, Object)])> {
+pub fn as_module(obj: &Object) -> Option<((&str, &str), &Entries)> {
     let Object::Build { callable, args } = obj else {
         return None;
     };

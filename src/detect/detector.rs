@@ -1,4 +1,27 @@
-//! The public embeddable detector.
+//! The public embeddable detector: weights in, `Vec<Detection>` per image out.
+//!
+//! Pipeline (official `detect_dual.py`): letterbox (`auto=True`, stride 32) → `(1,3,H,W)` f32
+//! RGB / 255 → model (decoded main branch, `(B, 4+nc, A)`) → NMS → `scale_boxes` to original
+//! pixels (clipped).
+//!
+//! ```no_run
+//! use yolo9::Detector;
+//! let det = Detector::load("weights/yolov9-s-bccd.safetensors".as_ref(), candle_core::Device::Cpu)?
+//!     .conf(0.3)
+//!     .iou(0.5);
+//! let img = image::DynamicImage::ImageRgb8(yolo9::data::image::load_rgb8("a.jpg".as_ref())?);
+//! for d in det.detect(&img)? {
+//!     println!("{} {:.2} {:?}", d.class_name, d.confidence, d.bbox);
+//! }
+//! # Ok::<(), anyhow::Error>(())
+//! ```
+use crate::detect::letterbox::{apply_letterbox, letterbox_info, to_tensor, LetterboxInfo};
+use crate::detect::postprocess::{nms_image, scale_rows, NmsOptions, Row};
+use crate::model::weights::ModelMeta;
+use anyhow::{bail, Context, Result};
+use candle_core::{DType, Device, Tensor};
+use image::{DynamicImage, RgbImage};
+use std::path::Path;
 
 /// One detected object, in original-image pixels.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -13,5 +36,308 @@ pub struct Detection {
     pub bbox: [f32; 4],
 }
 
-/// A loaded YOLOv9 model ready for inference (stub; see the detect module).
-pub struct Detector {}
+/// What the detector needs from a model: the decoded forward pass and the metadata.
+/// Implemented by [`crate::model::yolov9::YoloV9`]; tests may plug in a fake.
+pub trait InferenceModel: Send + Sync {
+    /// `x`: `(B, 3, H, W)` f32 RGB 0..1, H and W multiples of 32 → `(B, 4+nc, A)` f32: rows
+    /// `cx, cy, w, h` in input pixels, then sigmoid class scores.
+    fn forward(&self, x: &Tensor) -> Result<Tensor>;
+    /// Class names, strides, graph.
+    fn meta(&self) -> &ModelMeta;
+}
+
+/// The network stride used for letterbox padding and size rounding.
+pub const STRIDE: u32 = 32;
+
+/// A loaded YOLOv9 model ready for inference. `Send + Sync`: share one `Arc<Detector>` between
+/// threads; every call is independent.
+pub struct Detector {
+    model: Box<dyn InferenceModel>,
+    device: Device,
+    img_size: u32,
+    nms: NmsOptions,
+}
+
+impl std::fmt::Debug for Detector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Detector")
+            .field("device", &self.device)
+            .field("img_size", &self.img_size)
+            .field("nms", &self.nms)
+            .field("names", &self.model.meta().names)
+            .finish()
+    }
+}
+
+/// Rounds an image size up to a multiple of [`STRIDE`] (official `check_img_size`); returns
+/// `None` for 0.
+pub fn round_img_size(size: u32) -> Option<u32> {
+    if size == 0 {
+        return None;
+    }
+    size.checked_add(STRIDE - 1).map(|s| s / STRIDE * STRIDE)
+}
+
+impl Detector {
+    /// Loads weights (yolo9 safetensors, plain state_dict safetensors or an official `.pt`; see
+    /// [`crate::Weights::load`]) and builds the inference model on `device`.
+    /// Defaults: `--img 640`, conf 0.25, IoU 0.45, max_det 1000, all classes, per-class NMS.
+    ///
+    /// Errors: unreadable or incompatible weights (the message names the file).
+    pub fn load(path: &Path, device: Device) -> Result<Self> {
+        let weights = crate::model::weights::Weights::load(path)
+            .with_context(|| format!("loading weights {}", path.display()))?;
+        let model = load_model(&weights, &device)
+            .with_context(|| format!("building the model from {}", path.display()))?;
+        Ok(Self::from_boxed(model, device))
+    }
+
+    /// Wraps an already built model (e.g. a `YoloV9`, or a test double).
+    pub fn from_model(model: impl InferenceModel + 'static, device: Device) -> Self {
+        Self::from_boxed(Box::new(model), device)
+    }
+
+    fn from_boxed(model: Box<dyn InferenceModel>, device: Device) -> Self {
+        Self {
+            model,
+            device,
+            img_size: 640,
+            nms: NmsOptions::default(),
+        }
+    }
+
+    /// Confidence threshold (0..1, strict `>`). Checked when detecting.
+    pub fn conf(mut self, conf: f32) -> Self {
+        self.nms.conf_thres = conf;
+        self
+    }
+    /// NMS IoU threshold (0..1, strict `>` suppresses). Checked when detecting.
+    pub fn iou(mut self, iou: f64) -> Self {
+        self.nms.iou_thres = iou;
+        self
+    }
+    /// Inference size in pixels (longer side of the letterbox); rounded up to a multiple of 32.
+    pub fn img_size(mut self, size: u32) -> Self {
+        self.img_size = size;
+        self
+    }
+    /// Maximum detections per image.
+    pub fn max_det(mut self, max_det: usize) -> Self {
+        self.nms.max_det = max_det;
+        self
+    }
+    /// Keep only these class ids (`None`: all).
+    pub fn classes(mut self, classes: Option<Vec<usize>>) -> Self {
+        self.nms.classes = classes;
+        self
+    }
+    /// Class-agnostic NMS.
+    pub fn agnostic(mut self, agnostic: bool) -> Self {
+        self.nms.agnostic = agnostic;
+        self
+    }
+    /// Multi-label candidates (one per box and class above the threshold), as validation does.
+    pub fn multi_label(mut self, multi_label: bool) -> Self {
+        self.nms.multi_label = multi_label;
+        self
+    }
+
+    /// Model metadata (class names, strides).
+    pub fn meta(&self) -> &ModelMeta {
+        self.model.meta()
+    }
+    /// Class names, `names()[class_id]`.
+    pub fn names(&self) -> &[String] {
+        &self.model.meta().names
+    }
+    /// The device the model runs on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+    /// The effective inference size (multiple of 32).
+    pub fn effective_img_size(&self) -> Result<u32> {
+        round_img_size(self.img_size)
+            .filter(|&s| s <= 16_384)
+            .with_context(|| {
+                format!(
+                    "image size {} is out of range (1..=16384 pixels)",
+                    self.img_size
+                )
+            })
+    }
+    /// The NMS options in use.
+    pub fn nms_options(&self) -> &NmsOptions {
+        &self.nms
+    }
+
+    fn validate(&self) -> Result<()> {
+        let o = &self.nms;
+        if !(0.0..=1.0).contains(&o.conf_thres) {
+            bail!("confidence threshold {} is outside [0, 1]", o.conf_thres);
+        }
+        if !(0.0..=1.0).contains(&o.iou_thres) {
+            bail!("IoU threshold {} is outside [0, 1]", o.iou_thres);
+        }
+        if let Some(cs) = &o.classes {
+            let nc = self.names().len();
+            if let Some(bad) = cs.iter().find(|&&c| c >= nc) {
+                bail!(
+                    "class filter contains {bad}, but the model has {nc} classes (0..{})",
+                    nc.saturating_sub(1)
+                );
+            }
+        }
+        self.effective_img_size().map(|_| ())
+    }
+
+    /// Step 1: letterbox an upright RGB image. Returns the network-input image and its geometry.
+    pub fn preprocess(&self, img: &RgbImage) -> Result<(RgbImage, LetterboxInfo)> {
+        let s = self.effective_img_size()?;
+        let info = letterbox_info(img.width(), img.height(), s, s, STRIDE, true)?;
+        Ok((apply_letterbox(img, &info), info))
+    }
+
+    /// Step 2: the forward pass on same-sized letterboxed images; `(B, 4+nc, A)` f32 on the CPU.
+    pub fn infer(&self, letterboxed: &[&RgbImage]) -> Result<Tensor> {
+        let x = to_tensor(letterboxed, &self.device)?;
+        let y = self.model.forward(&x).context("model forward")?;
+        let nc = self.names().len();
+        let (b, rows, _) = y
+            .dims3()
+            .with_context(|| format!("model output has shape {:?}", y.shape()))?;
+        if b != letterboxed.len() || rows != 4 + nc {
+            bail!(
+                "model output has shape {:?}, expected ({}, {}, A) for {nc} classes",
+                y.shape(),
+                letterboxed.len(),
+                4 + nc
+            );
+        }
+        Ok(y.to_dtype(DType::F32)?.to_device(&Device::Cpu)?)
+    }
+
+    /// The raw forward pass on a prepared input `x` `(B, 3, H, W)` f32 RGB 0..1 (H, W multiples
+    /// of 32) → `(B, 4+nc, A)` f32 on the CPU. For callers that letterbox themselves.
+    pub fn forward_tensor(&self, x: &Tensor) -> Result<Tensor> {
+        let y = self.model.forward(x).context("model forward")?;
+        Ok(y.to_dtype(DType::F32)?.to_device(&Device::Cpu)?)
+    }
+
+    /// Step 3: NMS on a `(B, 4+nc, A)` output and scaling to original pixels (`infos[b]`).
+    pub fn postprocess(
+        &self,
+        pred: &Tensor,
+        infos: &[LetterboxInfo],
+    ) -> Result<Vec<Vec<Detection>>> {
+        self.validate()?;
+        let (b, rows, a) = pred.dims3()?;
+        if b != infos.len() || rows < 5 {
+            bail!(
+                "postprocess: output {:?} does not match {} images",
+                pred.shape(),
+                infos.len()
+            );
+        }
+        let data: Vec<f32> = pred.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
+        Ok((0..b)
+            .map(|i| {
+                let mut det = nms_image(
+                    &data[i * rows * a..(i + 1) * rows * a],
+                    rows - 4,
+                    a,
+                    &self.nms,
+                );
+                scale_rows(&mut det, &infos[i]);
+                self.to_detections(&det)
+            })
+            .collect())
+    }
+
+    /// Rows `[x1, y1, x2, y2, conf, cls]` → [`Detection`]s with class names.
+    pub fn to_detections(&self, rows: &[Row]) -> Vec<Detection> {
+        let names = self.names();
+        rows.iter()
+            .map(|r| {
+                let c = r[5] as usize;
+                Detection {
+                    class_id: c,
+                    class_name: names.get(c).cloned().unwrap_or_else(|| format!("class{c}")),
+                    confidence: r[4],
+                    bbox: [r[0], r[1], r[2], r[3]],
+                }
+            })
+            .collect()
+    }
+
+    /// Detects objects in an upright RGB image; boxes in its pixels.
+    pub fn detect_rgb(&self, img: &RgbImage) -> Result<Vec<Detection>> {
+        self.validate()?;
+        let (lb, info) = self.preprocess(img)?;
+        let y = self.infer(&[&lb])?;
+        Ok(self.postprocess(&y, &[info])?.pop().unwrap_or_default())
+    }
+
+    /// Detects objects in `img` (any colour mode; converted by the rule of
+    /// [`crate::data::image`]: grey replicated, alpha dropped, 16-bit / 257). The image is used
+    /// as given: decode files with [`crate::data::image::load_rgb8`] to apply EXIF orientation.
+    /// Boxes are in `img` pixels.
+    pub fn detect(&self, img: &DynamicImage) -> Result<Vec<Detection>> {
+        match img.as_rgb8() {
+            Some(rgb) => self.detect_rgb(rgb),
+            None => self.detect_rgb(&crate::data::image::to_rgb8(img.clone())),
+        }
+    }
+
+    /// Detects objects in several images. Images whose letterboxes have the same size run as one
+    /// batch; results are identical to calling [`Detector::detect`] on each, in input order.
+    pub fn detect_batch(&self, imgs: &[DynamicImage]) -> Result<Vec<Vec<Detection>>> {
+        self.validate()?;
+        let mut prepared = Vec::with_capacity(imgs.len());
+        for (i, img) in imgs.iter().enumerate() {
+            let p = match img.as_rgb8() {
+                Some(rgb) => self.preprocess(rgb),
+                None => self.preprocess(&crate::data::image::to_rgb8(img.clone())),
+            }
+            .with_context(|| format!("image {i} of the batch"))?;
+            prepared.push(p);
+        }
+        let mut out: Vec<Vec<Detection>> = vec![Vec::new(); imgs.len()];
+        let mut done = vec![false; imgs.len()];
+        for i in 0..imgs.len() {
+            if done[i] {
+                continue;
+            }
+            let dims = prepared[i].0.dimensions();
+            let group: Vec<usize> = (i..imgs.len())
+                .filter(|&j| !done[j] && prepared[j].0.dimensions() == dims)
+                .collect();
+            let lbs: Vec<&RgbImage> = group.iter().map(|&j| &prepared[j].0).collect();
+            let infos: Vec<LetterboxInfo> = group.iter().map(|&j| prepared[j].1).collect();
+            let y = self.infer(&lbs)?;
+            for (k, dets) in self.postprocess(&y, &infos)?.into_iter().enumerate() {
+                out[group[k]] = dets;
+                done[group[k]] = true;
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl InferenceModel for crate::model::yolov9::YoloV9 {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        crate::model::yolov9::YoloV9::forward(self, x)
+    }
+    fn meta(&self) -> &ModelMeta {
+        crate::model::yolov9::YoloV9::meta(self)
+    }
+}
+
+/// Builds the inference model (`YoloV9`, BN folded, RepConvN fused) from weights of either graph.
+fn load_model(
+    weights: &crate::model::weights::Weights,
+    device: &Device,
+) -> Result<Box<dyn InferenceModel>> {
+    Ok(Box::new(crate::model::yolov9::YoloV9::load(
+        weights, device,
+    )?))
+}

@@ -1,3 +1,15 @@
 //! Detection pipeline: letterbox → model → decode → NMS → scale to original pixels → sinks.
+//!
+//! - [`letterbox`]: official letterbox (resize + stride padding) and the input tensor.
+//! - [`nms`]: torchvision-compatible greedy NMS.
+//! - [`postprocess`]: candidates, official `non_max_suppression`, `scale_boxes`, clipping.
+//! - [`draw`]: annotated images.
+//! - [`source`]: expanding files, directories and globs.
+//! - [`detector`]: the public [`detector::Detector`].
 
 pub mod detector;
+pub mod draw;
+pub mod letterbox;
+pub mod nms;
+pub mod postprocess;
+pub mod source;

@@ -121,10 +121,10 @@ impl Weights {
     /// (`None` for other files).
     pub fn load_with_provenance(path: &Path) -> Result<(Self, Option<Provenance>)> {
         let file = path.display().to_string();
-        let bytes = read_file(path)?;
-        if bytes.starts_with(b"PK") {
+        if sniff(path)?.starts_with(b"PK") {
             return Ok((Self::load_detailed(path)?.0, None));
         }
+        let bytes = read_file(path)?;
         let (w, prov) = from_safetensors(&bytes, &file)?;
         Ok((w, prov))
     }
@@ -133,11 +133,10 @@ impl Weights {
     /// number of tensors imported)`.
     pub fn load_detailed(path: &Path) -> Result<(Self, Vec<String>, String, usize)> {
         let file = path.display().to_string();
-        let bytes = read_file(path)?;
-        if bytes.starts_with(b"PK") {
-            drop(bytes);
+        if sniff(path)?.starts_with(b"PK") {
             return from_pt(path);
         }
+        let bytes = read_file(path)?;
         // The legacy format starts with the pickled magic number 0x1950a86a20f9469cfc6c
         // (PROTO 2, LONG1 of 10 bytes).
         if bytes.starts_with(&[0x80, 0x02, 0x8a, 0x0a, 0x6c, 0xfc]) {
@@ -323,6 +322,26 @@ pub fn graph_from_names<'a>(mut names: impl Iterator<Item = &'a str>) -> Graph {
     }
 }
 
+/// The first bytes of a file (up to 8), for format detection; errors on an empty file.
+fn sniff(path: &Path) -> Result<Vec<u8>> {
+    use std::io::Read;
+    let file = path.display().to_string();
+    let mut f = std::fs::File::open(path)
+        .with_context(|| format!("{file}: cannot open the weights file (check the path)"))?;
+    let mut head = Vec::with_capacity(8);
+    Read::by_ref(&mut f)
+        .take(8)
+        .read_to_end(&mut head)
+        .with_context(|| format!("{file}: cannot read the weights file"))?;
+    if head.is_empty() {
+        bail!(
+            "{file}: empty file (0 bytes): the weights were not written completely; use another \
+             copy or re-run `yolo9 convert`"
+        )
+    }
+    Ok(head)
+}
+
 fn read_file(path: &Path) -> Result<Vec<u8>> {
     let file = path.display().to_string();
     let bytes = std::fs::read(path)
@@ -432,7 +451,7 @@ fn check_safetensors_frame(bytes: &[u8], file: &str) -> Result<()> {
     }
     let n = u64::from_le_bytes(bytes[..8].try_into().unwrap_or([0; 8]));
     let looks_json = bytes.get(8) == Some(&b'{');
-    if !looks_json || n < 2 || n > 100_000_000 {
+    if !looks_json || !(2..=100_000_000).contains(&n) {
         bail!(
             "{file}: garbage header: not a safetensors file (header length {n}, first bytes {:02x?}) \
              nor a PyTorch zip checkpoint; check that this is a weights file",

@@ -1,0 +1,235 @@
+//! Image decoding shared by `yolo9 detect` and training: one function, [`load_rgb8`], one rule
+//! for every colour mode.
+//!
+//! # The rule (same in detect, train and val)
+//!
+//! * **Format by content.** The decoder is chosen from the file's first bytes
+//!   (`image::ImageReader::with_guessed_format`), never from the extension, so `photo.JPG`,
+//!   `x.jpeg` holding PNG bytes, or WebP inside `.jpg` all decode. Multi-frame files (animated
+//!   GIF, multi-page TIFF) give their **first frame/page**.
+//! * **EXIF orientation** (tags 1–8, JPEG/TIFF/WebP/PNG `eXIf`) is applied, so the returned
+//!   pixels are upright as a viewer shows them and labels made on the upright picture line up.
+//!   Unreadable EXIF is ignored (orientation 1).
+//! * **Colour modes → 8-bit RGB**:
+//!   - grey (`L`, `LA`): the grey value is copied to R, G and B;
+//!   - **alpha is dropped** (the colour under the alpha is kept as stored, no compositing). This is
+//!     exactly what OpenCV's `cv2.imread(path)` does in the official code, so a model trained by the
+//!     official trainer sees the same pixels;
+//!   - palette: expanded to its RGB(A) entries, then as above;
+//!   - 16-bit: `v8 = round(v16 / 257)`. A 16-bit PNG whose `sBIT` chunk declares `s < 16`
+//!     significant bits **and** whose samples all fit in `s` bits (written unscaled, e.g. 12-bit
+//!     sensor data) is first rescaled to the full range (`v * 65535 / (2^s - 1)`), so it is not
+//!     nearly black;
+//!   - 32-bit float: clamped to 0..1, times 255, rounded;
+//!   - CMYK JPEG (Adobe APP14): converted to RGB by the JPEG decoder (zune-jpeg), not inverted
+//!     (checked against `shared/cases/cmyk_jpeg/reference`).
+//! * **Decoding-bomb guard**: at most [`MAX_SIDE`] pixels per side and [`MAX_DECODE_BYTES`] bytes of
+//!   decoded pixels; a larger image is refused with an error that names the file, its size and the
+//!   limit, before the pixel buffer is allocated.
+use anyhow::{bail, Context, Result};
+use image::{DynamicImage, ImageDecoder, ImageReader, Limits, RgbImage};
+use std::io::Cursor;
+use std::path::Path;
+
+/// Largest accepted width or height in pixels (decoding-bomb guard).
+pub const MAX_SIDE: u32 = 32_768;
+/// Largest accepted decoded buffer in bytes (decoding-bomb guard): 1 GiB, enough for a 108 MP
+/// 8-bit RGB photo (324 MB) or a 60 MP 16-bit RGBA scan.
+pub const MAX_DECODE_BYTES: u64 = 1 << 30;
+
+/// Decodes the image file at `path` to 8-bit RGB, upright (EXIF orientation applied), by the
+/// module rule above.
+///
+/// Returns an `RgbImage` of the *displayed* size (width and height swapped for EXIF orientations
+/// 5–8).
+///
+/// Errors (each names the file): unreadable file, empty file, unrecognised content (not an image,
+/// e.g. text or video), corrupt or truncated data, an image over the decoding-bomb limits.
+pub fn load_rgb8(path: &Path) -> Result<RgbImage> {
+    let bytes =
+        std::fs::read(path).with_context(|| format!("cannot read file {}", path.display()))?;
+    decode_rgb8(&bytes).with_context(|| format!("cannot decode image {}", path.display()))
+}
+
+/// Like [`load_rgb8`] but from the encoded bytes in memory (for services that receive uploads).
+/// Errors do not name a file; callers add that context.
+pub fn decode_rgb8(bytes: &[u8]) -> Result<RgbImage> {
+    if bytes.is_empty() {
+        bail!("the file is empty (0 bytes)");
+    }
+    let mut reader = ImageReader::new(Cursor::new(bytes))
+        .with_guessed_format()
+        .context("cannot sniff the image format")?;
+    let Some(format) = reader.format() else {
+        bail!(
+            "not a recognised image (content starts with {:02x?}); supported: JPEG, PNG, BMP, WebP, \
+             TIFF, GIF",
+            &bytes[..bytes.len().min(8)]
+        );
+    };
+    let mut limits = Limits::default();
+    limits.max_image_width = Some(MAX_SIDE);
+    limits.max_image_height = Some(MAX_SIDE);
+    limits.max_alloc = Some(MAX_DECODE_BYTES);
+    reader.limits(limits);
+    let mut decoder = reader.into_decoder().map_err(|e| match e {
+        image::ImageError::Limits(l) => anyhow::anyhow!(
+            "refused by the decoding-bomb guard ({l}; at most {MAX_SIDE} px per side and {} MB \
+             decoded); downscale the image first",
+            MAX_DECODE_BYTES / 1_000_000
+        ),
+        e => anyhow::Error::new(e).context(format!("cannot read the {format:?} header")),
+    })?;
+    let (w, h) = decoder.dimensions();
+    check_size(w, h, decoder.total_bytes())?;
+    // A malformed EXIF block must not make a good picture unreadable.
+    let orientation = decoder
+        .orientation()
+        .unwrap_or(image::metadata::Orientation::NoTransforms);
+    let mut img = DynamicImage::from_decoder(decoder)
+        .with_context(|| format!("corrupt or truncated {format:?} data ({w}x{h})"))?;
+    if format == image::ImageFormat::Png {
+        if let Some(bits) = png_sbit(bytes) {
+            img = rescale_low_bit_16(img, bits);
+        }
+    }
+    let mut rgb = to_rgb8(img);
+    apply_orientation(&mut rgb, orientation);
+    Ok(rgb)
+}
+
+/// Reads only the header of the image at `path` and returns its stored `(width, height)` (before
+/// EXIF orientation). Cheap: no pixels are decoded.
+pub fn probe_dimensions(path: &Path) -> Result<(u32, u32)> {
+    ImageReader::open(path)
+        .with_context(|| format!("cannot open {}", path.display()))?
+        .with_guessed_format()
+        .with_context(|| format!("cannot read {}", path.display()))?
+        .into_dimensions()
+        .with_context(|| format!("cannot read the image header of {}", path.display()))
+}
+
+fn check_size(w: u32, h: u32, total_bytes: u64) -> Result<()> {
+    if w == 0 || h == 0 {
+        bail!("the image has a zero dimension ({w}x{h})");
+    }
+    if w > MAX_SIDE || h > MAX_SIDE || total_bytes > MAX_DECODE_BYTES {
+        bail!(
+            "{w}x{h} image ({:.0} MB decoded) exceeds the decoding-bomb guard (at most {MAX_SIDE} \
+             px per side and {} MB decoded); downscale it first (e.g. `convert in.png -resize \
+             8000x8000 out.png`)",
+            total_bytes as f64 / 1e6,
+            MAX_DECODE_BYTES / 1_000_000
+        );
+    }
+    Ok(())
+}
+
+/// Converts any decoded colour mode to 8-bit RGB by the module rule: grey replicated, alpha
+/// dropped (no compositing), 16-bit `round(v/257)`, float clamped to 0..1 then `round(v*255)`.
+/// An `Rgb8` image is moved, not copied.
+pub fn to_rgb8(img: DynamicImage) -> RgbImage {
+    // `image`'s own conversions implement exactly this rule: Luma → (l, l, l), Rgba → drop A,
+    // u16 → (v + 128) / 257, f32 → clamp and round.
+    img.into_rgb8()
+}
+
+/// Applies an EXIF orientation (as decoded by `image`) to an RGB image in place.
+pub fn apply_orientation(img: &mut RgbImage, orientation: image::metadata::Orientation) {
+    use image::imageops;
+    use image::metadata::Orientation as O;
+    match orientation {
+        O::NoTransforms => {}
+        O::Rotate90 => *img = imageops::rotate90(img),
+        O::Rotate180 => imageops::rotate180_in_place(img),
+        O::Rotate270 => *img = imageops::rotate270(img),
+        O::FlipHorizontal => imageops::flip_horizontal_in_place(img),
+        O::FlipVertical => imageops::flip_vertical_in_place(img),
+        O::Rotate90FlipH => {
+            let mut r = imageops::rotate90(img);
+            imageops::flip_horizontal_in_place(&mut r);
+            *img = r;
+        }
+        O::Rotate270FlipH => {
+            let mut r = imageops::rotate270(img);
+            imageops::flip_horizontal_in_place(&mut r);
+            *img = r;
+        }
+    }
+}
+
+/// Applies the EXIF `Orientation` tag value (1–8) to an RGB image; other values are ignored
+/// (treated as 1). Tag meaning (EXIF 2.3, TIFF 6.0): 1 upright, 2 mirrored, 3 rotated 180°,
+/// 4 flipped vertically, 5 transposed, 6 needs 90° clockwise, 7 transversed, 8 needs 90°
+/// counter-clockwise.
+pub fn apply_exif_orientation(img: &mut RgbImage, tag: u8) {
+    if let Some(o) = image::metadata::Orientation::from_exif(tag) {
+        apply_orientation(img, o);
+    }
+}
+
+/// The significant-bit count declared by a PNG `sBIT` chunk (largest over channels), if any.
+fn png_sbit(bytes: &[u8]) -> Option<u8> {
+    let mut p = 8usize;
+    while p + 8 <= bytes.len() {
+        let len = u32::from_be_bytes(bytes[p..p + 4].try_into().ok()?) as usize;
+        let kind = &bytes[p + 4..p + 8];
+        let body = bytes.get(p + 8..p + 8 + len)?;
+        match kind {
+            b"sBIT" => return body.iter().copied().max(),
+            b"IDAT" | b"IEND" => return None,
+            _ => {}
+        }
+        p = p.checked_add(12 + len)?;
+    }
+    None
+}
+
+/// Rescales a 16-bit image written with only `bits` significant bits (samples all `< 2^bits`) to
+/// the full 16-bit range. Leaves other images unchanged.
+fn rescale_low_bit_16(img: DynamicImage, bits: u8) -> DynamicImage {
+    if bits == 0 || bits >= 16 {
+        return img;
+    }
+    let top = (1u32 << bits) - 1;
+    fn fix(samples: &mut [u16], top: u32) {
+        if samples.iter().all(|&v| u32::from(v) <= top) {
+            for v in samples.iter_mut() {
+                *v = ((u32::from(*v) * 65535 + top / 2) / top) as u16;
+            }
+        }
+    }
+    let mut img = img;
+    match &mut img {
+        DynamicImage::ImageLuma16(b) => fix(b, top),
+        DynamicImage::ImageLumaA16(b) => fix(b, top),
+        DynamicImage::ImageRgb16(b) => fix(b, top),
+        DynamicImage::ImageRgba16(b) => fix(b, top),
+        _ => {}
+    }
+    img
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sbit_rescale_maps_full_scale_to_white() {
+        let mut b = image::ImageBuffer::<image::Luma<u16>, Vec<u16>>::new(2, 1);
+        b.put_pixel(0, 0, image::Luma([4095]));
+        b.put_pixel(1, 0, image::Luma([0]));
+        let out = to_rgb8(rescale_low_bit_16(DynamicImage::ImageLuma16(b), 12));
+        assert_eq!(out.get_pixel(0, 0).0, [255, 255, 255]);
+        assert_eq!(out.get_pixel(1, 0).0, [0, 0, 0]);
+    }
+
+    #[test]
+    fn sbit_leaves_properly_scaled_data() {
+        let mut b = image::ImageBuffer::<image::Luma<u16>, Vec<u16>>::new(1, 1);
+        b.put_pixel(0, 0, image::Luma([5000]));
+        let out = to_rgb8(rescale_low_bit_16(DynamicImage::ImageLuma16(b), 12));
+        // 5000 > 4095: data is not unscaled 12-bit, keep round(5000/257) = 19.
+        assert_eq!(out.get_pixel(0, 0).0, [19, 19, 19]);
+    }
+}

@@ -1,0 +1,195 @@
+//! Decoded model output → detections: candidate selection and NMS (official
+//! `utils/general.py non_max_suppression`), then `scale_boxes` / `clip_boxes` back to original
+//! pixels.
+//!
+//! A detection row is `[x1, y1, x2, y2, conf, cls]` (`cls` as f32, like the official tensor), in
+//! **letterbox-input pixels** after NMS and in **original-image pixels** after [`scale_boxes`].
+use super::letterbox::LetterboxInfo;
+use super::nms::{nms, MAX_WH};
+use anyhow::{bail, Context, Result};
+use candle_core::{DType, Tensor};
+
+/// Official cap on the boxes given to NMS (`max_nms`).
+pub const MAX_NMS: usize = 30_000;
+
+/// One detection row `[x1, y1, x2, y2, conf, cls]`.
+pub type Row = [f32; 6];
+
+/// Options of [`non_max_suppression`]; defaults are those of `detect_dual.py`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NmsOptions {
+    /// Candidates need a class score strictly greater than this (0..1). Default 0.25.
+    pub conf_thres: f32,
+    /// A box whose IoU with a better box of the same class is strictly greater is dropped
+    /// (0..1). Default 0.45.
+    pub iou_thres: f64,
+    /// Keep only these class ids (None: all).
+    pub classes: Option<Vec<usize>>,
+    /// Class-agnostic NMS (boxes of different classes suppress each other).
+    pub agnostic: bool,
+    /// One candidate per (box, class) with score > conf_thres instead of the best class only
+    /// (`val_dual.py` uses this). Ignored when there is a single class, as officially.
+    pub multi_label: bool,
+    /// Keep at most this many detections per image. Default 1000.
+    pub max_det: usize,
+}
+
+impl Default for NmsOptions {
+    fn default() -> Self {
+        Self {
+            conf_thres: 0.25,
+            iou_thres: 0.45,
+            classes: None,
+            agnostic: false,
+            multi_label: false,
+            max_det: 1000,
+        }
+    }
+}
+
+/// Runs the official NMS on a decoded model output `pred` of shape `(B, 4+nc, A)` f32 (rows
+/// `cx, cy, w, h` in input pixels, then class scores 0..1), any device. Returns, per image, the
+/// kept rows sorted by decreasing confidence.
+///
+/// Errors: `pred` not 3-D, fewer than 5 rows, or not convertible to f32.
+pub fn non_max_suppression(pred: &Tensor, opts: &NmsOptions) -> Result<Vec<Vec<Row>>> {
+    let (b, rows, a) = pred
+        .dims3()
+        .with_context(|| format!("NMS expects (B, 4+nc, A), got {:?}", pred.shape()))?;
+    if rows < 5 {
+        bail!("NMS expects at least 5 rows (4 box + classes), got {rows}");
+    }
+    let data: Vec<f32> = pred
+        .to_dtype(DType::F32)?
+        .flatten_all()?
+        .to_vec1()
+        .context("NMS: reading the model output")?;
+    Ok((0..b)
+        .map(|i| nms_image(&data[i * rows * a..(i + 1) * rows * a], rows - 4, a, opts))
+        .collect())
+}
+
+/// NMS for one image. `pred` is the row-major `(4+nc, A)` output of that image (see
+/// [`non_max_suppression`]).
+pub fn nms_image(pred: &[f32], nc: usize, a: usize, opts: &NmsOptions) -> Vec<Row> {
+    let at = |r: usize, j: usize| pred[r * a + j];
+    let multi_label = opts.multi_label && nc > 1;
+    let thr = opts.conf_thres;
+    let mut x: Vec<Row> = Vec::new();
+    for j in 0..a {
+        // xc: max class score > conf_thres (strict).
+        let mut best = f32::NEG_INFINITY;
+        let mut best_c = 0usize;
+        for c in 0..nc {
+            let s = at(4 + c, j);
+            if s > best {
+                best = s;
+                best_c = c;
+            }
+        }
+        if !(best > thr) {
+            continue;
+        }
+        let (cx, cy, w, h) = (at(0, j), at(1, j), at(2, j), at(3, j));
+        let bx = [cx - w / 2.0, cy - h / 2.0, cx + w / 2.0, cy + h / 2.0];
+        if multi_label {
+            for c in 0..nc {
+                let s = at(4 + c, j);
+                if s > thr {
+                    x.push([bx[0], bx[1], bx[2], bx[3], s, c as f32]);
+                }
+            }
+        } else {
+            x.push([bx[0], bx[1], bx[2], bx[3], best, best_c as f32]);
+        }
+    }
+    if let Some(classes) = &opts.classes {
+        x.retain(|r| classes.iter().any(|&c| c as f32 == r[5]));
+    }
+    if x.is_empty() {
+        return x;
+    }
+    // Stable sort by decreasing confidence, then the max_nms cut.
+    x.sort_by(|p, q| q[4].partial_cmp(&p[4]).unwrap_or(std::cmp::Ordering::Equal));
+    x.truncate(MAX_NMS);
+    let off = if opts.agnostic { 0.0 } else { MAX_WH };
+    let boxes: Vec<[f32; 4]> = x
+        .iter()
+        .map(|r| {
+            let c = r[5] * off;
+            [r[0] + c, r[1] + c, r[2] + c, r[3] + c]
+        })
+        .collect();
+    let scores: Vec<f32> = x.iter().map(|r| r[4]).collect();
+    let mut keep = nms(&boxes, &scores, opts.iou_thres);
+    keep.truncate(opts.max_det);
+    keep.into_iter().map(|i| x[i]).collect()
+}
+
+/// Maps boxes `[x1, y1, x2, y2]` from letterbox-input pixels back to original-image pixels and
+/// clips them, exactly as the official `scale_boxes(img1_shape, boxes, img0_shape)` without
+/// `ratio_pad`: `gain = min(in_h/orig_h, in_w/orig_w)`, `pad = ((in_w - orig_w*gain)/2,
+/// (in_h - orig_h*gain)/2)` (recomputed, **not rounded**, so it can differ from the letterbox pad
+/// by a fraction of a pixel), `x = (x - pad_x) / gain`, then [`clip_box`].
+/// `in_hw` is the network input `(H, W)`, `orig_hw` the original `(h, w)`.
+pub fn scale_boxes(in_hw: (u32, u32), boxes: &mut [[f32; 4]], orig_hw: (u32, u32)) {
+    let (ih, iw) = (f64::from(in_hw.0), f64::from(in_hw.1));
+    let (oh, ow) = (f64::from(orig_hw.0), f64::from(orig_hw.1));
+    let gain = (ih / oh).min(iw / ow);
+    let pad_x = ((iw - ow * gain) / 2.0) as f32;
+    let pad_y = ((ih - oh * gain) / 2.0) as f32;
+    let g = gain as f32;
+    for b in boxes.iter_mut() {
+        b[0] = (b[0] - pad_x) / g;
+        b[2] = (b[2] - pad_x) / g;
+        b[1] = (b[1] - pad_y) / g;
+        b[3] = (b[3] - pad_y) / g;
+        clip_box(b, orig_hw);
+    }
+}
+
+/// [`scale_boxes`] for the rows of a letterboxed image described by `info`.
+pub fn scale_rows(rows: &mut [Row], info: &LetterboxInfo) {
+    let mut boxes: Vec<[f32; 4]> = rows.iter().map(|r| [r[0], r[1], r[2], r[3]]).collect();
+    scale_boxes(
+        (info.out_h(), info.out_w()),
+        &mut boxes,
+        (info.orig_h, info.orig_w),
+    );
+    for (r, b) in rows.iter_mut().zip(boxes) {
+        r[..4].copy_from_slice(&b);
+    }
+}
+
+/// Clamps a box `[x1, y1, x2, y2]` to the image: x to `[0, w]`, y to `[0, h]` (official
+/// `clip_boxes`). `hw` is `(h, w)` in pixels. NaN coordinates become 0.
+pub fn clip_box(b: &mut [f32; 4], hw: (u32, u32)) {
+    let (h, w) = (hw.0 as f32, hw.1 as f32);
+    let cl = |v: f32, hi: f32| if v.is_nan() { 0.0 } else { v.clamp(0.0, hi) };
+    b[0] = cl(b[0], w);
+    b[2] = cl(b[2], w);
+    b[1] = cl(b[1], h);
+    b[3] = cl(b[3], h);
+}
+
+/// Decoded YOLO `(cx, cy, w, h)` → `(x1, y1, x2, y2)` (official `xywh2xyxy`, f32).
+pub fn xywh2xyxy(b: [f32; 4]) -> [f32; 4] {
+    [
+        b[0] - b[2] / 2.0,
+        b[1] - b[3] / 2.0,
+        b[0] + b[2] / 2.0,
+        b[1] + b[3] / 2.0,
+    ]
+}
+
+/// `(x1, y1, x2, y2)` in pixels → normalized YOLO label `(cx, cy, w, h)` for an image of `w x h`
+/// pixels (official `xyxy2xywh(...) / gn`).
+pub fn xyxy_to_yolo(b: [f32; 4], w: u32, h: u32) -> [f32; 4] {
+    let (wf, hf) = (w as f32, h as f32);
+    [
+        (b[0] + b[2]) / 2.0 / wf,
+        (b[1] + b[3]) / 2.0 / hf,
+        (b[2] - b[0]) / wf,
+        (b[3] - b[1]) / hf,
+    ]
+}

@@ -1,0 +1,129 @@
+//! `yolo9 detect` argument validation (../shared/cases/cli_args_edges): bad values are refused at
+//! parse time naming the flag and the range; the binary exits non-zero without a panic.
+mod common;
+
+use clap::Parser;
+use std::process::Command;
+use yolo9::cli::{Cli, Command as Sub};
+use yolo9::device::DeviceSpec;
+
+fn parse(args: &[&str]) -> Result<yolo9::cli::detect::DetectArgs, String> {
+    let mut v = vec!["yolo9", "detect", "x.jpg"];
+    v.extend_from_slice(args);
+    match Cli::try_parse_from(v) {
+        Ok(c) => match c.command {
+            Sub::Detect(a) => Ok(a),
+            _ => Err("not detect".into()),
+        },
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+#[test]
+fn defaults_like_detect_dual() {
+    let a = parse(&[]).unwrap();
+    assert_eq!(a.img, 640);
+    assert_eq!(a.conf_thres, 0.25);
+    assert_eq!(a.iou_thres, 0.45);
+    assert_eq!(a.max_det, 1000);
+    assert_eq!(a.device, DeviceSpec::Cpu);
+    assert_eq!(a.project, std::path::PathBuf::from("runs/detect"));
+    assert_eq!(a.name, "exp");
+    assert_eq!(a.line_thickness, 3);
+    let a = parse(&[
+        "--conf",
+        "0.5",
+        "--iou",
+        "0.6",
+        "--imgsz",
+        "320",
+        "--classes",
+        "0",
+        "2",
+        "--device",
+        "cuda:1",
+    ])
+    .unwrap();
+    assert_eq!((a.conf_thres, a.iou_thres, a.img), (0.5, 0.6, 320));
+    assert_eq!(a.classes, Some(vec![0, 2]));
+    assert_eq!(a.device, DeviceSpec::Cuda(1));
+}
+
+#[test]
+fn img_values() {
+    assert_eq!(parse(&["--img", "650"]).unwrap().img, 650);
+    assert_eq!(yolo9::cli::detect::effective_img(650).0, 672);
+    assert_eq!(yolo9::cli::detect::effective_img(31).0, 32);
+    for bad in ["0", "-5", "abc", "99999"] {
+        let e = parse(&["--img", bad]).unwrap_err();
+        assert!(e.contains("--img"), "{bad}: {e}");
+        assert!(e.contains("1..=8192"), "{bad}: {e}");
+    }
+}
+
+#[test]
+fn thresholds_in_unit_range() {
+    assert_eq!(parse(&["--conf", "0"]).unwrap().conf_thres, 0.0);
+    assert_eq!(parse(&["--conf", "1"]).unwrap().conf_thres, 1.0);
+    assert_eq!(parse(&["--iou", "0"]).unwrap().iou_thres, 0.0);
+    assert_eq!(parse(&["--iou", "1"]).unwrap().iou_thres, 1.0);
+    for (flag, v) in [
+        ("--conf", "1.5"),
+        ("--conf", "-0.1"),
+        ("--iou", "1.2"),
+        ("--conf-thres", "x"),
+    ] {
+        let e = parse(&[flag, v]).unwrap_err();
+        assert!(e.contains("[0, 1]"), "{flag} {v}: {e}");
+        assert!(e.contains("-thres"), "{flag} {v}: {e}");
+    }
+}
+
+#[test]
+fn device_values() {
+    for bad in ["cuda:x", "-1", "0,0", "gpu7x"] {
+        let e = parse(&["--device", bad]).unwrap_err();
+        assert!(e.contains("--device"), "{bad}: {e}");
+        assert!(e.contains(bad), "{bad}: {e}");
+    }
+}
+
+fn yolo9(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_yolo9"))
+        .args(args)
+        .output()
+        .expect("run yolo9");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn binary_exit_codes_without_panics() {
+    let img = common::case("cli_args_edges").join("crowd_640x480.jpg");
+    let img = img.to_str().unwrap();
+    for args in [
+        vec!["detect", img, "--img", "0"],
+        vec!["detect", img, "--conf", "1.5"],
+        vec!["detect", img, "--device", "cuda:x"],
+    ] {
+        let (code, _, err) = yolo9(&args);
+        assert_ne!(code, 0, "{args:?}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+    // A GPU on a CPU-only build: error listing the devices, before loading anything
+    // (the "weights" file is an image here; it is never read).
+    if !candle_core::utils::cuda_is_available() {
+        let (code, _, err) = yolo9(&["detect", img, "--device", "0", "--weights", img]);
+        assert_ne!(code, 0);
+        assert!(err.contains("available: cpu"), "{err}");
+        assert!(err.contains("--features cuda"), "{err}");
+    }
+    // Missing weights are named.
+    let (code, _, err) = yolo9(&["detect", img, "--weights", "/nonexistent/w.safetensors"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("/nonexistent/w.safetensors"), "{err}");
+    assert!(!err.contains("panicked"));
+}
