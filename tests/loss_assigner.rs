@@ -15,20 +15,35 @@ fn load_case() -> HashMap<String, Tensor> {
 }
 
 fn f32s(t: &HashMap<String, Tensor>, k: &str) -> Vec<f32> {
-    t[k].to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1().unwrap()
+    t[k].to_dtype(DType::F32)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap()
 }
 
 fn i64s(t: &HashMap<String, Tensor>, k: &str) -> Vec<i64> {
-    t[k].to_dtype(DType::I64).unwrap().flatten_all().unwrap().to_vec1().unwrap()
+    t[k].to_dtype(DType::I64)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap()
 }
 
 fn boxes(v: &[f32]) -> Vec<[f32; 4]> {
-    v.chunks_exact(4).map(|c| [c[0], c[1], c[2], c[3]]).collect()
+    v.chunks_exact(4)
+        .map(|c| [c[0], c[1], c[2], c[3]])
+        .collect()
 }
 
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 #[test]
@@ -41,7 +56,10 @@ fn tal_case_matches_official_assigner() {
     let anc_px = anchors.points_px();
     let stored_anc = f32s(&t, "anc_points");
     let ours: Vec<f32> = anc_px.iter().flatten().copied().collect();
-    assert_eq!(ours, stored_anc, "anchor points differ from make_anchors * stride");
+    assert_eq!(
+        ours, stored_anc,
+        "anchor points differ from make_anchors * stride"
+    );
     assert_eq!(anchors.strides, f32s(&t, "stride_tensor"));
 
     let gt = GtBatch::from_tensors(&t["gt_labels"], &t["gt_bboxes"], &t["mask_gt"], nc).unwrap();
@@ -83,13 +101,23 @@ fn tal_case_matches_official_assigner() {
     // Outputs.
     let fg_ref: Vec<bool> = i64s(&t, "fg_mask").iter().map(|&v| v != 0).collect();
     assert_eq!(out.fg_mask, fg_ref, "fg_mask differs");
-    assert_eq!(fg_ref.iter().filter(|&&v| v).count(), 18, "oracle has 18 fg anchors");
-    let gt_idx_ref: Vec<usize> = i64s(&t, "target_gt_idx").iter().map(|&v| v as usize).collect();
+    assert_eq!(
+        fg_ref.iter().filter(|&&v| v).count(),
+        18,
+        "oracle has 18 fg anchors"
+    );
+    let gt_idx_ref: Vec<usize> = i64s(&t, "target_gt_idx")
+        .iter()
+        .map(|&v| v as usize)
+        .collect();
     assert_eq!(out.target_gt_idx, gt_idx_ref, "target_gt_idx differs");
     let labels_ref = i64s(&t, "target_labels");
     for i in 0..bs * na {
         if fg_ref[i] {
-            assert_eq!(out.target_labels[i], labels_ref[i], "target label of fg anchor {i}");
+            assert_eq!(
+                out.target_labels[i], labels_ref[i],
+                "target label of fg anchor {i}"
+            );
         }
     }
     // Background labels follow the official rule too (label of GT row 0).
@@ -138,7 +166,9 @@ fn tal_case_matches_official_assigner() {
 fn tal_case_empty_gt_early_return() {
     let t = load_case();
     let (bs, na, nc) = (2usize, 420usize, 80usize);
-    let anc = Anchors::new(&[(16, 20), (8, 10), (4, 5)], &[8, 16, 32]).unwrap().points_px();
+    let anc = Anchors::new(&[(16, 20), (8, 10), (4, 5)], &[8, 16, 32])
+        .unwrap()
+        .points_px();
     let scores = f32s(&t, "pd_scores");
     let pd = boxes(&f32s(&t, "pd_bboxes"));
     let gt = GtBatch::from_tensors(
@@ -156,10 +186,16 @@ fn tal_case_empty_gt_early_return() {
             gt: &gt,
         })
         .unwrap();
-    let labels_ref: Vec<i64> = f32s(&t, "empty_target_labels").iter().map(|&v| v as i64).collect();
+    let labels_ref: Vec<i64> = f32s(&t, "empty_target_labels")
+        .iter()
+        .map(|&v| v as i64)
+        .collect();
     assert_eq!(out.target_labels, labels_ref);
     assert!(labels_ref.iter().all(|&l| l == 80));
-    let fg_ref: Vec<bool> = f32s(&t, "empty_fg_mask").iter().map(|&v| v != 0.0).collect();
+    let fg_ref: Vec<bool> = f32s(&t, "empty_fg_mask")
+        .iter()
+        .map(|&v| v != 0.0)
+        .collect();
     assert_eq!(out.fg_mask, fg_ref);
     assert!(out.target_bboxes.iter().all(|b| *b == [0.0; 4]));
     assert!(out.target_scores_dense().iter().all(|&s| s == 0.0));
@@ -268,7 +304,10 @@ fn hand_case_anchor_claimed_twice_keeps_best_overlap() {
             gt: &gt,
         })
         .unwrap();
-    assert!(diag.mask_pos_pre.iter().all(|&v| v), "every anchor is claimed by both GTs");
+    assert!(
+        diag.mask_pos_pre.iter().all(|&v| v),
+        "every anchor is claimed by both GTs"
+    );
     assert!(out.fg_mask.iter().all(|&v| v));
     assert_eq!(out.target_gt_idx[0], 1);
     assert!(out.target_gt_idx[1..].iter().all(|&j| j == 0));

@@ -16,7 +16,10 @@ fn close(a: f64, b: f64, tol: f64) -> bool {
 struct Lcg(u64);
 impl Lcg {
     fn next(&mut self, lo: f32, hi: f32) -> f32 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         let u = ((self.0 >> 40) as f32) / ((1u64 << 24) as f32);
         lo + (hi - lo) * u
     }
@@ -29,18 +32,32 @@ impl Lcg {
 fn ciou_hand_values_plain_and_tensor() {
     let cases: [([f32; 4], [f32; 4], f64); 4] = [
         ([0.0, 0.0, 4.0, 2.0], [1.0, 1.0, 5.0, 4.0], 0.0969968593),
-        ([10.0, 10.0, 20.0, 30.0], [12.0, 8.0, 25.0, 28.0], 0.43272832),
+        (
+            [10.0, 10.0, 20.0, 30.0],
+            [12.0, 8.0, 25.0, 28.0],
+            0.43272832,
+        ),
         ([0.0, 0.0, 1.0, 1.0], [3.0, 3.0, 5.0, 4.0], -0.519982143),
         ([2.0, 2.0, 6.0, 6.0], [2.0, 2.0, 6.0, 6.0], 0.999999944),
     ];
     for (a, b, want) in cases {
         let got = ciou_xyxy(a, b) as f64;
-        assert!(close(got, want, 1e-6), "ciou({a:?}, {b:?}) = {got}, want {want}");
+        assert!(
+            close(got, want, 1e-6),
+            "ciou({a:?}, {b:?}) = {got}, want {want}"
+        );
         let got_sym = ciou_xyxy(b, a) as f64;
         assert!(close(got_sym, want, 1e-6), "ciou is symmetric");
     }
-    assert!(close(box_iou([0.0, 0.0, 4.0, 2.0], [1.0, 1.0, 5.0, 4.0], 0.0) as f64, 3.0 / 17.0, 1e-7));
-    assert!(box_iou([1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0], 0.0).is_nan(), "torchvision 0/0");
+    assert!(close(
+        box_iou([0.0, 0.0, 4.0, 2.0], [1.0, 1.0, 5.0, 4.0], 0.0) as f64,
+        3.0 / 17.0,
+        1e-7
+    ));
+    assert!(
+        box_iou([1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0], 0.0).is_nan(),
+        "torchvision 0/0"
+    );
     let dev = Device::Cpu;
     let b1: Vec<f32> = cases.iter().flat_map(|c| c.0).collect();
     let b2: Vec<f32> = cases.iter().flat_map(|c| c.1).collect();
@@ -51,8 +68,17 @@ fn ciou_hand_values_plain_and_tensor() {
     .unwrap();
     let v: Vec<f32> = t.to_vec1().unwrap();
     for (i, c) in cases.iter().enumerate() {
-        assert!(close(v[i] as f64, c.2, 1e-6), "tensor ciou {i}: {} vs {}", v[i], c.2);
-        assert_eq!(v[i], ciou_xyxy(c.0, c.1), "tensor and plain CIoU agree bit for bit");
+        assert!(
+            close(v[i] as f64, c.2, 1e-6),
+            "tensor ciou {i}: {} vs {}",
+            v[i],
+            c.2
+        );
+        assert_eq!(
+            v[i],
+            ciou_xyxy(c.0, c.1),
+            "tensor and plain CIoU agree bit for bit"
+        );
     }
 }
 
@@ -64,9 +90,18 @@ fn ciou_tensor_gradient_matches_finite_differences() {
     let pred = [10.0f64, 10.0, 20.0, 30.0];
     let var = Var::from_vec(pred.to_vec(), (1, 4), &dev).unwrap();
     let tgt = Tensor::from_vec(target.to_vec(), (1, 4), &dev).unwrap();
-    let out = ciou_tensor(var.as_tensor(), &tgt).unwrap().sum_all().unwrap();
+    let out = ciou_tensor(var.as_tensor(), &tgt)
+        .unwrap()
+        .sum_all()
+        .unwrap();
     let grads = out.backward().unwrap();
-    let g: Vec<f64> = grads.get(var.as_tensor()).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+    let g: Vec<f64> = grads
+        .get(var.as_tensor())
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
     // f(x) with alpha frozen at its value for `pred`, computed independently in f64.
     let f = |p: [f64; 4], alpha: Option<f64>| -> (f64, f64) {
         let eps = 1e-7;
@@ -93,14 +128,26 @@ fn ciou_tensor_gradient_matches_finite_differences() {
         p1[i] += h;
         p2[i] -= h;
         let fd = (f(p1, Some(alpha)).0 - f(p2, Some(alpha)).0) / (2.0 * h);
-        assert!((g[i] - fd).abs() <= 1e-7 + 1e-5 * fd.abs(), "d ciou / d x{i}: {} vs fd {fd}", g[i]);
+        assert!(
+            (g[i] - fd).abs() <= 1e-7 + 1e-5 * fd.abs(),
+            "d ciou / d x{i}: {} vs fd {fd}",
+            g[i]
+        );
     }
     // atan itself.
     let r = Var::from_vec(vec![0.3f64, 2.0], 2, &dev).unwrap();
     let y = atan_with_grad(r.as_tensor()).unwrap();
     let yv: Vec<f64> = y.to_vec1().unwrap();
     assert!(close(yv[0], 0.3f64.atan(), 1e-15) && close(yv[1], 2f64.atan(), 1e-15));
-    let gr: Vec<f64> = y.sum_all().unwrap().backward().unwrap().get(r.as_tensor()).unwrap().to_vec1().unwrap();
+    let gr: Vec<f64> = y
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap()
+        .get(r.as_tensor())
+        .unwrap()
+        .to_vec1()
+        .unwrap();
     assert!(close(gr[0], 1.0 / 1.09, 1e-14) && close(gr[1], 0.2, 1e-14));
 }
 
@@ -116,19 +163,31 @@ fn dfl_hand_values() {
     assert!(close(dfl_expectation(&lg) as f64, 9.52490498, 1e-6));
     let dev = Device::Cpu;
     let logits = Tensor::from_vec([lg; 4].concat(), (1, 4, REG_MAX), &dev).unwrap();
-    let v: Vec<f32> = dfl_loss(&logits, &[[2.3, 0.0, 14.99, 2.3]]).unwrap().to_vec1().unwrap();
+    let v: Vec<f32> = dfl_loss(&logits, &[[2.3, 0.0, 14.99, 2.3]])
+        .unwrap()
+        .to_vec1()
+        .unwrap();
     assert!(close(v[0] as f64, 2.18806476, 1e-6), "dfl = {}", v[0]);
     let one_side = |t: f32| -> f64 {
-        let v: Vec<f32> = dfl_loss(&logits, &[[t, t, t, t]]).unwrap().to_vec1().unwrap();
+        let v: Vec<f32> = dfl_loss(&logits, &[[t, t, t, t]])
+            .unwrap()
+            .to_vec1()
+            .unwrap();
         v[0] as f64
     };
     assert!(close(one_side(2.3), 2.31806476, 1e-6));
     assert!(close(one_side(0.0), 3.29306476, 1e-6));
     assert!(close(one_side(14.99), 0.823064758, 1e-5));
-    assert!(dfl_loss(&logits, &[[15.0, 0.0, 0.0, 0.0]]).is_err(), "target 15 has no right bin");
+    assert!(
+        dfl_loss(&logits, &[[15.0, 0.0, 0.0, 0.0]]).is_err(),
+        "target 15 has no right bin"
+    );
     assert!(dfl_loss(&logits, &[[-0.1, 0.0, 0.0, 0.0]]).is_err());
     // bbox2dist clamps to [0, 14.99].
-    assert_eq!(bbox2dist([5.5, 5.5], [0.5, 6.0, 30.0, 7.5]), [5.0, 0.0, 14.99, 2.0]);
+    assert_eq!(
+        bbox2dist([5.5, 5.5], [0.5, 6.0, 30.0, 7.5]),
+        [5.0, 0.0, 14.99, 2.0]
+    );
 }
 
 /// BCE-with-logits by hand (numpy `max(x,0) - x t + log1p(exp(-|x|))`), including the extremes
@@ -138,7 +197,13 @@ fn bce_hand_values_and_gradient() {
     let dev = Device::Cpu;
     let xs = [-30.0f32, -3.0, 0.0, 2.5, 40.0];
     let ts = [0.0f32, 1.0, 0.5, 0.25, 1.0];
-    let want = [9.35762296884e-14, 3.04858735157, 0.69314718056, 1.95388973429, 4.24835425529e-18];
+    let want = [
+        9.35762296884e-14,
+        3.04858735157,
+        0.69314718056,
+        1.95388973429,
+        4.24835425529e-18,
+    ];
     let want_grad = [9.35762297e-14, -0.952574127, 0.0, 0.67414182, 0.0];
     let x = Var::from_vec(xs.to_vec(), 5, &dev).unwrap();
     let t = Tensor::from_vec(ts.to_vec(), 5, &dev).unwrap();
@@ -154,7 +219,15 @@ fn bce_hand_values_and_gradient() {
             want[i]
         );
     }
-    let g: Vec<f32> = l.sum_all().unwrap().backward().unwrap().get(x.as_tensor()).unwrap().to_vec1().unwrap();
+    let g: Vec<f32> = l
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap()
+        .get(x.as_tensor())
+        .unwrap()
+        .to_vec1()
+        .unwrap();
     for i in 0..5 {
         if xs[i] == 0.0 {
             continue; // relu'(0) / sign(0) convention; sigmoid(0) - t is not reproduced at exactly 0
@@ -186,11 +259,18 @@ fn head(bs: usize, seed: u64, dtype: DType) -> (Vec<Var>, Vec<Tensor>) {
         for _b in 0..bs {
             for c in 0..no {
                 for _ in 0..h * w {
-                    v.push(if c < 64 { rng.next(-2.0, 2.0) } else { rng.next(-6.0, 2.0) });
+                    v.push(if c < 64 {
+                        rng.next(-2.0, 2.0)
+                    } else {
+                        rng.next(-6.0, 2.0)
+                    });
                 }
             }
         }
-        let t = Tensor::from_vec(v, (bs, no, h, w), &Device::Cpu).unwrap().to_dtype(dtype).unwrap();
+        let t = Tensor::from_vec(v, (bs, no, h, w), &Device::Cpu)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap();
         vars.push(Var::from_tensor(&t).unwrap());
     }
     let ts = vars.iter().map(|v| v.as_tensor().clone()).collect();
@@ -222,7 +302,13 @@ fn host_branch(levels: &[Tensor], asg: &yolo9::loss::Assignment) -> [f64; 3] {
     let mut off = 0;
     for l in levels {
         let (_, _, h, w) = l.dims4().unwrap();
-        let v: Vec<f32> = l.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+        let v: Vec<f32> = l
+            .to_dtype(DType::F32)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
         for b in 0..bs {
             for c in 0..no {
                 for p in 0..h * w {
@@ -267,7 +353,8 @@ fn host_branch(levels: &[Tensor], asg: &yolo9::loss::Assignment) -> [f64; 3] {
             let lse = m + bins.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln();
             let t = tl[s] as f64;
             let l = t.floor() as usize;
-            side_ce += (lse - bins[l] as f64) * (l as f64 + 1.0 - t) + (lse - bins[l + 1] as f64) * (t - l as f64);
+            side_ce += (lse - bins[l] as f64) * (l as f64 + 1.0 - t)
+                + (lse - bins[l + 1] as f64) * (t - l as f64);
         }
         let pb = [ax - d[0], ay - d[1], ax + d[2], ay + d[3]];
         let w = asg.target_score[i] as f64;
@@ -288,14 +375,25 @@ fn dual_loss_matches_host_replica_and_official_combination() {
 
     let n_aux = out.aux.assignment.fg_indices().len();
     let n_main = out.main.assignment.fg_indices().len();
-    println!("fg anchors aux {n_aux}, main {n_main}; items {:?}", out.items);
-    assert!(n_aux >= 10 && n_main >= 10, "the case must have foreground anchors");
+    println!(
+        "fg anchors aux {n_aux}, main {n_main}; items {:?}",
+        out.items
+    );
+    assert!(
+        n_aux >= 10 && n_main >= 10,
+        "the case must have foreground anchors"
+    );
 
     for (name, levels, br) in [("aux", &aux, &out.aux), ("main", &main, &out.main)] {
         let want = host_branch(levels, &br.assignment);
         let got = [br.box_loss as f64, br.cls_loss as f64, br.dfl_loss as f64];
         for k in 0..3 {
-            assert!(close(got[k], want[k], 2e-6), "{name} item {k}: {} vs host {}", got[k], want[k]);
+            assert!(
+                close(got[k], want[k], 2e-6),
+                "{name} item {k}: {} vs host {}",
+                got[k],
+                want[k]
+            );
         }
     }
     let g = [7.5f64, 0.5, 1.5];
@@ -310,7 +408,11 @@ fn dual_loss_matches_host_replica_and_official_combination() {
         assert!(close(out.items[k] as f64, items[k], 1e-6));
     }
     let total: f32 = out.total.to_scalar().unwrap();
-    assert!(close(total as f64, items.iter().sum::<f64>() * bs as f64, 1e-6));
+    assert!(close(
+        total as f64,
+        items.iter().sum::<f64>() * bs as f64,
+        1e-6
+    ));
 }
 
 /// d total / d class logit = batch * 0.5 * branch_weight * (sigmoid(x) - t) / S.
@@ -330,7 +432,13 @@ fn dual_loss_class_gradient_is_sigmoid_minus_target() {
         for (lvl, v) in vars.iter().enumerate() {
             let (h, w) = LEVELS[lvl];
             let x: Vec<f32> = v.as_tensor().flatten_all().unwrap().to_vec1().unwrap();
-            let g: Vec<f32> = grads.get(v.as_tensor()).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+            let g: Vec<f32> = grads
+                .get(v.as_tensor())
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
             for b in 0..bs {
                 for c in 0..NC {
                     for p in 0..h * w {
@@ -362,28 +470,50 @@ fn dual_loss_without_targets_is_finite() {
     let (va, aux) = head(bs, 5, DType::F32);
     let (_vm, main) = head(bs, 6, DType::F32);
     let empty = Tensor::zeros((0, 6), DType::F32, &Device::Cpu).unwrap();
-    let out = DualTalLoss::new(NC, &STRIDES).unwrap().compute(&aux, &main, &empty, HW).unwrap();
+    let out = DualTalLoss::new(NC, &STRIDES)
+        .unwrap()
+        .compute(&aux, &main, &empty, HW)
+        .unwrap();
     assert_eq!(out.items[0], 0.0);
     assert_eq!(out.items[2], 0.0);
     let sum_sp = |levels: &[Tensor]| -> f64 {
         levels
             .iter()
             .map(|l| {
-                let v: Vec<f32> = l.narrow(1, 64, NC).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+                let v: Vec<f32> = l
+                    .narrow(1, 64, NC)
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1()
+                    .unwrap();
                 v.iter().map(|&x| softplus(x as f64)).sum::<f64>()
             })
             .sum()
     };
     let want = 0.5 * (0.25 * sum_sp(&aux) + sum_sp(&main));
-    assert!(close(out.items[1] as f64, want, 1e-6), "{} vs {want}", out.items[1]);
+    assert!(
+        close(out.items[1] as f64, want, 1e-6),
+        "{} vs {want}",
+        out.items[1]
+    );
     let total: f32 = out.total.to_scalar().unwrap();
     assert!(total.is_finite() && close(total as f64, want * bs as f64, 1e-6));
     let grads = out.total.backward().unwrap();
-    let g: Vec<f32> = grads.get(va[0].as_tensor()).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+    let g: Vec<f32> = grads
+        .get(va[0].as_tensor())
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
     assert!(g.iter().all(|v| v.is_finite()));
     // Images without targets inside a batch with targets are fine too.
     let one = targets_tensor(&[[1.0, 2.0, 0.5, 0.5, 0.5, 0.5]], &Device::Cpu).unwrap();
-    let out = DualTalLoss::new(NC, &STRIDES).unwrap().compute(&aux, &main, &one, HW).unwrap();
+    let out = DualTalLoss::new(NC, &STRIDES)
+        .unwrap()
+        .compute(&aux, &main, &one, HW)
+        .unwrap();
     assert!(out.items.iter().all(|v| v.is_finite()) && out.items[0] > 0.0);
 }
 
@@ -394,7 +524,10 @@ fn dual_loss_accepts_other_float_dtypes() {
     let (va, aux) = head(1, 7, DType::F64);
     let (_vm, main) = head(1, 8, DType::F64);
     let targets = targets_tensor(&[[0.0, 1.0, 0.5, 0.5, 0.5, 0.5]], &Device::Cpu).unwrap();
-    let out = DualTalLoss::new(NC, &STRIDES).unwrap().compute(&aux, &main, &targets, HW).unwrap();
+    let out = DualTalLoss::new(NC, &STRIDES)
+        .unwrap()
+        .compute(&aux, &main, &targets, HW)
+        .unwrap();
     let g = out.total.backward().unwrap();
     assert_eq!(g.get(va[0].as_tensor()).unwrap().dtype(), DType::F64);
 }
@@ -409,7 +542,9 @@ fn dual_loss_bad_inputs_are_errors() {
     let err = |r: anyhow::Result<yolo9::loss::LossOutput>| r.err().expect("must fail").to_string();
 
     // Wrong class count.
-    let e = err(DualTalLoss::new(4, &STRIDES).unwrap().compute(&aux, &main, &ok_t, HW));
+    let e = err(DualTalLoss::new(4, &STRIDES)
+        .unwrap()
+        .compute(&aux, &main, &ok_t, HW));
     assert!(e.contains("channels"), "{e}");
     // Wrong number of levels.
     let e = err(loss.compute(&aux[..2], &main, &ok_t, HW));

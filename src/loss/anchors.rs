@@ -30,7 +30,9 @@ impl Anchors {
         let mut out_strides = Vec::with_capacity(total);
         for (&(h, w), &s) in level_hw.iter().zip(strides) {
             if s == 0 {
-                bail!("anchors: stride 0 is invalid; strides are pixels per cell, e.g. [8, 16, 32]");
+                bail!(
+                    "anchors: stride 0 is invalid; strides are pixels per cell, e.g. [8, 16, 32]"
+                );
             }
             for y in 0..h {
                 for x in 0..w {

@@ -122,8 +122,14 @@ impl GtBatch {
         mask_gt: &Tensor,
         num_classes: usize,
     ) -> Result<GtBatch> {
-        let (b, n, four) = gt_bboxes.dims3().context("gt_bboxes must be (B, n_max_boxes, 4)")?;
-        ensure!(four == 4, "gt_bboxes must be (B, n, 4) xyxy, got {:?}", gt_bboxes.dims());
+        let (b, n, four) = gt_bboxes
+            .dims3()
+            .context("gt_bboxes must be (B, n_max_boxes, 4)")?;
+        ensure!(
+            four == 4,
+            "gt_bboxes must be (B, n, 4) xyxy, got {:?}",
+            gt_bboxes.dims()
+        );
         ensure!(
             gt_labels.dims() == [b, n, 1] && mask_gt.dims() == [b, n, 1],
             "gt_labels {:?} and mask_gt {:?} must both be (B, n, 1) = [{b}, {n}, 1]",
@@ -133,7 +139,10 @@ impl GtBatch {
         let labels_f: Vec<f64> = gt_labels.to_dtype(DType::F64)?.flatten_all()?.to_vec1()?;
         let boxes: Vec<f32> = gt_bboxes.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
         let mask_f: Vec<f64> = mask_gt.to_dtype(DType::F64)?.flatten_all()?.to_vec1()?;
-        ensure!(boxes.iter().all(|v| v.is_finite()), "gt_bboxes contains non-finite values");
+        ensure!(
+            boxes.iter().all(|v| v.is_finite()),
+            "gt_bboxes contains non-finite values"
+        );
         let mut labels = Vec::with_capacity(b * n);
         for (i, &l) in labels_f.iter().enumerate() {
             ensure!(
@@ -147,7 +156,10 @@ impl GtBatch {
             batch: b,
             n_max_boxes: n,
             labels,
-            bboxes: boxes.chunks_exact(4).map(|c| [c[0], c[1], c[2], c[3]]).collect(),
+            bboxes: boxes
+                .chunks_exact(4)
+                .map(|c| [c[0], c[1], c[2], c[3]])
+                .collect(),
             mask: mask_f.iter().map(|&m| m != 0.0).collect(),
         })
     }
@@ -302,7 +314,12 @@ impl TaskAlignedAssigner {
         full: bool,
     ) -> Result<(Assignment, Option<AssignerDiagnostics>)> {
         let gt = input.gt;
-        let (bs, na, m, nc) = (gt.batch, input.anc_points.len(), gt.n_max_boxes, self.num_classes);
+        let (bs, na, m, nc) = (
+            gt.batch,
+            input.anc_points.len(),
+            gt.n_max_boxes,
+            self.num_classes,
+        );
         ensure!(self.topk > 0, "assigner: topk must be at least 1");
         ensure!(
             input.pd_bboxes.len() == bs * na,

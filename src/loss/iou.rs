@@ -75,8 +75,8 @@ impl CiouBox {
 pub fn ciou_prepared(b1: &CiouBox, b2: &CiouBox) -> f32 {
     let [b1_x1, b1_y1, b1_x2, b1_y2] = b1.xyxy;
     let [b2_x1, b2_y1, b2_x2, b2_y2] = b2.xyxy;
-    let inter =
-        (b1_x2.min(b2_x2) - b1_x1.max(b2_x1)).max(0.0) * (b1_y2.min(b2_y2) - b1_y1.max(b2_y1)).max(0.0);
+    let inter = (b1_x2.min(b2_x2) - b1_x1.max(b2_x1)).max(0.0)
+        * (b1_y2.min(b2_y2) - b1_y1.max(b2_y1)).max(0.0);
     let union = b1.w * b1.h + b2.w * b2.h - inter + IOU_EPS;
     let iou = inter / union;
     let cw = b1_x2.max(b2_x2) - b1_x1.min(b2_x1);
@@ -134,7 +134,11 @@ pub fn ciou_tensor(box1: &Tensor, box2: &Tensor) -> Result<Tensor> {
     let (n1, c1) = box1.dims2().context("ciou_tensor: box1 must be (N, 4)")?;
     let (n2, c2) = box2.dims2().context("ciou_tensor: box2 must be (N, 4)")?;
     if c1 != 4 || c2 != 4 || n1 != n2 {
-        bail!("ciou_tensor: expected two (N, 4) xyxy tensors, got {:?} and {:?}", box1.dims(), box2.dims());
+        bail!(
+            "ciou_tensor: expected two (N, 4) xyxy tensors, got {:?} and {:?}",
+            box1.dims(),
+            box2.dims()
+        );
     }
     let eps = IOU_EPS as f64;
     let col = |t: &Tensor, i: usize| t.narrow(1, i, 1);
@@ -145,8 +149,14 @@ pub fn ciou_tensor(box1: &Tensor, box2: &Tensor) -> Result<Tensor> {
     let w2 = b2_x2.sub(&b2_x1)?;
     let h2 = (b2_y2.sub(&b2_y1)? + eps)?;
 
-    let iw = b1_x2.minimum(&b2_x2)?.sub(&b1_x1.maximum(&b2_x1)?)?.relu()?;
-    let ih = b1_y2.minimum(&b2_y2)?.sub(&b1_y1.maximum(&b2_y1)?)?.relu()?;
+    let iw = b1_x2
+        .minimum(&b2_x2)?
+        .sub(&b1_x1.maximum(&b2_x1)?)?
+        .relu()?;
+    let ih = b1_y2
+        .minimum(&b2_y2)?
+        .sub(&b1_y1.maximum(&b2_y1)?)?
+        .relu()?;
     let inter = iw.mul(&ih)?;
     let union = (w1.mul(&h1)?.add(&w2.mul(&h2)?)?.sub(&inter)? + eps)?;
     let iou = inter.div(&union)?;

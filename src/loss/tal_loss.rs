@@ -77,8 +77,14 @@ impl DualTalLoss {
     ///
     /// Errors: `nc == 0`, no strides, or a zero stride.
     pub fn new(nc: usize, strides: &[u32]) -> Result<Self> {
-        ensure!(nc > 0, "loss: the model must have at least one class (nc = 0)");
-        ensure!(!strides.is_empty(), "loss: no head strides given; YOLOv9 uses [8, 16, 32]");
+        ensure!(
+            nc > 0,
+            "loss: the model must have at least one class (nc = 0)"
+        );
+        ensure!(
+            !strides.is_empty(),
+            "loss: no head strides given; YOLOv9 uses [8, 16, 32]"
+        );
         ensure!(
             strides.iter().all(|&s| s > 0),
             "loss: strides {strides:?} contain 0; strides are pixels per cell"
@@ -142,7 +148,11 @@ impl DualTalLoss {
         let (n, six) = targets
             .dims2()
             .with_context(|| format!("loss: targets must be (N, 6), got {:?}", targets.dims()))?;
-        ensure!(six == 6, "loss: targets must be (N, 6) [img_idx, cls, cx, cy, w, h], got {:?}", targets.dims());
+        ensure!(
+            six == 6,
+            "loss: targets must be (N, 6) [img_idx, cls, cx, cy, w, h], got {:?}",
+            targets.dims()
+        );
         let flat_t: Vec<f32> = targets
             .to_dtype(DType::F32)?
             .flatten_all()?
@@ -199,7 +209,10 @@ impl DualTalLoss {
         let mut bs = None;
         for (i, x) in levels.iter().enumerate() {
             let (b, c, h, w) = x.dims4().with_context(|| {
-                format!("loss: {which} level {i} must be (B, 64 + nc, H, W), got {:?}", x.dims())
+                format!(
+                    "loss: {which} level {i} must be (B, 64 + nc, H, W), got {:?}",
+                    x.dims()
+                )
             })?;
             ensure!(
                 c == no,
@@ -207,9 +220,16 @@ impl DualTalLoss {
                  the head and the loss must agree on the class count",
                 self.nc
             );
-            ensure!(b > 0 && h > 0 && w > 0, "loss: {which} level {i} is empty: {:?}", x.dims());
+            ensure!(
+                b > 0 && h > 0 && w > 0,
+                "loss: {which} level {i} is empty: {:?}",
+                x.dims()
+            );
             if let Some(b0) = bs {
-                ensure!(b == b0, "loss: {which} level {i} has batch {b}, level 0 has {b0}");
+                ensure!(
+                    b == b0,
+                    "loss: {which} level {i} has batch {b}, level 0 has {b0}"
+                );
             }
             bs = Some(b);
             hw.push((h, w));
@@ -260,7 +280,12 @@ impl DualTalLoss {
                 }
                 let [ax, ay] = anchors.points[a];
                 let st = anchors.strides[a];
-                pd_bboxes.push([(ax - d[0]) * st, (ay - d[1]) * st, (ax + d[2]) * st, (ay + d[3]) * st]);
+                pd_bboxes.push([
+                    (ax - d[0]) * st,
+                    (ay - d[1]) * st,
+                    (ax + d[2]) * st,
+                    (ay + d[3]) * st,
+                ]);
             }
         }
         let anc_px = anchors.points_px();
@@ -389,8 +414,16 @@ pub fn bbox2dist(anchor: [f32; 2], xyxy: [f32; 4]) -> [f32; 4] {
 /// in grid units. Returns `(N, 4)` xyxy in grid units: `ax - l, ay - t, ax + r, ay + b`.
 pub fn decode_boxes(logits: &Tensor, anchors4: &Tensor) -> Result<Tensor> {
     let (n, sides, bins) = logits.dims3()?;
-    ensure!(sides == 4 && bins == REG_MAX, "decode_boxes: logits must be (N, 4, 16), got {:?}", logits.dims());
-    ensure!(anchors4.dims() == [n, 4], "decode_boxes: anchors must be (N, 4), got {:?}", anchors4.dims());
+    ensure!(
+        sides == 4 && bins == REG_MAX,
+        "decode_boxes: logits must be (N, 4, 16), got {:?}",
+        logits.dims()
+    );
+    ensure!(
+        anchors4.dims() == [n, 4],
+        "decode_boxes: anchors must be (N, 4), got {:?}",
+        anchors4.dims()
+    );
     let dev = logits.device();
     let p = candle_nn::ops::softmax(logits, D::Minus1)?;
     let proj = Tensor::arange(0u32, REG_MAX as u32, dev)?
@@ -447,7 +480,10 @@ pub fn dfl_loss(logits: &Tensor, targets: &[[f32; 4]]) -> Result<Tensor> {
 pub fn bce_with_logits(x: &Tensor, t: &Tensor) -> Result<Tensor> {
     let e = x.abs()?.neg()?.exp()?;
     let one_minus_t = t.affine(-1.0, 1.0)?;
-    Ok(one_minus_t.mul(x)?.add(&x.neg()?.relu()?)?.add(&log1p_unit(&e)?)?)
+    Ok(one_minus_t
+        .mul(x)?
+        .add(&x.neg()?.relu()?)?
+        .add(&log1p_unit(&e)?)?)
 }
 
 /// [`bce_with_logits`] with target 0: `max(x, 0) + log1p(exp(-|x|))` (softplus of `x`).

@@ -417,18 +417,19 @@ fn resolve_classes(
     notes: &mut Vec<String>,
     file: &str,
 ) -> Result<(usize, Vec<String>)> {
+    // (`validate` runs next and names the first missing tensor when there is no class conv.)
     let cls = keys::class_conv_name(graph);
     let width = tensors.get(cls).and_then(|t| t.dims().first().copied());
     let nc = match (nc, &names, width) {
         (Some(n), _, _) => n,
         (None, Some(v), _) => v.len(),
         (None, None, Some(w)) => w,
-        (None, None, None) => bail!(
-            "{file}: missing tensor {cls}: cannot tell the number of classes; not a YOLOv9-s model"
-        ),
+        // The class convolution is missing: `validate` reports the missing tensors.
+        (None, None, None) => 0,
     };
     let names = match names {
         Some(v) => v,
+        None if nc == 0 => Vec::new(),
         None => {
             notes.push(format!(
                 "no class names in the source: using class0..class{}",
