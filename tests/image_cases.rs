@@ -245,7 +245,6 @@ fn odd_small_sizes_decode() {
 }
 
 #[test]
-#[ignore = "decodes a 108 MP PNG (324 MB, a few seconds)"]
 fn huge_png_decodes_within_the_guard() {
     let p = common::case("detect_odd_sizes").join("images/huge_12000x9000.png");
     let img = load_rgb8(&p).unwrap();
