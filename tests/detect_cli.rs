@@ -127,3 +127,47 @@ fn binary_exit_codes_without_panics() {
     assert!(err.contains("/nonexistent/w.safetensors"), "{err}");
     assert!(!err.contains("panicked"));
 }
+
+#[test]
+fn binary_end_to_end_with_default_weights() {
+    // --img 650 runs at 672 with a notice; boxes in original 640x480 pixels; txt and jsonl saved.
+    let img = common::case("cli_args_edges").join("crowd_640x480.jpg");
+    let tmp = std::env::temp_dir().join(format!("yolo9-cli-e2e-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    let (code, out, err) = yolo9(&[
+        "detect",
+        img.to_str().unwrap(),
+        "--img",
+        "650",
+        "--save-txt",
+        "--save-conf",
+        "--json",
+        "--project",
+        tmp.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(err.contains("using --img 672"), "{err}");
+    assert!(out.contains(": 512x672 "), "{out}");
+    assert!(out.contains("1 images processed, 0 skipped"), "{out}");
+    let run = tmp.join("exp");
+    assert!(run.join("crowd_640x480.jpg").is_file());
+    let jsonl = std::fs::read_to_string(run.join("predictions.jsonl")).unwrap();
+    let labels = std::fs::read_to_string(run.join("labels/crowd_640x480.txt")).unwrap();
+    assert_eq!(jsonl.lines().count(), labels.lines().count());
+    assert!(jsonl.lines().count() > 0);
+    for line in jsonl.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        let b: Vec<f64> = v["xyxy"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect();
+        assert!(
+            b[0] >= 0.0 && b[2] <= 640.0 && b[1] >= 0.0 && b[3] <= 480.0,
+            "{line}"
+        );
+        assert!(["RBC", "WBC", "Platelets"].contains(&v["class_name"].as_str().unwrap()));
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+}

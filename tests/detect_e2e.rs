@@ -1,6 +1,7 @@
 //! End to end with the real model: yolov9-s.pt (official checkpoint, converted in memory) on the
 //! oracle input of horses.jpg must reproduce detect_dual.py's detections; the shipped BCCD
 //! weights run through `yolo9 detect`.
+#![allow(clippy::needless_range_loop)]
 mod common;
 
 use candle_core::Device;

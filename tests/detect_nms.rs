@@ -1,5 +1,6 @@
 //! NMS and post-processing parity with the official code (torchvision nms, utils/general.py
 //! non_max_suppression, scale_boxes) on the oracle files.
+#![allow(clippy::needless_range_loop)]
 mod common;
 
 use candle_core::{Device, Tensor};

@@ -87,7 +87,7 @@ pub fn nms_image(pred: &[f32], nc: usize, a: usize, opts: &NmsOptions) -> Vec<Ro
                 best_c = c;
             }
         }
-        if !(best > thr) {
+        if best.is_nan() || best <= thr {
             continue;
         }
         let (cx, cy, w, h) = (at(0, j), at(1, j), at(2, j), at(3, j));
