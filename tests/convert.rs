@@ -754,6 +754,20 @@ fn shipped_bccd_weights_match_their_source() {
     assert_eq!(w.parameter_count(), 7_226_208 - 6 / 2 * 77 * 129);
     let size = std::fs::metadata(&shipped).unwrap().len();
     assert!((14_000_000..15_000_000).contains(&size), "{size} bytes");
+    // Reproducible: converting again gives the shipped bytes exactly.
+    let dir = tmpdir("ship");
+    let again = dir.join("again.safetensors");
+    convert::convert_file(
+        &common::reference("bccd-official-best.pt"),
+        &again,
+        ConvertOptions {
+            half: true,
+            infer: true,
+        },
+    )
+    .unwrap();
+    assert!(std::fs::read(&again).unwrap() == std::fs::read(&shipped).unwrap());
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// `yolo9 convert` end to end: summary figures on stdout, and bad input → exit code 1 with one
