@@ -15,7 +15,9 @@ use yolo9::Graph;
 /// Deterministic pseudo-random values in [lo, hi).
 pub fn rand_tensor(shape: &[usize], seed: u64, lo: f32, hi: f32) -> Tensor {
     let n: usize = shape.iter().product();
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     let v: Vec<f32> = (0..n)
         .map(|_| {
             s = s
@@ -90,7 +92,12 @@ fn bn_folding_equals_conv_then_bn() {
     let y = y
         .broadcast_sub(&r("model.0.bn.running_mean"))
         .unwrap()
-        .broadcast_div(&(r("model.0.bn.running_var") + BN_EPS).unwrap().sqrt().unwrap())
+        .broadcast_div(
+            &(r("model.0.bn.running_var") + BN_EPS)
+                .unwrap()
+                .sqrt()
+                .unwrap(),
+        )
         .unwrap()
         .broadcast_mul(&r("model.0.bn.weight"))
         .unwrap()
@@ -170,7 +177,10 @@ fn fused_build_rejects_missing_and_misshaped_tensors() {
         .err()
         .expect("wrong width must fail");
     let msg = format!("{err:#}");
-    assert!(msg.contains("model.0.conv.weight") && msg.contains("[32, 3, 3, 3]"), "{msg}");
+    assert!(
+        msg.contains("model.0.conv.weight") && msg.contains("[32, 3, 3, 3]"),
+        "{msg}"
+    );
 }
 
 /// Reference max-pool: window clipped to the image (same as −∞ padding).
@@ -207,7 +217,10 @@ fn max_pool_pads_with_negative_infinity() {
         let want = maxpool_ref(&xv[c * h * w..(c + 1) * h * w], h, w, 5);
         assert_eq!(&yv[c * h * w..(c + 1) * h * w], &want[..]);
     }
-    assert!(yv.iter().all(|v| *v < -1.0 + 1e-6), "border picked up padding");
+    assert!(
+        yv.iter().all(|v| *v < -1.0 + 1e-6),
+        "border picked up padding"
+    );
     // Same as candle's max_pool2d over the −∞-padded tensor.
     let xp = pool::pad_neg_inf(&x, 2).unwrap();
     let c = xp.max_pool2d_with_stride((5, 5), (1, 1)).unwrap();
@@ -261,9 +274,20 @@ fn dfl_decode_of_p5_matches_oracle() {
     let y_main = &t["y_main"];
     let want = y_main.narrow(2, 5880 - 280, 280).unwrap();
     let eb = max_abs(&y.narrow(1, 0, 4).unwrap(), &want.narrow(1, 0, 4).unwrap());
-    let es = max_abs(&y.narrow(1, 4, 80).unwrap(), &want.narrow(1, 4, 80).unwrap());
+    let es = max_abs(
+        &y.narrow(1, 4, 80).unwrap(),
+        &want.narrow(1, 4, 80).unwrap(),
+    );
     println!("P5 decode: box max abs err {eb:.2e} px, score max abs err {es:.2e}");
     // ~1e-4 px: 2 f32 ulps at 512..640 px (the oracle notes 1.1e-4 for its own check).
     assert!(eb <= 2e-4, "box error {eb}");
     assert!(es <= 1e-6, "score error {es}");
+}
+
+#[test]
+fn models_are_send_and_sync() {
+    // Compile-time check: a detector service shares one model across threads.
+    fn ok<T: Send + Sync>() {}
+    ok::<yolo9::model::YoloV9>();
+    ok::<yolo9::model::YoloV9Train>();
 }

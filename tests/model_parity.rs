@@ -9,24 +9,46 @@ use yolo9::model::{YoloV9, YoloV9Train};
 use yolo9::Weights;
 
 fn oracle() -> HashMap<String, Tensor> {
-    candle_core::safetensors::load(common::reference("forward_horses.safetensors"), &Device::Cpu)
-        .expect("loading forward_horses.safetensors")
+    candle_core::safetensors::load(
+        common::reference("forward_horses.safetensors"),
+        &Device::Cpu,
+    )
+    .expect("loading forward_horses.safetensors")
 }
 
 fn max_abs(a: &Tensor, b: &Tensor) -> f32 {
     assert_eq!(a.dims(), b.dims());
-    (a - b).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar().unwrap()
+    (a - b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_scalar()
+        .unwrap()
 }
 
 fn absmax(a: &Tensor) -> f32 {
-    a.abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar().unwrap()
+    a.abs()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_scalar()
+        .unwrap()
 }
 
 /// (box max abs err in px, score max abs err) of a decoded (1, 84, A) output.
 fn decoded_errors(y: &Tensor, want: &Tensor) -> (f32, f32) {
     assert_eq!(y.dims(), want.dims());
     let eb = max_abs(&y.narrow(1, 0, 4).unwrap(), &want.narrow(1, 0, 4).unwrap());
-    let es = max_abs(&y.narrow(1, 4, 80).unwrap(), &want.narrow(1, 4, 80).unwrap());
+    let es = max_abs(
+        &y.narrow(1, 4, 80).unwrap(),
+        &want.narrow(1, 4, 80).unwrap(),
+    );
     (eb, es)
 }
 
@@ -41,13 +63,19 @@ fn yolov9_s_matches_official_forward() {
 
     let start = std::time::Instant::now();
     let feats = m.forward_features(x).unwrap();
-    for (f, name) in feats.iter().zip(["feat_main_p3", "feat_main_p4", "feat_main_p5"]) {
+    for (f, name) in feats
+        .iter()
+        .zip(["feat_main_p3", "feat_main_p4", "feat_main_p5"])
+    {
         let r = max_abs(f, &t[name]) / absmax(&t[name]);
         println!("{name}: max abs err / absmax = {r:.2e}");
         assert!(r <= 1e-4, "{name}: {r}");
     }
     let y = m.forward(x).unwrap();
-    println!("YoloV9 forward 448x640 (features + full): {:?}", start.elapsed());
+    println!(
+        "YoloV9 forward 448x640 (features + full): {:?}",
+        start.elapsed()
+    );
     let (eb, es) = decoded_errors(&y, &t["y_main"]);
     println!("y_main (fused YoloV9): box {eb:.2e} px, score {es:.2e}");
     assert!(eb <= 1e-2 && es <= 1e-5, "box {eb} score {es}");

@@ -105,7 +105,9 @@ fn train_mode_bn_gradient_matches_finite_differences() {
     bn.running_mean = Var::from_tensor(&Tensor::zeros(3, DType::F64, &dev).unwrap()).unwrap();
     bn.running_var = Var::from_tensor(&Tensor::ones(3, DType::F64, &dev).unwrap()).unwrap();
     let x = rand_f64(&[2, 2, 4, 5], 6);
-    check_grad("Conv+BN(train)+SiLU", &x, |t| conv.forward(t, true).unwrap());
+    check_grad("Conv+BN(train)+SiLU", &x, |t| {
+        conv.forward(t, true).unwrap()
+    });
 }
 
 #[test]
@@ -115,8 +117,9 @@ fn bn0_running_stats_after_one_train_forward_match_oracle() {
         &Device::Cpu,
     )
     .unwrap();
-    let lb = candle_core::safetensors::load(common::reference("loss_batch.safetensors"), &Device::Cpu)
-        .unwrap();
+    let lb =
+        candle_core::safetensors::load(common::reference("loss_batch.safetensors"), &Device::Cpu)
+            .unwrap();
     let mut b = Builder::new(Some(&sd), Graph::Train, &Device::Cpu, BuildMode::Train, 0);
     let conv = Conv::load(&mut b, "model.0", ConvSpec::new(3, 32, 3, 2)).unwrap();
     let bn = conv.bn.as_ref().unwrap();
@@ -157,7 +160,11 @@ fn fresh_training_graph_exports_official_state_dict() {
             .get(name)
             .unwrap_or_else(|| panic!("missing {name} in exported state_dict"));
         assert_eq!(t.dims(), &shape[..], "{name}");
-        let want = if e["dtype"] == "int64" { DType::I64 } else { DType::F32 };
+        let want = if e["dtype"] == "int64" {
+            DType::I64
+        } else {
+            DType::F32
+        };
         assert_eq!(t.dtype(), want, "{name}");
     }
     // Parameter groups follow the names; bias_init of fresh heads.
@@ -214,13 +221,22 @@ fn training_graph_forward_shapes_and_gradients_reach_every_variable() {
     let (ya, ym) = m.forward_eval_decoded(&x).unwrap();
     assert_eq!(ya.dims(), &[2, 7, 96 + 24 + 6]);
     assert_eq!(ym.dims(), &[2, 7, 126]);
-    assert_eq!(m.batches_tracked(), 1, "eval forward must not touch BN stats");
+    assert_eq!(
+        m.batches_tracked(),
+        1,
+        "eval forward must not touch BN stats"
+    );
 }
 
 #[test]
 fn bad_inputs_are_errors_not_panics() {
     let m = YoloV9Train::new(None, 2, vec![], &Device::Cpu, 0).unwrap();
-    for shape in [&[1usize, 3, 60, 64][..], &[1, 1, 64, 64], &[3, 64, 64], &[0, 3, 64, 64]] {
+    for shape in [
+        &[1usize, 3, 60, 64][..],
+        &[1, 1, 64, 64],
+        &[3, 64, 64],
+        &[0, 3, 64, 64],
+    ] {
         let x = Tensor::zeros(shape, DType::F32, &Device::Cpu).unwrap();
         let e = m.forward(&x, false).err().expect("must fail");
         println!("{shape:?}: {e:#}");

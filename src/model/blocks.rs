@@ -105,13 +105,7 @@ pub struct RepNCSP {
 }
 
 impl RepNCSP {
-    pub fn load(
-        b: &mut Builder,
-        prefix: &str,
-        c1: usize,
-        c2: usize,
-        n: usize,
-    ) -> Result<Self> {
+    pub fn load(b: &mut Builder, prefix: &str, c1: usize, c2: usize, n: usize) -> Result<Self> {
         let c_ = c2 / 2;
         Ok(Self {
             cv1: Conv::load(b, &format!("{prefix}.cv1"), ConvSpec::new(c1, c_, 1, 1))?,
@@ -150,11 +144,7 @@ pub struct RepNCSPELAN4 {
 }
 
 impl RepNCSPELAN4 {
-    pub fn load(
-        b: &mut Builder,
-        prefix: &str,
-        [c1, c2, c3, c4, n]: [usize; 5],
-    ) -> Result<Self> {
+    pub fn load(b: &mut Builder, prefix: &str, [c1, c2, c3, c4, n]: [usize; 5]) -> Result<Self> {
         let r = (|| -> Result<Self> {
             Ok(Self {
                 cv1: Conv::load(b, &format!("{prefix}.cv1"), ConvSpec::new(c1, c3, 1, 1))?,
@@ -271,6 +261,7 @@ impl SppElan {
         let y1 = pool::max_pool_same(&y0, 5)?;
         let y2 = pool::max_pool_same(&y1, 5)?;
         let y3 = pool::max_pool_same(&y2, 5)?;
-        self.cv5.forward(&Tensor::cat(&[&y0, &y1, &y2, &y3], 1)?, train)
+        self.cv5
+            .forward(&Tensor::cat(&[&y0, &y1, &y2, &y3], 1)?, train)
     }
 }

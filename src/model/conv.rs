@@ -54,8 +54,8 @@ impl BatchNorm2d {
             let mean_d = mean.detach().flatten_all()?;
             let unbiased = if n > 1.0 { n / (n - 1.0) } else { 1.0 };
             let var_d = (var.detach().flatten_all()? * unbiased)?;
-            let rm = ((self.running_mean.as_tensor() * (1.0 - BN_MOMENTUM))?
-                + (mean_d * BN_MOMENTUM)?)?;
+            let rm =
+                ((self.running_mean.as_tensor() * (1.0 - BN_MOMENTUM))? + (mean_d * BN_MOMENTUM)?)?;
             let rv =
                 ((self.running_var.as_tensor() * (1.0 - BN_MOMENTUM))? + (var_d * BN_MOMENTUM)?)?;
             self.running_mean.set(&rm)?;
@@ -238,7 +238,12 @@ impl Conv {
             Some(v) => Init::Const(v),
             None => Init::Uniform(bound),
         };
-        let bias = b.param(&format!("{prefix}.bias"), &[spec.c2], ParamGroup::Bias, init)?;
+        let bias = b.param(
+            &format!("{prefix}.bias"),
+            &[spec.c2],
+            ParamGroup::Bias,
+            init,
+        )?;
         Ok(Self::from_parts(weight, Some(bias), spec.no_act()))
     }
 

@@ -63,11 +63,7 @@ impl DetectHead {
                 )?,
             ]);
         }
-        Ok(Self {
-            boxes,
-            classes,
-            nc,
-        })
+        Ok(Self { boxes, classes, nc })
     }
 
     /// Raw head outputs: for each level i, feats[i] (B, ch[i], H_i, W_i) →

@@ -4,8 +4,8 @@
 //! The builder records every trainable parameter with its official name and optimizer group, and
 //! every BatchNorm buffer, so a trained model can be written back as an official state_dict.
 
-use anyhow::{bail, Context, Result};
 use crate::model::weights::Graph;
+use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Tensor, Var};
 use std::collections::HashMap;
 use std::sync::atomic::AtomicI64;
@@ -131,7 +131,9 @@ impl<'a> Builder<'a> {
                 let t = t
                     .to_dtype(DType::F32)
                     .and_then(|t| t.to_device(&self.device))
-                    .with_context(|| format!("weights: moving `{src_name}` to {:?}", self.device))?;
+                    .with_context(|| {
+                        format!("weights: moving `{src_name}` to {:?}", self.device)
+                    })?;
                 Ok(Some(t))
             }
         }

@@ -36,8 +36,8 @@ pub fn pad_neg_inf(x: &Tensor, p: usize) -> Result<Tensor> {
     let (b, c, h, w) = x.dims4()?;
     let side = Tensor::full(f32::NEG_INFINITY, (b, c, h, p), x.device())?.to_dtype(x.dtype())?;
     let x = Tensor::cat(&[&side, x, &side], 3)?;
-    let tb = Tensor::full(f32::NEG_INFINITY, (b, c, p, w + 2 * p), x.device())?
-        .to_dtype(x.dtype())?;
+    let tb =
+        Tensor::full(f32::NEG_INFINITY, (b, c, p, w + 2 * p), x.device())?.to_dtype(x.dtype())?;
     Ok(Tensor::cat(&[&tb, &x, &tb], 2)?)
 }
 

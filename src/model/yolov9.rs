@@ -91,10 +91,18 @@ impl Gelan {
         let x = self.l7.forward(&x6, t)?;
         let x8 = self.l8.forward(&x, t)?;
         let x9 = self.l9.forward(&x8, t)?;
-        let x12 = self.l12.forward(&cat1(&upsample_nearest_2x(&x9)?, &x6)?, t)?;
-        let x15 = self.l15.forward(&cat1(&upsample_nearest_2x(&x12)?, &x4)?, t)?;
-        let x18 = self.l18.forward(&cat1(&self.l16.forward(&x15, t)?, &x12)?, t)?;
-        let x21 = self.l21.forward(&cat1(&self.l19.forward(&x18, t)?, &x9)?, t)?;
+        let x12 = self
+            .l12
+            .forward(&cat1(&upsample_nearest_2x(&x9)?, &x6)?, t)?;
+        let x15 = self
+            .l15
+            .forward(&cat1(&upsample_nearest_2x(&x12)?, &x4)?, t)?;
+        let x18 = self
+            .l18
+            .forward(&cat1(&self.l16.forward(&x15, t)?, &x12)?, t)?;
+        let x21 = self
+            .l21
+            .forward(&cat1(&self.l19.forward(&x18, t)?, &x9)?, t)?;
         Ok(GelanOut {
             x4,
             x6,
@@ -123,8 +131,12 @@ impl AuxNeck {
     /// Returns the aux head inputs in head order `[28, 25, 22]` (P3, P4, P5).
     fn forward(&self, g: &GelanOut, t: bool) -> Result<[Tensor; 3]> {
         let x22 = self.l22.forward(&g.x8, t)?;
-        let x25 = self.l25.forward(&cat1(&upsample_nearest_2x(&x22)?, &g.x6)?, t)?;
-        let x28 = self.l28.forward(&cat1(&upsample_nearest_2x(&x25)?, &g.x4)?, t)?;
+        let x25 = self
+            .l25
+            .forward(&cat1(&upsample_nearest_2x(&x22)?, &g.x6)?, t)?;
+        let x28 = self
+            .l28
+            .forward(&cat1(&upsample_nearest_2x(&x25)?, &g.x4)?, t)?;
         Ok([x28, x25, x22])
     }
 }
@@ -186,13 +198,7 @@ impl YoloV9 {
     pub fn load(weights: &Weights, device: &Device) -> Result<Self> {
         check_meta(&weights.meta)?;
         let g = weights.meta.graph;
-        let mut b = Builder::new(
-            Some(&weights.tensors),
-            g,
-            device,
-            BuildMode::Fused,
-            0,
-        );
+        let mut b = Builder::new(Some(&weights.tensors), g, device, BuildMode::Fused, 0);
         let gelan = Gelan::load(&mut b)?;
         let head = DetectHead::load(
             &mut b,
@@ -299,13 +305,7 @@ impl YoloV9Train {
         );
         let g = weights.map(|w| w.meta.graph).unwrap_or(Graph::Train);
         let tensors = weights.map(|w| &w.tensors);
-        let mut b = Builder::new(
-            tensors,
-            g,
-            device,
-            BuildMode::Train,
-            seed,
-        );
+        let mut b = Builder::new(tensors, g, device, BuildMode::Train, seed);
         let gelan = Gelan::load(&mut b)?;
         let aux = AuxNeck::load(&mut b)?;
         let head_aux = DetectHead::load(
@@ -325,7 +325,9 @@ impl YoloV9Train {
             &STRIDES,
         )?;
         // Continue num_batches_tracked from the source, if any.
-        if let Some(t) = tensors.and_then(|t| t.get(source_name(g, "model.0.bn.num_batches_tracked")?.as_str())) {
+        if let Some(t) =
+            tensors.and_then(|t| t.get(source_name(g, "model.0.bn.num_batches_tracked")?.as_str()))
+        {
             if let Ok(v) = t.to_dtype(DType::F64).and_then(|t| t.to_scalar::<f64>()) {
                 b.batches_tracked.store(v as i64, Ordering::Relaxed);
             }
@@ -391,7 +393,10 @@ impl YoloV9Train {
     /// Head-input features of the main branch (layers 15, 18, 21) in eval or train mode.
     pub fn forward_features(&self, x: &Tensor, train: bool) -> Result<[Tensor; 3]> {
         check_input(x)?;
-        Ok(self.gelan.forward(&x.to_device(&self.device)?, train)?.feats)
+        Ok(self
+            .gelan
+            .forward(&x.to_device(&self.device)?, train)?
+            .feats)
     }
 
     /// Trainable parameters with official names and optimizer groups (state_dict order).
@@ -438,8 +443,14 @@ impl YoloV9Train {
         }
         let nbt = Tensor::new(self.batches_tracked(), &cpu)?;
         for (p, m, v) in &self.buffers {
-            out.insert(format!("{p}.running_mean"), m.as_tensor().to_device(&cpu)?.copy()?);
-            out.insert(format!("{p}.running_var"), v.as_tensor().to_device(&cpu)?.copy()?);
+            out.insert(
+                format!("{p}.running_mean"),
+                m.as_tensor().to_device(&cpu)?.copy()?,
+            );
+            out.insert(
+                format!("{p}.running_var"),
+                v.as_tensor().to_device(&cpu)?.copy()?,
+            );
             out.insert(format!("{p}.num_batches_tracked"), nbt.clone());
         }
         let bins = Tensor::arange(0f32, REG_MAX as f32, &cpu)?.reshape((1, REG_MAX, 1, 1))?;
