@@ -137,6 +137,11 @@ fn generated_key_list_equals_official_state_dict_order() {
     let idx = index();
     let names: Vec<String> = idx.iter().map(|(n, _)| n.clone()).collect();
     assert_eq!(keys::state_dict_names(Graph::Train), names);
+    let entries: Vec<(String, Vec<usize>)> = idx
+        .iter()
+        .map(|(n, e)| (n.clone(), e.shape.clone()))
+        .collect();
+    assert_eq!(keys::state_dict_entries(Graph::Train, 80), entries);
     assert_eq!(keys::state_dict_names(Graph::Infer).len(), 1339);
 }
 
@@ -520,11 +525,21 @@ fn damaged_safetensors_cases() {
     let e = err_of(Weights::load(&dir));
     assert!(e.contains(&dir.display().to_string()), "{e}");
     // Saving into a missing directory fails cleanly and leaves nothing behind.
-    let w = Weights::load(&common::reference("yolov9-s-converted.pt")).unwrap();
+    let mut w = Weights::load(&common::reference("yolov9-s-converted.pt")).unwrap();
     let target = dir.join("no/such/dir/w.safetensors");
     let e = err_of(w.save(&target, true));
     assert!(e.contains("cannot create"), "{e}");
     assert!(!dir.join("no").exists());
+    // A tensor of another model size is named with both shapes.
+    let t = Tensor::zeros((16, 3, 3, 3), DType::F32, &candle_core::Device::Cpu).unwrap();
+    w.tensors.insert("model.0.conv.weight".into(), t);
+    let p = dir.join("small.safetensors");
+    w.save(&p, false).unwrap();
+    let e = err_of(Weights::load(&p));
+    assert!(
+        e.contains("model.0.conv.weight has shape [16, 3, 3, 3]") && e.contains("[32, 3, 3, 3]"),
+        "{e}"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -739,6 +754,20 @@ fn shipped_bccd_weights_match_their_source() {
     assert_eq!(w.parameter_count(), 7_226_208 - 6 / 2 * 77 * 129);
     let size = std::fs::metadata(&shipped).unwrap().len();
     assert!((14_000_000..15_000_000).contains(&size), "{size} bytes");
+    // Reproducible: converting again gives the shipped bytes exactly.
+    let dir = tmpdir("ship");
+    let again = dir.join("again.safetensors");
+    convert::convert_file(
+        &common::reference("bccd-official-best.pt"),
+        &again,
+        ConvertOptions {
+            half: true,
+            infer: true,
+        },
+    )
+    .unwrap();
+    assert!(std::fs::read(&again).unwrap() == std::fs::read(&shipped).unwrap());
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// `yolo9 convert` end to end: summary figures on stdout, and bad input → exit code 1 with one

@@ -283,3 +283,11 @@ fn dfl_decode_of_p5_matches_oracle() {
     assert!(eb <= 2e-4, "box error {eb}");
     assert!(es <= 1e-6, "score error {es}");
 }
+
+#[test]
+fn models_are_send_and_sync() {
+    // Compile-time check: a detector service shares one model across threads.
+    fn ok<T: Send + Sync>() {}
+    ok::<yolo9::model::YoloV9>();
+    ok::<yolo9::model::YoloV9Train>();
+}

@@ -93,6 +93,8 @@ fn yolov9_s_matches_official_forward() {
 
     // Export → reload gives the same fused model.
     let w2 = tm.to_weights().unwrap();
+    w2.validate("exported training graph")
+        .expect("export must be a complete official state_dict");
     let m2 = YoloV9::load(&w2, &Device::Cpu).unwrap();
     let y2 = m2.forward(x).unwrap();
     assert_eq!(max_abs(&y, &y2), 0.0);

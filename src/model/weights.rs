@@ -227,8 +227,9 @@ impl Weights {
     }
 
     /// Checks the tensors against the graph of `self.meta`: every float tensor present with dtype
-    /// f32, nothing unexpected, counters int64 when present, `nc` equal to the class-convolution
-    /// width and to `names.len()`, strides `[8, 16, 32]`. `what` names the source in errors.
+    /// f32 and the shape of [`keys::state_dict_entries`], nothing unexpected, counters int64 when
+    /// present, `nc` equal to the class-convolution width and to `names.len()`, strides
+    /// `[8, 16, 32]`. `what` names the source in errors.
     pub fn validate(&self, what: &str) -> Result<()> {
         let graph = self.meta.graph;
         let expected = keys::state_dict_names(graph);
@@ -295,6 +296,17 @@ impl Weights {
                 self.meta.nc,
                 width.unwrap_or(0)
             )
+        }
+        for (n, shape) in keys::state_dict_entries(graph, self.meta.nc) {
+            if let Some(t) = self.tensors.get(&n) {
+                if t.dims() != shape.as_slice() {
+                    bail!(
+                        "{what}: tensor {n} has shape {:?}, the YOLOv9-s {kind} graph needs \
+                         {shape:?}: the file holds another model size",
+                        t.dims()
+                    )
+                }
+            }
         }
         if self.meta.names.len() != self.meta.nc {
             bail!(
