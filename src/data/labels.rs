@@ -319,7 +319,11 @@ fn parse_row(fields: &[&str], nc: usize) -> Result<Row, (String, String)> {
 
 fn field_name(polygon: bool, k: usize) -> String {
     if polygon {
-        format!("{}{}", if k.is_multiple_of(2) { "x" } else { "y" }, k / 2 + 1)
+        format!(
+            "{}{}",
+            if k.is_multiple_of(2) { "x" } else { "y" },
+            k / 2 + 1
+        )
     } else {
         ["x", "y", "w", "h"][k].to_string()
     }

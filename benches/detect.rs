@@ -1,0 +1,96 @@
+//! Detect latency and throughput: `cargo bench --bench detect -- [--device cpu|N] [--weights W]
+//! [--image IMG] [--iters N] [--batch B]`.
+//!
+//! Measures, on one image letterboxed to 640 (`auto` padding, as `yolo9 detect`):
+//! pre-process (decode excluded: letterbox + tensor), forward (device-synchronised, output copied to
+//! the host as `yolo9 detect` does), NMS + scaling, and the total, as medians over `--iters`; then
+//! the forward throughput at `--batch` (default 32) on a stacked batch. Prints one line per figure
+//! as `name value unit` so a script can compare it with `benches/torch_detect.py` run in the same
+//! device command.
+
+use anyhow::{Context, Result};
+use std::path::PathBuf;
+use std::time::Instant;
+use yolo9::detect::letterbox::to_tensor;
+use yolo9::device::{parse_device, select};
+use yolo9::Detector;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn main() -> Result<()> {
+    let mut device = "cpu".to_string();
+    let mut weights = PathBuf::from("weights/yolov9-s-bccd.safetensors");
+    let mut image = PathBuf::from("examples/images/BloodImage_00007.jpg");
+    let mut iters = 20usize;
+    let mut batch = 32usize;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut val = || args.next().with_context(|| format!("{a} needs a value"));
+        match a.as_str() {
+            "--device" => device = val()?,
+            "--weights" => weights = val()?.into(),
+            "--image" => image = val()?.into(),
+            "--iters" => iters = val()?.parse()?,
+            "--batch" => batch = val()?.parse()?,
+            "--bench" => {}
+            _ => {}
+        }
+    }
+    let spec = parse_device(&device).map_err(anyhow::Error::msg)?;
+    let dev = select(spec)?;
+    let det = Detector::load(&weights, dev.clone())?;
+    let img = yolo9::data::image::load_rgb8(&image)?;
+    println!(
+        "device {device} weights {} image {}",
+        weights.display(),
+        image.display()
+    );
+
+    let (mut pre, mut fwd, mut post, mut total) = (vec![], vec![], vec![], vec![]);
+    for i in 0..iters + 3 {
+        let t0 = Instant::now();
+        let (lb, info) = det.preprocess(&img)?;
+        let x = to_tensor(&[&lb], &dev)?;
+        dev.synchronize()?;
+        let t1 = Instant::now();
+        let y = det.forward_tensor(&x)?;
+        let t2 = Instant::now();
+        let d = det.postprocess(&y, &[info])?;
+        let t3 = Instant::now();
+        if i >= 3 {
+            pre.push((t1 - t0).as_secs_f64() * 1e3);
+            fwd.push((t2 - t1).as_secs_f64() * 1e3);
+            post.push((t3 - t2).as_secs_f64() * 1e3);
+            total.push((t3 - t0).as_secs_f64() * 1e3);
+        }
+        if i == 0 {
+            println!("detections {}", d[0].len());
+        }
+    }
+    println!("b1_preprocess_ms {:.3}", median(pre));
+    println!("b1_forward_ms {:.3}", median(fwd));
+    println!("b1_nms_ms {:.3}", median(post));
+    println!("b1_total_ms {:.3}", median(total));
+
+    if batch > 1 {
+        let (lb, _) = det.preprocess(&img)?;
+        let refs: Vec<_> = (0..batch).map(|_| &lb).collect();
+        let x = to_tensor(&refs, &dev)?;
+        let mut t = vec![];
+        for i in 0..(iters / 2).max(2) + 2 {
+            dev.synchronize()?;
+            let t0 = Instant::now();
+            let _y = det.forward_tensor(&x)?;
+            if i >= 2 {
+                t.push(t0.elapsed().as_secs_f64() * 1e3);
+            }
+        }
+        let ms = median(t);
+        println!("b{batch}_forward_ms {ms:.3}");
+        println!("b{batch}_img_per_s {:.1}", batch as f64 * 1e3 / ms);
+    }
+    Ok(())
+}
