@@ -34,6 +34,9 @@ pub const GAINS: [f32; 3] = [7.5, 0.5, 1.5];
 /// Upper clamp of DFL target distances (`reg_max - 1 - 0.01`, in grid units).
 pub const DFL_TARGET_MAX: f32 = 14.99;
 
+/// One branch's levels concatenated: `(B, 64 + nc, A)` f32, the level sizes `(H, W)`, and B.
+type Flattened = (Tensor, Vec<(usize, usize)>, usize);
+
 /// Loss of one branch, before the branch weight and the gains (host values), with its assignment.
 #[derive(Debug, Clone)]
 pub struct BranchLoss {
@@ -222,11 +225,7 @@ impl DualTalLoss {
     }
 
     /// Check the levels of one branch and concatenate them to `(B, 64 + nc, A)` f32.
-    fn flatten_levels(
-        &self,
-        levels: &[Tensor],
-        which: &str,
-    ) -> Result<(Tensor, Vec<(usize, usize)>, usize)> {
+    fn flatten_levels(&self, levels: &[Tensor], which: &str) -> Result<Flattened> {
         ensure!(
             levels.len() == self.strides.len(),
             "loss: the {which} branch has {} levels but the loss has {} strides {:?}",
