@@ -372,3 +372,47 @@ fn targets_are_grouped_and_scaled() {
     assert_eq!(gt.bboxes[3], [160.0, 80.0, 224.0, 112.0]);
     assert_eq!(gt.bboxes[1], [0.0; 4]);
 }
+
+/// Tie rule (documented in the assigner): when a GT has fewer than `topk` anchors with a positive
+/// metric, the remaining slots go to metric-0 entries of the masked row in anchor-index order,
+/// counting anchors outside the GT (which then do not become positives).
+#[test]
+fn zero_metric_ties_follow_a_stable_topk() {
+    let anc = Anchors::new(&[(4, 4)], &[8]).unwrap().points_px(); // centres 4, 12, 20, 28
+    let far = [100.0f32, 100.0, 110.0, 110.0];
+    let run = |gt_box: [f32; 4], good: usize, zero: usize| {
+        let gt = GtBatch {
+            batch: 1,
+            n_max_boxes: 1,
+            labels: vec![0],
+            bboxes: vec![gt_box],
+            mask: vec![true],
+        };
+        let pd: Vec<[f32; 4]> = (0..16)
+            .map(|a| if a == good { gt_box } else { far })
+            .collect();
+        let scores = vec![0.5f32; 16];
+        let (out, diag) = TaskAlignedAssigner::new(1)
+            .assign_with_diagnostics(&AssignerInput {
+                scores: Scores::Probs(&scores),
+                pd_bboxes: &pd,
+                anc_points: &anc,
+                gt: &gt,
+            })
+            .unwrap();
+        assert!(diag.align_metric[good] > 0.5);
+        assert_eq!(
+            diag.align_metric[zero], 0.0,
+            "far prediction: CIoU < 0 clamps to 0"
+        );
+        out
+    };
+    // GT over anchors 0 and 1: anchor 1 (metric 0) is among the first 9 zero entries.
+    let out = run([0.0, 0.0, 16.0, 8.0], 0, 1);
+    assert_eq!(out.fg_indices(), vec![0, 1]);
+    assert_eq!(out.target_score[1], 0.0);
+    assert!(out.target_score[0] > 0.99);
+    // GT over anchors 14 and 15: the 9 zero slots go to anchors 0..9, so 15 is not positive.
+    let out = run([16.0, 24.0, 32.0, 32.0], 14, 15);
+    assert_eq!(out.fg_indices(), vec![14]);
+}

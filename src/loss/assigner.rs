@@ -470,13 +470,13 @@ impl TaskAlignedAssigner {
                     // The remaining slots go to metric-0 entries of the masked row in index order;
                     // only those inside the GT become positives.
                     let mut left = k - nonzero.len();
-                    for a in 0..na {
+                    for (a, &st) in state.iter().enumerate() {
                         if left == 0 {
                             break;
                         }
-                        if state[a] != 2 {
+                        if st != 2 {
                             left -= 1;
-                            if state[a] == 1 {
+                            if st == 1 {
                                 row[a] = true;
                             }
                         }

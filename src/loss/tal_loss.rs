@@ -34,6 +34,9 @@ pub const GAINS: [f32; 3] = [7.5, 0.5, 1.5];
 /// Upper clamp of DFL target distances (`reg_max - 1 - 0.01`, in grid units).
 pub const DFL_TARGET_MAX: f32 = 14.99;
 
+/// One branch's levels concatenated: `(B, 64 + nc, A)` f32, the level sizes `(H, W)`, and B.
+type Flattened = (Tensor, Vec<(usize, usize)>, usize);
+
 /// Loss of one branch, before the branch weight and the gains (host values), with its assignment.
 #[derive(Debug, Clone)]
 pub struct BranchLoss {
@@ -126,6 +129,36 @@ impl DualTalLoss {
         targets: &Tensor,
         img_hw: (usize, usize),
     ) -> Result<LossOutput> {
+        self.compute_impl(aux, main, targets, img_hw, None)
+    }
+
+    /// [`Self::compute`] with the assignments of both branches given (`[aux, main]`) instead of
+    /// computed: this evaluates the loss functions alone, e.g. against the official assigner's
+    /// output, without the assignment's sensitivity to prediction rounding. `targets` are still
+    /// validated. Only `fg_mask`, `target_labels`, `target_bboxes` (pixels) and `target_score`
+    /// are read.
+    ///
+    /// Errors: as [`Self::compute`], plus assignments whose batch, anchor or class counts do not
+    /// match the head outputs.
+    pub fn compute_with_assignments(
+        &self,
+        aux: &[Tensor],
+        main: &[Tensor],
+        targets: &Tensor,
+        img_hw: (usize, usize),
+        assignments: [&Assignment; 2],
+    ) -> Result<LossOutput> {
+        self.compute_impl(aux, main, targets, img_hw, Some(assignments))
+    }
+
+    fn compute_impl(
+        &self,
+        aux: &[Tensor],
+        main: &[Tensor],
+        targets: &Tensor,
+        img_hw: (usize, usize),
+        given: Option<[&Assignment; 2]>,
+    ) -> Result<LossOutput> {
         let (flat_aux, hw_aux, bs) = self.flatten_levels(aux, "aux")?;
         let (flat_main, hw_main, bs_main) = self.flatten_levels(main, "main")?;
         ensure!(
@@ -166,8 +199,9 @@ impl DualTalLoss {
             .collect();
         let gt = GtBatch::from_targets(&rows, bs, img_hw, self.nc)?;
 
-        let (t_aux, aux_r) = self.branch(&flat_aux, &anchors, &gt, "aux")?;
-        let (t_main, main_r) = self.branch(&flat_main, &anchors, &gt, "main")?;
+        let (t_aux, aux_r) = self.branch(&flat_aux, &anchors, &gt, "aux", given.map(|g| g[0]))?;
+        let (t_main, main_r) =
+            self.branch(&flat_main, &anchors, &gt, "main", given.map(|g| g[1]))?;
 
         let aw = AUX_WEIGHT as f64;
         let mut parts = Vec::with_capacity(3);
@@ -191,11 +225,7 @@ impl DualTalLoss {
     }
 
     /// Check the levels of one branch and concatenate them to `(B, 64 + nc, A)` f32.
-    fn flatten_levels(
-        &self,
-        levels: &[Tensor],
-        which: &str,
-    ) -> Result<(Tensor, Vec<(usize, usize)>, usize)> {
+    fn flatten_levels(&self, levels: &[Tensor], which: &str) -> Result<Flattened> {
         ensure!(
             levels.len() == self.strides.len(),
             "loss: the {which} branch has {} levels but the loss has {} strides {:?}",
@@ -246,6 +276,7 @@ impl DualTalLoss {
         anchors: &Anchors,
         gt: &GtBatch,
         which: &str,
+        given: Option<&Assignment>,
     ) -> Result<([Tensor; 3], BranchLoss)> {
         let (bs, no, na) = flat.dims3()?;
         let dev = flat.device().clone();
@@ -288,17 +319,48 @@ impl DualTalLoss {
                 ]);
             }
         }
-        let anc_px = anchors.points_px();
-        let asg = self.assigner.assign(&AssignerInput {
-            scores: Scores::HeadLogits {
-                data: &host,
-                channels: no,
-                offset: 4 * REG_MAX,
-            },
-            pd_bboxes: &pd_bboxes,
-            anc_points: &anc_px,
-            gt,
-        })?;
+        let asg = match given {
+            Some(a) => {
+                ensure!(
+                    a.batch == bs
+                        && a.num_anchors == na
+                        && a.num_classes == self.nc
+                        && a.fg_mask.len() == bs * na
+                        && a.target_labels.len() == bs * na
+                        && a.target_bboxes.len() == bs * na
+                        && a.target_score.len() == bs * na,
+                    "loss: the given {which} assignment is for batch {} x {} anchors x {} classes, \
+                     the head has {bs} x {na} x {}",
+                    a.batch,
+                    a.num_anchors,
+                    a.num_classes,
+                    self.nc
+                );
+                if let Some(i) = (0..bs * na).find(|&i| {
+                    a.fg_mask[i]
+                        && (a.target_labels[i] < 0 || a.target_labels[i] as usize >= self.nc)
+                }) {
+                    bail!(
+                        "loss: the given {which} assignment has label {} at anchor {i}",
+                        a.target_labels[i]
+                    );
+                }
+                a.clone()
+            }
+            None => {
+                let anc_px = anchors.points_px();
+                self.assigner.assign(&AssignerInput {
+                    scores: Scores::HeadLogits {
+                        data: &host,
+                        channels: no,
+                        offset: 4 * REG_MAX,
+                    },
+                    pd_bboxes: &pd_bboxes,
+                    anc_points: &anc_px,
+                    gt,
+                })?
+            }
+        };
         let tss = asg.target_scores_sum().max(1.0);
 
         let flat1 = flat.flatten_all()?;
