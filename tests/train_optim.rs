@@ -1,7 +1,7 @@
 //! Optimizer, EMA and schedule against hand-computed values (PyTorch SGD semantics).
 use candle_core::{Device, Tensor, Var};
 use yolo9::train::ema::Ema;
-use yolo9::train::optimizer::{ParamGroup, Sgd};
+use yolo9::train::optimizer::{group_of, ParamGroup, Sgd};
 use yolo9::train::schedule::{round_half_even, Schedule};
 
 fn close(a: &[f32], b: &[f64]) {
@@ -12,14 +12,11 @@ fn close(a: &[f32], b: &[f64]) {
 
 #[test]
 fn groups_follow_official_names() {
-    assert_eq!(ParamGroup::of("model.0.conv.weight"), ParamGroup::Weight);
-    assert_eq!(ParamGroup::of("model.0.bn.weight"), ParamGroup::BnWeight);
-    assert_eq!(ParamGroup::of("model.0.bn.bias"), ParamGroup::Bias);
-    assert_eq!(ParamGroup::of("model.29.cv2.0.2.bias"), ParamGroup::Bias);
-    assert_eq!(
-        ParamGroup::of("model.29.cv2.0.2.weight"),
-        ParamGroup::Weight
-    );
+    assert_eq!(group_of("model.0.conv.weight"), ParamGroup::ConvWeight);
+    assert_eq!(group_of("model.0.bn.weight"), ParamGroup::BnWeight);
+    assert_eq!(group_of("model.0.bn.bias"), ParamGroup::Bias);
+    assert_eq!(group_of("model.29.cv2.0.2.bias"), ParamGroup::Bias);
+    assert_eq!(group_of("model.29.cv2.0.2.weight"), ParamGroup::ConvWeight);
 }
 
 /// Two Nesterov steps with weight decay, computed by hand (numpy, PyTorch's formula):
@@ -137,4 +134,23 @@ fn schedule_matches_train_dual() {
     let mut c = s.clone();
     c.cos_lr = true;
     assert!((c.lf(0) - 1.0).abs() < 1e-12 && (c.lf(50) - 0.01).abs() < 1e-12);
+}
+
+/// The name rule of the optimizer gives the model's structural groups for every parameter of
+/// the real training graph (303 decayed conv weights, 291 BN weights, 303 biases).
+#[test]
+fn name_groups_equal_model_groups() -> anyhow::Result<()> {
+    let names = vec!["a".to_string(), "b".to_string(), "c".to_string()];
+    let m = yolo9::model::YoloV9Train::new(None, 3, names, &Device::Cpu, 0)?;
+    for v in m.vars() {
+        assert_eq!(group_of(&v.name), v.group, "{}", v.name);
+    }
+    let params = m
+        .vars()
+        .iter()
+        .map(|v| (v.name.clone(), v.var.clone()))
+        .collect();
+    let opt = Sgd::new(params, 0.01, 0.937, 5e-4);
+    assert_eq!(opt.group_sizes(), [303, 303, 291]);
+    Ok(())
 }

@@ -42,9 +42,18 @@ impl BatchNorm2d {
         if train {
             let (b, _, h, w) = x.dims4()?;
             let n = (b * h * w) as f64;
-            let mean = (channel_sum(x)? / n)?;
+            // Batch statistics: values accumulated in f64 (PyTorch's CPU/GPU reductions are far
+            // more accurate than a plain f32 sum over B·H·W elements, and the TAL assigner's
+            // CIoU^6 amplifies the difference), gradients through the f32 expressions:
+            // `v64 + (v32 - v32.detach())` has the value of `v64` and the gradient of `v32`.
+            let x64 = x.detach().to_dtype(DType::F64)?;
+            let mean64 = (channel_sum(&x64)? / n)?;
+            let var64 = (channel_sum(&x64.broadcast_sub(&mean64)?.sqr()?)? / n)?;
+            let mean32 = (channel_sum(x)? / n)?;
+            let mean = (mean64.to_dtype(x.dtype())? + (&mean32 - mean32.detach())?)?;
             let xc = x.broadcast_sub(&mean)?;
-            let var = (channel_sum(&xc.sqr()?)? / n)?;
+            let var32 = (channel_sum(&xc.sqr()?)? / n)?;
+            let var = (var64.to_dtype(x.dtype())? + (&var32 - var32.detach())?)?;
             let inv = (var.clone() + BN_EPS)?.sqrt()?.recip()?;
             let scale = inv.broadcast_mul(&self.weight.reshape(shape4)?)?;
             let y = xc

@@ -12,7 +12,7 @@
 //!
 //! Groups, in the official order (`pg0..pg2` in results.csv):
 //! - [`ParamGroup::Bias`]: every bias (no decay; its warmup LR starts at `warmup_bias_lr`),
-//! - [`ParamGroup::Weight`]: conv weights (weight decay `5e-4 * batch * accumulate / 64`),
+//! - [`ParamGroup::ConvWeight`]: conv weights (weight decay `5e-4 * batch * accumulate / 64`),
 //! - [`ParamGroup::BnWeight`]: BatchNorm weights (no decay).
 //!
 //! BatchNorm running statistics are buffers, never parameters: they are not in the optimizer.
@@ -20,29 +20,29 @@
 use anyhow::{Context, Result};
 use candle_core::{backprop::GradStore, DType, Tensor, Var};
 
-/// The three official parameter groups.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ParamGroup {
-    /// Biases of convs and BatchNorms (`pg0`), no weight decay.
-    Bias = 0,
-    /// Convolution weights (`pg1`), with weight decay.
-    Weight = 1,
-    /// BatchNorm weights (`pg2`), no weight decay.
-    BnWeight = 2,
+pub use crate::model::ParamGroup;
+
+/// Index of a group in the official order (`pg0` biases, `pg1` decayed conv weights, `pg2`
+/// BatchNorm weights): the index into [`Sgd::lr`] and the `lr/pgN` columns of results.csv.
+pub fn pg_index(group: ParamGroup) -> usize {
+    match group {
+        ParamGroup::Bias => 0,
+        ParamGroup::ConvWeight => 1,
+        ParamGroup::BnWeight => 2,
+    }
 }
 
-impl ParamGroup {
-    /// The group of a parameter from its official state_dict name: `*.bias` → Bias,
-    /// `*.bn.weight` → BnWeight (every BatchNorm of YOLOv9 is named `bn`), other `*.weight` →
-    /// Weight. Mirrors the isinstance tests of `smart_optimizer`.
-    pub fn of(name: &str) -> ParamGroup {
-        if name.ends_with(".bias") {
-            ParamGroup::Bias
-        } else if name.ends_with(".bn.weight") {
-            ParamGroup::BnWeight
-        } else {
-            ParamGroup::Weight
-        }
+/// The group of a parameter from its official state_dict name: `*.bias` → Bias, `*.bn.weight`
+/// → BnWeight (every BatchNorm of YOLOv9 is named `bn`), other `*.weight` → ConvWeight. Gives the
+/// same groups as the model's structural assignment (`YoloV9Train::vars`) and as the isinstance
+/// tests of the official `smart_optimizer`.
+pub fn group_of(name: &str) -> ParamGroup {
+    if name.ends_with(".bias") {
+        ParamGroup::Bias
+    } else if name.ends_with(".bn.weight") {
+        ParamGroup::BnWeight
+    } else {
+        ParamGroup::ConvWeight
     }
 }
 
@@ -64,11 +64,11 @@ pub struct Sgd {
     params: Vec<Param>,
     /// Momentum buffer per parameter (None before its first update).
     buffers: Vec<Option<Tensor>>,
-    /// Learning rate of each group, indexed by `ParamGroup as usize`.
+    /// Learning rate of each group, indexed by [`pg_index`].
     pub lr: [f64; 3],
     /// Momentum shared by all groups (0.937; 0.8 → 0.937 during warmup).
     pub momentum: f64,
-    /// Weight decay of the [`ParamGroup::Weight`] group (already scaled by batch × accumulate / 64).
+    /// Weight decay of the [`ParamGroup::ConvWeight`] group (already scaled by batch × accumulate / 64).
     pub weight_decay: f64,
 }
 
@@ -78,7 +78,7 @@ impl Sgd {
         let params: Vec<Param> = params
             .into_iter()
             .map(|(name, var)| Param {
-                group: ParamGroup::of(&name),
+                group: group_of(&name),
                 name,
                 var,
             })
@@ -102,7 +102,7 @@ impl Sgd {
     pub fn group_sizes(&self) -> [usize; 3] {
         let mut n = [0; 3];
         for p in &self.params {
-            n[p.group as usize] += 1;
+            n[pg_index(p.group)] += 1;
         }
         n
     }
@@ -147,7 +147,7 @@ impl Sgd {
                 continue;
             };
             let w = p.var.as_tensor();
-            let g = if p.group == ParamGroup::Weight && self.weight_decay != 0.0 {
+            let g = if p.group == ParamGroup::ConvWeight && self.weight_decay != 0.0 {
                 (g + (w * self.weight_decay)?)?
             } else {
                 g.clone()
@@ -157,7 +157,7 @@ impl Sgd {
                 Some(b) => ((b * m)? + &g)?,
             };
             let update = (&g + (&b * m)?)?;
-            let lr = self.lr[p.group as usize];
+            let lr = self.lr[pg_index(p.group)];
             p.var
                 .set(&(w - (update * lr)?)?)
                 .with_context(|| format!("updating {}", p.name))?;
