@@ -221,24 +221,6 @@ pub enum Init {
 pub fn source_name(g: Graph, name: &str) -> Option<String> {
     match g {
         Graph::Train => Some(name.to_string()),
-        Graph::Infer => {
-            for (from, to) in [
-                ("model.29.cv4.", "model.22.cv2."),
-                ("model.29.cv5.", "model.22.cv3."),
-                ("model.29.dfl2.", "model.22.dfl."),
-            ] {
-                if let Some(rest) = name.strip_prefix(from) {
-                    return Some(format!("{to}{rest}"));
-                }
-            }
-            let layer: Option<usize> = name
-                .strip_prefix("model.")
-                .and_then(|r| r.split('.').next())
-                .and_then(|n| n.parse().ok());
-            match layer {
-                Some(l) if l <= 21 => Some(name.to_string()),
-                _ => None,
-            }
-        }
+        Graph::Infer => crate::convert::keys::train_to_infer_name(name),
     }
 }
