@@ -43,6 +43,9 @@ pub struct ValConfig {
     pub max_det: usize,
     /// Rect padding in strides (official 0.5).
     pub pad: f64,
+    /// Images per forward pass inside a batch (bounds memory; results per image do not depend
+    /// on it; val losses are averaged over these chunks).
+    pub forward_chunk: usize,
     /// Show a progress bar.
     pub progress: bool,
 }
@@ -56,6 +59,7 @@ impl Default for ValConfig {
             iou_thres: 0.7,
             max_det: 300,
             pad: 0.5,
+            forward_chunk: 4,
             progress: false,
         }
     }
@@ -392,68 +396,37 @@ pub fn validate(model: ValModel<'_>, images: &[ValImage], cfg: &ValConfig) -> Re
             continue;
         }
         let (h, w) = (shape.0 as usize, shape.1 as usize);
-        let mut bytes = Vec::with_capacity(ok.len() * 3 * h * w);
-        for (_, p) in &ok {
-            bytes.extend_from_slice(&p.chw);
-        }
-        let x = Tensor::from_vec(bytes, (ok.len(), 3, h, w), &device)?
-            .to_dtype(DType::F32)?
-            .broadcast_div(&Tensor::new(255f32, &device)?)?;
-        let y = match &model {
-            ValModel::Infer(m) => m.forward(&x)?,
-            ValModel::Train { model, loss } => {
-                let raw = model.forward(&x, false)?;
-                let mut rows = Vec::new();
-                for (k, (i, p)) in ok.iter().enumerate() {
-                    // Targets normalized to the letterboxed input, as the official loader.
-                    let rw = images[*i].width as f64 * p.gain;
-                    let rh = images[*i].height as f64 * p.gain;
-                    for (c, l) in &images[*i].labels {
-                        let cx = (l[0] as f64 * rw + p.pad.0) / w as f64;
-                        let cy = (l[1] as f64 * rh + p.pad.1) / h as f64;
-                        let bw = l[2] as f64 * rw / w as f64;
-                        let bh = l[3] as f64 * rh / h as f64;
-                        rows.push([k as f32, *c as f32, cx as f32, cy as f32, bw as f32, bh as f32]);
-                    }
-                }
-                let t = crate::loss::tal_loss::targets_tensor(&rows, &device)?;
-                let lo = loss
-                    .compute(&raw.aux, &raw.main, &t, (h, w))
-                    .context("validation loss")?;
-                for (s, v) in loss_sum.iter_mut().zip(lo.items) {
-                    *s += v as f64;
-                }
-                loss_batches += 1;
-                raw.decode()?.1
+        for ok in ok.chunks(cfg.forward_chunk.max(1)) {
+            let mut bytes = Vec::with_capacity(ok.len() * 3 * h * w);
+            for (_, p) in ok {
+                bytes.extend_from_slice(&p.chw);
             }
-        };
-        let y = y.to_device(&Device::Cpu)?.to_dtype(DType::F32)?;
-        for (k, (i, p)) in ok.iter().enumerate() {
-            let im = &images[*i];
-            let flat: Vec<f32> = y.get(k)?.flatten_all()?.to_vec1()?;
-            let det = nms_multilabel(&flat, nc, cfg.conf_thres, cfg.iou_thres, cfg.max_det);
-            let detn: Vec<[f32; 6]> = det
-                .iter()
-                .map(|d| {
-                    let b = scale_box_back([d[0], d[1], d[2], d[3]], p.gain, p.pad, im.width, im.height);
-                    [b[0], b[1], b[2], b[3], d[4], d[5]]
-                })
-                .collect();
-            let (w0, h0) = (im.width as f32, im.height as f32);
-            let labels: Vec<[f32; 5]> = im
-                .labels
-                .iter()
-                .map(|(c, l)| {
-                    [
-                        *c as f32,
-                        ((l[0] - l[2] / 2.0) * w0).clamp(0.0, w0),
-                        ((l[1] - l[3] / 2.0) * h0).clamp(0.0, h0),
-                        ((l[0] + l[2] / 2.0) * w0).clamp(0.0, w0),
-                        ((l[1] + l[3] / 2.0) * h0).clamp(0.0, h0),
-                    ]
-                })
-                .collect();
-            stats.add_image(&detn, &labels);
+            let x = Tensor::from_vec(bytes, (ok.len(), 3, h, w), &device)?
+                .to_dtype(DType::F32)?
+                .broadcast_div(&Tensor::new(255f32, &device)?)?;
+            let y = match &model {
+                ValModel::Infer(m) => m.forward(&x)?,
+                ValModel::Train { model, loss } => {
+                    let raw = model.forward(&x, false)?;
+                    let rows = letterboxed_targets(images, ok, (h, w));
+                    let t = crate::loss::tal_loss::targets_tensor(&rows, &device)?;
+                    let lo = loss
+                        .compute(&raw.aux, &raw.main, &t, (h, w))
+                        .context("validation loss")?;
+                    for (s, v) in loss_sum.iter_mut().zip(lo.items) {
+                        *s += v as f64;
+                    }
+                    loss_batches += 1;
+                    raw.decode()?.1
+                }
+            };
+            let y = y.to_device(&Device::Cpu)?.to_dtype(DType::F32)?;
+            for (k, (i, p)) in ok.iter().enumerate() {
+                let flat: Vec<f32> = y.get(k)?.flatten_all()?.to_vec1()?;
+                let det = nms_multilabel(&flat, nc, cfg.conf_thres, cfg.iou_thres, cfg.max_det);
+                let (detn, labels) = native_space(&images[*i], &det, p);
+                stats.add_image(&detn, &labels);
+            }
         }
     }
     if let Some(pb) = pb {
@@ -473,4 +446,50 @@ pub fn validate(model: ValModel<'_>, images: &[ValImage], cfg: &ValConfig) -> Re
         skipped,
         seconds: t0.elapsed().as_secs_f64(),
     })
+}
+
+/// Targets `[k, cls, cx, cy, w, h]` normalized to the letterboxed input `(h, w)`, as the official
+/// loader builds them.
+fn letterboxed_targets(images: &[ValImage], ok: &[(usize, Prepared)], hw: (usize, usize)) -> Vec<[f32; 6]> {
+    let (h, w) = (hw.0 as f64, hw.1 as f64);
+    let mut rows = Vec::new();
+    for (k, (i, p)) in ok.iter().enumerate() {
+        let rw = images[*i].width as f64 * p.gain;
+        let rh = images[*i].height as f64 * p.gain;
+        for (c, l) in &images[*i].labels {
+            let cx = (l[0] as f64 * rw + p.pad.0) / w;
+            let cy = (l[1] as f64 * rh + p.pad.1) / h;
+            let bw = l[2] as f64 * rw / w;
+            let bh = l[3] as f64 * rh / h;
+            rows.push([k as f32, *c as f32, cx as f32, cy as f32, bw as f32, bh as f32]);
+        }
+    }
+    rows
+}
+
+/// Detections (network-input pixels) and labels (normalized) of one image in original pixels:
+/// rows `[x1, y1, x2, y2, conf, cls]` and `[cls, x1, y1, x2, y2]`, clipped to the image.
+fn native_space(im: &ValImage, det: &[[f32; 6]], p: &Prepared) -> (Vec<[f32; 6]>, Vec<[f32; 5]>) {
+    let detn = det
+        .iter()
+        .map(|d| {
+            let b = scale_box_back([d[0], d[1], d[2], d[3]], p.gain, p.pad, im.width, im.height);
+            [b[0], b[1], b[2], b[3], d[4], d[5]]
+        })
+        .collect();
+    let (w0, h0) = (im.width as f32, im.height as f32);
+    let labels = im
+        .labels
+        .iter()
+        .map(|(c, l)| {
+            [
+                *c as f32,
+                ((l[0] - l[2] / 2.0) * w0).clamp(0.0, w0),
+                ((l[1] - l[3] / 2.0) * h0).clamp(0.0, h0),
+                ((l[0] + l[2] / 2.0) * w0).clamp(0.0, w0),
+                ((l[1] + l[3] / 2.0) * h0).clamp(0.0, h0),
+            ]
+        })
+        .collect();
+    (detn, labels)
 }
