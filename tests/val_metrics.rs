@@ -224,3 +224,27 @@ fn val_bccd_test_split_matches_official_table() {
         assert!((got - want).abs() <= 0.002, "got {got}, official {want}");
     }
 }
+
+/// The JPEG decoder used by validation against OpenCV's `imread` (oracle `orig_bgr_u8` of
+/// horses.jpg): not bit-exact (different IDCT / chroma upsampling), but close.
+#[test]
+fn jpeg_decode_close_to_opencv() {
+    let t = load("forward_horses.safetensors");
+    let bgr: Vec<u8> = t["orig_bgr_u8"].flatten_all().unwrap().to_vec1().unwrap();
+    let img = yolo9::metrics::validate::decode_rgb8(&common::reference("horses.jpg")).unwrap();
+    assert_eq!(img.dimensions(), (773, 512));
+    let mut max = 0i32;
+    let mut sum = 0f64;
+    let mut exact = 0usize;
+    for (i, p) in img.pixels().enumerate() {
+        for c in 0..3 {
+            let d = (p[c] as i32 - bgr[i * 3 + (2 - c)] as i32).abs();
+            max = max.max(d);
+            sum += d as f64;
+            exact += (d == 0) as usize;
+        }
+    }
+    let n = bgr.len() as f64;
+    eprintln!("decode vs OpenCV: max {max}, mean {:.4}, exact {:.4}", sum / n, exact as f64 / n);
+    assert!(sum / n < 2.0, "mean abs diff {}", sum / n);
+}

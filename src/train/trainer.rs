@@ -562,7 +562,13 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
 
     let mut reports = Vec::new();
     for epoch in start_epoch..opts.epochs {
-        if opts.close_mosaic > 0 && epoch + opts.close_mosaic >= opts.epochs && loader.config().augment.mosaic > 0.0 {
+        // Official: mosaic off at `epoch == epochs - close_mosaic` (never when close_mosaic > epochs);
+        // `>=` so that a resumed run past that epoch also has it off.
+        if opts.close_mosaic > 0
+            && opts.epochs >= opts.close_mosaic
+            && epoch >= opts.epochs - opts.close_mosaic
+            && loader.config().augment.mosaic > 0.0
+        {
             if opts.verbose {
                 println!("closing mosaic from epoch {epoch}");
             }
