@@ -22,13 +22,25 @@ fn tiny_dataset(dir: &std::path::Path) -> PathBuf {
         std::fs::create_dir_all(dir.join("images").join(split)).unwrap();
         std::fs::create_dir_all(dir.join("labels").join(split)).unwrap();
         for n in names.iter().take(if split == "train" { 2 } else { 1 }) {
-            std::fs::copy(src.join("images/train").join(n), dir.join("images").join(split).join(n)).unwrap();
+            std::fs::copy(
+                src.join("images/train").join(n),
+                dir.join("images").join(split).join(n),
+            )
+            .unwrap();
             let stem = std::path::Path::new(n).with_extension("txt");
-            std::fs::copy(src.join("labels/train").join(&stem), dir.join("labels").join(split).join(&stem)).unwrap();
+            std::fs::copy(
+                src.join("labels/train").join(&stem),
+                dir.join("labels").join(split).join(&stem),
+            )
+            .unwrap();
         }
     }
     let yaml = dir.join("data.yaml");
-    std::fs::write(&yaml, "path: .\ntrain: images/train\nval: images/val\nnames: [RBC, WBC, Platelets]\n").unwrap();
+    std::fs::write(
+        &yaml,
+        "path: .\ntrain: images/train\nval: images/val\nnames: [RBC, WBC, Platelets]\n",
+    )
+    .unwrap();
     std::fs::write(
         dir.join("hyp.yaml"),
         "lr0: 0.1\nwarmup_bias_lr: 0.5\nlrf: 0.01\nmomentum: 0.937\nweight_decay: 0.0005\nwarmup_epochs: 3.0\n\
@@ -59,18 +71,31 @@ fn tiny_training_run_learns_saves_reloads_and_resumes() {
     let total = |e: &yolo9::train::trainer::EpochReport| e.train_loss.iter().sum::<f32>();
     let first = total(&s.epochs[0]);
     let last = total(&s.epochs[4]);
-    eprintln!("losses per epoch: {:?}", s.epochs.iter().map(|e| e.train_loss).collect::<Vec<_>>());
+    eprintln!(
+        "losses per epoch: {:?}",
+        s.epochs.iter().map(|e| e.train_loss).collect::<Vec<_>>()
+    );
     assert!(last < first * 0.97, "loss did not fall: {first} → {last}");
     assert!(s.epochs[4].validated && !s.epochs[0].validated);
     // Outputs.
-    for f in ["args.yaml", "hyp.yaml", "results.csv", "weights/last.safetensors", "weights/best.safetensors", "weights/state.safetensors"] {
+    for f in [
+        "args.yaml",
+        "hyp.yaml",
+        "results.csv",
+        "weights/last.safetensors",
+        "weights/best.safetensors",
+        "weights/state.safetensors",
+    ] {
         assert!(s.run_dir.join(f).is_file(), "{f} missing");
     }
     let csv = std::fs::read_to_string(s.run_dir.join("results.csv")).unwrap();
     let lines: Vec<&str> = csv.lines().collect();
     assert_eq!(lines[0], RESULTS_HEADER);
     assert_eq!(lines.len(), 6);
-    assert_eq!(lines[5].split(',').count(), RESULTS_HEADER.split(',').count());
+    assert_eq!(
+        lines[5].split(',').count(),
+        RESULTS_HEADER.split(',').count()
+    );
     // LR during warmup (ni < 100): bias lr falls from 0.1, weights rise from 0.
     let lr = s.epochs[0].lr;
     assert!(lr[0] > 0.4 && lr[1] < 0.001, "{lr:?}");
@@ -83,7 +108,14 @@ fn tiny_training_run_learns_saves_reloads_and_resumes() {
     assert_eq!(y.dims(), &[1, 7, 84]);
     let tm = YoloV9Train::from_weights(&w, &Device::Cpu).unwrap();
     let (_, y2) = tm.forward_eval_decoded(&x).unwrap();
-    let d = (y - y2).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+    let d = (y - y2)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
     assert!(d < 1e-2, "fused vs unfused EMA output diff {d}");
     // State for resume, then resume one more epoch.
     let st = load_state(&s.run_dir.join("weights/state.safetensors")).unwrap();

@@ -63,7 +63,11 @@ fn nms_hand_cases() {
     // anchors 0 and 1 overlap with IoU 0.8 (same size, shifted 2/18 of width); anchor 2 far away.
     let a = 3;
     let mut p = vec![0f32; 6 * a];
-    let boxes = [[10.0, 10.0, 10.0, 10.0], [11.0, 10.0, 10.0, 10.0], [50.0, 50.0, 4.0, 4.0]];
+    let boxes = [
+        [10.0, 10.0, 10.0, 10.0],
+        [11.0, 10.0, 10.0, 10.0],
+        [50.0, 50.0, 4.0, 4.0],
+    ];
     for (k, b) in boxes.iter().enumerate() {
         for r in 0..4 {
             p[r * a + k] = b[r];
@@ -127,10 +131,9 @@ fn letterbox_and_mapping_back() {
 }
 
 fn two_test_images() -> Vec<ValImage> {
-    let cfg = yolo9::data::yaml::DataConfig::load(
-        &common::shared_dir().join("datasets/bccd/data.yaml"),
-    )
-    .unwrap();
+    let cfg =
+        yolo9::data::yaml::DataConfig::load(&common::shared_dir().join("datasets/bccd/data.yaml"))
+            .unwrap();
     let scan = yolo9::data::scan::scan_split(
         &cfg,
         yolo9::data::yaml::Split::Test,
@@ -164,15 +167,31 @@ fn val_two_bccd_images_fused_vs_training_graph() {
     assert!(r1.losses.is_none());
     let tm = yolo9::model::yolov9::YoloV9Train::from_weights(&w, &dev).unwrap();
     let loss = yolo9::loss::DualTalLoss::new(3, &[8, 16, 32]).unwrap();
-    let r2 = validate(ValModel::Train { model: &tm, loss: &loss }, &images, &cfg).unwrap();
+    let r2 = validate(
+        ValModel::Train {
+            model: &tm,
+            loss: &loss,
+        },
+        &images,
+        &cfg,
+    )
+    .unwrap();
     let (m1, m2) = (&r1.metrics, &r2.metrics);
-    for (a, b) in [(m1.mp, m2.mp), (m1.mr, m2.mr), (m1.map50, m2.map50), (m1.map50_95, m2.map50_95)] {
+    for (a, b) in [
+        (m1.mp, m2.mp),
+        (m1.mr, m2.mr),
+        (m1.map50, m2.map50),
+        (m1.map50_95, m2.map50_95),
+    ] {
         assert!((a - b).abs() < 2e-3, "fused {a} vs training graph {b}");
     }
     // A trained model finds the cells even at half resolution.
     assert!(m1.map50 > 0.5, "mAP50 {}", m1.map50);
     let l = r2.losses.expect("val losses of the training graph");
-    assert!(l.iter().all(|v| v.is_finite() && *v > 0.0), "val losses {l:?}");
+    assert!(
+        l.iter().all(|v| v.is_finite() && *v > 0.0),
+        "val losses {l:?}"
+    );
     // Perfect predictions from the labels give mAP 1 through the same stats path.
     let mut st = ValStats::default();
     for im in &images {
@@ -181,7 +200,13 @@ fn val_two_bccd_images_fused_vs_training_graph() {
             .labels
             .iter()
             .map(|(c, l)| {
-                [*c as f32, (l[0] - l[2] / 2.0) * w0, (l[1] - l[3] / 2.0) * h0, (l[0] + l[2] / 2.0) * w0, (l[1] + l[3] / 2.0) * h0]
+                [
+                    *c as f32,
+                    (l[0] - l[2] / 2.0) * w0,
+                    (l[1] - l[3] / 2.0) * h0,
+                    (l[0] + l[2] / 2.0) * w0,
+                    (l[1] + l[3] / 2.0) * h0,
+                ]
             })
             .collect();
         let det: Vec<[f32; 6]> = lab
@@ -199,10 +224,9 @@ fn val_two_bccd_images_fused_vs_training_graph() {
 #[test]
 #[ignore]
 fn val_bccd_test_split_matches_official_table() {
-    let cfg = yolo9::data::yaml::DataConfig::load(
-        &common::shared_dir().join("datasets/bccd/data.yaml"),
-    )
-    .unwrap();
+    let cfg =
+        yolo9::data::yaml::DataConfig::load(&common::shared_dir().join("datasets/bccd/data.yaml"))
+            .unwrap();
     let scan = yolo9::data::scan::scan_split(
         &cfg,
         yolo9::data::yaml::Split::Test,
@@ -220,7 +244,12 @@ fn val_bccd_test_split_matches_official_table() {
     println!("{}", t.table(&cfg.names));
     assert_eq!(t.seen, 72);
     assert_eq!(t.nt.iter().sum::<usize>(), 945);
-    for (got, want) in [(t.mp, 0.805), (t.mr, 0.827), (t.map50, 0.866), (t.map50_95, 0.524)] {
+    for (got, want) in [
+        (t.mp, 0.805),
+        (t.mr, 0.827),
+        (t.map50, 0.866),
+        (t.map50_95, 0.524),
+    ] {
         assert!((got - want).abs() <= 0.002, "got {got}, official {want}");
     }
 }
@@ -245,6 +274,10 @@ fn jpeg_decode_close_to_opencv() {
         }
     }
     let n = bgr.len() as f64;
-    eprintln!("decode vs OpenCV: max {max}, mean {:.4}, exact {:.4}", sum / n, exact as f64 / n);
+    eprintln!(
+        "decode vs OpenCV: max {max}, mean {:.4}, exact {:.4}",
+        sum / n,
+        exact as f64 / n
+    );
     assert!(sum / n < 2.0, "mean abs diff {}", sum / n);
 }

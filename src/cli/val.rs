@@ -66,8 +66,8 @@ pub fn run(a: ValArgs) -> Result<()> {
         split.key()
     );
     let device = crate::train::trainer::parse_device(&a.device)?;
-    let weights = Weights::load(&a.weights)
-        .with_context(|| format!("--weights {}", a.weights.display()))?;
+    let weights =
+        Weights::load(&a.weights).with_context(|| format!("--weights {}", a.weights.display()))?;
     ensure!(
         weights.meta.nc == cfg.nc,
         "--weights {} has nc = {} but {} has nc = {}; validate with the dataset the model was trained on",

@@ -88,7 +88,11 @@ pub fn val_images(scan: &SplitScan) -> Vec<ValImage> {
             path: r.image.clone(),
             width: r.width,
             height: r.height,
-            labels: r.boxes.iter().map(|b| (b.cls, [b.cx, b.cy, b.w, b.h])).collect(),
+            labels: r
+                .boxes
+                .iter()
+                .map(|b| (b.cls, [b.cx, b.cy, b.w, b.h]))
+                .collect(),
         })
         .collect()
 }
@@ -171,7 +175,11 @@ pub fn rect_batches(
 /// `r = min(h'/h, w'/w)` (capped at 1 unless `scaleup`), bilinear resize to
 /// `round(w·r) × round(h·r)` when needed, centred with grey padding (`top = round(dh − 0.1)`,
 /// `left = round(dw − 0.1)`). Returns the image, `r` and the float padding `(dw, dh)` per side.
-pub fn letterbox_to(img: &RgbImage, shape: (u32, u32), scaleup: bool) -> (RgbImage, f64, (f64, f64)) {
+pub fn letterbox_to(
+    img: &RgbImage,
+    shape: (u32, u32),
+    scaleup: bool,
+) -> (RgbImage, f64, (f64, f64)) {
     let (w, h) = img.dimensions();
     let (th, tw) = shape;
     let mut r = (th as f64 / h as f64).min(tw as f64 / w as f64);
@@ -297,7 +305,12 @@ pub fn decode_rgb8(path: &Path) -> Result<RgbImage> {
         .with_guessed_format()
         .with_context(|| format!("{}: cannot read", path.display()))?
         .decode()
-        .with_context(|| format!("{}: cannot decode the image (corrupt or unsupported)", path.display()))?;
+        .with_context(|| {
+            format!(
+                "{}: cannot decode the image (corrupt or unsupported)",
+                path.display()
+            )
+        })?;
     Ok(img.to_rgb8())
 }
 
@@ -450,7 +463,11 @@ pub fn validate(model: ValModel<'_>, images: &[ValImage], cfg: &ValConfig) -> Re
 
 /// Targets `[k, cls, cx, cy, w, h]` normalized to the letterboxed input `(h, w)`, as the official
 /// loader builds them.
-fn letterboxed_targets(images: &[ValImage], ok: &[(usize, Prepared)], hw: (usize, usize)) -> Vec<[f32; 6]> {
+fn letterboxed_targets(
+    images: &[ValImage],
+    ok: &[(usize, Prepared)],
+    hw: (usize, usize),
+) -> Vec<[f32; 6]> {
     let (h, w) = (hw.0 as f64, hw.1 as f64);
     let mut rows = Vec::new();
     for (k, (i, p)) in ok.iter().enumerate() {
@@ -461,7 +478,9 @@ fn letterboxed_targets(images: &[ValImage], ok: &[(usize, Prepared)], hw: (usize
             let cy = (l[1] as f64 * rh + p.pad.1) / h;
             let bw = l[2] as f64 * rw / w;
             let bh = l[3] as f64 * rh / h;
-            rows.push([k as f32, *c as f32, cx as f32, cy as f32, bw as f32, bh as f32]);
+            rows.push([
+                k as f32, *c as f32, cx as f32, cy as f32, bw as f32, bh as f32,
+            ]);
         }
     }
     rows

@@ -97,7 +97,11 @@ pub fn load_state(path: &Path) -> Result<TrainState> {
         })?;
     let meta: CheckpointMeta = serde_json::from_str(meta_json)
         .with_context(|| format!("{file}: bad `{STATE_KEY}` metadata"))?;
-    ensure!(meta.version == 1, "{file}: unsupported state version {}", meta.version);
+    ensure!(
+        meta.version == 1,
+        "{file}: unsupported state version {}",
+        meta.version
+    );
     let tensors = candle_core::safetensors::load_buffer(&bytes, &Device::Cpu)
         .with_context(|| format!("{file}: cannot read tensors"))?;
     let mut model = HashMap::new();

@@ -11,7 +11,9 @@
 //! training state `weights/state.safetensors` for `--resume` (see [`crate::train::checkpoint`]).
 
 use crate::data::augment::AugmentConfig;
-use crate::data::loader::{batches_per_epoch, default_workers, DecodeFn, Loader, LoaderConfig, TrainItem};
+use crate::data::loader::{
+    batches_per_epoch, default_workers, DecodeFn, Loader, LoaderConfig, TrainItem,
+};
 use crate::data::scan::{scan_split, ScanOptions};
 use crate::data::yaml::{DataConfig, Split};
 use crate::loss::tal_loss::{targets_tensor, GAINS};
@@ -200,7 +202,11 @@ impl Hyp {
             )
         })?;
         ensure!(
-            h.lr0 > 0.0 && h.lr0.is_finite() && h.lrf > 0.0 && h.momentum >= 0.0 && h.momentum < 1.0,
+            h.lr0 > 0.0
+                && h.lr0.is_finite()
+                && h.lrf > 0.0
+                && h.momentum >= 0.0
+                && h.momentum < 1.0,
             "--hyp {}: lr0 {} / lrf {} / momentum {} out of range",
             path.display(),
             h.lr0,
@@ -275,7 +281,9 @@ pub fn parse_device(s: &str) -> Result<Device> {
         .parse()
         .with_context(|| format!("--device {s}: expected `cpu` or a GPU number such as 0"))?;
     Device::new_cuda(n).with_context(|| {
-        format!("--device {s}: no CUDA device {n} (build with `--features cuda`, or use --device cpu)")
+        format!(
+            "--device {s}: no CUDA device {n} (build with `--features cuda`, or use --device cpu)"
+        )
     })
 }
 
@@ -364,8 +372,9 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
             } else {
                 r.clone()
             };
-            let st = load_state(&ckpt)
-                .with_context(|| format!("--resume {}: cannot read the training state", r.display()))?;
+            let st = load_state(&ckpt).with_context(|| {
+                format!("--resume {}: cannot read the training state", r.display())
+            })?;
             let mut o: TrainOptions = serde_json::from_value(st.meta.args.clone())
                 .with_context(|| format!("{}: bad run arguments", ckpt.display()))?;
             o.resume = Some(ckpt.clone());
@@ -401,7 +410,11 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
         Some(p) => Hyp::load(p)?,
         None => Hyp::default(),
     };
-    for (name, v, g) in [("box", hyp.box_gain, GAINS[0]), ("cls", hyp.cls, GAINS[1]), ("dfl", hyp.dfl, GAINS[2])] {
+    for (name, v, g) in [
+        ("box", hyp.box_gain, GAINS[0]),
+        ("cls", hyp.cls, GAINS[1]),
+        ("dfl", hyp.dfl, GAINS[2]),
+    ] {
         if (v - g as f64).abs() > 1e-9 {
             eprintln!("warning: hyp `{name}: {v}` ignored; the loss uses the official gain {g}");
         }
@@ -431,7 +444,11 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
         .filter(|r| r.boxes.len() >= opts.min_items)
         .map(|r| TrainItem {
             path: r.image.clone(),
-            labels: r.boxes.iter().map(|b| (b.cls, [b.cx, b.cy, b.w, b.h])).collect(),
+            labels: r
+                .boxes
+                .iter()
+                .map(|b| (b.cls, [b.cx, b.cy, b.w, b.h]))
+                .collect(),
         })
         .collect();
     ensure!(
@@ -448,7 +465,13 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
         Some(p) => Some(Weights::load(p).with_context(|| format!("--weights {}", p.display()))?),
         None => None,
     };
-    let model = YoloV9Train::new(weights.as_ref(), cfg.nc, cfg.names.clone(), &device, opts.seed)?;
+    let model = YoloV9Train::new(
+        weights.as_ref(),
+        cfg.nc,
+        cfg.names.clone(),
+        &device,
+        opts.seed,
+    )?;
     if let Some(w) = &opts.weights {
         let n = model.vars().len();
         let init = model.initialized().len();
@@ -458,7 +481,13 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
             n,
             w.display(),
             init,
-            model.initialized().iter().take(6).cloned().collect::<Vec<_>>().join(", ")
+            model
+                .initialized()
+                .iter()
+                .take(6)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", ")
         );
     }
     let loss = DualTalLoss::new(cfg.nc, &STRIDES)?;
@@ -619,7 +648,10 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
             let lo = loss.compute(&raw.aux, &raw.main, &t, (s, s))?;
             if lo.items.iter().any(|v| !v.is_finite()) {
                 if let Some(pb) = &pb {
-                    pb.println(format!("warning: non-finite loss {:?} at batch {i}; batch skipped", lo.items));
+                    pb.println(format!(
+                        "warning: non-finite loss {:?} at batch {i}; batch skipped",
+                        lo.items
+                    ));
                 }
                 continue;
             }
@@ -646,7 +678,9 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
                         opt.step(&g)?;
                         ema.update(&float_state(&model)?)?;
                     } else if let Some(pb) = &pb {
-                        pb.println(format!("warning: non-finite gradient norm at batch {i}; step skipped"));
+                        pb.println(format!(
+                            "warning: non-finite gradient norm at batch {i}; step skipped"
+                        ));
                     }
                 }
                 last_opt_step = ni as i64;
@@ -700,7 +734,12 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
             if opts.verbose {
                 print!("{}", r.metrics.table(&cfg.names));
             }
-            metrics = [r.metrics.mp, r.metrics.mr, r.metrics.map50, r.metrics.map50_95];
+            metrics = [
+                r.metrics.mp,
+                r.metrics.mr,
+                r.metrics.map50,
+                r.metrics.map50_95,
+            ];
             val_loss = r.losses.unwrap_or_default();
             skipped += r.skipped.len();
             validated = true;
@@ -767,7 +806,13 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
             batches_tracked: model.batches_tracked(),
             args: args_json.clone(),
         };
-        save_state(&state_path, &meta, &model.state_dict()?, &ema.state, &opt.state())?;
+        save_state(
+            &state_path,
+            &meta,
+            &model.state_dict()?,
+            &ema.state,
+            &opt.state(),
+        )?;
 
         if let Some(be) = best_epoch {
             if epoch >= be + opts.patience {
