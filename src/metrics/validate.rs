@@ -218,7 +218,7 @@ pub fn nms_multilabel(
     max_det: usize,
 ) -> Vec<[f32; 6]> {
     let rows = 4 + nc;
-    if nc == 0 || pred.len() % rows != 0 {
+    if nc == 0 || !pred.len().is_multiple_of(rows) {
         return Vec::new();
     }
     let a = pred.len() / rows;
@@ -355,7 +355,7 @@ pub fn scale_box_back(b: [f32; 4], gain: f64, pad: (f64, f64), w0: u32, h0: u32)
 pub fn validate(model: ValModel<'_>, images: &[ValImage], cfg: &ValConfig) -> Result<ValResult> {
     ensure!(!images.is_empty(), "validation: no images to validate");
     ensure!(
-        cfg.img >= 32 && cfg.img % 32 == 0,
+        cfg.img >= 32 && cfg.img.is_multiple_of(32),
         "validation: --img {} must be a positive multiple of 32",
         cfg.img
     );
