@@ -4,6 +4,8 @@
 pub mod check;
 pub mod convert;
 pub mod detect;
+pub mod train;
+pub mod val;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -25,6 +27,10 @@ pub enum Command {
     Convert(convert::ConvertArgs),
     /// Scan a dataset (data.yaml) and report every problem, without training.
     Check(check::CheckArgs),
+    /// Train YOLOv9-s on a dataset (official train_dual.py recipe).
+    Train(Box<train::TrainArgs>),
+    /// Validate weights on a dataset split (official val_dual.py).
+    Val(val::ValArgs),
 }
 
 /// Entry point used by `src/main.rs`: parses arguments, runs, and turns errors into a message
@@ -36,6 +42,8 @@ pub fn main() -> ExitCode {
         Command::Detect(a) => detect::run(a),
         Command::Convert(a) => convert::run(a),
         Command::Check(a) => check::run(a),
+        Command::Train(a) => train::run(*a),
+        Command::Val(a) => val::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -3,3 +3,5 @@
 pub mod ema;
 pub mod optimizer;
 pub mod schedule;
+pub mod checkpoint;
+pub mod trainer;

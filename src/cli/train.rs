@@ -1,0 +1,120 @@
+//! `yolo9 train`: the official `train_dual.py` recipe (see [`crate::train::trainer`]).
+
+use crate::train::trainer::{train, TrainOptions};
+use anyhow::Result;
+use clap::Args;
+use std::path::PathBuf;
+
+/// Arguments of `yolo9 train`.
+#[derive(Debug, Args)]
+pub struct TrainArgs {
+    /// Dataset description (data.yaml).
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// Initial weights (yolo9 safetensors or official .pt); omitted = from scratch.
+    #[arg(long)]
+    pub weights: Option<PathBuf>,
+    /// Model configuration (only yolov9-s).
+    #[arg(long, default_value = "yolov9-s")]
+    pub cfg: String,
+    /// Epochs.
+    #[arg(long, default_value_t = 100)]
+    pub epochs: usize,
+    /// Train/val image size in pixels (multiple of 32).
+    #[arg(long, default_value_t = 640)]
+    pub img: u32,
+    /// Batch size.
+    #[arg(long, default_value_t = 16)]
+    pub batch: usize,
+    /// Device: cpu or a CUDA ordinal.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// Loader threads (default: available cores - 1).
+    #[arg(long, default_value_t = 0)]
+    pub workers: usize,
+    /// Seed.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Disable mosaic for the final N epochs.
+    #[arg(long, default_value_t = 10)]
+    pub close_mosaic: usize,
+    /// Leave out train images with fewer boxes.
+    #[arg(long, default_value_t = 0)]
+    pub min_items: usize,
+    /// Runs folder.
+    #[arg(long, default_value = "runs/train")]
+    pub project: PathBuf,
+    /// Run name.
+    #[arg(long, default_value = "exp")]
+    pub name: String,
+    /// Reuse an existing run folder.
+    #[arg(long)]
+    pub exist_ok: bool,
+    /// Save a checkpoint every N epochs (-1 = never).
+    #[arg(long, default_value_t = -1, allow_negative_numbers = true)]
+    pub save_period: i64,
+    /// Early-stopping patience in epochs.
+    #[arg(long, default_value_t = 100)]
+    pub patience: usize,
+    /// Cosine LR schedule.
+    #[arg(long)]
+    pub cos_lr: bool,
+    /// Validate only the final epoch.
+    #[arg(long)]
+    pub noval: bool,
+    /// Do not write plots.
+    #[arg(long)]
+    pub noplots: bool,
+    /// Hyper-parameter yaml (default: hyp.scratch-high values).
+    #[arg(long)]
+    pub hyp: Option<PathBuf>,
+    /// Resume a run: its folder or its weights/state.safetensors.
+    #[arg(long)]
+    pub resume: Option<PathBuf>,
+}
+
+/// Runs `yolo9 train`.
+pub fn run(a: TrainArgs) -> Result<()> {
+    anyhow::ensure!(
+        a.cfg == "yolov9-s" || a.cfg.ends_with("yolov9-s.yaml"),
+        "--cfg {}: only yolov9-s is supported",
+        a.cfg
+    );
+    let data = match (&a.data, &a.resume) {
+        (Some(d), _) => d.clone(),
+        (None, Some(_)) => PathBuf::new(),
+        (None, None) => anyhow::bail!("--data is required (or --resume RUN)"),
+    };
+    let opts = TrainOptions {
+        data,
+        weights: a.weights,
+        epochs: a.epochs,
+        img: a.img,
+        batch: a.batch,
+        device: a.device,
+        workers: a.workers,
+        seed: a.seed,
+        close_mosaic: a.close_mosaic,
+        min_items: a.min_items,
+        project: a.project,
+        name: a.name,
+        exist_ok: a.exist_ok,
+        save_period: a.save_period,
+        patience: a.patience,
+        cos_lr: a.cos_lr,
+        noval: a.noval,
+        noplots: a.noplots,
+        hyp: a.hyp,
+        resume: a.resume,
+        verbose: true,
+    };
+    let s = train(&opts)?;
+    println!(
+        "{} epochs done; best fitness {:.5}; weights {} and {}",
+        s.epochs.len(),
+        s.best_fitness,
+        s.last.display(),
+        s.best.display()
+    );
+    Ok(())
+}

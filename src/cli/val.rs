@@ -1,0 +1,111 @@
+//! `yolo9 val`: validate weights on a dataset split (official `val_dual.py` semantics) and print
+//! the table `Class Images Instances P R mAP50 mAP50-95`.
+
+use crate::data::scan::{scan_split, ScanOptions};
+use crate::data::yaml::{DataConfig, Split};
+use crate::metrics::validate::{val_images, validate, ValConfig, ValModel};
+use crate::model::weights::Weights;
+use crate::model::yolov9::YoloV9;
+use anyhow::{bail, ensure, Context, Result};
+use clap::Args;
+use std::path::PathBuf;
+
+/// Arguments of `yolo9 val`.
+#[derive(Debug, Args)]
+pub struct ValArgs {
+    /// The dataset description (data.yaml).
+    #[arg(long)]
+    pub data: PathBuf,
+    /// Weights: yolo9 safetensors, a plain state_dict safetensors, or an official .pt.
+    #[arg(long)]
+    pub weights: PathBuf,
+    /// Split to validate: val or test.
+    #[arg(long, default_value = "val")]
+    pub split: String,
+    /// Inference size (long side, pixels, multiple of 32).
+    #[arg(long, default_value_t = 640)]
+    pub img: u32,
+    /// Batch size.
+    #[arg(long, default_value_t = 32)]
+    pub batch: usize,
+    /// Confidence threshold.
+    #[arg(long, default_value_t = 0.001)]
+    pub conf_thres: f32,
+    /// NMS IoU threshold.
+    #[arg(long, default_value_t = 0.7)]
+    pub iou_thres: f32,
+    /// Maximum detections per image.
+    #[arg(long, default_value_t = 300)]
+    pub max_det: usize,
+    /// Device: cpu or a CUDA ordinal.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+}
+
+/// Parses `--split`.
+pub fn parse_split(s: &str) -> Result<Split> {
+    match s {
+        "train" => Ok(Split::Train),
+        "val" => Ok(Split::Val),
+        "test" => Ok(Split::Test),
+        other => bail!("--split {other}: expected val, test or train"),
+    }
+}
+
+/// Runs `yolo9 val`.
+pub fn run(a: ValArgs) -> Result<()> {
+    let split = parse_split(&a.split)?;
+    ensure!(a.batch >= 1, "--batch must be at least 1");
+    let cfg = DataConfig::load(&a.data)?;
+    ensure!(
+        !cfg.sources(split).is_empty(),
+        "{}: no `{}` split in the data yaml; add `{}: images/{}`",
+        cfg.yaml_path.display(),
+        split.key(),
+        split.key(),
+        split.key()
+    );
+    let device = crate::train::trainer::parse_device(&a.device)?;
+    let weights =
+        Weights::load(&a.weights).with_context(|| format!("--weights {}", a.weights.display()))?;
+    ensure!(
+        weights.meta.nc == cfg.nc,
+        "--weights {} has nc = {} but {} has nc = {}; validate with the dataset the model was trained on",
+        a.weights.display(),
+        weights.meta.nc,
+        cfg.yaml_path.display(),
+        cfg.nc
+    );
+    let model = YoloV9::load(&weights, &device)?;
+    let scan = scan_split(
+        &cfg,
+        split,
+        &ScanOptions {
+            use_cache: true,
+            print: false,
+        },
+    )?;
+    println!("{}", scan.summary(&cfg.names));
+    let images = val_images(&scan);
+    let vc = ValConfig {
+        img: a.img,
+        batch: a.batch,
+        conf_thres: a.conf_thres,
+        iou_thres: a.iou_thres,
+        max_det: a.max_det,
+        progress: true,
+        ..ValConfig::default()
+    };
+    let r = validate(ValModel::Infer(&model), &images, &vc)?;
+    for (p, why) in &r.skipped {
+        eprintln!("skipped {}: {why}", p.display());
+    }
+    print!("{}", r.metrics.table(&cfg.names));
+    println!(
+        "{} images in {:.1} s ({:.2} img/s)",
+        r.metrics.seen,
+        r.seconds,
+        r.metrics.seen as f64 / r.seconds.max(1e-9)
+    );
+    Ok(())
+}

@@ -1,0 +1,514 @@
+//! Validation as the official `val_dual.py run`: letterboxed rectangular batches, no augmentation,
+//! multi-label NMS, `process_batch` / `ap_per_class`, and (for the training graph) real val losses.
+//!
+//! Pipeline per image (official `LoadImagesAndLabels(rect=True, pad=0.5)` + `val_dual.run`):
+//! 1. images sorted by aspect ratio `h/w`; consecutive groups of `batch` share one network shape
+//!    `ceil(shape · img / 32 + pad) · 32` ([`rect_batches`]);
+//! 2. each image is resized so its long side is `img` (only when it differs), then letterboxed
+//!    without upscaling into the batch shape, grey 114 ([`letterbox_to`]);
+//! 3. the main branch output goes through multi-label NMS ([`nms_multilabel`], conf 0.001,
+//!    IoU 0.7, max_det 300);
+//! 4. detections and labels are mapped back to original-image pixels (official `scale_boxes` with
+//!    the loader's `ratio_pad`, clipped) and matched by `process_batch`.
+
+use crate::data::scan::SplitScan;
+use crate::loss::DualTalLoss;
+use crate::metrics::ap::{ValMetrics, ValStats};
+use crate::model::yolov9::{YoloV9, YoloV9Train};
+use anyhow::{ensure, Context, Result};
+use candle_core::{DType, Device, Tensor};
+use image::{imageops, RgbImage};
+use rayon::prelude::*;
+use std::path::{Path, PathBuf};
+
+/// Grey used for letterbox padding (official 114).
+pub const PAD_GREY: u8 = 114;
+/// Class offset of batched NMS (official `max_wh`), pixels.
+pub const MAX_WH: f32 = 7680.0;
+/// Candidates kept before NMS (official `max_nms`).
+pub const MAX_NMS: usize = 30000;
+
+/// Validation settings (official `val_dual.py` defaults).
+#[derive(Debug, Clone)]
+pub struct ValConfig {
+    /// Long side of the network input in pixels (`--img`, multiple of 32).
+    pub img: u32,
+    /// Images per batch (`--batch`).
+    pub batch: usize,
+    /// Confidence threshold (strict `>`), default 0.001.
+    pub conf_thres: f32,
+    /// NMS IoU threshold (suppress when IoU `>` it), default 0.7.
+    pub iou_thres: f32,
+    /// Detections kept per image, default 300.
+    pub max_det: usize,
+    /// Rect padding in strides (official 0.5).
+    pub pad: f64,
+    /// Images per forward pass inside a batch (bounds memory; results per image do not depend
+    /// on it; val losses are averaged over these chunks).
+    pub forward_chunk: usize,
+    /// Show a progress bar.
+    pub progress: bool,
+}
+
+impl Default for ValConfig {
+    fn default() -> Self {
+        ValConfig {
+            img: 640,
+            batch: 32,
+            conf_thres: 0.001,
+            iou_thres: 0.7,
+            max_det: 300,
+            pad: 0.5,
+            forward_chunk: 4,
+            progress: false,
+        }
+    }
+}
+
+/// One validation image: file, original size (EXIF-corrected, pixels) and labels
+/// `(cls, [cx, cy, w, h])` normalized to the original image.
+#[derive(Debug, Clone)]
+pub struct ValImage {
+    /// Image file.
+    pub path: PathBuf,
+    /// Original width in pixels.
+    pub width: u32,
+    /// Original height in pixels.
+    pub height: u32,
+    /// Normalized labels.
+    pub labels: Vec<(u32, [f32; 4])>,
+}
+
+/// The usable images of a scanned split (records with a decodable image; missing/empty labels
+/// give background images).
+pub fn val_images(scan: &SplitScan) -> Vec<ValImage> {
+    scan.records
+        .iter()
+        .map(|r| ValImage {
+            path: r.image.clone(),
+            width: r.width,
+            height: r.height,
+            labels: r
+                .boxes
+                .iter()
+                .map(|b| (b.cls, [b.cx, b.cy, b.w, b.h]))
+                .collect(),
+        })
+        .collect()
+}
+
+/// The model being validated.
+pub enum ValModel<'a> {
+    /// Fused inference graph (no val losses).
+    Infer(&'a YoloV9),
+    /// Training graph in eval mode (e.g. the EMA): main branch for NMS, both branches for the
+    /// val losses.
+    Train {
+        /// The model (BN in eval mode during validation).
+        model: &'a YoloV9Train,
+        /// The training loss, used to compute val losses.
+        loss: &'a DualTalLoss,
+    },
+}
+
+impl ValModel<'_> {
+    fn device(&self) -> &Device {
+        match self {
+            ValModel::Infer(m) => m.device(),
+            ValModel::Train { model, .. } => model.device(),
+        }
+    }
+}
+
+/// Result of [`validate`].
+#[derive(Debug, Clone)]
+pub struct ValResult {
+    /// P, R, mAP50, mAP50-95 overall and per class.
+    pub metrics: ValMetrics,
+    /// Mean val losses `[box, cls, dfl]` over batches (training graph only).
+    pub losses: Option<[f32; 3]>,
+    /// Images that could not be decoded (path, reason); they are left out of the metrics.
+    pub skipped: Vec<(PathBuf, String)>,
+    /// Wall time in seconds.
+    pub seconds: f64,
+}
+
+/// Rectangular batches (official `rect=True`): returns the image order (sorted by `h/w`, stable)
+/// and, for each batch of `batch` consecutive images of that order, the network shape
+/// `(height, width)` in pixels = `ceil(shape · img / stride + pad) · stride`, where `shape` is
+/// `[maxi, 1]` when every aspect ratio of the batch is below 1, `[1, 1/mini]` when all are above
+/// 1, else `[1, 1]`. `sizes` are `(width, height)` of the original images.
+pub fn rect_batches(
+    sizes: &[(u32, u32)],
+    batch: usize,
+    img: u32,
+    stride: u32,
+    pad: f64,
+) -> (Vec<usize>, Vec<(u32, u32)>) {
+    let batch = batch.max(1);
+    let ar: Vec<f64> = sizes
+        .iter()
+        .map(|&(w, h)| h as f64 / w.max(1) as f64)
+        .collect();
+    let mut order: Vec<usize> = (0..sizes.len()).collect();
+    order.sort_by(|&a, &b| ar[a].total_cmp(&ar[b]));
+    let shapes = order
+        .chunks(batch)
+        .map(|chunk| {
+            let mini = chunk.iter().map(|&i| ar[i]).fold(f64::INFINITY, f64::min);
+            let maxi = chunk.iter().map(|&i| ar[i]).fold(0.0, f64::max);
+            let (sh, sw) = if maxi < 1.0 {
+                (maxi, 1.0)
+            } else if mini > 1.0 {
+                (1.0, 1.0 / mini)
+            } else {
+                (1.0, 1.0)
+            };
+            let f = |s: f64| ((s * img as f64 / stride as f64 + pad).ceil() as u32) * stride;
+            (f(sh), f(sw))
+        })
+        .collect();
+    (order, shapes)
+}
+
+/// Letterbox `img` into `(height, width)` = `shape` (official `letterbox(auto=False)`): scale
+/// `r = min(h'/h, w'/w)` (capped at 1 unless `scaleup`), bilinear resize to
+/// `round(w·r) × round(h·r)` when needed, centred with grey padding (`top = round(dh − 0.1)`,
+/// `left = round(dw − 0.1)`). Returns the image, `r` and the float padding `(dw, dh)` per side.
+pub fn letterbox_to(
+    img: &RgbImage,
+    shape: (u32, u32),
+    scaleup: bool,
+) -> (RgbImage, f64, (f64, f64)) {
+    let (w, h) = img.dimensions();
+    let (th, tw) = shape;
+    let mut r = (th as f64 / h as f64).min(tw as f64 / w as f64);
+    if !scaleup {
+        r = r.min(1.0);
+    }
+    let nw = ((w as f64 * r).round() as u32).clamp(1, tw);
+    let nh = ((h as f64 * r).round() as u32).clamp(1, th);
+    let dw = (tw - nw) as f64 / 2.0;
+    let dh = (th - nh) as f64 / 2.0;
+    let resized;
+    let src = if (nw, nh) != (w, h) {
+        resized = imageops::resize(img, nw, nh, imageops::FilterType::Triangle);
+        &resized
+    } else {
+        img
+    };
+    let top = (dh - 0.1).round().max(0.0) as u32;
+    let left = (dw - 0.1).round().max(0.0) as u32;
+    let mut out = RgbImage::from_pixel(tw, th, image::Rgb([PAD_GREY; 3]));
+    imageops::replace(&mut out, src, left as i64, top as i64);
+    (out, r, (dw, dh))
+}
+
+/// Multi-label NMS of one image (official `non_max_suppression(multi_label=True)`):
+/// `pred` is `(4 + nc) × A` row-major (rows cx, cy, w, h in input pixels, then sigmoid scores).
+/// Every (anchor, class) with score `> conf_thres` is a candidate (anchors whose max score is not
+/// above the threshold are skipped first); candidates are sorted by score (descending, stable), cut
+/// to [`MAX_NMS`], suppressed per class when IoU `> iou_thres` (boxes offset by `cls · 7680` as
+/// torchvision `batched_nms`, f32), and the first `max_det` kept. Rows `[x1, y1, x2, y2, conf, cls]`.
+pub fn nms_multilabel(
+    pred: &[f32],
+    nc: usize,
+    conf_thres: f32,
+    iou_thres: f32,
+    max_det: usize,
+) -> Vec<[f32; 6]> {
+    let rows = 4 + nc;
+    if nc == 0 || !pred.len().is_multiple_of(rows) {
+        return Vec::new();
+    }
+    let a = pred.len() / rows;
+    let multi = nc > 1;
+    let mut cand: Vec<[f32; 6]> = Vec::new();
+    for k in 0..a {
+        let score = |j: usize| pred[(4 + j) * a + k];
+        let mut best = (f32::NEG_INFINITY, 0usize);
+        for j in 0..nc {
+            let s = score(j);
+            if s > best.0 {
+                best = (s, j);
+            }
+        }
+        if best.0.is_nan() || best.0 <= conf_thres {
+            continue;
+        }
+        let (cx, cy, w, h) = (pred[k], pred[a + k], pred[2 * a + k], pred[3 * a + k]);
+        let b = [cx - w / 2.0, cy - h / 2.0, cx + w / 2.0, cy + h / 2.0];
+        if multi {
+            for j in 0..nc {
+                let s = score(j);
+                if s > conf_thres {
+                    cand.push([b[0], b[1], b[2], b[3], s, j as f32]);
+                }
+            }
+        } else {
+            cand.push([b[0], b[1], b[2], b[3], best.0, best.1 as f32]);
+        }
+    }
+    cand.sort_by(|x, y| y[4].total_cmp(&x[4]));
+    cand.truncate(MAX_NMS);
+    // Offset boxes as torchvision batched_nms (coordinate trick), f32 IoU as its CPU kernel.
+    let off: Vec<[f32; 4]> = cand
+        .iter()
+        .map(|c| {
+            let o = c[5] * MAX_WH;
+            [c[0] + o, c[1] + o, c[2] + o, c[3] + o]
+        })
+        .collect();
+    let area: Vec<f32> = off.iter().map(|b| (b[2] - b[0]) * (b[3] - b[1])).collect();
+    // Per class lists (suppression never crosses classes since the offset boxes are disjoint).
+    let mut by_class: Vec<Vec<usize>> = vec![Vec::new(); nc];
+    for (i, c) in cand.iter().enumerate() {
+        by_class[c[5] as usize].push(i);
+    }
+    let mut keep = vec![false; cand.len()];
+    for list in &by_class {
+        let mut suppressed = vec![false; list.len()];
+        for ii in 0..list.len() {
+            if suppressed[ii] {
+                continue;
+            }
+            let i = list[ii];
+            keep[i] = true;
+            let bi = off[i];
+            for jj in ii + 1..list.len() {
+                if suppressed[jj] {
+                    continue;
+                }
+                let j = list[jj];
+                let bj = off[j];
+                let w = (bi[2].min(bj[2]) - bi[0].max(bj[0])).max(0.0);
+                let h = (bi[3].min(bj[3]) - bi[1].max(bj[1])).max(0.0);
+                let inter = w * h;
+                let iou = inter / (area[i] + area[j] - inter);
+                if iou > iou_thres {
+                    suppressed[jj] = true;
+                }
+            }
+        }
+    }
+    cand.into_iter()
+        .zip(keep)
+        .filter_map(|(c, k)| k.then_some(c))
+        .take(max_det)
+        .collect()
+}
+
+/// Decodes an image file by content to 8-bit RGB.
+pub fn decode_rgb8(path: &Path) -> Result<RgbImage> {
+    let img = image::ImageReader::open(path)
+        .with_context(|| format!("{}: cannot open", path.display()))?
+        .with_guessed_format()
+        .with_context(|| format!("{}: cannot read", path.display()))?
+        .decode()
+        .with_context(|| {
+            format!(
+                "{}: cannot decode the image (corrupt or unsupported)",
+                path.display()
+            )
+        })?;
+    Ok(img.to_rgb8())
+}
+
+struct Prepared {
+    chw: Vec<u8>,
+    /// load_image gain (resized / original), as the official `ratio_pad[0][0]`.
+    gain: f64,
+    pad: (f64, f64),
+}
+
+fn prepare(img: &RgbImage, img_size: u32, shape: (u32, u32)) -> Prepared {
+    let h0 = img.height();
+    let resized = crate::data::augment::resize_long_side(img, img_size);
+    let gain = resized.height() as f64 / h0 as f64;
+    let (lb, _r, pad) = letterbox_to(&resized, shape, false);
+    let (w, h) = lb.dimensions();
+    let plane = (w * h) as usize;
+    let mut chw = vec![0u8; 3 * plane];
+    for (i, p) in lb.pixels().enumerate() {
+        chw[i] = p[0];
+        chw[plane + i] = p[1];
+        chw[2 * plane + i] = p[2];
+    }
+    Prepared { chw, gain, pad }
+}
+
+/// Maps `[x1, y1, x2, y2]` from network-input pixels to original pixels (official `scale_boxes`
+/// with `ratio_pad`), clipped to `(w0, h0)`.
+pub fn scale_box_back(b: [f32; 4], gain: f64, pad: (f64, f64), w0: u32, h0: u32) -> [f32; 4] {
+    let g = gain as f32;
+    let (px, py) = (pad.0 as f32, pad.1 as f32);
+    [
+        ((b[0] - px) / g).clamp(0.0, w0 as f32),
+        ((b[1] - py) / g).clamp(0.0, h0 as f32),
+        ((b[2] - px) / g).clamp(0.0, w0 as f32),
+        ((b[3] - py) / g).clamp(0.0, h0 as f32),
+    ]
+}
+
+/// Runs validation over `images` (official `val_dual.run`). Images that fail to decode are
+/// reported in [`ValResult::skipped`] and left out. Errors: empty list, model failures.
+pub fn validate(model: ValModel<'_>, images: &[ValImage], cfg: &ValConfig) -> Result<ValResult> {
+    ensure!(!images.is_empty(), "validation: no images to validate");
+    ensure!(
+        cfg.img >= 32 && cfg.img.is_multiple_of(32),
+        "validation: --img {} must be a positive multiple of 32",
+        cfg.img
+    );
+    let t0 = std::time::Instant::now();
+    let sizes: Vec<(u32, u32)> = images.iter().map(|i| (i.width, i.height)).collect();
+    let (order, shapes) = rect_batches(&sizes, cfg.batch, cfg.img, 32, cfg.pad);
+    let device = model.device().clone();
+    let nc = match &model {
+        ValModel::Infer(m) => m.meta().nc,
+        ValModel::Train { model, .. } => model.meta().nc,
+    };
+    let mut stats = ValStats::default();
+    let mut skipped = Vec::new();
+    let mut loss_sum = [0f64; 3];
+    let mut loss_batches = 0usize;
+    let pb = if cfg.progress {
+        let pb = indicatif::ProgressBar::new(images.len() as u64);
+        pb.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{msg:>22} {bar:30} {pos}/{len} [{elapsed_precise}<{eta_precise}]",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        pb.set_message("validating");
+        Some(pb)
+    } else {
+        None
+    };
+    for (bi, chunk) in order.chunks(cfg.batch.max(1)).enumerate() {
+        let shape = shapes[bi];
+        let prepared: Vec<(usize, Result<Prepared>)> = chunk
+            .par_iter()
+            .map(|&i| {
+                (
+                    i,
+                    decode_rgb8(&images[i].path).map(|img| prepare(&img, cfg.img, shape)),
+                )
+            })
+            .collect();
+        let mut ok = Vec::new();
+        for (i, p) in prepared {
+            match p {
+                Ok(p) => ok.push((i, p)),
+                Err(e) => skipped.push((images[i].path.clone(), format!("{e:#}"))),
+            }
+        }
+        if let Some(pb) = &pb {
+            pb.inc(chunk.len() as u64);
+        }
+        if ok.is_empty() {
+            continue;
+        }
+        let (h, w) = (shape.0 as usize, shape.1 as usize);
+        for ok in ok.chunks(cfg.forward_chunk.max(1)) {
+            let mut bytes = Vec::with_capacity(ok.len() * 3 * h * w);
+            for (_, p) in ok {
+                bytes.extend_from_slice(&p.chw);
+            }
+            let x = Tensor::from_vec(bytes, (ok.len(), 3, h, w), &device)?
+                .to_dtype(DType::F32)?
+                .broadcast_div(&Tensor::new(255f32, &device)?)?;
+            let y = match &model {
+                ValModel::Infer(m) => m.forward(&x)?,
+                ValModel::Train { model, loss } => {
+                    let raw = model.forward(&x, false)?;
+                    let rows = letterboxed_targets(images, ok, (h, w));
+                    let t = crate::loss::tal_loss::targets_tensor(&rows, &device)?;
+                    let lo = loss
+                        .compute(&raw.aux, &raw.main, &t, (h, w))
+                        .context("validation loss")?;
+                    for (s, v) in loss_sum.iter_mut().zip(lo.items) {
+                        *s += v as f64;
+                    }
+                    loss_batches += 1;
+                    raw.decode()?.1
+                }
+            };
+            let y = y.to_device(&Device::Cpu)?.to_dtype(DType::F32)?;
+            for (k, (i, p)) in ok.iter().enumerate() {
+                let flat: Vec<f32> = y.get(k)?.flatten_all()?.to_vec1()?;
+                let det = nms_multilabel(&flat, nc, cfg.conf_thres, cfg.iou_thres, cfg.max_det);
+                let (detn, labels) = native_space(&images[*i], &det, p);
+                stats.add_image(&detn, &labels);
+            }
+        }
+    }
+    if let Some(pb) = pb {
+        pb.finish_and_clear();
+    }
+    let losses = (loss_batches > 0).then(|| {
+        let n = loss_batches as f64;
+        [
+            (loss_sum[0] / n) as f32,
+            (loss_sum[1] / n) as f32,
+            (loss_sum[2] / n) as f32,
+        ]
+    });
+    Ok(ValResult {
+        metrics: stats.metrics(nc),
+        losses,
+        skipped,
+        seconds: t0.elapsed().as_secs_f64(),
+    })
+}
+
+/// Targets `[k, cls, cx, cy, w, h]` normalized to the letterboxed input `(h, w)`, as the official
+/// loader builds them.
+fn letterboxed_targets(
+    images: &[ValImage],
+    ok: &[(usize, Prepared)],
+    hw: (usize, usize),
+) -> Vec<[f32; 6]> {
+    let (h, w) = (hw.0 as f64, hw.1 as f64);
+    let mut rows = Vec::new();
+    for (k, (i, p)) in ok.iter().enumerate() {
+        let rw = images[*i].width as f64 * p.gain;
+        let rh = images[*i].height as f64 * p.gain;
+        for (c, l) in &images[*i].labels {
+            let cx = (l[0] as f64 * rw + p.pad.0) / w;
+            let cy = (l[1] as f64 * rh + p.pad.1) / h;
+            let bw = l[2] as f64 * rw / w;
+            let bh = l[3] as f64 * rh / h;
+            rows.push([
+                k as f32, *c as f32, cx as f32, cy as f32, bw as f32, bh as f32,
+            ]);
+        }
+    }
+    rows
+}
+
+/// Detections (network-input pixels) and labels (normalized) of one image in original pixels:
+/// rows `[x1, y1, x2, y2, conf, cls]` and `[cls, x1, y1, x2, y2]`, clipped to the image.
+fn native_space(im: &ValImage, det: &[[f32; 6]], p: &Prepared) -> (Vec<[f32; 6]>, Vec<[f32; 5]>) {
+    let detn = det
+        .iter()
+        .map(|d| {
+            let b = scale_box_back([d[0], d[1], d[2], d[3]], p.gain, p.pad, im.width, im.height);
+            [b[0], b[1], b[2], b[3], d[4], d[5]]
+        })
+        .collect();
+    let (w0, h0) = (im.width as f32, im.height as f32);
+    let labels = im
+        .labels
+        .iter()
+        .map(|(c, l)| {
+            [
+                *c as f32,
+                ((l[0] - l[2] / 2.0) * w0).clamp(0.0, w0),
+                ((l[1] - l[3] / 2.0) * h0).clamp(0.0, h0),
+                ((l[0] + l[2] / 2.0) * w0).clamp(0.0, w0),
+                ((l[1] + l[3] / 2.0) * h0).clamp(0.0, h0),
+            ]
+        })
+        .collect();
+    (detn, labels)
+}
