@@ -75,6 +75,40 @@ fn main() -> Result<()> {
     println!("b1_nms_ms {:.3}", median(post));
     println!("b1_total_ms {:.3}", median(total));
 
+    if !dev.is_cpu() {
+        // GPU vs CPU parity on the same letterboxed input.
+        let cpu = Detector::load(&weights, candle_core::Device::Cpu)?;
+        let (lb, info) = det.preprocess(&img)?;
+        let yg = det.forward_tensor(&to_tensor(&[&lb], &dev)?)?;
+        let yc = cpu.forward_tensor(&to_tensor(&[&lb], &candle_core::Device::Cpu)?)?;
+        let diff = |a: &candle_core::Tensor, b: &candle_core::Tensor| -> Result<f32> {
+            Ok((a - b)?.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()?)
+        };
+        let rows = yg.dim(1)?;
+        println!(
+            "parity_box_px {:.3e}",
+            diff(&yg.narrow(1, 0, 4)?, &yc.narrow(1, 0, 4)?)?
+        );
+        println!(
+            "parity_score {:.3e}",
+            diff(&yg.narrow(1, 4, rows - 4)?, &yc.narrow(1, 4, rows - 4)?)?
+        );
+        let dg = det.postprocess(&yg, &[info])?;
+        let dc = cpu.postprocess(&yc, &[info])?;
+        let same_classes = dg[0].len() == dc[0].len()
+            && dg[0].iter().zip(&dc[0]).all(|(a, b)| a.class_id == b.class_id);
+        let max_box = dg[0]
+            .iter()
+            .zip(&dc[0])
+            .flat_map(|(a, b)| a.bbox.iter().zip(b.bbox).map(|(x, y)| (x - y).abs()))
+            .fold(0f32, f32::max);
+        println!(
+            "parity_detections gpu {} cpu {} same_classes {same_classes} max_box_diff_px {max_box:.3e}",
+            dg[0].len(),
+            dc[0].len()
+        );
+    }
+
     if batch > 1 {
         let (lb, _) = det.preprocess(&img)?;
         let refs: Vec<_> = (0..batch).map(|_| &lb).collect();
