@@ -96,7 +96,10 @@ fn main() -> Result<()> {
         let dg = det.postprocess(&yg, &[info])?;
         let dc = cpu.postprocess(&yc, &[info])?;
         let same_classes = dg[0].len() == dc[0].len()
-            && dg[0].iter().zip(&dc[0]).all(|(a, b)| a.class_id == b.class_id);
+            && dg[0]
+                .iter()
+                .zip(&dc[0])
+                .all(|(a, b)| a.class_id == b.class_id);
         let max_box = dg[0]
             .iter()
             .zip(&dc[0])

@@ -43,7 +43,7 @@ fn tiny_dataset(dir: &std::path::Path) -> PathBuf {
     .unwrap();
     std::fs::write(
         dir.join("hyp.yaml"),
-        "lr0: 0.1\nwarmup_bias_lr: 0.5\nlrf: 0.01\nmomentum: 0.937\nweight_decay: 0.0005\nwarmup_epochs: 3.0\n\
+        "lr0: 0.1\nwarmup_bias_lr: 0.1\nlrf: 0.01\nmomentum: 0.937\nweight_decay: 0.0005\nwarmup_epochs: 3.0\n\
          hsv_h: 0\nhsv_s: 0\nhsv_v: 0\ntranslate: 0\nscale: 0\nfliplr: 0\nmosaic: 0\nmixup: 0\n",
     )
     .unwrap();
@@ -96,9 +96,9 @@ fn tiny_training_run_learns_saves_reloads_and_resumes() {
         lines[5].split(',').count(),
         RESULTS_HEADER.split(',').count()
     );
-    // LR during warmup (ni < 100): bias lr falls from 0.1, weights rise from 0.
+    // LR at the first iteration of warmup: bias lr starts at warmup_bias_lr (0.1), weights at 0.
     let lr = s.epochs[0].lr;
-    assert!(lr[0] > 0.4 && lr[1] < 0.001, "{lr:?}");
+    assert!((lr[0] - 0.1).abs() < 1e-9 && lr[1] < 0.001, "{lr:?}");
     // best.safetensors reloads in the inference graph and matches the EMA in the training graph.
     let w = yolo9::Weights::load(&s.best).unwrap();
     assert_eq!(w.meta.nc, 3);

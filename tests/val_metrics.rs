@@ -260,7 +260,7 @@ fn val_bccd_test_split_matches_official_table() {
 fn jpeg_decode_close_to_opencv() {
     let t = load("forward_horses.safetensors");
     let bgr: Vec<u8> = t["orig_bgr_u8"].flatten_all().unwrap().to_vec1().unwrap();
-    let img = yolo9::metrics::validate::decode_rgb8(&common::reference("horses.jpg")).unwrap();
+    let img = yolo9::data::image::load_rgb8(&common::reference("horses.jpg")).unwrap();
     assert_eq!(img.dimensions(), (773, 512));
     let mut max = 0i32;
     let mut sum = 0f64;

@@ -11,7 +11,9 @@
 //! 4. detections and labels are mapped back to original-image pixels (official `scale_boxes` with
 //!    the loader's `ratio_pad`, clipped) and matched by `process_batch`.
 
+use crate::data::image::load_rgb8;
 use crate::data::scan::SplitScan;
+use crate::detect::postprocess::{nms_image, NmsOptions};
 use crate::loss::DualTalLoss;
 use crate::metrics::ap::{ValMetrics, ValStats};
 use crate::model::yolov9::{YoloV9, YoloV9Train};
@@ -19,14 +21,10 @@ use anyhow::{ensure, Context, Result};
 use candle_core::{DType, Device, Tensor};
 use image::{imageops, RgbImage};
 use rayon::prelude::*;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// Grey used for letterbox padding (official 114).
-pub const PAD_GREY: u8 = 114;
-/// Class offset of batched NMS (official `max_wh`), pixels.
-pub const MAX_WH: f32 = 7680.0;
-/// Candidates kept before NMS (official `max_nms`).
-pub const MAX_NMS: usize = 30000;
+pub const PAD_GREY: u8 = crate::data::augment::PAD_GREY;
 
 /// Validation settings (official `val_dual.py` defaults).
 #[derive(Debug, Clone)]
@@ -204,12 +202,10 @@ pub fn letterbox_to(
     (out, r, (dw, dh))
 }
 
-/// Multi-label NMS of one image (official `non_max_suppression(multi_label=True)`):
-/// `pred` is `(4 + nc) × A` row-major (rows cx, cy, w, h in input pixels, then sigmoid scores).
-/// Every (anchor, class) with score `> conf_thres` is a candidate (anchors whose max score is not
-/// above the threshold are skipped first); candidates are sorted by score (descending, stable), cut
-/// to [`MAX_NMS`], suppressed per class when IoU `> iou_thres` (boxes offset by `cls · 7680` as
-/// torchvision `batched_nms`, f32), and the first `max_det` kept. Rows `[x1, y1, x2, y2, conf, cls]`.
+/// Multi-label NMS of one image as `val_dual.py` runs it (official `non_max_suppression` with
+/// `multi_label=True`): `pred` is `(4 + nc) × A` row-major (rows cx, cy, w, h in input pixels,
+/// then sigmoid scores). The detect pipeline's [`nms_image`] does the work; rows are
+/// `[x1, y1, x2, y2, conf, cls]` in input pixels, by decreasing confidence.
 pub fn nms_multilabel(
     pred: &[f32],
     nc: usize,
@@ -221,97 +217,15 @@ pub fn nms_multilabel(
     if nc == 0 || !pred.len().is_multiple_of(rows) {
         return Vec::new();
     }
-    let a = pred.len() / rows;
-    let multi = nc > 1;
-    let mut cand: Vec<[f32; 6]> = Vec::new();
-    for k in 0..a {
-        let score = |j: usize| pred[(4 + j) * a + k];
-        let mut best = (f32::NEG_INFINITY, 0usize);
-        for j in 0..nc {
-            let s = score(j);
-            if s > best.0 {
-                best = (s, j);
-            }
-        }
-        if best.0.is_nan() || best.0 <= conf_thres {
-            continue;
-        }
-        let (cx, cy, w, h) = (pred[k], pred[a + k], pred[2 * a + k], pred[3 * a + k]);
-        let b = [cx - w / 2.0, cy - h / 2.0, cx + w / 2.0, cy + h / 2.0];
-        if multi {
-            for j in 0..nc {
-                let s = score(j);
-                if s > conf_thres {
-                    cand.push([b[0], b[1], b[2], b[3], s, j as f32]);
-                }
-            }
-        } else {
-            cand.push([b[0], b[1], b[2], b[3], best.0, best.1 as f32]);
-        }
-    }
-    cand.sort_by(|x, y| y[4].total_cmp(&x[4]));
-    cand.truncate(MAX_NMS);
-    // Offset boxes as torchvision batched_nms (coordinate trick), f32 IoU as its CPU kernel.
-    let off: Vec<[f32; 4]> = cand
-        .iter()
-        .map(|c| {
-            let o = c[5] * MAX_WH;
-            [c[0] + o, c[1] + o, c[2] + o, c[3] + o]
-        })
-        .collect();
-    let area: Vec<f32> = off.iter().map(|b| (b[2] - b[0]) * (b[3] - b[1])).collect();
-    // Per class lists (suppression never crosses classes since the offset boxes are disjoint).
-    let mut by_class: Vec<Vec<usize>> = vec![Vec::new(); nc];
-    for (i, c) in cand.iter().enumerate() {
-        by_class[c[5] as usize].push(i);
-    }
-    let mut keep = vec![false; cand.len()];
-    for list in &by_class {
-        let mut suppressed = vec![false; list.len()];
-        for ii in 0..list.len() {
-            if suppressed[ii] {
-                continue;
-            }
-            let i = list[ii];
-            keep[i] = true;
-            let bi = off[i];
-            for jj in ii + 1..list.len() {
-                if suppressed[jj] {
-                    continue;
-                }
-                let j = list[jj];
-                let bj = off[j];
-                let w = (bi[2].min(bj[2]) - bi[0].max(bj[0])).max(0.0);
-                let h = (bi[3].min(bj[3]) - bi[1].max(bj[1])).max(0.0);
-                let inter = w * h;
-                let iou = inter / (area[i] + area[j] - inter);
-                if iou > iou_thres {
-                    suppressed[jj] = true;
-                }
-            }
-        }
-    }
-    cand.into_iter()
-        .zip(keep)
-        .filter_map(|(c, k)| k.then_some(c))
-        .take(max_det)
-        .collect()
-}
-
-/// Decodes an image file by content to 8-bit RGB.
-pub fn decode_rgb8(path: &Path) -> Result<RgbImage> {
-    let img = image::ImageReader::open(path)
-        .with_context(|| format!("{}: cannot open", path.display()))?
-        .with_guessed_format()
-        .with_context(|| format!("{}: cannot read", path.display()))?
-        .decode()
-        .with_context(|| {
-            format!(
-                "{}: cannot decode the image (corrupt or unsupported)",
-                path.display()
-            )
-        })?;
-    Ok(img.to_rgb8())
+    let opts = NmsOptions {
+        conf_thres,
+        iou_thres: iou_thres as f64,
+        classes: None,
+        agnostic: false,
+        multi_label: true,
+        max_det,
+    };
+    nms_image(pred, nc, pred.len() / rows, &opts)
 }
 
 struct Prepared {
@@ -391,7 +305,7 @@ pub fn validate(model: ValModel<'_>, images: &[ValImage], cfg: &ValConfig) -> Re
             .map(|&i| {
                 (
                     i,
-                    decode_rgb8(&images[i].path).map(|img| prepare(&img, cfg.img, shape)),
+                    load_rgb8(&images[i].path).map(|img| prepare(&img, cfg.img, shape)),
                 )
             })
             .collect();

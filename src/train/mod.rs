@@ -1,7 +1,7 @@
 //! Training: optimizer, EMA, schedules, memory budget, checkpoints, the loop.
 
+pub mod checkpoint;
 pub mod ema;
 pub mod optimizer;
 pub mod schedule;
-pub mod checkpoint;
 pub mod trainer;

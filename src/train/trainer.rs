@@ -11,6 +11,7 @@
 //! training state `weights/state.safetensors` for `--resume` (see [`crate::train::checkpoint`]).
 
 use crate::data::augment::AugmentConfig;
+use crate::data::image::load_rgb8;
 use crate::data::loader::{
     batches_per_epoch, default_workers, DecodeFn, Loader, LoaderConfig, TrainItem,
 };
@@ -18,7 +19,7 @@ use crate::data::scan::{scan_split, ScanOptions};
 use crate::data::yaml::{DataConfig, Split};
 use crate::loss::tal_loss::{targets_tensor, GAINS};
 use crate::loss::DualTalLoss;
-use crate::metrics::validate::{decode_rgb8, val_images, validate, ValConfig, ValModel};
+use crate::metrics::validate::{val_images, validate, ValConfig, ValModel};
 use crate::model::weights::{Weights, STRIDES};
 use crate::model::yolov9::YoloV9Train;
 use crate::train::checkpoint::{load_state, save_state, CheckpointMeta};
@@ -559,7 +560,7 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
     } else {
         opts.workers
     };
-    let decode: Arc<DecodeFn> = Arc::new(|p: &Path| decode_rgb8(p));
+    let decode: Arc<DecodeFn> = Arc::new(|p: &Path| load_rgb8(p));
     let mut loader = Loader::new(
         items,
         decode,
