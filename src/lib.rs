@@ -24,6 +24,7 @@ pub mod loss;
 pub mod metrics;
 pub mod model;
 pub mod ops;
+pub mod runs;
 pub mod train;
 
 pub use detect::detector::{Detection, Detector};

@@ -20,6 +20,7 @@ use crate::detect::draw::{canvas_for, draw_detections, DrawOptions};
 use crate::detect::postprocess::xyxy_to_yolo;
 use crate::detect::source::expand_sources;
 use crate::device::{parse_device, DeviceSpec};
+use crate::runs::increment_path;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use std::io::Write;
@@ -161,19 +162,6 @@ pub fn resolve_weights(arg: Option<&Path>) -> Result<PathBuf> {
         candidates[0].display(),
         candidates[1].display()
     )
-}
-
-/// Official `increment_path`: `project/name`, or `name2`, `name3`, ... if it exists (unless
-/// `exist_ok`). Does not create the folder.
-pub fn increment_path(project: &Path, name: &str, exist_ok: bool) -> PathBuf {
-    let base = project.join(name);
-    if exist_ok || !base.exists() {
-        return base;
-    }
-    (2u64..)
-        .map(|n| project.join(format!("{name}{n}")))
-        .find(|p| !p.exists())
-        .unwrap_or(base)
 }
 
 /// Formats a number like C/Python `'%g'` (6 significant digits, trailing zeros removed,

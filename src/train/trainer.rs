@@ -22,6 +22,7 @@ use crate::loss::DualTalLoss;
 use crate::metrics::validate::{val_images, validate, ValConfig, ValModel};
 use crate::model::weights::{Weights, STRIDES};
 use crate::model::yolov9::YoloV9Train;
+use crate::runs::increment_path;
 use crate::train::checkpoint::{load_state, save_state, CheckpointMeta};
 use crate::train::ema::Ema;
 use crate::train::optimizer::Sgd;
@@ -275,30 +276,8 @@ pub struct TrainSummary {
 
 /// `cpu` → CPU; `N` → CUDA device N (needs the `cuda` feature).
 pub fn parse_device(s: &str) -> Result<Device> {
-    if s.eq_ignore_ascii_case("cpu") {
-        return Ok(Device::Cpu);
-    }
-    let n: usize = s
-        .parse()
-        .with_context(|| format!("--device {s}: expected `cpu` or a GPU number such as 0"))?;
-    Device::new_cuda(n).with_context(|| {
-        format!(
-            "--device {s}: no CUDA device {n} (build with `--features cuda`, or use --device cpu)"
-        )
-    })
-}
-
-/// `project/name`, or `name2`, `name3`, ... when it exists and `exist_ok` is false (official
-/// `increment_path`).
-pub fn increment_path(project: &Path, name: &str, exist_ok: bool) -> PathBuf {
-    let base = project.join(name);
-    if exist_ok || !base.exists() {
-        return base;
-    }
-    (2..)
-        .map(|i| project.join(format!("{name}{i}")))
-        .find(|p| !p.exists())
-        .unwrap_or(base)
+    let spec = crate::device::parse_device(s).map_err(|e| anyhow::anyhow!("--device {s}: {e}"))?;
+    crate::device::select(spec)
 }
 
 /// Resident set size of this process in bytes (Linux `/proc/self/statm`; 0 elsewhere).
