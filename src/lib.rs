@@ -12,7 +12,6 @@
 //! - [`loss`]: IoU/CIoU, the TaskAlignedAssigner, the dual-branch TAL loss.
 //! - [`metrics`]: mAP (official `ap_per_class`), validation reports.
 //! - [`train`]: optimizer, EMA, schedules, memory budget, checkpoints, the training loop.
-//! - [`ops`]: custom Candle ops (backward passes, CUDA kernels).
 //! - [`cli`]: the `yolo9` subcommands (thin wrappers around the library).
 
 pub mod cli;
@@ -23,7 +22,6 @@ pub mod device;
 pub mod loss;
 pub mod metrics;
 pub mod model;
-pub mod ops;
 pub mod runs;
 pub mod train;
 
