@@ -154,3 +154,22 @@ fn name_groups_equal_model_groups() -> anyhow::Result<()> {
     assert_eq!(opt.group_sizes(), [303, 303, 291]);
     Ok(())
 }
+
+/// A hyp yaml sets schedule and augmentation keys at one level; missing keys keep scratch-high
+/// values and unknown official keys (obj, anchor_t, ...) are ignored.
+#[test]
+fn hyp_yaml_reads_augmentation_keys() -> anyhow::Result<()> {
+    let p = std::env::temp_dir().join(format!("yolo9-hyp-{}.yaml", std::process::id()));
+    std::fs::write(
+        &p,
+        "lr0: 0.02\nmosaic: 0.0\nhsv_s: 0.5\nanchor_t: 5.0\nobj: 0.7\n",
+    )?;
+    let h = yolo9::train::trainer::Hyp::load(&p)?;
+    std::fs::remove_file(&p).ok();
+    assert_eq!(h.lr0, 0.02);
+    assert_eq!(h.augment().mosaic, 0.0);
+    assert_eq!(h.augment().hsv_s, 0.5);
+    assert_eq!(h.augment().mixup, 0.15);
+    assert_eq!(h.momentum, 0.937);
+    Ok(())
+}

@@ -34,8 +34,10 @@ pub struct PixelBox {
     pub xyxy: [f32; 4],
 }
 
-/// Augmentation hyper-parameters (the keys of `hyp.scratch-high.yaml`).
-#[derive(Debug, Clone, PartialEq)]
+/// Augmentation hyper-parameters (the keys of `hyp.scratch-high.yaml`; missing keys keep the
+/// scratch-high values).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct AugmentConfig {
     /// Hue gain (fraction), 0.015.
     pub hsv_h: f32,

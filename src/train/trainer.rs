@@ -139,33 +139,14 @@ pub struct Hyp {
     pub cls: f64,
     /// DFL gain (fixed at 1.5).
     pub dfl: f64,
-    /// HSV hue gain.
-    pub hsv_h: f32,
-    /// HSV saturation gain.
-    pub hsv_s: f32,
-    /// HSV value gain.
-    pub hsv_v: f32,
-    /// Rotation degrees.
-    pub degrees: f32,
-    /// Translation fraction.
-    pub translate: f32,
-    /// Scale gain.
-    pub scale: f32,
-    /// Shear degrees.
-    pub shear: f32,
-    /// Vertical flip probability.
-    pub flipud: f32,
-    /// Horizontal flip probability.
-    pub fliplr: f32,
-    /// Mosaic probability.
-    pub mosaic: f32,
-    /// Mixup probability.
-    pub mixup: f32,
+    /// Augmentation keys (`hsv_h`, `hsv_s`, `hsv_v`, `degrees`, `translate`, `scale`, `shear`,
+    /// `flipud`, `fliplr`, `mosaic`, `mixup`), read from the same yaml level.
+    #[serde(flatten)]
+    pub augment: AugmentConfig,
 }
 
 impl Default for Hyp {
     fn default() -> Self {
-        let a = AugmentConfig::default();
         Hyp {
             lr0: 0.01,
             lrf: 0.01,
@@ -177,17 +158,7 @@ impl Default for Hyp {
             box_gain: GAINS[0] as f64,
             cls: GAINS[1] as f64,
             dfl: GAINS[2] as f64,
-            hsv_h: a.hsv_h,
-            hsv_s: a.hsv_s,
-            hsv_v: a.hsv_v,
-            degrees: a.degrees,
-            translate: a.translate,
-            scale: a.scale,
-            shear: a.shear,
-            flipud: a.flipud,
-            fliplr: a.fliplr,
-            mosaic: a.mosaic,
-            mixup: a.mixup,
+            augment: AugmentConfig::default(),
         }
     }
 }
@@ -220,19 +191,7 @@ impl Hyp {
 
     /// The augmentation part.
     pub fn augment(&self) -> AugmentConfig {
-        AugmentConfig {
-            hsv_h: self.hsv_h,
-            hsv_s: self.hsv_s,
-            hsv_v: self.hsv_v,
-            degrees: self.degrees,
-            translate: self.translate,
-            scale: self.scale,
-            shear: self.shear,
-            flipud: self.flipud,
-            fliplr: self.fliplr,
-            mosaic: self.mosaic,
-            mixup: self.mixup,
-        }
+        self.augment.clone()
     }
 }
 
