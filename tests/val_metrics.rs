@@ -115,7 +115,7 @@ fn rect_batch_shapes_by_hand() {
 fn letterbox_and_mapping_back() {
     let mut img = image::RgbImage::from_pixel(640, 480, image::Rgb([10, 20, 30]));
     img.put_pixel(0, 0, image::Rgb([200, 100, 50]));
-    let (lb, r, pad) = letterbox_to(&img, (512, 672), false);
+    let (lb, r, pad) = letterbox_to(&img, (512, 672), false).unwrap();
     assert_eq!(lb.dimensions(), (672, 512));
     assert_eq!(r, 1.0);
     assert_eq!(pad, (16.0, 16.0));

@@ -81,13 +81,30 @@ pub fn letterbox_info(
     stride: u32,
     auto: bool,
 ) -> Result<LetterboxInfo> {
+    letterbox_info_scaled(orig_w, orig_h, new_h, new_w, stride, auto, true)
+}
+
+/// [`letterbox_info`] with the official `scaleup` switch: with `scaleup = false` (validation,
+/// `val_dual.py`) the ratio is capped at 1, so small images are padded but never enlarged.
+pub fn letterbox_info_scaled(
+    orig_w: u32,
+    orig_h: u32,
+    new_h: u32,
+    new_w: u32,
+    stride: u32,
+    auto: bool,
+    scaleup: bool,
+) -> Result<LetterboxInfo> {
     if orig_w == 0 || orig_h == 0 || new_w == 0 || new_h == 0 || stride == 0 {
         bail!(
             "letterbox of a {orig_w}x{orig_h} image to {new_w}x{new_h} (stride {stride}): every \
              dimension and the stride must be positive"
         );
     }
-    let r = (f64::from(new_h) / f64::from(orig_h)).min(f64::from(new_w) / f64::from(orig_w));
+    let mut r = (f64::from(new_h) / f64::from(orig_h)).min(f64::from(new_w) / f64::from(orig_w));
+    if !scaleup {
+        r = r.min(1.0);
+    }
     let unpad_w = (py_round(f64::from(orig_w) * r) as u32).clamp(1, new_w);
     let unpad_h = (py_round(f64::from(orig_h) * r) as u32).clamp(1, new_h);
     let (mut dw, mut dh) = (new_w - unpad_w, new_h - unpad_h);

@@ -13,18 +13,16 @@
 
 use crate::data::image::load_rgb8;
 use crate::data::scan::SplitScan;
+use crate::detect::letterbox::{apply_letterbox, letterbox_info_scaled};
 use crate::detect::postprocess::{nms_image, NmsOptions};
 use crate::loss::DualTalLoss;
 use crate::metrics::ap::{ValMetrics, ValStats};
 use crate::model::yolov9::{YoloV9, YoloV9Train};
 use anyhow::{ensure, Context, Result};
 use candle_core::{DType, Device, Tensor};
-use image::{imageops, RgbImage};
+use image::RgbImage;
 use rayon::prelude::*;
 use std::path::PathBuf;
-
-/// Grey used for letterbox padding (official 114).
-pub const PAD_GREY: u8 = crate::data::augment::PAD_GREY;
 
 /// Validation settings (official `val_dual.py` defaults).
 #[derive(Debug, Clone)]
@@ -169,37 +167,18 @@ pub fn rect_batches(
     (order, shapes)
 }
 
-/// Letterbox `img` into `(height, width)` = `shape` (official `letterbox(auto=False)`): scale
-/// `r = min(h'/h, w'/w)` (capped at 1 unless `scaleup`), bilinear resize to
-/// `round(w·r) × round(h·r)` when needed, centred with grey padding (`top = round(dh − 0.1)`,
-/// `left = round(dw − 0.1)`). Returns the image, `r` and the float padding `(dw, dh)` per side.
+/// Letterbox `img` into `(height, width)` = `shape` (official `letterbox(auto=False)`, with
+/// `scaleup` as given): the geometry of [`letterbox_info_scaled`] and the pixels of
+/// [`apply_letterbox`], as `yolo9 detect`. Returns the image, the ratio `r` and the float
+/// padding `(dw, dh)` per side. Errors on a zero-sized image or shape.
 pub fn letterbox_to(
     img: &RgbImage,
     shape: (u32, u32),
     scaleup: bool,
-) -> (RgbImage, f64, (f64, f64)) {
-    let (w, h) = img.dimensions();
+) -> Result<(RgbImage, f64, (f64, f64))> {
     let (th, tw) = shape;
-    let mut r = (th as f64 / h as f64).min(tw as f64 / w as f64);
-    if !scaleup {
-        r = r.min(1.0);
-    }
-    let nw = ((w as f64 * r).round() as u32).clamp(1, tw);
-    let nh = ((h as f64 * r).round() as u32).clamp(1, th);
-    let dw = (tw - nw) as f64 / 2.0;
-    let dh = (th - nh) as f64 / 2.0;
-    let resized;
-    let src = if (nw, nh) != (w, h) {
-        resized = imageops::resize(img, nw, nh, imageops::FilterType::Triangle);
-        &resized
-    } else {
-        img
-    };
-    let top = (dh - 0.1).round().max(0.0) as u32;
-    let left = (dw - 0.1).round().max(0.0) as u32;
-    let mut out = RgbImage::from_pixel(tw, th, image::Rgb([PAD_GREY; 3]));
-    imageops::replace(&mut out, src, left as i64, top as i64);
-    (out, r, (dw, dh))
+    let info = letterbox_info_scaled(img.width(), img.height(), th, tw, 32, false, scaleup)?;
+    Ok((apply_letterbox(img, &info), info.ratio, info.pad()))
 }
 
 /// Multi-label NMS of one image as `val_dual.py` runs it (official `non_max_suppression` with
@@ -235,11 +214,11 @@ struct Prepared {
     pad: (f64, f64),
 }
 
-fn prepare(img: &RgbImage, img_size: u32, shape: (u32, u32)) -> Prepared {
+fn prepare(img: &RgbImage, img_size: u32, shape: (u32, u32)) -> Result<Prepared> {
     let h0 = img.height();
     let resized = crate::data::augment::resize_long_side(img, img_size);
     let gain = resized.height() as f64 / h0 as f64;
-    let (lb, _r, pad) = letterbox_to(&resized, shape, false);
+    let (lb, _r, pad) = letterbox_to(&resized, shape, false)?;
     let (w, h) = lb.dimensions();
     let plane = (w * h) as usize;
     let mut chw = vec![0u8; 3 * plane];
@@ -248,7 +227,7 @@ fn prepare(img: &RgbImage, img_size: u32, shape: (u32, u32)) -> Prepared {
         chw[plane + i] = p[1];
         chw[2 * plane + i] = p[2];
     }
-    Prepared { chw, gain, pad }
+    Ok(Prepared { chw, gain, pad })
 }
 
 /// Maps `[x1, y1, x2, y2]` from network-input pixels to original pixels (official `scale_boxes`
@@ -305,7 +284,7 @@ pub fn validate(model: ValModel<'_>, images: &[ValImage], cfg: &ValConfig) -> Re
             .map(|&i| {
                 (
                     i,
-                    load_rgb8(&images[i].path).map(|img| prepare(&img, cfg.img, shape)),
+                    load_rgb8(&images[i].path).and_then(|img| prepare(&img, cfg.img, shape)),
                 )
             })
             .collect();
