@@ -20,6 +20,7 @@ pub mod data;
 pub mod detect;
 pub mod device;
 pub mod loss;
+pub mod memory;
 pub mod metrics;
 pub mod model;
 pub mod runs;

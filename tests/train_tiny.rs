@@ -11,50 +11,11 @@ use yolo9::model::yolov9::{YoloV9, YoloV9Train};
 use yolo9::train::checkpoint::load_state;
 use yolo9::train::trainer::{train, TrainOptions, RESULTS_HEADER};
 
-fn tiny_dataset(dir: &std::path::Path) -> PathBuf {
-    let src = common::shared_dir().join("datasets/bccd");
-    let mut names: Vec<_> = std::fs::read_dir(src.join("images/train"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .collect();
-    names.sort();
-    for split in ["train", "val"] {
-        std::fs::create_dir_all(dir.join("images").join(split)).unwrap();
-        std::fs::create_dir_all(dir.join("labels").join(split)).unwrap();
-        for n in names.iter().take(if split == "train" { 2 } else { 1 }) {
-            std::fs::copy(
-                src.join("images/train").join(n),
-                dir.join("images").join(split).join(n),
-            )
-            .unwrap();
-            let stem = std::path::Path::new(n).with_extension("txt");
-            std::fs::copy(
-                src.join("labels/train").join(&stem),
-                dir.join("labels").join(split).join(&stem),
-            )
-            .unwrap();
-        }
-    }
-    let yaml = dir.join("data.yaml");
-    std::fs::write(
-        &yaml,
-        "path: .\ntrain: images/train\nval: images/val\nnames: [RBC, WBC, Platelets]\n",
-    )
-    .unwrap();
-    std::fs::write(
-        dir.join("hyp.yaml"),
-        "lr0: 0.1\nwarmup_bias_lr: 0.1\nlrf: 0.01\nmomentum: 0.937\nweight_decay: 0.0005\nwarmup_epochs: 3.0\n\
-         hsv_h: 0\nhsv_s: 0\nhsv_v: 0\ntranslate: 0\nscale: 0\nfliplr: 0\nmosaic: 0\nmixup: 0\n",
-    )
-    .unwrap();
-    yaml
-}
-
 #[test]
 fn tiny_training_run_learns_saves_reloads_and_resumes() {
     let tmp = std::env::temp_dir().join(format!("yolo9-train-tiny-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
-    let yaml = tiny_dataset(&tmp);
+    let yaml = common::tiny_dataset(&tmp, 2);
     let mut o = TrainOptions::new(yaml);
     o.epochs = 5;
     o.img = 64;
@@ -119,7 +80,7 @@ fn tiny_training_run_learns_saves_reloads_and_resumes() {
     assert!(d < 1e-2, "fused vs unfused EMA output diff {d}");
     // State for resume, then resume one more epoch.
     let st = load_state(&s.run_dir.join("weights/state.safetensors")).unwrap();
-    assert_eq!(st.meta.epoch, 4);
+    assert_eq!((st.meta.epoch, st.meta.next_batch), (5, 0));
     assert!(st.meta.ema_updates >= 3);
     assert!(!st.optim.is_empty());
     let mut r = TrainOptions::new(PathBuf::new());

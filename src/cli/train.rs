@@ -17,15 +17,29 @@ pub struct TrainArgs {
     /// Model configuration (only yolov9-s).
     #[arg(long, default_value = "yolov9-s")]
     pub cfg: String,
-    /// Epochs.
-    #[arg(long, default_value_t = 100)]
-    pub epochs: usize,
+    /// Epochs (default 100; with --resume: extends the run to this many epochs).
+    #[arg(long)]
+    pub epochs: Option<usize>,
     /// Train/val image size in pixels (multiple of 32).
     #[arg(long, default_value_t = 640)]
     pub img: u32,
-    /// Batch size.
-    #[arg(long, default_value_t = 16)]
+    /// Batch size the optimizer sees per iteration, or `auto` (the largest the memory budget
+    /// allows, at most 64). Nominal batch 64 is kept by gradient accumulation.
+    #[arg(long, default_value = "16", value_parser = parse_batch)]
     pub batch: usize,
+    /// Images per forward/backward (default: the whole batch, or what --budget picks).
+    #[arg(long)]
+    pub micro_batch: Option<usize>,
+    /// Memory budget, e.g. 8GiB: the micro-batch is sized from measured training steps so that
+    /// peak memory (device memory on CUDA, RSS on the CPU) stays within it.
+    #[arg(long, value_parser = parse_budget)]
+    pub budget: Option<u64>,
+    /// Minutes between mid-epoch checkpoints (0 = after every batch).
+    #[arg(long, default_value_t = 10.0)]
+    pub save_interval: f64,
+    /// Non-finite steps in a row before the last good state is restored and the LR halved.
+    #[arg(long, default_value_t = 5)]
+    pub nan_patience: usize,
     /// Device: cpu or a CUDA ordinal.
     #[arg(long, default_value = "cpu")]
     pub device: String,
@@ -73,6 +87,22 @@ pub struct TrainArgs {
     pub resume: Option<PathBuf>,
 }
 
+fn parse_batch(s: &str) -> Result<usize, String> {
+    if s.trim().eq_ignore_ascii_case("auto") {
+        return Ok(0);
+    }
+    match s.trim().parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!(
+            "invalid batch '{s}': expected a positive number or 'auto'"
+        )),
+    }
+}
+
+fn parse_budget(s: &str) -> Result<u64, String> {
+    crate::memory::parse_size(s).map_err(|e| format!("{e:#}"))
+}
+
 /// Runs `yolo9 train`.
 pub fn run(a: TrainArgs) -> Result<()> {
     anyhow::ensure!(
@@ -88,9 +118,13 @@ pub fn run(a: TrainArgs) -> Result<()> {
     let opts = TrainOptions {
         data,
         weights: a.weights,
-        epochs: a.epochs,
+        epochs: a.epochs.unwrap_or(100),
         img: a.img,
         batch: a.batch,
+        micro_batch: a.micro_batch,
+        budget: a.budget,
+        save_interval: a.save_interval,
+        nan_patience: a.nan_patience,
         device: a.device,
         workers: a.workers,
         seed: a.seed,
@@ -105,10 +139,15 @@ pub fn run(a: TrainArgs) -> Result<()> {
         noval: a.noval,
         noplots: a.noplots,
         hyp: a.hyp,
+        extend_epochs: if a.resume.is_some() { a.epochs } else { None },
         resume: a.resume,
         verbose: true,
+        faults: Default::default(),
     };
     let s = train(&opts)?;
+    if s.interrupted {
+        return Ok(());
+    }
     println!(
         "{} epochs done; best fitness {:.5}; weights {} and {}",
         s.epochs.len(),

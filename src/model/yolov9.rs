@@ -269,6 +269,13 @@ impl DualRaw {
     }
 }
 
+/// BN running statistics `(mean, var)` per layer (each (C,) f32, model device) and
+/// `num_batches_tracked`, as taken by [`YoloV9Train::snapshot_bn`].
+pub struct BnSnapshot {
+    stats: Vec<(Tensor, Tensor)>,
+    batches_tracked: i64,
+}
+
 /// The YOLOv9-s training graph: layers 0–28 + `DualDDetect`, trainable `Var`s with official
 /// names, unfused BN (train/eval modes) and `RepConvN`.
 pub struct YoloV9Train {
@@ -459,6 +466,59 @@ impl YoloV9Train {
         Ok(out)
     }
 
+    /// Every f32 entry of [`Self::state_dict`] (parameters, BN running statistics and the
+    /// constant DFL kernels), sorted by name, **on the model's device and without copying**:
+    /// what the EMA averages (official `ModelEMA.update` over `state_dict()` floating entries).
+    /// The tensors alias the live variables, so use them before the next optimizer step.
+    pub fn float_state(&self) -> Result<Vec<(String, Tensor)>> {
+        let mut out: Vec<(String, Tensor)> =
+            Vec::with_capacity(self.vars.len() + 2 * self.buffers.len() + 2);
+        for v in &self.vars {
+            out.push((v.name.clone(), v.var.as_tensor().detach()));
+        }
+        for (p, m, v) in &self.buffers {
+            out.push((format!("{p}.running_mean"), m.as_tensor().detach()));
+            out.push((format!("{p}.running_var"), v.as_tensor().detach()));
+        }
+        let bins =
+            Tensor::arange(0f32, REG_MAX as f32, &self.device)?.reshape((1, REG_MAX, 1, 1))?;
+        out.push(("model.29.dfl.conv.weight".into(), bins.clone()));
+        out.push(("model.29.dfl2.conv.weight".into(), bins));
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(out)
+    }
+
+    /// A copy of the BN running statistics and `num_batches_tracked`, on the model's device:
+    /// what a train-mode forward changes besides the parameters. [`Self::restore_bn`] puts them
+    /// back, so that a training step that failed halfway (out of memory) can be redone exactly.
+    pub fn snapshot_bn(&self) -> Result<BnSnapshot> {
+        let mut stats = Vec::with_capacity(self.buffers.len());
+        for (_, m, v) in &self.buffers {
+            stats.push((m.as_tensor().copy()?, v.as_tensor().copy()?));
+        }
+        Ok(BnSnapshot {
+            stats,
+            batches_tracked: self.batches_tracked(),
+        })
+    }
+
+    /// Restores a [`BnSnapshot`] taken from this model.
+    pub fn restore_bn(&self, s: &BnSnapshot) -> Result<()> {
+        ensure!(
+            s.stats.len() == self.buffers.len(),
+            "BN snapshot holds {} layers, model has {}",
+            s.stats.len(),
+            self.buffers.len()
+        );
+        for ((_, m, v), (sm, sv)) in self.buffers.iter().zip(&s.stats) {
+            m.set(sm)?;
+            v.set(sv)?;
+        }
+        self.batches_tracked
+            .store(s.batches_tracked, Ordering::Relaxed);
+        Ok(())
+    }
+
     /// The current state as [`Weights`] (`Graph::Train`, official names), ready for
     /// `Weights::save` or [`YoloV9::load`].
     pub fn to_weights(&self) -> Result<Weights> {
@@ -468,7 +528,8 @@ impl YoloV9Train {
         })
     }
 
-    /// Copies values from a state_dict with official names into the variables and BN buffers
+    /// Copies values from a state_dict with official names into the variables, the BN buffers
+    /// and (when present) `num_batches_tracked`
     /// (e.g. EMA weights back into the model). Every variable must be present with its shape.
     pub fn load_state_dict(&self, sd: &HashMap<String, Tensor>) -> Result<()> {
         for v in &self.vars {
@@ -500,6 +561,10 @@ impl YoloV9Train {
                 );
                 var.set(&t.to_dtype(DType::F32)?.to_device(&self.device)?)?;
             }
+        }
+        if let Some(t) = sd.get("model.0.bn.num_batches_tracked") {
+            let n = t.to_dtype(DType::I64)?.to_scalar::<i64>()?;
+            self.batches_tracked.store(n, Ordering::Relaxed);
         }
         Ok(())
     }

@@ -1,9 +1,15 @@
-//! Training-state checkpoints for `--resume`: model state, EMA state and update count, SGD
-//! momentum buffers, epoch, best fitness and the run arguments, in one safetensors file written
-//! atomically (temporary file, fsync, rename).
+//! Training-state checkpoints for `--resume`: everything needed to continue a run exactly where it
+//! stopped, also in the middle of an epoch — model state, EMA state and update count, SGD
+//! momentum buffers, gradients accumulated since the last optimizer step, the position in the
+//! epoch (the loader's order and augmentation are pure functions of seed, epoch and position, so
+//! no RNG state is needed), the epoch's running loss means and counters, LR scale, best fitness,
+//! the budget decision and the run arguments — in one safetensors file written atomically
+//! (temporary file, fsync, rename, fsync of the directory): a kill at any instant leaves the
+//! previous file intact.
 //!
 //! Layout: tensors `model/<name>` (the training graph's state_dict, f32, BN running stats
-//! included), `ema/<name>` (the EMA state), `optim/<name>` (momentum buffers); metadata key
+//! included), `ema/<i>/<name>` (the EMA state in order), `optim/<name>` (momentum buffers),
+//! `acc/<name>` (accumulated gradients, only mid-accumulation); metadata key
 //! `yolo9-train-state` holds [`CheckpointMeta`] as JSON. The official equivalent is the `last.pt`
 //! dict of `train_dual.py` (`epoch`, `best_fitness`, `model`, `ema`, `updates`, `optimizer`, `opt`).
 
@@ -17,27 +23,68 @@ use std::path::Path;
 /// Metadata key of the training state.
 pub const STATE_KEY: &str = "yolo9-train-state";
 
+/// Running sums of an epoch in progress (restored on a mid-epoch resume).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct EpochProgress {
+    /// Mean training losses `[box, cls, dfl]` over the batches done.
+    pub mloss: [f64; 3],
+    /// Batches whose loss entered `mloss`.
+    pub done: usize,
+    /// Samples skipped (undecodable) so far.
+    pub skipped: usize,
+    /// Images trained so far.
+    pub images: usize,
+    /// Non-finite losses or gradients so far.
+    pub nan_events: usize,
+    /// Out-of-memory recoveries so far.
+    pub oom_events: usize,
+    /// Training seconds spent in the epoch so far.
+    pub train_secs: f64,
+}
+
 /// Scalars of the training state.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct CheckpointMeta {
-    /// Format version (1).
+    /// Format version (2; version 1 files are read, see [`load_state`]).
     pub version: u32,
-    /// Last completed epoch (0-based).
+    /// Epoch to run next, or the epoch in progress when `next_batch > 0` (0-based).
     pub epoch: usize,
+    /// First batch of `epoch` not trained yet (0 = the epoch has not started).
+    #[serde(default)]
+    pub next_batch: usize,
+    /// Running sums of `epoch` when it is in progress.
+    #[serde(default)]
+    pub progress: EpochProgress,
     /// Best fitness so far (`0.1·mAP50 + 0.9·mAP50-95`).
     pub best_fitness: f64,
     /// Epoch of the best fitness.
     pub best_epoch: Option<usize>,
     /// EMA update count.
     pub ema_updates: u64,
-    /// Optimizer iterations counted since training start (`ni` of the next batch).
+    /// Iterations (batches) since training start.
     pub iterations: usize,
-    /// Iteration of the last optimizer step.
-    pub last_opt_step: usize,
+    /// Iteration of the last optimizer step (−1 = none yet).
+    pub last_opt_step: i64,
     /// `num_batches_tracked` of the BN layers.
     pub batches_tracked: i64,
+    /// Factor on the scheduled LR (halved by each NaN rollback).
+    #[serde(default = "one")]
+    pub lr_scale: f64,
+    /// Micro-batch in use (images per forward/backward; lowered by OOM recovery).
+    #[serde(default)]
+    pub micro: usize,
+    /// NaN rollbacks so far.
+    #[serde(default)]
+    pub nan_rollbacks: usize,
+    /// The budget decision, if the run was sized by `--budget`/`--batch auto`.
+    #[serde(default)]
+    pub budget: Option<crate::train::budget::BudgetDecision>,
     /// The run arguments (as written to args.yaml), JSON.
     pub args: serde_json::Value,
+}
+
+fn one() -> f64 {
+    1.0
 }
 
 /// A loaded training state.
@@ -51,6 +98,8 @@ pub struct TrainState {
     pub ema: Vec<(String, Tensor)>,
     /// SGD momentum buffers by parameter name (CPU).
     pub optim: Vec<(String, Tensor)>,
+    /// Gradients accumulated since the last optimizer step, by parameter name (CPU).
+    pub acc: Vec<(String, Tensor)>,
 }
 
 /// Writes the training state atomically to `path`.
@@ -60,6 +109,7 @@ pub fn save_state(
     model: &HashMap<String, Tensor>,
     ema: &[(String, Tensor)],
     optim: &[(String, Tensor)],
+    acc: &[(String, Tensor)],
 ) -> Result<()> {
     let cpu = Device::Cpu;
     let mut named: Vec<(String, Tensor)> = Vec::new();
@@ -74,6 +124,9 @@ pub fn save_state(
     }
     for (k, t) in optim {
         named.push((format!("optim/{k}"), t.to_device(&cpu)?));
+    }
+    for (k, t) in acc {
+        named.push((format!("acc/{k}"), t.to_device(&cpu)?));
     }
     let info: HashMap<String, String> =
         [(STATE_KEY.to_string(), serde_json::to_string(meta)?)].into();
@@ -95,18 +148,27 @@ pub fn load_state(path: &Path) -> Result<TrainState> {
         .with_context(|| {
             format!("{file}: no `{STATE_KEY}` metadata; pass a state.safetensors written by yolo9 train")
         })?;
-    let meta: CheckpointMeta = serde_json::from_str(meta_json)
+    let mut meta: CheckpointMeta = serde_json::from_str(meta_json)
         .with_context(|| format!("{file}: bad `{STATE_KEY}` metadata"))?;
     ensure!(
-        meta.version == 1,
-        "{file}: unsupported state version {}",
-        meta.version
+        meta.version == 1 || meta.version == 2,
+        "{file}: training state version {} is not supported by this yolo9 (1 or 2); \
+         start a new run with --weights {}",
+        meta.version,
+        path.with_file_name("last.safetensors").display()
     );
+    if meta.version == 1 {
+        // Version 1 stored the last *completed* epoch and was only written at epoch ends.
+        meta.epoch += 1;
+        meta.next_batch = 0;
+        meta.version = 2;
+    }
     let tensors = candle_core::safetensors::load_buffer(&bytes, &Device::Cpu)
         .with_context(|| format!("{file}: cannot read tensors"))?;
     let mut model = HashMap::new();
     let mut ema = Vec::new();
     let mut optim = Vec::new();
+    let mut acc = Vec::new();
     for (k, t) in tensors {
         if let Some(n) = k.strip_prefix("model/") {
             model.insert(n.to_string(), t);
@@ -120,6 +182,8 @@ pub fn load_state(path: &Path) -> Result<TrainState> {
             ema.push((idx, n.to_string(), t));
         } else if let Some(n) = k.strip_prefix("optim/") {
             optim.push((n.to_string(), t));
+        } else if let Some(n) = k.strip_prefix("acc/") {
+            acc.push((n.to_string(), t));
         }
     }
     ema.sort_by_key(|e| e.0);
@@ -128,5 +192,6 @@ pub fn load_state(path: &Path) -> Result<TrainState> {
         model,
         ema: ema.into_iter().map(|(_, n, t)| (n, t)).collect(),
         optim,
+        acc,
     })
 }

@@ -19,15 +19,19 @@ use crate::data::scan::{scan_split, ScanOptions};
 use crate::data::yaml::{DataConfig, Split};
 use crate::loss::tal_loss::{targets_tensor, GAINS};
 use crate::loss::DualTalLoss;
+use crate::memory::{fmt_size, is_oom, MemoryProbe};
 use crate::metrics::validate::{val_images, validate, ValConfig, ValModel};
 use crate::model::weights::{Weights, STRIDES};
 use crate::model::yolov9::YoloV9Train;
 use crate::runs::increment_path;
-use crate::train::checkpoint::{load_state, save_state, CheckpointMeta};
+use crate::train::budget::{plan, BudgetDecision, BudgetRequest, AUTO_SHARE};
+use crate::train::checkpoint::{load_state, save_state, CheckpointMeta, EpochProgress};
 use crate::train::ema::Ema;
+use crate::train::guard::{all_finite, Faults, GoodState, StopFlag};
 use crate::train::optimizer::Sgd;
 use crate::train::schedule::Schedule;
 use anyhow::{bail, ensure, Context, Result};
+use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -49,8 +53,23 @@ pub struct TrainOptions {
     pub epochs: usize,
     /// Square training size in pixels (multiple of 32).
     pub img: u32,
-    /// Micro-batch size.
+    /// Batch size the optimizer sees per iteration (0 = auto: the largest micro-batch the memory
+    /// budget allows, at most 64). Written to args.yaml as the size in effect.
     pub batch: usize,
+    /// Images per forward/backward (`None` = the whole batch, or the budget's choice); the
+    /// gradients of a batch's micro-batches are summed.
+    #[serde(default)]
+    pub micro_batch: Option<usize>,
+    /// Memory budget in bytes (`--budget 8GiB`); `None` = no sizing unless `batch` is 0, which
+    /// uses 80% of the free memory.
+    #[serde(default)]
+    pub budget: Option<u64>,
+    /// Minutes between mid-epoch checkpoints (0 = after every batch).
+    #[serde(default = "default_save_interval")]
+    pub save_interval: f64,
+    /// Non-finite steps in a row before the last good state is restored and the LR halved.
+    #[serde(default = "default_nan_patience")]
+    pub nan_patience: usize,
     /// `cpu` or a CUDA ordinal.
     pub device: String,
     /// Loader threads (0 = available cores − 1).
@@ -83,6 +102,21 @@ pub struct TrainOptions {
     pub resume: Option<PathBuf>,
     /// Show progress bars and per-epoch lines.
     pub verbose: bool,
+    /// With `resume`: train until this many epochs instead of the stored number (extends a
+    /// finished run).
+    #[serde(skip)]
+    pub extend_epochs: Option<usize>,
+    /// Injected faults (tests); empty = read `YOLO9_FAULTS`.
+    #[serde(skip)]
+    pub faults: Faults,
+}
+
+fn default_save_interval() -> f64 {
+    10.0
+}
+
+fn default_nan_patience() -> usize {
+    5
 }
 
 impl TrainOptions {
@@ -94,6 +128,10 @@ impl TrainOptions {
             epochs: 100,
             img: 640,
             batch: 16,
+            micro_batch: None,
+            budget: None,
+            save_interval: default_save_interval(),
+            nan_patience: default_nan_patience(),
             device: "cpu".into(),
             workers: 0,
             seed: 0,
@@ -110,6 +148,8 @@ impl TrainOptions {
             hyp: None,
             resume: None,
             verbose: true,
+            extend_epochs: None,
+            faults: Faults::default(),
         }
     }
 }
@@ -210,8 +250,17 @@ pub struct EpochReport {
     pub lr: [f64; 3],
     /// Resident memory in bytes at the end of the epoch.
     pub rss: u64,
+    /// Peak memory of the epoch in bytes (device memory on CUDA, RSS on the CPU; training and
+    /// validation).
+    pub peak_mem: u64,
     /// Samples skipped (undecodable) during the epoch.
     pub skipped: usize,
+    /// Non-finite losses or gradients (steps skipped) during the epoch.
+    pub nan_events: usize,
+    /// Out-of-memory recoveries during the epoch.
+    pub oom_events: usize,
+    /// Micro-batch at the end of the epoch.
+    pub micro: usize,
     /// Training images per second.
     pub img_per_s: f64,
     /// Whether validation ran.
@@ -231,6 +280,10 @@ pub struct TrainSummary {
     pub last: PathBuf,
     /// `weights/best.safetensors`.
     pub best: PathBuf,
+    /// True when the run stopped early on SIGINT/SIGTERM (state saved for `--resume`).
+    pub interrupted: bool,
+    /// The budget decision, if the batch was sized by memory.
+    pub budget: Option<BudgetDecision>,
 }
 
 /// `cpu` → CPU; `N` → CUDA device N (needs the `cuda` feature).
@@ -249,11 +302,11 @@ pub fn rss_bytes() -> u64 {
 }
 
 /// The `results.csv` header.
-pub const RESULTS_HEADER: &str = "epoch,train/box_loss,train/cls_loss,train/dfl_loss,metrics/precision,metrics/recall,metrics/mAP50,metrics/mAP50-95,val/box_loss,val/cls_loss,val/dfl_loss,lr/pg0,lr/pg1,lr/pg2,rss,skipped";
+pub const RESULTS_HEADER: &str = "epoch,train/box_loss,train/cls_loss,train/dfl_loss,metrics/precision,metrics/recall,metrics/mAP50,metrics/mAP50-95,val/box_loss,val/cls_loss,val/dfl_loss,lr/pg0,lr/pg1,lr/pg2,rss,peak_mem,skipped,nan_events,oom_events,micro";
 
 fn csv_row(r: &EpochReport) -> String {
     format!(
-        "{},{:.5},{:.5},{:.5},{:.5},{:.5},{:.5},{:.5},{:.5},{:.5},{:.5},{:.6e},{:.6e},{:.6e},{},{}",
+        "{},{:.5},{:.5},{:.5},{:.5},{:.5},{:.5},{:.5},{:.5},{:.5},{:.5},{:.6e},{:.6e},{:.6e},{},{},{},{},{},{}",
         r.epoch,
         r.train_loss[0],
         r.train_loss[1],
@@ -269,26 +322,19 @@ fn csv_row(r: &EpochReport) -> String {
         r.lr[1],
         r.lr[2],
         r.rss,
-        r.skipped
+        r.peak_mem,
+        r.skipped,
+        r.nan_events,
+        r.oom_events,
+        r.micro
     )
-}
-
-/// The model state as the EMA tracks it: every floating-point state_dict entry, sorted by name.
-fn float_state(model: &YoloV9Train) -> Result<Vec<(String, Tensor)>> {
-    let sd = model.state_dict()?;
-    let mut v: Vec<(String, Tensor)> = sd
-        .into_iter()
-        .filter(|(_, t)| t.dtype() == DType::F32)
-        .collect();
-    v.sort_by(|a, b| a.0.cmp(&b.0));
-    Ok(v)
 }
 
 /// EMA weights as a full state_dict (`num_batches_tracked` from the model).
 fn ema_weights(model: &YoloV9Train, ema: &Ema) -> Result<Weights> {
     let mut sd = model.state_dict()?;
     for (k, t) in &ema.state {
-        sd.insert(k.clone(), t.clone());
+        sd.insert(k.clone(), t.to_device(&Device::Cpu)?);
     }
     Ok(Weights {
         tensors: sd,
@@ -300,11 +346,288 @@ fn fmt_mem(b: u64) -> String {
     format!("{:.2}G", b as f64 / 1e9)
 }
 
+/// Everything one run mutates, shared by the batch loop, the epoch end and the checkpoints.
+struct Run<'a> {
+    opts: &'a TrainOptions,
+    device: Device,
+    model: YoloV9Train,
+    loss: DualTalLoss,
+    opt: Sgd,
+    ema: Ema,
+    sched: Schedule,
+    probe: MemoryProbe,
+    faults: Faults,
+    run_dir: PathBuf,
+    last: PathBuf,
+    best: PathBuf,
+    state_path: PathBuf,
+    args_json: serde_json::Value,
+    nb: usize,
+    batch: usize,
+    micro: usize,
+    budget: Option<BudgetDecision>,
+    best_fitness: f64,
+    best_epoch: Option<usize>,
+    last_opt_step: i64,
+    lr_scale: f64,
+    nan_streak: usize,
+    nan_rollbacks: usize,
+    acc: Option<GradStore>,
+    good: GoodState,
+}
+
+/// Outcome of one loader batch.
+struct BatchOutcome {
+    /// Mean losses `[box, cls, dfl]` over the batch's images (NaN when not finite).
+    items: [f64; 3],
+    /// Parameter gradients of the batch (`None` when the loss was not finite).
+    grads: Option<GradStore>,
+}
+
+impl Run<'_> {
+    fn log(&self, pb: &Option<indicatif::ProgressBar>, msg: String) {
+        match pb {
+            Some(pb) => pb.println(msg),
+            None => {
+                if self.opts.verbose {
+                    eprintln!("{msg}")
+                }
+            }
+        }
+    }
+
+    /// Trains one loader batch as micro-batches of `self.micro` images and returns the summed
+    /// parameter gradients (official `loss * batch_size` per micro-batch, so gradients add up
+    /// as for the whole batch). Any error, out-of-memory included, leaves the model's
+    /// parameters untouched (the caller restores the BN statistics).
+    fn train_batch(&self, batch: &crate::data::loader::Batch, ni: usize) -> Result<BatchOutcome> {
+        let s = self.opts.img as usize;
+        let n = batch.len;
+        let per_image = 3 * s * s;
+        let mut grads: Option<GradStore> = None;
+        let mut items = [0f64; 3];
+        let mut start = 0;
+        while start < n {
+            let len = self.micro.min(n - start);
+            let x = Tensor::from_slice(
+                &batch.images[start * per_image..(start + len) * per_image],
+                (len, 3, s, s),
+                &self.device,
+            )?
+            .to_dtype(DType::F32)?
+            .affine(1.0 / 255.0, 0.0)?;
+            let rows: Vec<[f32; 6]> = batch
+                .targets
+                .iter()
+                .filter(|t| (t[0] as usize) >= start && (t[0] as usize) < start + len)
+                .map(|t| {
+                    let mut r = *t;
+                    r[0] -= start as f32;
+                    r
+                })
+                .collect();
+            let t = targets_tensor(&rows, &self.device)?;
+            let raw = self.model.forward(&x, true)?;
+            if self.faults.oom_above.is_some_and(|k| len > k) {
+                bail!("injected fault: CUDA_ERROR_OUT_OF_MEMORY for a micro-batch of {len}");
+            }
+            let lo = self.loss.compute(&raw.aux, &raw.main, &t, (s, s))?;
+            let mut li = lo.items;
+            if self.faults.nan_at.contains(&ni) {
+                li = [f32::NAN; 3];
+            }
+            if li.iter().any(|v| !v.is_finite()) {
+                return Ok(BatchOutcome {
+                    items: li.map(|v| v as f64),
+                    grads: None,
+                });
+            }
+            let mut g = lo.total.backward()?;
+            drop(raw);
+            add_param_grads(&mut grads, &mut g, &self.opt)?;
+            for (m, v) in items.iter_mut().zip(li) {
+                *m += v as f64 * len as f64;
+            }
+            start += len;
+        }
+        Ok(BatchOutcome {
+            items: items.map(|v| v / n.max(1) as f64),
+            grads,
+        })
+    }
+
+    /// [`Self::train_batch`] with out-of-memory recovery: restore BN statistics, halve the
+    /// micro-batch, redo the same batch. Returns the outcome and the number of recoveries.
+    fn train_batch_recovering(
+        &mut self,
+        batch: &crate::data::loader::Batch,
+        ni: usize,
+        epoch: usize,
+        pb: &Option<indicatif::ProgressBar>,
+    ) -> Result<(BatchOutcome, usize)> {
+        let bn = self.model.snapshot_bn()?;
+        let mut events = 0;
+        loop {
+            match self.train_batch(batch, ni) {
+                Ok(o) => return Ok((o, events)),
+                Err(e) if is_oom(&e) => {
+                    self.model.restore_bn(&bn)?;
+                    if self.micro <= 1 {
+                        return Err(e.context(format!(
+                            "out of memory with a micro-batch of 1 at --img {}; lower --img or \
+                             free memory on the device",
+                            self.opts.img
+                        )));
+                    }
+                    let old = self.micro;
+                    self.micro = old / 2;
+                    events += 1;
+                    self.log(
+                        pb,
+                        format!(
+                            "out of memory at epoch {} batch {} (micro-batch {old}): micro-batch \
+                             {} → {} ({} per batch of {}), redoing the batch",
+                            epoch + 1,
+                            batch.index,
+                            old,
+                            self.micro,
+                            self.batch.div_ceil(self.micro),
+                            self.batch
+                        ),
+                    );
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Restores the last good state and halves the LR (NaN guard).
+    fn rollback(&mut self, why: &str, pb: &Option<indicatif::ProgressBar>) -> Result<()> {
+        self.good
+            .restore(&self.model, &mut self.opt, &mut self.ema)?;
+        self.acc = None;
+        self.nan_streak = 0;
+        self.nan_rollbacks += 1;
+        self.lr_scale *= 0.5;
+        self.log(
+            pb,
+            format!(
+                "warning: {why}: restored the state of {} and halved the LR (scale now {})",
+                self.good.label, self.lr_scale
+            ),
+        );
+        Ok(())
+    }
+
+    /// Writes `last` (EMA weights) and the full training state at position (`epoch`,
+    /// `next_batch`), after checking that the state is finite; refreshes the good state.
+    /// Returns false (and rolls back) when the state was not finite.
+    fn save(
+        &mut self,
+        epoch: usize,
+        next_batch: usize,
+        progress: &EpochProgress,
+        pb: &Option<indicatif::ProgressBar>,
+    ) -> Result<bool> {
+        let vars: Vec<Tensor> = self
+            .model
+            .vars()
+            .iter()
+            .map(|v| v.var.as_tensor().clone())
+            .collect();
+        if !all_finite(vars.iter().chain(self.ema.state.iter().map(|(_, t)| t)))? {
+            self.rollback(
+                "non-finite weights found before saving; nothing written",
+                pb,
+            )?;
+            return Ok(false);
+        }
+        let w = ema_weights(&self.model, &self.ema)?;
+        w.save(&self.last, false)?;
+        let acc: Vec<(String, Tensor)> = match &self.acc {
+            Some(g) => self
+                .opt
+                .params()
+                .iter()
+                .filter_map(|p| {
+                    g.get(p.var.as_tensor())
+                        .map(|t| (p.name.clone(), t.clone()))
+                })
+                .collect(),
+            None => Vec::new(),
+        };
+        let meta = CheckpointMeta {
+            version: 2,
+            epoch,
+            next_batch,
+            progress: progress.clone(),
+            best_fitness: self.best_fitness,
+            best_epoch: self.best_epoch,
+            ema_updates: self.ema.updates,
+            iterations: self.nb * epoch + next_batch,
+            last_opt_step: self.last_opt_step,
+            batches_tracked: self.model.batches_tracked(),
+            lr_scale: self.lr_scale,
+            micro: self.micro,
+            nan_rollbacks: self.nan_rollbacks,
+            budget: self.budget.clone(),
+            args: self.args_json.clone(),
+        };
+        save_state(
+            &self.state_path,
+            &meta,
+            &self.model.state_dict()?,
+            &self.ema.state,
+            &self.opt.state(),
+            &acc,
+        )?;
+        self.good = GoodState::take(
+            &self.model,
+            &self.opt,
+            &self.ema,
+            format!("epoch {} batch {}", epoch + 1, next_batch),
+        )?;
+        Ok(true)
+    }
+
+    fn resume_command(&self) -> String {
+        format!("yolo9 train --resume {}", self.run_dir.display())
+    }
+}
+
+/// Copies `src` to `dst` atomically (see [`crate::model::weights::write_atomic`]).
+fn copy_atomic(src: &Path, dst: &Path) -> Result<()> {
+    let bytes = std::fs::read(src).with_context(|| format!("{}: cannot read", src.display()))?;
+    crate::model::weights::write_atomic(dst, &bytes)
+}
+
+/// Moves the parameter gradients of `g` into `acc` (summing), leaving everything else behind.
+fn add_param_grads(acc: &mut Option<GradStore>, g: &mut GradStore, opt: &Sgd) -> Result<()> {
+    let a = acc.get_or_insert_with(GradStore::default);
+    for p in opt.params() {
+        if let Some(t) = g.remove(p.var.as_tensor()) {
+            let sum = match a.remove(p.var.as_tensor()) {
+                Some(prev) => (prev + t)?,
+                None => t,
+            };
+            a.insert(p.var.as_tensor(), sum);
+        }
+    }
+    Ok(())
+}
+
 /// Runs training with `opts` and returns the per-epoch reports. Outputs go to
-/// `project/name{,2,..}` (see the module docs).
+/// `project/name{,2,..}` (see the module docs). Errors name the flag or file at fault; a stop
+/// request (SIGINT/SIGTERM) returns `Ok` with `interrupted = true` after saving the state.
 pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
+    let stop = StopFlag::install()?;
+    let faults = if opts.faults.is_empty() {
+        Faults::from_env()?
+    } else {
+        opts.faults.clone()
+    };
     // Resume: restore the arguments and the state of an earlier run.
-    let (opts, state, run_dir) = match &opts.resume {
+    let (mut opts, state, run_dir) = match &opts.resume {
         Some(r) => {
             let ckpt = if r.is_dir() {
                 r.join("weights").join("state.safetensors")
@@ -323,12 +646,23 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
                 .and_then(|p| p.parent())
                 .map(Path::to_path_buf)
                 .with_context(|| format!("{}: not inside RUN/weights/", ckpt.display()))?;
+            if let Some(e) = opts.extend_epochs {
+                ensure!(
+                    e >= st.meta.epoch.max(1),
+                    "--resume {} --epochs {e}: the run has already done {} epochs",
+                    r.display(),
+                    st.meta.epoch
+                );
+                o.epochs = e;
+            }
             ensure!(
-                st.meta.epoch + 1 < o.epochs,
-                "--resume {}: the run already finished its {} epochs; start a new run with --weights {}",
+                st.meta.epoch < o.epochs,
+                "--resume {}: the run already finished its {} epochs; to train it longer, \
+                 resume with more epochs: yolo9 train --resume {} --epochs {}",
                 r.display(),
                 o.epochs,
-                dir.join("weights/last.safetensors").display()
+                dir.display(),
+                o.epochs * 2
             );
             (o, Some(st), dir)
         }
@@ -337,14 +671,18 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
             (opts.clone(), None, dir)
         }
     };
-    let opts = &opts;
     ensure!(opts.epochs >= 1, "--epochs must be at least 1");
-    ensure!(opts.batch >= 1, "--batch must be at least 1");
     ensure!(
         opts.img >= 32 && opts.img % 32 == 0,
         "--img {} must be a positive multiple of 32 (the largest stride)",
         opts.img
     );
+    ensure!(
+        opts.save_interval >= 0.0 && opts.save_interval.is_finite(),
+        "--save-interval {} must be a number of minutes >= 0",
+        opts.save_interval
+    );
+    ensure!(opts.nan_patience >= 1, "--nan-patience must be at least 1");
     let hyp = match &opts.hyp {
         Some(p) => Hyp::load(p)?,
         None => Hyp::default(),
@@ -399,6 +737,47 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
     );
     let vimages = val_scan.as_ref().map(val_images).unwrap_or_default();
 
+    // Batch and micro-batch: from the state, from measured memory, or as given.
+    let probe = MemoryProbe::new(&device)?;
+    let (micro, budget) = match &state {
+        Some(st) => (st.meta.micro, st.meta.budget.clone()),
+        None if opts.budget.is_some() || opts.batch == 0 => {
+            let budget = match opts.budget {
+                Some(b) => b,
+                None => (probe.free_bytes() as f64 * AUTO_SHARE) as u64,
+            };
+            let max_labels = items.iter().map(|i| i.labels.len()).max().unwrap_or(1);
+            let d = plan(
+                &BudgetRequest {
+                    nc: cfg.nc,
+                    img: opts.img,
+                    targets_per_image: (4 * max_labels).max(1),
+                    max_batch: if opts.batch == 0 {
+                        64.min(items.len())
+                    } else {
+                        opts.batch
+                    },
+                    budget,
+                    seed: opts.seed,
+                },
+                &device,
+                &probe,
+            )
+            .with_context(|| format!("sizing the batch for --budget {}", fmt_size(budget)))?;
+            if opts.verbose {
+                println!("{}", d.describe());
+            }
+            if opts.batch == 0 {
+                opts.batch = d.micro;
+            }
+            (d.micro, Some(d))
+        }
+        None => (opts.micro_batch.unwrap_or(opts.batch), None),
+    };
+    ensure!(opts.batch >= 1, "--batch must be at least 1 (or auto)");
+    let micro = micro.clamp(1, opts.batch);
+    let opts = &opts;
+
     // Model, loss, optimizer, EMA.
     let weights = match &opts.weights {
         Some(p) => Some(Weights::load(p).with_context(|| format!("--weights {}", p.display()))?),
@@ -411,7 +790,7 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
         &device,
         opts.seed,
     )?;
-    if let Some(w) = &opts.weights {
+    if let (Some(w), None) = (&opts.weights, &state) {
         let n = model.vars().len();
         let init = model.initialized().len();
         println!(
@@ -448,11 +827,13 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
         .map(|v| (v.name.clone(), v.var.clone()))
         .collect();
     let mut opt = Sgd::new(params, hyp.lr0, hyp.momentum, wd);
-    let mut ema = Ema::new(&float_state(&model)?)?;
+    let mut ema = Ema::new(&model.float_state()?)?;
     let mut start_epoch = 0;
-    let mut best_fitness = 0.0f64;
-    let mut best_epoch: Option<usize> = None;
-    let mut last_opt_step: i64 = -1;
+    let mut start_batch = 0;
+    let mut progress0 = EpochProgress::default();
+    let (mut best_fitness, mut best_epoch, mut last_opt_step) = (0.0f64, None, -1i64);
+    let (mut lr_scale, mut nan_rollbacks) = (1.0f64, 0usize);
+    let mut acc = None;
     if let Some(st) = &state {
         model.load_state_dict(&st.model)?;
         opt.load_state(&st.optim)?;
@@ -462,15 +843,38 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
             st.ema.len(),
             ema.state.len()
         );
-        ema.state = st.ema.clone();
+        ema.state = st
+            .ema
+            .iter()
+            .map(|(n, t)| Ok((n.clone(), t.to_device(&device)?)))
+            .collect::<Result<_>>()?;
         ema.updates = st.meta.ema_updates;
-        start_epoch = st.meta.epoch + 1;
+        if !st.acc.is_empty() {
+            let mut g = GradStore::default();
+            for (name, t) in &st.acc {
+                let p = opt
+                    .params()
+                    .iter()
+                    .find(|p| &p.name == name)
+                    .with_context(|| format!("resume: accumulated gradient of unknown `{name}`"))?;
+                g.insert(p.var.as_tensor(), t.to_device(&device)?);
+            }
+            acc = Some(g);
+        }
+        start_epoch = st.meta.epoch;
+        start_batch = st.meta.next_batch;
+        progress0 = st.meta.progress.clone();
         best_fitness = st.meta.best_fitness;
         best_epoch = st.meta.best_epoch;
-        last_opt_step = st.meta.last_opt_step as i64;
+        last_opt_step = st.meta.last_opt_step;
+        lr_scale = st.meta.lr_scale;
+        nan_rollbacks = st.meta.nan_rollbacks;
         println!(
-            "resuming from epoch {} (best fitness {:.5})",
-            start_epoch, best_fitness
+            "resuming at epoch {} batch {} (best fitness {:.5}, micro-batch {})",
+            start_epoch + 1,
+            start_batch,
+            best_fitness,
+            micro
         );
     }
     let eval_model = YoloV9Train::new(None, cfg.nc, cfg.names.clone(), &device, opts.seed)?;
@@ -479,9 +883,6 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
     let wdir = run_dir.join("weights");
     std::fs::create_dir_all(&wdir)
         .with_context(|| format!("{}: cannot create the run folder", wdir.display()))?;
-    let last = wdir.join("last.safetensors");
-    let best = wdir.join("best.safetensors");
-    let state_path = wdir.join("state.safetensors");
     let args_json = serde_json::to_value(opts)?;
     if state.is_none() {
         std::fs::write(run_dir.join("args.yaml"), serde_yaml::to_string(opts)?)
@@ -516,10 +917,13 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
     let s = opts.img as usize;
     if opts.verbose {
         println!(
-            "training {} images ({} batches of {}) at {}x{} for {} epochs on {:?}; run folder {}",
+            "training {} images ({} batches of {}, micro-batch {}, accumulate {} for nominal batch 64) \
+             at {}x{} for {} epochs on {:?}; run folder {}",
             loader.len(),
             nb,
             opts.batch,
+            micro,
+            sched.accumulate(opts.batch),
             opts.img,
             opts.img,
             opts.epochs,
@@ -527,9 +931,44 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
             run_dir.display()
         );
     }
+    let good = GoodState::take(&model, &opt, &ema, "the start of this run".into())?;
+    let mut run = Run {
+        opts,
+        device: device.clone(),
+        model,
+        loss,
+        opt,
+        ema,
+        sched,
+        probe,
+        faults,
+        last: wdir.join("last.safetensors"),
+        best: wdir.join("best.safetensors"),
+        state_path: wdir.join("state.safetensors"),
+        run_dir,
+        args_json,
+        nb,
+        batch: opts.batch,
+        micro,
+        budget,
+        best_fitness,
+        best_epoch,
+        last_opt_step,
+        lr_scale,
+        nan_streak: 0,
+        nan_rollbacks,
+        acc,
+        good,
+    };
+    let interval = std::time::Duration::from_secs_f64(opts.save_interval * 60.0);
 
     let mut reports = Vec::new();
-    for epoch in start_epoch..opts.epochs {
+    let mut interrupted = false;
+    'epochs: for epoch in start_epoch..opts.epochs {
+        if stop.requested() {
+            interrupted = true;
+            break;
+        }
         // Official: mosaic off at `epoch == epochs - close_mosaic` (never when close_mosaic > epochs);
         // `>=` so that a resumed run past that epoch also has it off.
         if opts.close_mosaic > 0
@@ -538,16 +977,20 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
             && loader.config().augment.mosaic > 0.0
         {
             if opts.verbose {
-                println!("closing mosaic from epoch {epoch}");
+                println!("closing mosaic from epoch {}", epoch + 1);
             }
             loader.config_mut().augment.mosaic = 0.0;
         }
+        let first = if epoch == start_epoch { start_batch } else { 0 };
+        let mut pr = if epoch == start_epoch {
+            progress0.clone()
+        } else {
+            EpochProgress::default()
+        };
+        run.probe.reset_peak();
         let t0 = std::time::Instant::now();
-        let mut mloss = [0f64; 3];
-        let mut done = 0usize;
-        let mut skipped = 0usize;
-        let mut images_seen = 0usize;
-        let mut acc: Option<candle_core::backprop::GradStore> = None;
+        let secs0 = pr.train_secs;
+        let mut last_save = std::time::Instant::now();
         let pb = if opts.verbose {
             println!(
                 "{:>10}{:>10}{:>10}{:>10}{:>10}{:>10}{:>10}",
@@ -560,116 +1003,155 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
                 )
                 .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
             );
+            pb.set_position(first as u64);
             Some(pb)
         } else {
             None
         };
-        for batch in loader.epoch(epoch, 0) {
+        for batch in loader.epoch(epoch, first) {
             let i = batch.index;
             let ni = i + nb * epoch;
-            skipped += batch.skipped.len();
-            for (p, why) in &batch.skipped {
-                if let Some(pb) = &pb {
-                    pb.println(format!("skipped {}: {why}", p.display()));
+            // Stop request or mid-epoch checkpoint, before this batch (state = batches < i).
+            if stop.requested() || (i > first && last_save.elapsed() >= interval) {
+                pr.train_secs = secs0 + t0.elapsed().as_secs_f64();
+                run.save(epoch, i, &pr, &pb)?;
+                last_save = std::time::Instant::now();
+                if stop.requested() {
+                    if let Some(pb) = &pb {
+                        pb.abandon();
+                    }
+                    interrupted = true;
+                    break 'epochs;
                 }
+            }
+            pr.skipped += batch.skipped.len();
+            for (p, why) in &batch.skipped {
+                run.log(&pb, format!("skipped {}: {why}", p.display()));
             }
             if batch.len == 0 {
                 continue;
             }
-            let st = sched.at(ni, epoch, nb, opts.batch);
-            opt.lr = st.lr;
-            opt.momentum = st.momentum;
-            let x = Tensor::from_vec(batch.images, (batch.len, 3, s, s), &device)?
-                .to_dtype(DType::F32)?
-                .broadcast_div(&Tensor::new(255f32, &device)?)?;
-            let raw = model.forward(&x, true)?;
-            let t = targets_tensor(&batch.targets, &device)?;
-            let lo = loss.compute(&raw.aux, &raw.main, &t, (s, s))?;
-            if lo.items.iter().any(|v| !v.is_finite()) {
-                if let Some(pb) = &pb {
-                    pb.println(format!(
-                        "warning: non-finite loss {:?} at batch {i}; batch skipped",
-                        lo.items
-                    ));
-                }
-                continue;
-            }
-            let grads = lo.total.backward()?;
-            acc = Some(match acc.take() {
-                None => grads,
-                Some(mut a) => {
-                    for p in opt.params() {
-                        if let Some(g) = grads.get(p.var.as_tensor()) {
-                            let sum = match a.remove(p.var.as_tensor()) {
-                                Some(prev) => (prev + g)?,
-                                None => g.clone(),
-                            };
-                            a.insert(p.var.as_tensor(), sum);
-                        }
+            let st = run.sched.at(ni, epoch, nb, opts.batch);
+            run.opt.lr = st.lr.map(|l| l * run.lr_scale);
+            run.opt.momentum = st.momentum;
+            let (out, ooms) = run.train_batch_recovering(&batch, ni, epoch, &pb)?;
+            pr.oom_events += ooms;
+            match out.grads {
+                Some(mut g) => {
+                    add_param_grads(&mut run.acc, &mut g, &run.opt)?;
+                    for (m, v) in pr.mloss.iter_mut().zip(out.items) {
+                        *m = (*m * pr.done as f64 + v) / (pr.done + 1) as f64;
                     }
-                    a
+                    pr.done += 1;
+                    pr.images += batch.len;
                 }
-            });
-            if ni as i64 - last_opt_step >= st.accumulate as i64 {
-                if let Some(mut g) = acc.take() {
-                    let norm = opt.clip_grad_norm(&mut g, MAX_GRAD_NORM)?;
+                None => {
+                    // The optimizer step this batch belongs to is skipped: its window's
+                    // gradients are dropped.
+                    run.acc = None;
+                    pr.nan_events += 1;
+                    run.nan_streak += 1;
+                    run.log(
+                        &pb,
+                        format!(
+                            "warning: non-finite loss {:?} at epoch {} batch {i}; batch skipped ({} in a row)",
+                            out.items, epoch + 1, run.nan_streak
+                        ),
+                    );
+                }
+            }
+            if ni as i64 - run.last_opt_step >= st.accumulate as i64 {
+                if let Some(mut g) = run.acc.take() {
+                    let norm = run.opt.clip_grad_norm(&mut g, MAX_GRAD_NORM)?;
                     if norm.is_finite() {
-                        opt.step(&g)?;
-                        ema.update(&float_state(&model)?)?;
-                    } else if let Some(pb) = &pb {
-                        pb.println(format!(
-                            "warning: non-finite gradient norm at batch {i}; step skipped"
-                        ));
+                        run.opt.step(&g)?;
+                        run.ema.update(&run.model.float_state()?)?;
+                        run.nan_streak = 0;
+                    } else {
+                        pr.nan_events += 1;
+                        run.nan_streak += 1;
+                        run.log(
+                            &pb,
+                            format!(
+                                "warning: non-finite gradient norm at epoch {} batch {i}; optimizer step skipped ({} in a row)",
+                                epoch + 1,
+                                run.nan_streak
+                            ),
+                        );
                     }
                 }
-                last_opt_step = ni as i64;
+                run.last_opt_step = ni as i64;
             }
-            for (m, v) in mloss.iter_mut().zip(lo.items) {
-                *m = (*m * done as f64 + v as f64) / (done + 1) as f64;
+            if run.nan_streak >= opts.nan_patience {
+                let why = format!("{} non-finite steps in a row", run.nan_streak);
+                run.rollback(&why, &pb)?;
             }
-            done += 1;
-            images_seen += batch.len;
+            if run.faults.stop_at == Some(ni) {
+                stop.request();
+            }
             if let Some(pb) = &pb {
                 pb.set_message(format!(
                     "{:>10}{:>10}{:>10.4}{:>10.4}{:>10.4}{:>10}{:>10}",
                     format!("{}/{}", epoch + 1, opts.epochs),
-                    fmt_mem(rss_bytes()),
-                    mloss[0],
-                    mloss[1],
-                    mloss[2],
+                    fmt_mem(run.probe.current_bytes()),
+                    pr.mloss[0],
+                    pr.mloss[1],
+                    pr.mloss[2],
                     batch.targets.len(),
                     s
                 ));
                 pb.inc(1);
             }
         }
+        if stop.requested() && !interrupted {
+            // The request came during the last batch: the epoch's training is complete; save
+            // at its end position and stop before validation.
+            pr.train_secs = secs0 + t0.elapsed().as_secs_f64();
+            run.save(epoch, nb, &pr, &pb)?;
+            interrupted = true;
+            break;
+        }
         if let Some(pb) = &pb {
             pb.finish();
         }
-        let train_secs = t0.elapsed().as_secs_f64();
-        let lr = opt.lr;
+        let train_secs = secs0 + t0.elapsed().as_secs_f64();
+        let lr = run.opt.lr;
         let final_epoch = epoch + 1 == opts.epochs;
 
-        // Validation of the EMA.
+        // Validation of the EMA (batch halved on out-of-memory).
         let mut metrics = [0f64; 4];
         let mut val_loss = [0f32; 3];
         let mut validated = false;
         if (!opts.noval || final_epoch) && !vimages.is_empty() {
-            let map: HashMap<String, Tensor> = ema.state.iter().cloned().collect();
+            let map: HashMap<String, Tensor> = run.ema.state.iter().cloned().collect();
             eval_model.load_state_dict(&map)?;
-            let r = validate(
-                ValModel::Train {
-                    model: &eval_model,
-                    loss: &loss,
-                },
-                &vimages,
-                &ValConfig {
-                    img: opts.img,
-                    batch: opts.batch * 2,
-                    progress: opts.verbose,
-                    ..ValConfig::default()
-                },
-            )?;
+            let mut vb = (run.micro * 2).max(1);
+            let r = loop {
+                match validate(
+                    ValModel::Train {
+                        model: &eval_model,
+                        loss: &run.loss,
+                    },
+                    &vimages,
+                    &ValConfig {
+                        img: opts.img,
+                        batch: vb,
+                        progress: opts.verbose,
+                        ..ValConfig::default()
+                    },
+                ) {
+                    Ok(r) => break r,
+                    Err(e) if is_oom(&e) && vb > 1 => {
+                        pr.oom_events += 1;
+                        println!(
+                            "out of memory in validation at batch {vb}: retrying with {}",
+                            vb / 2
+                        );
+                        vb /= 2;
+                    }
+                    Err(e) => return Err(e),
+                }
+            };
             if opts.verbose {
                 print!("{}", r.metrics.table(&cfg.names));
             }
@@ -680,80 +1162,85 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
                 r.metrics.map50_95,
             ];
             val_loss = r.losses.unwrap_or_default();
-            skipped += r.skipped.len();
+            pr.skipped += r.skipped.len();
             validated = true;
         }
         let fi = crate::metrics::fitness(metrics[2], metrics[3]);
-        let improved = fi > best_fitness || best_epoch.is_none();
-        if fi > best_fitness {
-            best_fitness = fi;
+        let improved = fi > run.best_fitness || run.best_epoch.is_none();
+        if fi > run.best_fitness {
+            run.best_fitness = fi;
         }
         if improved {
-            best_epoch = Some(epoch);
+            run.best_epoch = Some(epoch);
+        }
+        let peak_mem = run.probe.peak_bytes();
+        if let Some(b) = &run.budget {
+            if peak_mem > b.budget {
+                println!(
+                    "warning: epoch {} peaked at {} of {}, above the budget {}",
+                    epoch + 1,
+                    fmt_size(peak_mem),
+                    run.probe.what(),
+                    fmt_size(b.budget)
+                );
+            }
         }
         let report = EpochReport {
             epoch,
-            train_loss: [mloss[0] as f32, mloss[1] as f32, mloss[2] as f32],
+            train_loss: pr.mloss.map(|v| v as f32),
             metrics,
             val_loss,
             lr,
             rss: rss_bytes(),
-            skipped,
-            img_per_s: images_seen as f64 / train_secs.max(1e-9),
+            peak_mem,
+            skipped: pr.skipped,
+            nan_events: pr.nan_events,
+            oom_events: pr.oom_events,
+            micro: run.micro,
+            img_per_s: pr.images as f64 / train_secs.max(1e-9),
             validated,
         };
         {
             let mut f = std::fs::OpenOptions::new()
                 .append(true)
                 .create(true)
-                .open(run_dir.join("results.csv"))
-                .with_context(|| format!("{}: cannot append to results.csv", run_dir.display()))?;
+                .open(run.run_dir.join("results.csv"))
+                .with_context(|| {
+                    format!("{}: cannot append to results.csv", run.run_dir.display())
+                })?;
             writeln!(f, "{}", csv_row(&report))?;
         }
         if opts.verbose {
             println!(
-                "epoch {}/{}: train box {:.4} cls {:.4} dfl {:.4}; {:.2} img/s; {} skipped; fitness {:.4}",
+                "epoch {}/{}: train box {:.4} cls {:.4} dfl {:.4}; {:.2} img/s; peak {} {}; \
+                 {} skipped, {} non-finite, {} OOM recoveries; fitness {:.4}",
                 epoch + 1,
                 opts.epochs,
                 report.train_loss[0],
                 report.train_loss[1],
                 report.train_loss[2],
                 report.img_per_s,
-                skipped,
+                fmt_size(peak_mem),
+                run.probe.what(),
+                pr.skipped,
+                pr.nan_events,
+                pr.oom_events,
                 fi
             );
         }
         reports.push(report);
 
-        // Save.
-        let w = ema_weights(&model, &ema)?;
-        w.save(&last, false)?;
-        if improved {
-            w.save(&best, false)?;
+        // Save (last, best, periodic, state).
+        if run.save(epoch + 1, 0, &EpochProgress::default(), &pb)? {
+            if improved {
+                copy_atomic(&run.last, &run.best)?;
+            }
+            if opts.save_period > 0 && (epoch + 1) % opts.save_period as usize == 0 {
+                copy_atomic(&run.last, &wdir.join(format!("epoch{epoch}.safetensors")))?;
+            }
         }
-        if opts.save_period > 0 && (epoch + 1) % opts.save_period as usize == 0 {
-            w.save(&wdir.join(format!("epoch{epoch}.safetensors")), false)?;
-        }
-        let meta = CheckpointMeta {
-            version: 1,
-            epoch,
-            best_fitness,
-            best_epoch,
-            ema_updates: ema.updates,
-            iterations: nb * (epoch + 1),
-            last_opt_step: last_opt_step.max(0) as usize,
-            batches_tracked: model.batches_tracked(),
-            args: args_json.clone(),
-        };
-        save_state(
-            &state_path,
-            &meta,
-            &model.state_dict()?,
-            &ema.state,
-            &opt.state(),
-        )?;
 
-        if let Some(be) = best_epoch {
+        if let Some(be) = run.best_epoch {
             if epoch >= be + opts.patience {
                 println!(
                     "stopping early: no improvement in {} epochs (best epoch {})",
@@ -764,14 +1251,21 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
             }
         }
     }
-    if reports.is_empty() {
+    if interrupted {
+        println!(
+            "stopped on request; the state is saved. Continue with:\n  {}",
+            run.resume_command()
+        );
+    } else if reports.is_empty() {
         bail!("no epoch was run");
     }
     Ok(TrainSummary {
-        run_dir,
+        run_dir: run.run_dir.clone(),
         epochs: reports,
-        best_fitness,
-        last,
-        best,
+        best_fitness: run.best_fitness,
+        last: run.last.clone(),
+        best: run.best.clone(),
+        interrupted,
+        budget: run.budget.clone(),
     })
 }

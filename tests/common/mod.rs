@@ -28,3 +28,47 @@ pub fn reference(name: &str) -> PathBuf {
 pub fn case(name: &str) -> PathBuf {
     shared_dir().join("cases").join(name)
 }
+
+/// A tiny dataset of the first `n_train` BCCD train images (and 1 val image) in `dir`, with
+/// `dir/hyp.yaml` turning augmentation off and raising the LR so few iterations move the weights.
+pub fn tiny_dataset(dir: &std::path::Path, n_train: usize) -> PathBuf {
+    let src = shared_dir().join("datasets/bccd");
+    let mut names: Vec<_> = std::fs::read_dir(src.join("images/train"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    names.sort();
+    for split in ["train", "val"] {
+        std::fs::create_dir_all(dir.join("images").join(split)).unwrap();
+        std::fs::create_dir_all(dir.join("labels").join(split)).unwrap();
+        for n in names
+            .iter()
+            .take(if split == "train" { n_train } else { 1 })
+        {
+            std::fs::copy(
+                src.join("images/train").join(n),
+                dir.join("images").join(split).join(n),
+            )
+            .unwrap();
+            let stem = std::path::Path::new(n).with_extension("txt");
+            std::fs::copy(
+                src.join("labels/train").join(&stem),
+                dir.join("labels").join(split).join(&stem),
+            )
+            .unwrap();
+        }
+    }
+    let yaml = dir.join("data.yaml");
+    std::fs::write(
+        &yaml,
+        "path: .\ntrain: images/train\nval: images/val\nnames: [RBC, WBC, Platelets]\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("hyp.yaml"),
+        "lr0: 0.1\nwarmup_bias_lr: 0.1\nlrf: 0.01\nmomentum: 0.937\nweight_decay: 0.0005\nwarmup_epochs: 3.0\n\
+         hsv_h: 0\nhsv_s: 0\nhsv_v: 0\ntranslate: 0\nscale: 0\nfliplr: 0\nmosaic: 0\nmixup: 0\n",
+    )
+    .unwrap();
+    yaml
+}

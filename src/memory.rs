@@ -1,0 +1,289 @@
+//! Memory of a device, measured rather than guessed: the high-water mark of a region of work,
+//! the memory in use now and the memory still free, in bytes.
+//!
+//! - **CPU**: the process resident set (Linux `/proc/self/status`: `VmRSS` now, `VmHWM` the
+//!   high-water mark, which [`MemoryProbe::reset_peak`] resets by writing `5` to
+//!   `/proc/self/clear_refs`); free = `MemAvailable` of `/proc/meminfo`. Where the reset is refused,
+//!   the peak is the process-lifetime high-water mark (never lower than the truth).
+//! - **CUDA** (`cuda` feature): the device's current stream-ordered memory pool, which candle's
+//!   allocations go through (`cuMemAllocAsync`): the peak is the pool's
+//!   `CU_MEMPOOL_ATTR_USED_MEM_HIGH` (reset by setting it to 0), in use is `USED_MEM_CURRENT`,
+//!   free = `cuMemGetInfo` free + memory the pool holds but does not use. The probe also raises the
+//!   pool's release threshold so freed blocks are reused instead of returned to the driver at
+//!   every synchronization (PyTorch's caching allocator behaves the same way).
+//!
+//! Used by the memory-budget batch sizing ([`crate::train::budget`]) and the per-epoch peak in
+//! `results.csv`.
+
+use anyhow::{bail, Context, Result};
+use candle_core::Device;
+
+/// Bytes in a GiB.
+pub const GIB: u64 = 1 << 30;
+
+/// Parses a memory size as users write it: `8GiB`, `8G`, `8gb`, `512MiB`, `1.5GiB`, or plain
+/// bytes `8589934592`. Every unit is binary (K/M/G/T = powers of 1024, with or without `i`/`B`),
+/// as GPU memory is quoted that way. Errors name the value and the accepted forms.
+pub fn parse_size(s: &str) -> Result<u64> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '_'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let num: f64 = num.replace('_', "").parse().with_context(|| {
+        format!("memory size '{s}': expected a number with a unit, e.g. 8GiB, 512MiB or 6G")
+    })?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        u => {
+            bail!("memory size '{s}': unknown unit '{u}'; use B, KiB, MiB, GiB or TiB (e.g. 8GiB)")
+        }
+    };
+    if !(num.is_finite() && num > 0.0) {
+        bail!("memory size '{s}' must be positive");
+    }
+    Ok((num * mult as f64).round() as u64)
+}
+
+/// `8.00GiB`-style rendering of a byte count (binary units).
+pub fn fmt_size(b: u64) -> String {
+    let b = b as f64;
+    if b >= GIB as f64 {
+        format!("{:.2}GiB", b / GIB as f64)
+    } else {
+        format!("{:.0}MiB", b / (1u64 << 20) as f64)
+    }
+}
+
+/// Measures the memory of one device (see the module docs for what is counted where).
+pub struct MemoryProbe {
+    inner: Inner,
+}
+
+enum Inner {
+    Cpu,
+    #[cfg(feature = "cuda")]
+    Cuda(cuda::Pool),
+}
+
+impl MemoryProbe {
+    /// A probe for `device`. Errors when the CUDA pool cannot be queried.
+    pub fn new(device: &Device) -> Result<MemoryProbe> {
+        let inner = match device {
+            #[cfg(feature = "cuda")]
+            Device::Cuda(d) => Inner::Cuda(cuda::Pool::new(d)?),
+            _ => Inner::Cpu,
+        };
+        Ok(MemoryProbe { inner })
+    }
+
+    /// `"RSS"` on the CPU, `"device memory"` on CUDA (for messages).
+    pub fn what(&self) -> &'static str {
+        match self.inner {
+            Inner::Cpu => "process RSS",
+            #[cfg(feature = "cuda")]
+            Inner::Cuda(_) => "device memory",
+        }
+    }
+
+    /// Starts a new measurement window: the next [`MemoryProbe::peak_bytes`] reports the peak
+    /// from now on (on the CPU, from the current RSS on).
+    pub fn reset_peak(&self) {
+        match &self.inner {
+            Inner::Cpu => {
+                // Refused in some sandboxes; the peak then stays the lifetime high-water mark.
+                let _ = std::fs::write("/proc/self/clear_refs", "5");
+            }
+            #[cfg(feature = "cuda")]
+            Inner::Cuda(p) => p.reset_peak(),
+        }
+    }
+
+    /// Peak bytes in use since the last [`MemoryProbe::reset_peak`] (0 where not measurable).
+    pub fn peak_bytes(&self) -> u64 {
+        match &self.inner {
+            Inner::Cpu => proc_status_kib("VmHWM:").unwrap_or(0) * 1024,
+            #[cfg(feature = "cuda")]
+            Inner::Cuda(p) => p.peak(),
+        }
+    }
+
+    /// Bytes in use now (RSS, or the pool's used memory).
+    pub fn current_bytes(&self) -> u64 {
+        match &self.inner {
+            Inner::Cpu => proc_status_kib("VmRSS:").unwrap_or(0) * 1024,
+            #[cfg(feature = "cuda")]
+            Inner::Cuda(p) => p.current(),
+        }
+    }
+
+    /// Bytes that this process could still allocate on the device now (0 where unknown).
+    pub fn free_bytes(&self) -> u64 {
+        match &self.inner {
+            Inner::Cpu => meminfo_kib("MemAvailable:").unwrap_or(0) * 1024,
+            #[cfg(feature = "cuda")]
+            Inner::Cuda(p) => p.free(),
+        }
+    }
+}
+
+fn field_kib(text: &str, key: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+}
+
+fn proc_status_kib(key: &str) -> Option<u64> {
+    field_kib(&std::fs::read_to_string("/proc/self/status").ok()?, key)
+}
+
+fn meminfo_kib(key: &str) -> Option<u64> {
+    field_kib(&std::fs::read_to_string("/proc/meminfo").ok()?, key)
+}
+
+/// True when `err` (anywhere in its chain) is an out-of-memory failure: CUDA's
+/// `CUDA_ERROR_OUT_OF_MEMORY`, a cuDNN/cuBLAS allocation failure, or a host allocation refused
+/// by the budget guard. Used by the trainer's OOM recovery.
+pub fn is_oom(err: &anyhow::Error) -> bool {
+    err.chain().any(|e| {
+        let s = e.to_string();
+        s.contains("OUT_OF_MEMORY")
+            || s.contains("out of memory")
+            || s.contains("ALLOC_FAILED")
+            || s.contains("OutOfMemory")
+    })
+}
+
+#[cfg(feature = "cuda")]
+mod cuda {
+    use anyhow::{Context, Result};
+    use cudarc::driver::result::{device, mem_pool};
+    use cudarc::driver::sys;
+    use std::sync::Arc;
+
+    /// The current memory pool of one CUDA device.
+    pub struct Pool {
+        pool: sys::CUmemoryPool,
+        ctx: Arc<cudarc::driver::CudaContext>,
+    }
+
+    // The pool handle is a driver object usable from any thread once the context is bound.
+    unsafe impl Send for Pool {}
+    unsafe impl Sync for Pool {}
+
+    impl Pool {
+        pub fn new(d: &candle_core::CudaDevice) -> Result<Pool> {
+            let stream = d.cuda_stream();
+            let ctx = stream.context().clone();
+            ctx.bind_to_thread().context("binding the CUDA context")?;
+            // SAFETY: the device comes from a live context.
+            let pool = unsafe { device::get_mem_pool(ctx.cu_device()) }
+                .context("querying the CUDA memory pool")?;
+            let mut keep: u64 = u64::MAX;
+            // SAFETY: valid pool; the attribute takes a u64.
+            unsafe {
+                mem_pool::set_attribute(
+                    pool,
+                    sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                    &mut keep as *mut u64 as *mut std::ffi::c_void,
+                )
+            }
+            .context("setting the CUDA pool release threshold")?;
+            Ok(Pool { pool, ctx })
+        }
+
+        fn get(&self, attr: sys::CUmemPool_attribute) -> u64 {
+            let _ = self.ctx.bind_to_thread();
+            let mut v: u64 = 0;
+            // SAFETY: valid pool; these attributes are u64 (cuuint64_t).
+            let ok = unsafe {
+                mem_pool::get_attribute(
+                    self.pool,
+                    attr,
+                    &mut v as *mut u64 as *mut std::ffi::c_void,
+                )
+            };
+            if ok.is_ok() {
+                v
+            } else {
+                0
+            }
+        }
+
+        pub fn reset_peak(&self) {
+            let _ = self.ctx.bind_to_thread();
+            let mut zero: u64 = 0;
+            // SAFETY: valid pool; resetting the high-water mark takes a u64 zero.
+            let _ = unsafe {
+                mem_pool::set_attribute(
+                    self.pool,
+                    sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
+                    &mut zero as *mut u64 as *mut std::ffi::c_void,
+                )
+            };
+        }
+
+        pub fn peak(&self) -> u64 {
+            self.get(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH)
+        }
+
+        pub fn current(&self) -> u64 {
+            self.get(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)
+        }
+
+        pub fn free(&self) -> u64 {
+            let reserved = self.get(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT);
+            let used = self.current();
+            let free = self.ctx.mem_get_info().map(|(f, _)| f as u64).unwrap_or(0);
+            free + reserved.saturating_sub(used)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_in_binary_units() {
+        assert_eq!(parse_size("8GiB").unwrap(), 8 << 30);
+        assert_eq!(parse_size("8G").unwrap(), 8 << 30);
+        assert_eq!(parse_size(" 8 gb ").unwrap(), 8 << 30);
+        assert_eq!(parse_size("512MiB").unwrap(), 512 << 20);
+        assert_eq!(parse_size("1.5GiB").unwrap(), 3 << 29);
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        for bad in ["", "GiB", "8XB", "-1G", "0G", "nan"] {
+            assert!(parse_size(bad).is_err(), "{bad} accepted");
+        }
+        let e = parse_size("8XB").unwrap_err().to_string();
+        assert!(e.contains("8XB") && e.contains("GiB"), "{e}");
+    }
+
+    #[test]
+    fn cpu_probe_sees_a_large_allocation() {
+        let p = MemoryProbe::new(&Device::Cpu).unwrap();
+        p.reset_peak();
+        let before = p.current_bytes();
+        assert!(before > 0, "no RSS reading");
+        let v = vec![1u8; 256 << 20];
+        let peak = p.peak_bytes();
+        assert!(
+            peak >= before + (200 << 20),
+            "peak {peak} < before {before} + 200MiB"
+        );
+        drop(v);
+        assert!(p.free_bytes() > 0);
+    }
+
+    #[test]
+    fn oom_errors_are_recognised_through_context() {
+        let e = anyhow::anyhow!("DriverError(CUDA_ERROR_OUT_OF_MEMORY, \"out of memory\")")
+            .context("forward of the training graph");
+        assert!(is_oom(&e));
+        assert!(!is_oom(&anyhow::anyhow!("shape mismatch")));
+    }
+}

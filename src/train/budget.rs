@@ -1,0 +1,353 @@
+//! Memory-budget batch sizing (`yolo9 train --budget 8GiB`, `--batch auto`): the micro-batch is
+//! chosen from the **measured** peak memory of real training steps, not from a guess.
+//!
+//! Method: on the actual device, image size and model, run complete training steps — forward of
+//! the training graph (both branches, BN in train mode), the dual TAL loss with the assigner at a
+//! realistic target count (mosaic joins 4 images, so 4× the most labels of any train image),
+//! backward, gradient clipping, the SGD step and the EMA update — at a few micro-batch sizes,
+//! reading the peak of each with [`MemoryProbe`]. A least-squares line `peak(b) = base + b ·
+//! per_image` through the points gives the largest `b` whose predicted peak fits the budget minus
+//! a safety margin ([`MARGIN`]); that size is then measured once more and lowered while it does
+//! not fit. The nominal batch (64) is kept by gradient accumulation in the trainer.
+//!
+//! On CUDA the peak is the memory pool's high-water mark; on the CPU the process RSS
+//! high-water mark (see [`crate::memory`]). An out-of-memory error while measuring ends the
+//! measurement at the sizes that worked.
+
+use crate::loss::tal_loss::targets_tensor;
+use crate::loss::DualTalLoss;
+use crate::memory::{fmt_size, is_oom, MemoryProbe};
+use crate::model::weights::STRIDES;
+use crate::model::yolov9::YoloV9Train;
+use crate::train::ema::Ema;
+use crate::train::optimizer::Sgd;
+use anyhow::{bail, Result};
+use candle_core::{DType, Device, Tensor};
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+
+/// Share of the budget kept free for what a synthetic step does not show (loader buffers,
+/// allocator fragmentation, validation).
+pub const MARGIN: f64 = 0.10;
+
+/// Share of the free device memory used by `--batch auto` without `--budget`.
+pub const AUTO_SHARE: f64 = 0.80;
+
+/// One measured point: a training step at `batch` images peaked at `peak` bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct BudgetPoint {
+    /// Micro-batch size (images).
+    pub batch: usize,
+    /// Peak memory of the step in bytes (device memory on CUDA, process RSS on the CPU).
+    pub peak: u64,
+}
+
+/// The line `peak(b) = base + b · per_image` (bytes) fitted through measured points.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct MemoryFit {
+    /// Memory that does not grow with the batch (model, optimizer, EMA, workspaces), bytes.
+    pub base: f64,
+    /// Memory per image of the micro-batch, bytes.
+    pub per_image: f64,
+}
+
+impl MemoryFit {
+    /// Least-squares fit through `points` (at least one; a single point gives `base = 0`).
+    /// The slope is kept positive (at least 1 byte per image) so the inversion is defined.
+    pub fn fit(points: &[BudgetPoint]) -> MemoryFit {
+        let n = points.len() as f64;
+        if points.len() < 2 {
+            let p = points
+                .first()
+                .map(|p| p.peak as f64 / p.batch.max(1) as f64);
+            return MemoryFit {
+                base: 0.0,
+                per_image: p.unwrap_or(1.0).max(1.0),
+            };
+        }
+        let mx = points.iter().map(|p| p.batch as f64).sum::<f64>() / n;
+        let my = points.iter().map(|p| p.peak as f64).sum::<f64>() / n;
+        let sxy: f64 = points
+            .iter()
+            .map(|p| (p.batch as f64 - mx) * (p.peak as f64 - my))
+            .sum();
+        let sxx: f64 = points.iter().map(|p| (p.batch as f64 - mx).powi(2)).sum();
+        let per_image = if sxx > 0.0 { sxy / sxx } else { my / mx };
+        let per_image = per_image.max(1.0);
+        MemoryFit {
+            base: my - per_image * mx,
+            per_image,
+        }
+    }
+
+    /// Predicted peak at `batch` images, bytes.
+    pub fn predict(&self, batch: usize) -> f64 {
+        self.base + self.per_image * batch as f64
+    }
+
+    /// The largest batch (≥ 0) whose predicted peak is at most `limit` bytes.
+    pub fn largest_within(&self, limit: f64) -> usize {
+        let b = ((limit - self.base) / self.per_image).floor();
+        if b.is_finite() && b > 0.0 {
+            b as usize
+        } else {
+            0
+        }
+    }
+}
+
+/// The outcome of budget sizing: what was measured, the fit and the chosen micro-batch.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BudgetDecision {
+    /// The budget in bytes.
+    pub budget: u64,
+    /// What the budget counts (`device memory` or `process RSS`).
+    pub what: String,
+    /// Measured points, by increasing batch.
+    pub points: Vec<BudgetPoint>,
+    /// The fitted line.
+    pub fit: MemoryFit,
+    /// The chosen micro-batch (images per forward/backward).
+    pub micro: usize,
+    /// Measured peak at `micro` (bytes), from the final check.
+    pub measured: u64,
+}
+
+impl BudgetDecision {
+    /// Human-readable summary (the measured points, the fit and the choice).
+    pub fn describe(&self) -> String {
+        let pts: Vec<String> = self
+            .points
+            .iter()
+            .map(|p| format!("{} @ batch {}", fmt_size(p.peak), p.batch))
+            .collect();
+        format!(
+            "memory budget {} ({}): measured {}; fit {} + {}/image; micro-batch {} \
+             (measured {} <= {} = budget - {:.0}% margin)",
+            fmt_size(self.budget),
+            self.what,
+            pts.join(", "),
+            fmt_size(self.fit.base.max(0.0) as u64),
+            fmt_size(self.fit.per_image as u64),
+            self.micro,
+            fmt_size(self.measured),
+            fmt_size((self.budget as f64 * (1.0 - MARGIN)) as u64),
+            MARGIN * 100.0
+        )
+    }
+}
+
+/// What to size: model classes, image size, targets per image and the largest micro-batch
+/// worth considering.
+#[derive(Debug, Clone)]
+pub struct BudgetRequest {
+    /// Number of classes.
+    pub nc: usize,
+    /// Square training size, pixels.
+    pub img: u32,
+    /// Targets per image in the synthetic steps (4 × the most labels of any train image).
+    pub targets_per_image: usize,
+    /// Upper bound of the micro-batch (the loader batch, or 64 for `--batch auto`).
+    pub max_batch: usize,
+    /// Budget in bytes.
+    pub budget: u64,
+    /// Seed of the synthetic data.
+    pub seed: u64,
+}
+
+/// The model, loss, optimizer and EMA the synthetic steps run on.
+struct Rig {
+    model: YoloV9Train,
+    loss: DualTalLoss,
+    opt: Sgd,
+    ema: Ema,
+}
+
+/// Runs one complete synthetic training step at `batch` images and returns its peak memory.
+fn step_peak(
+    rig: &mut Rig,
+    req: &BudgetRequest,
+    batch: usize,
+    device: &Device,
+    probe: &MemoryProbe,
+) -> Result<u64> {
+    let Rig {
+        model,
+        loss,
+        opt,
+        ema,
+    } = rig;
+    let s = req.img as usize;
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(req.seed ^ batch as u64);
+    let mut rows = Vec::with_capacity(batch * req.targets_per_image);
+    for b in 0..batch {
+        for _ in 0..req.targets_per_image {
+            let w: f32 = rng.random_range(0.02..0.25);
+            let h: f32 = rng.random_range(0.02..0.25);
+            rows.push([
+                b as f32,
+                rng.random_range(0..req.nc) as f32,
+                rng.random_range(w / 2.0..1.0 - w / 2.0),
+                rng.random_range(h / 2.0..1.0 - h / 2.0),
+                w,
+                h,
+            ]);
+        }
+    }
+    probe.reset_peak();
+    let x = Tensor::rand(0f32, 1f32, (batch, 3, s, s), device)?;
+    let t = targets_tensor(&rows, device)?;
+    let raw = model.forward(&x, true)?;
+    let lo = loss.compute(&raw.aux, &raw.main, &t, (s, s))?;
+    let mut grads = lo.total.backward()?;
+    drop(raw);
+    opt.clip_grad_norm(&mut grads, crate::train::trainer::MAX_GRAD_NORM)?;
+    opt.step(&grads)?;
+    drop(grads);
+    ema.update(&model.float_state()?)?;
+    // Make the work finish before reading the high-water mark.
+    let _ = lo.total.to_dtype(DType::F32)?.to_vec0::<f32>()?;
+    device.synchronize()?;
+    Ok(probe.peak_bytes())
+}
+
+/// Measures training steps on `device` and picks the largest micro-batch that fits
+/// `req.budget` (see the module docs). Errors: the budget is too small for a micro-batch of 1
+/// (the message gives the measured need and the flags to change), or a non-memory failure.
+pub fn plan(req: &BudgetRequest, device: &Device, probe: &MemoryProbe) -> Result<BudgetDecision> {
+    let limit = req.budget as f64 * (1.0 - MARGIN);
+    let model = YoloV9Train::new(None, req.nc, Vec::new(), device, req.seed)?;
+    let loss = DualTalLoss::new(req.nc, &STRIDES)?;
+    let params = model
+        .vars()
+        .iter()
+        .map(|v| (v.name.clone(), v.var.clone()))
+        .collect();
+    let opt = Sgd::new(params, 0.0, 0.9, 0.0);
+    let ema = Ema::new(&model.float_state()?)?;
+    let mut rig = Rig {
+        model,
+        loss,
+        opt,
+        ema,
+    };
+    let mut measure = |b: usize| -> Result<Option<u64>> {
+        match step_peak(&mut rig, req, b, device, probe) {
+            Ok(p) => Ok(Some(p)),
+            Err(e) if is_oom(&e) => Ok(None),
+            Err(e) => Err(e),
+        }
+    };
+    // Warm-up (first-use allocations, kernel loading), then the points.
+    let _ = measure(1)?;
+    let mut points = Vec::new();
+    let mut b = 1;
+    while b <= req.max_batch.max(1) {
+        match measure(b)? {
+            Some(peak) => {
+                points.push(BudgetPoint { batch: b, peak });
+                if peak as f64 > limit {
+                    break;
+                }
+            }
+            None => break,
+        }
+        // CPU steps are slow: three points (1, 2, 4) suffice for the line there.
+        if b >= 4 && matches!(device, Device::Cpu) {
+            break;
+        }
+        if b >= 16 {
+            break;
+        }
+        b *= 2;
+    }
+    let need1 = points.first().map(|p| p.peak);
+    match need1 {
+        None => bail!(
+            "--budget {}: out of memory already at a micro-batch of 1 at --img {}; \
+             lower --img or free {} on this device",
+            fmt_size(req.budget),
+            req.img,
+            probe.what()
+        ),
+        Some(p) if p as f64 > limit => bail!(
+            "--budget {} is too small: one training image at --img {} needs {} ({}), \
+             and {:.0}% of the budget is kept as margin; raise --budget to at least {} or lower --img",
+            fmt_size(req.budget),
+            req.img,
+            fmt_size(p),
+            probe.what(),
+            MARGIN * 100.0,
+            fmt_size((p as f64 / (1.0 - MARGIN)).ceil() as u64)
+        ),
+        _ => {}
+    }
+    let fit = MemoryFit::fit(&points);
+    let mut micro = fit.largest_within(limit).clamp(1, req.max_batch.max(1));
+    // Check the choice with a real measurement, lowering it while it does not fit.
+    let mut measured = 0;
+    for _ in 0..4 {
+        if let Some(p) = points.iter().find(|p| p.batch == micro) {
+            if p.peak as f64 <= limit {
+                measured = p.peak;
+                break;
+            }
+        } else if let Some(p) = measure(micro)? {
+            points.push(BudgetPoint {
+                batch: micro,
+                peak: p,
+            });
+            if p as f64 <= limit {
+                measured = p;
+                break;
+            }
+        }
+        micro = ((micro as f64 * 0.85).floor() as usize).max(1);
+        if micro == 1 {
+            measured = points[0].peak;
+            break;
+        }
+    }
+    points.sort_by_key(|p| p.batch);
+    points.dedup_by_key(|p| p.batch);
+    Ok(BudgetDecision {
+        budget: req.budget,
+        what: probe.what().to_string(),
+        points,
+        fit,
+        micro,
+        measured,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fit_is_exact_on_a_line_and_inverts() {
+        let pts: Vec<BudgetPoint> = [1usize, 2, 4, 8]
+            .iter()
+            .map(|&b| BudgetPoint {
+                batch: b,
+                peak: 1_000 + 300 * b as u64,
+            })
+            .collect();
+        let f = MemoryFit::fit(&pts);
+        assert!((f.base - 1000.0).abs() < 1e-6 && (f.per_image - 300.0).abs() < 1e-6);
+        assert_eq!(f.predict(10), 4000.0);
+        // (4000 - 1000) / 300 = 10 exactly; one byte less gives 9.
+        assert_eq!(f.largest_within(4000.0), 10);
+        assert_eq!(f.largest_within(3999.0), 9);
+        assert_eq!(f.largest_within(500.0), 0);
+    }
+
+    #[test]
+    fn fit_of_one_point_goes_through_the_origin() {
+        let f = MemoryFit::fit(&[BudgetPoint {
+            batch: 2,
+            peak: 800,
+        }]);
+        assert_eq!((f.base, f.per_image), (0.0, 400.0));
+    }
+}

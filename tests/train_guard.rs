@@ -1,0 +1,372 @@
+//! Training that cannot die (CPU, tiny BCCD runs at 64x64): out-of-memory recovery, the NaN/Inf
+//! guard, stop/kill and exact resume, memory-budget sizing, and clear errors for finished runs
+//! and torn checkpoints. Faults are injected with `Faults` / `YOLO9_FAULTS` (see
+//! `yolo9::train::guard`).
+
+mod common;
+
+use candle_core::{DType, Device, Tensor};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use yolo9::memory::MemoryProbe;
+use yolo9::train::budget::{plan, BudgetRequest};
+use yolo9::train::checkpoint::load_state;
+use yolo9::train::guard::Faults;
+use yolo9::train::trainer::{train, TrainOptions};
+
+fn tmpdir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("yolo9-guard-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// 2 train images, batch 1 (2 iterations per epoch), 3 epochs, no augmentation.
+fn options(dir: &Path, name: &str) -> TrainOptions {
+    let yaml = if dir.join("data.yaml").is_file() {
+        dir.join("data.yaml")
+    } else {
+        common::tiny_dataset(dir, 2)
+    };
+    let mut o = TrainOptions::new(yaml);
+    o.epochs = 3;
+    o.img = 64;
+    o.batch = 1;
+    o.workers = 1;
+    o.close_mosaic = 0;
+    o.project = dir.join("runs");
+    o.name = name.into();
+    o.hyp = Some(dir.join("hyp.yaml"));
+    o.verbose = false;
+    o.noval = true;
+    o
+}
+
+fn tensors(path: &Path) -> HashMap<String, Tensor> {
+    candle_core::safetensors::load(path, &Device::Cpu).unwrap()
+}
+
+/// Largest |a − b| over the float tensors of two weight files (both must hold the same names).
+fn max_diff(a: &Path, b: &Path) -> f32 {
+    let (a, b) = (tensors(a), tensors(b));
+    assert_eq!(a.len(), b.len());
+    let mut m = 0f32;
+    for (k, ta) in &a {
+        if ta.dtype() != DType::F32 {
+            continue;
+        }
+        let d = (ta - &b[k])
+            .unwrap()
+            .abs()
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .max(0)
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        m = m.max(d);
+    }
+    m
+}
+
+fn all_finite(path: &Path) -> bool {
+    tensors(path).values().all(|t| {
+        t.dtype() != DType::F32
+            || t.flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap()
+                .iter()
+                .all(|v| v.is_finite())
+    })
+}
+
+#[test]
+fn oom_halves_the_micro_batch_redoes_the_batch_and_matches_a_run_at_that_size() {
+    let dir = tmpdir("oom");
+    // Batch 2 (one batch per epoch); every micro-batch above 1 image fails after its forward
+    // pass (BN statistics already updated), so the first batch is redone as 2 x 1.
+    let mut a = options(&dir, "oom");
+    a.batch = 2;
+    a.faults = Faults {
+        oom_above: Some(1),
+        ..Faults::default()
+    };
+    let ra = train(&a).unwrap();
+    assert_eq!(ra.epochs.len(), 3, "an epoch was lost");
+    assert_eq!(ra.epochs[0].oom_events, 1);
+    assert_eq!(ra.epochs[1].oom_events + ra.epochs[2].oom_events, 0);
+    assert!(ra.epochs.iter().all(|e| e.micro == 1));
+    // The same run with micro-batch 1 from the start: identical weights, so the failed attempt
+    // left no trace (BN statistics restored, partial gradients dropped).
+    let mut b = options(&dir, "micro1");
+    b.batch = 2;
+    b.micro_batch = Some(1);
+    let rb = train(&b).unwrap();
+    let d = max_diff(&ra.last, &rb.last);
+    assert!(
+        d <= 1e-6,
+        "OOM-recovered run differs from the micro-batch-1 run by {d}"
+    );
+    // And micro-batching is visible: the whole-batch run differs (the test can fail).
+    let mut c = options(&dir, "micro2");
+    c.batch = 2;
+    let rc = train(&c).unwrap();
+    assert!(max_diff(&rb.last, &rc.last) > 1e-6);
+    let csv = std::fs::read_to_string(ra.run_dir.join("results.csv")).unwrap();
+    let row1: Vec<&str> = csv.lines().nth(1).unwrap().split(',').collect();
+    let header: Vec<&str> = csv.lines().next().unwrap().split(',').collect();
+    let col = header.iter().position(|h| *h == "oom_events").unwrap();
+    assert_eq!(row1[col], "1");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn nan_losses_skip_steps_are_counted_and_roll_back_with_half_the_lr() {
+    let dir = tmpdir("nan");
+    let reference = train(&options(&dir, "ref")).unwrap();
+    let mut o = options(&dir, "nan");
+    o.nan_patience = 3;
+    // Iterations 2, 3, 4 (epoch 1 batches 0 and 1, epoch 2 batch 0): three in a row.
+    o.faults = Faults {
+        nan_at: vec![2, 3, 4],
+        ..Faults::default()
+    };
+    let r = train(&o).unwrap();
+    let nan: Vec<usize> = r.epochs.iter().map(|e| e.nan_events).collect();
+    assert_eq!(nan, vec![0, 2, 1]);
+    // After the rollback the LR is half the scheduled one.
+    let (lr, lr_ref) = (r.epochs[2].lr, reference.epochs[2].lr);
+    for g in 0..3 {
+        assert!(
+            (lr[g] - 0.5 * lr_ref[g]).abs() <= 1e-12 * lr_ref[g].abs().max(1.0),
+            "group {g}: lr {} vs scheduled {}",
+            lr[g],
+            lr_ref[g]
+        );
+    }
+    assert!((r.epochs[1].lr[1] - reference.epochs[1].lr[1]).abs() < 1e-15);
+    assert!(all_finite(&r.last) && all_finite(&r.run_dir.join("weights/state.safetensors")));
+    let st = load_state(&r.run_dir.join("weights/state.safetensors")).unwrap();
+    assert_eq!((st.meta.nan_rollbacks, st.meta.lr_scale), (1, 0.5));
+    // The skipped steps changed the result.
+    assert!(max_diff(&r.last, &reference.last) > 1e-6);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_stop_mid_accumulation_then_resume_ends_with_the_uninterrupted_weights() {
+    let dir = tmpdir("stop");
+    let full = train(&options(&dir, "full")).unwrap();
+    // Stop after iteration 3 (the last batch of epoch 1), with gradients accumulated since the
+    // optimizer step at iteration 2 still pending.
+    let mut o = options(&dir, "stopped");
+    o.faults = Faults {
+        stop_at: Some(3),
+        ..Faults::default()
+    };
+    let s = train(&o).unwrap();
+    assert!(s.interrupted);
+    assert_eq!(s.epochs.len(), 1, "only epoch 0 finished");
+    let st = load_state(&s.run_dir.join("weights/state.safetensors")).unwrap();
+    assert_eq!((st.meta.epoch, st.meta.next_batch), (1, 2));
+    assert!(!st.acc.is_empty(), "pending gradients were not saved");
+    let mut r = TrainOptions::new(PathBuf::new());
+    r.resume = Some(s.run_dir.clone());
+    r.verbose = false;
+    let done = train(&r).unwrap();
+    assert!(!done.interrupted);
+    assert_eq!(
+        done.epochs.iter().map(|e| e.epoch).collect::<Vec<_>>(),
+        vec![1, 2]
+    );
+    let d = max_diff(&full.last, &done.last);
+    assert!(
+        d <= 1e-6,
+        "resumed run differs from the uninterrupted one by {d}"
+    );
+    let csv = std::fs::read_to_string(done.run_dir.join("results.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 4, "{csv}");
+    // A finished run says so and offers --epochs; --epochs extends it.
+    let err = format!("{:#}", train(&r).unwrap_err());
+    assert!(
+        err.contains("already finished") && err.contains("--epochs"),
+        "{err}"
+    );
+    r.extend_epochs = Some(4);
+    let more = train(&r).unwrap();
+    assert_eq!(
+        more.epochs.iter().map(|e| e.epoch).collect::<Vec<_>>(),
+        vec![3]
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn cli_args(dir: &Path, name: &str) -> Vec<String> {
+    let mut v: Vec<String> = vec![
+        "train".into(),
+        "--data".into(),
+        dir.join("data.yaml").display().to_string(),
+    ];
+    for (k, val) in [
+        ("--epochs", "3"),
+        ("--img", "64"),
+        ("--batch", "1"),
+        ("--workers", "1"),
+        ("--close-mosaic", "0"),
+        ("--save-interval", "0"),
+        ("--name", name),
+    ] {
+        v.push(k.into());
+        v.push(val.into());
+    }
+    v.push("--project".into());
+    v.push(dir.join("runs").display().to_string());
+    v.push("--hyp".into());
+    v.push(dir.join("hyp.yaml").display().to_string());
+    v.push("--noval".into());
+    v
+}
+
+fn wait_for(path: &Path, child: &mut std::process::Child) {
+    let t0 = std::time::Instant::now();
+    while !path.is_file() {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "training exited before writing {}",
+            path.display()
+        );
+        assert!(t0.elapsed().as_secs() < 300, "no checkpoint after 300 s");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn sigkill_at_a_random_moment_then_resume_gives_the_same_weights_and_sigterm_saves() {
+    let dir = tmpdir("kill");
+    let mut reference = options(&dir, "ref");
+    reference.save_interval = 0.0;
+    let full = train(&reference).unwrap();
+    let exe = env!("CARGO_BIN_EXE_yolo9");
+
+    // SIGKILL at a random moment after the first mid-epoch checkpoint.
+    let mut child = std::process::Command::new(exe)
+        .args(cli_args(&dir, "killed"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let run = dir.join("runs/killed");
+    wait_for(&run.join("weights/state.safetensors"), &mut child);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    let delay = (nanos % 3000) as u64;
+    eprintln!("killing after {delay} ms");
+    std::thread::sleep(std::time::Duration::from_millis(delay));
+    let _ = child.kill();
+    let _ = child.wait();
+    // Whatever instant it died at, the state file is complete and the run resumes.
+    let out = std::process::Command::new(exe)
+        .args(["train", "--resume", &run.display().to_string()])
+        .output()
+        .unwrap();
+    let log =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() {
+        // Killed after the last save of a finished run: resume says it is finished.
+        assert!(log.contains("already finished"), "{log}");
+    }
+    let d = max_diff(&full.last, &run.join("weights/last.safetensors"));
+    assert!(d <= 1e-6, "killed+resumed run differs by {d}\n{log}");
+
+    // SIGTERM: the current batch finishes, the state is saved, the resume command printed, exit 0.
+    let mut child = std::process::Command::new(exe)
+        .args(cli_args(&dir, "term"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let run = dir.join("runs/term");
+    wait_for(&run.join("weights/state.safetensors"), &mut child);
+    let st = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "exit {:?}\n{stdout}", out.status);
+    if !stdout.contains("epochs done") {
+        assert!(
+            stdout.contains(&format!("yolo9 train --resume {}", run.display())),
+            "{stdout}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn budget_sizing_measures_cpu_steps_and_refuses_a_budget_below_one_image() {
+    let probe = MemoryProbe::new(&Device::Cpu).unwrap();
+    let req = |budget: u64| BudgetRequest {
+        nc: 3,
+        img: 64,
+        targets_per_image: 40,
+        max_batch: 4,
+        budget,
+        seed: 0,
+    };
+    let d = plan(&req(64 << 30), &Device::Cpu, &probe).unwrap();
+    assert_eq!(d.micro, 4);
+    assert!(
+        d.points.len() >= 3 && d.points.iter().all(|p| p.peak > 0),
+        "{d:?}"
+    );
+    assert!(d.describe().contains("micro-batch 4"), "{}", d.describe());
+    let e = format!(
+        "{:#}",
+        plan(&req(1 << 20), &Device::Cpu, &probe).unwrap_err()
+    );
+    assert!(
+        e.contains("too small") && e.contains("--img 64") && e.contains("raise --budget"),
+        "{e}"
+    );
+    // Through the trainer: the decision is kept in the summary and the state.
+    let dir = tmpdir("budget");
+    let mut o = options(&dir, "budget");
+    o.epochs = 1;
+    o.batch = 0; // auto
+    o.budget = Some(64 << 30);
+    let r = train(&o).unwrap();
+    let b = r.budget.expect("no budget decision");
+    assert_eq!(
+        b.micro, 2,
+        "auto batch is capped by the 2 train images: {b:?}"
+    );
+    assert!(r.epochs[0].peak_mem > 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_torn_or_foreign_state_file_is_a_clear_error() {
+    let dir = tmpdir("torn");
+    std::fs::create_dir_all(dir.join("run/weights")).unwrap();
+    let p = dir.join("run/weights/state.safetensors");
+    std::fs::write(&p, b"\x10\x00\x00\x00\x00\x00\x00\x00{\"a\":").unwrap();
+    let mut r = TrainOptions::new(PathBuf::new());
+    r.resume = Some(dir.join("run"));
+    r.verbose = false;
+    let e = format!("{:#}", train(&r).unwrap_err());
+    assert!(
+        e.contains("state.safetensors") && e.contains("--resume"),
+        "{e}"
+    );
+    let w = common::reference("yolov9-s.pt");
+    r.resume = Some(w.clone());
+    let e = format!("{:#}", train(&r).unwrap_err());
+    assert!(e.contains("yolov9-s.pt"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
