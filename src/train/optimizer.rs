@@ -146,9 +146,15 @@ impl Sgd {
             let Some(g) = grads.get(p.var.as_tensor()) else {
                 continue;
             };
-            let w = p.var.as_tensor();
+            // Both detached. Candle's backward leaves a variable's gradient attached to the op
+            // graph when it was computed from tracked tensors (e.g. a conv's input activations),
+            // and `w` is a variable: keeping either in the momentum buffer would keep the whole
+            // forward graph of the step alive and chain it to the next step's (a leak of about a
+            // training step's activations per step).
+            let g = g.detach();
+            let w = p.var.as_tensor().detach();
             let g = if p.group == ParamGroup::ConvWeight && self.weight_decay != 0.0 {
-                (g + (w * self.weight_decay)?)?
+                (g + (&w * self.weight_decay)?)?
             } else {
                 g.clone()
             };
@@ -159,7 +165,7 @@ impl Sgd {
             let update = (&g + (&b * m)?)?;
             let lr = self.lr[pg_index(p.group)];
             p.var
-                .set(&(w - (update * lr)?)?)
+                .set(&(&w - (update * lr)?)?)
                 .with_context(|| format!("updating {}", p.name))?;
             *buf = Some(b);
         }

@@ -606,6 +606,9 @@ fn add_param_grads(acc: &mut Option<GradStore>, g: &mut GradStore, opt: &Sgd) ->
     let a = acc.get_or_insert_with(GradStore::default);
     for p in opt.params() {
         if let Some(t) = g.remove(p.var.as_tensor()) {
+            // Detached: a variable's gradient can still reference the step's forward graph
+            // (see `Sgd::step`); holding it across micro-batches would keep every graph alive.
+            let t = t.detach();
             let sum = match a.remove(p.var.as_tensor()) {
                 Some(prev) => (prev + t)?,
                 None => t,
