@@ -654,6 +654,7 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
         let mut metrics = [0f64; 4];
         let mut val_loss = [0f32; 3];
         let mut validated = false;
+        let tv = std::time::Instant::now();
         if (!opts.noval || final_epoch) && !vimages.is_empty() {
             let map: HashMap<String, Tensor> = ema.state.iter().cloned().collect();
             eval_model.load_state_dict(&map)?;
@@ -683,6 +684,7 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
             skipped += r.skipped.len();
             validated = true;
         }
+        let val_secs = tv.elapsed().as_secs_f64();
         let fi = crate::metrics::fitness(metrics[2], metrics[3]);
         let improved = fi > best_fitness || best_epoch.is_none();
         if fi > best_fitness {
@@ -712,13 +714,15 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
         }
         if opts.verbose {
             println!(
-                "epoch {}/{}: train box {:.4} cls {:.4} dfl {:.4}; {:.2} img/s; {} skipped; fitness {:.4}",
+                "epoch {}/{}: train box {:.4} cls {:.4} dfl {:.4}; {:.2} img/s; train {:.1} s, val {:.1} s; {} skipped; fitness {:.4}",
                 epoch + 1,
                 opts.epochs,
                 report.train_loss[0],
                 report.train_loss[1],
                 report.train_loss[2],
                 report.img_per_s,
+                train_secs,
+                val_secs,
                 skipped,
                 fi
             );
