@@ -8,14 +8,19 @@
 //! `Tensor::conv2d`) it prints the median over `--iters` runs after `--warmup` runs, device
 //! synchronized around each timed region, of the forward and of forward+backward
 //! (`loss = Σ y·g`, gradients to x and w); then the relative L2 error
-//! `‖ours − stock‖ / ‖stock‖` of y, dX and dW. `--oom` also checks that an allocation failure
+//! `‖ours − stock‖ / ‖stock‖` of y, dX and dW. Also timed: our two backward ops alone
+//! (`bwddata`, `bwdfilter`, with dy = g) and the loss + backward bookkeeping without a
+//! convolution (`lossbwd_noconv`). `--oom` also checks that an allocation failure
 //! inside the op comes back as an error and the device stays usable. One line per figure:
 //! `name value unit`.
 
 use anyhow::{Context, Result};
 use candle_core::{DType, Device, Tensor, Var};
 use std::time::Instant;
-use yolo9::cuda::conv::{conv2d as cudnn_conv2d, set_algo_search, AlgoSearch};
+use yolo9::cuda::conv::{
+    conv2d as cudnn_conv2d, set_algo_search, AlgoSearch, Conv2dBwdData, Conv2dBwdFilter,
+    Conv2dParams,
+};
 
 #[derive(Clone, Copy)]
 struct Case {
@@ -138,6 +143,30 @@ fn run_case(dev: &Device, c: &Case, dtype: DType, warm: usize, iters: usize) -> 
             Ok(())
         })?;
         println!("{tag}_fwdbwd_{label} {fb:.3} ms");
+        if let Impl::Ours(m) = imp {
+            // The two backward convolutions alone (dy = g).
+            set_algo_search(m);
+            let p = Conv2dParams::new(x.dims4()?, w.dims4()?, c.pad, c.stride, c.groups)?;
+            let bd = time(dev, warm, iters, || {
+                g.apply_op2_no_bwd(w.as_tensor(), &Conv2dBwdData(p))?;
+                Ok(())
+            })?;
+            println!("{tag}_bwddata_{label} {bd:.3} ms");
+            let bf = time(dev, warm, iters, || {
+                x.as_tensor().apply_op2_no_bwd(&g, &Conv2dBwdFilter(p))?;
+                Ok(())
+            })?;
+            println!("{tag}_bwdfilter_{label} {bf:.3} ms");
+        } else {
+            // What the loss and candle's backward bookkeeping cost without any convolution:
+            // loss = Σ y·g with y a leaf variable of the conv output's shape.
+            let y = Var::from_tensor(&r[0])?;
+            let lb = time(dev, warm, iters, || {
+                (y.as_tensor() * &g)?.sum_all()?.backward()?;
+                Ok(())
+            })?;
+            println!("{tag}_lossbwd_noconv {lb:.3} ms");
+        }
         results.push((imp, r));
     }
     // Parity against candle's stock conv in the same dtype (and, for bf16, against f32 stock).

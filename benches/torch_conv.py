@@ -7,7 +7,7 @@ Cases: s1 (3x3 128->128, 160x160, batch 16, pad 1, stride 1), s2 (same, stride 2
 (`torch-tf32`), bf16 (`torch-bf16`, s1/s2 only), each with cudnn.benchmark off (PyTorch's default,
 cuDNN heuristics) and on (`-bench`). Median ms over --iters runs after --warmup runs, device
 synchronized around each timed region, of the forward and of forward+backward (loss = sum(y*g),
-gradients to x and w). Prints `name value unit` lines named like benches/conv.rs.
+gradients to x and w), and of the two backward convolutions alone (torch.nn.grad). Prints `name value unit` lines named like benches/conv.rs.
 """
 import argparse
 import statistics
@@ -75,8 +75,17 @@ def run(c, dtype, tf32, bench):
         tag = f"{c['name']}_bf16"
     if bench:
         label += "-bench"
+    def bwd_data():
+        torch.nn.grad.conv2d_input(x.shape, w, gy, c["stride"], c["pad"], 1, c["groups"])
+
+    def bwd_filter():
+        torch.nn.grad.conv2d_weight(x, w.shape, gy, c["stride"], c["pad"], 1, c["groups"])
+
     print(f"{tag}_fwd_{label} {timed(fwd):.3f} ms", flush=True)
     print(f"{tag}_fwdbwd_{label} {timed(fwd_bwd):.3f} ms", flush=True)
+    with torch.no_grad():
+        print(f"{tag}_bwddata_{label} {timed(bwd_data):.3f} ms", flush=True)
+        print(f"{tag}_bwdfilter_{label} {timed(bwd_filter):.3f} ms", flush=True)
 
 
 print(f"torch {torch.__version__} cudnn {torch.backends.cudnn.version()} "

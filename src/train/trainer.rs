@@ -296,6 +296,65 @@ fn ema_weights(model: &YoloV9Train, ema: &Ema) -> Result<Weights> {
     })
 }
 
+/// Environment variable that turns on per-phase timing of the training loop
+/// (`YOLO9_STEP_TIMES=1`): the device is synchronized at each phase boundary and the summed
+/// seconds per phase are printed after each epoch. Off by default (no synchronization, no output).
+pub const STEP_TIMES_ENV: &str = "YOLO9_STEP_TIMES";
+
+/// Names of the phases timed by [`StepTimes`], in loop order.
+const PHASES: [&str; 7] = [
+    "wait",
+    "input",
+    "forward",
+    "loss",
+    "backward",
+    "accumulate",
+    "optimizer+ema",
+];
+
+/// Opt-in wall-clock time per training-loop phase (see [`STEP_TIMES_ENV`]).
+struct StepTimes {
+    device: Option<Device>,
+    last: std::time::Instant,
+    secs: [f64; PHASES.len()],
+}
+
+impl StepTimes {
+    fn new(device: &Device) -> Self {
+        let on = std::env::var_os(STEP_TIMES_ENV).is_some_and(|v| !v.is_empty() && v != "0");
+        StepTimes {
+            device: on.then(|| device.clone()),
+            last: std::time::Instant::now(),
+            secs: [0.0; PHASES.len()],
+        }
+    }
+
+    /// Ends phase `i` (index into [`PHASES`]) after the device finished its queued work.
+    fn mark(&mut self, i: usize) -> Result<()> {
+        if let Some(d) = &self.device {
+            d.synchronize()?;
+            let now = std::time::Instant::now();
+            self.secs[i] += (now - self.last).as_secs_f64();
+            self.last = now;
+        }
+        Ok(())
+    }
+
+    /// One line `step times (s): wait 0.12, input 0.03, ...`, or `None` when off.
+    fn report(&self) -> Option<String> {
+        self.device.as_ref()?;
+        let parts: Vec<String> = PHASES
+            .iter()
+            .zip(self.secs)
+            .map(|(n, t)| format!("{n} {t:.2}"))
+            .collect();
+        Some(format!(
+            "step times (s, summed over the epoch): {}",
+            parts.join(", ")
+        ))
+    }
+}
+
 fn fmt_mem(b: u64) -> String {
     format!("{:.2}G", b as f64 / 1e9)
 }
@@ -548,6 +607,7 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
         let mut skipped = 0usize;
         let mut images_seen = 0usize;
         let mut acc: Option<candle_core::backprop::GradStore> = None;
+        let mut times = StepTimes::new(&device);
         let pb = if opts.verbose {
             println!(
                 "{:>10}{:>10}{:>10}{:>10}{:>10}{:>10}{:>10}",
@@ -576,15 +636,19 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
             if batch.len == 0 {
                 continue;
             }
+            times.mark(0)?;
             let st = sched.at(ni, epoch, nb, opts.batch);
             opt.lr = st.lr;
             opt.momentum = st.momentum;
             let x = Tensor::from_vec(batch.images, (batch.len, 3, s, s), &device)?
                 .to_dtype(DType::F32)?
                 .broadcast_div(&Tensor::new(255f32, &device)?)?;
+            times.mark(1)?;
             let raw = model.forward(&x, true)?;
+            times.mark(2)?;
             let t = targets_tensor(&batch.targets, &device)?;
             let lo = loss.compute(&raw.aux, &raw.main, &t, (s, s))?;
+            times.mark(3)?;
             if lo.items.iter().any(|v| !v.is_finite()) {
                 if let Some(pb) = &pb {
                     pb.println(format!(
@@ -595,6 +659,7 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
                 continue;
             }
             let grads = lo.total.backward()?;
+            times.mark(4)?;
             acc = Some(match acc.take() {
                 None => grads,
                 Some(mut a) => {
@@ -610,6 +675,7 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
                     a
                 }
             });
+            times.mark(5)?;
             if ni as i64 - last_opt_step >= st.accumulate as i64 {
                 if let Some(mut g) = acc.take() {
                     let norm = opt.clip_grad_norm(&mut g, MAX_GRAD_NORM)?;
@@ -624,6 +690,7 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
                 }
                 last_opt_step = ni as i64;
             }
+            times.mark(6)?;
             for (m, v) in mloss.iter_mut().zip(lo.items) {
                 *m = (*m * done as f64 + v as f64) / (done + 1) as f64;
             }
@@ -647,6 +714,9 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
             pb.finish();
         }
         let train_secs = t0.elapsed().as_secs_f64();
+        if let Some(line) = times.report() {
+            println!("{line}");
+        }
         let lr = opt.lr;
         let final_epoch = epoch + 1 == opts.epochs;
 
