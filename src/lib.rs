@@ -13,9 +13,12 @@
 //! - [`metrics`]: mAP (official `ap_per_class`), validation reports.
 //! - [`train`]: optimizer, EMA, schedules, memory budget, checkpoints, the training loop.
 //! - [`cli`]: the `yolo9` subcommands (thin wrappers around the library).
+//! - `cuda` (feature `cuda`): cuDNN convolution forward/backward as candle custom ops.
 
 pub mod cli;
 pub mod convert;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod data;
 pub mod detect;
 pub mod device;

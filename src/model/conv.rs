@@ -273,7 +273,7 @@ impl Conv {
 
     /// x: (B, C_in, H, W) f32 → (B, C_out, H', W') with `H' = (H + 2p − k)/s + 1`.
     pub fn forward(&self, x: &Tensor, train: bool) -> Result<Tensor> {
-        let mut y = x.conv2d(&self.weight, self.padding, self.stride, 1, self.groups)?;
+        let mut y = conv2d_any(x, &self.weight, self.padding, self.stride, self.groups)?;
         if let Some(b) = &self.bias {
             y = y.broadcast_add(b)?;
         }
@@ -284,6 +284,29 @@ impl Conv {
             y = y.silu()?;
         }
         Ok(y)
+    }
+}
+
+/// The one 2-D convolution of the model: `x (N, C_in, H, W) ⊛ w (C_out, C_in/groups, k, k)`,
+/// zero `padding` per side, `stride`, dilation 1, `groups`.
+///
+/// With the `cuda` feature and `x` on a CUDA device (f32/f16/bf16) this is the cuDNN op
+/// [`crate::cuda::conv::conv2d`] (forward and backward on cuDNN, f32 without TF32); otherwise,
+/// and always in builds without `cuda`, candle's `Tensor::conv2d`.
+pub fn conv2d_any(
+    x: &Tensor,
+    w: &Tensor,
+    padding: usize,
+    stride: usize,
+    groups: usize,
+) -> candle_core::Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    {
+        crate::cuda::conv::conv2d(x, w, padding, stride, groups)
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        x.conv2d(w, padding, stride, 1, groups)
     }
 }
 

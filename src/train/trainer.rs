@@ -342,6 +342,64 @@ fn ema_weights(model: &YoloV9Train, ema: &Ema) -> Result<Weights> {
     })
 }
 
+/// Environment variable that turns on per-phase timing of the training loop
+/// (`YOLO9_STEP_TIMES=1`): the device is synchronized at each phase boundary and the summed
+/// seconds per phase are printed after each epoch. Off by default (no synchronization, no output).
+pub const STEP_TIMES_ENV: &str = "YOLO9_STEP_TIMES";
+
+/// Names of the phases timed by [`StepTimes`], in loop order.
+const PHASES: [&str; 6] = [
+    "wait",
+    "input",
+    "forward",
+    "loss",
+    "backward",
+    "optimizer+ema",
+];
+
+/// Opt-in wall-clock time per training-loop phase (see [`STEP_TIMES_ENV`]).
+struct StepTimes {
+    device: Option<Device>,
+    last: std::time::Instant,
+    secs: [f64; PHASES.len()],
+}
+
+impl StepTimes {
+    fn new(device: &Device) -> Self {
+        let on = std::env::var_os(STEP_TIMES_ENV).is_some_and(|v| !v.is_empty() && v != "0");
+        StepTimes {
+            device: on.then(|| device.clone()),
+            last: std::time::Instant::now(),
+            secs: [0.0; PHASES.len()],
+        }
+    }
+
+    /// Ends phase `i` (index into [`PHASES`]) after the device finished its queued work.
+    fn mark(&mut self, i: usize) -> Result<()> {
+        if let Some(d) = &self.device {
+            d.synchronize()?;
+            let now = std::time::Instant::now();
+            self.secs[i] += (now - self.last).as_secs_f64();
+            self.last = now;
+        }
+        Ok(())
+    }
+
+    /// One line `step times (s): wait 0.12, input 0.03, ...`, or `None` when off.
+    fn report(&self) -> Option<String> {
+        self.device.as_ref()?;
+        let parts: Vec<String> = PHASES
+            .iter()
+            .zip(self.secs)
+            .map(|(n, t)| format!("{n} {t:.2}"))
+            .collect();
+        Some(format!(
+            "step times (s, summed over the epoch): {}",
+            parts.join(", ")
+        ))
+    }
+}
+
 fn fmt_mem(b: u64) -> String {
     format!("{:.2}G", b as f64 / 1e9)
 }
@@ -400,7 +458,12 @@ impl Run<'_> {
     /// parameter gradients (official `loss * batch_size` per micro-batch, so gradients add up
     /// as for the whole batch). Any error, out-of-memory included, leaves the model's
     /// parameters untouched (the caller restores the BN statistics).
-    fn train_batch(&self, batch: &crate::data::loader::Batch, ni: usize) -> Result<BatchOutcome> {
+    fn train_batch(
+        &self,
+        batch: &crate::data::loader::Batch,
+        ni: usize,
+        times: &mut StepTimes,
+    ) -> Result<BatchOutcome> {
         let s = self.opts.img as usize;
         let n = batch.len;
         let per_image = 3 * s * s;
@@ -416,6 +479,7 @@ impl Run<'_> {
             )?
             .to_dtype(DType::F32)?
             .affine(1.0 / 255.0, 0.0)?;
+            times.mark(1)?;
             let rows: Vec<[f32; 6]> = batch
                 .targets
                 .iter()
@@ -428,10 +492,12 @@ impl Run<'_> {
                 .collect();
             let t = targets_tensor(&rows, &self.device)?;
             let raw = self.model.forward(&x, true)?;
+            times.mark(2)?;
             if self.faults.oom_above.is_some_and(|k| len > k) {
                 bail!("injected fault: CUDA_ERROR_OUT_OF_MEMORY for a micro-batch of {len}");
             }
             let lo = self.loss.compute(&raw.aux, &raw.main, &t, (s, s))?;
+            times.mark(3)?;
             let mut li = lo.items;
             if self.faults.nan_at.contains(&ni) {
                 li = [f32::NAN; 3];
@@ -445,6 +511,7 @@ impl Run<'_> {
             let mut g = lo.total.backward()?;
             drop(raw);
             add_param_grads(&mut grads, &mut g, &self.opt)?;
+            times.mark(4)?;
             for (m, v) in items.iter_mut().zip(li) {
                 *m += v as f64 * len as f64;
             }
@@ -464,11 +531,12 @@ impl Run<'_> {
         ni: usize,
         epoch: usize,
         pb: &Option<indicatif::ProgressBar>,
+        times: &mut StepTimes,
     ) -> Result<(BatchOutcome, usize)> {
         let bn = self.model.snapshot_bn()?;
         let mut events = 0;
         loop {
-            match self.train_batch(batch, ni) {
+            match self.train_batch(batch, ni, times) {
                 Ok(o) => return Ok((o, events)),
                 Err(e) if is_oom(&e) => {
                     self.model.restore_bn(&bn)?;
@@ -994,6 +1062,7 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
         let t0 = std::time::Instant::now();
         let secs0 = pr.train_secs;
         let mut last_save = std::time::Instant::now();
+        let mut times = StepTimes::new(&run.device);
         let pb = if opts.verbose {
             println!(
                 "{:>10}{:>10}{:>10}{:>10}{:>10}{:>10}{:>10}",
@@ -1034,10 +1103,11 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
             if batch.len == 0 {
                 continue;
             }
+            times.mark(0)?;
             let st = run.sched.at(ni, epoch, nb, opts.batch);
             run.opt.lr = st.lr.map(|l| l * run.lr_scale);
             run.opt.momentum = st.momentum;
-            let (out, ooms) = run.train_batch_recovering(&batch, ni, epoch, &pb)?;
+            let (out, ooms) = run.train_batch_recovering(&batch, ni, epoch, &pb, &mut times)?;
             pr.oom_events += ooms;
             match out.grads {
                 Some(mut g) => {
@@ -1085,6 +1155,7 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
                 }
                 run.last_opt_step = ni as i64;
             }
+            times.mark(5)?;
             if run.nan_streak >= opts.nan_patience {
                 let why = format!("{} non-finite steps in a row", run.nan_streak);
                 run.rollback(&why, &pb)?;
@@ -1118,6 +1189,9 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
             pb.finish();
         }
         let train_secs = secs0 + t0.elapsed().as_secs_f64();
+        if let Some(line) = times.report() {
+            println!("{line}");
+        }
         let lr = run.opt.lr;
         let final_epoch = epoch + 1 == opts.epochs;
 
@@ -1125,6 +1199,7 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
         let mut metrics = [0f64; 4];
         let mut val_loss = [0f32; 3];
         let mut validated = false;
+        let tv = std::time::Instant::now();
         if (!opts.noval || final_epoch) && !vimages.is_empty() {
             let map: HashMap<String, Tensor> = run.ema.state.iter().cloned().collect();
             eval_model.load_state_dict(&map)?;
@@ -1168,6 +1243,7 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
             pr.skipped += r.skipped.len();
             validated = true;
         }
+        let val_secs = tv.elapsed().as_secs_f64();
         let fi = crate::metrics::fitness(metrics[2], metrics[3]);
         let improved = fi > run.best_fitness || run.best_epoch.is_none();
         if fi > run.best_fitness {
@@ -1215,7 +1291,7 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
         }
         if opts.verbose {
             println!(
-                "epoch {}/{}: train box {:.4} cls {:.4} dfl {:.4}; {:.2} img/s; peak {} {}; \
+                "epoch {}/{}: train box {:.4} cls {:.4} dfl {:.4}; {:.2} img/s; train {:.1} s, val {:.1} s; peak {} {}; \
                  {} skipped, {} non-finite, {} OOM recoveries; fitness {:.4}",
                 epoch + 1,
                 opts.epochs,
@@ -1223,6 +1299,8 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
                 report.train_loss[1],
                 report.train_loss[2],
                 report.img_per_s,
+                train_secs,
+                val_secs,
                 fmt_size(peak_mem),
                 run.probe.what(),
                 pr.skipped,

@@ -1,0 +1,933 @@
+//! 2-D convolution on cuDNN as candle custom ops: forward, input gradient and weight gradient.
+//!
+//! [`conv2d`] computes `y = conv2d(x, w)` (cross-correlation, dilation 1, zero padding, optional
+//! groups) with `cudnnConvolutionForward`. Its backward pass applies two more custom ops:
+//! [`Conv2dBwdData`] (`cudnnConvolutionBackwardData`, dL/dx) and [`Conv2dBwdFilter`]
+//! (`cudnnConvolutionBackwardFilter`, dL/dw). All three work on contiguous NCHW tensors of the
+//! same dtype:
+//!
+//! - `f32`: the convolution descriptor uses `CUDNN_FMA_MATH`, so cuDNN may not use TF32 tensor
+//!   cores and results stay at f32 accuracy (what candle's cuBLAS path and PyTorch with TF32 off
+//!   give);
+//! - `f16` / `bf16`: `CUDNN_TENSOR_OP_MATH` with f32 accumulation (cuDNN's "pseudo half"
+//!   configuration).
+//!
+//! Per CUDA device (candle [`DeviceId`], which owns one stream) one cuDNN handle is created on first
+//! use and kept for the life of the process, together with the chosen algorithms, one map per
+//! kind keyed by shape, dtype and search mode, and one workspace buffer that grows when an
+//! algorithm needs more. The handle, the maps and the workspace sit behind a mutex, so the ops may
+//! be called from any thread; calls on one device are serialized while they enqueue work.
+//!
+//! Algorithm choice ([`AlgoSearch`]): `Heuristic` (the default) takes cuDNN's first suggestion
+//! (`cudnnGetConvolution*Algorithm_v7`, what PyTorch does with `cudnn.benchmark = False`);
+//! `Benchmark` times every algorithm once per shape and keeps the fastest (like
+//! `cudnn.benchmark = True`). The environment variable `YOLO9_CUDNN_ALGO=benchmark` selects the
+//! second at start-up, [`set_algo_search`] at run time.
+//!
+//! Every failure (cuDNN status, CUDA out of memory, a shape cuDNN cannot describe) is returned as
+//! a candle `Error`; nothing here panics on a runtime path.
+
+use candle_core::backend::BackendStorage;
+use candle_core::cuda::{CudaDType, DeviceId};
+use candle_core::{
+    CpuStorage, CudaDevice, CudaStorage, CustomOp2, DType, Device, Error, Layout, Result, Shape,
+    Tensor,
+};
+use cudarc::cudnn::sys::{
+    cudnnConvolutionBwdDataAlgo_t as BwdDataAlgo, cudnnConvolutionBwdFilterAlgo_t as BwdFilterAlgo,
+    cudnnConvolutionFwdAlgo_t as FwdAlgo, cudnnConvolutionMode_t, cudnnMathType_t,
+    cudnnTensorFormat_t,
+};
+use cudarc::cudnn::{
+    ConvBackwardData, ConvBackwardFilter, ConvDescriptor, ConvForward, Cudnn, CudnnDataType,
+    CudnnError, FilterDescriptor, TensorDescriptor,
+};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, DeviceRepr};
+use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
+
+/// Environment variable that selects the algorithm search at start-up (`heuristic` or
+/// `benchmark`; anything else means `heuristic`).
+pub const ALGO_ENV: &str = "YOLO9_CUDNN_ALGO";
+/// Environment variable that turns the cuDNN convolution off (`YOLO9_CONV=candle`: every
+/// convolution goes through candle's `Tensor::conv2d`, also on CUDA).
+pub const CONV_ENV: &str = "YOLO9_CONV";
+
+/// Largest workspace (bytes) an algorithm may need to be timed in [`AlgoSearch::Benchmark`].
+const BENCH_WORKSPACE_LIMIT: usize = 1 << 30;
+/// Timed launches per algorithm in [`AlgoSearch::Benchmark`] (after one untimed launch).
+const BENCH_REPS: usize = 2;
+/// Workspace allocations are rounded up to this many bytes so that small growths reuse a block.
+const WORKSPACE_GRAIN: usize = 1 << 20;
+
+/// How the cuDNN algorithm of each (shape, dtype, kind) is chosen, once per process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AlgoSearch {
+    /// cuDNN's heuristics (`cudnnGetConvolution*Algorithm_v7`), first result.
+    Heuristic,
+    /// Time every algorithm whose workspace fits in 1 GiB and keep the fastest.
+    Benchmark,
+}
+
+/// 0 = not yet read from the environment, 1 = heuristic, 2 = benchmark.
+static ALGO_SEARCH: AtomicU8 = AtomicU8::new(0);
+/// 0 = not yet read from the environment, 1 = cuDNN convolution on, 2 = off.
+static CUDNN_CONV: AtomicU8 = AtomicU8::new(0);
+
+/// The current algorithm search (from [`ALGO_ENV`] until [`set_algo_search`] is called).
+pub fn algo_search() -> AlgoSearch {
+    match ALGO_SEARCH.load(Ordering::Relaxed) {
+        1 => AlgoSearch::Heuristic,
+        2 => AlgoSearch::Benchmark,
+        _ => {
+            let v = std::env::var(ALGO_ENV).unwrap_or_default();
+            let s = match v.trim().to_ascii_lowercase().as_str() {
+                "benchmark" | "find" => AlgoSearch::Benchmark,
+                _ => AlgoSearch::Heuristic,
+            };
+            set_algo_search(s);
+            s
+        }
+    }
+}
+
+/// Sets the algorithm search for convolutions whose algorithm is not chosen yet (choices already
+/// made under the other mode stay cached under that mode).
+pub fn set_algo_search(s: AlgoSearch) {
+    let v = match s {
+        AlgoSearch::Heuristic => 1,
+        AlgoSearch::Benchmark => 2,
+    };
+    ALGO_SEARCH.store(v, Ordering::Relaxed);
+}
+
+/// Whether [`conv2d`] uses cuDNN for CUDA tensors (default yes; `YOLO9_CONV=candle` at start-up
+/// or [`set_cudnn_conv_enabled`] turn it off).
+pub fn cudnn_conv_enabled() -> bool {
+    match CUDNN_CONV.load(Ordering::Relaxed) {
+        1 => true,
+        2 => false,
+        _ => {
+            let v = std::env::var(CONV_ENV).unwrap_or_default();
+            let on = !v.trim().eq_ignore_ascii_case("candle");
+            set_cudnn_conv_enabled(on);
+            on
+        }
+    }
+}
+
+/// Turns the cuDNN convolution of [`conv2d`] on or off for the rest of the process.
+pub fn set_cudnn_conv_enabled(on: bool) {
+    CUDNN_CONV.store(if on { 1 } else { 2 }, Ordering::Relaxed);
+}
+
+fn err(msg: impl std::fmt::Display) -> Error {
+    Error::Cuda(msg.to_string().into())
+}
+
+fn cudnn_err(what: &str, e: CudnnError) -> Error {
+    err(format!("cuDNN {what}: {e:?}"))
+}
+
+/// Geometry of a 2-D convolution: input `(batch, c_in, h, w)`, kernel
+/// `(c_out, c_in / groups, kh, kw)`, the same zero `padding` on all four sides, the same `stride`
+/// in both directions, dilation 1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Conv2dParams {
+    /// Batch size N.
+    pub batch: usize,
+    /// Input channels.
+    pub c_in: usize,
+    /// Input height.
+    pub h: usize,
+    /// Input width.
+    pub w: usize,
+    /// Output channels.
+    pub c_out: usize,
+    /// Kernel height.
+    pub kh: usize,
+    /// Kernel width.
+    pub kw: usize,
+    /// Zero padding per side.
+    pub padding: usize,
+    /// Stride.
+    pub stride: usize,
+    /// Groups (`c_in` and `c_out` are multiples of it).
+    pub groups: usize,
+}
+
+impl Conv2dParams {
+    /// Checks and builds the geometry from the input dims `(N, C_in, H, W)` and the kernel dims
+    /// `(C_out, C_in / groups, kh, kw)`. Errors name the mismatch; sizes that cuDNN's 32-bit
+    /// descriptors cannot hold are refused too.
+    pub fn new(
+        x: (usize, usize, usize, usize),
+        k: (usize, usize, usize, usize),
+        padding: usize,
+        stride: usize,
+        groups: usize,
+    ) -> Result<Self> {
+        let (batch, c_in, h, w) = x;
+        let (c_out, c_in_g, kh, kw) = k;
+        let p = Self {
+            batch,
+            c_in,
+            h,
+            w,
+            c_out,
+            kh,
+            kw,
+            padding,
+            stride,
+            groups,
+        };
+        let bad = |why: String| Err(err(format!("conv2d {x:?} * {k:?}: {why}")));
+        if stride == 0 || groups == 0 {
+            return bad(format!("stride {stride} and groups {groups} must be >= 1"));
+        }
+        if c_in_g * groups != c_in || c_out % groups != 0 {
+            return bad(format!(
+                "{c_in} input channels and {c_out} output channels do not fit {groups} groups of \
+                 {c_in_g} kernel channels"
+            ));
+        }
+        if [batch, c_in, h, w, c_out, kh, kw].contains(&0) {
+            return bad("empty dimension".into());
+        }
+        if h + 2 * padding < kh || w + 2 * padding < kw {
+            return bad(format!(
+                "kernel larger than the padded input (padding {padding})"
+            ));
+        }
+        for n in [p.x_elems(), p.y_elems(), p.w_elems()] {
+            if i32::try_from(n).is_err() {
+                return bad(format!("{n} elements exceed cuDNN's 32-bit tensor sizes"));
+            }
+        }
+        if i32::try_from(padding.max(stride).max(groups)).is_err() {
+            return bad("padding/stride/groups exceed 32 bits".into());
+        }
+        Ok(p)
+    }
+
+    /// Output height `(h + 2·padding − kh) / stride + 1`.
+    pub fn out_h(&self) -> usize {
+        (self.h + 2 * self.padding - self.kh) / self.stride + 1
+    }
+
+    /// Output width `(w + 2·padding − kw) / stride + 1`.
+    pub fn out_w(&self) -> usize {
+        (self.w + 2 * self.padding - self.kw) / self.stride + 1
+    }
+
+    /// Input shape `(N, C_in, H, W)`.
+    pub fn x_shape(&self) -> Shape {
+        Shape::from((self.batch, self.c_in, self.h, self.w))
+    }
+
+    /// Kernel shape `(C_out, C_in / groups, kh, kw)`.
+    pub fn w_shape(&self) -> Shape {
+        Shape::from((self.c_out, self.c_in / self.groups, self.kh, self.kw))
+    }
+
+    /// Output shape `(N, C_out, H', W')`.
+    pub fn y_shape(&self) -> Shape {
+        Shape::from((self.batch, self.c_out, self.out_h(), self.out_w()))
+    }
+
+    fn x_elems(&self) -> usize {
+        self.batch * self.c_in * self.h * self.w
+    }
+
+    fn w_elems(&self) -> usize {
+        self.c_out * (self.c_in / self.groups) * self.kh * self.kw
+    }
+
+    fn y_elems(&self) -> usize {
+        self.batch * self.c_out * self.out_h() * self.out_w()
+    }
+}
+
+/// Element types the ops accept: the cuDNN data type, the scaling constants and the math type.
+trait Elem: CudnnDataType + CudaDType + DeviceRepr + Copy + 'static {
+    const DTYPE: DType;
+    const ONE: Self;
+    const ZERO: Self;
+    /// FMA for f32 (no TF32), tensor ops for half types.
+    const MATH: cudnnMathType_t;
+}
+
+impl Elem for f32 {
+    const DTYPE: DType = DType::F32;
+    const ONE: Self = 1.0;
+    const ZERO: Self = 0.0;
+    const MATH: cudnnMathType_t = cudnnMathType_t::CUDNN_FMA_MATH;
+}
+
+impl Elem for half::f16 {
+    const DTYPE: DType = DType::F16;
+    const ONE: Self = half::f16::ONE;
+    const ZERO: Self = half::f16::ZERO;
+    const MATH: cudnnMathType_t = cudnnMathType_t::CUDNN_TENSOR_OP_MATH;
+}
+
+impl Elem for half::bf16 {
+    const DTYPE: DType = DType::BF16;
+    const ONE: Self = half::bf16::ONE;
+    const ZERO: Self = half::bf16::ZERO;
+    const MATH: cudnnMathType_t = cudnnMathType_t::CUDNN_TENSOR_OP_MATH;
+}
+
+/// Whether the cuDNN ops handle `dtype` (f32, f16, bf16).
+pub fn dtype_supported(dtype: DType) -> bool {
+    matches!(dtype, DType::F32 | DType::F16 | DType::BF16)
+}
+
+type AlgoKey = (Conv2dParams, DType, AlgoSearch);
+
+/// The per-device cuDNN state.
+struct Engine {
+    stream: Arc<CudaStream>,
+    cudnn: Arc<Cudnn>,
+    fwd: HashMap<AlgoKey, FwdAlgo>,
+    bwd_data: HashMap<AlgoKey, BwdDataAlgo>,
+    bwd_filter: HashMap<AlgoKey, BwdFilterAlgo>,
+    workspace: Option<CudaSlice<u8>>,
+}
+
+// SAFETY: `Cudnn` is `!Send` only because it holds the raw cuDNN handle. cuDNN allows a handle to
+// be used from any host thread as long as two threads do not use it at the same time; every
+// `Engine` lives behind a `Mutex` and is only touched (handle, descriptors created from it, the
+// workspace) while that mutex is held.
+unsafe impl Send for Engine {}
+
+type EngineMap = Mutex<HashMap<DeviceId, Arc<Mutex<Engine>>>>;
+static ENGINES: OnceLock<EngineMap> = OnceLock::new();
+
+/// The engine of `dev`, created on first use (cuDNN handle bound to candle's stream of `dev`).
+fn engine(dev: &CudaDevice) -> Result<Arc<Mutex<Engine>>> {
+    let map = ENGINES.get_or_init(|| Mutex::new(HashMap::new()));
+    let mut map = map
+        .lock()
+        .map_err(|_| err("cuDNN engine map: a thread panicked while holding it"))?;
+    if let Some(e) = map.get(&dev.id()) {
+        return Ok(e.clone());
+    }
+    let stream = dev.cuda_stream();
+    // `Cudnn::new` binds the context itself but unwraps the result; binding here first turns a
+    // failure into an error.
+    stream
+        .context()
+        .bind_to_thread()
+        .map_err(|e| err(format!("binding the CUDA context: {e:?}")))?;
+    let cudnn = Cudnn::new(stream.clone()).map_err(|e| cudnn_err("creating the handle", e))?;
+    let e = Arc::new(Mutex::new(Engine {
+        stream,
+        cudnn,
+        fwd: HashMap::new(),
+        bwd_data: HashMap::new(),
+        bwd_filter: HashMap::new(),
+        workspace: None,
+    }));
+    map.insert(dev.id(), e.clone());
+    Ok(e)
+}
+
+/// Runs `f` on the engine of `dev` with its mutex held and the device's context current.
+fn with_engine<R>(dev: &CudaDevice, f: impl FnOnce(&mut Engine) -> Result<R>) -> Result<R> {
+    let e = engine(dev)?;
+    let mut g = e
+        .lock()
+        .map_err(|_| err("cuDNN engine: a thread panicked while holding it"))?;
+    g.stream
+        .context()
+        .bind_to_thread()
+        .map_err(|e| err(format!("binding the CUDA context: {e:?}")))?;
+    f(&mut g)
+}
+
+/// Descriptors of one convolution.
+struct Descs<T: Elem> {
+    x: TensorDescriptor<T>,
+    w: FilterDescriptor<T>,
+    y: TensorDescriptor<T>,
+    conv: ConvDescriptor<f32>,
+}
+
+fn i32_of(v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| err(format!("{v} does not fit a cuDNN descriptor (i32)")))
+}
+
+fn dims4(a: usize, b: usize, c: usize, d: usize) -> Result<[i32; 4]> {
+    Ok([i32_of(a)?, i32_of(b)?, i32_of(c)?, i32_of(d)?])
+}
+
+/// Builds the NCHW tensor/filter descriptors of `p` in dtype `T` and its convolution descriptor
+/// (f32 compute, math type `T::MATH`, group count).
+fn descs<T: Elem>(cudnn: &Arc<Cudnn>, p: &Conv2dParams) -> Result<Descs<T>> {
+    let nchw = cudnnTensorFormat_t::CUDNN_TENSOR_NCHW;
+    let x = cudnn
+        .create_4d_tensor::<T>(nchw, dims4(p.batch, p.c_in, p.h, p.w)?)
+        .map_err(|e| cudnn_err("input descriptor", e))?;
+    let w = cudnn
+        .create_4d_filter::<T>(nchw, dims4(p.c_out, p.c_in / p.groups, p.kh, p.kw)?)
+        .map_err(|e| cudnn_err("filter descriptor", e))?;
+    let y = cudnn
+        .create_4d_tensor::<T>(nchw, dims4(p.batch, p.c_out, p.out_h(), p.out_w())?)
+        .map_err(|e| cudnn_err("output descriptor", e))?;
+    let (pad, stride) = (i32_of(p.padding)?, i32_of(p.stride)?);
+    let mut conv = cudnn
+        .create_conv2d::<f32>(
+            [pad, pad],
+            [stride, stride],
+            [1, 1],
+            cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION,
+        )
+        .map_err(|e| cudnn_err("convolution descriptor", e))?;
+    conv.set_math_type(T::MATH)
+        .map_err(|e| cudnn_err("math type", e))?;
+    conv.set_group_count(i32_of(p.groups)?)
+        .map_err(|e| cudnn_err("group count", e))?;
+    Ok(Descs { x, w, y, conv })
+}
+
+/// Makes `ws` at least `bytes` long (rounded up to [`WORKSPACE_GRAIN`]). The old buffer is freed
+/// first (stream-ordered) so its memory can be reused. Out of memory is an error.
+fn grow_workspace(
+    stream: &Arc<CudaStream>,
+    ws: &mut Option<CudaSlice<u8>>,
+    bytes: usize,
+) -> Result<()> {
+    if bytes == 0 || ws.as_ref().is_some_and(|w| w.len() >= bytes) {
+        return Ok(());
+    }
+    *ws = None;
+    let size = bytes.div_ceil(WORKSPACE_GRAIN) * WORKSPACE_GRAIN;
+    // SAFETY: the workspace is scratch memory for cuDNN, which never reads it before writing.
+    let buf = unsafe { stream.alloc::<u8>(size) }
+        .map_err(|e| err(format!("cuDNN workspace of {size} bytes: {e:?}")))?;
+    *ws = Some(buf);
+    Ok(())
+}
+
+/// The workspace argument of a launch: `None` when the algorithm needs none.
+fn ws_arg(ws: &mut Option<CudaSlice<u8>>, bytes: usize) -> Option<&mut CudaSlice<u8>> {
+    if bytes == 0 {
+        None
+    } else {
+        ws.as_mut()
+    }
+}
+
+/// Runs a cuDNN algorithm query, turning an error status or a panic inside the wrapper (it
+/// asserts that cuDNN returned at least one algorithm) into an error.
+fn guarded<A>(what: &str, f: impl FnOnce() -> std::result::Result<A, CudnnError>) -> Result<A> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(a)) => Ok(a),
+        Ok(Err(e)) => Err(cudnn_err(what, e)),
+        Err(_) => Err(err(format!("cuDNN {what}: no algorithm returned"))),
+    }
+}
+
+/// Times each candidate algorithm (one untimed launch, then [`BENCH_REPS`] timed ones, stream
+/// synchronized around them) and returns the fastest that ran; candidates whose workspace size
+/// is unknown, over [`BENCH_WORKSPACE_LIMIT`], not allocatable, or whose launch fails are
+/// skipped. The workspace is released afterwards so that it is sized for the chosen algorithm.
+fn benchmark<A: Copy>(
+    stream: &Arc<CudaStream>,
+    ws: &mut Option<CudaSlice<u8>>,
+    candidates: &[A],
+    ws_size: impl Fn(A) -> std::result::Result<usize, CudnnError>,
+    mut launch: impl FnMut(A, Option<&mut CudaSlice<u8>>) -> std::result::Result<(), CudnnError>,
+) -> Result<Option<A>> {
+    let sync = |s: &Arc<CudaStream>| {
+        s.synchronize()
+            .map_err(|e| err(format!("synchronize while timing cuDNN algorithms: {e:?}")))
+    };
+    let mut best: Option<(f64, A)> = None;
+    for &a in candidates {
+        let bytes = match ws_size(a) {
+            Ok(b) if b <= BENCH_WORKSPACE_LIMIT => b,
+            _ => continue,
+        };
+        if grow_workspace(stream, ws, bytes).is_err() {
+            continue;
+        }
+        if launch(a, ws_arg(ws, bytes)).is_err() {
+            continue;
+        }
+        sync(stream)?;
+        let t0 = Instant::now();
+        let mut ok = true;
+        for _ in 0..BENCH_REPS {
+            ok &= launch(a, ws_arg(ws, bytes)).is_ok();
+        }
+        sync(stream)?;
+        let dt = t0.elapsed().as_secs_f64();
+        if ok && best.is_none_or(|(b, _)| dt < b) {
+            best = Some((dt, a));
+        }
+    }
+    *ws = None;
+    Ok(best.map(|(_, a)| a))
+}
+
+const FWD_ALGOS: [FwdAlgo; 8] = [
+    FwdAlgo::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM,
+    FwdAlgo::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM,
+    FwdAlgo::CUDNN_CONVOLUTION_FWD_ALGO_GEMM,
+    FwdAlgo::CUDNN_CONVOLUTION_FWD_ALGO_DIRECT,
+    FwdAlgo::CUDNN_CONVOLUTION_FWD_ALGO_FFT,
+    FwdAlgo::CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING,
+    FwdAlgo::CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD,
+    FwdAlgo::CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED,
+];
+
+const BWD_DATA_ALGOS: [BwdDataAlgo; 6] = [
+    BwdDataAlgo::CUDNN_CONVOLUTION_BWD_DATA_ALGO_0,
+    BwdDataAlgo::CUDNN_CONVOLUTION_BWD_DATA_ALGO_1,
+    BwdDataAlgo::CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT,
+    BwdDataAlgo::CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING,
+    BwdDataAlgo::CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD,
+    BwdDataAlgo::CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED,
+];
+
+const BWD_FILTER_ALGOS: [BwdFilterAlgo; 6] = [
+    BwdFilterAlgo::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0,
+    BwdFilterAlgo::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1,
+    BwdFilterAlgo::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT,
+    BwdFilterAlgo::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3,
+    BwdFilterAlgo::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED,
+    BwdFilterAlgo::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING,
+];
+
+impl Engine {
+    /// `y = conv(x, w)` (`cudnnConvolutionForward`, alpha 1, beta 0).
+    fn forward<T: Elem>(
+        &mut self,
+        p: &Conv2dParams,
+        x: &CudaView<T>,
+        w: &CudaView<T>,
+        y: &mut CudaSlice<T>,
+    ) -> Result<()> {
+        let d = descs::<T>(&self.cudnn, p)?;
+        let op = ConvForward {
+            conv: &d.conv,
+            x: &d.x,
+            w: &d.w,
+            y: &d.y,
+        };
+        let mode = algo_search();
+        let key = (*p, T::DTYPE, mode);
+        let cached = self.fwd.get(&key).copied();
+        let algo = match cached {
+            Some(a) => a,
+            None => {
+                let mut a = None;
+                if mode == AlgoSearch::Benchmark {
+                    a = benchmark(
+                        &self.stream,
+                        &mut self.workspace,
+                        &FWD_ALGOS,
+                        |a| op.get_workspace_size(a),
+                        // SAFETY: x, w, y have the dtype and the element counts of the
+                        // descriptors (checked by the caller).
+                        |a, ws| unsafe { op.launch(a, ws, (T::ONE, T::ZERO), x, w, y) },
+                    )?;
+                }
+                let a = match a {
+                    Some(a) => a,
+                    None => guarded("forward algorithm", || op.pick_algorithm())?,
+                };
+                self.fwd.insert(key, a);
+                a
+            }
+        };
+        let bytes = op
+            .get_workspace_size(algo)
+            .map_err(|e| cudnn_err("forward workspace size", e))?;
+        grow_workspace(&self.stream, &mut self.workspace, bytes)?;
+        // SAFETY: as above.
+        unsafe {
+            op.launch(
+                algo,
+                ws_arg(&mut self.workspace, bytes),
+                (T::ONE, T::ZERO),
+                x,
+                w,
+                y,
+            )
+        }
+        .map_err(|e| cudnn_err("convolution forward", e))
+    }
+
+    /// `dx = conv_backward_data(w, dy)` (`cudnnConvolutionBackwardData`, alpha 1, beta 0).
+    fn backward_data<T: Elem>(
+        &mut self,
+        p: &Conv2dParams,
+        dy: &CudaView<T>,
+        w: &CudaView<T>,
+        dx: &mut CudaSlice<T>,
+    ) -> Result<()> {
+        let d = descs::<T>(&self.cudnn, p)?;
+        let op = ConvBackwardData {
+            conv: &d.conv,
+            dx: &d.x,
+            w: &d.w,
+            dy: &d.y,
+        };
+        let mode = algo_search();
+        let key = (*p, T::DTYPE, mode);
+        let cached = self.bwd_data.get(&key).copied();
+        let algo = match cached {
+            Some(a) => a,
+            None => {
+                let mut a = None;
+                if mode == AlgoSearch::Benchmark {
+                    a = benchmark(
+                        &self.stream,
+                        &mut self.workspace,
+                        &BWD_DATA_ALGOS,
+                        |a| op.get_workspace_size(a),
+                        // SAFETY: dx, w, dy match the descriptors (checked by the caller).
+                        |a, ws| unsafe { op.launch(a, ws, (T::ONE, T::ZERO), dx, w, dy) },
+                    )?;
+                }
+                let a = match a {
+                    Some(a) => a,
+                    None => guarded("backward-data algorithm", || op.pick_algorithm())?,
+                };
+                self.bwd_data.insert(key, a);
+                a
+            }
+        };
+        let bytes = op
+            .get_workspace_size(algo)
+            .map_err(|e| cudnn_err("backward-data workspace size", e))?;
+        grow_workspace(&self.stream, &mut self.workspace, bytes)?;
+        // SAFETY: as above.
+        unsafe {
+            op.launch(
+                algo,
+                ws_arg(&mut self.workspace, bytes),
+                (T::ONE, T::ZERO),
+                dx,
+                w,
+                dy,
+            )
+        }
+        .map_err(|e| cudnn_err("convolution backward data", e))
+    }
+
+    /// `dw = conv_backward_filter(x, dy)` (`cudnnConvolutionBackwardFilter`, alpha 1, beta 0).
+    fn backward_filter<T: Elem>(
+        &mut self,
+        p: &Conv2dParams,
+        x: &CudaView<T>,
+        dy: &CudaView<T>,
+        dw: &mut CudaSlice<T>,
+    ) -> Result<()> {
+        let d = descs::<T>(&self.cudnn, p)?;
+        let op = ConvBackwardFilter {
+            conv: &d.conv,
+            x: &d.x,
+            dw: &d.w,
+            dy: &d.y,
+        };
+        let mode = algo_search();
+        let key = (*p, T::DTYPE, mode);
+        let cached = self.bwd_filter.get(&key).copied();
+        let algo = match cached {
+            Some(a) => a,
+            None => {
+                let mut a = None;
+                if mode == AlgoSearch::Benchmark {
+                    a = benchmark(
+                        &self.stream,
+                        &mut self.workspace,
+                        &BWD_FILTER_ALGOS,
+                        |a| op.get_workspace_size(a),
+                        // SAFETY: x, dw, dy match the descriptors (checked by the caller).
+                        |a, ws| unsafe { op.launch(a, ws, (T::ONE, T::ZERO), x, dw, dy) },
+                    )?;
+                }
+                let a = match a {
+                    Some(a) => a,
+                    None => guarded("backward-filter algorithm", || op.pick_algorithm())?,
+                };
+                self.bwd_filter.insert(key, a);
+                a
+            }
+        };
+        let bytes = op
+            .get_workspace_size(algo)
+            .map_err(|e| cudnn_err("backward-filter workspace size", e))?;
+        grow_workspace(&self.stream, &mut self.workspace, bytes)?;
+        // SAFETY: as above.
+        unsafe {
+            op.launch(
+                algo,
+                ws_arg(&mut self.workspace, bytes),
+                (T::ONE, T::ZERO),
+                x,
+                dw,
+                dy,
+            )
+        }
+        .map_err(|e| cudnn_err("convolution backward filter", e))
+    }
+}
+
+/// The contiguous elements of an op argument as a device view, after checking its layout and
+/// shape (`what` names the argument in errors).
+fn view<'a, T: Elem>(
+    s: &'a CudaStorage,
+    l: &Layout,
+    shape: &Shape,
+    what: &str,
+) -> Result<CudaView<'a, T>> {
+    if l.shape() != shape {
+        return Err(err(format!(
+            "cuDNN conv: {what} has shape {:?}, expected {:?}",
+            l.shape(),
+            shape
+        )));
+    }
+    if !l.is_contiguous() {
+        return Err(err(format!("cuDNN conv: {what} is not contiguous")));
+    }
+    let n = shape.elem_count();
+    let off = l.start_offset();
+    s.as_cuda_slice::<T>()?
+        .try_slice(off..off + n)
+        .ok_or_else(|| {
+            err(format!(
+                "cuDNN conv: {what} storage is shorter than its layout"
+            ))
+        })
+}
+
+/// Which of the three convolutions an op runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// args (x, w) → y.
+    Forward,
+    /// args (dy, w) → dx.
+    BackwardData,
+    /// args (x, dy) → dw.
+    BackwardFilter,
+}
+
+/// Runs `kind` on the two argument storages and wraps the new output.
+fn run<T: Elem>(
+    kind: Kind,
+    p: &Conv2dParams,
+    s1: &CudaStorage,
+    l1: &Layout,
+    s2: &CudaStorage,
+    l2: &Layout,
+) -> Result<(CudaStorage, Shape)> {
+    let dev = s1.device().clone();
+    let (sh1, sh2, out) = match kind {
+        Kind::Forward => (p.x_shape(), p.w_shape(), p.y_shape()),
+        Kind::BackwardData => (p.y_shape(), p.w_shape(), p.x_shape()),
+        Kind::BackwardFilter => (p.x_shape(), p.y_shape(), p.w_shape()),
+    };
+    let a = view::<T>(s1, l1, &sh1, "first argument")?;
+    let b = view::<T>(s2, l2, &sh2, "second argument")?;
+    // SAFETY: cuDNN writes every output element (beta = 0 means the output is not read).
+    let mut dst = unsafe { dev.alloc::<T>(out.elem_count())? };
+    with_engine(&dev, |e| match kind {
+        Kind::Forward => e.forward(p, &a, &b, &mut dst),
+        Kind::BackwardData => e.backward_data(p, &a, &b, &mut dst),
+        Kind::BackwardFilter => e.backward_filter(p, &a, &b, &mut dst),
+    })?;
+    Ok((CudaStorage::wrap_cuda_slice(dst, dev), out))
+}
+
+fn dispatch(
+    kind: Kind,
+    p: &Conv2dParams,
+    s1: &CudaStorage,
+    l1: &Layout,
+    s2: &CudaStorage,
+    l2: &Layout,
+) -> Result<(CudaStorage, Shape)> {
+    if s1.dtype() != s2.dtype() {
+        return Err(err(format!(
+            "cuDNN conv: arguments of dtypes {:?} and {:?}",
+            s1.dtype(),
+            s2.dtype()
+        )));
+    }
+    match s1.dtype() {
+        DType::F32 => run::<f32>(kind, p, s1, l1, s2, l2),
+        DType::F16 => run::<half::f16>(kind, p, s1, l1, s2, l2),
+        DType::BF16 => run::<half::bf16>(kind, p, s1, l1, s2, l2),
+        d => Err(err(format!("cuDNN conv: dtype {d:?} is not supported"))),
+    }
+}
+
+fn cpu_refused(name: &str) -> Result<(CpuStorage, Shape)> {
+    Err(err(format!(
+        "{name} runs on CUDA tensors only (use model::conv::conv2d_any)"
+    )))
+}
+
+/// The forward convolution as a candle op: args `x` `(N, C_in, H, W)` and `w`
+/// `(C_out, C_in/groups, kh, kw)`, contiguous, same dtype (f32/f16/bf16) on one CUDA device;
+/// result `(N, C_out, H', W')`. Follows `cudnnConvolutionForward`. Its backward pass returns
+/// `dx` through [`Conv2dBwdData`] (only when `x` is tracked) and `dw` through
+/// [`Conv2dBwdFilter`] (only when `w` is tracked).
+#[derive(Debug, Clone, Copy)]
+pub struct Conv2dFwd(pub Conv2dParams);
+
+/// The input gradient as a candle op: args `dy` `(N, C_out, H', W')` and `w`; result `dx`
+/// `(N, C_in, H, W)`. Follows `cudnnConvolutionBackwardData`. Not differentiable.
+#[derive(Debug, Clone, Copy)]
+pub struct Conv2dBwdData(pub Conv2dParams);
+
+/// The weight gradient as a candle op: args `x` and `dy`; result `dw`
+/// `(C_out, C_in/groups, kh, kw)`. Follows `cudnnConvolutionBackwardFilter`. Not differentiable.
+#[derive(Debug, Clone, Copy)]
+pub struct Conv2dBwdFilter(pub Conv2dParams);
+
+impl CustomOp2 for Conv2dFwd {
+    fn name(&self) -> &'static str {
+        "cudnn-conv2d"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        cpu_refused(self.name())
+    }
+
+    fn cuda_fwd(
+        &self,
+        s1: &CudaStorage,
+        l1: &Layout,
+        s2: &CudaStorage,
+        l2: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        dispatch(Kind::Forward, &self.0, s1, l1, s2, l2)
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _y: &Tensor,
+        dy: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let dy = dy.contiguous()?;
+        let dx = if x.track_op() {
+            Some(dy.apply_op2_no_bwd(w, &Conv2dBwdData(self.0))?)
+        } else {
+            None
+        };
+        let dw = if w.track_op() {
+            Some(x.apply_op2_no_bwd(&dy, &Conv2dBwdFilter(self.0))?)
+        } else {
+            None
+        };
+        Ok((dx, dw))
+    }
+}
+
+impl CustomOp2 for Conv2dBwdData {
+    fn name(&self) -> &'static str {
+        "cudnn-conv2d-bwd-data"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        cpu_refused(self.name())
+    }
+
+    fn cuda_fwd(
+        &self,
+        s1: &CudaStorage,
+        l1: &Layout,
+        s2: &CudaStorage,
+        l2: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        dispatch(Kind::BackwardData, &self.0, s1, l1, s2, l2)
+    }
+}
+
+impl CustomOp2 for Conv2dBwdFilter {
+    fn name(&self) -> &'static str {
+        "cudnn-conv2d-bwd-filter"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        cpu_refused(self.name())
+    }
+
+    fn cuda_fwd(
+        &self,
+        s1: &CudaStorage,
+        l1: &Layout,
+        s2: &CudaStorage,
+        l2: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        dispatch(Kind::BackwardFilter, &self.0, s1, l1, s2, l2)
+    }
+}
+
+/// 2-D convolution `x (N, C_in, H, W) ⊛ w (C_out, C_in/groups, k_h, k_w) → (N, C_out, H', W')`,
+/// zero `padding` on every side, `stride` in both directions, dilation 1, `groups` ≥ 1,
+/// `H' = (H + 2·padding − k_h)/stride + 1`.
+///
+/// For tensors on a CUDA device in f32, f16 or bf16 (and unless [`cudnn_conv_enabled`] is off)
+/// this is the cuDNN op [`Conv2dFwd`], differentiable through cuDNN's backward-data and
+/// backward-filter; the arguments are made contiguous first. Everything else (CPU tensors, other
+/// dtypes) goes to candle's `Tensor::conv2d`, so callers need no `cfg`.
+///
+/// Errors: mismatched shapes or dtypes, tensors on different devices, cuDNN failures and CUDA out
+/// of memory.
+pub fn conv2d(
+    x: &Tensor,
+    w: &Tensor,
+    padding: usize,
+    stride: usize,
+    groups: usize,
+) -> Result<Tensor> {
+    let on_cuda = matches!(x.device(), Device::Cuda(_));
+    if !on_cuda || !dtype_supported(x.dtype()) || !cudnn_conv_enabled() {
+        return x.conv2d(w, padding, stride, 1, groups);
+    }
+    if !x.device().same_device(w.device()) {
+        return Err(err("conv2d: input and kernel are on different devices"));
+    }
+    if x.dtype() != w.dtype() {
+        return Err(err(format!(
+            "conv2d: input dtype {:?} and kernel dtype {:?} differ",
+            x.dtype(),
+            w.dtype()
+        )));
+    }
+    let p = Conv2dParams::new(x.dims4()?, w.dims4()?, padding, stride, groups)?;
+    let x = x.contiguous()?;
+    let w = w.contiguous()?;
+    x.apply_op2(&w, Conv2dFwd(p))
+}
