@@ -22,6 +22,7 @@
 
 use anyhow::{bail, ensure, Context, Result};
 use candle_core::{DType, Tensor};
+use rayon::prelude::*;
 
 use super::iou::{ciou_prepared, CiouBox};
 
@@ -390,30 +391,31 @@ impl TaskAlignedAssigner {
             }
         };
 
-        let mut out = Assignment {
-            batch: bs,
-            num_anchors: na,
-            num_classes: nc,
-            target_labels: vec![0; bs * na],
-            target_bboxes: vec![[0.0; 4]; bs * na],
-            target_score: vec![0.0; bs * na],
-            fg_mask: vec![false; bs * na],
-            target_gt_idx: vec![0; bs * na],
-        };
-        let mut diag = full.then(|| AssignerDiagnostics {
-            overlaps: vec![0.0; bs * m * na],
-            align_metric: vec![0.0; bs * m * na],
-            mask_pos_pre: vec![false; bs * m * na],
-            mask_pos: vec![false; bs * m * na],
-        });
         let k = self.topk.min(na);
 
-        // Per-image scratch.
-        let mut mask_pos = vec![false; m * na];
-        let mut state = vec![0u8; na]; // 0 outside GT, 1 inside with metric 0, 2 inside with metric != 0
-        let mut cands: Vec<(usize, f32)> = Vec::new();
-
-        for b in 0..bs {
+        // One image: its slice of the outputs (anchors of image `b`) and diagnostics. Images
+        // are independent, so they run in parallel.
+        let run_image = |b: usize| -> (Assignment, Option<AssignerDiagnostics>) {
+            let mut out = Assignment {
+                batch: 1,
+                num_anchors: na,
+                num_classes: nc,
+                target_labels: vec![0; na],
+                target_bboxes: vec![[0.0; 4]; na],
+                target_score: vec![0.0; na],
+                fg_mask: vec![false; na],
+                target_gt_idx: vec![0; na],
+            };
+            let mut diag = full.then(|| AssignerDiagnostics {
+                overlaps: vec![0.0; m * na],
+                align_metric: vec![0.0; m * na],
+                mask_pos_pre: vec![false; m * na],
+                mask_pos: vec![false; m * na],
+            });
+            let mut mask_pos = vec![false; m * na];
+            // 0 outside GT, 1 inside with metric 0, 2 inside with metric != 0
+            let mut state = vec![0u8; na];
+            let mut cands: Vec<(usize, f32)> = Vec::new();
             let preds: Vec<CiouBox> = input.pd_bboxes[b * na..(b + 1) * na]
                 .iter()
                 .map(|&p| CiouBox::new(p))
@@ -433,14 +435,13 @@ impl TaskAlignedAssigner {
                 for j in 0..m {
                     for a in 0..na {
                         let ov = overlap(j, a);
-                        d.overlaps[(b * m + j) * na + a] = ov;
-                        d.align_metric[(b * m + j) * na + a] = metric(j, a, ov);
+                        d.overlaps[j * na + a] = ov;
+                        d.align_metric[j * na + a] = metric(j, a, ov);
                     }
                 }
             }
 
             // get_pos_mask: top-k of the in-GT-masked alignment metric, per valid GT.
-            mask_pos.iter_mut().for_each(|v| *v = false);
             for j in 0..m {
                 if !gt.mask[b * m + j] {
                     continue;
@@ -484,7 +485,7 @@ impl TaskAlignedAssigner {
                 }
             }
             if let Some(d) = diag.as_mut() {
-                d.mask_pos_pre[b * m * na..(b + 1) * m * na].copy_from_slice(&mask_pos);
+                d.mask_pos_pre.copy_from_slice(&mask_pos);
             }
 
             // select_highest_overlaps: an anchor claimed by several GTs keeps the GT of highest
@@ -507,7 +508,7 @@ impl TaskAlignedAssigner {
                 }
             }
             if let Some(d) = diag.as_mut() {
-                d.mask_pos[b * m * na..(b + 1) * m * na].copy_from_slice(&mask_pos);
+                d.mask_pos.copy_from_slice(&mask_pos);
             }
 
             // Per-GT maxima of the positive alignment metrics and overlaps.
@@ -526,7 +527,7 @@ impl TaskAlignedAssigner {
 
             // Targets.
             for a in 0..na {
-                let i = b * na + a;
+                let i = a;
                 let j = (0..m).find(|&j| mask_pos[j * na + a]);
                 let jj = j.unwrap_or(0);
                 out.target_gt_idx[i] = jj;
@@ -538,6 +539,38 @@ impl TaskAlignedAssigner {
                     out.fg_mask[i] = true;
                     out.target_score[i] = am * pos_ov[j] / (pos_align[j] + self.eps);
                 }
+            }
+            (out, diag)
+        };
+        let images: Vec<(Assignment, Option<AssignerDiagnostics>)> =
+            (0..bs).into_par_iter().map(run_image).collect();
+        let mut out = Assignment {
+            batch: bs,
+            num_anchors: na,
+            num_classes: nc,
+            target_labels: Vec::with_capacity(bs * na),
+            target_bboxes: Vec::with_capacity(bs * na),
+            target_score: Vec::with_capacity(bs * na),
+            fg_mask: Vec::with_capacity(bs * na),
+            target_gt_idx: Vec::with_capacity(bs * na),
+        };
+        let mut diag = full.then(|| AssignerDiagnostics {
+            overlaps: Vec::with_capacity(bs * m * na),
+            align_metric: Vec::with_capacity(bs * m * na),
+            mask_pos_pre: Vec::with_capacity(bs * m * na),
+            mask_pos: Vec::with_capacity(bs * m * na),
+        });
+        for (o, d) in images {
+            out.target_labels.extend(o.target_labels);
+            out.target_bboxes.extend(o.target_bboxes);
+            out.target_score.extend(o.target_score);
+            out.fg_mask.extend(o.fg_mask);
+            out.target_gt_idx.extend(o.target_gt_idx);
+            if let (Some(all), Some(d)) = (diag.as_mut(), d) {
+                all.overlaps.extend(d.overlaps);
+                all.align_metric.extend(d.align_metric);
+                all.mask_pos_pre.extend(d.mask_pos_pre);
+                all.mask_pos.extend(d.mask_pos);
             }
         }
         Ok((out, diag))

@@ -302,7 +302,13 @@ pub fn validate(model: ValModel<'_>, images: &[ValImage], cfg: &ValConfig) -> Re
             continue;
         }
         let (h, w) = (shape.0 as usize, shape.1 as usize);
-        for ok in ok.chunks(cfg.forward_chunk.max(1)) {
+        // The CPU forward runs in chunks (memory); a GPU takes the whole batch at once.
+        let chunk = if device.is_cpu() {
+            cfg.forward_chunk.max(1)
+        } else {
+            ok.len().max(1)
+        };
+        for ok in ok.chunks(chunk) {
             let mut bytes = Vec::with_capacity(ok.len() * 3 * h * w);
             for (_, p) in ok {
                 bytes.extend_from_slice(&p.chw);
@@ -327,10 +333,19 @@ pub fn validate(model: ValModel<'_>, images: &[ValImage], cfg: &ValConfig) -> Re
                 }
             };
             let y = y.to_device(&Device::Cpu)?.to_dtype(DType::F32)?;
-            for (k, (i, p)) in ok.iter().enumerate() {
-                let flat: Vec<f32> = y.get(k)?.flatten_all()?.to_vec1()?;
-                let det = nms_multilabel(&flat, nc, cfg.conf_thres, cfg.iou_thres, cfg.max_det);
-                let (detn, labels) = native_space(&images[*i], &det, p);
+            let per_image = y.dim(1)? * y.dim(2)?;
+            let all: Vec<f32> = y.flatten_all()?.to_vec1()?;
+            // NMS of the images in parallel, statistics in image order.
+            let dets: Vec<_> = ok
+                .par_iter()
+                .enumerate()
+                .map(|(k, (i, p))| {
+                    let flat = &all[k * per_image..(k + 1) * per_image];
+                    let det = nms_multilabel(flat, nc, cfg.conf_thres, cfg.iou_thres, cfg.max_det);
+                    native_space(&images[*i], &det, p)
+                })
+                .collect();
+            for (detn, labels) in dets {
                 stats.add_image(&detn, &labels);
             }
         }
