@@ -68,14 +68,24 @@ enum Inner {
     Cpu,
     #[cfg(feature = "cuda")]
     Cuda(cuda::Pool),
+    /// A device whose memory cannot be queried: every reading is 0.
+    #[cfg(feature = "cuda")]
+    Unknown,
 }
 
 impl MemoryProbe {
-    /// A probe for `device`. Errors when the CUDA pool cannot be queried.
+    /// A probe for `device`. Where the CUDA pool cannot be queried the probe reads 0 and a
+    /// warning says so (training goes on; budget sizing then has nothing to measure).
     pub fn new(device: &Device) -> Result<MemoryProbe> {
         let inner = match device {
             #[cfg(feature = "cuda")]
-            Device::Cuda(d) => Inner::Cuda(cuda::Pool::new(d)?),
+            Device::Cuda(d) => match cuda::Pool::new(d) {
+                Ok(p) => Inner::Cuda(p),
+                Err(e) => {
+                    eprintln!("warning: device memory cannot be measured: {e:#}");
+                    Inner::Unknown
+                }
+            },
             _ => Inner::Cpu,
         };
         Ok(MemoryProbe { inner })
@@ -86,7 +96,7 @@ impl MemoryProbe {
         match self.inner {
             Inner::Cpu => "process RSS",
             #[cfg(feature = "cuda")]
-            Inner::Cuda(_) => "device memory",
+            Inner::Cuda(_) | Inner::Unknown => "device memory",
         }
     }
 
@@ -100,6 +110,8 @@ impl MemoryProbe {
             }
             #[cfg(feature = "cuda")]
             Inner::Cuda(p) => p.reset_peak(),
+            #[cfg(feature = "cuda")]
+            Inner::Unknown => {}
         }
     }
 
@@ -109,6 +121,8 @@ impl MemoryProbe {
             Inner::Cpu => proc_status_kib("VmHWM:").unwrap_or(0) * 1024,
             #[cfg(feature = "cuda")]
             Inner::Cuda(p) => p.peak(),
+            #[cfg(feature = "cuda")]
+            Inner::Unknown => 0,
         }
     }
 
@@ -118,6 +132,8 @@ impl MemoryProbe {
             Inner::Cpu => proc_status_kib("VmRSS:").unwrap_or(0) * 1024,
             #[cfg(feature = "cuda")]
             Inner::Cuda(p) => p.current(),
+            #[cfg(feature = "cuda")]
+            Inner::Unknown => 0,
         }
     }
 
@@ -127,6 +143,8 @@ impl MemoryProbe {
             Inner::Cpu => meminfo_kib("MemAvailable:").unwrap_or(0) * 1024,
             #[cfg(feature = "cuda")]
             Inner::Cuda(p) => p.free(),
+            #[cfg(feature = "cuda")]
+            Inner::Unknown => 0,
         }
     }
 }
