@@ -126,6 +126,16 @@ impl MemoryProbe {
         }
     }
 
+    /// Returns memory the device's allocator keeps cached but unused (on CUDA, trims the pool
+    /// to what is in use; nothing on the CPU). Called after budget sizing, whose largest
+    /// measured step would otherwise stay reserved for the whole run.
+    pub fn release_cached(&self) {
+        #[cfg(feature = "cuda")]
+        if let Inner::Cuda(p) = &self.inner {
+            p.trim();
+        }
+    }
+
     /// Bytes in use now (RSS, or the pool's used memory).
     pub fn current_bytes(&self) -> u64 {
         match &self.inner {
@@ -243,6 +253,12 @@ mod cuda {
                     &mut zero as *mut u64 as *mut std::ffi::c_void,
                 )
             };
+        }
+
+        pub fn trim(&self) {
+            let _ = self.ctx.bind_to_thread();
+            // SAFETY: valid pool.
+            let _ = unsafe { mem_pool::trim_to(self.pool, 0) };
         }
 
         pub fn peak(&self) -> u64 {

@@ -310,6 +310,9 @@ pub fn plan(req: &BudgetRequest, device: &Device, probe: &MemoryProbe) -> Result
     }
     points.sort_by_key(|p| p.batch);
     points.dedup_by_key(|p| p.batch);
+    drop(rig);
+    device.synchronize()?;
+    probe.release_cached();
     Ok(BudgetDecision {
         budget: req.budget,
         what: probe.what().to_string(),
