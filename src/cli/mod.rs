@@ -4,6 +4,7 @@
 pub mod check;
 pub mod convert;
 pub mod detect;
+pub mod plot;
 pub mod train;
 pub mod val;
 
@@ -31,6 +32,8 @@ pub enum Command {
     Train(Box<train::TrainArgs>),
     /// Validate weights on a dataset split (official val_dual.py).
     Val(val::ValArgs),
+    /// Draw training curves of results.csv files (ours or the official trainer's) in one PNG.
+    Plot(plot::PlotArgs),
 }
 
 /// Entry point used by `src/main.rs`: parses arguments, runs, and turns errors into a message
@@ -44,6 +47,7 @@ pub fn main() -> ExitCode {
         Command::Check(a) => check::run(a),
         Command::Train(a) => train::run(*a),
         Command::Val(a) => val::run(a),
+        Command::Plot(a) => plot::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -5,5 +5,6 @@ pub mod checkpoint;
 pub mod ema;
 pub mod guard;
 pub mod optimizer;
+pub mod plots;
 pub mod schedule;
 pub mod trainer;

@@ -94,7 +94,7 @@ pub struct TrainOptions {
     pub cos_lr: bool,
     /// Validate only after the final epoch.
     pub noval: bool,
-    /// No plots (plots are not implemented; accepted for compatibility).
+    /// Do not draw `results.png`.
     pub noplots: bool,
     /// Hyper-parameter yaml (official `hyp.scratch-high.yaml` format); `None` = its values.
     pub hyp: Option<PathBuf>,
@@ -1310,6 +1310,15 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
             );
         }
         reports.push(report);
+        if !opts.noplots {
+            let csv = run.run_dir.join("results.csv");
+            let drawn = crate::train::plots::read_results_csv(&csv, "yolo9").and_then(|c| {
+                crate::train::plots::plot_results(&[c], &run.run_dir.join("results.png"))
+            });
+            if let Err(e) = drawn {
+                println!("warning: results.png not drawn: {e:#}");
+            }
+        }
 
         // Save (last, best, periodic, state).
         if run.save(epoch + 1, 0, &EpochProgress::default(), &pb)? {

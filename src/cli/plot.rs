@@ -1,0 +1,51 @@
+//! `yolo9 plot`: training curves of one or more results.csv files (ours or the official
+//! trainer's) in one figure (see [`crate::train::plots`]).
+
+use crate::train::plots::{plot_results, read_results_csv};
+use anyhow::{ensure, Result};
+use clap::Args;
+use std::path::PathBuf;
+
+/// Arguments of `yolo9 plot`.
+#[derive(Debug, Args)]
+pub struct PlotArgs {
+    /// results.csv files (or run folders holding one), drawn in this order.
+    #[arg(required = true)]
+    pub results: Vec<PathBuf>,
+    /// Legend labels, one per file (default: the run folder names).
+    #[arg(long, num_args = 1..)]
+    pub labels: Vec<String>,
+    /// Output PNG.
+    #[arg(short, long, default_value = "results.png")]
+    pub output: PathBuf,
+}
+
+/// Runs `yolo9 plot`.
+pub fn run(a: PlotArgs) -> Result<()> {
+    ensure!(
+        a.labels.is_empty() || a.labels.len() == a.results.len(),
+        "--labels: {} labels for {} files",
+        a.labels.len(),
+        a.results.len()
+    );
+    let mut runs = Vec::new();
+    for (i, p) in a.results.iter().enumerate() {
+        let csv = if p.is_dir() {
+            p.join("results.csv")
+        } else {
+            p.clone()
+        };
+        let label = match a.labels.get(i) {
+            Some(l) => l.clone(),
+            None => csv
+                .parent()
+                .and_then(|d| d.file_name())
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| csv.display().to_string()),
+        };
+        runs.push(read_results_csv(&csv, &label)?);
+    }
+    plot_results(&runs, &a.output)?;
+    println!("wrote {}", a.output.display());
+    Ok(())
+}

@@ -1,0 +1,227 @@
+//! Training curves as a PNG (official `utils/plots.py::plot_results` layout): ten panels, two
+//! rows of five — train box/cls/dfl loss, precision, recall; val box/cls/dfl loss, mAP50,
+//! mAP50-95 — against the epoch, one line per run. `yolo9 train` writes `results.png` in the
+//! run folder after every epoch; `yolo9 plot` draws several `results.csv` files (ours or the
+//! official trainer's, whose column names differ) into one figure for comparison.
+
+use anyhow::{bail, ensure, Context, Result};
+use plotters::prelude::*;
+use plotters::style::FontStyle;
+use std::path::Path;
+
+/// The ten panels: (title, column names accepted for it in a results.csv).
+pub const PANELS: [(&str, &[&str]); 10] = [
+    ("train/box_loss", &["train/box_loss"]),
+    ("train/cls_loss", &["train/cls_loss"]),
+    ("train/dfl_loss", &["train/dfl_loss"]),
+    ("metrics/precision", &["metrics/precision"]),
+    ("metrics/recall", &["metrics/recall"]),
+    ("val/box_loss", &["val/box_loss"]),
+    ("val/cls_loss", &["val/cls_loss"]),
+    ("val/dfl_loss", &["val/dfl_loss"]),
+    ("metrics/mAP50", &["metrics/mAP50", "metrics/mAP_0.5"]),
+    (
+        "metrics/mAP50-95",
+        &["metrics/mAP50-95", "metrics/mAP_0.5:0.95"],
+    ),
+];
+
+/// One run's curves: the epochs and, per panel of [`PANELS`], its values (`None` where the
+/// file has no such column).
+#[derive(Debug, Clone)]
+pub struct Curves {
+    /// Legend label.
+    pub label: String,
+    /// Epoch numbers (as written, 0-based).
+    pub epochs: Vec<f64>,
+    /// Values per panel, in [`PANELS`] order.
+    pub series: Vec<Option<Vec<f64>>>,
+}
+
+/// Reads a results.csv written by `yolo9 train` or by the official `train_dual.py` (column
+/// names trimmed of padding). Errors name the file, and the line of a non-numeric value.
+pub fn read_results_csv(path: &Path, label: &str) -> Result<Curves> {
+    let file = path.display().to_string();
+    let text = std::fs::read_to_string(path).with_context(|| format!("{file}: cannot read"))?;
+    let mut lines = text.lines().filter(|l| !l.trim().is_empty());
+    let header: Vec<String> = lines
+        .next()
+        .with_context(|| format!("{file}: empty file"))?
+        .split(',')
+        .map(|h| h.trim().to_string())
+        .collect();
+    let col = |names: &[&str]| header.iter().position(|h| names.contains(&h.as_str()));
+    let epoch_col = col(&["epoch"])
+        .with_context(|| format!("{file}: no `epoch` column; is this a results.csv?"))?;
+    let mut rows: Vec<Vec<f64>> = Vec::new();
+    for (i, line) in lines.enumerate() {
+        let vals: Result<Vec<f64>> = line
+            .split(',')
+            .map(|v| {
+                v.trim()
+                    .parse::<f64>()
+                    .with_context(|| format!("{file}:{}: '{}' is not a number", i + 2, v.trim()))
+            })
+            .collect();
+        let vals = vals?;
+        ensure!(
+            vals.len() >= header.len(),
+            "{file}:{}: {} values for {} columns",
+            i + 2,
+            vals.len(),
+            header.len()
+        );
+        rows.push(vals);
+    }
+    let epochs = rows.iter().map(|r| r[epoch_col]).collect();
+    let series = PANELS
+        .iter()
+        .map(|(_, names)| col(names).map(|c| rows.iter().map(|r| r[c]).collect()))
+        .collect();
+    Ok(Curves {
+        label: label.to_string(),
+        epochs,
+        series,
+    })
+}
+
+static FONT: &[u8] = include_bytes!("../../assets/fonts/DejaVuSansMono-Bold.ttf");
+
+/// Line colours of the runs, in order.
+const COLORS: [RGBColor; 4] = [
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+    RGBColor(214, 39, 40),
+];
+
+/// Draws `runs` into a 2 × 5 panel PNG at `out` (2000 × 800 pixels). Errors: no run, or the
+/// file cannot be written.
+pub fn plot_results(runs: &[Curves], out: &Path) -> Result<()> {
+    if runs.is_empty() {
+        bail!("plot: no results to draw");
+    }
+    let _ = plotters::style::register_font("sans-serif", FontStyle::Normal, FONT);
+    let (w, h) = (2000u32, 800u32);
+    let mut buf = vec![255u8; (w * h * 3) as usize];
+    {
+        let root = BitMapBackend::with_buffer(&mut buf, (w, h)).into_drawing_area();
+        root.fill(&WHITE)
+            .map_err(|e| anyhow::anyhow!("plot: {e}"))?;
+        let areas = root.split_evenly((2, 5));
+        for (p, area) in areas.iter().enumerate() {
+            let (title, _) = PANELS[p];
+            let mut xmax = 1f64;
+            let (mut ymin, mut ymax) = (f64::INFINITY, f64::NEG_INFINITY);
+            for r in runs {
+                if let Some(s) = &r.series[p] {
+                    for (x, y) in r.epochs.iter().zip(s) {
+                        if y.is_finite() {
+                            xmax = xmax.max(*x);
+                            ymin = ymin.min(*y);
+                            ymax = ymax.max(*y);
+                        }
+                    }
+                }
+            }
+            if !ymin.is_finite() {
+                (ymin, ymax) = (0.0, 1.0);
+            }
+            if ymax - ymin < 1e-9 {
+                ymax = ymin + 1.0;
+            }
+            let pad = 0.05 * (ymax - ymin);
+            let mut chart = ChartBuilder::on(area)
+                .caption(title, ("sans-serif", 18))
+                .margin(8)
+                .x_label_area_size(24)
+                .y_label_area_size(48)
+                .build_cartesian_2d(0f64..xmax, (ymin - pad)..(ymax + pad))
+                .map_err(|e| anyhow::anyhow!("plot: {e}"))?;
+            chart
+                .configure_mesh()
+                .label_style(("sans-serif", 12))
+                .light_line_style(WHITE.mix(0.0))
+                .draw()
+                .map_err(|e| anyhow::anyhow!("plot: {e}"))?;
+            for (k, r) in runs.iter().enumerate() {
+                let Some(s) = &r.series[p] else { continue };
+                let color = COLORS[k % COLORS.len()];
+                let pts: Vec<(f64, f64)> = r
+                    .epochs
+                    .iter()
+                    .zip(s)
+                    .filter(|(_, y)| y.is_finite())
+                    .map(|(x, y)| (*x, *y))
+                    .collect();
+                let series = chart
+                    .draw_series(LineSeries::new(pts, color.stroke_width(2)))
+                    .map_err(|e| anyhow::anyhow!("plot: {e}"))?;
+                if p == 0 {
+                    series.label(r.label.clone()).legend(move |(x, y)| {
+                        PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
+                    });
+                }
+            }
+            if p == 0 {
+                chart
+                    .configure_series_labels()
+                    .label_font(("sans-serif", 13))
+                    .background_style(WHITE.mix(0.8))
+                    .border_style(BLACK)
+                    .draw()
+                    .map_err(|e| anyhow::anyhow!("plot: {e}"))?;
+            }
+        }
+        root.present().map_err(|e| anyhow::anyhow!("plot: {e}"))?;
+    }
+    let img = image::RgbImage::from_raw(w, h, buf).context("plot: buffer size")?;
+    img.save(out)
+        .with_context(|| format!("{}: cannot write the plot", out.display()))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_both_csv_dialects_and_draws() {
+        let dir = std::env::temp_dir().join(format!("yolo9-plots-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ours = dir.join("ours.csv");
+        std::fs::write(
+            &ours,
+            format!(
+                "{}\n0,4.6,5.1,5.3,0.01,0.1,0.002,0.0005,1,2,3,0.1,0.001,0.001,1,2,0,0,0,16\n\
+                 1,4.4,5.0,5.2,0.02,0.2,0.004,0.0010,1,2,3,0.1,0.001,0.001,1,2,0,0,0,16\n",
+                crate::train::trainer::RESULTS_HEADER
+            ),
+        )
+        .unwrap();
+        let official = dir.join("official.csv");
+        std::fs::write(
+            &official,
+            "   epoch,  train/box_loss,  train/cls_loss,  train/dfl_loss,  metrics/precision,  metrics/recall,  metrics/mAP_0.5,metrics/mAP_0.5:0.95,  val/box_loss,  val/cls_loss,  val/dfl_loss,  x/lr0,  x/lr1,  x/lr2\n\
+                  0,  4.48,  5.26,  5.30,  0.0026,  0.094,  0.0026,  0.00057,  0,  0,  0,  0.089,  0.0012,  0.0012\n",
+        )
+        .unwrap();
+        let a = read_results_csv(&ours, "yolo9").unwrap();
+        let b = read_results_csv(&official, "official").unwrap();
+        assert_eq!(a.epochs, vec![0.0, 1.0]);
+        assert_eq!(a.series[9].as_ref().unwrap(), &vec![0.0005, 0.0010]);
+        assert_eq!(b.series[8].as_ref().unwrap(), &vec![0.0026]);
+        assert_eq!(b.series[9].as_ref().unwrap(), &vec![0.00057]);
+        let png = dir.join("curves.png");
+        plot_results(&[a, b], &png).unwrap();
+        let img = image::open(&png).unwrap().to_rgb8();
+        assert_eq!(img.dimensions(), (2000, 800));
+        // Both line colours are present.
+        let has = |c: [u8; 3]| img.pixels().any(|p| p.0 == c);
+        assert!(has([31, 119, 180]) && has([255, 127, 14]));
+        std::fs::write(&ours, "epoch,train/box_loss\n0,abc\n").unwrap();
+        let e = format!("{:#}", read_results_csv(&ours, "x").unwrap_err());
+        assert!(e.contains("ours.csv:2") && e.contains("abc"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
