@@ -370,3 +370,43 @@ fn a_torn_or_foreign_state_file_is_a_clear_error() {
     assert!(e.contains("yolov9-s.pt"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn inference_budget_sizes_the_val_batch_and_detect_refuses_a_tiny_budget() {
+    use yolo9::model::yolov9::YoloV9;
+    use yolo9::train::budget::plan_inference;
+    let wpath = Path::new(env!("CARGO_MANIFEST_DIR")).join("weights/yolov9-s-bccd.safetensors");
+    let w = yolo9::Weights::load(&wpath).unwrap();
+    let m = YoloV9::load(&w, &Device::Cpu).unwrap();
+    let probe = MemoryProbe::new(&Device::Cpu).unwrap();
+    let d = plan_inference(&m, 64, 8, 64 << 30, &probe).unwrap();
+    assert_eq!(d.micro, 8, "{d:?}");
+    assert!(d.points.iter().any(|p| p.batch == 8 && p.peak > 0), "{d:?}");
+    let e = format!(
+        "{:#}",
+        plan_inference(&m, 64, 8, 1 << 20, &probe).unwrap_err()
+    );
+    assert!(
+        e.contains("too small") && e.contains("one image at --img 64"),
+        "{e}"
+    );
+    // The CLI: detect with a budget below one image stops before the first image, exit != 0.
+    let img = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/images");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_yolo9"))
+        .args([
+            "detect",
+            &img.display().to_string(),
+            "--img",
+            "64",
+            "--budget",
+            "1MiB",
+        ])
+        .args(["--project", &tmpdir("detect-budget").display().to_string()])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("--budget 1MiB is too small"),
+        "{stderr}"
+    );
+}

@@ -43,6 +43,10 @@ pub struct DetectArgs {
     /// in the yolo9 source folder, then in the current folder].
     #[arg(long)]
     pub weights: Option<PathBuf>,
+    /// Memory budget, e.g. 2GiB: images are detected one at a time, and the measured peak of
+    /// one forward at --img must fit (checked before the first image).
+    #[arg(long, value_parser = parse_budget)]
+    pub budget: Option<u64>,
     /// Inference size in pixels (1..=8192), rounded up to a multiple of 32.
     #[arg(long = "img", visible_aliases = ["imgsz", "img-size"], default_value = "640",
           value_parser = parse_img, allow_negative_numbers = true)]
@@ -256,6 +260,10 @@ fn annotated_name(p: &Path) -> PathBuf {
     }
 }
 
+fn parse_budget(s: &str) -> Result<u64, String> {
+    crate::memory::parse_size(s).map_err(|e| format!("{e:#}"))
+}
+
 /// Runs `yolo9 detect`.
 pub fn run(args: DetectArgs) -> Result<()> {
     let (img, note) = effective_img(args.img);
@@ -265,6 +273,19 @@ pub fn run(args: DetectArgs) -> Result<()> {
     let sources = expand_sources(&args.source)?;
     let weights = resolve_weights(args.weights.as_deref())?;
     let device = crate::device::select(args.device)?;
+    if let Some(budget) = args.budget {
+        let w = crate::model::weights::Weights::load(&weights)
+            .with_context(|| format!("--weights {}", weights.display()))?;
+        let m = crate::model::yolov9::YoloV9::load(&w, &device)?;
+        let probe = crate::memory::MemoryProbe::new(&device)?;
+        let d = crate::train::budget::plan_inference(&m, img, 1, budget, &probe)?;
+        println!(
+            "memory budget {}: one image at --img {img} peaks at {} ({}); images are processed one at a time",
+            crate::memory::fmt_size(budget),
+            crate::memory::fmt_size(d.measured),
+            d.what
+        );
+    }
     let detector = Detector::load(&weights, device)?
         .img_size(img)
         .conf(args.conf_thres as f32)

@@ -40,6 +40,14 @@ pub struct ValArgs {
     /// Device: cpu or a CUDA ordinal.
     #[arg(long, default_value = "cpu")]
     pub device: String,
+    /// Memory budget, e.g. 4GiB: the batch is the largest (up to --batch) whose measured forward
+    /// peak fits.
+    #[arg(long, value_parser = parse_budget)]
+    pub budget: Option<u64>,
+}
+
+fn parse_budget(s: &str) -> Result<u64, String> {
+    crate::memory::parse_size(s).map_err(|e| format!("{e:#}"))
 }
 
 /// Parses `--split`.
@@ -87,9 +95,18 @@ pub fn run(a: ValArgs) -> Result<()> {
     )?;
     println!("{}", scan.summary(&cfg.names));
     let images = val_images(&scan);
+    let batch = match a.budget {
+        Some(budget) => {
+            let probe = crate::memory::MemoryProbe::new(&device)?;
+            let d = crate::train::budget::plan_inference(&model, a.img, a.batch, budget, &probe)?;
+            println!("{}", d.describe().replace("micro-batch", "batch"));
+            d.micro
+        }
+        None => a.batch,
+    };
     let vc = ValConfig {
         img: a.img,
-        batch: a.batch,
+        batch,
         conf_thres: a.conf_thres,
         iou_thres: a.iou_thres,
         max_det: a.max_det,

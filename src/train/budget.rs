@@ -1,4 +1,5 @@
-//! Memory-budget batch sizing (`yolo9 train --budget 8GiB`, `--batch auto`): the micro-batch is
+//! Memory-budget batch sizing (`yolo9 train --budget 8GiB`, `--batch auto`, `yolo9 val --budget`,
+//! `yolo9 detect --budget`): the (micro-)batch is
 //! chosen from the **measured** peak memory of real training steps, not from a guess.
 //!
 //! Method: on the actual device, image size and model, run complete training steps — forward of
@@ -18,7 +19,7 @@ use crate::loss::tal_loss::targets_tensor;
 use crate::loss::DualTalLoss;
 use crate::memory::{fmt_size, is_oom, MemoryProbe};
 use crate::model::weights::STRIDES;
-use crate::model::yolov9::YoloV9Train;
+use crate::model::yolov9::{YoloV9, YoloV9Train};
 use crate::train::ema::Ema;
 use crate::train::optimizer::Sgd;
 use anyhow::{bail, Result};
@@ -215,7 +216,6 @@ fn step_peak(
 /// `req.budget` (see the module docs). Errors: the budget is too small for a micro-batch of 1
 /// (the message gives the measured need and the flags to change), or a non-memory failure.
 pub fn plan(req: &BudgetRequest, device: &Device, probe: &MemoryProbe) -> Result<BudgetDecision> {
-    let limit = req.budget as f64 * (1.0 - MARGIN);
     let model = YoloV9Train::new(None, req.nc, Vec::new(), device, req.seed)?;
     let loss = DualTalLoss::new(req.nc, &STRIDES)?;
     let params = model
@@ -231,8 +231,68 @@ pub fn plan(req: &BudgetRequest, device: &Device, probe: &MemoryProbe) -> Result
         opt,
         ema,
     };
+    let d = search(
+        req.budget,
+        req.max_batch,
+        device,
+        probe,
+        "one training image",
+        req.img,
+        |b| step_peak(&mut rig, req, b, device, probe),
+    );
+    drop(rig);
+    device.synchronize()?;
+    probe.release_cached();
+    d
+}
+
+/// Sizes an inference batch (`yolo9 val --budget`): the peak of `model`'s forward on
+/// `img`×`img` inputs is measured at batches 1, 2, 4, ... and the largest batch up to
+/// `max_batch` that fits `budget` minus the margin is chosen, as [`plan`] does for training.
+pub fn plan_inference(
+    model: &YoloV9,
+    img: u32,
+    max_batch: usize,
+    budget: u64,
+    probe: &MemoryProbe,
+) -> Result<BudgetDecision> {
+    let device = model.device().clone();
+    let s = img as usize;
+    let d = search(
+        budget,
+        max_batch,
+        &device,
+        probe,
+        "one image",
+        img,
+        |b| -> Result<u64> {
+            probe.reset_peak();
+            let x = Tensor::rand(0f32, 1f32, (b, 3, s, s), &device)?;
+            let y = model.forward(&x)?;
+            let _ = y.sum_all()?.to_vec0::<f32>()?;
+            device.synchronize()?;
+            Ok(probe.peak_bytes())
+        },
+    );
+    probe.release_cached();
+    d
+}
+
+/// The search shared by [`plan`] and [`plan_inference`]: a warm-up, points at 1, 2, 4, ... (up
+/// to 4 on the CPU, 16 on a GPU, stopping at the first that exceeds the limit or runs out of
+/// memory), the fitted line, and a final measured check of the choice.
+fn search(
+    budget: u64,
+    max_batch: usize,
+    device: &Device,
+    probe: &MemoryProbe,
+    unit: &str,
+    img: u32,
+    mut step: impl FnMut(usize) -> Result<u64>,
+) -> Result<BudgetDecision> {
+    let limit = budget as f64 * (1.0 - MARGIN);
     let mut measure = |b: usize| -> Result<Option<u64>> {
-        match step_peak(&mut rig, req, b, device, probe) {
+        match step(b) {
             Ok(p) => Ok(Some(p)),
             Err(e) if is_oom(&e) => Ok(None),
             Err(e) => Err(e),
@@ -242,7 +302,7 @@ pub fn plan(req: &BudgetRequest, device: &Device, probe: &MemoryProbe) -> Result
     let _ = measure(1)?;
     let mut points = Vec::new();
     let mut b = 1;
-    while b <= req.max_batch.max(1) {
+    while b <= max_batch.max(1) {
         match measure(b)? {
             Some(peak) => {
                 points.push(BudgetPoint { batch: b, peak });
@@ -261,20 +321,17 @@ pub fn plan(req: &BudgetRequest, device: &Device, probe: &MemoryProbe) -> Result
         }
         b *= 2;
     }
-    let need1 = points.first().map(|p| p.peak);
-    match need1 {
+    match points.first().map(|p| p.peak) {
         None => bail!(
-            "--budget {}: out of memory already at a micro-batch of 1 at --img {}; \
+            "--budget {}: out of memory already with {unit} at --img {img}; \
              lower --img or free {} on this device",
-            fmt_size(req.budget),
-            req.img,
+            fmt_size(budget),
             probe.what()
         ),
         Some(p) if p as f64 > limit => bail!(
-            "--budget {} is too small: one training image at --img {} needs {} ({}), \
+            "--budget {} is too small: {unit} at --img {img} needs {} ({}), \
              and {:.0}% of the budget is kept as margin; raise --budget to at least {} or lower --img",
-            fmt_size(req.budget),
-            req.img,
+            fmt_size(budget),
             fmt_size(p),
             probe.what(),
             MARGIN * 100.0,
@@ -283,7 +340,7 @@ pub fn plan(req: &BudgetRequest, device: &Device, probe: &MemoryProbe) -> Result
         _ => {}
     }
     let fit = MemoryFit::fit(&points);
-    let mut micro = fit.largest_within(limit).clamp(1, req.max_batch.max(1));
+    let mut micro = fit.largest_within(limit).clamp(1, max_batch.max(1));
     // Check the choice with a real measurement, lowering it while it does not fit.
     let mut measured = 0;
     for _ in 0..4 {
@@ -310,11 +367,8 @@ pub fn plan(req: &BudgetRequest, device: &Device, probe: &MemoryProbe) -> Result
     }
     points.sort_by_key(|p| p.batch);
     points.dedup_by_key(|p| p.batch);
-    drop(rig);
-    device.synchronize()?;
-    probe.release_cached();
     Ok(BudgetDecision {
-        budget: req.budget,
+        budget,
         what: probe.what().to_string(),
         points,
         fit,
