@@ -47,7 +47,9 @@ fn horses_letterbox_matches_official_geometry_and_pixels() {
     assert_eq!(x.dims(), want.dims());
     let (mean, max) = level_diff(&x, want);
     println!("horses.jpg (our JPEG decoder + resize) vs oracle input: mean {mean:.3} levels, max {max:.0} levels");
-    assert!(mean < 2.0, "mean abs diff {mean} levels");
+    // libjpeg decoding is bit-exact with OpenCV's; only the resize may differ by one level.
+    assert!(max <= 1.0 + 1e-4, "max abs diff {max} levels");
+    assert!(mean < 0.05, "mean abs diff {mean} levels");
     // The grey border must be exactly 114 in all channels.
     let border = x
         .narrow(2, 0, 12)

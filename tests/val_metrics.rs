@@ -254,10 +254,10 @@ fn val_bccd_test_split_matches_official_table() {
     }
 }
 
-/// The JPEG decoder used by validation against OpenCV's `imread` (oracle `orig_bgr_u8` of
-/// horses.jpg): not bit-exact (different IDCT / chroma upsampling), but close.
+/// The JPEG decoder used by detect, train and validation against OpenCV's `imread` (oracle
+/// `orig_bgr_u8` of horses.jpg): libjpeg (mozjpeg) gives the same pixels, bit for bit.
 #[test]
-fn jpeg_decode_close_to_opencv() {
+fn jpeg_decode_equals_opencv() {
     let t = load("forward_horses.safetensors");
     let bgr: Vec<u8> = t["orig_bgr_u8"].flatten_all().unwrap().to_vec1().unwrap();
     let img = yolo9::data::image::load_rgb8(&common::reference("horses.jpg")).unwrap();
@@ -279,5 +279,5 @@ fn jpeg_decode_close_to_opencv() {
         sum / n,
         exact as f64 / n
     );
-    assert!(sum / n < 2.0, "mean abs diff {}", sum / n);
+    assert_eq!(max, 0, "mean abs diff {}", sum / n);
 }
