@@ -250,7 +250,8 @@ fn val_bccd_test_split_matches_official_table() {
         (t.map50, 0.866),
         (t.map50_95, 0.524),
     ] {
-        assert!((got - want).abs() <= 0.002, "got {got}, official {want}");
+        // The printed table (3 decimals) is the official one.
+        assert!((got - want).abs() < 0.0005, "got {got}, official {want}");
     }
 }
 
