@@ -203,14 +203,15 @@ fn a_stop_mid_accumulation_then_resume_ends_with_the_uninterrupted_weights() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-fn cli_args(dir: &Path, name: &str) -> Vec<String> {
+fn cli_args(dir: &Path, name: &str, epochs: usize) -> Vec<String> {
+    let epochs = epochs.to_string();
     let mut v: Vec<String> = vec![
         "train".into(),
         "--data".into(),
         dir.join("data.yaml").display().to_string(),
     ];
     for (k, val) in [
-        ("--epochs", "3"),
+        ("--epochs", epochs.as_str()),
         ("--img", "64"),
         ("--batch", "1"),
         ("--workers", "1"),
@@ -247,28 +248,79 @@ fn sigkill_at_a_random_moment_then_resume_gives_the_same_weights_and_sigterm_sav
     let dir = tmpdir("kill");
     let mut reference = options(&dir, "ref");
     reference.save_interval = 0.0;
+    reference.epochs = 6;
     let full = train(&reference).unwrap();
     let exe = env!("CARGO_BIN_EXE_yolo9");
 
-    // SIGKILL at a random moment after the first mid-epoch checkpoint.
-    let mut child = std::process::Command::new(exe)
-        .args(cli_args(&dir, "killed"))
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    // SIGKILL at random moments, five times in a row (each resumed run killed again), with a
+    // checkpoint written after every batch so kills also land inside checkpoint writes.
     let run = dir.join("runs/killed");
-    wait_for(&run.join("weights/state.safetensors"), &mut child);
-    let nanos = std::time::SystemTime::now()
+    let state = run.join("weights/state.safetensors");
+    let mut seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
-        .subsec_nanos();
-    let delay = (nanos % 3000) as u64;
-    eprintln!("killing after {delay} ms");
-    std::thread::sleep(std::time::Duration::from_millis(delay));
-    let _ = child.kill();
-    let _ = child.wait();
-    // Whatever instant it died at, the state file is complete and the run resumes.
+        .subsec_nanos() as u64;
+    let mut kills = 0;
+    let mut torn_writes = 0;
+    for round in 0..5 {
+        let args: Vec<String> = if round == 0 {
+            cli_args(&dir, "killed", 6)
+        } else {
+            vec!["train".into(), "--resume".into(), run.display().to_string()]
+        };
+        let mut child = std::process::Command::new(exe)
+            .args(&args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        if round == 0 {
+            wait_for(&state, &mut child);
+        }
+        let tmp_exists = || {
+            std::fs::read_dir(run.join("weights")).is_ok_and(|d| {
+                d.flatten()
+                    .any(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+            })
+        };
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let delay = 300 + (seed >> 33) % 2500;
+        if round % 2 == 1 {
+            // Odd rounds: kill the moment a checkpoint is being written.
+            let t0 = std::time::Instant::now();
+            while !tmp_exists()
+                && t0.elapsed().as_secs() < 60
+                && child.try_wait().unwrap().is_none()
+            {
+                std::thread::sleep(std::time::Duration::from_micros(200));
+            }
+        } else {
+            std::thread::sleep(std::time::Duration::from_millis(delay));
+        }
+        if child.try_wait().unwrap().is_some() {
+            break; // finished (or refused: finished run) before the kill
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        kills += 1;
+        // A temporary file left behind means the kill hit a checkpoint write (the next resume
+        // removes it).
+        torn_writes += tmp_exists() as usize;
+        eprintln!(
+            "round {round}: killed ({})",
+            if round % 2 == 1 {
+                "during a checkpoint write".to_string()
+            } else {
+                format!("after {delay} ms")
+            }
+        );
+    }
+    eprintln!("{kills} SIGKILLs, {torn_writes} inside a checkpoint write");
+    assert!(kills >= 5, "only {kills} kills landed");
+    assert!(torn_writes >= 1, "no kill landed inside a checkpoint write");
+    // Whatever instants it died at, the state file is complete and the run resumes to the end.
     let out = std::process::Command::new(exe)
         .args(["train", "--resume", &run.display().to_string()])
         .output()
@@ -276,7 +328,6 @@ fn sigkill_at_a_random_moment_then_resume_gives_the_same_weights_and_sigterm_sav
     let log =
         String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     if !out.status.success() {
-        // Killed after the last save of a finished run: resume says it is finished.
         assert!(log.contains("already finished"), "{log}");
     }
     let d = max_diff(&full.last, &run.join("weights/last.safetensors"));
@@ -284,7 +335,7 @@ fn sigkill_at_a_random_moment_then_resume_gives_the_same_weights_and_sigterm_sav
 
     // SIGTERM: the current batch finishes, the state is saved, the resume command printed, exit 0.
     let mut child = std::process::Command::new(exe)
-        .args(cli_args(&dir, "term"))
+        .args(cli_args(&dir, "term", 3))
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .spawn()

@@ -954,6 +954,16 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
     let wdir = run_dir.join("weights");
     std::fs::create_dir_all(&wdir)
         .with_context(|| format!("{}: cannot create the run folder", wdir.display()))?;
+    // Temporary files of a writer killed mid-checkpoint (the checkpoints themselves are intact).
+    if let Ok(entries) = std::fs::read_dir(&wdir) {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') && name.ends_with(".tmp") {
+                let _ = std::fs::remove_file(e.path());
+                println!("removed {name}, left by an interrupted checkpoint write");
+            }
+        }
+    }
     let args_json = serde_json::to_value(opts)?;
     if state.is_none() {
         std::fs::write(run_dir.join("args.yaml"), serde_yaml::to_string(opts)?)
