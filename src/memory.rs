@@ -4,7 +4,8 @@
 //! - **CPU**: the process resident set (Linux `/proc/self/status`: `VmRSS` now, `VmHWM` the
 //!   high-water mark, which [`MemoryProbe::reset_peak`] resets by writing `5` to
 //!   `/proc/self/clear_refs`); free = `MemAvailable` of `/proc/meminfo`. Where the reset is refused,
-//!   the peak is the process-lifetime high-water mark (never lower than the truth).
+//!   the peak is the process-lifetime high-water mark (never lower than the truth). Free heap
+//!   that malloc keeps is returned (`malloc_trim`) before a window starts, so it is not counted.
 //! - **CUDA** (`cuda` feature): the device's current stream-ordered memory pool, which candle's
 //!   allocations go through (`cuMemAllocAsync`): the peak is the pool's
 //!   `CU_MEMPOOL_ATTR_USED_MEM_HIGH` (reset by setting it to 0), in use is `USED_MEM_CURRENT`,
@@ -105,6 +106,9 @@ impl MemoryProbe {
     pub fn reset_peak(&self) {
         match &self.inner {
             Inner::Cpu => {
+                // Freed heap that malloc still holds would count as resident: give it back
+                // first, so the window starts from what is really in use.
+                trim_heap();
                 // Refused in some sandboxes; the peak then stays the lifetime high-water mark.
                 let _ = std::fs::write("/proc/self/clear_refs", "5");
             }
@@ -130,9 +134,12 @@ impl MemoryProbe {
     /// to what is in use; nothing on the CPU). Called after budget sizing, whose largest
     /// measured step would otherwise stay reserved for the whole run.
     pub fn release_cached(&self) {
-        #[cfg(feature = "cuda")]
-        if let Inner::Cuda(p) = &self.inner {
-            p.trim();
+        match &self.inner {
+            Inner::Cpu => trim_heap(),
+            #[cfg(feature = "cuda")]
+            Inner::Cuda(p) => p.trim(),
+            #[cfg(feature = "cuda")]
+            Inner::Unknown => {}
         }
     }
 
@@ -156,6 +163,15 @@ impl MemoryProbe {
             #[cfg(feature = "cuda")]
             Inner::Unknown => 0,
         }
+    }
+}
+
+/// Returns free heap memory to the operating system (glibc `malloc_trim`; nothing elsewhere).
+fn trim_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases memory that malloc itself holds free.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 
