@@ -146,7 +146,7 @@ impl MemoryProbe {
     /// Bytes in use now (RSS, or the pool's used memory).
     pub fn current_bytes(&self) -> u64 {
         match &self.inner {
-            Inner::Cpu => proc_status_kib("VmRSS:").unwrap_or(0) * 1024,
+            Inner::Cpu => process_rss_bytes(),
             #[cfg(feature = "cuda")]
             Inner::Cuda(p) => p.current(),
             #[cfg(feature = "cuda")]
@@ -173,6 +173,12 @@ fn trim_heap() {
     unsafe {
         libc::malloc_trim(0);
     }
+}
+
+/// Resident set size of this process in bytes (Linux `VmRSS`; 0 where unavailable), whatever
+/// device trains: the `rss` column of results.csv.
+pub fn process_rss_bytes() -> u64 {
+    proc_status_kib("VmRSS:").unwrap_or(0) * 1024
 }
 
 fn field_kib(text: &str, key: &str) -> Option<u64> {

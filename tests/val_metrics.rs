@@ -130,7 +130,8 @@ fn letterbox_and_mapping_back() {
     assert_eq!(b, [20.0, 20.0, 100.0, 60.0]);
 }
 
-fn two_test_images() -> Vec<ValImage> {
+/// The BCCD data config and its scanned test split.
+fn bccd_test_split() -> (yolo9::data::yaml::DataConfig, Vec<ValImage>) {
     let cfg =
         yolo9::data::yaml::DataConfig::load(&common::shared_dir().join("datasets/bccd/data.yaml"))
             .unwrap();
@@ -143,7 +144,12 @@ fn two_test_images() -> Vec<ValImage> {
         },
     )
     .unwrap();
-    let mut imgs = val_images(&scan);
+    let images = val_images(&scan);
+    (cfg, images)
+}
+
+fn two_test_images() -> Vec<ValImage> {
+    let (_, mut imgs) = bccd_test_split();
     imgs.sort_by(|a, b| a.path.cmp(&b.path));
     imgs.truncate(2);
     imgs
@@ -224,19 +230,7 @@ fn val_two_bccd_images_fused_vs_training_graph() {
 #[test]
 #[ignore]
 fn val_bccd_test_split_matches_official_table() {
-    let cfg =
-        yolo9::data::yaml::DataConfig::load(&common::shared_dir().join("datasets/bccd/data.yaml"))
-            .unwrap();
-    let scan = yolo9::data::scan::scan_split(
-        &cfg,
-        yolo9::data::yaml::Split::Test,
-        &yolo9::data::scan::ScanOptions {
-            use_cache: false,
-            print: false,
-        },
-    )
-    .unwrap();
-    let images = val_images(&scan);
+    let (cfg, images) = bccd_test_split();
     let w = yolo9::Weights::load(&common::reference("bccd-official-best.pt")).unwrap();
     let m = yolo9::model::yolov9::YoloV9::load(&w, &Device::Cpu).unwrap();
     let r = validate(ValModel::Infer(&m), &images, &ValConfig::default()).unwrap();

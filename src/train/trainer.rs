@@ -292,15 +292,6 @@ pub fn parse_device(s: &str) -> Result<Device> {
     crate::device::select(spec)
 }
 
-/// Resident set size of this process in bytes (Linux `/proc/self/statm`; 0 elsewhere).
-pub fn rss_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/statm")
-        .ok()
-        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
-        .map(|pages| pages * 4096)
-        .unwrap_or(0)
-}
-
 /// The `results.csv` header.
 pub const RESULTS_HEADER: &str = "epoch,train/box_loss,train/cls_loss,train/dfl_loss,metrics/precision,metrics/recall,metrics/mAP50,metrics/mAP50-95,val/box_loss,val/cls_loss,val/dfl_loss,lr/pg0,lr/pg1,lr/pg2,rss,peak_mem,skipped,nan_events,oom_events,micro";
 
@@ -1280,7 +1271,7 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
             metrics,
             val_loss,
             lr,
-            rss: rss_bytes(),
+            rss: crate::memory::process_rss_bytes(),
             peak_mem,
             skipped: pr.skipped,
             nan_events: pr.nan_events,
