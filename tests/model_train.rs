@@ -244,3 +244,99 @@ fn bad_inputs_are_errors_not_panics() {
     let x = Tensor::zeros((1, 3, 64, 64), DType::F64, &Device::Cpu).unwrap();
     assert!(m.forward(&x, false).is_err());
 }
+
+/// The fused train-mode BN + SiLU op against the composite of candle ops it replaces: outputs,
+/// input gradients and γ/β gradients, in f64 and f32, with and without SiLU.
+#[test]
+fn fused_bn_act_matches_composite_bn_in_value_and_gradient() {
+    let dev = Device::Cpu;
+    for dtype in [DType::F64, DType::F32] {
+        for silu in [true, false] {
+            let gamma =
+                Var::from_tensor(&(rand_f64(&[3], 4) + 1.5).unwrap().to_dtype(dtype).unwrap())
+                    .unwrap();
+            let beta = Var::from_tensor(&rand_f64(&[3], 5).to_dtype(dtype).unwrap()).unwrap();
+            // Channel offsets and scales unlike 0/1, as conv outputs have.
+            let shift = Tensor::new(&[0.5f64, -2.0, 7.0], &dev)
+                .unwrap()
+                .reshape((1, 3, 1, 1))
+                .unwrap();
+            let x0 = (rand_f64(&[2, 3, 5, 7], 6) * 3.0)
+                .unwrap()
+                .broadcast_add(&shift)
+                .unwrap();
+            let x = Var::from_tensor(&x0.to_dtype(dtype).unwrap()).unwrap();
+            let r = rand_f64(&[2, 3, 5, 7], 9).to_dtype(dtype).unwrap();
+            let bn_t = yolo9::model::conv::BatchNorm2d {
+                weight: gamma.as_tensor().clone(),
+                bias: beta.as_tensor().clone(),
+                running_mean: Var::from_tensor(&Tensor::zeros(3, dtype, &dev).unwrap()).unwrap(),
+                running_var: Var::from_tensor(&Tensor::ones(3, dtype, &dev).unwrap()).unwrap(),
+            };
+            let fused = bn_t.forward_act(x.as_tensor(), true, silu).unwrap();
+            let (comp, _, _) = bn_t.train_composite(x.as_tensor(), 70.0).unwrap();
+            let comp = if silu { comp.silu().unwrap() } else { comp };
+            let tol = if dtype == DType::F64 { 1e-12 } else { 2e-5 };
+            let dy = max_abs(&fused, &comp);
+            let grads = |y: &Tensor| {
+                let g = (y * &r).unwrap().sum_all().unwrap().backward().unwrap();
+                [x.as_tensor(), gamma.as_tensor(), beta.as_tensor()]
+                    .map(|t| g.get(t).expect("gradient reaches x, γ and β").clone())
+            };
+            let (gf, gc) = (grads(&fused), grads(&comp));
+            let errs: Vec<f64> = gf.iter().zip(&gc).map(|(a, b)| max_abs(a, b)).collect();
+            println!(
+                "{dtype:?} silu={silu}: y {dy:.1e}, dx {:.1e}, dγ {:.1e}, dβ {:.1e}",
+                errs[0], errs[1], errs[2]
+            );
+            assert!(dy <= tol, "{dtype:?} silu={silu}: forward differs by {dy}");
+            for (name, e) in ["dx", "dγ", "dβ"].iter().zip(&errs) {
+                assert!(
+                    *e <= tol * 10.0,
+                    "{dtype:?} silu={silu}: {name} differs by {e}"
+                );
+            }
+            // The running statistics of the fused path (momentum 0.03, unbiased variance).
+            let mean = x0
+                .mean_keepdim(3)
+                .unwrap()
+                .mean_keepdim(2)
+                .unwrap()
+                .mean_keepdim(0)
+                .unwrap();
+            let var_b = x0
+                .broadcast_sub(&mean)
+                .unwrap()
+                .sqr()
+                .unwrap()
+                .mean_keepdim(3)
+                .unwrap()
+                .mean_keepdim(2)
+                .unwrap()
+                .mean_keepdim(0)
+                .unwrap();
+            let want_rm = (mean.flatten_all().unwrap() * 0.03).unwrap();
+            let want_rv =
+                ((var_b.flatten_all().unwrap() * (70.0 / 69.0 * 0.03)).unwrap() + 0.97).unwrap();
+            let em = max_abs(bn_t.running_mean.as_tensor(), &want_rm);
+            let ev = max_abs(bn_t.running_var.as_tensor(), &want_rv);
+            assert!(
+                em <= tol * 10.0 && ev <= tol * 10.0,
+                "running stats err {em} {ev}"
+            );
+        }
+    }
+}
+
+/// An eval-mode forward of the training graph (validation during training) must not record an
+/// autograd graph: otherwise every activation of the batch stays alive until the outputs are
+/// dropped and validation needs training-sized memory.
+#[test]
+fn eval_forward_of_training_graph_records_no_autograd_graph() {
+    let m = YoloV9Train::new(None, 3, vec![], &Device::Cpu, 0).unwrap();
+    let x = Tensor::rand(0f32, 1f32, (1, 3, 64, 64), &Device::Cpu).unwrap();
+    let eval = m.forward(&x, false).unwrap();
+    assert!(eval.main.iter().chain(&eval.aux).all(|t| !t.track_op()));
+    let train = m.forward(&x, true).unwrap();
+    assert!(train.main.iter().chain(&train.aux).all(|t| t.track_op()));
+}

@@ -2,6 +2,7 @@
 //! folding for inference (official `utils/torch_utils.py::fuse_conv_and_bn`), and the plain
 //! biased `nn.Conv2d` used as the last layer of each head branch.
 
+use super::bn_act;
 use super::params::{BuildMode, Builder, Init, ParamGroup};
 use anyhow::{Context, Result};
 use candle_core::{DType, Tensor, Var};
@@ -37,44 +38,70 @@ impl BatchNorm2d {
     /// Eval mode: `(x - running_mean) / sqrt(running_var + eps) * γ + β`.
     /// x: (B, C, H, W) f32 → same shape.
     pub fn forward(&self, x: &Tensor, train: bool) -> Result<Tensor> {
+        self.forward_act(x, train, false)
+    }
+
+    /// [`Self::forward`] followed by SiLU when `silu`. In train mode on a device and dtype where
+    /// the fused op runs ([`bn_act::bn_act_supported`]: CPU f32/f64, CUDA f32) this is one
+    /// [`bn_act::bn_act_train`] op; elsewhere it is the composite of candle ops.
+    pub fn forward_act(&self, x: &Tensor, train: bool, silu: bool) -> Result<Tensor> {
         let c = self.weight.dim(0)?;
         let shape4 = (1, c, 1, 1);
-        if train {
-            let (b, _, h, w) = x.dims4()?;
-            let n = (b * h * w) as f64;
-            // Batch statistics: values accumulated in f64 (PyTorch's CPU/GPU reductions are far
-            // more accurate than a plain f32 sum over B·H·W elements, and the TAL assigner's
-            // CIoU^6 amplifies the difference), gradients through the f32 expressions:
-            // `v64 + (v32 - v32.detach())` has the value of `v64` and the gradient of `v32`.
-            let x64 = x.detach().to_dtype(DType::F64)?;
-            let mean64 = (channel_sum(&x64)? / n)?;
-            let var64 = (channel_sum(&x64.broadcast_sub(&mean64)?.sqr()?)? / n)?;
-            let mean32 = (channel_sum(x)? / n)?;
-            let mean = (mean64.to_dtype(x.dtype())? + (&mean32 - mean32.detach())?)?;
-            let xc = x.broadcast_sub(&mean)?;
-            let var32 = (channel_sum(&xc.sqr()?)? / n)?;
-            let var = (var64.to_dtype(x.dtype())? + (&var32 - var32.detach())?)?;
-            let inv = (var.clone() + BN_EPS)?.sqrt()?.recip()?;
-            let scale = inv.broadcast_mul(&self.weight.reshape(shape4)?)?;
-            let y = xc
-                .broadcast_mul(&scale)?
-                .broadcast_add(&self.bias.reshape(shape4)?)?;
-            // Running stats update (no gradient).
-            let mean_d = mean.detach().flatten_all()?;
-            let unbiased = if n > 1.0 { n / (n - 1.0) } else { 1.0 };
-            let var_d = (var.detach().flatten_all()? * unbiased)?;
-            let rm =
-                ((self.running_mean.as_tensor() * (1.0 - BN_MOMENTUM))? + (mean_d * BN_MOMENTUM)?)?;
-            let rv =
-                ((self.running_var.as_tensor() * (1.0 - BN_MOMENTUM))? + (var_d * BN_MOMENTUM)?)?;
-            self.running_mean.set(&rm)?;
-            self.running_var.set(&rv)?;
-            Ok(y)
-        } else {
+        if !train {
+            // Detached: evaluation records no autograd graph (see `Conv::forward`).
             let (scale, shift) = self.scale_shift()?;
-            Ok(x.broadcast_mul(&scale.reshape(shape4)?)?
-                .broadcast_add(&shift.reshape(shape4)?)?)
+            let (scale, shift) = (scale.detach(), shift.detach());
+            let y = x
+                .broadcast_mul(&scale.reshape(shape4)?)?
+                .broadcast_add(&shift.reshape(shape4)?)?;
+            return Ok(if silu { y.silu()? } else { y });
         }
+        let (b, _, h, w) = x.dims4()?;
+        let n = (b * h * w) as f64;
+        let (y, mean_d, var_d) = if bn_act::bn_act_supported(x.device(), x.dtype()) {
+            let stats = bn_act::channel_stats(x)?;
+            let y = bn_act::bn_act_train(x, &self.weight, &self.bias, &stats, BN_EPS, silu)?;
+            (y, stats.get(0)?, stats.get(1)?)
+        } else {
+            let (y, mean, var) = self.train_composite(x, n)?;
+            let y = if silu { y.silu()? } else { y };
+            (y, mean.detach().flatten_all()?, var.detach().flatten_all()?)
+        };
+        // Running stats update (no gradient).
+        let unbiased = if n > 1.0 { n / (n - 1.0) } else { 1.0 };
+        let var_d = (var_d * unbiased)?;
+        let rm =
+            ((self.running_mean.as_tensor() * (1.0 - BN_MOMENTUM))? + (mean_d * BN_MOMENTUM)?)?;
+        let rv = ((self.running_var.as_tensor() * (1.0 - BN_MOMENTUM))? + (var_d * BN_MOMENTUM)?)?;
+        self.running_mean.set(&rm)?;
+        self.running_var.set(&rv)?;
+        Ok(y)
+    }
+
+    /// Train-mode BN as a composite of candle ops (any dtype and device; `n` = B·H·W): returns
+    /// the normalized output (before any activation) and the batch mean and biased variance,
+    /// each (1, C, 1, 1). Running statistics are not touched. Used where the fused op does not
+    /// run, and by tests as the reference for it.
+    pub fn train_composite(&self, x: &Tensor, n: f64) -> Result<(Tensor, Tensor, Tensor)> {
+        let shape4 = (1, self.weight.dim(0)?, 1, 1);
+        // Batch statistics: values accumulated in f64 (PyTorch's CPU/GPU reductions are far
+        // more accurate than a plain f32 sum over B·H·W elements, and the TAL assigner's
+        // CIoU^6 amplifies the difference), gradients through the f32 expressions:
+        // `v64 + (v32 - v32.detach())` has the value of `v64` and the gradient of `v32`.
+        let x64 = x.detach().to_dtype(DType::F64)?;
+        let mean64 = (channel_sum(&x64)? / n)?;
+        let var64 = (channel_sum(&x64.broadcast_sub(&mean64)?.sqr()?)? / n)?;
+        let mean32 = (channel_sum(x)? / n)?;
+        let mean = (mean64.to_dtype(x.dtype())? + (&mean32 - mean32.detach())?)?;
+        let xc = x.broadcast_sub(&mean)?;
+        let var32 = (channel_sum(&xc.sqr()?)? / n)?;
+        let var = (var64.to_dtype(x.dtype())? + (&var32 - var32.detach())?)?;
+        let inv = (var.clone() + BN_EPS)?.sqrt()?.recip()?;
+        let scale = inv.broadcast_mul(&self.weight.reshape(shape4)?)?;
+        let y = xc
+            .broadcast_mul(&scale)?
+            .broadcast_add(&self.bias.reshape(shape4)?)?;
+        Ok((y, mean, var))
     }
 
     /// Eval-mode affine form `(γ/sqrt(var+eps), β - γ*mean/sqrt(var+eps))`, each (C,), computed
@@ -272,13 +299,26 @@ impl Conv {
     }
 
     /// x: (B, C_in, H, W) f32 → (B, C_out, H', W') with `H' = (H + 2p − k)/s + 1`.
+    ///
+    /// In eval mode (`train == false`) the parameters are used detached, so an evaluation of a
+    /// training graph (whose parameters are variables) records no autograd graph and frees each
+    /// activation as soon as the next layer has used it.
     pub fn forward(&self, x: &Tensor, train: bool) -> Result<Tensor> {
-        let mut y = conv2d_any(x, &self.weight, self.padding, self.stride, self.groups)?;
+        let w = if train {
+            self.weight.clone()
+        } else {
+            self.weight.detach()
+        };
+        let mut y = conv2d_any(x, &w, self.padding, self.stride, self.groups)?;
         if let Some(b) = &self.bias {
-            y = y.broadcast_add(b)?;
+            y = if train {
+                y.broadcast_add(b)?
+            } else {
+                y.broadcast_add(&b.detach())?
+            };
         }
         if let Some(bn) = &self.bn {
-            y = bn.forward(&y, train)?;
+            return bn.forward_act(&y, train, self.act);
         }
         if self.act {
             y = y.silu()?;

@@ -1,6 +1,7 @@
 //! The YOLOv9 model: layers, the YOLOv9-s graph (training and inference), head, weights.
 //!
 //! - [`conv`]: `Conv` (conv + BN + SiLU), BN folding, train/eval BatchNorm.
+//! - [`bn_act`]: train-mode BatchNorm fused with SiLU (custom op with closed-form backward).
 //! - [`blocks`]: `RepConvN`, `RepNBottleneck`, `RepNCSP`, `RepNCSPELAN4`, `ELAN1`, `AConv`, `SPPELAN`.
 //! - [`pool`]: PyTorch-exact, differentiable avg/max pooling and nearest upsampling.
 //! - [`head`]: `DDetect` branch, DFL, anchors, decode.
@@ -9,6 +10,7 @@
 //! - [`weights`]: safetensors I/O.
 
 pub mod blocks;
+pub mod bn_act;
 pub mod conv;
 pub mod head;
 pub mod params;

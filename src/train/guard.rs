@@ -117,17 +117,16 @@ impl Faults {
 
 /// True when every element of every tensor is finite (no NaN, no ±Inf).
 pub fn all_finite<'a>(tensors: impl IntoIterator<Item = &'a Tensor>) -> Result<bool> {
+    // 0·x is 0 for finite x and NaN for NaN/±Inf; the sums keep any NaN. One read back for all.
+    let mut sums = Vec::new();
     for t in tensors {
-        // 0·x is 0 for finite x and NaN for NaN/±Inf; the sum keeps any NaN.
-        let s = (t * 0.0)?
-            .sum_all()?
-            .to_dtype(candle_core::DType::F32)?
-            .to_scalar::<f32>()?;
-        if !s.is_finite() {
-            return Ok(false);
-        }
+        sums.push((t * 0.0)?.sum_all()?.to_dtype(candle_core::DType::F32)?);
     }
-    Ok(true)
+    if sums.is_empty() {
+        return Ok(true);
+    }
+    let s = Tensor::stack(&sums, 0)?.sum_all()?.to_scalar::<f32>()?;
+    Ok(s.is_finite())
 }
 
 /// A copy of the trainable state (parameters, BN statistics, optimizer momentum, EMA), on the

@@ -109,16 +109,18 @@ impl Sgd {
 
     /// Global L2 norm of all gradients present in `grads` (as `torch.nn.utils.clip_grad_norm_`).
     pub fn grad_norm(&self, grads: &GradStore) -> Result<f64> {
-        let mut total = 0f64;
+        // Per-tensor sums of squares (f32 reductions, as PyTorch's per-tensor norms), added in
+        // f64 on the device; one read back instead of one synchronisation per parameter.
+        let mut sums = Vec::with_capacity(self.params.len());
         for p in &self.params {
             if let Some(g) = grads.get(p.var.as_tensor()) {
-                total += g
-                    .sqr()?
-                    .sum_all()?
-                    .to_dtype(DType::F64)?
-                    .to_scalar::<f64>()?;
+                sums.push(g.sqr()?.sum_all()?.to_dtype(DType::F64)?);
             }
         }
+        if sums.is_empty() {
+            return Ok(0.0);
+        }
+        let total = Tensor::stack(&sums, 0)?.sum_all()?.to_scalar::<f64>()?;
         Ok(total.sqrt())
     }
 

@@ -1,0 +1,161 @@
+// Train-mode BatchNorm2d fused with SiLU: statistics, forward, and the two backward passes.
+// f32 tensors in NCHW layout (contiguous); per-channel sums are accumulated in f64.
+// Rust side: src/cuda/bn_act.rs (launch code), src/model/bn_act.rs (the candle ops and the
+// CPU version these kernels must match).
+//
+// Parameter block p (row-major, C columns):
+//   rows 0..4: gamma, beta, mean, biased var  (forward and gradient sums)
+//   rows 4..6: sum(g), sum(g * xhat)          (input gradient only)
+// with z = (x - mean) * (inv * gamma) + beta, inv = 1 / sqrt(var + eps),
+// y = silu ? z / (1 + exp(-z)) : z, and g = dL/dz.
+//
+// Reductions run as grid (C, S): block (c, s) reduces elements [s*chunk, (s+1)*chunk) of the
+// channel's N*HW values (element j = n*HW + i) and writes its two partial sums to
+// part[(2*s + k) * C + c]; a second kernel adds the S partials of each channel in order, so the
+// result does not depend on scheduling.
+
+#define BLOCK 256
+
+__device__ __forceinline__ double block_sum(double v, double* shared) {
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_down_sync(0xffffffffu, v, off);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) shared[warp] = v;
+    __syncthreads();
+    v = (threadIdx.x < (BLOCK / 32)) ? shared[threadIdx.x] : 0.0;
+    if (warp == 0) {
+        for (int off = 16; off > 0; off >>= 1) v += __shfl_down_sync(0xffffffffu, v, off);
+    }
+    __syncthreads();
+    return v;
+}
+
+struct Chan {
+    float mean, inv, scale, beta;
+};
+
+__device__ __forceinline__ Chan chan(const float* p, int C, int c, float eps) {
+    Chan k;
+    const float g = p[c], b = p[C + c], m = p[2 * C + c], v = p[3 * C + c];
+    k.mean = m;
+    k.inv = 1.0f / sqrtf(v + eps);
+    k.scale = k.inv * g;
+    k.beta = b;
+    return k;
+}
+
+__device__ __forceinline__ float silu_grad(float z) {
+    const float s = 1.0f / (1.0f + expf(-z));
+    return s * (1.0f + z * (1.0f - s));
+}
+
+// part (2*S, C): sum(x), sum(x*x).
+extern "C" __global__ void bn_stats_partial(const float* __restrict__ x, double* __restrict__ part,
+                                            int N, int C, int HW, long long chunk) {
+    __shared__ double sh[BLOCK / 32];
+    const int c = blockIdx.x, s = blockIdx.y;
+    const long long total = (long long)N * HW;
+    const long long start = (long long)s * chunk;
+    const long long end = min(start + chunk, total);
+    double a = 0.0, b = 0.0;
+    for (long long j = start + threadIdx.x; j < end; j += BLOCK) {
+        const long long n = j / HW, i = j - n * HW;
+        const double v = (double)x[(n * C + c) * HW + i];
+        a += v;
+        b += v * v;
+    }
+    a = block_sum(a, sh);
+    b = block_sum(b, sh);
+    if (threadIdx.x == 0) {
+        part[(2 * (long long)s) * C + c] = a;
+        part[(2 * (long long)s + 1) * C + c] = b;
+    }
+}
+
+// out (2, C): mean, biased variance.
+extern "C" __global__ void bn_stats_final(const double* __restrict__ part, int S, int C, double m,
+                                          float* __restrict__ out) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    double a = 0.0, b = 0.0;
+    for (int s = 0; s < S; ++s) {
+        a += part[(2 * (long long)s) * C + c];
+        b += part[(2 * (long long)s + 1) * C + c];
+    }
+    const double mean = a / m;
+    const double var = b / m - mean * mean;
+    out[c] = (float)mean;
+    out[C + c] = (float)(var > 0.0 ? var : 0.0);
+}
+
+extern "C" __global__ void bn_act_fwd(const float* __restrict__ x, const float* __restrict__ p,
+                                      float* __restrict__ y, long long total, int C, int HW,
+                                      float eps, int silu) {
+    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
+         idx += (long long)gridDim.x * blockDim.x) {
+        const int c = (int)((idx / HW) % C);
+        const Chan k = chan(p, C, c, eps);
+        const float z = (x[idx] - k.mean) * k.scale + k.beta;
+        y[idx] = silu ? z / (1.0f + expf(-z)) : z;
+    }
+}
+
+// part (2*S, C): sum(g), sum(g * xhat).
+extern "C" __global__ void bn_grad_partial(const float* __restrict__ x,
+                                           const float* __restrict__ dy,
+                                           const float* __restrict__ p, double* __restrict__ part,
+                                           int N, int C, int HW, long long chunk, float eps,
+                                           int silu) {
+    __shared__ double sh[BLOCK / 32];
+    const int c = blockIdx.x, s = blockIdx.y;
+    const Chan k = chan(p, C, c, eps);
+    const long long total = (long long)N * HW;
+    const long long start = (long long)s * chunk;
+    const long long end = min(start + chunk, total);
+    double a = 0.0, b = 0.0;
+    for (long long j = start + threadIdx.x; j < end; j += BLOCK) {
+        const long long n = j / HW, i = j - n * HW;
+        const long long e = (n * C + c) * HW + i;
+        const float xv = x[e];
+        float g = dy[e];
+        if (silu) g *= silu_grad((xv - k.mean) * k.scale + k.beta);
+        const float xhat = (xv - k.mean) * k.inv;
+        a += (double)g;
+        b += (double)g * (double)xhat;
+    }
+    a = block_sum(a, sh);
+    b = block_sum(b, sh);
+    if (threadIdx.x == 0) {
+        part[(2 * (long long)s) * C + c] = a;
+        part[(2 * (long long)s + 1) * C + c] = b;
+    }
+}
+
+// out (2, C): the partial sums added in order, as f32.
+extern "C" __global__ void bn_sums_final(const double* __restrict__ part, int S, int C,
+                                         float* __restrict__ out) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    double a = 0.0, b = 0.0;
+    for (int s = 0; s < S; ++s) {
+        a += part[(2 * (long long)s) * C + c];
+        b += part[(2 * (long long)s + 1) * C + c];
+    }
+    out[c] = (float)a;
+    out[C + c] = (float)b;
+}
+
+extern "C" __global__ void bn_act_dx(const float* __restrict__ x, const float* __restrict__ dy,
+                                     const float* __restrict__ q, float* __restrict__ dx,
+                                     long long total, int C, int HW, float m, float eps, int silu) {
+    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
+         idx += (long long)gridDim.x * blockDim.x) {
+        const int c = (int)((idx / HW) % C);
+        const Chan k = chan(q, C, c, eps);
+        const float xv = x[idx];
+        float g = dy[idx];
+        if (silu) g *= silu_grad((xv - k.mean) * k.scale + k.beta);
+        const float xhat = (xv - k.mean) * k.inv;
+        const float mg = q[4 * C + c] / m, mgx = q[5 * C + c] / m;
+        dx[idx] = (g - mg - xhat * mgx) * k.scale;
+    }
+}

@@ -1,0 +1,216 @@
+//! CUDA launches of the fused train-mode BN + SiLU kernels (`kernels/bn_act.cu`, compiled to PTX
+//! by `build.rs`) for the candle ops of [`crate::model::bn_act`]. f32 only; every input must be
+//! contiguous. Reductions are deterministic (fixed partial-sum order, no atomics).
+
+use crate::model::bn_act::{geometry, params_range, BnAct};
+use candle_core::backend::BackendStorage;
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::WrapErr;
+use candle_core::{CudaDevice, CudaStorage, DType, Error, Layout, Result, Shape};
+
+/// The PTX of `kernels/bn_act.cu`.
+const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/bn_act.ptx"));
+/// Module name under which candle caches the loaded PTX.
+const MODULE: &str = "yolo9_bn_act";
+/// Threads per block (must equal `BLOCK` in the .cu file).
+const BLOCK: u32 = 256;
+/// Target number of reduction blocks per launch (about 8 per SM on an H200).
+const TARGET_BLOCKS: usize = 1024;
+/// Fewest elements a reduction block handles.
+const MIN_CHUNK: usize = 2048;
+
+fn err(msg: impl std::fmt::Display) -> Error {
+    Error::Msg(format!("bn_act (CUDA): {msg}"))
+}
+
+fn f32_view<'a>(
+    s: &'a CudaStorage,
+    (a, b): (usize, usize),
+    what: &str,
+) -> Result<CudaView<'a, f32>> {
+    if s.dtype() != DType::F32 {
+        return Err(err(format!(
+            "{what} is {:?}, only f32 is supported",
+            s.dtype()
+        )));
+    }
+    s.as_cuda_slice::<f32>()?
+        .try_slice(a..b)
+        .ok_or_else(|| err(format!("{what} storage is shorter than its layout")))
+}
+
+fn i32_of(v: usize, what: &str) -> Result<i32> {
+    i32::try_from(v).map_err(|_| err(format!("{what} = {v} does not fit in i32")))
+}
+
+/// Splits a channel's `m` elements into `s` chunks of `chunk` for a (C, S) reduction grid.
+fn split(c: usize, m: usize) -> (usize, usize) {
+    let want = TARGET_BLOCKS.div_ceil(c.max(1)).max(1);
+    let most = m.div_ceil(MIN_CHUNK).max(1);
+    let s = want.min(most);
+    let chunk = m.div_ceil(s);
+    (m.div_ceil(chunk), chunk)
+}
+
+fn elementwise_cfg(total: usize) -> LaunchConfig {
+    let blocks = total.div_ceil(BLOCK as usize).clamp(1, 65_535 * 8) as u32;
+    LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+fn final_cfg(c: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (c.div_ceil(BLOCK as usize) as u32, 1, 1),
+        block_dim: (BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+fn wrap(dev: &CudaDevice, s: CudaSlice<f32>, shape: Shape) -> (CudaStorage, Shape) {
+    (CudaStorage::wrap_cuda_slice(s, dev.clone()), shape)
+}
+
+/// [`crate::model::bn_act::ChannelStats`]: x (N, C, H, W) → (2, C) [mean; biased var].
+pub fn stats(s: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
+    let ((n, c, hw), r) = geometry(l, "x")?;
+    let x = f32_view(s, r, "x")?;
+    let dev = s.device().clone();
+    let m = n * hw;
+    let (parts, chunk) = split(c, m);
+    let mut part = unsafe { dev.alloc::<f64>(2 * parts * c)? };
+    let mut out = unsafe { dev.alloc::<f32>(2 * c)? };
+    let (n_, c_, hw_, s_) = (
+        i32_of(n, "N")?,
+        i32_of(c, "C")?,
+        i32_of(hw, "H*W")?,
+        i32_of(parts, "S")?,
+    );
+    let chunk_ = chunk as i64;
+    let f = dev.get_or_load_custom_func("bn_stats_partial", MODULE, PTX)?;
+    let mut b = f.builder();
+    b.arg(&x)
+        .arg(&mut part)
+        .arg(&n_)
+        .arg(&c_)
+        .arg(&hw_)
+        .arg(&chunk_);
+    let cfg = LaunchConfig {
+        grid_dim: (c as u32, parts as u32, 1),
+        block_dim: (BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    unsafe { b.launch(cfg) }.w()?;
+    let mf = m as f64;
+    let f = dev.get_or_load_custom_func("bn_stats_final", MODULE, PTX)?;
+    let mut b = f.builder();
+    b.arg(&part).arg(&s_).arg(&c_).arg(&mf).arg(&mut out);
+    unsafe { b.launch(final_cfg(c)) }.w()?;
+    Ok(wrap(&dev, out, Shape::from((2, c))))
+}
+
+/// [`BnAct`] forward: x (N, C, H, W), p (4, C) → y (N, C, H, W).
+pub fn forward(
+    op: BnAct,
+    s1: &CudaStorage,
+    l1: &Layout,
+    s2: &CudaStorage,
+    l2: &Layout,
+) -> Result<(CudaStorage, Shape)> {
+    let ((n, c, hw), r) = geometry(l1, "x")?;
+    let x = f32_view(s1, r, "x")?;
+    let p = f32_view(s2, params_range(l2, 4, c, "p")?, "p")?;
+    let dev = s1.device().clone();
+    let total = n * c * hw;
+    let mut y = unsafe { dev.alloc::<f32>(total)? };
+    let (total_, c_, hw_) = (total as i64, i32_of(c, "C")?, i32_of(hw, "H*W")?);
+    let (eps, silu) = (op.eps as f32, op.silu as i32);
+    let f = dev.get_or_load_custom_func("bn_act_fwd", MODULE, PTX)?;
+    let mut b = f.builder();
+    b.arg(&x)
+        .arg(&p)
+        .arg(&mut y)
+        .arg(&total_)
+        .arg(&c_)
+        .arg(&hw_);
+    b.arg(&eps).arg(&silu);
+    unsafe { b.launch(elementwise_cfg(total)) }.w()?;
+    Ok(wrap(&dev, y, l1.shape().clone()))
+}
+
+type Arg<'a> = (&'a CudaStorage, &'a Layout);
+
+/// Checks the (x, dy) pair of a backward op and returns their geometry and views.
+fn x_dy<'a>(
+    (s1, l1): Arg<'a>,
+    (s2, l2): Arg<'a>,
+) -> Result<((usize, usize, usize), CudaView<'a, f32>, CudaView<'a, f32>)> {
+    let (g, r1) = geometry(l1, "x")?;
+    let (g2, r2) = geometry(l2, "dy")?;
+    if g != g2 {
+        return Err(err("x and dy shapes differ"));
+    }
+    Ok((g, f32_view(s1, r1, "x")?, f32_view(s2, r2, "dy")?))
+}
+
+/// [`crate::model::bn_act::BnActGradSums`]: (x, dy, p (4, C)) → (2, C) [Σg; Σg·x̂].
+pub fn grad_sums(op: BnAct, a1: Arg, a2: Arg, a3: Arg) -> Result<(CudaStorage, Shape)> {
+    let ((n, c, hw), x, dy) = x_dy(a1, a2)?;
+    let p = f32_view(a3.0, params_range(a3.1, 4, c, "p")?, "p")?;
+    let dev = a1.0.device().clone();
+    let (parts, chunk) = split(c, n * hw);
+    let mut part = unsafe { dev.alloc::<f64>(2 * parts * c)? };
+    let mut out = unsafe { dev.alloc::<f32>(2 * c)? };
+    let (n_, c_, hw_, s_) = (
+        i32_of(n, "N")?,
+        i32_of(c, "C")?,
+        i32_of(hw, "H*W")?,
+        i32_of(parts, "S")?,
+    );
+    let (chunk_, eps, silu) = (chunk as i64, op.eps as f32, op.silu as i32);
+    let f = dev.get_or_load_custom_func("bn_grad_partial", MODULE, PTX)?;
+    let mut b = f.builder();
+    b.arg(&x).arg(&dy).arg(&p).arg(&mut part);
+    b.arg(&n_)
+        .arg(&c_)
+        .arg(&hw_)
+        .arg(&chunk_)
+        .arg(&eps)
+        .arg(&silu);
+    let cfg = LaunchConfig {
+        grid_dim: (c as u32, parts as u32, 1),
+        block_dim: (BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    unsafe { b.launch(cfg) }.w()?;
+    let f = dev.get_or_load_custom_func("bn_sums_final", MODULE, PTX)?;
+    let mut b = f.builder();
+    b.arg(&part).arg(&s_).arg(&c_).arg(&mut out);
+    unsafe { b.launch(final_cfg(c)) }.w()?;
+    Ok(wrap(&dev, out, Shape::from((2, c))))
+}
+
+/// [`crate::model::bn_act::BnActGradInput`]: (x, dy, q (6, C)) → dx (N, C, H, W).
+pub fn grad_input(op: BnAct, a1: Arg, a2: Arg, a3: Arg) -> Result<(CudaStorage, Shape)> {
+    let ((n, c, hw), x, dy) = x_dy(a1, a2)?;
+    let q = f32_view(a3.0, params_range(a3.1, 6, c, "q")?, "q")?;
+    let dev = a1.0.device().clone();
+    let total = n * c * hw;
+    let mut dx = unsafe { dev.alloc::<f32>(total)? };
+    let (total_, c_, hw_) = (total as i64, i32_of(c, "C")?, i32_of(hw, "H*W")?);
+    let (m, eps, silu) = ((n * hw) as f32, op.eps as f32, op.silu as i32);
+    let f = dev.get_or_load_custom_func("bn_act_dx", MODULE, PTX)?;
+    let mut b = f.builder();
+    b.arg(&x)
+        .arg(&dy)
+        .arg(&q)
+        .arg(&mut dx)
+        .arg(&total_)
+        .arg(&c_)
+        .arg(&hw_);
+    b.arg(&m).arg(&eps).arg(&silu);
+    unsafe { b.launch(elementwise_cfg(total)) }.w()?;
+    Ok(wrap(&dev, dx, a1.1.shape().clone()))
+}

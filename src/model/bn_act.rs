@@ -1,0 +1,535 @@
+//! Train-mode BatchNorm2d fused with the optional SiLU that follows it, as candle custom ops with
+//! a closed-form backward pass.
+//!
+//! `y = act((x − μ) · γ/√(σ² + ε) + β)` where μ and σ² (biased) are the per-channel statistics of
+//! `x` over (N, H, W) and `act` is SiLU or the identity. The composite form (mean, subtract,
+//! square, mean, …, SiLU as separate candle ops) keeps about eight activation-sized tensors per
+//! layer for autograd and makes ~40 passes over memory per layer forward + backward; this op keeps
+//! only its input `x` and makes 2 passes forward and 2 backward.
+//!
+//! The backward pass is the standard batch-norm gradient (PyTorch `batch_norm_backward`, and
+//! Ioffe & Szegedy 2015, §3): with `g = dL/dz` (`z` the BN output before the activation) and
+//! `x̂ = (x − μ)/√(σ² + ε)`,
+//! `dβ = Σg`, `dγ = Σg·x̂`, `dx = γ/√(σ² + ε) · (g − dβ/M − x̂·dγ/M)` with `M = N·H·W`.
+//!
+//! Sums over a channel are accumulated in f64 on every device (as PyTorch's CPU kernels do), so a
+//! reduction over 10⁵–10⁶ elements stays exact to f32 precision. On the CPU every op runs for f32
+//! and f64 (rayon over channels); on CUDA (feature `cuda`) for f32 through the kernels in
+//! `kernels/bn_act.cu` ([`crate::cuda::bn_act`]). [`bn_act_supported`] says where the fused op runs;
+//! the caller keeps a composite path for everything else (e.g. bf16 on CUDA).
+
+use candle_core::backend::BackendStorage;
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Result, Shape};
+use candle_core::{Device, Tensor};
+use rayon::prelude::*;
+
+/// Whether [`channel_stats`] and [`bn_act_train`] run for tensors of this dtype on this device.
+pub fn bn_act_supported(dev: &Device, dtype: DType) -> bool {
+    match dev {
+        Device::Cpu => matches!(dtype, DType::F32 | DType::F64),
+        #[cfg(feature = "cuda")]
+        Device::Cuda(_) => dtype == DType::F32,
+        _ => false,
+    }
+}
+
+/// Per-channel batch statistics of `x` (N, C, H, W): returns (2, C) of x's dtype, row 0 the mean
+/// and row 1 the **biased** variance `E[x²] − E[x]²` over the N·H·W elements of each channel
+/// (accumulated in f64). Not differentiable; see [`bn_act_train`] for the gradient through them.
+///
+/// Errors: `x` not 4-D or not contiguous, an unsupported device/dtype ([`bn_act_supported`]).
+pub fn channel_stats(x: &Tensor) -> Result<Tensor> {
+    x.dims4()?;
+    x.contiguous()?.apply_op1_no_bwd(&ChannelStats)
+}
+
+/// Train-mode BN + activation: `x` (N, C, H, W), `gamma`/`beta` (C,), `stats` (2, C) from
+/// [`channel_stats`] of the same `x`; returns `act((x − μ)·γ/√(σ² + ε) + β)` with `act` SiLU when
+/// `silu`, else the identity. Differentiable in `x` (including through μ and σ²), `gamma` and
+/// `beta`.
+pub fn bn_act_train(
+    x: &Tensor,
+    gamma: &Tensor,
+    beta: &Tensor,
+    stats: &Tensor,
+    eps: f64,
+    silu: bool,
+) -> Result<Tensor> {
+    let (_, c, _, _) = x.dims4()?;
+    let p = Tensor::cat(
+        &[
+            &gamma.reshape((1, c))?,
+            &beta.reshape((1, c))?,
+            &stats.detach(),
+        ],
+        0,
+    )?;
+    x.contiguous()?.apply_op2(&p, BnAct { eps, silu })
+}
+
+/// Statistics op (see [`channel_stats`]).
+#[derive(Debug, Clone, Copy)]
+pub struct ChannelStats;
+
+/// Fused forward op: args `x` (N, C, H, W) and `p` (4, C) = [γ; β; μ; σ²] → `y` like `x`.
+#[derive(Debug, Clone, Copy)]
+pub struct BnAct {
+    /// ε added to σ².
+    pub eps: f64,
+    /// Apply SiLU after the affine BN.
+    pub silu: bool,
+}
+
+/// Backward reduction op: args `x`, `dy` (N, C, H, W) and `p` (4, C) → (2, C) = [Σg; Σg·x̂].
+#[derive(Debug, Clone, Copy)]
+pub struct BnActGradSums(pub BnAct);
+
+/// Backward input-gradient op: args `x`, `dy` and `q` (6, C) = [γ; β; μ; σ²; Σg; Σg·x̂] → `dx`.
+#[derive(Debug, Clone, Copy)]
+pub struct BnActGradInput(pub BnAct);
+
+fn bail(msg: String) -> candle_core::Error {
+    candle_core::Error::Msg(msg)
+}
+
+/// (N, C, H·W) of a contiguous 4-D layout, and the element range it covers in its storage.
+pub(crate) fn geometry(l: &Layout, what: &str) -> Result<((usize, usize, usize), (usize, usize))> {
+    let (n, c, h, w) = l.shape().dims4()?;
+    let range = l
+        .contiguous_offsets()
+        .ok_or_else(|| bail(format!("bn_act: {what} is not contiguous")))?;
+    Ok(((n, c, h * w), range))
+}
+
+/// The (rows, C) parameter block of a contiguous 2-D layout.
+pub(crate) fn params_range(
+    l: &Layout,
+    rows: usize,
+    c: usize,
+    what: &str,
+) -> Result<(usize, usize)> {
+    if l.shape().dims() != [rows, c] {
+        return Err(bail(format!(
+            "bn_act: {what} has shape {:?}, expected [{rows}, {c}]",
+            l.shape().dims()
+        )));
+    }
+    l.contiguous_offsets()
+        .ok_or_else(|| bail(format!("bn_act: {what} is not contiguous")))
+}
+
+/// Float types of the CPU kernels.
+trait Float: Copy + Send + Sync + 'static {
+    fn to64(self) -> f64;
+    fn of64(v: f64) -> Self;
+    fn exp_neg(self) -> Self;
+    fn sqrt_(self) -> Self;
+    fn one() -> Self;
+    fn add(self, o: Self) -> Self;
+    fn sub(self, o: Self) -> Self;
+    fn mul(self, o: Self) -> Self;
+    fn div(self, o: Self) -> Self;
+}
+
+macro_rules! float_impl {
+    ($t:ty) => {
+        impl Float for $t {
+            fn to64(self) -> f64 {
+                self as f64
+            }
+            fn of64(v: f64) -> Self {
+                v as $t
+            }
+            fn exp_neg(self) -> Self {
+                (-self).exp()
+            }
+            fn sqrt_(self) -> Self {
+                self.sqrt()
+            }
+            fn one() -> Self {
+                1.0
+            }
+            fn add(self, o: Self) -> Self {
+                self + o
+            }
+            fn sub(self, o: Self) -> Self {
+                self - o
+            }
+            fn mul(self, o: Self) -> Self {
+                self * o
+            }
+            fn div(self, o: Self) -> Self {
+                self / o
+            }
+        }
+    };
+}
+float_impl!(f32);
+float_impl!(f64);
+
+/// Per-channel constants of the forward map `z = x·scale + shift` in the element type, computed
+/// in the order of the composite BN (`inv = 1/√(σ²+ε)`, `scale = inv·γ`, `z = (x − μ)·scale + β`).
+#[derive(Clone, Copy)]
+struct ChanConst<T> {
+    mean: T,
+    inv: T,
+    scale: T,
+    beta: T,
+}
+
+fn chan_consts<T: Float>(p: &[T], c: usize, eps: f64) -> Vec<ChanConst<T>> {
+    (0..c)
+        .map(|ch| {
+            let (g, b, m, v) = (p[ch], p[c + ch], p[2 * c + ch], p[3 * c + ch]);
+            let inv = T::one().div(v.add(T::of64(eps)).sqrt_());
+            ChanConst {
+                mean: m,
+                inv,
+                scale: inv.mul(g),
+                beta: b,
+            }
+        })
+        .collect()
+}
+
+/// SiLU `z/(1 + e^{−z})` (candle's formula) and its derivative `s·(1 + z·(1 − s))`.
+fn silu<T: Float>(z: T) -> T {
+    z.div(T::one().add(z.exp_neg()))
+}
+
+fn silu_grad<T: Float>(z: T) -> T {
+    let s = T::one().div(T::one().add(z.exp_neg()));
+    s.mul(T::one().add(z.mul(T::one().sub(s))))
+}
+
+fn cpu_stats<T: Float>(x: &[T], (n, c, hw): (usize, usize, usize)) -> Vec<T> {
+    let m = (n * hw) as f64;
+    let per: Vec<(f64, f64)> = (0..c)
+        .into_par_iter()
+        .map(|ch| {
+            let (mut s, mut q) = (0f64, 0f64);
+            for ni in 0..n {
+                let base = (ni * c + ch) * hw;
+                for &v in &x[base..base + hw] {
+                    let v = v.to64();
+                    s += v;
+                    q += v * v;
+                }
+            }
+            let mean = s / m;
+            (mean, (q / m - mean * mean).max(0.0))
+        })
+        .collect();
+    let mut out: Vec<T> = per.iter().map(|p| T::of64(p.0)).collect();
+    out.extend(per.iter().map(|p| T::of64(p.1)));
+    out
+}
+
+fn cpu_fwd<T: Float>(x: &[T], p: &[T], (_, c, hw): (usize, usize, usize), op: BnAct) -> Vec<T> {
+    let k = chan_consts(p, c, op.eps);
+    let mut y = x.to_vec();
+    y.par_chunks_mut(hw).enumerate().for_each(|(plane, ys)| {
+        let k = k[plane % c];
+        for v in ys.iter_mut() {
+            let z = v.sub(k.mean).mul(k.scale).add(k.beta);
+            *v = if op.silu { silu(z) } else { z };
+        }
+    });
+    y
+}
+
+/// `g = dy·act'(z)` of one element.
+fn grad_pre<T: Float>(x: T, dy: T, k: &ChanConst<T>, silu: bool) -> T {
+    if silu {
+        let z = x.sub(k.mean).mul(k.scale).add(k.beta);
+        dy.mul(silu_grad(z))
+    } else {
+        dy
+    }
+}
+
+fn cpu_grad_sums<T: Float>(
+    x: &[T],
+    dy: &[T],
+    p: &[T],
+    (n, c, hw): (usize, usize, usize),
+    op: BnAct,
+) -> Vec<T> {
+    let k = chan_consts(p, c, op.eps);
+    let per: Vec<(f64, f64)> = (0..c)
+        .into_par_iter()
+        .map(|ch| {
+            let kc = &k[ch];
+            let (mut sg, mut sgx) = (0f64, 0f64);
+            for ni in 0..n {
+                let base = (ni * c + ch) * hw;
+                for i in base..base + hw {
+                    let g = grad_pre(x[i], dy[i], kc, op.silu).to64();
+                    let xhat = x[i].sub(kc.mean).mul(kc.inv).to64();
+                    sg += g;
+                    sgx += g * xhat;
+                }
+            }
+            (sg, sgx)
+        })
+        .collect();
+    let mut out: Vec<T> = per.iter().map(|p| T::of64(p.0)).collect();
+    out.extend(per.iter().map(|p| T::of64(p.1)));
+    out
+}
+
+fn cpu_grad_input<T: Float>(
+    x: &[T],
+    dy: &[T],
+    q: &[T],
+    (n, c, hw): (usize, usize, usize),
+    op: BnAct,
+) -> Vec<T> {
+    let k = chan_consts(q, c, op.eps);
+    let m = T::of64((n * hw) as f64);
+    let mut dx = vec![T::of64(0.0); x.len()];
+    dx.par_chunks_mut(hw).enumerate().for_each(|(plane, out)| {
+        let ch = plane % c;
+        let kc = &k[ch];
+        let mg = q[4 * c + ch].div(m);
+        let mgx = q[5 * c + ch].div(m);
+        let base = plane * hw;
+        for (j, o) in out.iter_mut().enumerate() {
+            let i = base + j;
+            let g = grad_pre(x[i], dy[i], kc, op.silu);
+            let xhat = x[i].sub(kc.mean).mul(kc.inv);
+            *o = g.sub(mg).sub(xhat.mul(mgx)).mul(kc.scale);
+        }
+    });
+    dx
+}
+
+fn slice_of<'a, T: candle_core::WithDType>(
+    s: &'a CpuStorage,
+    (a, b): (usize, usize),
+) -> Result<&'a [T]> {
+    Ok(&s.as_slice::<T>()?[a..b])
+}
+
+impl CustomOp1 for ChannelStats {
+    fn name(&self) -> &'static str {
+        "bn-channel-stats"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let (g, r) = geometry(l, "x")?;
+        let out = Shape::from((2, g.1));
+        match s {
+            CpuStorage::F32(_) => Ok((CpuStorage::F32(cpu_stats(slice_of(s, r)?, g)), out)),
+            CpuStorage::F64(_) => Ok((CpuStorage::F64(cpu_stats(slice_of(s, r)?, g)), out)),
+            _ => Err(bail(format!("bn_act: dtype {:?} on the CPU", s.dtype()))),
+        }
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        crate::cuda::bn_act::stats(s, l)
+    }
+}
+
+impl CustomOp2 for BnAct {
+    fn name(&self) -> &'static str {
+        "bn-act-train"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (g, r) = geometry(l1, "x")?;
+        let pr = params_range(l2, 4, g.1, "p")?;
+        let shape = l1.shape().clone();
+        match (s1, s2) {
+            (CpuStorage::F32(_), CpuStorage::F32(_)) => Ok((
+                CpuStorage::F32(cpu_fwd(slice_of(s1, r)?, slice_of(s2, pr)?, g, *self)),
+                shape,
+            )),
+            (CpuStorage::F64(_), CpuStorage::F64(_)) => Ok((
+                CpuStorage::F64(cpu_fwd(slice_of(s1, r)?, slice_of(s2, pr)?, g, *self)),
+                shape,
+            )),
+            _ => Err(bail(format!(
+                "bn_act: dtypes {:?}/{:?} on the CPU",
+                s1.dtype(),
+                s2.dtype()
+            ))),
+        }
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        crate::cuda::bn_act::forward(*self, s1, l1, s2, l2)
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        p: &Tensor,
+        _y: &Tensor,
+        dy: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let dy = dy.contiguous()?;
+        let sums = x.apply_op3_no_bwd(&dy, p, &BnActGradSums(*self))?;
+        let dx = if x.track_op() {
+            let q = Tensor::cat(&[p, &sums], 0)?;
+            Some(x.apply_op3_no_bwd(&dy, &q, &BnActGradInput(*self))?)
+        } else {
+            None
+        };
+        let dp = if p.track_op() {
+            let c = p.dim(1)?;
+            Some(Tensor::cat(
+                &[
+                    &sums.narrow(0, 1, 1)?,
+                    &sums.narrow(0, 0, 1)?,
+                    &Tensor::zeros((2, c), p.dtype(), p.device())?,
+                ],
+                0,
+            )?)
+        } else {
+            None
+        };
+        Ok((dx, dp))
+    }
+}
+
+/// Shared CPU dispatch of the two backward ops (same argument pattern, `rows` of the third).
+fn cpu_bwd3(
+    name: &str,
+    rows: usize,
+    (s1, l1): (&CpuStorage, &Layout),
+    (s2, l2): (&CpuStorage, &Layout),
+    (s3, l3): (&CpuStorage, &Layout),
+    f32_fn: impl Fn(&[f32], &[f32], &[f32], (usize, usize, usize)) -> Vec<f32>,
+    f64_fn: impl Fn(&[f64], &[f64], &[f64], (usize, usize, usize)) -> Vec<f64>,
+    out: impl Fn((usize, usize, usize), &Layout) -> Shape,
+) -> Result<(CpuStorage, Shape)> {
+    let (g, r1) = geometry(l1, "x")?;
+    let (g2, r2) = geometry(l2, "dy")?;
+    if g2 != g {
+        return Err(bail(format!("{name}: x and dy shapes differ")));
+    }
+    let r3 = params_range(l3, rows, g.1, "parameters")?;
+    let shape = out(g, l1);
+    match (s1, s2, s3) {
+        (CpuStorage::F32(_), CpuStorage::F32(_), CpuStorage::F32(_)) => Ok((
+            CpuStorage::F32(f32_fn(
+                slice_of(s1, r1)?,
+                slice_of(s2, r2)?,
+                slice_of(s3, r3)?,
+                g,
+            )),
+            shape,
+        )),
+        (CpuStorage::F64(_), CpuStorage::F64(_), CpuStorage::F64(_)) => Ok((
+            CpuStorage::F64(f64_fn(
+                slice_of(s1, r1)?,
+                slice_of(s2, r2)?,
+                slice_of(s3, r3)?,
+                g,
+            )),
+            shape,
+        )),
+        _ => Err(bail(format!("{name}: mixed or unsupported dtypes"))),
+    }
+}
+
+impl CustomOp3 for BnActGradSums {
+    fn name(&self) -> &'static str {
+        "bn-act-grad-sums"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let op = self.0;
+        cpu_bwd3(
+            self.name(),
+            4,
+            (s1, l1),
+            (s2, l2),
+            (s3, l3),
+            |x, dy, p, g| cpu_grad_sums(x, dy, p, g, op),
+            |x, dy, p, g| cpu_grad_sums(x, dy, p, g, op),
+            |g, _| Shape::from((2, g.1)),
+        )
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        crate::cuda::bn_act::grad_sums(self.0, (s1, l1), (s2, l2), (s3, l3))
+    }
+}
+
+impl CustomOp3 for BnActGradInput {
+    fn name(&self) -> &'static str {
+        "bn-act-grad-input"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let op = self.0;
+        cpu_bwd3(
+            self.name(),
+            6,
+            (s1, l1),
+            (s2, l2),
+            (s3, l3),
+            |x, dy, q, g| cpu_grad_input(x, dy, q, g, op),
+            |x, dy, q, g| cpu_grad_input(x, dy, q, g, op),
+            |_, l| l.shape().clone(),
+        )
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        crate::cuda::bn_act::grad_input(self.0, (s1, l1), (s2, l2), (s3, l3))
+    }
+}

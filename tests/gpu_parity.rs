@@ -1,0 +1,187 @@
+//! GPU parity (feature `cuda`, needs an NVIDIA GPU): the CUDA ops against the CPU
+//! implementation on the same inputs. Built with `cargo test --release --features cuda --test
+//! gpu_parity --no-run` and run on the GPU machine; needs no files.
+//!
+//! - fused train-mode BN + SiLU (`kernels/bn_act.cu`): output, dx, dγ, dβ, running statistics;
+//! - cuDNN convolution: output, dx, dw (3×3 stride 1 and 2, 1×1, groups);
+//! - one training step of the YOLOv9-s training graph with the dual TAL loss: loss items and the
+//!   gradients of the first and last layers.
+#![cfg(feature = "cuda")]
+
+use candle_core::{DType, Device, Tensor, Var};
+use yolo9::loss::DualTalLoss;
+use yolo9::model::bn_act;
+use yolo9::model::conv::conv2d_any;
+use yolo9::model::YoloV9Train;
+
+fn gpu() -> Device {
+    Device::new_cuda(0).expect("gpu_parity needs a CUDA device (run it on the GPU machine)")
+}
+
+fn rand(shape: &[usize], seed: u64, scale: f32, shift: f32) -> Tensor {
+    let n: usize = shape.iter().product();
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let v: Vec<f32> = (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale + shift
+        })
+        .collect();
+    Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+}
+
+/// max |a − b| / max |b| (b = the CPU result).
+fn rel(a: &Tensor, b: &Tensor) -> f64 {
+    let a = a
+        .to_device(&Device::Cpu)
+        .unwrap()
+        .to_dtype(DType::F64)
+        .unwrap();
+    let b = b
+        .to_device(&Device::Cpu)
+        .unwrap()
+        .to_dtype(DType::F64)
+        .unwrap();
+    let d = (&a - &b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .max(0)
+        .unwrap();
+    let m = b.abs().unwrap().flatten_all().unwrap().max(0).unwrap();
+    d.to_scalar::<f64>().unwrap() / m.to_scalar::<f64>().unwrap().max(1e-30)
+}
+
+/// Runs `f` on CPU and GPU copies of `inputs` with a random output weighting, returning the
+/// outputs and the gradients of every input on both devices.
+fn both(inputs: &[Tensor], f: impl Fn(&[Tensor]) -> Tensor) -> [(Tensor, Vec<Tensor>); 2] {
+    [Device::Cpu, gpu()].map(|dev| {
+        let vars: Vec<Var> = inputs
+            .iter()
+            .map(|t| Var::from_tensor(&t.to_device(&dev).unwrap()).unwrap())
+            .collect();
+        let ts: Vec<Tensor> = vars.iter().map(|v| v.as_tensor().clone()).collect();
+        let y = f(&ts);
+        let r = rand(y.dims(), 77, 1.0, 0.0).to_device(&dev).unwrap();
+        let g = (&y * &r).unwrap().sum_all().unwrap().backward().unwrap();
+        let grads = ts
+            .iter()
+            .map(|t| g.get(t).expect("gradient").clone())
+            .collect();
+        (y, grads)
+    })
+}
+
+#[test]
+fn fused_bn_silu_on_gpu_equals_cpu() {
+    for (shape, silu) in [
+        ([4, 64, 40, 40], true),
+        ([2, 3, 7, 5], false),
+        ([1, 256, 20, 20], true),
+    ] {
+        let c = shape[1];
+        let x = rand(&shape, 1, 3.0, 0.7);
+        let gamma = rand(&[c], 2, 0.5, 1.0);
+        let beta = rand(&[c], 3, 0.5, 0.0);
+        let [(yc, gc), (yg, gg)] = both(&[x, gamma, beta], |t| {
+            let stats = bn_act::channel_stats(&t[0]).unwrap();
+            bn_act::bn_act_train(&t[0], &t[1], &t[2], &stats, 1e-3, silu).unwrap()
+        });
+        let e = [
+            rel(&yg, &yc),
+            rel(&gg[0], &gc[0]),
+            rel(&gg[1], &gc[1]),
+            rel(&gg[2], &gc[2]),
+        ];
+        println!(
+            "bn_act {shape:?} silu={silu}: y {:.1e} dx {:.1e} dγ {:.1e} dβ {:.1e}",
+            e[0], e[1], e[2], e[3]
+        );
+        for (name, v) in ["y", "dx", "dγ", "dβ"].iter().zip(e) {
+            assert!(v <= 1e-5, "{name} differs by {v:e} (relative)");
+        }
+        let sc = bn_act::channel_stats(&rand(&shape, 1, 3.0, 0.7)).unwrap();
+        let sg =
+            bn_act::channel_stats(&rand(&shape, 1, 3.0, 0.7).to_device(&gpu()).unwrap()).unwrap();
+        assert!(rel(&sg, &sc) <= 1e-6, "stats differ by {:e}", rel(&sg, &sc));
+    }
+}
+
+#[test]
+fn cudnn_conv_forward_and_backward_equal_cpu() {
+    // (x shape, w shape, padding, stride, groups)
+    let cases = [
+        ([2, 32, 24, 24], [64, 32, 3, 3], 1, 1, 1),
+        ([2, 32, 24, 24], [64, 32, 3, 3], 1, 2, 1),
+        ([2, 64, 12, 12], [48, 64, 1, 1], 0, 1, 1),
+        ([2, 32, 12, 12], [32, 8, 3, 3], 1, 1, 4),
+    ];
+    for (xs, ws, p, s, g) in cases {
+        let x = rand(&xs, 5, 1.0, 0.0);
+        let w = rand(&ws, 6, 0.2, 0.0);
+        let [(yc, gc), (yg, gg)] = both(&[x, w], |t| conv2d_any(&t[0], &t[1], p, s, g).unwrap());
+        let e = [rel(&yg, &yc), rel(&gg[0], &gc[0]), rel(&gg[1], &gc[1])];
+        println!(
+            "conv {xs:?}*{ws:?} p{p} s{s} g{g}: y {:.1e} dx {:.1e} dw {:.1e}",
+            e[0], e[1], e[2]
+        );
+        for (name, v) in ["y", "dx", "dw"].iter().zip(e) {
+            assert!(v <= 1e-4, "{name} differs by {v:e} (relative)");
+        }
+    }
+}
+
+#[test]
+fn one_training_step_on_gpu_matches_cpu() {
+    let names: Vec<String> = ["a", "b", "c"].iter().map(|s| s.to_string()).collect();
+    // Two 160×160 images, 3 boxes each (batch index, class, cx, cy, w, h normalized).
+    let x = ((rand(&[2, 3, 160, 160], 11, 0.5, 0.5)).clamp(0f32, 1f32)).unwrap();
+    let targets = Tensor::new(
+        &[
+            [0f32, 0., 0.30, 0.30, 0.20, 0.25],
+            [0., 1., 0.60, 0.55, 0.35, 0.30],
+            [0., 2., 0.80, 0.20, 0.10, 0.12],
+            [1., 0., 0.50, 0.50, 0.40, 0.40],
+            [1., 2., 0.20, 0.75, 0.15, 0.20],
+            [1., 1., 0.70, 0.80, 0.25, 0.18],
+        ],
+        &Device::Cpu,
+    )
+    .unwrap();
+    let loss = DualTalLoss::new(3, &[8, 16, 32]).unwrap();
+    let run = |dev: &Device| {
+        let m = YoloV9Train::new(None, 3, names.clone(), dev, 0).unwrap();
+        let raw = m.forward(&x.to_device(dev).unwrap(), true).unwrap();
+        let out = loss
+            .compute(&raw.aux, &raw.main, &targets, (160, 160))
+            .unwrap();
+        let g = out.total.backward().unwrap();
+        let pick = |name: &str| {
+            let v = m.vars().iter().find(|v| v.name == name).expect(name);
+            g.get(v.var.as_tensor()).expect("gradient").clone()
+        };
+        let grads = [
+            "model.0.conv.weight",
+            "model.0.bn.weight",
+            "model.29.cv5.0.2.weight",
+        ]
+        .map(pick);
+        (out.items, grads)
+    };
+    let (ic, gc) = run(&Device::Cpu);
+    let (ig, gg) = run(&gpu());
+    for k in 0..3 {
+        let r = ((ig[k] - ic[k]) / ic[k]).abs();
+        println!("loss item {k}: gpu {} cpu {} (rel {r:.1e})", ig[k], ic[k]);
+        assert!(r <= 1e-4, "loss item {k} differs by {r:e} (relative)");
+    }
+    for (i, (a, b)) in gg.iter().zip(&gc).enumerate() {
+        let r = rel(a, b);
+        println!("gradient {i}: rel {r:.1e}");
+        assert!(r <= 1e-3, "gradient {i} differs by {r:e} (relative)");
+    }
+}
