@@ -279,8 +279,9 @@ pub fn plan_inference(
 }
 
 /// The search shared by [`plan`] and [`plan_inference`]: a warm-up, points at 1, 2, 4, ... (up
-/// to 4 on the CPU, 16 on a GPU, stopping at the first that exceeds the limit or runs out of
-/// memory), the fitted line, and a final measured check of the choice.
+/// to 4 on the CPU, 16 on a GPU, stopping before a size that the line through the points so far
+/// predicts above the limit, and at the first that exceeds it or runs out of memory), the fitted
+/// line, and a final measured check of the choice.
 fn search(
     budget: u64,
     max_batch: usize,
@@ -303,6 +304,11 @@ fn search(
     let mut points = Vec::new();
     let mut b = 1;
     while b <= max_batch.max(1) {
+        // Never probe a size the points so far predict above the limit: the probe itself
+        // keeps to the budget (the final check below measures the chosen size).
+        if points.len() >= 2 && MemoryFit::fit(&points).predict(b) > limit {
+            break;
+        }
         match measure(b)? {
             Some(peak) => {
                 points.push(BudgetPoint { batch: b, peak });
@@ -397,6 +403,21 @@ mod tests {
         assert_eq!(f.largest_within(4000.0), 10);
         assert_eq!(f.largest_within(3999.0), 9);
         assert_eq!(f.largest_within(500.0), 0);
+    }
+
+    #[test]
+    fn search_never_probes_a_size_predicted_over_the_limit() {
+        // peak(b) = 100 + 100·b; budget 500 → limit 450. Points 1 (200) and 2 (300) predict
+        // 500 at 4, above the limit: 4 is never run; 3 (400) is chosen and measured.
+        let probe = MemoryProbe::new(&Device::Cpu).unwrap();
+        let mut calls = Vec::new();
+        let d = search(500, 64, &Device::Cpu, &probe, "one image", 64, |b| {
+            calls.push(b);
+            Ok(100 + 100 * b as u64)
+        })
+        .unwrap();
+        assert_eq!(calls, vec![1, 1, 2, 3], "warm-up, 1, 2, then the choice");
+        assert_eq!((d.micro, d.measured), (3, 400));
     }
 
     #[test]
