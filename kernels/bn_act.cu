@@ -1,5 +1,7 @@
 // Train-mode BatchNorm2d fused with SiLU: statistics, forward, and the two backward passes.
-// f32 tensors in NCHW layout (contiguous); per-channel sums are accumulated in f64.
+// Activations (x, y, dy, dx) are f32 or bf16 (suffix _f32 / _bf16; bf16 for mixed-precision
+// training) in NCHW layout (contiguous); all arithmetic is f32, per-channel sums are accumulated in
+// f64, and the parameter blocks p/q and the statistics are always f32.
 // Rust side: src/cuda/bn_act.rs (launch code), src/model/bn_act.rs (the candle ops and the
 // CPU version these kernels must match).
 //
@@ -14,7 +16,14 @@
 // part[(2*s + k) * C + c]; a second kernel adds the S partials of each channel in order, so the
 // result does not depend on scheduling.
 
+#include <cuda_bf16.h>
+
 #define BLOCK 256
+
+__device__ __forceinline__ float ld(const float* p, long long i) { return p[i]; }
+__device__ __forceinline__ float ld(const __nv_bfloat16* p, long long i) { return __bfloat162float(p[i]); }
+__device__ __forceinline__ void st(float* p, long long i, float v) { p[i] = v; }
+__device__ __forceinline__ void st(__nv_bfloat16* p, long long i, float v) { p[i] = __float2bfloat16(v); }
 
 __device__ __forceinline__ double block_sum(double v, double* shared) {
     for (int off = 16; off > 0; off >>= 1) v += __shfl_down_sync(0xffffffffu, v, off);
@@ -49,8 +58,9 @@ __device__ __forceinline__ float silu_grad(float z) {
 }
 
 // part (2*S, C): sum(x), sum(x*x).
-extern "C" __global__ void bn_stats_partial(const float* __restrict__ x, double* __restrict__ part,
-                                            int N, int C, int HW, long long chunk) {
+template <typename T>
+__device__ void stats_partial(const T* __restrict__ x, double* __restrict__ part, int N, int C, int HW,
+                              long long chunk) {
     __shared__ double sh[BLOCK / 32];
     const int c = blockIdx.x, s = blockIdx.y;
     const long long total = (long long)N * HW;
@@ -59,7 +69,7 @@ extern "C" __global__ void bn_stats_partial(const float* __restrict__ x, double*
     double a = 0.0, b = 0.0;
     for (long long j = start + threadIdx.x; j < end; j += BLOCK) {
         const long long n = j / HW, i = j - n * HW;
-        const double v = (double)x[(n * C + c) * HW + i];
+        const double v = (double)ld(x, (n * C + c) * HW + i);
         a += v;
         b += v * v;
     }
@@ -87,24 +97,23 @@ extern "C" __global__ void bn_stats_final(const double* __restrict__ part, int S
     out[C + c] = (float)(var > 0.0 ? var : 0.0);
 }
 
-extern "C" __global__ void bn_act_fwd(const float* __restrict__ x, const float* __restrict__ p,
-                                      float* __restrict__ y, long long total, int C, int HW,
-                                      float eps, int silu) {
+template <typename T>
+__device__ void act_fwd(const T* __restrict__ x, const float* __restrict__ p, T* __restrict__ y,
+                        long long total, int C, int HW, float eps, int silu) {
     for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
          idx += (long long)gridDim.x * blockDim.x) {
         const int c = (int)((idx / HW) % C);
         const Chan k = chan(p, C, c, eps);
-        const float z = (x[idx] - k.mean) * k.scale + k.beta;
-        y[idx] = silu ? z / (1.0f + expf(-z)) : z;
+        const float z = (ld(x, idx) - k.mean) * k.scale + k.beta;
+        st(y, idx, silu ? z / (1.0f + expf(-z)) : z);
     }
 }
 
 // part (2*S, C): sum(g), sum(g * xhat).
-extern "C" __global__ void bn_grad_partial(const float* __restrict__ x,
-                                           const float* __restrict__ dy,
-                                           const float* __restrict__ p, double* __restrict__ part,
-                                           int N, int C, int HW, long long chunk, float eps,
-                                           int silu) {
+template <typename T>
+__device__ void grad_partial(const T* __restrict__ x, const T* __restrict__ dy,
+                             const float* __restrict__ p, double* __restrict__ part, int N, int C,
+                             int HW, long long chunk, float eps, int silu) {
     __shared__ double sh[BLOCK / 32];
     const int c = blockIdx.x, s = blockIdx.y;
     const Chan k = chan(p, C, c, eps);
@@ -115,8 +124,8 @@ extern "C" __global__ void bn_grad_partial(const float* __restrict__ x,
     for (long long j = start + threadIdx.x; j < end; j += BLOCK) {
         const long long n = j / HW, i = j - n * HW;
         const long long e = (n * C + c) * HW + i;
-        const float xv = x[e];
-        float g = dy[e];
+        const float xv = ld(x, e);
+        float g = ld(dy, e);
         if (silu) g *= silu_grad((xv - k.mean) * k.scale + k.beta);
         const float xhat = (xv - k.mean) * k.inv;
         a += (double)g;
@@ -144,18 +153,44 @@ extern "C" __global__ void bn_sums_final(const double* __restrict__ part, int S,
     out[C + c] = (float)b;
 }
 
-extern "C" __global__ void bn_act_dx(const float* __restrict__ x, const float* __restrict__ dy,
-                                     const float* __restrict__ q, float* __restrict__ dx,
-                                     long long total, int C, int HW, float m, float eps, int silu) {
+template <typename T>
+__device__ void act_dx(const T* __restrict__ x, const T* __restrict__ dy, const float* __restrict__ q,
+                       T* __restrict__ dx, long long total, int C, int HW, float m, float eps,
+                       int silu) {
     for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
          idx += (long long)gridDim.x * blockDim.x) {
         const int c = (int)((idx / HW) % C);
         const Chan k = chan(q, C, c, eps);
-        const float xv = x[idx];
-        float g = dy[idx];
+        const float xv = ld(x, idx);
+        float g = ld(dy, idx);
         if (silu) g *= silu_grad((xv - k.mean) * k.scale + k.beta);
         const float xhat = (xv - k.mean) * k.inv;
         const float mg = q[4 * C + c] / m, mgx = q[5 * C + c] / m;
-        dx[idx] = (g - mg - xhat * mgx) * k.scale;
+        st(dx, idx, (g - mg - xhat * mgx) * k.scale);
     }
 }
+
+#define BN_ACT_KERNELS(T, SUF)                                                                     \
+    extern "C" __global__ void bn_stats_partial_##SUF(const T* __restrict__ x, double* part,      \
+                                                      int N, int C, int HW, long long chunk) {    \
+        stats_partial<T>(x, part, N, C, HW, chunk);                                                \
+    }                                                                                              \
+    extern "C" __global__ void bn_act_fwd_##SUF(const T* __restrict__ x, const float* p, T* y,    \
+                                                long long total, int C, int HW, float eps,         \
+                                                int silu) {                                        \
+        act_fwd<T>(x, p, y, total, C, HW, eps, silu);                                              \
+    }                                                                                              \
+    extern "C" __global__ void bn_grad_partial_##SUF(const T* __restrict__ x,                     \
+                                                     const T* __restrict__ dy, const float* p,    \
+                                                     double* part, int N, int C, int HW,          \
+                                                     long long chunk, float eps, int silu) {      \
+        grad_partial<T>(x, dy, p, part, N, C, HW, chunk, eps, silu);                               \
+    }                                                                                              \
+    extern "C" __global__ void bn_act_dx_##SUF(const T* __restrict__ x, const T* __restrict__ dy, \
+                                               const float* q, T* dx, long long total, int C,     \
+                                               int HW, float m, float eps, int silu) {             \
+        act_dx<T>(x, dy, q, dx, total, C, HW, m, eps, silu);                                       \
+    }
+
+BN_ACT_KERNELS(float, f32)
+BN_ACT_KERNELS(__nv_bfloat16, bf16)

@@ -185,3 +185,108 @@ fn one_training_step_on_gpu_matches_cpu() {
         assert!(r <= 1e-3, "gradient {i} differs by {r:e} (relative)");
     }
 }
+
+#[test]
+fn fused_bn_silu_in_bf16_stays_within_bf16_rounding_of_f32() {
+    let shape = [4, 64, 40, 40];
+    let x = rand(&shape, 1, 3.0, 0.7);
+    let gamma = rand(&[64], 2, 0.5, 1.0);
+    let beta = rand(&[64], 3, 0.5, 0.0);
+    let [(yc, gc), _] = both(&[x.clone(), gamma.clone(), beta.clone()], |t| {
+        let stats = bn_act::channel_stats(&t[0]).unwrap();
+        bn_act::bn_act_train(&t[0], &t[1], &t[2], &stats, 1e-3, true).unwrap()
+    });
+    let dev = gpu();
+    let xb = Var::from_tensor(&x.to_device(&dev).unwrap().to_dtype(DType::BF16).unwrap()).unwrap();
+    let g = Var::from_tensor(&gamma.to_device(&dev).unwrap()).unwrap();
+    let b = Var::from_tensor(&beta.to_device(&dev).unwrap()).unwrap();
+    let stats = bn_act::channel_stats(xb.as_tensor()).unwrap();
+    assert_eq!(stats.dtype(), DType::F32);
+    let y = bn_act::bn_act_train(
+        xb.as_tensor(),
+        g.as_tensor(),
+        b.as_tensor(),
+        &stats,
+        1e-3,
+        true,
+    )
+    .unwrap();
+    assert_eq!(y.dtype(), DType::BF16);
+    let r = rand(y.dims(), 77, 1.0, 0.0)
+        .to_device(&dev)
+        .unwrap()
+        .to_dtype(DType::BF16)
+        .unwrap();
+    let grads = (&y * &r)
+        .unwrap()
+        .to_dtype(DType::F32)
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
+    let e = [
+        rel(&y, &yc),
+        rel(grads.get(xb.as_tensor()).unwrap(), &gc[0]),
+        rel(grads.get(g.as_tensor()).unwrap(), &gc[1]),
+        rel(grads.get(b.as_tensor()).unwrap(), &gc[2]),
+    ];
+    println!(
+        "bn_act bf16 vs f32: y {:.1e} dx {:.1e} dγ {:.1e} dβ {:.1e}",
+        e[0], e[1], e[2], e[3]
+    );
+    // bf16 keeps 8 bits of mantissa: relative rounding 2^-8 ≈ 3.9e-3 per value.
+    for (name, v) in ["y", "dx", "dγ", "dβ"].iter().zip(e) {
+        assert!(v <= 2e-2, "{name} differs by {v:e} (relative)");
+    }
+}
+
+#[test]
+fn mixed_precision_training_step_is_close_to_f32() {
+    let x = ((rand(&[2, 3, 160, 160], 11, 0.5, 0.5)).clamp(0f32, 1f32)).unwrap();
+    let targets = Tensor::new(
+        &[
+            [0f32, 0., 0.30, 0.30, 0.20, 0.25],
+            [1., 2., 0.50, 0.50, 0.40, 0.40],
+        ],
+        &Device::Cpu,
+    )
+    .unwrap();
+    let loss = DualTalLoss::new(3, &[8, 16, 32]).unwrap();
+    let dev = gpu();
+    let run = |amp: bool| {
+        let m = YoloV9Train::new(None, 3, vec![], &dev, 0).unwrap();
+        m.set_amp(amp);
+        assert_eq!(m.amp(), amp);
+        let raw = m.forward(&x, true).unwrap();
+        assert!(raw.main.iter().all(|t| t.dtype() == DType::F32));
+        let out = loss
+            .compute(&raw.aux, &raw.main, &targets, (160, 160))
+            .unwrap();
+        let g = out.total.backward().unwrap();
+        let v = m
+            .vars()
+            .iter()
+            .find(|v| v.name == "model.0.conv.weight")
+            .unwrap();
+        let gw = g
+            .get(v.var.as_tensor())
+            .expect("gradient reaches the f32 master weight")
+            .clone();
+        assert_eq!(gw.dtype(), DType::F32);
+        (out.items, gw)
+    };
+    let (i32_, g32) = run(false);
+    let (ibf, gbf) = run(true);
+    for k in 0..3 {
+        let r = ((ibf[k] - i32_[k]) / i32_[k]).abs();
+        println!(
+            "AMP loss item {k}: bf16 {} f32 {} (rel {r:.1e})",
+            ibf[k], i32_[k]
+        );
+        assert!(r <= 2e-2, "loss item {k} differs by {r:e}");
+    }
+    let r = rel(&gbf, &g32);
+    println!("AMP first-layer gradient: rel {r:.1e}");
+    assert!(r <= 0.1, "first-layer gradient differs by {r:e}");
+}

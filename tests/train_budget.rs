@@ -18,6 +18,7 @@ fn a_binding_cpu_budget_picks_the_largest_micro_batch_that_fits() {
         max_batch: 4,
         budget,
         seed: 0,
+        amp: false,
     };
     let wide = plan(&req(64 << 30), &Device::Cpu, &probe).unwrap();
     let peak = |b: usize| wide.points.iter().find(|p| p.batch == b).unwrap().peak;

@@ -369,6 +369,7 @@ fn budget_sizing_measures_cpu_steps_and_refuses_a_budget_below_one_image() {
         max_batch: 4,
         budget,
         seed: 0,
+        amp: false,
     };
     let d = plan(&req(64 << 30), &Device::Cpu, &probe).unwrap();
     assert_eq!(d.micro, 4);

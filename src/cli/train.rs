@@ -40,6 +40,10 @@ pub struct TrainArgs {
     /// Non-finite steps in a row before the last good state is restored and the LR halved.
     #[arg(long, default_value_t = 5)]
     pub nan_patience: usize,
+    /// Mixed-precision (bf16) training on a CUDA device: `--amp false` trains in f32 throughout.
+    /// No effect on the CPU (always f32)
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub amp: bool,
     /// Device: cpu or a CUDA ordinal.
     #[arg(long, default_value = "cpu")]
     pub device: String,
@@ -125,6 +129,7 @@ pub fn run(a: TrainArgs) -> Result<()> {
         budget: a.budget,
         save_interval: a.save_interval,
         nan_patience: a.nan_patience,
+        amp: a.amp,
         device: a.device,
         workers: a.workers,
         seed: a.seed,

@@ -1,9 +1,12 @@
 //! CUDA launches of the fused train-mode BN + SiLU kernels (`kernels/bn_act.cu`, compiled to PTX
-//! by `build.rs`) for the candle ops of [`crate::model::bn_act`]. f32 only; every input must be
+//! by `build.rs`) for the candle ops of [`crate::model::bn_act`]. Activations are f32 or bf16
+//! (mixed-precision training), parameter blocks and statistics f32; every input must be
 //! contiguous. Reductions are deterministic (fixed partial-sum order, no atomics).
 
 use crate::model::bn_act::{geometry, params_range, BnAct};
 use candle_core::backend::BackendStorage;
+use candle_core::cuda::CudaDType;
+use candle_core::cuda_backend::cudarc::driver::DeviceRepr;
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::WrapErr;
 use candle_core::{CudaDevice, CudaStorage, DType, Error, Layout, Result, Shape};
@@ -23,20 +26,30 @@ fn err(msg: impl std::fmt::Display) -> Error {
     Error::Msg(format!("bn_act (CUDA): {msg}"))
 }
 
-fn f32_view<'a>(
+fn view<'a, T: CudaDType>(
     s: &'a CudaStorage,
     (a, b): (usize, usize),
     what: &str,
-) -> Result<CudaView<'a, f32>> {
-    if s.dtype() != DType::F32 {
-        return Err(err(format!(
-            "{what} is {:?}, only f32 is supported",
-            s.dtype()
-        )));
-    }
-    s.as_cuda_slice::<f32>()?
+) -> Result<CudaView<'a, T>> {
+    s.as_cuda_slice::<T>()?
         .try_slice(a..b)
         .ok_or_else(|| err(format!("{what} storage is shorter than its layout")))
+}
+
+fn f32_view<'a>(s: &'a CudaStorage, r: (usize, usize), what: &str) -> Result<CudaView<'a, f32>> {
+    if s.dtype() != DType::F32 {
+        return Err(err(format!("{what} is {:?}, expected f32", s.dtype())));
+    }
+    view(s, r, what)
+}
+
+/// Kernel-name suffix of an activation dtype.
+fn suffix(d: DType, what: &str) -> Result<&'static str> {
+    match d {
+        DType::F32 => Ok("f32"),
+        DType::BF16 => Ok("bf16"),
+        d => Err(err(format!("{what} is {d:?}; f32 and bf16 are supported"))),
+    }
 }
 
 fn i32_of(v: usize, what: &str) -> Result<i32> {
@@ -69,14 +82,34 @@ fn final_cfg(c: usize) -> LaunchConfig {
     }
 }
 
-fn wrap(dev: &CudaDevice, s: CudaSlice<f32>, shape: Shape) -> (CudaStorage, Shape) {
+fn wrap<T: CudaDType + DeviceRepr>(
+    dev: &CudaDevice,
+    s: CudaSlice<T>,
+    shape: Shape,
+) -> (CudaStorage, Shape) {
     (CudaStorage::wrap_cuda_slice(s, dev.clone()), shape)
 }
 
-/// [`crate::model::bn_act::ChannelStats`]: x (N, C, H, W) → (2, C) [mean; biased var].
+fn reduce_cfg(c: usize, parts: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (c as u32, parts as u32, 1),
+        block_dim: (BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// [`crate::model::bn_act::ChannelStats`]: x (N, C, H, W) f32/bf16 → (2, C) f32 [mean; biased var].
 pub fn stats(s: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
+    match s.dtype() {
+        DType::BF16 => stats_t::<half::bf16>(s, l),
+        _ => stats_t::<f32>(s, l),
+    }
+}
+
+fn stats_t<T: CudaDType + DeviceRepr>(s: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
+    let suf = suffix(s.dtype(), "x")?;
     let ((n, c, hw), r) = geometry(l, "x")?;
-    let x = f32_view(s, r, "x")?;
+    let x = view::<T>(s, r, "x")?;
     let dev = s.device().clone();
     let m = n * hw;
     let (parts, chunk) = split(c, m);
@@ -89,7 +122,7 @@ pub fn stats(s: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
         i32_of(parts, "S")?,
     );
     let chunk_ = chunk as i64;
-    let f = dev.get_or_load_custom_func("bn_stats_partial", MODULE, PTX)?;
+    let f = dev.get_or_load_custom_func(&format!("bn_stats_partial_{suf}"), MODULE, PTX)?;
     let mut b = f.builder();
     b.arg(&x)
         .arg(&mut part)
@@ -97,12 +130,7 @@ pub fn stats(s: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
         .arg(&c_)
         .arg(&hw_)
         .arg(&chunk_);
-    let cfg = LaunchConfig {
-        grid_dim: (c as u32, parts as u32, 1),
-        block_dim: (BLOCK, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    unsafe { b.launch(cfg) }.w()?;
+    unsafe { b.launch(reduce_cfg(c, parts)) }.w()?;
     let mf = m as f64;
     let f = dev.get_or_load_custom_func("bn_stats_final", MODULE, PTX)?;
     let mut b = f.builder();
@@ -111,7 +139,7 @@ pub fn stats(s: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
     Ok(wrap(&dev, out, Shape::from((2, c))))
 }
 
-/// [`BnAct`] forward: x (N, C, H, W), p (4, C) → y (N, C, H, W).
+/// [`BnAct`] forward: x (N, C, H, W) f32/bf16, p (4, C) f32 → y like x.
 pub fn forward(
     op: BnAct,
     s1: &CudaStorage,
@@ -119,15 +147,29 @@ pub fn forward(
     s2: &CudaStorage,
     l2: &Layout,
 ) -> Result<(CudaStorage, Shape)> {
+    match s1.dtype() {
+        DType::BF16 => forward_t::<half::bf16>(op, s1, l1, s2, l2),
+        _ => forward_t::<f32>(op, s1, l1, s2, l2),
+    }
+}
+
+fn forward_t<T: CudaDType + DeviceRepr>(
+    op: BnAct,
+    s1: &CudaStorage,
+    l1: &Layout,
+    s2: &CudaStorage,
+    l2: &Layout,
+) -> Result<(CudaStorage, Shape)> {
+    let suf = suffix(s1.dtype(), "x")?;
     let ((n, c, hw), r) = geometry(l1, "x")?;
-    let x = f32_view(s1, r, "x")?;
+    let x = view::<T>(s1, r, "x")?;
     let p = f32_view(s2, params_range(l2, 4, c, "p")?, "p")?;
     let dev = s1.device().clone();
     let total = n * c * hw;
-    let mut y = unsafe { dev.alloc::<f32>(total)? };
+    let mut y = unsafe { dev.alloc::<T>(total)? };
     let (total_, c_, hw_) = (total as i64, i32_of(c, "C")?, i32_of(hw, "H*W")?);
     let (eps, silu) = (op.eps as f32, op.silu as i32);
-    let f = dev.get_or_load_custom_func("bn_act_fwd", MODULE, PTX)?;
+    let f = dev.get_or_load_custom_func(&format!("bn_act_fwd_{suf}"), MODULE, PTX)?;
     let mut b = f.builder();
     b.arg(&x)
         .arg(&p)
@@ -142,22 +184,47 @@ pub fn forward(
 
 type Arg<'a> = (&'a CudaStorage, &'a Layout);
 
-/// Checks the (x, dy) pair of a backward op and returns their geometry and views.
-fn x_dy<'a>(
-    (s1, l1): Arg<'a>,
-    (s2, l2): Arg<'a>,
-) -> Result<((usize, usize, usize), CudaView<'a, f32>, CudaView<'a, f32>)> {
+/// The (x, dy) pair of a backward op, checked (same shape and dtype): geometry, views and the
+/// kernel suffix.
+type XDy<'a, T> = (
+    (usize, usize, usize),
+    CudaView<'a, T>,
+    CudaView<'a, T>,
+    &'static str,
+);
+
+fn x_dy<'a, T: CudaDType + DeviceRepr>((s1, l1): Arg<'a>, (s2, l2): Arg<'a>) -> Result<XDy<'a, T>> {
     let (g, r1) = geometry(l1, "x")?;
     let (g2, r2) = geometry(l2, "dy")?;
     if g != g2 {
         return Err(err("x and dy shapes differ"));
     }
-    Ok((g, f32_view(s1, r1, "x")?, f32_view(s2, r2, "dy")?))
+    if s1.dtype() != s2.dtype() {
+        return Err(err(format!(
+            "x is {:?} but dy is {:?}",
+            s1.dtype(),
+            s2.dtype()
+        )));
+    }
+    let suf = suffix(s1.dtype(), "x")?;
+    Ok((g, view(s1, r1, "x")?, view(s2, r2, "dy")?, suf))
 }
 
-/// [`crate::model::bn_act::BnActGradSums`]: (x, dy, p (4, C)) → (2, C) [Σg; Σg·x̂].
+/// [`crate::model::bn_act::BnActGradSums`]: (x, dy, p (4, C)) → (2, C) f32 [Σg; Σg·x̂].
 pub fn grad_sums(op: BnAct, a1: Arg, a2: Arg, a3: Arg) -> Result<(CudaStorage, Shape)> {
-    let ((n, c, hw), x, dy) = x_dy(a1, a2)?;
+    match a1.0.dtype() {
+        DType::BF16 => grad_sums_t::<half::bf16>(op, a1, a2, a3),
+        _ => grad_sums_t::<f32>(op, a1, a2, a3),
+    }
+}
+
+fn grad_sums_t<T: CudaDType + DeviceRepr>(
+    op: BnAct,
+    a1: Arg,
+    a2: Arg,
+    a3: Arg,
+) -> Result<(CudaStorage, Shape)> {
+    let ((n, c, hw), x, dy, suf) = x_dy::<T>(a1, a2)?;
     let p = f32_view(a3.0, params_range(a3.1, 4, c, "p")?, "p")?;
     let dev = a1.0.device().clone();
     let (parts, chunk) = split(c, n * hw);
@@ -170,7 +237,7 @@ pub fn grad_sums(op: BnAct, a1: Arg, a2: Arg, a3: Arg) -> Result<(CudaStorage, S
         i32_of(parts, "S")?,
     );
     let (chunk_, eps, silu) = (chunk as i64, op.eps as f32, op.silu as i32);
-    let f = dev.get_or_load_custom_func("bn_grad_partial", MODULE, PTX)?;
+    let f = dev.get_or_load_custom_func(&format!("bn_grad_partial_{suf}"), MODULE, PTX)?;
     let mut b = f.builder();
     b.arg(&x).arg(&dy).arg(&p).arg(&mut part);
     b.arg(&n_)
@@ -179,12 +246,7 @@ pub fn grad_sums(op: BnAct, a1: Arg, a2: Arg, a3: Arg) -> Result<(CudaStorage, S
         .arg(&chunk_)
         .arg(&eps)
         .arg(&silu);
-    let cfg = LaunchConfig {
-        grid_dim: (c as u32, parts as u32, 1),
-        block_dim: (BLOCK, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    unsafe { b.launch(cfg) }.w()?;
+    unsafe { b.launch(reduce_cfg(c, parts)) }.w()?;
     let f = dev.get_or_load_custom_func("bn_sums_final", MODULE, PTX)?;
     let mut b = f.builder();
     b.arg(&part).arg(&s_).arg(&c_).arg(&mut out);
@@ -192,16 +254,28 @@ pub fn grad_sums(op: BnAct, a1: Arg, a2: Arg, a3: Arg) -> Result<(CudaStorage, S
     Ok(wrap(&dev, out, Shape::from((2, c))))
 }
 
-/// [`crate::model::bn_act::BnActGradInput`]: (x, dy, q (6, C)) → dx (N, C, H, W).
+/// [`crate::model::bn_act::BnActGradInput`]: (x, dy, q (6, C)) → dx like x.
 pub fn grad_input(op: BnAct, a1: Arg, a2: Arg, a3: Arg) -> Result<(CudaStorage, Shape)> {
-    let ((n, c, hw), x, dy) = x_dy(a1, a2)?;
+    match a1.0.dtype() {
+        DType::BF16 => grad_input_t::<half::bf16>(op, a1, a2, a3),
+        _ => grad_input_t::<f32>(op, a1, a2, a3),
+    }
+}
+
+fn grad_input_t<T: CudaDType + DeviceRepr>(
+    op: BnAct,
+    a1: Arg,
+    a2: Arg,
+    a3: Arg,
+) -> Result<(CudaStorage, Shape)> {
+    let ((n, c, hw), x, dy, suf) = x_dy::<T>(a1, a2)?;
     let q = f32_view(a3.0, params_range(a3.1, 6, c, "q")?, "q")?;
     let dev = a1.0.device().clone();
     let total = n * c * hw;
-    let mut dx = unsafe { dev.alloc::<f32>(total)? };
+    let mut dx = unsafe { dev.alloc::<T>(total)? };
     let (total_, c_, hw_) = (total as i64, i32_of(c, "C")?, i32_of(hw, "H*W")?);
     let (m, eps, silu) = ((n * hw) as f32, op.eps as f32, op.silu as i32);
-    let f = dev.get_or_load_custom_func("bn_act_dx", MODULE, PTX)?;
+    let f = dev.get_or_load_custom_func(&format!("bn_act_dx_{suf}"), MODULE, PTX)?;
     let mut b = f.builder();
     b.arg(&x)
         .arg(&dy)

@@ -14,7 +14,8 @@
 //!
 //! Sums over a channel are accumulated in f64 on every device (as PyTorch's CPU kernels do), so a
 //! reduction over 10⁵–10⁶ elements stays exact to f32 precision. On the CPU every op runs for f32
-//! and f64 (rayon over channels); on CUDA (feature `cuda`) for f32 through the kernels in
+//! and f64 (rayon over channels); on CUDA (feature `cuda`) for f32 and bf16 activations (f32
+//! arithmetic and parameters; bf16 for mixed-precision training) through the kernels in
 //! `kernels/bn_act.cu` ([`crate::cuda::bn_act`]). [`bn_act_supported`] says where the fused op runs;
 //! the caller keeps a composite path for everything else (e.g. bf16 on CUDA).
 
@@ -28,12 +29,13 @@ pub fn bn_act_supported(dev: &Device, dtype: DType) -> bool {
     match dev {
         Device::Cpu => matches!(dtype, DType::F32 | DType::F64),
         #[cfg(feature = "cuda")]
-        Device::Cuda(_) => dtype == DType::F32,
+        Device::Cuda(_) => matches!(dtype, DType::F32 | DType::BF16),
         _ => false,
     }
 }
 
-/// Per-channel batch statistics of `x` (N, C, H, W): returns (2, C) of x's dtype, row 0 the mean
+/// Per-channel batch statistics of `x` (N, C, H, W): returns (2, C) of x's dtype (f32 for a bf16
+/// `x` on CUDA), row 0 the mean
 /// and row 1 the **biased** variance `E[x²] − E[x]²` over the N·H·W elements of each channel
 /// (accumulated in f64). Not differentiable; see [`bn_act_train`] for the gradient through them.
 ///

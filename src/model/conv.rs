@@ -50,7 +50,10 @@ impl BatchNorm2d {
         if !train {
             // Detached: evaluation records no autograd graph (see `Conv::forward`).
             let (scale, shift) = self.scale_shift()?;
-            let (scale, shift) = (scale.detach(), shift.detach());
+            let (scale, shift) = (
+                scale.detach().to_dtype(x.dtype())?,
+                shift.detach().to_dtype(x.dtype())?,
+            );
             let y = x
                 .broadcast_mul(&scale.reshape(shape4)?)?
                 .broadcast_add(&shift.reshape(shape4)?)?;
@@ -309,13 +312,21 @@ impl Conv {
         } else {
             self.weight.detach()
         };
+        // Mixed precision: a bf16 input runs the convolution in bf16 (differentiable cast).
+        let w = if w.dtype() != x.dtype() {
+            w.to_dtype(x.dtype())?
+        } else {
+            w
+        };
         let mut y = conv2d_any(x, &w, self.padding, self.stride, self.groups)?;
         if let Some(b) = &self.bias {
-            y = if train {
-                y.broadcast_add(b)?
+            let b = if train { b.clone() } else { b.detach() };
+            let b = if b.dtype() != y.dtype() {
+                b.to_dtype(y.dtype())?
             } else {
-                y.broadcast_add(&b.detach())?
+                b
             };
+            y = y.broadcast_add(&b)?;
         }
         if let Some(bn) = &self.bn {
             return bn.forward_act(&y, train, self.act);

@@ -289,6 +289,8 @@ pub struct YoloV9Train {
     initialized: Vec<String>,
     meta: ModelMeta,
     device: Device,
+    /// Mixed precision for train-mode forwards (see [`YoloV9Train::set_amp`]).
+    amp: std::sync::atomic::AtomicBool,
 }
 
 impl YoloV9Train {
@@ -360,6 +362,7 @@ impl YoloV9Train {
                 graph: Graph::Train,
             },
             device: device.clone(),
+            amp: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -380,16 +383,26 @@ impl YoloV9Train {
     /// optimizer step); `train = false`: running statistics (validation).
     pub fn forward(&self, x: &Tensor, train: bool) -> Result<DualRaw> {
         check_input(x)?;
-        let x = x.to_device(&self.device)?;
+        let mut x = x.to_device(&self.device)?;
         if train {
             self.batches_tracked.fetch_add(1, Ordering::Relaxed);
         }
+        let amp = train && self.amp();
+        if amp {
+            x = x.to_dtype(DType::BF16)?;
+        }
         let g = self.gelan.forward(&x, train)?;
         let aux_in = self.aux.forward(&g, train)?;
-        Ok(DualRaw {
+        let mut raw = DualRaw {
             aux: self.head_aux.forward_raw(&aux_in, train)?,
             main: self.head_main.forward_raw(&g.feats, train)?,
-        })
+        };
+        if amp {
+            for t in raw.aux.iter_mut().chain(raw.main.iter_mut()) {
+                *t = t.to_dtype(DType::F32)?;
+            }
+        }
+        Ok(raw)
     }
 
     /// Eval-mode forward, decoded: (y_aux, y_main), each (B, 4+nc, A) as [`YoloV9::forward`].
@@ -404,6 +417,21 @@ impl YoloV9Train {
             .gelan
             .forward(&x.to_device(&self.device)?, train)?
             .feats)
+    }
+
+    /// Mixed precision (AMP) for train-mode forwards: on a CUDA device, the input is cast to bf16,
+    /// every convolution runs in bf16 on tensor cores with its f32 kernel cast per forward (the
+    /// cast is differentiable, so gradients reach the f32 master weights), train-mode BN + SiLU
+    /// reads and writes bf16 with f32 arithmetic and f32 statistics, and the head outputs are cast
+    /// back to f32 for the loss. Eval-mode forwards (validation) stay f32. Ignored on the CPU.
+    /// bf16 keeps f32's exponent range, so no loss scaling is needed (unlike fp16 AMP).
+    pub fn set_amp(&self, on: bool) {
+        self.amp.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether train-mode forwards use mixed precision (on, and on a CUDA device).
+    pub fn amp(&self) -> bool {
+        self.amp.load(Ordering::Relaxed) && self.device.is_cuda()
     }
 
     /// Trainable parameters with official names and optimizer groups (state_dict order).

@@ -154,6 +154,8 @@ pub struct BudgetRequest {
     pub budget: u64,
     /// Seed of the synthetic data.
     pub seed: u64,
+    /// Mixed precision, as the training run will use it.
+    pub amp: bool,
 }
 
 /// The model, loss, optimizer and EMA the synthetic steps run on.
@@ -217,6 +219,7 @@ fn step_peak(
 /// (the message gives the measured need and the flags to change), or a non-memory failure.
 pub fn plan(req: &BudgetRequest, device: &Device, probe: &MemoryProbe) -> Result<BudgetDecision> {
     let model = YoloV9Train::new(None, req.nc, Vec::new(), device, req.seed)?;
+    model.set_amp(req.amp);
     let loss = DualTalLoss::new(req.nc, &STRIDES)?;
     let params = model
         .vars()

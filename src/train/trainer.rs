@@ -70,6 +70,9 @@ pub struct TrainOptions {
     /// Non-finite steps in a row before the last good state is restored and the LR halved.
     #[serde(default = "default_nan_patience")]
     pub nan_patience: usize,
+    /// Mixed precision (bf16) training on CUDA ([`YoloV9Train::set_amp`]); no effect on the CPU.
+    #[serde(default = "default_amp")]
+    pub amp: bool,
     /// `cpu` or a CUDA ordinal.
     pub device: String,
     /// Loader threads (0 = available cores − 1).
@@ -115,6 +118,10 @@ fn default_save_interval() -> f64 {
     10.0
 }
 
+fn default_amp() -> bool {
+    true
+}
+
 fn default_nan_patience() -> usize {
     5
 }
@@ -132,6 +139,7 @@ impl TrainOptions {
             budget: None,
             save_interval: default_save_interval(),
             nan_patience: default_nan_patience(),
+            amp: default_amp(),
             device: "cpu".into(),
             workers: 0,
             seed: 0,
@@ -821,6 +829,7 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
                     },
                     budget,
                     seed: opts.seed,
+                    amp: opts.amp,
                 },
                 &device,
                 &probe,
@@ -852,6 +861,7 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
         &device,
         opts.seed,
     )?;
+    model.set_amp(opts.amp);
     if let (Some(w), None) = (&opts.weights, &state) {
         let n = model.vars().len();
         let init = model.initialized().len();
@@ -990,7 +1000,7 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
     if opts.verbose {
         println!(
             "training {} images ({} batches of {}, micro-batch {}, accumulate {} for nominal batch 64) \
-             at {}x{} for {} epochs on {:?}; run folder {}",
+             at {}x{} for {} epochs on {:?}{}; run folder {}",
             loader.len(),
             nb,
             opts.batch,
@@ -1000,6 +1010,7 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
             opts.img,
             opts.epochs,
             device,
+            if model.amp() { " with mixed precision (bf16)" } else { "" },
             run_dir.display()
         );
     }
