@@ -254,15 +254,29 @@ fn mixed_precision_training_step_is_close_to_f32() {
     .unwrap();
     let loss = DualTalLoss::new(3, &[8, 16, 32]).unwrap();
     let dev = gpu();
+    // Both runs use the f32 run's assignments: at random init the anchors' alignment metrics
+    // nearly tie, so bf16 rounding alone may pick other positives and change the gradient
+    // far beyond rounding (seen: 1.6 relative at layer 0 with separate assignments).
+    let assigned = std::cell::RefCell::new(None::<[yolo9::loss::Assignment; 2]>);
     let run = |amp: bool| {
         let m = YoloV9Train::new(None, 3, vec![], &dev, 0).unwrap();
         m.set_amp(amp);
         assert_eq!(m.amp(), amp);
         let raw = m.forward(&x, true).unwrap();
         assert!(raw.main.iter().all(|t| t.dtype() == DType::F32));
-        let out = loss
-            .compute(&raw.aux, &raw.main, &targets, (160, 160))
-            .unwrap();
+        let mut a = assigned.borrow_mut();
+        let out = match a.as_ref() {
+            None => {
+                let out = loss
+                    .compute(&raw.aux, &raw.main, &targets, (160, 160))
+                    .unwrap();
+                *a = Some([out.aux.assignment.clone(), out.main.assignment.clone()]);
+                out
+            }
+            Some([aa, am]) => loss
+                .compute_with_assignments(&raw.aux, &raw.main, &targets, (160, 160), [aa, am])
+                .unwrap(),
+        };
         let g = out.total.backward().unwrap();
         let v = m
             .vars()
