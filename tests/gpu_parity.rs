@@ -8,6 +8,8 @@
 //!   gradients of the first and last layers.
 #![cfg(feature = "cuda")]
 
+mod common;
+
 use candle_core::{DType, Device, Tensor, Var};
 use yolo9::loss::DualTalLoss;
 use yolo9::model::bn_act;
@@ -18,18 +20,12 @@ fn gpu() -> Device {
     Device::new_cuda(0).expect("gpu_parity needs a CUDA device (run it on the GPU machine)")
 }
 
+/// f32 CPU tensor, uniform in [shift − scale, shift + scale).
 fn rand(shape: &[usize], seed: u64, scale: f32, shift: f32) -> Tensor {
-    let n: usize = shape.iter().product();
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let v: Vec<f32> = (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale + shift
-        })
-        .collect();
-    Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+    ((common::uniform(shape, seed) * scale as f64).unwrap() + shift as f64)
+        .unwrap()
+        .to_dtype(DType::F32)
+        .unwrap()
 }
 
 /// max |a − b| / max |b| (b = the CPU result).

@@ -36,31 +36,6 @@ fn subset() -> HashMap<String, Tensor> {
         .unwrap_or_else(|e| panic!("loading {}: {e}", p.display()))
 }
 
-fn max_abs(a: &Tensor, b: &Tensor) -> f32 {
-    assert_eq!(a.dims(), b.dims());
-    (a - b)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap()
-}
-
-fn absmax(a: &Tensor) -> f32 {
-    a.abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap()
-}
-
 fn builders(sd: &HashMap<String, Tensor>) -> (Builder<'_>, Builder<'_>) {
     let cpu = Device::Cpu;
     (
@@ -104,8 +79,8 @@ fn bn_folding_equals_conv_then_bn() {
         .broadcast_add(&r("model.0.bn.bias"))
         .unwrap();
     let y = (&y * candle_nn::ops::sigmoid(&y).unwrap()).unwrap();
-    let e_unf = max_abs(&b, &y) / absmax(&y);
-    let e_fused = max_abs(&a, &y) / absmax(&y);
+    let e_unf = common::max_abs(&b, &y) / common::abs_max(&y);
+    let e_fused = common::max_abs(&a, &y) / common::abs_max(&y);
     println!("conv+BN: unfused rel err {e_unf:.2e}, fused rel err {e_fused:.2e}");
     assert!(e_unf < 1e-6, "unfused conv+BN differs: {e_unf}");
     assert!(e_fused < 1e-5, "folded conv differs: {e_fused}");
@@ -131,10 +106,10 @@ fn repconvn_fused_equals_two_branches() {
     let sum = (conv1.forward(&x, false).unwrap() + conv2.forward(&x, false).unwrap()).unwrap();
     let want = sum.silu().unwrap();
     let b = unfused.forward(&x, false).unwrap();
-    let e = max_abs(&a, &want) / absmax(&want);
+    let e = common::max_abs(&a, &want) / common::abs_max(&want);
     println!("RepConvN fused vs branches: rel err {e:.2e}");
     assert!(e < 1e-5, "fused RepConvN differs: {e}");
-    assert!(max_abs(&b, &want) == 0.0);
+    assert!(common::max_abs(&b, &want) == 0.0);
 
     // Whole bottleneck (RepConvN + Conv + residual), fused vs unfused.
     let (mut bf, mut bt) = builders(&sd);
@@ -142,7 +117,7 @@ fn repconvn_fused_equals_two_branches() {
     let u = RepNBottleneck::load(&mut bt, "model.4.cv2.0.m.0", 32, 32).unwrap();
     assert!(f.add);
     let (a, b) = (f.forward(&x, false).unwrap(), u.forward(&x, false).unwrap());
-    let e = max_abs(&a, &b) / absmax(&b);
+    let e = common::max_abs(&a, &b) / common::abs_max(&b);
     println!("RepNBottleneck fused vs unfused: rel err {e:.2e}");
     assert!(e < 1e-5);
 }
@@ -159,7 +134,7 @@ fn elan1_and_aconv_fused_equal_unfused() {
     let a = f3.forward(&f2.forward(&x, false).unwrap(), false).unwrap();
     let b = u3.forward(&u2.forward(&x, false).unwrap(), false).unwrap();
     assert_eq!(a.dims(), &[1, 128, 8, 12]);
-    let e = max_abs(&a, &b) / absmax(&b);
+    let e = common::max_abs(&a, &b) / common::abs_max(&b);
     println!("ELAN1+AConv fused vs unfused: rel err {e:.2e}");
     assert!(e < 1e-5);
 }
@@ -224,7 +199,7 @@ fn max_pool_pads_with_negative_infinity() {
     // Same as candle's max_pool2d over the −∞-padded tensor.
     let xp = pool::pad_neg_inf(&x, 2).unwrap();
     let c = xp.max_pool2d_with_stride((5, 5), (1, 1)).unwrap();
-    assert_eq!(max_abs(&c, &y), 0.0);
+    assert_eq!(common::max_abs(&c, &y), 0.0);
 }
 
 #[test]
@@ -239,12 +214,12 @@ fn avg_pool_and_upsample_match_reference() {
     let at = |y: usize, xx: usize| xv[((3 + 2) * 5 + y) * 6 + xx];
     let want = (at(3, 4) + at(3, 5) + at(4, 4) + at(4, 5)) / 4.0;
     assert!((bv[((3 + 2) * 4 + 3) * 5 + 4] - want).abs() < 1e-6);
-    assert!(max_abs(&a, &b) < 1e-6);
+    assert!(common::max_abs(&a, &b) < 1e-6);
 
     let u = pool::upsample_nearest_2x(&x).unwrap();
     let c = x.upsample_nearest2d(10, 12).unwrap();
     assert_eq!(u.dims(), &[2, 3, 10, 12]);
-    assert_eq!(max_abs(&u, &c), 0.0);
+    assert_eq!(common::max_abs(&u, &c), 0.0);
 }
 
 #[test]
@@ -273,8 +248,8 @@ fn dfl_decode_of_p5_matches_oracle() {
     assert_eq!(y.dtype(), DType::F32);
     let y_main = &t["y_main"];
     let want = y_main.narrow(2, 5880 - 280, 280).unwrap();
-    let eb = max_abs(&y.narrow(1, 0, 4).unwrap(), &want.narrow(1, 0, 4).unwrap());
-    let es = max_abs(
+    let eb = common::max_abs(&y.narrow(1, 0, 4).unwrap(), &want.narrow(1, 0, 4).unwrap());
+    let es = common::max_abs(
         &y.narrow(1, 4, 80).unwrap(),
         &want.narrow(1, 4, 80).unwrap(),
     );

@@ -16,36 +16,11 @@ fn oracle() -> HashMap<String, Tensor> {
     .expect("loading forward_horses.safetensors")
 }
 
-fn max_abs(a: &Tensor, b: &Tensor) -> f32 {
-    assert_eq!(a.dims(), b.dims());
-    (a - b)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar()
-        .unwrap()
-}
-
-fn absmax(a: &Tensor) -> f32 {
-    a.abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar()
-        .unwrap()
-}
-
 /// (box max abs err in px, score max abs err) of a decoded (1, 84, A) output.
-fn decoded_errors(y: &Tensor, want: &Tensor) -> (f32, f32) {
+fn decoded_errors(y: &Tensor, want: &Tensor) -> (f64, f64) {
     assert_eq!(y.dims(), want.dims());
-    let eb = max_abs(&y.narrow(1, 0, 4).unwrap(), &want.narrow(1, 0, 4).unwrap());
-    let es = max_abs(
+    let eb = common::max_abs(&y.narrow(1, 0, 4).unwrap(), &want.narrow(1, 0, 4).unwrap());
+    let es = common::max_abs(
         &y.narrow(1, 4, 80).unwrap(),
         &want.narrow(1, 4, 80).unwrap(),
     );
@@ -67,7 +42,7 @@ fn yolov9_s_matches_official_forward() {
         .iter()
         .zip(["feat_main_p3", "feat_main_p4", "feat_main_p5"])
     {
-        let r = max_abs(f, &t[name]) / absmax(&t[name]);
+        let r = common::max_abs(f, &t[name]) / common::abs_max(&t[name]);
         println!("{name}: max abs err / absmax = {r:.2e}");
         assert!(r <= 1e-4, "{name}: {r}");
     }
@@ -97,7 +72,7 @@ fn yolov9_s_matches_official_forward() {
         .expect("export must be a complete official state_dict");
     let m2 = YoloV9::load(&w2, &Device::Cpu).unwrap();
     let y2 = m2.forward(x).unwrap();
-    assert_eq!(max_abs(&y, &y2), 0.0);
+    assert_eq!(common::max_abs(&y, &y2), 0.0);
 }
 
 #[test]

@@ -10,38 +10,11 @@ use yolo9::model::params::{BuildMode, Builder};
 use yolo9::model::{pool, ParamGroup, YoloV9Train};
 use yolo9::Graph;
 
-fn rand_f64(shape: &[usize], seed: u64) -> Tensor {
-    let n: usize = shape.iter().product();
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let v: Vec<f64> = (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
-        })
-        .collect();
-    Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
-}
-
-fn max_abs(a: &Tensor, b: &Tensor) -> f64 {
-    (a.to_dtype(DType::F64).unwrap() - b.to_dtype(DType::F64).unwrap())
-        .unwrap()
-        .abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar::<f64>()
-        .unwrap()
-}
-
 /// Checks d(sum(f(x) * r))/dx from candle's backward against central differences.
 fn check_grad(name: &str, x: &Tensor, f: impl Fn(&Tensor) -> Tensor) {
     let xv = Var::from_tensor(x).unwrap();
     let y0 = f(xv.as_tensor());
-    let r = rand_f64(y0.dims(), 99);
+    let r = common::uniform(y0.dims(), 99);
     let loss = (y0 * &r).unwrap().sum_all().unwrap();
     let grads = loss.backward().unwrap();
     let g: Vec<f64> = grads
@@ -77,7 +50,7 @@ fn check_grad(name: &str, x: &Tensor, f: impl Fn(&Tensor) -> Tensor) {
 
 #[test]
 fn pooling_and_upsample_gradients_match_finite_differences() {
-    let x = rand_f64(&[1, 2, 5, 6], 1);
+    let x = common::uniform(&[1, 2, 5, 6], 1);
     check_grad("avg_pool 2x2 s1", &x, |t| {
         pool::avg_pool_2x2_s1(t, true).unwrap()
     });
@@ -98,13 +71,13 @@ fn train_mode_bn_gradient_matches_finite_differences() {
     let dev = Device::Cpu;
     let mut b = Builder::new(None, Graph::Train, &dev, BuildMode::Train, 7);
     let mut conv = Conv::load(&mut b, "model.0", ConvSpec::new(2, 3, 3, 1)).unwrap();
-    conv.weight = rand_f64(&[3, 2, 3, 3], 3);
+    conv.weight = common::uniform(&[3, 2, 3, 3], 3);
     let bn = conv.bn.as_mut().unwrap();
-    bn.weight = (rand_f64(&[3], 4) + 1.5).unwrap();
-    bn.bias = rand_f64(&[3], 5);
+    bn.weight = (common::uniform(&[3], 4) + 1.5).unwrap();
+    bn.bias = common::uniform(&[3], 5);
     bn.running_mean = Var::from_tensor(&Tensor::zeros(3, DType::F64, &dev).unwrap()).unwrap();
     bn.running_var = Var::from_tensor(&Tensor::ones(3, DType::F64, &dev).unwrap()).unwrap();
-    let x = rand_f64(&[2, 2, 4, 5], 6);
+    let x = common::uniform(&[2, 2, 4, 5], 6);
     check_grad("Conv+BN(train)+SiLU", &x, |t| {
         conv.forward(t, true).unwrap()
     });
@@ -125,14 +98,14 @@ fn bn0_running_stats_after_one_train_forward_match_oracle() {
     let bn = conv.bn.as_ref().unwrap();
     let before_m = &lb["bn0_running_mean_before"];
     let before_v = &lb["bn0_running_var_before"];
-    assert_eq!(max_abs(bn.running_mean.as_tensor(), before_m), 0.0);
-    assert_eq!(max_abs(bn.running_var.as_tensor(), before_v), 0.0);
+    assert_eq!(common::max_abs(bn.running_mean.as_tensor(), before_m), 0.0);
+    assert_eq!(common::max_abs(bn.running_var.as_tensor(), before_v), 0.0);
 
     let x = (lb["images_u8"].to_dtype(DType::F32).unwrap() / 255.0).unwrap();
     let y = conv.forward(&x, true).unwrap();
     assert_eq!(y.dims(), &[2, 32, 320, 320]);
-    let em = max_abs(bn.running_mean.as_tensor(), &lb["bn0_running_mean_after"]);
-    let ev = max_abs(bn.running_var.as_tensor(), &lb["bn0_running_var_after"]);
+    let em = common::max_abs(bn.running_mean.as_tensor(), &lb["bn0_running_mean_after"]);
+    let ev = common::max_abs(bn.running_var.as_tensor(), &lb["bn0_running_var_after"]);
     println!("bn0 after one train forward: running_mean err {em:.2e}, running_var err {ev:.2e}");
     assert!(em <= 1e-5 && ev <= 1e-5, "mean err {em}, var err {ev}");
 }
@@ -197,7 +170,9 @@ fn fresh_training_graph_exports_official_state_dict() {
 #[test]
 fn training_graph_forward_shapes_and_gradients_reach_every_variable() {
     let m = YoloV9Train::new(None, 3, vec![], &Device::Cpu, 1).unwrap();
-    let x = rand_f64(&[2, 3, 64, 96], 11).to_dtype(DType::F32).unwrap();
+    let x = common::uniform(&[2, 3, 64, 96], 11)
+        .to_dtype(DType::F32)
+        .unwrap();
     let x = x.affine(0.5, 0.5).unwrap();
     let out = m.forward(&x, true).unwrap();
     let want = [[2, 67, 8, 12], [2, 67, 4, 6], [2, 67, 2, 3]];
@@ -252,21 +227,26 @@ fn fused_bn_act_matches_composite_bn_in_value_and_gradient() {
     let dev = Device::Cpu;
     for dtype in [DType::F64, DType::F32] {
         for silu in [true, false] {
-            let gamma =
-                Var::from_tensor(&(rand_f64(&[3], 4) + 1.5).unwrap().to_dtype(dtype).unwrap())
-                    .unwrap();
-            let beta = Var::from_tensor(&rand_f64(&[3], 5).to_dtype(dtype).unwrap()).unwrap();
+            let gamma = Var::from_tensor(
+                &(common::uniform(&[3], 4) + 1.5)
+                    .unwrap()
+                    .to_dtype(dtype)
+                    .unwrap(),
+            )
+            .unwrap();
+            let beta =
+                Var::from_tensor(&common::uniform(&[3], 5).to_dtype(dtype).unwrap()).unwrap();
             // Channel offsets and scales unlike 0/1, as conv outputs have.
             let shift = Tensor::new(&[0.5f64, -2.0, 7.0], &dev)
                 .unwrap()
                 .reshape((1, 3, 1, 1))
                 .unwrap();
-            let x0 = (rand_f64(&[2, 3, 5, 7], 6) * 3.0)
+            let x0 = (common::uniform(&[2, 3, 5, 7], 6) * 3.0)
                 .unwrap()
                 .broadcast_add(&shift)
                 .unwrap();
             let x = Var::from_tensor(&x0.to_dtype(dtype).unwrap()).unwrap();
-            let r = rand_f64(&[2, 3, 5, 7], 9).to_dtype(dtype).unwrap();
+            let r = common::uniform(&[2, 3, 5, 7], 9).to_dtype(dtype).unwrap();
             let bn_t = yolo9::model::conv::BatchNorm2d {
                 weight: gamma.as_tensor().clone(),
                 bias: beta.as_tensor().clone(),
@@ -277,14 +257,18 @@ fn fused_bn_act_matches_composite_bn_in_value_and_gradient() {
             let (comp, _, _) = bn_t.train_composite(x.as_tensor(), 70.0).unwrap();
             let comp = if silu { comp.silu().unwrap() } else { comp };
             let tol = if dtype == DType::F64 { 1e-12 } else { 2e-5 };
-            let dy = max_abs(&fused, &comp);
+            let dy = common::max_abs(&fused, &comp);
             let grads = |y: &Tensor| {
                 let g = (y * &r).unwrap().sum_all().unwrap().backward().unwrap();
                 [x.as_tensor(), gamma.as_tensor(), beta.as_tensor()]
                     .map(|t| g.get(t).expect("gradient reaches x, γ and β").clone())
             };
             let (gf, gc) = (grads(&fused), grads(&comp));
-            let errs: Vec<f64> = gf.iter().zip(&gc).map(|(a, b)| max_abs(a, b)).collect();
+            let errs: Vec<f64> = gf
+                .iter()
+                .zip(&gc)
+                .map(|(a, b)| common::max_abs(a, b))
+                .collect();
             println!(
                 "{dtype:?} silu={silu}: y {dy:.1e}, dx {:.1e}, dγ {:.1e}, dβ {:.1e}",
                 errs[0], errs[1], errs[2]
@@ -318,8 +302,8 @@ fn fused_bn_act_matches_composite_bn_in_value_and_gradient() {
             let want_rm = (mean.flatten_all().unwrap() * 0.03).unwrap();
             let want_rv =
                 ((var_b.flatten_all().unwrap() * (70.0 / 69.0 * 0.03)).unwrap() + 0.97).unwrap();
-            let em = max_abs(bn_t.running_mean.as_tensor(), &want_rm);
-            let ev = max_abs(bn_t.running_var.as_tensor(), &want_rv);
+            let em = common::max_abs(bn_t.running_mean.as_tensor(), &want_rm);
+            let ev = common::max_abs(bn_t.running_var.as_tensor(), &want_rv);
             assert!(
                 em <= tol * 10.0 && ev <= tol * 10.0,
                 "running stats err {em} {ev}"

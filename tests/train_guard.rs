@@ -55,17 +55,7 @@ fn max_diff(a: &Path, b: &Path) -> f32 {
         if ta.dtype() != DType::F32 {
             continue;
         }
-        let d = (ta - &b[k])
-            .unwrap()
-            .abs()
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .max(0)
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap();
-        m = m.max(d);
+        m = m.max(common::max_abs(ta, &b[k]) as f32);
     }
     m
 }

@@ -94,8 +94,11 @@ fn bail(msg: String) -> candle_core::Error {
     candle_core::Error::Msg(msg)
 }
 
+/// (N, C, H·W) of an NCHW tensor.
+pub(crate) type Geometry = (usize, usize, usize);
+
 /// (N, C, H·W) of a contiguous 4-D layout, and the element range it covers in its storage.
-pub(crate) fn geometry(l: &Layout, what: &str) -> Result<((usize, usize, usize), (usize, usize))> {
+pub(crate) fn geometry(l: &Layout, what: &str) -> Result<(Geometry, (usize, usize))> {
     let (n, c, h, w) = l.shape().dims4()?;
     let range = l
         .contiguous_offsets()
@@ -204,7 +207,7 @@ fn silu_grad<T: Float>(z: T) -> T {
     s.mul(T::one().add(z.mul(T::one().sub(s))))
 }
 
-fn cpu_stats<T: Float>(x: &[T], (n, c, hw): (usize, usize, usize)) -> Vec<T> {
+fn cpu_stats<T: Float>(x: &[T], (n, c, hw): Geometry) -> Vec<T> {
     let m = (n * hw) as f64;
     let per: Vec<(f64, f64)> = (0..c)
         .into_par_iter()
@@ -227,7 +230,7 @@ fn cpu_stats<T: Float>(x: &[T], (n, c, hw): (usize, usize, usize)) -> Vec<T> {
     out
 }
 
-fn cpu_fwd<T: Float>(x: &[T], p: &[T], (_, c, hw): (usize, usize, usize), op: BnAct) -> Vec<T> {
+fn cpu_fwd<T: Float>(x: &[T], p: &[T], (_, c, hw): Geometry, op: BnAct) -> Vec<T> {
     let k = chan_consts(p, c, op.eps);
     let mut y = x.to_vec();
     y.par_chunks_mut(hw).enumerate().for_each(|(plane, ys)| {
@@ -250,13 +253,7 @@ fn grad_pre<T: Float>(x: T, dy: T, k: &ChanConst<T>, silu: bool) -> T {
     }
 }
 
-fn cpu_grad_sums<T: Float>(
-    x: &[T],
-    dy: &[T],
-    p: &[T],
-    (n, c, hw): (usize, usize, usize),
-    op: BnAct,
-) -> Vec<T> {
+fn cpu_grad_sums<T: Float>(x: &[T], dy: &[T], p: &[T], (n, c, hw): Geometry, op: BnAct) -> Vec<T> {
     let k = chan_consts(p, c, op.eps);
     let per: Vec<(f64, f64)> = (0..c)
         .into_par_iter()
@@ -280,13 +277,7 @@ fn cpu_grad_sums<T: Float>(
     out
 }
 
-fn cpu_grad_input<T: Float>(
-    x: &[T],
-    dy: &[T],
-    q: &[T],
-    (n, c, hw): (usize, usize, usize),
-    op: BnAct,
-) -> Vec<T> {
+fn cpu_grad_input<T: Float>(x: &[T], dy: &[T], q: &[T], (n, c, hw): Geometry, op: BnAct) -> Vec<T> {
     let k = chan_consts(q, c, op.eps);
     let m = T::of64((n * hw) as f64);
     let mut dx = vec![T::of64(0.0); x.len()];
@@ -306,10 +297,7 @@ fn cpu_grad_input<T: Float>(
     dx
 }
 
-fn slice_of<'a, T: candle_core::WithDType>(
-    s: &'a CpuStorage,
-    (a, b): (usize, usize),
-) -> Result<&'a [T]> {
+fn slice_of<T: candle_core::WithDType>(s: &CpuStorage, (a, b): (usize, usize)) -> Result<&[T]> {
     Ok(&s.as_slice::<T>()?[a..b])
 }
 
@@ -413,44 +401,66 @@ impl CustomOp2 for BnAct {
     }
 }
 
-/// Shared CPU dispatch of the two backward ops (same argument pattern, `rows` of the third).
-fn cpu_bwd3(
-    name: &str,
-    rows: usize,
-    (s1, l1): (&CpuStorage, &Layout),
-    (s2, l2): (&CpuStorage, &Layout),
-    (s3, l3): (&CpuStorage, &Layout),
-    f32_fn: impl Fn(&[f32], &[f32], &[f32], (usize, usize, usize)) -> Vec<f32>,
-    f64_fn: impl Fn(&[f64], &[f64], &[f64], (usize, usize, usize)) -> Vec<f64>,
-    out: impl Fn((usize, usize, usize), &Layout) -> Shape,
-) -> Result<(CpuStorage, Shape)> {
-    let (g, r1) = geometry(l1, "x")?;
-    let (g2, r2) = geometry(l2, "dy")?;
-    if g2 != g {
-        return Err(bail(format!("{name}: x and dy shapes differ")));
+/// The CPU side of the two backward ops: args (x, dy, block of `ROWS` × C).
+trait CpuBwd3 {
+    const ROWS: usize;
+    /// The op's name in errors.
+    fn label(&self) -> &'static str;
+    fn run<T: Float>(&self, x: &[T], dy: &[T], q: &[T], g: Geometry) -> Vec<T>;
+    fn out_shape(&self, g: Geometry, x: &Layout) -> Shape;
+
+    fn dispatch(&self, a1: CpuArg, a2: CpuArg, a3: CpuArg) -> Result<(CpuStorage, Shape)> {
+        let ((s1, l1), (s2, l2), (s3, l3)) = (a1, a2, a3);
+        let (g, r1) = geometry(l1, "x")?;
+        let (g2, r2) = geometry(l2, "dy")?;
+        if g2 != g {
+            return Err(bail(format!("{}: x and dy shapes differ", self.label())));
+        }
+        let r3 = params_range(l3, Self::ROWS, g.1, "parameters")?;
+        let shape = self.out_shape(g, l1);
+        let out = match (s1, s2, s3) {
+            (CpuStorage::F32(_), CpuStorage::F32(_), CpuStorage::F32(_)) => CpuStorage::F32(
+                self.run(slice_of(s1, r1)?, slice_of(s2, r2)?, slice_of(s3, r3)?, g),
+            ),
+            (CpuStorage::F64(_), CpuStorage::F64(_), CpuStorage::F64(_)) => CpuStorage::F64(
+                self.run(slice_of(s1, r1)?, slice_of(s2, r2)?, slice_of(s3, r3)?, g),
+            ),
+            _ => {
+                return Err(bail(format!(
+                    "{}: mixed or unsupported dtypes",
+                    self.label()
+                )))
+            }
+        };
+        Ok((out, shape))
     }
-    let r3 = params_range(l3, rows, g.1, "parameters")?;
-    let shape = out(g, l1);
-    match (s1, s2, s3) {
-        (CpuStorage::F32(_), CpuStorage::F32(_), CpuStorage::F32(_)) => Ok((
-            CpuStorage::F32(f32_fn(
-                slice_of(s1, r1)?,
-                slice_of(s2, r2)?,
-                slice_of(s3, r3)?,
-                g,
-            )),
-            shape,
-        )),
-        (CpuStorage::F64(_), CpuStorage::F64(_), CpuStorage::F64(_)) => Ok((
-            CpuStorage::F64(f64_fn(
-                slice_of(s1, r1)?,
-                slice_of(s2, r2)?,
-                slice_of(s3, r3)?,
-                g,
-            )),
-            shape,
-        )),
-        _ => Err(bail(format!("{name}: mixed or unsupported dtypes"))),
+}
+
+type CpuArg<'a> = (&'a CpuStorage, &'a Layout);
+
+impl CpuBwd3 for BnActGradSums {
+    const ROWS: usize = 4;
+    fn label(&self) -> &'static str {
+        "bn-act-grad-sums"
+    }
+    fn run<T: Float>(&self, x: &[T], dy: &[T], p: &[T], g: Geometry) -> Vec<T> {
+        cpu_grad_sums(x, dy, p, g, self.0)
+    }
+    fn out_shape(&self, g: Geometry, _: &Layout) -> Shape {
+        Shape::from((2, g.1))
+    }
+}
+
+impl CpuBwd3 for BnActGradInput {
+    const ROWS: usize = 6;
+    fn label(&self) -> &'static str {
+        "bn-act-grad-input"
+    }
+    fn run<T: Float>(&self, x: &[T], dy: &[T], q: &[T], g: Geometry) -> Vec<T> {
+        cpu_grad_input(x, dy, q, g, self.0)
+    }
+    fn out_shape(&self, _: Geometry, x: &Layout) -> Shape {
+        x.shape().clone()
     }
 }
 
@@ -468,17 +478,7 @@ impl CustomOp3 for BnActGradSums {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let op = self.0;
-        cpu_bwd3(
-            self.name(),
-            4,
-            (s1, l1),
-            (s2, l2),
-            (s3, l3),
-            |x, dy, p, g| cpu_grad_sums(x, dy, p, g, op),
-            |x, dy, p, g| cpu_grad_sums(x, dy, p, g, op),
-            |g, _| Shape::from((2, g.1)),
-        )
+        self.dispatch((s1, l1), (s2, l2), (s3, l3))
     }
 
     #[cfg(feature = "cuda")]
@@ -509,17 +509,7 @@ impl CustomOp3 for BnActGradInput {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let op = self.0;
-        cpu_bwd3(
-            self.name(),
-            6,
-            (s1, l1),
-            (s2, l2),
-            (s3, l3),
-            |x, dy, q, g| cpu_grad_input(x, dy, q, g, op),
-            |x, dy, q, g| cpu_grad_input(x, dy, q, g, op),
-            |_, l| l.shape().clone(),
-        )
+        self.dispatch((s1, l1), (s2, l2), (s3, l3))
     }
 
     #[cfg(feature = "cuda")]

@@ -72,3 +72,46 @@ pub fn tiny_dataset(dir: &std::path::Path, n_train: usize) -> PathBuf {
     .unwrap();
     yaml
 }
+
+/// max |a − b| over all elements, in f64 (both tensors converted to f64 on the CPU; same shape).
+pub fn max_abs(a: &candle_core::Tensor, b: &candle_core::Tensor) -> f64 {
+    assert_eq!(a.dims(), b.dims(), "max_abs: shapes differ");
+    let f = |t: &candle_core::Tensor| {
+        t.to_device(&candle_core::Device::Cpu)
+            .unwrap()
+            .to_dtype(candle_core::DType::F64)
+            .unwrap()
+    };
+    abs_max(&(f(a) - f(b)).unwrap())
+}
+
+/// max |a| over all elements, in f64.
+pub fn abs_max(a: &candle_core::Tensor) -> f64 {
+    a.to_device(&candle_core::Device::Cpu)
+        .unwrap()
+        .to_dtype(candle_core::DType::F64)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_scalar::<f64>()
+        .unwrap()
+}
+
+/// A reproducible f64 CPU tensor with values uniform in [−1, 1) (xorshift64 from `seed`).
+pub fn uniform(shape: &[usize], seed: u64) -> candle_core::Tensor {
+    let n: usize = shape.iter().product();
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let v: Vec<f64> = (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
+        })
+        .collect();
+    candle_core::Tensor::from_vec(v, shape, &candle_core::Device::Cpu).unwrap()
+}
