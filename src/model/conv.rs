@@ -342,8 +342,10 @@ impl Conv {
 /// zero `padding` per side, `stride`, dilation 1, `groups`.
 ///
 /// With the `cuda` feature and `x` on a CUDA device (f32/f16/bf16) this is the cuDNN op
-/// [`crate::cuda::conv::conv2d`] (forward and backward on cuDNN, f32 without TF32); otherwise,
-/// and always in builds without `cuda`, candle's `Tensor::conv2d`.
+/// [`crate::cuda::conv::conv2d`] (forward and backward on cuDNN, f32 without TF32). On the CPU,
+/// tensors that need no gradient (inference, validation) go through
+/// [`super::cpu_conv::conv2d`] (im2col + one GEMM in the fast orientation; `YOLO9_CPU_CONV=candle`
+/// turns it off); everything else through candle's `Tensor::conv2d`.
 pub fn conv2d_any(
     x: &Tensor,
     w: &Tensor,
@@ -351,6 +353,9 @@ pub fn conv2d_any(
     stride: usize,
     groups: usize,
 ) -> candle_core::Result<Tensor> {
+    if super::cpu_conv::applies(x, w, groups) && own_cpu_conv() {
+        return super::cpu_conv::conv2d(x, w, padding, stride);
+    }
     #[cfg(feature = "cuda")]
     {
         crate::cuda::conv::conv2d(x, w, padding, stride, groups)
@@ -359,6 +364,12 @@ pub fn conv2d_any(
     {
         x.conv2d(w, padding, stride, 1, groups)
     }
+}
+
+/// Whether the own CPU inference convolution is on (unless `YOLO9_CPU_CONV=candle`).
+fn own_cpu_conv() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("YOLO9_CPU_CONV").as_deref() != Ok("candle"))
 }
 
 /// Folds an eval-mode BN into the preceding bias-free conv: returns the kernel (C_out, …) and the

@@ -2,6 +2,7 @@
 //!
 //! - [`conv`]: `Conv` (conv + BN + SiLU), BN folding, train/eval BatchNorm.
 //! - [`bn_act`]: train-mode BatchNorm fused with SiLU (custom op with closed-form backward).
+//! - [`cpu_conv`]: the CPU inference convolution (im2col + one GEMM).
 //! - [`blocks`]: `RepConvN`, `RepNBottleneck`, `RepNCSP`, `RepNCSPELAN4`, `ELAN1`, `AConv`, `SPPELAN`.
 //! - [`pool`]: PyTorch-exact, differentiable avg/max pooling and nearest upsampling.
 //! - [`head`]: `DDetect` branch, DFL, anchors, decode.
@@ -12,6 +13,7 @@
 pub mod blocks;
 pub mod bn_act;
 pub mod conv;
+pub mod cpu_conv;
 pub mod head;
 pub mod params;
 pub mod pool;
