@@ -30,26 +30,25 @@ fn rand(shape: &[usize], seed: u64, scale: f32, shift: f32) -> Tensor {
 
 /// max |a − b| / max |b| (b = the CPU result).
 fn rel(a: &Tensor, b: &Tensor) -> f64 {
-    let a = a
-        .to_device(&Device::Cpu)
+    common::max_abs(a, b) / common::abs_max(b).max(1e-30)
+}
+
+/// Backward of `sum(y · r)` for a bf16 `y` on the GPU, with the same random weighting `r` as
+/// [`both`] (rounded to bf16) and the sum taken in f32.
+fn weighted_backward_bf16(y: &Tensor) -> candle_core::backprop::GradStore {
+    let r = rand(y.dims(), 77, 1.0, 0.0)
+        .to_device(y.device())
         .unwrap()
-        .to_dtype(DType::F64)
+        .to_dtype(DType::BF16)
         .unwrap();
-    let b = b
-        .to_device(&Device::Cpu)
+    (y * &r)
         .unwrap()
-        .to_dtype(DType::F64)
-        .unwrap();
-    let d = (&a - &b)
+        .to_dtype(DType::F32)
         .unwrap()
-        .abs()
+        .sum_all()
         .unwrap()
-        .flatten_all()
+        .backward()
         .unwrap()
-        .max(0)
-        .unwrap();
-    let m = b.abs().unwrap().flatten_all().unwrap().max(0).unwrap();
-    d.to_scalar::<f64>().unwrap() / m.to_scalar::<f64>().unwrap().max(1e-30)
 }
 
 /// Runs `f` on CPU and GPU copies of `inputs` with a random output weighting, returning the
@@ -208,19 +207,7 @@ fn fused_bn_silu_in_bf16_stays_within_bf16_rounding_of_f32() {
     )
     .unwrap();
     assert_eq!(y.dtype(), DType::BF16);
-    let r = rand(y.dims(), 77, 1.0, 0.0)
-        .to_device(&dev)
-        .unwrap()
-        .to_dtype(DType::BF16)
-        .unwrap();
-    let grads = (&y * &r)
-        .unwrap()
-        .to_dtype(DType::F32)
-        .unwrap()
-        .sum_all()
-        .unwrap()
-        .backward()
-        .unwrap();
+    let grads = weighted_backward_bf16(&y);
     let e = [
         rel(&y, &yc),
         rel(grads.get(xb.as_tensor()).unwrap(), &gc[0]),
@@ -334,19 +321,7 @@ fn cudnn_conv_in_bf16_stays_within_bf16_rounding_of_f32() {
         1,
     )
     .unwrap();
-    let r = rand(y.dims(), 77, 1.0, 0.0)
-        .to_device(&dev)
-        .unwrap()
-        .to_dtype(DType::BF16)
-        .unwrap();
-    let g = (&y * &r)
-        .unwrap()
-        .to_dtype(DType::F32)
-        .unwrap()
-        .sum_all()
-        .unwrap()
-        .backward()
-        .unwrap();
+    let g = weighted_backward_bf16(&y);
     let e = [
         rel(&y, &yc),
         rel(g.get(xb.as_tensor()).unwrap(), &gc[0]),

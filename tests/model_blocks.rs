@@ -266,3 +266,30 @@ fn models_are_send_and_sync() {
     ok::<yolo9::model::YoloV9>();
     ok::<yolo9::model::YoloV9Train>();
 }
+
+/// The CPU inference convolution (`model::cpu_conv`) gives candle's conv2d result (to f32
+/// rounding) for the shapes of YOLOv9: 3×3 stride 1 and 2 with padding 1, 1×1, 1×1 with stride,
+/// odd sizes, batch > 1, and a 5×5 kernel.
+#[test]
+fn cpu_inference_conv_equals_candle_conv2d() {
+    let rand = |shape: &[usize], seed| {
+        (common::uniform(shape, seed) * 0.5)
+            .unwrap()
+            .to_dtype(DType::F32)
+            .unwrap()
+    };
+    for (xs, ws, p, s) in [
+        ([2, 5, 9, 7], [6, 5, 3, 3], 1, 1),
+        ([1, 3, 16, 16], [8, 3, 3, 3], 1, 2),
+        ([3, 8, 6, 5], [4, 8, 1, 1], 0, 1),
+        ([1, 8, 6, 6], [4, 8, 1, 1], 0, 2),
+        ([1, 4, 5, 5], [2, 4, 5, 5], 2, 1),
+    ] {
+        let x = rand(&xs, 1);
+        let w = rand(&ws, 2);
+        let want = x.conv2d(&w, p, s, 1, 1).unwrap();
+        let got = yolo9::model::cpu_conv::conv2d(&x, &w, p, s).unwrap();
+        let d = common::max_abs(&got, &want);
+        assert!(d < 1e-5, "{xs:?} * {ws:?} p{p} s{s}: max diff {d}");
+    }
+}

@@ -220,6 +220,16 @@ fn bad_inputs_are_errors_not_panics() {
     assert!(m.forward(&x, false).is_err());
 }
 
+/// Mean of (N, C, H, W) over N, H and W → (1, C, 1, 1).
+fn channel_mean(t: &Tensor) -> Tensor {
+    t.mean_keepdim(3)
+        .unwrap()
+        .mean_keepdim(2)
+        .unwrap()
+        .mean_keepdim(0)
+        .unwrap()
+}
+
 /// The fused train-mode BN + SiLU op against the composite of candle ops it replaces: outputs,
 /// input gradients and γ/β gradients, in f64 and f32, with and without SiLU.
 #[test]
@@ -281,24 +291,8 @@ fn fused_bn_act_matches_composite_bn_in_value_and_gradient() {
                 );
             }
             // The running statistics of the fused path (momentum 0.03, unbiased variance).
-            let mean = x0
-                .mean_keepdim(3)
-                .unwrap()
-                .mean_keepdim(2)
-                .unwrap()
-                .mean_keepdim(0)
-                .unwrap();
-            let var_b = x0
-                .broadcast_sub(&mean)
-                .unwrap()
-                .sqr()
-                .unwrap()
-                .mean_keepdim(3)
-                .unwrap()
-                .mean_keepdim(2)
-                .unwrap()
-                .mean_keepdim(0)
-                .unwrap();
+            let mean = channel_mean(&x0);
+            let var_b = channel_mean(&x0.broadcast_sub(&mean).unwrap().sqr().unwrap());
             let want_rm = (mean.flatten_all().unwrap() * 0.03).unwrap();
             let want_rv =
                 ((var_b.flatten_all().unwrap() * (70.0 / 69.0 * 0.03)).unwrap() + 0.97).unwrap();

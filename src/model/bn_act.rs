@@ -402,10 +402,8 @@ impl CustomOp2 for BnAct {
 }
 
 /// The CPU side of the two backward ops: args (x, dy, block of `ROWS` × C).
-trait CpuBwd3 {
+trait CpuBwd3: CustomOp3 {
     const ROWS: usize;
-    /// The op's name in errors.
-    fn label(&self) -> &'static str;
     fn run<T: Float>(&self, x: &[T], dy: &[T], q: &[T], g: Geometry) -> Vec<T>;
     fn out_shape(&self, g: Geometry, x: &Layout) -> Shape;
 
@@ -414,7 +412,7 @@ trait CpuBwd3 {
         let (g, r1) = geometry(l1, "x")?;
         let (g2, r2) = geometry(l2, "dy")?;
         if g2 != g {
-            return Err(bail(format!("{}: x and dy shapes differ", self.label())));
+            return Err(bail(format!("{}: x and dy shapes differ", self.name())));
         }
         let r3 = params_range(l3, Self::ROWS, g.1, "parameters")?;
         let shape = self.out_shape(g, l1);
@@ -428,7 +426,7 @@ trait CpuBwd3 {
             _ => {
                 return Err(bail(format!(
                     "{}: mixed or unsupported dtypes",
-                    self.label()
+                    self.name()
                 )))
             }
         };
@@ -440,9 +438,6 @@ type CpuArg<'a> = (&'a CpuStorage, &'a Layout);
 
 impl CpuBwd3 for BnActGradSums {
     const ROWS: usize = 4;
-    fn label(&self) -> &'static str {
-        "bn-act-grad-sums"
-    }
     fn run<T: Float>(&self, x: &[T], dy: &[T], p: &[T], g: Geometry) -> Vec<T> {
         cpu_grad_sums(x, dy, p, g, self.0)
     }
@@ -453,9 +448,6 @@ impl CpuBwd3 for BnActGradSums {
 
 impl CpuBwd3 for BnActGradInput {
     const ROWS: usize = 6;
-    fn label(&self) -> &'static str {
-        "bn-act-grad-input"
-    }
     fn run<T: Float>(&self, x: &[T], dy: &[T], q: &[T], g: Geometry) -> Vec<T> {
         cpu_grad_input(x, dy, q, g, self.0)
     }
