@@ -1,9 +1,11 @@
 //! Detect latency and throughput: `cargo bench --bench detect -- [--device cpu|N] [--weights W]
-//! [--image IMG] [--iters N] [--batch B]`.
+//! [--image IMG] [--iters N] [--batch B] [--half]`.
 //!
 //! Measures, on one image letterboxed to 640 (`auto` padding, as `yolo9 detect`):
-//! pre-process (decode excluded: letterbox + tensor), forward (device-synchronised, output copied to
-//! the host as `yolo9 detect` does), NMS + scaling, and the total, as medians over `--iters`; then
+//! pre-process (decode excluded: letterbox), forward (input upload + network, device-synchronised,
+//! output left on the device as `yolo9 detect` does), NMS + scaling (candidate filter on the
+//! device, candidates copied to the host, NMS there), and the total, as medians over `--iters`;
+//! `--half` runs the network in f16 (`yolo9 detect --half`); then
 //! the forward throughput at `--batch` (default 32) on a stacked batch. Prints one line per figure
 //! as `name value unit` so a script can compare it with `benches/torch_detect.py` run in the same
 //! device command.
@@ -26,6 +28,7 @@ fn main() -> Result<()> {
     let mut image = PathBuf::from("examples/images/BloodImage_00007.jpg");
     let mut iters = 20usize;
     let mut batch = 32usize;
+    let mut dtype = candle_core::DType::F32;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut val = || args.next().with_context(|| format!("{a} needs a value"));
@@ -35,16 +38,17 @@ fn main() -> Result<()> {
             "--image" => image = val()?.into(),
             "--iters" => iters = val()?.parse()?,
             "--batch" => batch = val()?.parse()?,
+            "--half" => dtype = candle_core::DType::F16,
             "--bench" => {}
             _ => {}
         }
     }
     let spec = parse_device(&device).map_err(anyhow::Error::msg)?;
     let dev = select(spec)?;
-    let det = Detector::load(&weights, dev.clone())?;
+    let det = Detector::load_dtype(&weights, dev.clone(), dtype)?;
     let img = yolo9::data::image::load_rgb8(&image)?;
     println!(
-        "device {device} weights {} image {}",
+        "device {device} dtype {dtype:?} weights {} image {}",
         weights.display(),
         image.display()
     );
@@ -53,10 +57,8 @@ fn main() -> Result<()> {
     for i in 0..iters + 3 {
         let t0 = Instant::now();
         let (lb, info) = det.preprocess(&img)?;
-        let x = to_tensor(&[&lb], &dev)?;
-        dev.synchronize()?;
         let t1 = Instant::now();
-        let y = det.forward_tensor(&x)?;
+        let y = det.infer(&[&lb])?;
         let t2 = Instant::now();
         let d = det.postprocess(&y, &[info])?;
         let t3 = Instant::now();

@@ -30,6 +30,14 @@ fn defaults_like_detect_dual() {
     assert_eq!(a.project, std::path::PathBuf::from("runs/detect"));
     assert_eq!(a.name, "exp");
     assert_eq!(a.line_thickness, 3);
+    assert!(!a.half);
+    assert!(parse(&["--half"]).unwrap().half);
+    // --half is f32 on the CPU (as the official detect), f16 on a GPU.
+    let cpu = candle_core::Device::Cpu;
+    assert_eq!(
+        yolo9::cli::detect::inference_dtype(true, &cpu),
+        candle_core::DType::F32
+    );
     let a = parse(&[
         "--conf",
         "0.5",

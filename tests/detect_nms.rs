@@ -6,7 +6,10 @@ mod common;
 use candle_core::{Device, Tensor};
 use std::collections::HashMap;
 use yolo9::detect::nms::{batched_nms, nms};
-use yolo9::detect::postprocess::{non_max_suppression, scale_boxes, NmsOptions, Row};
+use yolo9::detect::postprocess::{
+    filtered_candidates, host_candidates, nms_image, non_max_suppression, scale_boxes, NmsOptions,
+    Row,
+};
 
 fn load(name: &str) -> HashMap<String, Tensor> {
     let p = common::reference(name);
@@ -229,4 +232,101 @@ fn hand_computed_nms_edges() {
     assert_eq!(nms(&d, &[0.9, 0.8, 0.7], 1.0), vec![0, 1, 2]);
     assert_eq!(nms(&d, &[0.9, 0.8, 0.7], 0.0), vec![0]);
     assert!(nms(&[], &[], 0.5).is_empty());
+}
+
+/// The device-side candidate filter (what a CUDA detector copies to the host) gives exactly the
+/// official rows on the oracle output, for the detect and val settings, and keeps far fewer
+/// columns than the 8400 anchors at the detect threshold.
+#[test]
+fn candidate_filter_gives_the_official_rows() {
+    let (y, t) = y_main();
+    let a = y.dim(2).unwrap();
+    let full = host_candidates(&y, 0.25).unwrap();
+    assert_eq!((full.len(), full[0].len), (1, a));
+    let cases = [
+        (NmsOptions::default(), "nms_detect_det"),
+        (
+            NmsOptions {
+                conf_thres: 0.001,
+                iou_thres: 0.7,
+                max_det: 300,
+                ..Default::default()
+            },
+            "nms_val_det",
+        ),
+        (
+            NmsOptions {
+                conf_thres: 0.001,
+                iou_thres: 0.7,
+                max_det: 300,
+                multi_label: true,
+                ..Default::default()
+            },
+            "nms_val_ml_det",
+        ),
+    ];
+    for (opts, key) in cases {
+        let c = filtered_candidates(&y, opts.conf_thres).unwrap();
+        assert_eq!(c.len(), 1);
+        assert_eq!(c[0].data.len(), c[0].len * 84);
+        let got = nms_image(&c[0].data, 80, c[0].len, &opts);
+        assert_rows_equal(&got, &rows(&t[key]), key);
+        if key == "nms_detect_det" {
+            println!("candidates at conf 0.25: {} of {a}", c[0].len);
+            assert!(
+                c[0].len > 44 && c[0].len < a / 10,
+                "{} candidates",
+                c[0].len
+            );
+        }
+    }
+}
+
+/// Hand-built batch of two images (nc = 2, 4 anchors): per-image candidate sets of different
+/// sizes, an image with none, a NaN score next to a real one, and the strict `>` threshold.
+#[test]
+fn candidate_filter_batch_nan_and_threshold() {
+    let nan = f32::NAN;
+    // Rows cx, cy, w, h, s0, s1; columns = anchors.
+    let img0 = [
+        [10.0, 50.0, 90.0, 10.0],
+        [10.0, 50.0, 90.0, 10.0],
+        [4.0, 4.0, 4.0, 4.0],
+        [4.0, 4.0, 4.0, 4.0],
+        [0.5, 0.25, 0.1, nan],
+        [0.1, 0.2, 0.9, 0.7],
+    ];
+    let img1 = [
+        [10.0, 50.0, 90.0, 10.0],
+        [10.0, 50.0, 90.0, 10.0],
+        [4.0, 4.0, 4.0, 4.0],
+        [4.0, 4.0, 4.0, 4.0],
+        [0.25, 0.1, 0.0, 0.2],
+        [0.0, 0.25, 0.1, 0.2],
+    ];
+    let flat: Vec<f32> = img0.iter().chain(img1.iter()).flatten().copied().collect();
+    let y = Tensor::from_vec(flat.clone(), (2, 6, 4), &Device::Cpu).unwrap();
+    let c = filtered_candidates(&y, 0.25).unwrap();
+    // Image 0: anchor 1 has best 0.25 (not > 0.25) and is dropped; anchor 3's NaN is kept
+    // for nms_image to judge. Image 1: nothing above 0.25.
+    assert_eq!(c[0].len, 3, "{:?}", c[0]);
+    assert_eq!(c[1].len, 0);
+    assert!(c[1].data.is_empty());
+    for multi_label in [false, true] {
+        let opts = NmsOptions {
+            multi_label,
+            ..Default::default()
+        };
+        for (i, cand) in c.iter().enumerate() {
+            let all = nms_image(&flat[i * 24..(i + 1) * 24], 2, 4, &opts);
+            let got = nms_image(&cand.data, 2, cand.len, &opts);
+            assert_eq!(got.len(), all.len());
+            for (g, w) in got.iter().zip(&all) {
+                assert_eq!(g.map(f32::to_bits), w.map(f32::to_bits));
+            }
+        }
+    }
+    let d0 = nms_image(&c[0].data, 2, c[0].len, &NmsOptions::default());
+    let confs: Vec<f32> = d0.iter().map(|r| r[4]).collect();
+    assert_eq!(confs, vec![0.9, 0.7, 0.5]);
 }

@@ -72,6 +72,10 @@ pub struct DetectArgs {
     /// Device: cpu, or a CUDA index such as 0 (cuda:0).
     #[arg(long, default_value = "cpu", value_parser = parse_device, allow_negative_numbers = true)]
     pub device: DeviceSpec,
+    /// Half-precision (f16) inference on a CUDA device, as the official --half. On the CPU it is
+    /// ignored with a notice (f32 is used; half precision is slower there).
+    #[arg(long)]
+    pub half: bool,
     /// Save YOLO label files (labels/<stem>.txt).
     #[arg(long = "save-txt")]
     pub save_txt: bool,
@@ -273,10 +277,11 @@ pub fn run(args: DetectArgs) -> Result<()> {
     let sources = expand_sources(&args.source)?;
     let weights = resolve_weights(args.weights.as_deref())?;
     let device = crate::device::select(args.device)?;
+    let dtype = inference_dtype(args.half, &device);
     if let Some(budget) = args.budget {
         let w = crate::model::weights::Weights::load(&weights)
             .with_context(|| format!("--weights {}", weights.display()))?;
-        let m = crate::model::yolov9::YoloV9::load(&w, &device)?;
+        let m = crate::model::yolov9::YoloV9::load_dtype(&w, &device, dtype)?;
         let probe = crate::memory::MemoryProbe::new(&device)?;
         let d = crate::train::budget::plan_inference(&m, img, 1, budget, &probe)?;
         println!(
@@ -286,7 +291,7 @@ pub fn run(args: DetectArgs) -> Result<()> {
             d.what
         );
     }
-    let detector = Detector::load(&weights, device)?
+    let detector = Detector::load_dtype(&weights, device, dtype)?
         .img_size(img)
         .conf(args.conf_thres as f32)
         .iou(args.iou_thres)
@@ -294,6 +299,19 @@ pub fn run(args: DetectArgs) -> Result<()> {
         .classes(args.classes.clone())
         .agnostic(args.agnostic_nms);
     run_with(&detector, &args, &sources.files, &sources.skipped)
+}
+
+/// The network dtype for `--half` on `device`: f16 on a GPU; on the CPU f32, with a notice (as
+/// the official `half &= device.type != 'cpu'`).
+pub fn inference_dtype(half: bool, device: &candle_core::Device) -> candle_core::DType {
+    if !half {
+        candle_core::DType::F32
+    } else if device.is_cpu() {
+        eprintln!("--half has no effect on the CPU: detecting in f32");
+        candle_core::DType::F32
+    } else {
+        candle_core::DType::F16
+    }
 }
 
 /// The detect loop with an already built detector (used by `run` and by tests with a stand-in

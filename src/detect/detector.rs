@@ -16,7 +16,7 @@
 //! # Ok::<(), anyhow::Error>(())
 //! ```
 use crate::detect::letterbox::{apply_letterbox, letterbox_info, to_tensor, LetterboxInfo};
-use crate::detect::postprocess::{nms_image, scale_rows, NmsOptions, Row};
+use crate::detect::postprocess::{host_candidates, nms_image, scale_rows, NmsOptions, Row};
 use crate::model::weights::ModelMeta;
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Tensor};
@@ -85,9 +85,18 @@ impl Detector {
     ///
     /// Errors: unreadable or incompatible weights (the message names the file).
     pub fn load(path: &Path, device: Device) -> Result<Self> {
+        Self::load_dtype(path, device, DType::F32)
+    }
+
+    /// [`Detector::load`] running the network in `dtype` (f32, or f16/bf16 half precision as
+    /// `yolo9 detect --half`; see [`crate::model::yolov9::YoloV9::load_dtype`]). Outputs, boxes
+    /// and NMS stay f32.
+    ///
+    /// Errors: those of [`Detector::load`], or a non-float `dtype`.
+    pub fn load_dtype(path: &Path, device: Device, dtype: DType) -> Result<Self> {
         let weights = crate::model::weights::Weights::load(path)
             .with_context(|| format!("loading weights {}", path.display()))?;
-        let model = load_model(&weights, &device)
+        let model = load_model(&weights, &device, dtype)
             .with_context(|| format!("building the model from {}", path.display()))?;
         Ok(Self::from_boxed(model, device))
     }
@@ -197,7 +206,9 @@ impl Detector {
         Ok((apply_letterbox(img, &info), info))
     }
 
-    /// Step 2: the forward pass on same-sized letterboxed images; `(B, 4+nc, A)` f32 on the CPU.
+    /// Step 2: the forward pass on same-sized letterboxed images; `(B, 4+nc, A)` f32, left on
+    /// the detector's device (step 3 copies only the NMS candidates to the host). The device is
+    /// synchronized before returning, so the call's wall time is the forward's.
     pub fn infer(&self, letterboxed: &[&RgbImage]) -> Result<Tensor> {
         let x = to_tensor(letterboxed, &self.device)?;
         let y = self.model.forward(&x).context("model forward")?;
@@ -213,7 +224,9 @@ impl Detector {
                 4 + nc
             );
         }
-        Ok(y.to_dtype(DType::F32)?.to_device(&Device::Cpu)?)
+        let y = y.to_dtype(DType::F32)?;
+        self.device.synchronize()?;
+        Ok(y)
     }
 
     /// The raw forward pass on a prepared input `x` `(B, 3, H, W)` f32 RGB 0..1 (H, W multiples
@@ -223,14 +236,15 @@ impl Detector {
         Ok(y.to_dtype(DType::F32)?.to_device(&Device::Cpu)?)
     }
 
-    /// Step 3: NMS on a `(B, 4+nc, A)` output and scaling to original pixels (`infos[b]`).
+    /// Step 3: NMS on a `(B, 4+nc, A)` output (any device; see [`host_candidates`]) and scaling
+    /// to original pixels (`infos[b]`).
     pub fn postprocess(
         &self,
         pred: &Tensor,
         infos: &[LetterboxInfo],
     ) -> Result<Vec<Vec<Detection>>> {
         self.validate()?;
-        let (b, rows, a) = pred.dims3()?;
+        let (b, rows, _) = pred.dims3()?;
         if b != infos.len() || rows < 5 {
             bail!(
                 "postprocess: output {:?} does not match {} images",
@@ -238,16 +252,12 @@ impl Detector {
                 infos.len()
             );
         }
-        let data: Vec<f32> = pred.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
-        Ok((0..b)
-            .map(|i| {
-                let mut det = nms_image(
-                    &data[i * rows * a..(i + 1) * rows * a],
-                    rows - 4,
-                    a,
-                    &self.nms,
-                );
-                scale_rows(&mut det, &infos[i]);
+        Ok(host_candidates(pred, self.nms.conf_thres)?
+            .iter()
+            .zip(infos)
+            .map(|(c, info)| {
+                let mut det = nms_image(&c.data, rows - 4, c.len, &self.nms);
+                scale_rows(&mut det, info);
                 self.to_detections(&det)
             })
             .collect())
@@ -336,8 +346,9 @@ impl InferenceModel for crate::model::yolov9::YoloV9 {
 fn load_model(
     weights: &crate::model::weights::Weights,
     device: &Device,
+    dtype: DType,
 ) -> Result<Box<dyn InferenceModel>> {
-    Ok(Box::new(crate::model::yolov9::YoloV9::load(
-        weights, device,
+    Ok(Box::new(crate::model::yolov9::YoloV9::load_dtype(
+        weights, device, dtype,
     )?))
 }

@@ -53,20 +53,93 @@ impl Default for NmsOptions {
 ///
 /// Errors: `pred` not 3-D, fewer than 5 rows, or not convertible to f32.
 pub fn non_max_suppression(pred: &Tensor, opts: &NmsOptions) -> Result<Vec<Vec<Row>>> {
-    let (b, rows, a) = pred
+    let (_, rows, _) = pred
         .dims3()
         .with_context(|| format!("NMS expects (B, 4+nc, A), got {:?}", pred.shape()))?;
     if rows < 5 {
         bail!("NMS expects at least 5 rows (4 box + classes), got {rows}");
     }
-    let data: Vec<f32> = pred
-        .to_dtype(DType::F32)?
-        .flatten_all()?
-        .to_vec1()
-        .context("NMS: reading the model output")?;
-    Ok((0..b)
-        .map(|i| nms_image(&data[i * rows * a..(i + 1) * rows * a], rows - 4, a, opts))
+    Ok(host_candidates(pred, opts.conf_thres)
+        .context("NMS: reading the model output")?
+        .iter()
+        .map(|c| nms_image(&c.data, rows - 4, c.len, opts))
         .collect())
+}
+
+/// The columns of one image's decoded output that can become detections, on the host.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Candidates {
+    /// Row-major `(4+nc, len)` f32: the chosen columns of `pred[b]`, in anchor order.
+    pub data: Vec<f32>,
+    /// Number of columns (anchors) kept.
+    pub len: usize,
+}
+
+/// Copies to the host, per image, what [`nms_image`] needs from a decoded output `pred`
+/// `(B, 4+nc, A)` (any float dtype, any device).
+///
+/// On the CPU that is every column. On another device (CUDA) the candidate filter runs there:
+/// the best class score of each anchor is reduced on the device, only that `(B, A)` vector is
+/// copied, and the columns whose best score is `> conf_thres` (or NaN, which [`nms_image`] then
+/// judges itself) are gathered on the device and copied. The full `(B, 4+nc, A)` tensor never
+/// crosses to the host; [`nms_image`] on the candidates gives the same rows as on all columns,
+/// because the candidates keep their anchor order and every other column fails its own
+/// `score > conf_thres` test.
+///
+/// Errors: `pred` not 3-D with at least 5 rows, or a failed device operation.
+pub fn host_candidates(pred: &Tensor, conf_thres: f32) -> Result<Vec<Candidates>> {
+    let (_, rows, a) = pred
+        .dims3()
+        .with_context(|| format!("expected (B, 4+nc, A), got {:?}", pred.shape()))?;
+    if rows < 5 {
+        bail!("expected at least 5 rows (4 box + classes), got {rows}");
+    }
+    let pred = pred.to_dtype(DType::F32)?;
+    if pred.device().is_cpu() {
+        let data: Vec<f32> = pred.flatten_all()?.to_vec1()?;
+        return Ok(data
+            .chunks_exact(rows * a)
+            .map(|d| Candidates {
+                data: d.to_vec(),
+                len: a,
+            })
+            .collect());
+    }
+    filtered_candidates(&pred, conf_thres)
+}
+
+/// The device-side candidate filter of [`host_candidates`], on any device (the CPU path of
+/// [`host_candidates`] skips it; tests call it there to check it against the full columns).
+/// `pred` is `(B, 4+nc, A)` f32.
+pub fn filtered_candidates(pred: &Tensor, conf_thres: f32) -> Result<Vec<Candidates>> {
+    let (b, rows, _) = pred.dims3()?;
+    let best: Vec<Vec<f32>> = pred.narrow(1, 4, rows - 4)?.max(1)?.to_vec2()?;
+    let mut out = Vec::with_capacity(b);
+    for (i, best) in best.iter().enumerate() {
+        // Above the threshold, or NaN: nms_image then decides on it exactly as on all columns.
+        let idx: Vec<u32> = (0..best.len() as u32)
+            .filter(|&j| {
+                let s = best[j as usize];
+                s > conf_thres || s.is_nan()
+            })
+            .collect();
+        if idx.is_empty() {
+            out.push(Candidates {
+                data: Vec::new(),
+                len: 0,
+            });
+            continue;
+        }
+        let len = idx.len();
+        let ids = Tensor::from_vec(idx, len, pred.device())?;
+        let data: Vec<f32> = pred
+            .get(i)?
+            .index_select(&ids, 1)?
+            .flatten_all()?
+            .to_vec1()?;
+        out.push(Candidates { data, len });
+    }
+    Ok(out)
 }
 
 /// NMS for one image. `pred` is the row-major `(4+nc, A)` output of that image (see

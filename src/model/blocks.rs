@@ -36,7 +36,7 @@ impl RepConvN {
             let (w1, b1) = fold_bn(&w1, &bn1)?;
             let w1 = w1.pad_with_zeros(2, 1, 1)?.pad_with_zeros(3, 1, 1)?;
             let w = (w3 + w1)?.contiguous()?;
-            let bias = (b3 + b1)?;
+            let (w, bias) = b.finish_fused(w, (b3 + b1)?)?;
             Ok(Self::Fused(Conv::from_parts(
                 w,
                 Some(bias),

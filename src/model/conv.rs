@@ -250,6 +250,7 @@ impl Conv {
             load_conv_bn(b, prefix, spec).with_context(|| format!("loading Conv `{prefix}`"))?;
         if b.mode == BuildMode::Fused {
             let (w, bias) = fold_bn(&weight, &bn)?;
+            let (w, bias) = b.finish_fused(w, bias)?;
             Ok(Self::from_parts(w, Some(bias), spec))
         } else {
             let mut c = Self::from_parts(weight, None, spec);
@@ -283,6 +284,11 @@ impl Conv {
             ParamGroup::Bias,
             init,
         )?;
+        let (weight, bias) = if b.mode == BuildMode::Fused {
+            b.finish_fused(weight, bias)?
+        } else {
+            (weight, bias)
+        };
         Ok(Self::from_parts(weight, Some(bias), spec.no_act()))
     }
 

@@ -60,6 +60,9 @@ pub struct Builder<'a> {
     /// Shared `num_batches_tracked` counter of all BN layers (they always move together).
     pub(crate) batches_tracked: Arc<AtomicI64>,
     rng: u64,
+    /// Storage dtype of fused inference kernels and biases (f32 unless [`Builder::fused_dtype`]
+    /// asks for half precision); folding itself always runs in f32.
+    pub(crate) fused_dtype: DType,
 }
 
 impl<'a> Builder<'a> {
@@ -82,7 +85,27 @@ impl<'a> Builder<'a> {
             initialized: Vec::new(),
             batches_tracked: Arc::new(AtomicI64::new(0)),
             rng: seed ^ 0x9E37_79B9_7F4A_7C15,
+            fused_dtype: DType::F32,
         }
+    }
+
+    /// Stores the fused (inference) kernels and biases in `dtype` (f32, f16 or bf16) after the
+    /// f32 folding. Training builds ignore it (their parameters stay f32 variables).
+    pub fn fused_dtype(mut self, dtype: DType) -> Self {
+        self.fused_dtype = dtype;
+        self
+    }
+
+    /// A folded inference conv's `(kernel, bias)` cast to the build's fused dtype.
+    pub(crate) fn finish_fused(
+        &self,
+        w: Tensor,
+        bias: Tensor,
+    ) -> candle_core::Result<(Tensor, Tensor)> {
+        Ok((
+            w.to_dtype(self.fused_dtype)?,
+            bias.to_dtype(self.fused_dtype)?,
+        ))
     }
 
     /// Trainable variables created so far (training mode), in creation order.

@@ -188,6 +188,7 @@ pub struct YoloV9 {
     head: DetectHead,
     meta: ModelMeta,
     device: Device,
+    dtype: DType,
 }
 
 impl YoloV9 {
@@ -196,9 +197,26 @@ impl YoloV9 {
     /// `model.22.cv2/cv3`). Every tensor must be present with the YOLOv9-s shape for
     /// `weights.meta.nc` classes; errors name the offending tensor.
     pub fn load(weights: &Weights, device: &Device) -> Result<Self> {
+        Self::load_dtype(weights, device, DType::F32)
+    }
+
+    /// [`YoloV9::load`] with the fused kernels and biases stored, and the network run, in
+    /// `dtype`: f32, or half precision (f16 as the official `detect.py --half`, or bf16). BN is
+    /// folded in f32 first; the input stays an f32 tensor (cast on entry) and the head's raw
+    /// outputs are cast back to f32 before the DFL/box decode, so the output is always f32.
+    /// Half precision is meant for CUDA (tensor cores); on the CPU it runs, slowly, through
+    /// candle's generic convolution.
+    ///
+    /// Errors: those of [`YoloV9::load`], or a `dtype` that is not a float type.
+    pub fn load_dtype(weights: &Weights, device: &Device, dtype: DType) -> Result<Self> {
+        ensure!(
+            matches!(dtype, DType::F32 | DType::F16 | DType::BF16),
+            "inference dtype must be f32, f16 or bf16, got {dtype:?}"
+        );
         check_meta(&weights.meta)?;
         let g = weights.meta.graph;
-        let mut b = Builder::new(Some(&weights.tensors), g, device, BuildMode::Fused, 0);
+        let mut b =
+            Builder::new(Some(&weights.tensors), g, device, BuildMode::Fused, 0).fused_dtype(dtype);
         let gelan = Gelan::load(&mut b)?;
         let head = DetectHead::load(
             &mut b,
@@ -216,6 +234,7 @@ impl YoloV9 {
             head,
             meta,
             device: device.clone(),
+            dtype,
         })
     }
 
@@ -223,15 +242,19 @@ impl YoloV9 {
     /// [(B,128,H/8,W/8), (B,192,H/16,W/16), (B,256,H/32,W/32)].
     pub fn forward_features(&self, x: &Tensor) -> Result<[Tensor; 3]> {
         check_input(x)?;
-        let x = x.to_device(&self.device)?;
+        let x = x.to_device(&self.device)?.to_dtype(self.dtype)?;
         Ok(self.gelan.forward(&x, false)?.feats)
     }
 
-    /// Raw head outputs per level, (B, 64+nc, H/s, W/s) for s = 8, 16, 32 (DFL logits side-major
-    /// l,t,r,b × 16 bins, then class logits).
+    /// Raw head outputs per level, (B, 64+nc, H/s, W/s) f32 for s = 8, 16, 32 (DFL logits
+    /// side-major l,t,r,b × 16 bins, then class logits).
     pub fn forward_raw(&self, x: &Tensor) -> Result<Vec<Tensor>> {
         let feats = self.forward_features(x)?;
-        self.head.forward_raw(&feats, false)
+        self.head
+            .forward_raw(&feats, false)?
+            .into_iter()
+            .map(|t| Ok(t.to_dtype(DType::F32)?))
+            .collect()
     }
 
     /// x: (B, 3, H, W) f32 RGB in 0..1, H and W multiples of 32 → (B, 4+nc, A) f32: rows 0..4 =
@@ -250,6 +273,11 @@ impl YoloV9 {
     /// The device the model lives on.
     pub fn device(&self) -> &Device {
         &self.device
+    }
+
+    /// The dtype the network runs in (see [`YoloV9::load_dtype`]).
+    pub fn dtype(&self) -> DType {
+        self.dtype
     }
 }
 
