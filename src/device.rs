@@ -113,12 +113,21 @@ pub fn select(spec: DeviceSpec) -> Result<Device> {
                     Ok(d)
                 }
                 Err(e) => bail!(
-                    "device {i} not available; available: {} ({e})",
+                    "device {i} not available ({}); available: {}. Check the NVIDIA driver \
+                     (`nvidia-smi` lists the GPUs) or use --device cpu",
+                    error_head(&e),
                     available_devices().join(", ")
                 ),
             }
         }
     }
+}
+
+/// The first line of an error's message: candle appends a backtrace to some errors, which only
+/// hides the cause from a user.
+pub fn error_head(e: &dyn std::fmt::Display) -> String {
+    let s = e.to_string();
+    s.lines().next().unwrap_or_default().trim().to_string()
 }
 
 /// Environment variable that keeps cudarc's per-tensor CUDA event tracking on (`1`).
@@ -144,6 +153,15 @@ fn single_stream(d: &Device) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn error_head_drops_a_backtrace() {
+        let e = "DriverError(CUDA_ERROR_NO_DEVICE, \"no CUDA-capable device\")\n   0: <unknown>\n";
+        assert_eq!(
+            error_head(&e),
+            "DriverError(CUDA_ERROR_NO_DEVICE, \"no CUDA-capable device\")"
+        );
+    }
 
     #[test]
     fn parses() {

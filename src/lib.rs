@@ -22,6 +22,8 @@ pub mod cuda;
 pub mod data;
 pub mod detect;
 pub mod device;
+#[cfg(unix)]
+pub mod launcher;
 pub mod loss;
 pub mod memory;
 pub mod metrics;
