@@ -269,7 +269,8 @@ fn models_are_send_and_sync() {
 
 /// The CPU inference convolution (`model::cpu_conv`) gives candle's conv2d result (to f32
 /// rounding) for the shapes of YOLOv9: 3×3 stride 1 and 2 with padding 1, 1×1, 1×1 with stride,
-/// odd sizes, batch > 1, and a 5×5 kernel.
+/// odd sizes, batch > 1, a 5×5 kernel, a kernel wider than the image, no padding with stride
+/// 2, and padding so wide that border outputs see no pixel at all.
 #[test]
 fn cpu_inference_conv_equals_candle_conv2d() {
     let rand = |shape: &[usize], seed| {
@@ -284,6 +285,10 @@ fn cpu_inference_conv_equals_candle_conv2d() {
         ([3, 8, 6, 5], [4, 8, 1, 1], 0, 1),
         ([1, 8, 6, 6], [4, 8, 1, 1], 0, 2),
         ([1, 4, 5, 5], [2, 4, 5, 5], 2, 1),
+        ([1, 3, 3, 3], [2, 3, 5, 5], 2, 1),
+        ([1, 2, 9, 9], [3, 2, 3, 3], 0, 2),
+        ([2, 3, 7, 8], [4, 3, 3, 3], 3, 2),
+        ([1, 2, 4, 6], [2, 2, 3, 3], 4, 1),
     ] {
         let x = rand(&xs, 1);
         let w = rand(&ws, 2);

@@ -83,26 +83,40 @@ struct Geom {
 /// Row `oy·W' + ox` holds the receptive field of output pixel (oy, ox), ordered (c, ky, kx) like
 /// the flattened kernel; out-of-image taps are 0. Rows are filled in parallel, one output row of
 /// pixels per task.
+///
+/// The input column of tap `kx` is `ox·stride + kx − padding`, consecutive in `kx`, so the taps of
+/// one (c, ky) that fall inside the image are one contiguous slice of an input row: the valid
+/// `kx` range is found once per output pixel and the valid `ky` range once per output row, and
+/// each in-image segment is a slice copy.
 fn im2col(x: &[f32], g: &Geom, ho: usize) -> Vec<f32> {
     let ckk = g.c * g.kh * g.kw;
+    let kk = g.kh * g.kw;
     let mut col = vec![0f32; ho * g.wo * ckk];
+    // Valid tap range [lo, hi) of a kernel axis at output position `o` over an input of `n`.
+    let taps = |o: usize, k: usize, n: usize| -> (usize, usize, usize) {
+        let start = o * g.stride;
+        let lo = g.padding.saturating_sub(start).min(k);
+        let hi = (n + g.padding).saturating_sub(start).min(k).max(lo);
+        // First input index covered (only meaningful when lo < hi).
+        (lo, hi, (start + lo).saturating_sub(g.padding))
+    };
     col.par_chunks_mut(g.wo * ckk)
         .enumerate()
         .for_each(|(oy, rows)| {
+            let (ky_lo, ky_hi, iy0) = taps(oy, g.kh, g.h);
             for ox in 0..g.wo {
+                let (kx_lo, kx_hi, ix0) = taps(ox, g.kw, g.w);
+                let len = kx_hi - kx_lo;
+                if len == 0 {
+                    continue;
+                }
                 let row = &mut rows[ox * ckk..(ox + 1) * ckk];
-                let mut i = 0;
                 for ch in 0..g.c {
                     let plane = &x[ch * g.h * g.w..(ch + 1) * g.h * g.w];
-                    for ky in 0..g.kh {
-                        let iy = (oy * g.stride + ky) as isize - g.padding as isize;
-                        for kx in 0..g.kw {
-                            let ix = (ox * g.stride + kx) as isize - g.padding as isize;
-                            if iy >= 0 && (iy as usize) < g.h && ix >= 0 && (ix as usize) < g.w {
-                                row[i] = plane[iy as usize * g.w + ix as usize];
-                            }
-                            i += 1;
-                        }
+                    for ky in ky_lo..ky_hi {
+                        let src = (iy0 + ky - ky_lo) * g.w + ix0;
+                        let dst = ch * kk + ky * g.kw + kx_lo;
+                        row[dst..dst + len].copy_from_slice(&plane[src..src + len]);
                     }
                 }
             }
