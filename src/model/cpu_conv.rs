@@ -11,6 +11,7 @@
 
 use candle_core::{DType, Device, Result, Tensor};
 use rayon::prelude::*;
+use std::mem::MaybeUninit;
 
 /// Whether [`conv2d`] handles these arguments.
 pub fn applies(x: &Tensor, w: &Tensor, groups: usize) -> bool {
@@ -87,11 +88,13 @@ struct Geom {
 /// The input column of tap `kx` is `ox·stride + kx − padding`, consecutive in `kx`, so the taps of
 /// one (c, ky) that fall inside the image are one contiguous slice of an input row: the valid
 /// `kx` range is found once per output pixel and the valid `ky` range once per output row, and
-/// each in-image segment is a slice copy.
+/// each in-image segment is a slice copy. The buffer is not zeroed beforehand (that was a
+/// single-threaded memset of the whole matrix): every entry is written once, in parallel, either
+/// with its pixel or with the 0 of an out-of-image tap.
 fn im2col(x: &[f32], g: &Geom, ho: usize) -> Vec<f32> {
     let ckk = g.c * g.kh * g.kw;
     let kk = g.kh * g.kw;
-    let mut col = vec![0f32; ho * g.wo * ckk];
+    let n = ho * g.wo * ckk;
     // Valid tap range [lo, hi) of a kernel axis at output position `o` over an input of `n`.
     let taps = |o: usize, k: usize, n: usize| -> (usize, usize, usize) {
         let start = o * g.stride;
@@ -100,27 +103,51 @@ fn im2col(x: &[f32], g: &Geom, ho: usize) -> Vec<f32> {
         // First input index covered (only meaningful when lo < hi).
         (lo, hi, (start + lo).saturating_sub(g.padding))
     };
-    col.par_chunks_mut(g.wo * ckk)
+    let zero = |d: &mut [MaybeUninit<f32>]| d.iter_mut().for_each(|v| *v = MaybeUninit::new(0.0));
+    let mut col: Vec<f32> = Vec::with_capacity(n);
+    col.spare_capacity_mut()[..n]
+        .par_chunks_mut((g.wo * ckk).max(1))
         .enumerate()
         .for_each(|(oy, rows)| {
             let (ky_lo, ky_hi, iy0) = taps(oy, g.kh, g.h);
-            for ox in 0..g.wo {
+            for (ox, row) in rows.chunks_exact_mut(ckk).enumerate() {
                 let (kx_lo, kx_hi, ix0) = taps(ox, g.kw, g.w);
                 let len = kx_hi - kx_lo;
-                if len == 0 {
+                if len == 0 || ky_lo == ky_hi {
+                    zero(row);
                     continue;
                 }
-                let row = &mut rows[ox * ckk..(ox + 1) * ckk];
-                for ch in 0..g.c {
+                for (ch, taps_c) in row.chunks_exact_mut(kk).enumerate() {
                     let plane = &x[ch * g.h * g.w..(ch + 1) * g.h * g.w];
-                    for ky in ky_lo..ky_hi {
-                        let src = (iy0 + ky - ky_lo) * g.w + ix0;
-                        let dst = ch * kk + ky * g.kw + kx_lo;
-                        row[dst..dst + len].copy_from_slice(&plane[src..src + len]);
+                    for (ky, seg) in taps_c.chunks_exact_mut(g.kw).enumerate() {
+                        if ky < ky_lo || ky >= ky_hi {
+                            zero(seg);
+                            continue;
+                        }
+                        zero(&mut seg[..kx_lo]);
+                        zero(&mut seg[kx_hi..]);
+                        let at = (iy0 + ky - ky_lo) * g.w + ix0;
+                        let src = &plane[at..at + len];
+                        let dst = &mut seg[kx_lo..kx_hi];
+                        if len == 3 {
+                            // The 3×3 interior case, without a memcpy call per 3 values.
+                            dst[0] = MaybeUninit::new(src[0]);
+                            dst[1] = MaybeUninit::new(src[1]);
+                            dst[2] = MaybeUninit::new(src[2]);
+                        } else {
+                            for (d, s) in dst.iter_mut().zip(src) {
+                                *d = MaybeUninit::new(*s);
+                            }
+                        }
                     }
                 }
             }
         });
+    // SAFETY: the loop above wrote all `n` entries: the chunks of `ckk` cover every output pixel
+    // of every output row (`ho` rows of `wo` pixels), and within a pixel each (c, ky) segment of
+    // `kw` taps is written whole, as zeros (out-of-image row or no in-image column) or as zeros
+    // before `kx_lo`, the copied pixels in `kx_lo..kx_hi` and zeros from `kx_hi`.
+    unsafe { col.set_len(n) };
     col
 }
 
@@ -149,6 +176,73 @@ fn transpose(a: &[f32], rows: usize, cols: usize) -> Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The definition: tap (c, ky, kx) of output pixel (oy, ox) is the input pixel at
+    /// `(oy·s + ky − p, ox·s + kx − p)`, or 0 outside the image.
+    fn im2col_reference(x: &[f32], g: &Geom, ho: usize) -> Vec<f32> {
+        let mut out = Vec::new();
+        for oy in 0..ho {
+            for ox in 0..g.wo {
+                for c in 0..g.c {
+                    for ky in 0..g.kh {
+                        for kx in 0..g.kw {
+                            let iy = (oy * g.stride + ky) as isize - g.padding as isize;
+                            let ix = (ox * g.stride + kx) as isize - g.padding as isize;
+                            let inside =
+                                (0..g.h as isize).contains(&iy) && (0..g.w as isize).contains(&ix);
+                            out.push(if inside {
+                                x[(c * g.h + iy as usize) * g.w + ix as usize]
+                            } else {
+                                0.0
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Every entry of the (unzeroed) im2col buffer is written: the allocator is first handed a
+    /// NaN-filled block of the same size to reuse, so an entry left unwritten would show up as
+    /// NaN (or garbage) instead of the reference value. Geometries cover wide padding, stride 2,
+    /// kernels wider than the image and 1-pixel images.
+    #[test]
+    fn im2col_writes_every_entry() {
+        for (c, h, w, k, p, s) in [
+            (2, 9, 7, 3, 1, 1),
+            (3, 8, 8, 3, 1, 2),
+            (2, 5, 6, 5, 2, 1),
+            (1, 3, 3, 5, 2, 1),
+            (2, 7, 8, 3, 3, 2),
+            (2, 4, 6, 3, 4, 1),
+            (1, 1, 1, 3, 1, 1),
+            (2, 9, 9, 3, 0, 2),
+        ] {
+            let ho = (h + 2 * p - k) / s + 1;
+            let g = Geom {
+                c,
+                h,
+                w,
+                kh: k,
+                kw: k,
+                wo: (w + 2 * p - k) / s + 1,
+                padding: p,
+                stride: s,
+            };
+            let x: Vec<f32> = (0..c * h * w).map(|i| i as f32 + 1.0).collect();
+            let want = im2col_reference(&x, &g, ho);
+            drop(std::hint::black_box(vec![f32::NAN; want.len()]));
+            let got = im2col(&x, &g, ho);
+            assert_eq!(got.len(), want.len());
+            for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    a.to_bits() == b.to_bits(),
+                    "{c}x{h}x{w} k{k} p{p} s{s}: entry {i} is {a}, want {b}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn transpose_is_exact() {
