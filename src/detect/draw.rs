@@ -46,14 +46,7 @@ pub fn class_color(class_id: usize) -> Rgb<u8> {
     let (s, v) = (0.85f32, 0.95f32);
     let c = v * s;
     let x = c * (1.0 - ((h % 2.0) - 1.0).abs());
-    let (r, g, b) = match h as u32 {
-        0 => (c, x, 0.0),
-        1 => (x, c, 0.0),
-        2 => (0.0, c, x),
-        3 => (0.0, x, c),
-        4 => (x, 0.0, c),
-        _ => (c, 0.0, x),
-    };
+    let (r, g, b) = crate::data::augment::hue_sector(h as u32, c, x, 0.0);
     let m = v - c;
     let to = |f: f32| ((f + m) * 255.0).round() as u8;
     Rgb([to(r), to(g), to(b)])
