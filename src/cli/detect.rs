@@ -307,7 +307,7 @@ pub fn inference_dtype(half: bool, device: &candle_core::Device) -> candle_core:
     if !half {
         candle_core::DType::F32
     } else if device.is_cpu() {
-        eprintln!("--half has no effect on the CPU: detecting in f32");
+        eprintln!("--half has no effect on the CPU: the network runs in f32");
         candle_core::DType::F32
     } else {
         candle_core::DType::F16

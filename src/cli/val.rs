@@ -44,6 +44,10 @@ pub struct ValArgs {
     /// peak fits.
     #[arg(long, value_parser = parse_budget)]
     pub budget: Option<u64>,
+    /// Half-precision (f16) network on a CUDA device, as the official val.py --half; ignored
+    /// with a notice on the CPU.
+    #[arg(long)]
+    pub half: bool,
 }
 
 fn parse_budget(s: &str) -> Result<u64, String> {
@@ -84,7 +88,8 @@ pub fn run(a: ValArgs) -> Result<()> {
         cfg.yaml_path.display(),
         cfg.nc
     );
-    let model = YoloV9::load(&weights, &device)?;
+    let dtype = crate::cli::detect::inference_dtype(a.half, &device);
+    let model = YoloV9::load_dtype(&weights, &device, dtype)?;
     let scan = scan_split(
         &cfg,
         split,

@@ -317,9 +317,11 @@ pub fn validate(model: ValModel<'_>, images: &[ValImage], cfg: &ValConfig) -> Re
                 .to_dtype(DType::F32)?
                 .broadcast_div(&Tensor::new(255f32, &device)?)?;
             let y = match &model {
-                ValModel::Infer(m) => m.forward(&x)?,
+                // `with_context`: candle's own CPU thread pool runs the whole forward (see
+                // `Detector::infer`).
+                ValModel::Infer(m) => device.with_context(|| m.forward(&x))?,
                 ValModel::Train { model, loss } => {
-                    let raw = model.forward(&x, false)?;
+                    let raw = device.with_context(|| model.forward(&x, false))?;
                     let rows = letterboxed_targets(images, ok, (h, w));
                     let t = crate::loss::tal_loss::targets_tensor(&rows, &device)?;
                     let lo = loss
