@@ -70,7 +70,8 @@ pub struct TrainOptions {
     /// Non-finite steps in a row before the last good state is restored and the LR halved.
     #[serde(default = "default_nan_patience")]
     pub nan_patience: usize,
-    /// Mixed precision (bf16) training on CUDA ([`YoloV9Train::set_amp`]); no effect on the CPU.
+    /// Mixed precision (bf16) training on CUDA ([`YoloV9Train::set_amp`]); off by default, no
+    /// effect on the CPU.
     #[serde(default = "default_amp")]
     pub amp: bool,
     /// `cpu` or a CUDA ordinal.
@@ -119,7 +120,7 @@ fn default_save_interval() -> f64 {
 }
 
 fn default_amp() -> bool {
-    true
+    false
 }
 
 fn default_nan_patience() -> usize {
