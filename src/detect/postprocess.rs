@@ -53,16 +53,12 @@ impl Default for NmsOptions {
 ///
 /// Errors: `pred` not 3-D, fewer than 5 rows, or not convertible to f32.
 pub fn non_max_suppression(pred: &Tensor, opts: &NmsOptions) -> Result<Vec<Vec<Row>>> {
-    let (_, rows, _) = pred
-        .dims3()
-        .with_context(|| format!("NMS expects (B, 4+nc, A), got {:?}", pred.shape()))?;
-    if rows < 5 {
-        bail!("NMS expects at least 5 rows (4 box + classes), got {rows}");
-    }
-    Ok(host_candidates(pred, opts.conf_thres)
-        .context("NMS: reading the model output")?
+    let cands = host_candidates(pred, opts.conf_thres)?;
+    // host_candidates checked the shape: (B, 4+nc, A) with nc ≥ 1.
+    let nc = pred.dim(1)? - 4;
+    Ok(cands
         .iter()
-        .map(|c| nms_image(&c.data, rows - 4, c.len, opts))
+        .map(|c| nms_image(&c.data, nc, c.len, opts))
         .collect())
 }
 
@@ -88,24 +84,25 @@ pub struct Candidates {
 ///
 /// Errors: `pred` not 3-D with at least 5 rows, or a failed device operation.
 pub fn host_candidates(pred: &Tensor, conf_thres: f32) -> Result<Vec<Candidates>> {
-    let (_, rows, a) = pred
+    let (b, rows, a) = pred
         .dims3()
-        .with_context(|| format!("expected (B, 4+nc, A), got {:?}", pred.shape()))?;
+        .with_context(|| format!("NMS expects (B, 4+nc, A), got {:?}", pred.shape()))?;
     if rows < 5 {
-        bail!("expected at least 5 rows (4 box + classes), got {rows}");
+        bail!("NMS expects at least 5 rows (4 box + classes), got {rows}");
     }
     let pred = pred.to_dtype(DType::F32)?;
     if pred.device().is_cpu() {
-        let data: Vec<f32> = pred.flatten_all()?.to_vec1()?;
-        return Ok(data
-            .chunks_exact(rows * a)
-            .map(|d| Candidates {
-                data: d.to_vec(),
-                len: a,
+        // One copy per image, straight into its own vector.
+        return (0..b)
+            .map(|i| {
+                Ok(Candidates {
+                    data: pred.get(i)?.flatten_all()?.to_vec1()?,
+                    len: a,
+                })
             })
-            .collect());
+            .collect();
     }
-    filtered_candidates(&pred, conf_thres)
+    filtered_candidates(&pred, conf_thres).context("NMS: reading the candidates from the device")
 }
 
 /// The device-side candidate filter of [`host_candidates`], on any device (the CPU path of

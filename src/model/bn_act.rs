@@ -17,7 +17,7 @@
 //! and f64 (rayon over channels); on CUDA (feature `cuda`) for f32 and bf16 activations (f32
 //! arithmetic and parameters; bf16 for mixed-precision training) through the kernels in
 //! `kernels/bn_act.cu` ([`crate::cuda::bn_act`]). [`bn_act_supported`] says where the fused op runs;
-//! the caller keeps a composite path for everything else (e.g. bf16 on CUDA).
+//! the caller keeps a composite path for everything else (e.g. f16, or bf16 on the CPU).
 
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Result, Shape};

@@ -42,7 +42,7 @@ impl BatchNorm2d {
     }
 
     /// [`Self::forward`] followed by SiLU when `silu`. In train mode on a device and dtype where
-    /// the fused op runs ([`bn_act::bn_act_supported`]: CPU f32/f64, CUDA f32) this is one
+    /// the fused op runs ([`bn_act::bn_act_supported`]: CPU f32/f64, CUDA f32/bf16) this is one
     /// [`bn_act::bn_act_train`] op; elsewhere it is the composite of candle ops.
     pub fn forward_act(&self, x: &Tensor, train: bool, silu: bool) -> Result<Tensor> {
         let c = self.weight.dim(0)?;

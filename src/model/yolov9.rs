@@ -239,7 +239,8 @@ impl YoloV9 {
     }
 
     /// Head-input features (layers 15, 18, 21): x (B,3,H,W) f32 →
-    /// [(B,128,H/8,W/8), (B,192,H/16,W/16), (B,256,H/32,W/32)].
+    /// [(B,128,H/8,W/8), (B,192,H/16,W/16), (B,256,H/32,W/32)] in the model's dtype
+    /// ([`YoloV9::dtype`]).
     pub fn forward_features(&self, x: &Tensor) -> Result<[Tensor; 3]> {
         check_input(x)?;
         let x = x.to_device(&self.device)?.to_dtype(self.dtype)?;
