@@ -16,7 +16,7 @@
 //! # Ok::<(), anyhow::Error>(())
 //! ```
 use crate::detect::letterbox::{apply_letterbox, letterbox_info, to_tensor, LetterboxInfo};
-use crate::detect::postprocess::{host_candidates, nms_image, scale_rows, NmsOptions, Row};
+use crate::detect::postprocess::{non_max_suppression, scale_rows, NmsOptions, Row};
 use crate::model::weights::ModelMeta;
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Tensor};
@@ -246,7 +246,7 @@ impl Detector {
             .context("model forward")
     }
 
-    /// Step 3: NMS on a `(B, 4+nc, A)` output (any device; see [`host_candidates`]) and scaling
+    /// Step 3: NMS on a `(B, 4+nc, A)` output (any device; see [`crate::detect::postprocess::host_candidates`]) and scaling
     /// to original pixels (`infos[b]`).
     pub fn postprocess(
         &self,
@@ -262,11 +262,10 @@ impl Detector {
                 infos.len()
             );
         }
-        Ok(host_candidates(pred, self.nms.conf_thres)?
-            .iter()
+        Ok(non_max_suppression(pred, &self.nms)?
+            .into_iter()
             .zip(infos)
-            .map(|(c, info)| {
-                let mut det = nms_image(&c.data, rows - 4, c.len, &self.nms);
+            .map(|(mut det, info)| {
                 scale_rows(&mut det, info);
                 self.to_detections(&det)
             })
