@@ -2,29 +2,32 @@
 //! `yolo9 detect --budget`): the (micro-)batch is
 //! chosen from the **measured** peak memory of real training steps, not from a guess.
 //!
-//! Method: on the actual device, image size and model, run complete training steps — forward of
-//! the training graph (both branches, BN in train mode), the dual TAL loss with the assigner at a
-//! realistic target count (mosaic joins 4 images, so 4× the most labels of any train image),
-//! backward, gradient clipping, the SGD step and the EMA update — at a few micro-batch sizes,
-//! reading the peak of each with [`MemoryProbe`]. A least-squares line `peak(b) = base + b ·
-//! per_image` through the points gives the largest `b` whose predicted peak fits the budget minus
-//! a safety margin ([`MARGIN`]); that size is then measured once more and lowered while it does
-//! not fit. The nominal batch (64) is kept by gradient accumulation in the trainer.
+//! Method: on the actual device, image size and model, run complete training steps — the
+//! trainer's own [`crate::train::step::step`] and [`crate::train::step::optimizer_step`] on
+//! synthetic u8 images: forward of the training graph (both branches, BN in train mode), the
+//! dual TAL loss with the assigner at a realistic target count (mosaic joins 4 images, so 4× the
+//! most labels of any train image), backward, gradient clipping, the SGD step and the EMA update
+//! — at a few micro-batch sizes, reading the peak of each with [`MemoryProbe`]. A least-squares
+//! line `peak(b) = base + b · per_image` through the points gives the largest `b` whose predicted
+//! peak fits the budget minus a safety margin ([`MARGIN`]); that size is then measured once more
+//! and lowered while it does not fit. The nominal batch (64) is kept by gradient accumulation in
+//! the trainer.
 //!
 //! On CUDA the peak is the memory pool's high-water mark; on the CPU the process RSS
 //! high-water mark (see [`crate::memory`]). An out-of-memory error while measuring ends the
 //! measurement at the sizes that worked.
 
-use crate::loss::tal_loss::targets_tensor;
 use crate::loss::DualTalLoss;
 use crate::memory::{fmt_size, is_oom, MemoryProbe};
 use crate::model::weights::STRIDES;
 use crate::model::yolov9::{YoloV9, YoloV9Train};
 use crate::train::ema::Ema;
+use crate::train::guard::Faults;
 use crate::train::optimizer::Sgd;
-use anyhow::{bail, Result};
-use candle_core::{DType, Device, Tensor};
-use rand::{Rng, SeedableRng};
+use crate::train::step::{optimizer_step, step, StepInput, StepParts, StepTimes};
+use anyhow::{bail, ensure, Result};
+use candle_core::{Device, Tensor};
+use rand::{Rng, RngCore, SeedableRng};
 use serde::{Deserialize, Serialize};
 
 /// Share of the budget kept free for what a synthetic step does not show (loader buffers,
@@ -166,7 +169,9 @@ struct Rig {
     ema: Ema,
 }
 
-/// Runs one complete synthetic training step at `batch` images and returns its peak memory.
+/// Runs one complete synthetic training step at `batch` images (one micro-batch) and returns
+/// its peak memory: the trainer's own [`step`] and [`optimizer_step`] on u8 images and targets
+/// drawn from the seeded RNG, so the probe measures the step that runs.
 fn step_peak(
     rig: &mut Rig,
     req: &BudgetRequest,
@@ -197,19 +202,43 @@ fn step_peak(
             ]);
         }
     }
+    let mut images = vec![0u8; batch * 3 * s * s];
+    rng.fill_bytes(&mut images);
+    let input = StepInput {
+        images: &images,
+        targets: &rows,
+        len: batch,
+        img: s,
+    };
     probe.reset_peak();
-    let x = Tensor::rand(0f32, 1f32, (batch, 3, s, s), device)?;
-    let t = targets_tensor(&rows, device)?;
-    let raw = model.forward(&x, true)?;
-    let lo = loss.compute(&raw.aux, &raw.main, &t, (s, s))?;
-    let mut grads = lo.total.backward()?;
-    drop(raw);
-    opt.clip_grad_norm(&mut grads, crate::train::trainer::MAX_GRAD_NORM)?;
-    opt.step(&grads)?;
+    let out = step(
+        &StepParts {
+            model,
+            loss,
+            opt,
+            device,
+        },
+        &input,
+        batch,
+        &Faults::default(),
+        0,
+        &mut StepTimes::off(),
+    )?;
+    let Some(mut grads) = out.grads else {
+        bail!(
+            "memory budget probe: non-finite loss {:?} at a micro-batch of {batch}; \
+             no training step to measure",
+            out.items
+        );
+    };
+    let norm = optimizer_step(model, opt, ema, &mut grads)?;
+    ensure!(
+        norm.is_finite(),
+        "memory budget probe: non-finite gradient norm at a micro-batch of {batch}; \
+         no training step to measure"
+    );
     drop(grads);
-    ema.update(&model.float_state()?)?;
     // Make the work finish before reading the high-water mark.
-    let _ = lo.total.to_dtype(DType::F32)?.to_vec0::<f32>()?;
     device.synchronize()?;
     Ok(probe.peak_bytes())
 }

@@ -1,10 +1,15 @@
-//! Training: optimizer, EMA, schedules, memory budget, checkpoints, the loop.
+//! Training: options, the training step, optimizer, EMA, schedules, memory budget, checkpoints,
+//! the loop.
 
 pub mod budget;
 pub mod checkpoint;
 pub mod ema;
 pub mod guard;
 pub mod optimizer;
+pub mod options;
 pub mod plots;
 pub mod schedule;
+pub mod step;
 pub mod trainer;
+
+pub use options::{Hyp, TrainOptions};

@@ -1,23 +1,25 @@
 //! The training loop of `yolo9 train` (official `train_dual.py`, single device).
 //!
 //! Per iteration `ni` (batches since the start): warmup of LR/momentum/accumulation
-//! ([`Schedule::at`]), forward of both branches in train mode, the dual TAL loss
-//! (`(box + cls + dfl) · batch`), backward, gradients summed over micro-batches, and an optimizer
-//! step when `ni − last_opt_step ≥ accumulate` (gradient-norm clip 10, SGD Nesterov, then an EMA
+//! ([`Schedule::at`]), one training step of the loader batch ([`crate::train::step::step`]:
+//! forward of both branches in train mode, the dual TAL loss (`(box + cls + dfl) · batch`),
+//! backward, gradients summed over micro-batches), the batch gradients added over the
+//! accumulation window, and an optimizer step when `ni − last_opt_step ≥ accumulate`
+//! ([`crate::train::step::optimizer_step`]: gradient-norm clip 10, SGD Nesterov, then an EMA
 //! update). Per epoch: LR factor `lf(epoch)` (linear or `--cos-lr`), mosaic off for the last
 //! `--close-mosaic` epochs, validation of the EMA (P, R, mAP50, mAP50-95 and real val losses),
 //! fitness `0.1·mAP50 + 0.9·mAP50-95` picks `best`, `results.csv`, `weights/last.safetensors`,
 //! `weights/best.safetensors` (EMA, `Graph::Train`, f32, loadable by `YoloV9::load`) and the
 //! training state `weights/state.safetensors` for `--resume` (see [`crate::train::checkpoint`]).
+//! The options ([`TrainOptions`], [`Hyp`]) live in [`crate::train::options`].
 
-use crate::data::augment::AugmentConfig;
 use crate::data::image::load_rgb8;
 use crate::data::loader::{
     batches_per_epoch, default_workers, DecodeFn, Loader, LoaderConfig, TrainItem,
 };
 use crate::data::scan::{scan_split, ScanOptions};
 use crate::data::yaml::{DataConfig, Split};
-use crate::loss::tal_loss::{targets_tensor, GAINS};
+use crate::loss::tal_loss::GAINS;
 use crate::loss::DualTalLoss;
 use crate::memory::{fmt_size, is_oom, MemoryProbe};
 use crate::metrics::validate::{val_images, validate, ValConfig, ValModel};
@@ -29,220 +31,19 @@ use crate::train::checkpoint::{load_state, save_state, CheckpointMeta, EpochProg
 use crate::train::ema::Ema;
 use crate::train::guard::{all_finite, Faults, GoodState, StopFlag};
 use crate::train::optimizer::Sgd;
+pub use crate::train::options::{Hyp, TrainOptions};
 use crate::train::schedule::Schedule;
+use crate::train::step::{
+    add_param_grads, optimizer_step, step, BatchOutcome, StepInput, StepParts, StepTimes,
+};
+pub use crate::train::step::{MAX_GRAD_NORM, STEP_TIMES_ENV};
 use anyhow::{bail, ensure, Context, Result};
 use candle_core::backprop::GradStore;
-use candle_core::{DType, Device, Tensor};
-use serde::{Deserialize, Serialize};
+use candle_core::{Device, Tensor};
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-
-/// Gradient-norm clip of the official loop.
-pub const MAX_GRAD_NORM: f64 = 10.0;
-
-/// Options of a training run (the `yolo9 train` flags; written to `args.yaml`).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct TrainOptions {
-    /// Dataset yaml.
-    pub data: PathBuf,
-    /// Initial weights (yolo9 safetensors or official .pt); `None` = from scratch.
-    pub weights: Option<PathBuf>,
-    /// Epochs.
-    pub epochs: usize,
-    /// Square training size in pixels (multiple of 32).
-    pub img: u32,
-    /// Batch size the optimizer sees per iteration (0 = auto: the largest micro-batch the memory
-    /// budget allows, at most 64). Written to args.yaml as the size in effect.
-    pub batch: usize,
-    /// Images per forward/backward (`None` = the whole batch, or the budget's choice); the
-    /// gradients of a batch's micro-batches are summed.
-    #[serde(default)]
-    pub micro_batch: Option<usize>,
-    /// Memory budget in bytes (`--budget 8GiB`); `None` = no sizing unless `batch` is 0, which
-    /// uses 80% of the free memory.
-    #[serde(default)]
-    pub budget: Option<u64>,
-    /// Minutes between mid-epoch checkpoints (0 = after every batch).
-    #[serde(default = "default_save_interval")]
-    pub save_interval: f64,
-    /// Non-finite steps in a row before the last good state is restored and the LR halved.
-    #[serde(default = "default_nan_patience")]
-    pub nan_patience: usize,
-    /// Mixed precision (bf16) training on CUDA ([`YoloV9Train::set_amp`]); off by default, no
-    /// effect on the CPU.
-    #[serde(default = "default_amp")]
-    pub amp: bool,
-    /// `cpu` or a CUDA ordinal.
-    pub device: String,
-    /// Loader threads (0 = available cores − 1).
-    pub workers: usize,
-    /// Seed of initialization, shuffling and augmentation.
-    pub seed: u64,
-    /// Epochs at the end without mosaic.
-    pub close_mosaic: usize,
-    /// Train images with fewer boxes are left out.
-    pub min_items: usize,
-    /// Runs folder.
-    pub project: PathBuf,
-    /// Run name (`exp`, then `exp2`, ... unless `exist_ok`).
-    pub name: String,
-    /// Reuse an existing run folder.
-    pub exist_ok: bool,
-    /// Save `epoch{N}.safetensors` every N epochs (−1 = never).
-    pub save_period: i64,
-    /// Stop after this many epochs without fitness improvement.
-    pub patience: usize,
-    /// Cosine LR schedule.
-    pub cos_lr: bool,
-    /// Validate only after the final epoch.
-    pub noval: bool,
-    /// Do not draw `results.png`.
-    pub noplots: bool,
-    /// Hyper-parameter yaml (official `hyp.scratch-high.yaml` format); `None` = its values.
-    pub hyp: Option<PathBuf>,
-    /// Resume from a run folder or a `state.safetensors`.
-    pub resume: Option<PathBuf>,
-    /// Show progress bars and per-epoch lines.
-    pub verbose: bool,
-    /// With `resume`: train until this many epochs instead of the stored number (extends a
-    /// finished run).
-    #[serde(skip)]
-    pub extend_epochs: Option<usize>,
-    /// Injected faults (tests); empty = read `YOLO9_FAULTS`.
-    #[serde(skip)]
-    pub faults: Faults,
-}
-
-fn default_save_interval() -> f64 {
-    10.0
-}
-
-fn default_amp() -> bool {
-    false
-}
-
-fn default_nan_patience() -> usize {
-    5
-}
-
-impl TrainOptions {
-    /// The official defaults for `data`.
-    pub fn new(data: PathBuf) -> Self {
-        TrainOptions {
-            data,
-            weights: None,
-            epochs: 100,
-            img: 640,
-            batch: 16,
-            micro_batch: None,
-            budget: None,
-            save_interval: default_save_interval(),
-            nan_patience: default_nan_patience(),
-            amp: default_amp(),
-            device: "cpu".into(),
-            workers: 0,
-            seed: 0,
-            close_mosaic: 10,
-            min_items: 0,
-            project: PathBuf::from("runs/train"),
-            name: "exp".into(),
-            exist_ok: false,
-            save_period: -1,
-            patience: 100,
-            cos_lr: false,
-            noval: false,
-            noplots: false,
-            hyp: None,
-            resume: None,
-            verbose: true,
-            extend_epochs: None,
-            faults: Faults::default(),
-        }
-    }
-}
-
-/// Hyper-parameters (official `hyp.scratch-high.yaml`; unknown keys are ignored).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(default)]
-pub struct Hyp {
-    /// Initial LR.
-    pub lr0: f64,
-    /// Final LR fraction.
-    pub lrf: f64,
-    /// SGD momentum.
-    pub momentum: f64,
-    /// Weight decay (before batch scaling).
-    pub weight_decay: f64,
-    /// Warmup epochs.
-    pub warmup_epochs: f64,
-    /// Warmup initial momentum.
-    pub warmup_momentum: f64,
-    /// Warmup initial bias LR.
-    pub warmup_bias_lr: f64,
-    /// Box loss gain (fixed at 7.5 by the loss).
-    #[serde(rename = "box")]
-    pub box_gain: f64,
-    /// Class loss gain (fixed at 0.5).
-    pub cls: f64,
-    /// DFL gain (fixed at 1.5).
-    pub dfl: f64,
-    /// Augmentation keys (`hsv_h`, `hsv_s`, `hsv_v`, `degrees`, `translate`, `scale`, `shear`,
-    /// `flipud`, `fliplr`, `mosaic`, `mixup`), read from the same yaml level.
-    #[serde(flatten)]
-    pub augment: AugmentConfig,
-}
-
-impl Default for Hyp {
-    fn default() -> Self {
-        Hyp {
-            lr0: 0.01,
-            lrf: 0.01,
-            momentum: 0.937,
-            weight_decay: 0.0005,
-            warmup_epochs: 3.0,
-            warmup_momentum: 0.8,
-            warmup_bias_lr: 0.1,
-            box_gain: GAINS[0] as f64,
-            cls: GAINS[1] as f64,
-            dfl: GAINS[2] as f64,
-            augment: AugmentConfig::default(),
-        }
-    }
-}
-
-impl Hyp {
-    /// Reads a hyp yaml (missing keys keep the scratch-high values).
-    pub fn load(path: &Path) -> Result<Hyp> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("--hyp {}: cannot read", path.display()))?;
-        let h: Hyp = serde_yaml::from_str(&text).with_context(|| {
-            format!(
-                "--hyp {}: not a hyp yaml (expected keys like `lr0: 0.01`, numbers only)",
-                path.display()
-            )
-        })?;
-        ensure!(
-            h.lr0 > 0.0
-                && h.lr0.is_finite()
-                && h.lrf > 0.0
-                && h.momentum >= 0.0
-                && h.momentum < 1.0,
-            "--hyp {}: lr0 {} / lrf {} / momentum {} out of range",
-            path.display(),
-            h.lr0,
-            h.lrf,
-            h.momentum
-        );
-        Ok(h)
-    }
-
-    /// The augmentation part.
-    pub fn augment(&self) -> AugmentConfig {
-        self.augment.clone()
-    }
-}
 
 /// One line of `results.csv`.
 #[derive(Debug, Clone, PartialEq)]
@@ -342,64 +143,6 @@ fn ema_weights(model: &YoloV9Train, ema: &Ema) -> Result<Weights> {
     })
 }
 
-/// Environment variable that turns on per-phase timing of the training loop
-/// (`YOLO9_STEP_TIMES=1`): the device is synchronized at each phase boundary and the summed
-/// seconds per phase are printed after each epoch. Off by default (no synchronization, no output).
-pub const STEP_TIMES_ENV: &str = "YOLO9_STEP_TIMES";
-
-/// Names of the phases timed by [`StepTimes`], in loop order.
-const PHASES: [&str; 6] = [
-    "wait",
-    "input",
-    "forward",
-    "loss",
-    "backward",
-    "optimizer+ema",
-];
-
-/// Opt-in wall-clock time per training-loop phase (see [`STEP_TIMES_ENV`]).
-struct StepTimes {
-    device: Option<Device>,
-    last: std::time::Instant,
-    secs: [f64; PHASES.len()],
-}
-
-impl StepTimes {
-    fn new(device: &Device) -> Self {
-        let on = std::env::var_os(STEP_TIMES_ENV).is_some_and(|v| !v.is_empty() && v != "0");
-        StepTimes {
-            device: on.then(|| device.clone()),
-            last: std::time::Instant::now(),
-            secs: [0.0; PHASES.len()],
-        }
-    }
-
-    /// Ends phase `i` (index into [`PHASES`]) after the device finished its queued work.
-    fn mark(&mut self, i: usize) -> Result<()> {
-        if let Some(d) = &self.device {
-            d.synchronize()?;
-            let now = std::time::Instant::now();
-            self.secs[i] += (now - self.last).as_secs_f64();
-            self.last = now;
-        }
-        Ok(())
-    }
-
-    /// One line `step times (s): wait 0.12, input 0.03, ...`, or `None` when off.
-    fn report(&self) -> Option<String> {
-        self.device.as_ref()?;
-        let parts: Vec<String> = PHASES
-            .iter()
-            .zip(self.secs)
-            .map(|(n, t)| format!("{n} {t:.2}"))
-            .collect();
-        Some(format!(
-            "step times (s, summed over the epoch): {}",
-            parts.join(", ")
-        ))
-    }
-}
-
 fn fmt_mem(b: u64) -> String {
     format!("{:.2}G", b as f64 / 1e9)
 }
@@ -434,14 +177,6 @@ struct Run<'a> {
     good: GoodState,
 }
 
-/// Outcome of one loader batch.
-struct BatchOutcome {
-    /// Mean losses `[box, cls, dfl]` over the batch's images (NaN when not finite).
-    items: [f64; 3],
-    /// Parameter gradients of the batch (`None` when the loss was not finite).
-    grads: Option<GradStore>,
-}
-
 impl Run<'_> {
     fn log(&self, pb: &Option<indicatif::ProgressBar>, msg: String) {
         match pb {
@@ -454,76 +189,7 @@ impl Run<'_> {
         }
     }
 
-    /// Trains one loader batch as micro-batches of `self.micro` images and returns the summed
-    /// parameter gradients (official `loss * batch_size` per micro-batch, so gradients add up
-    /// as for the whole batch). Any error, out-of-memory included, leaves the model's
-    /// parameters untouched (the caller restores the BN statistics).
-    fn train_batch(
-        &self,
-        batch: &crate::data::loader::Batch,
-        ni: usize,
-        times: &mut StepTimes,
-    ) -> Result<BatchOutcome> {
-        let s = self.opts.img as usize;
-        let n = batch.len;
-        let per_image = 3 * s * s;
-        let mut grads: Option<GradStore> = None;
-        let mut items = [0f64; 3];
-        let mut start = 0;
-        while start < n {
-            let len = self.micro.min(n - start);
-            let x = Tensor::from_slice(
-                &batch.images[start * per_image..(start + len) * per_image],
-                (len, 3, s, s),
-                &self.device,
-            )?
-            .to_dtype(DType::F32)?
-            .affine(1.0 / 255.0, 0.0)?;
-            times.mark(1)?;
-            let rows: Vec<[f32; 6]> = batch
-                .targets
-                .iter()
-                .filter(|t| (t[0] as usize) >= start && (t[0] as usize) < start + len)
-                .map(|t| {
-                    let mut r = *t;
-                    r[0] -= start as f32;
-                    r
-                })
-                .collect();
-            let t = targets_tensor(&rows, &self.device)?;
-            let raw = self.model.forward(&x, true)?;
-            times.mark(2)?;
-            if self.faults.oom_above.is_some_and(|k| len > k) {
-                bail!("injected fault: CUDA_ERROR_OUT_OF_MEMORY for a micro-batch of {len}");
-            }
-            let lo = self.loss.compute(&raw.aux, &raw.main, &t, (s, s))?;
-            times.mark(3)?;
-            let mut li = lo.items;
-            if self.faults.nan_at.contains(&ni) {
-                li = [f32::NAN; 3];
-            }
-            if li.iter().any(|v| !v.is_finite()) {
-                return Ok(BatchOutcome {
-                    items: li.map(|v| v as f64),
-                    grads: None,
-                });
-            }
-            let mut g = lo.total.backward()?;
-            drop(raw);
-            add_param_grads(&mut grads, &mut g, &self.opt)?;
-            times.mark(4)?;
-            for (m, v) in items.iter_mut().zip(li) {
-                *m += v as f64 * len as f64;
-            }
-            start += len;
-        }
-        Ok(BatchOutcome {
-            items: items.map(|v| v / n.max(1) as f64),
-            grads,
-        })
-    }
-
-    /// [`Self::train_batch`] with out-of-memory recovery: restore BN statistics, halve the
+    /// [`step`] with out-of-memory recovery: restore BN statistics, halve the
     /// micro-batch, redo the same batch. Returns the outcome and the number of recoveries.
     fn train_batch_recovering(
         &mut self,
@@ -536,7 +202,14 @@ impl Run<'_> {
         let bn = self.model.snapshot_bn()?;
         let mut events = 0;
         loop {
-            match self.train_batch(batch, ni, times) {
+            let parts = StepParts {
+                model: &self.model,
+                loss: &self.loss,
+                opt: &self.opt,
+                device: &self.device,
+            };
+            let input = StepInput::of(batch, self.opts.img as usize);
+            match step(&parts, &input, self.micro, &self.faults, ni, times) {
                 Ok(o) => return Ok((o, events)),
                 Err(e) if is_oom(&e) => {
                     self.model.restore_bn(&bn)?;
@@ -667,24 +340,6 @@ impl Run<'_> {
 fn copy_atomic(src: &Path, dst: &Path) -> Result<()> {
     let bytes = std::fs::read(src).with_context(|| format!("{}: cannot read", src.display()))?;
     crate::model::weights::write_atomic(dst, &bytes)
-}
-
-/// Moves the parameter gradients of `g` into `acc` (summing), leaving everything else behind.
-fn add_param_grads(acc: &mut Option<GradStore>, g: &mut GradStore, opt: &Sgd) -> Result<()> {
-    let a = acc.get_or_insert_with(GradStore::default);
-    for p in opt.params() {
-        if let Some(t) = g.remove(p.var.as_tensor()) {
-            // Detached: a variable's gradient can still reference the step's forward graph
-            // (see `Sgd::step`); holding it across micro-batches would keep every graph alive.
-            let t = t.detach();
-            let sum = match a.remove(p.var.as_tensor()) {
-                Some(prev) => (prev + t)?,
-                None => t,
-            };
-            a.insert(p.var.as_tensor(), sum);
-        }
-    }
-    Ok(())
 }
 
 /// Runs training with `opts` and returns the per-epoch reports. Outputs go to
@@ -1148,10 +803,8 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
             }
             if ni as i64 - run.last_opt_step >= st.accumulate as i64 {
                 if let Some(mut g) = run.acc.take() {
-                    let norm = run.opt.clip_grad_norm(&mut g, MAX_GRAD_NORM)?;
+                    let norm = optimizer_step(&run.model, &mut run.opt, &mut run.ema, &mut g)?;
                     if norm.is_finite() {
-                        run.opt.step(&g)?;
-                        run.ema.update(&run.model.float_state()?)?;
                         run.nan_streak = 0;
                     } else {
                         pr.nan_events += 1;

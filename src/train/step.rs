@@ -1,0 +1,266 @@
+//! The training step, written once (the inner loop of the official `train_dual.py`).
+//!
+//! One iteration of the official loop is: forward of both branches in train mode, the dual TAL
+//! loss (`(box + cls + dfl) · batch`), backward, gradients accumulated until the nominal batch of
+//! 64 images is reached (`accumulate = round(64 / batch)` iterations), then an optimizer step:
+//! gradient-norm clip at [`MAX_GRAD_NORM`] (10), SGD (Nesterov, three groups), EMA update.
+//!
+//! Here that is two functions:
+//! - [`step`] trains one loader batch as micro-batches (u8 images → `f32 / 255`, each
+//!   micro-batch's target rows re-indexed from 0, `forward(x, true)`, the loss, a check that the
+//!   loss items are finite, backward) and returns the parameter gradients summed over the
+//!   micro-batches with the mean loss items ([`BatchOutcome`]);
+//! - [`optimizer_step`] clips the gradient norm, steps SGD and updates the EMA, and returns the
+//!   norm (a non-finite norm skips SGD and EMA; the caller's NaN guard counts it).
+//!
+//! Both are called by the trainer ([`crate::train::trainer`], which adds the batch gradients over
+//! the accumulation window with [`add_param_grads`]) **and** by the memory-budget probe
+//! ([`crate::train::budget`]), so the probe measures exactly the step that runs.
+//!
+//! [`StepTimes`] is the step's opt-in phase timer (`YOLO9_STEP_TIMES=1`, see [`STEP_TIMES_ENV`]).
+
+use crate::loss::tal_loss::targets_tensor;
+use crate::loss::DualTalLoss;
+use crate::model::yolov9::YoloV9Train;
+use crate::train::ema::Ema;
+use crate::train::guard::Faults;
+use crate::train::optimizer::Sgd;
+use anyhow::{bail, Result};
+use candle_core::backprop::GradStore;
+use candle_core::{DType, Device, Tensor};
+
+/// Gradient-norm clip of the official loop.
+pub const MAX_GRAD_NORM: f64 = 10.0;
+
+/// Environment variable that turns on per-phase timing of the training loop
+/// (`YOLO9_STEP_TIMES=1`): the device is synchronized at each phase boundary and the summed
+/// seconds per phase are printed after each epoch. Off by default (no synchronization, no output).
+pub const STEP_TIMES_ENV: &str = "YOLO9_STEP_TIMES";
+
+/// Names of the phases timed by [`StepTimes`], in loop order (the indices of
+/// [`StepTimes::mark`]).
+pub const PHASES: [&str; 6] = [
+    "wait",
+    "input",
+    "forward",
+    "loss",
+    "backward",
+    "optimizer+ema",
+];
+
+/// Opt-in wall-clock time per training-loop phase (see [`STEP_TIMES_ENV`]).
+pub struct StepTimes {
+    device: Option<Device>,
+    last: std::time::Instant,
+    secs: [f64; PHASES.len()],
+}
+
+impl StepTimes {
+    /// On when [`STEP_TIMES_ENV`] is set to something other than empty or `0`; off otherwise.
+    pub fn new(device: &Device) -> Self {
+        let on = std::env::var_os(STEP_TIMES_ENV).is_some_and(|v| !v.is_empty() && v != "0");
+        StepTimes {
+            device: on.then(|| device.clone()),
+            last: std::time::Instant::now(),
+            secs: [0.0; PHASES.len()],
+        }
+    }
+
+    /// A timer that is always off (no synchronization, no report), whatever the environment.
+    pub fn off() -> Self {
+        StepTimes {
+            device: None,
+            last: std::time::Instant::now(),
+            secs: [0.0; PHASES.len()],
+        }
+    }
+
+    /// Ends phase `i` (index into [`PHASES`]) after the device finished its queued work.
+    pub fn mark(&mut self, i: usize) -> Result<()> {
+        if let Some(d) = &self.device {
+            d.synchronize()?;
+            let now = std::time::Instant::now();
+            self.secs[i] += (now - self.last).as_secs_f64();
+            self.last = now;
+        }
+        Ok(())
+    }
+
+    /// One line `step times (s): wait 0.12, input 0.03, ...`, or `None` when off.
+    pub fn report(&self) -> Option<String> {
+        self.device.as_ref()?;
+        let parts: Vec<String> = PHASES
+            .iter()
+            .zip(self.secs)
+            .map(|(n, t)| format!("{n} {t:.2}"))
+            .collect();
+        Some(format!(
+            "step times (s, summed over the epoch): {}",
+            parts.join(", ")
+        ))
+    }
+}
+
+/// What one step trains: a loader batch's images and targets
+/// (see [`crate::data::loader::Batch`]).
+#[derive(Debug, Clone, Copy)]
+pub struct StepInput<'a> {
+    /// `len × 3 × img × img` RGB bytes, channel-major (CHW per image).
+    pub images: &'a [u8],
+    /// Targets `[img, cls, cx, cy, w, h]`, normalized, `img` indexing the batch.
+    pub targets: &'a [[f32; 6]],
+    /// Number of images.
+    pub len: usize,
+    /// Square image side in pixels.
+    pub img: usize,
+}
+
+impl<'a> StepInput<'a> {
+    /// The images and targets of `batch` at side `img`.
+    pub fn of(batch: &'a crate::data::loader::Batch, img: usize) -> Self {
+        StepInput {
+            images: &batch.images,
+            targets: &batch.targets,
+            len: batch.len,
+            img,
+        }
+    }
+}
+
+/// What a step runs on: the training model, the loss and the optimizer (for its parameter
+/// list), on `device`.
+#[derive(Clone, Copy)]
+pub struct StepParts<'a> {
+    /// The training graph (both branches).
+    pub model: &'a YoloV9Train,
+    /// The dual TAL loss.
+    pub loss: &'a DualTalLoss,
+    /// The optimizer; its parameters are the gradients kept.
+    pub opt: &'a Sgd,
+    /// The device of the model.
+    pub device: &'a Device,
+}
+
+/// Outcome of one loader batch.
+pub struct BatchOutcome {
+    /// Mean losses `[box, cls, dfl]` over the batch's images (NaN when not finite).
+    pub items: [f64; 3],
+    /// Parameter gradients of the batch (`None` when the loss was not finite).
+    pub grads: Option<GradStore>,
+}
+
+/// Trains one loader batch as micro-batches of `micro` images and returns the summed parameter
+/// gradients (official `loss * batch_size` per micro-batch, so gradients add up as for the
+/// whole batch). `ni` is the iteration, for the injected faults (`faults.nan_at`: the loss
+/// items become NaN; `faults.oom_above`: a micro-batch larger than that fails after its forward
+/// with an out-of-memory error). A non-finite loss stops the batch before its backward and
+/// returns `grads: None`. Any error, out-of-memory included, leaves the model's parameters
+/// untouched (the BN statistics of the forwards that ran are the caller's to restore).
+pub fn step(
+    parts: &StepParts<'_>,
+    input: &StepInput<'_>,
+    micro: usize,
+    faults: &Faults,
+    ni: usize,
+    times: &mut StepTimes,
+) -> Result<BatchOutcome> {
+    let StepParts {
+        model,
+        loss,
+        opt,
+        device,
+    } = *parts;
+    let s = input.img;
+    let n = input.len;
+    let per_image = 3 * s * s;
+    let mut grads: Option<GradStore> = None;
+    let mut items = [0f64; 3];
+    let mut start = 0;
+    while start < n {
+        let len = micro.min(n - start);
+        let x = Tensor::from_slice(
+            &input.images[start * per_image..(start + len) * per_image],
+            (len, 3, s, s),
+            device,
+        )?
+        .to_dtype(DType::F32)?
+        .affine(1.0 / 255.0, 0.0)?;
+        times.mark(1)?;
+        let rows: Vec<[f32; 6]> = input
+            .targets
+            .iter()
+            .filter(|t| (t[0] as usize) >= start && (t[0] as usize) < start + len)
+            .map(|t| {
+                let mut r = *t;
+                r[0] -= start as f32;
+                r
+            })
+            .collect();
+        let t = targets_tensor(&rows, device)?;
+        let raw = model.forward(&x, true)?;
+        times.mark(2)?;
+        if faults.oom_above.is_some_and(|k| len > k) {
+            bail!("injected fault: CUDA_ERROR_OUT_OF_MEMORY for a micro-batch of {len}");
+        }
+        let lo = loss.compute(&raw.aux, &raw.main, &t, (s, s))?;
+        times.mark(3)?;
+        let mut li = lo.items;
+        if faults.nan_at.contains(&ni) {
+            li = [f32::NAN; 3];
+        }
+        if li.iter().any(|v| !v.is_finite()) {
+            return Ok(BatchOutcome {
+                items: li.map(|v| v as f64),
+                grads: None,
+            });
+        }
+        let mut g = lo.total.backward()?;
+        drop(raw);
+        add_param_grads(&mut grads, &mut g, opt)?;
+        times.mark(4)?;
+        for (m, v) in items.iter_mut().zip(li) {
+            *m += v as f64 * len as f64;
+        }
+        start += len;
+    }
+    Ok(BatchOutcome {
+        items: items.map(|v| v / n.max(1) as f64),
+        grads,
+    })
+}
+
+/// The optimizer step of the official loop: clips the global gradient norm of `grads` to
+/// [`MAX_GRAD_NORM`], steps `opt`, then updates `ema` from the model's float state. Returns
+/// the norm before clipping; when it is not finite, SGD and EMA are skipped (the gradients are
+/// left as they are) and the caller's NaN guard decides.
+pub fn optimizer_step(
+    model: &YoloV9Train,
+    opt: &mut Sgd,
+    ema: &mut Ema,
+    grads: &mut GradStore,
+) -> Result<f64> {
+    let norm = opt.clip_grad_norm(grads, MAX_GRAD_NORM)?;
+    if norm.is_finite() {
+        opt.step(grads)?;
+        ema.update(&model.float_state()?)?;
+    }
+    Ok(norm)
+}
+
+/// Moves the parameter gradients of `g` into `acc` (summing), leaving everything else behind.
+pub fn add_param_grads(acc: &mut Option<GradStore>, g: &mut GradStore, opt: &Sgd) -> Result<()> {
+    let a = acc.get_or_insert_with(GradStore::default);
+    for p in opt.params() {
+        if let Some(t) = g.remove(p.var.as_tensor()) {
+            // Detached: a variable's gradient can still reference the step's forward graph
+            // (see `Sgd::step`); holding it across micro-batches would keep every graph alive.
+            let t = t.detach();
+            let sum = match a.remove(p.var.as_tensor()) {
+                Some(prev) => (prev + t)?,
+                None => t,
+            };
+            a.insert(p.var.as_tensor(), sum);
+        }
+    }
+    Ok(())
+}
