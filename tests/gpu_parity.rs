@@ -5,7 +5,9 @@
 //! - fused train-mode BN + SiLU (`kernels/bn_act.cu`): output, dx, dγ, dβ, running statistics;
 //! - cuDNN convolution: output, dx, dw (3×3 stride 1 and 2, 1×1, groups);
 //! - one training step of the YOLOv9-s training graph with the dual TAL loss: loss items and the
-//!   gradients of the first and last layers.
+//!   gradients of the first and last layers;
+//! - the multi-tensor optimizer kernels (`kernels/optim.cu`): gradient norm, clip, SGD Nesterov
+//!   with weight decay and the EMA against the candle ops of the CPU path (bit-exact updates).
 #![cfg(feature = "cuda")]
 
 mod common;
@@ -17,6 +19,8 @@ use yolo9::model::conv::conv2d_any;
 use yolo9::model::YoloV9Train;
 
 fn gpu() -> Device {
+    // Parity against the CPU is measured in strict f32 (no TF32 tensor cores).
+    yolo9::cuda::conv::set_strict_fp32(true);
     Device::new_cuda(0).expect("gpu_parity needs a CUDA device (run it on the GPU machine)")
 }
 
@@ -333,5 +337,77 @@ fn cudnn_conv_in_bf16_stays_within_bf16_rounding_of_f32() {
     );
     for (name, v) in ["y", "dx", "dw"].iter().zip(e) {
         assert!(v <= 2e-2, "{name} differs by {v:e} (relative)");
+    }
+}
+
+#[test]
+fn fused_sgd_clip_and_ema_equal_cpu() {
+    use yolo9::train::ema::Ema;
+    use yolo9::train::optimizer::Sgd;
+    let g = gpu();
+    let shapes: [&[usize]; 4] = [&[64, 32, 3, 3], &[64], &[70001], &[7, 5]];
+    let names = ["a.conv.weight", "a.bn.weight", "b.conv.weight", "c.bias"];
+    let mk = |dev: &Device| {
+        let params: Vec<(String, Var)> = shapes
+            .iter()
+            .zip(names)
+            .enumerate()
+            .map(|(i, (s, n))| {
+                let t = rand(s, 10 + i as u64, 0.5, 0.0).to_device(dev).unwrap();
+                (n.to_string(), Var::from_tensor(&t).unwrap())
+            })
+            .collect();
+        params
+    };
+    let (pc, pg) = (mk(&Device::Cpu), mk(&g));
+    let mut oc = Sgd::new(pc.clone(), 0.01, 0.937, 5e-4);
+    let mut og = Sgd::new(pg.clone(), 0.01, 0.937, 5e-4);
+    oc.lr = [0.1, 0.01, 0.02];
+    og.lr = oc.lr;
+    let state = |p: &[(String, Var)]| -> Vec<(String, Tensor)> {
+        p.iter()
+            .map(|(n, v)| (n.clone(), v.as_tensor().clone()))
+            .collect()
+    };
+    let mut ec = Ema::new(&state(&pc)).unwrap();
+    let mut eg = Ema::new(&state(&pg)).unwrap();
+    for step in 0..3u64 {
+        // Gradients large enough for the clip to act (norm > 10).
+        let grads = |p: &[(String, Var)], dev: &Device| {
+            let loss = p
+                .iter()
+                .enumerate()
+                .map(|(i, (_, v))| {
+                    let c = rand(v.dims(), 100 + step * 10 + i as u64, 20.0, 0.0)
+                        .to_device(dev)
+                        .unwrap();
+                    (v.as_tensor() * &c).unwrap().sum_all().unwrap()
+                })
+                .reduce(|a, b| (a + b).unwrap())
+                .unwrap();
+            loss.backward().unwrap()
+        };
+        let (mut gc, mut gg) = (grads(&pc, &Device::Cpu), grads(&pg, &g));
+        let nc = oc.clip_grad_norm(&mut gc, 10.0).unwrap();
+        let ng = og.clip_grad_norm(&mut gg, 10.0).unwrap();
+        assert!(nc > 10.0, "the clip must act: norm {nc}");
+        assert!((nc - ng).abs() <= 1e-5 * nc, "norm {ng} vs cpu {nc}");
+        oc.step(&gc).unwrap();
+        og.step(&gg).unwrap();
+        ec.update(&state(&pc)).unwrap();
+        eg.update(&state(&pg)).unwrap();
+    }
+    for ((n, vc), (_, vg)) in pc.iter().zip(&pg) {
+        let r = rel(&vg.as_tensor().to_device(&Device::Cpu).unwrap(), vc.as_tensor());
+        // The clip coefficient comes from norms summed in different orders (<= 1 ulp).
+        assert!(r <= 1e-6, "{n}: weights differ by {r:e}");
+    }
+    for ((n, tc), (_, tg)) in ec.state.iter().zip(&eg.state) {
+        let r = rel(&tg.to_device(&Device::Cpu).unwrap(), tc);
+        assert!(r <= 1e-6, "EMA {n}: differs by {r:e}");
+    }
+    for ((n, bc), (_, bg)) in oc.state().iter().zip(og.state().iter()) {
+        let r = rel(&bg.to_device(&Device::Cpu).unwrap(), bc);
+        assert!(r <= 1e-6, "momentum {n}: differs by {r:e}");
     }
 }

@@ -6,9 +6,9 @@
 //! (`cudnnConvolutionBackwardFilter`, dL/dw). All three work on contiguous NCHW tensors of the
 //! same dtype:
 //!
-//! - `f32`: the convolution descriptor uses `CUDNN_FMA_MATH`, so cuDNN may not use TF32 tensor
-//!   cores and results stay at f32 accuracy (what candle's cuBLAS path and PyTorch with TF32 off
-//!   give);
+//! - `f32`: TF32 tensor cores allowed (`CUDNN_DEFAULT_MATH`, PyTorch's default for
+//!   convolutions), or strict f32 (`CUDNN_FMA_MATH`, what PyTorch with TF32 off gives) when
+//!   [`strict_fp32`] is set;
 //! - `f16` / `bf16`: `CUDNN_TENSOR_OP_MATH` with f32 accumulation (cuDNN's "pseudo half"
 //!   configuration).
 //!
@@ -18,11 +18,10 @@
 //! algorithm needs more. The handle, the maps and the workspace sit behind a mutex, so the ops may
 //! be called from any thread; calls on one device are serialized while they enqueue work.
 //!
-//! Algorithm choice ([`AlgoSearch`]): `Heuristic` (the default) takes cuDNN's first suggestion
-//! (`cudnnGetConvolution*Algorithm_v7`, what PyTorch does with `cudnn.benchmark = False`);
-//! `Benchmark` times every algorithm once per shape and keeps the fastest (like
-//! `cudnn.benchmark = True`). The environment variable `YOLO9_CUDNN_ALGO=benchmark` selects the
-//! second at start-up, [`set_algo_search`] at run time.
+//! Algorithm choice ([`AlgoSearch`]): `Benchmark` (the default) times every algorithm once per
+//! shape and keeps the fastest (like `cudnn.benchmark = True`, which the official trainer sets);
+//! `Heuristic` takes cuDNN's first suggestion (`cudnnGetConvolution*Algorithm_v7`).
+//! `YOLO9_CUDNN_ALGO=heuristic` selects the second at start-up, [`set_algo_search`] at run time.
 //!
 //! Every failure (cuDNN status, CUDA out of memory, a shape cuDNN cannot describe) is returned as
 //! a candle `Error`; nothing here panics on a runtime path.
@@ -50,7 +49,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 /// Environment variable that selects the algorithm search at start-up (`heuristic` or
-/// `benchmark`; anything else means `heuristic`).
+/// `benchmark`; anything else, or unset, means `benchmark`).
 pub const ALGO_ENV: &str = "YOLO9_CUDNN_ALGO";
 /// Environment variable that turns the cuDNN convolution off (`YOLO9_CONV=candle`: every
 /// convolution goes through candle's `Tensor::conv2d`, also on CUDA).
@@ -68,7 +67,7 @@ const WORKSPACE_GRAIN: usize = 1 << 20;
 pub enum AlgoSearch {
     /// cuDNN's heuristics (`cudnnGetConvolution*Algorithm_v7`), first result.
     Heuristic,
-    /// Time every algorithm whose workspace fits in 1 GiB and keep the fastest.
+    /// Time every algorithm whose workspace fits in 1 GiB and keep the fastest (the default).
     Benchmark,
 }
 
@@ -76,6 +75,45 @@ pub enum AlgoSearch {
 static ALGO_SEARCH: AtomicU8 = AtomicU8::new(0);
 /// 0 = not yet read from the environment, 1 = cuDNN convolution on, 2 = off.
 static CUDNN_CONV: AtomicU8 = AtomicU8::new(0);
+/// 0 = not yet read from the environment, 1 = TF32 allowed for f32, 2 = strict f32 (no TF32).
+static F32_MATH: AtomicU8 = AtomicU8::new(0);
+
+/// Environment variable that makes f32 convolutions strict f32 at start-up (`YOLO9_STRICT_FP32=1`;
+/// `0`, empty or unset allows TF32).
+pub const STRICT_FP32_ENV: &str = "YOLO9_STRICT_FP32";
+
+/// Whether f32 convolutions are strict f32 (`CUDNN_FMA_MATH`: no TF32 tensor cores). The default
+/// allows TF32 (`CUDNN_DEFAULT_MATH`), as PyTorch does for convolutions
+/// (`torch.backends.cudnn.allow_tf32 = True`); `yolo9 train --strict-fp32`, [`STRICT_FP32_ENV`]
+/// or [`set_strict_fp32`] turn it off (parity runs and the GPU parity tests).
+pub fn strict_fp32() -> bool {
+    match F32_MATH.load(Ordering::Relaxed) {
+        1 => false,
+        2 => true,
+        _ => {
+            let v = std::env::var(STRICT_FP32_ENV).unwrap_or_default();
+            let strict = matches!(v.trim(), "1" | "true" | "yes");
+            set_strict_fp32(strict);
+            strict
+        }
+    }
+}
+
+/// Sets strict f32 (true) or TF32-allowed (false) f32 convolutions for convolutions run from now
+/// on (the choice is part of the algorithm cache key).
+pub fn set_strict_fp32(strict: bool) {
+    F32_MATH.store(if strict { 2 } else { 1 }, Ordering::Relaxed);
+}
+
+/// The cuDNN math type of a convolution in `T`: f32 follows [`strict_fp32`], half types use
+/// tensor cores.
+fn math_of<T: Elem>() -> cudnnMathType_t {
+    if T::DTYPE == DType::F32 && !strict_fp32() {
+        cudnnMathType_t::CUDNN_DEFAULT_MATH
+    } else {
+        T::MATH
+    }
+}
 
 /// The current algorithm search (from [`ALGO_ENV`] until [`set_algo_search`] is called).
 pub fn algo_search() -> AlgoSearch {
@@ -85,8 +123,8 @@ pub fn algo_search() -> AlgoSearch {
         _ => {
             let v = std::env::var(ALGO_ENV).unwrap_or_default();
             let s = match v.trim().to_ascii_lowercase().as_str() {
-                "benchmark" | "find" => AlgoSearch::Benchmark,
-                _ => AlgoSearch::Heuristic,
+                "heuristic" | "heuristics" => AlgoSearch::Heuristic,
+                _ => AlgoSearch::Benchmark,
             };
             set_algo_search(s);
             s
@@ -256,7 +294,7 @@ trait Elem: CudnnDataType + CudaDType + DeviceRepr + Copy + 'static {
     const DTYPE: DType;
     const ONE: Self;
     const ZERO: Self;
-    /// FMA for f32 (no TF32), tensor ops for half types.
+    /// FMA for f32 when strict (see [`math_of`]), tensor ops for half types.
     const MATH: cudnnMathType_t;
 }
 
@@ -286,7 +324,8 @@ pub fn dtype_supported(dtype: DType) -> bool {
     matches!(dtype, DType::F32 | DType::F16 | DType::BF16)
 }
 
-type AlgoKey = (Conv2dParams, DType, AlgoSearch);
+/// Shape, dtype, search mode and math type (strict f32 or not).
+type AlgoKey = (Conv2dParams, DType, AlgoSearch, bool);
 
 /// The per-device cuDNN state.
 struct Engine {
@@ -366,7 +405,7 @@ fn dims4(a: usize, b: usize, c: usize, d: usize) -> Result<[i32; 4]> {
 }
 
 /// Builds the NCHW tensor/filter descriptors of `p` in dtype `T` and its convolution descriptor
-/// (f32 compute, math type `T::MATH`, group count).
+/// (f32 compute, math type [`math_of`], group count).
 fn descs<T: Elem>(cudnn: &Arc<Cudnn>, p: &Conv2dParams) -> Result<Descs<T>> {
     let nchw = cudnnTensorFormat_t::CUDNN_TENSOR_NCHW;
     let x = cudnn
@@ -387,7 +426,7 @@ fn descs<T: Elem>(cudnn: &Arc<Cudnn>, p: &Conv2dParams) -> Result<Descs<T>> {
             cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION,
         )
         .map_err(|e| cudnn_err("convolution descriptor", e))?;
-    conv.set_math_type(T::MATH)
+    conv.set_math_type(math_of::<T>())
         .map_err(|e| cudnn_err("math type", e))?;
     conv.set_group_count(i32_of(p.groups)?)
         .map_err(|e| cudnn_err("group count", e))?;
@@ -521,7 +560,7 @@ impl Engine {
             y: &d.y,
         };
         let mode = algo_search();
-        let key = (*p, T::DTYPE, mode);
+        let key = (*p, T::DTYPE, mode, strict_fp32());
         let cached = self.fwd.get(&key).copied();
         let algo = match cached {
             Some(a) => a,
@@ -580,7 +619,7 @@ impl Engine {
             dy: &d.y,
         };
         let mode = algo_search();
-        let key = (*p, T::DTYPE, mode);
+        let key = (*p, T::DTYPE, mode, strict_fp32());
         let cached = self.bwd_data.get(&key).copied();
         let algo = match cached {
             Some(a) => a,
@@ -638,7 +677,7 @@ impl Engine {
             dy: &d.y,
         };
         let mode = algo_search();
-        let key = (*p, T::DTYPE, mode);
+        let key = (*p, T::DTYPE, mode, strict_fp32());
         let cached = self.bwd_filter.get(&key).copied();
         let algo = match cached {
             Some(a) => a,

@@ -16,11 +16,12 @@
 //! Only the predictions are differentiated: the assignment and the targets are constants, as in
 //! the official code (`detach()` / `no_grad`). The loss is built from Candle ops on the head
 //! outputs, so `total.backward()` gives the parameter gradients on any device; the assigner
-//! reads a detached host copy of the head outputs.
+//! reads detached host copies of the decoded boxes and the class logits. Each term is a dense
+//! sum over all anchors with the assignment as constant weights (0 for background), so no
+//! gather of foreground anchors (and no scatter in the backward) is needed.
 
 use anyhow::{bail, ensure, Context, Result};
 use candle_core::{DType, Device, Tensor, D};
-use rayon::prelude::*;
 
 use super::anchors::Anchors;
 use super::assigner::{AssignerInput, Assignment, GtBatch, Scores, TaskAlignedAssigner};
@@ -200,8 +201,9 @@ impl DualTalLoss {
             .collect();
         let gt = GtBatch::from_targets(&rows, bs, img_hw, self.nc)?;
 
-        let (t_aux, aux_r) = self.branch(&flat_aux, &anchors, &gt, "aux", given.map(|g| g[0]))?;
-        let (t_main, main_r) =
+        let (t_aux, asg_aux, tss_aux) =
+            self.branch(&flat_aux, &anchors, &gt, "aux", given.map(|g| g[0]))?;
+        let (t_main, asg_main, tss_main) =
             self.branch(&flat_main, &anchors, &gt, "main", given.map(|g| g[1]))?;
 
         let aw = AUX_WEIGHT as f64;
@@ -211,6 +213,26 @@ impl DualTalLoss {
             parts.push(t);
         }
         let total = ((&parts[0] + &parts[1])? + &parts[2])?.affine(bs as f64, 0.0)?;
+        // One read-back for the six logged values.
+        let all: Vec<&Tensor> = t_aux.iter().chain(&t_main).collect();
+        let v: Vec<f32> = Tensor::stack(&all, 0)?
+            .detach()
+            .to_vec1()
+            .context("loss: reading the loss items")?;
+        let aux_r = BranchLoss {
+            box_loss: v[0],
+            cls_loss: v[1],
+            dfl_loss: v[2],
+            target_scores_sum: tss_aux,
+            assignment: asg_aux,
+        };
+        let main_r = BranchLoss {
+            box_loss: v[3],
+            cls_loss: v[4],
+            dfl_loss: v[5],
+            target_scores_sum: tss_main,
+            assignment: asg_main,
+        };
         let item = |a: f32, m: f32, g: f32| (a * AUX_WEIGHT + m) * g;
         let items = [
             item(aux_r.box_loss, main_r.box_loss, GAINS[0]),
@@ -270,7 +292,15 @@ impl DualTalLoss {
         Ok((Tensor::cat(&flat, 2)?, hw, bs))
     }
 
-    /// Loss of one branch: `[box, cls, dfl]` scalar tensors before weights and gains.
+    /// Loss of one branch: `[box, cls, dfl]` scalar tensors before weights and gains, plus the
+    /// assignment and `S`.
+    ///
+    /// Every term is computed densely over all `B x A` anchors on the head's device, with the
+    /// assignment as dense constant tensors (target score `w` per anchor, 0 for background;
+    /// one-hot class targets; target box and DFL distances, harmless placeholders where
+    /// `w = 0`). Nothing is gathered, so the backward is a handful of element-wise kernels
+    /// instead of scattering into the head output, and only the decoded boxes `(B, A, 4)` and
+    /// the class logits `(B, nc, A)` are copied to the host for the assigner.
     fn branch(
         &self,
         flat: &Tensor,
@@ -278,72 +308,89 @@ impl DualTalLoss {
         gt: &GtBatch,
         which: &str,
         given: Option<&Assignment>,
-    ) -> Result<([Tensor; 3], BranchLoss)> {
-        let (bs, no, na) = flat.dims3()?;
+    ) -> Result<([Tensor; 3], Assignment, f32)> {
+        let (bs, _no, na) = flat.dims3()?;
+        let nc = self.nc;
         let dev = flat.device().clone();
-        let host: Vec<f32> = flat
+
+        // Predicted side distances (official `bbox_decode`): softmax over the 16 bins of each
+        // side, expectation `sum_k p_k * k`, in grid units; boxes xyxy `(B, 4, A)`.
+        let box_logits = flat
+            .narrow(1, 0, 4 * REG_MAX)?
+            .reshape((bs, 4, REG_MAX, na))?;
+        let logp = candle_nn::ops::log_softmax(&box_logits, 2)?;
+        let p = logp.exp()?;
+        let proj = Tensor::arange(0u32, REG_MAX as u32, &dev)?
+            .to_dtype(DType::F32)?
+            .reshape((1, 1, REG_MAX, 1))?;
+        let dist = p.broadcast_mul(&proj)?.sum(2)?; // (B, 4, A)
+        let mut anc4 = Vec::with_capacity(4 * na);
+        for c in 0..4 {
+            anc4.extend(anchors.points.iter().map(|p| p[c % 2]));
+        }
+        let anc4 = Tensor::from_vec(anc4, (1, 4, na), &dev)?;
+        let sign = Tensor::new(&[-1f32, -1.0, 1.0, 1.0], &dev)?.reshape((1, 4, 1))?;
+        let pbox = dist.broadcast_mul(&sign)?.broadcast_add(&anc4)?; // (B, 4, A) grid units
+        let cls_logits = flat.narrow(1, 4 * REG_MAX, nc)?; // (B, nc, A)
+
+        // Host copies for the assigner: boxes in pixels (B, A, 4) and class logits (B, nc, A).
+        let stride = Tensor::from_slice(&anchors.strides, (1, 1, na), &dev)?;
+        let pbox_px: Vec<f32> = pbox
+            .detach()
+            .broadcast_mul(&stride)?
+            .transpose(1, 2)?
+            .flatten_all()?
+            .to_vec1()
+            .with_context(|| format!("loss: copying the {which} boxes to the host"))?;
+        let cls_host: Vec<f32> = cls_logits
             .detach()
             .flatten_all()?
             .to_vec1()
-            .with_context(|| format!("loss: copying the {which} head output to the host"))?;
-        if let Some(i) = host.iter().position(|v| !v.is_finite()) {
+            .with_context(|| format!("loss: copying the {which} class logits to the host"))?;
+        if let Some(i) = pbox_px.iter().position(|v| !v.is_finite()) {
             bail!(
-                "loss: the {which} head output has a non-finite value ({}) at (b, c, anchor) = \
-                 ({}, {}, {}); training diverged or the input is broken (lower the learning \
+                "loss: the {which} head output has a non-finite box (decoded value {}) at image \
+                 {}, anchor {}; training diverged or the input is broken (lower the learning \
                  rate, check the images)",
-                host[i],
-                i / (no * na),
-                (i / na) % no,
+                pbox_px[i],
+                i / (4 * na),
+                (i / 4) % na
+            );
+        }
+        if let Some(i) = cls_host.iter().position(|v| !v.is_finite()) {
+            bail!(
+                "loss: the {which} head output has a non-finite class logit ({}) at (b, class, \
+                 anchor) = ({}, {}, {}); training diverged or the input is broken (lower the \
+                 learning rate, check the images)",
+                cls_host[i],
+                i / (nc * na),
+                (i / na) % nc,
                 i % na
             );
         }
-
-        // Decoded predicted boxes in pixels for the assigner (official bbox_decode * stride).
-        // Images in parallel (16 x 4 DFL softmaxes per anchor add up on 8400 anchors).
-        let pd_bboxes: Vec<[f32; 4]> = (0..bs)
-            .into_par_iter()
-            .flat_map_iter(|b| {
-                let host = &host;
-                (0..na).map(move |a| {
-                    let mut d = [0f32; 4];
-                    for (s, ds) in d.iter_mut().enumerate() {
-                        let mut bins = [0f32; REG_MAX];
-                        for (k, v) in bins.iter_mut().enumerate() {
-                            *v = host[(b * no + s * REG_MAX + k) * na + a];
-                        }
-                        *ds = dfl_expectation(&bins);
-                    }
-                    let [ax, ay] = anchors.points[a];
-                    let st = anchors.strides[a];
-                    [
-                        (ax - d[0]) * st,
-                        (ay - d[1]) * st,
-                        (ax + d[2]) * st,
-                        (ay + d[3]) * st,
-                    ]
-                })
-            })
+        let pd_bboxes: Vec<[f32; 4]> = pbox_px
+            .chunks_exact(4)
+            .map(|c| [c[0], c[1], c[2], c[3]])
             .collect();
+
         let asg = match given {
             Some(a) => {
                 ensure!(
                     a.batch == bs
                         && a.num_anchors == na
-                        && a.num_classes == self.nc
+                        && a.num_classes == nc
                         && a.fg_mask.len() == bs * na
                         && a.target_labels.len() == bs * na
                         && a.target_bboxes.len() == bs * na
                         && a.target_score.len() == bs * na,
                     "loss: the given {which} assignment is for batch {} x {} anchors x {} classes, \
-                     the head has {bs} x {na} x {}",
+                     the head has {bs} x {na} x {nc}",
                     a.batch,
                     a.num_anchors,
                     a.num_classes,
-                    self.nc
                 );
                 if let Some(i) = (0..bs * na).find(|&i| {
-                    a.fg_mask[i]
-                        && (a.target_labels[i] < 0 || a.target_labels[i] as usize >= self.nc)
+                    a.fg_mask[i] && (a.target_labels[i] < 0 || a.target_labels[i] as usize >= nc)
                 }) {
                     bail!(
                         "loss: the given {which} assignment has label {} at anchor {i}",
@@ -356,9 +403,9 @@ impl DualTalLoss {
                 let anc_px = anchors.points_px();
                 self.assigner.assign(&AssignerInput {
                     scores: Scores::HeadLogits {
-                        data: &host,
-                        channels: no,
-                        offset: 4 * REG_MAX,
+                        data: &cls_host,
+                        channels: nc,
+                        offset: 0,
                     },
                     pd_bboxes: &pd_bboxes,
                     anc_points: &anc_px,
@@ -367,82 +414,88 @@ impl DualTalLoss {
             }
         };
         let tss = asg.target_scores_sum().max(1.0);
+        let targets = DenseTargets::new(&asg, anchors, &dev)?;
 
-        let flat1 = flat.flatten_all()?;
-        ensure!(
-            flat1.elem_count() < u32::MAX as usize,
-            "loss: head output of {} values is too large for one batch; use a smaller batch",
-            flat1.elem_count()
-        );
-        let fg = asg.fg_indices();
-        let nfg = fg.len();
-
-        // Class loss: dense sum of relu(x) + log1p(exp(-|x|)) minus the sparse sum of x * t.
-        let cls_logits = flat.narrow(1, 4 * REG_MAX, self.nc)?;
+        // Class loss: dense sum of softplus(x) minus the sum of x * t (t one-hot * score).
+        let classes = Tensor::arange(0u32, nc as u32, &dev)?
+            .to_dtype(DType::F32)?
+            .reshape((1, nc, 1))?;
+        let t_cls = classes
+            .broadcast_eq(&targets.label)?
+            .to_dtype(DType::F32)?
+            .broadcast_mul(&targets.weight.unsqueeze(1)?)?; // (B, nc, A)
         let dense = bce_with_logits_zero_target(&cls_logits)?
             .to_dtype(DType::F64)?
-            .sum_all()?
-            .to_dtype(DType::F32)?;
-        let cls_sum = if nfg > 0 {
-            let idx: Vec<u32> = fg
-                .iter()
-                .map(|&i| {
-                    let (b, a) = (i / na, i % na);
-                    ((b * no + 4 * REG_MAX + asg.target_labels[i] as usize) * na + a) as u32
-                })
-                .collect();
-            let t: Vec<f32> = fg.iter().map(|&i| asg.target_score[i]).collect();
-            let x_fg = flat1.index_select(&Tensor::from_vec(idx, nfg, &dev)?, 0)?;
-            let xt = x_fg.mul(&Tensor::from_vec(t, nfg, &dev)?)?.sum_all()?;
-            dense.sub(&xt)?
-        } else {
-            dense
-        };
-        let cls = (cls_sum / tss as f64)?;
+            .sum_all()?;
+        let xt = cls_logits.mul(&t_cls)?.to_dtype(DType::F64)?.sum_all()?;
+        let cls = (dense.sub(&xt)?.to_dtype(DType::F32)? / tss as f64)?;
 
-        let (bx, dfl) = if nfg > 0 {
-            let mut idx = Vec::with_capacity(nfg * 4 * REG_MAX);
-            let mut anc4 = Vec::with_capacity(nfg * 4);
-            let mut tgt = Vec::with_capacity(nfg * 4);
-            let mut ltrb = Vec::with_capacity(nfg);
-            let mut w = Vec::with_capacity(nfg);
-            for &i in &fg {
-                let (b, a) = (i / na, i % na);
-                for ch in 0..4 * REG_MAX {
-                    idx.push(((b * no + ch) * na + a) as u32);
-                }
+        // Box loss: (1 - CIoU) weighted by the target score; background weighs 0.
+        let pbox_rows = pbox.transpose(1, 2)?.reshape((bs * na, 4))?;
+        let iou = ciou_tensor(&pbox_rows, &targets.boxes)?;
+        let w = targets.weight.reshape(bs * na)?;
+        let bx = (iou.affine(-1.0, 1.0)?.mul(&w)?.sum_all()? / tss as f64)?;
+
+        // DFL: cross-entropy to the two bins around each target distance, weights
+        // `max(0, 1 - |k - t|)` (= `l + 1 - t` at `k = l`, `t - l` at `k = l + 1`), mean over
+        // the 4 sides.
+        let dflw = proj
+            .broadcast_sub(&targets.ltrb.unsqueeze(2)?)?
+            .abs()?
+            .affine(-1.0, 1.0)?
+            .relu()?; // (B, 4, 16, A)
+        let ce = logp.mul(&dflw)?.sum(2)?.sum(1)?.affine(-0.25, 0.0)?; // (B, A)
+        let dfl = (ce.mul(&targets.weight)?.sum_all()? / tss as f64)?;
+        Ok(([bx, cls, dfl], asg, tss))
+    }
+}
+
+/// An assignment as dense constant tensors on the head's device (no gradient).
+struct DenseTargets {
+    /// Target score per anchor `(B, A)`, 0 for background.
+    weight: Tensor,
+    /// Assigned class per anchor `(B, 1, A)` f32 (0 for background, where the weight is 0).
+    label: Tensor,
+    /// Target boxes `(B * A, 4)` xyxy in grid units; a unit box around the anchor for
+    /// background (finite CIoU, weight 0).
+    boxes: Tensor,
+    /// DFL target distances `(B, 4, A)` in grid units, clamped to `[0, 14.99]`; 0 for
+    /// background.
+    ltrb: Tensor,
+}
+
+impl DenseTargets {
+    fn new(asg: &Assignment, anchors: &Anchors, dev: &Device) -> Result<Self> {
+        let (bs, na) = (asg.batch, asg.num_anchors);
+        let mut weight = vec![0f32; bs * na];
+        let mut label = vec![0f32; bs * na];
+        let mut boxes = Vec::with_capacity(bs * na * 4);
+        let mut ltrb = vec![0f32; bs * 4 * na];
+        for b in 0..bs {
+            for a in 0..na {
+                let i = b * na + a;
                 let [ax, ay] = anchors.points[a];
+                if !asg.fg_mask[i] {
+                    boxes.extend_from_slice(&[ax - 1.0, ay - 1.0, ax + 1.0, ay + 1.0]);
+                    continue;
+                }
                 let st = anchors.strides[a];
-                anc4.extend_from_slice(&[ax, ay, ax, ay]);
+                weight[i] = asg.target_score[i];
+                label[i] = asg.target_labels[i] as f32;
                 let tb = asg.target_bboxes[i];
                 let tb = [tb[0] / st, tb[1] / st, tb[2] / st, tb[3] / st];
-                tgt.extend_from_slice(&tb);
-                ltrb.push(bbox2dist([ax, ay], tb));
-                w.push(asg.target_score[i]);
+                boxes.extend_from_slice(&tb);
+                for (s, d) in bbox2dist([ax, ay], tb).into_iter().enumerate() {
+                    ltrb[(b * 4 + s) * na + a] = d;
+                }
             }
-            let logits = flat1
-                .index_select(&Tensor::from_vec(idx, nfg * 4 * REG_MAX, &dev)?, 0)?
-                .reshape((nfg, 4, REG_MAX))?;
-            let pbox = decode_boxes(&logits, &Tensor::from_vec(anc4, (nfg, 4), &dev)?)?;
-            let tbox = Tensor::from_vec(tgt, (nfg, 4), &dev)?;
-            let w = Tensor::from_vec(w, nfg, &dev)?;
-            let iou = ciou_tensor(&pbox, &tbox)?;
-            let box_sum = iou.affine(-1.0, 1.0)?.mul(&w)?.sum_all()?;
-            let dfl_sum = dfl_loss(&logits, &ltrb)?.mul(&w)?.sum_all()?;
-            ((box_sum / tss as f64)?, (dfl_sum / tss as f64)?)
-        } else {
-            let z = Tensor::zeros((), DType::F32, &dev)?;
-            (z.clone(), z)
-        };
-
-        let report = BranchLoss {
-            box_loss: bx.to_scalar::<f32>()?,
-            cls_loss: cls.to_scalar::<f32>()?,
-            dfl_loss: dfl.to_scalar::<f32>()?,
-            target_scores_sum: tss,
-            assignment: asg,
-        };
-        Ok(([bx, cls, dfl], report))
+        }
+        Ok(DenseTargets {
+            weight: Tensor::from_vec(weight, (bs, na), dev)?,
+            label: Tensor::from_vec(label, (bs, 1, na), dev)?,
+            boxes: Tensor::from_vec(boxes, (bs * na, 4), dev)?,
+            ltrb: Tensor::from_vec(ltrb, (bs, 4, na), dev)?,
+        })
     }
 }
 

@@ -52,8 +52,22 @@ impl Ema {
         );
         self.updates += 1;
         let d = self.decay_at(self.updates);
-        for ((name, e), (mname, m)) in self.state.iter_mut().zip(model) {
+        for ((name, _), (mname, _)) in self.state.iter().zip(model) {
             anyhow::ensure!(name == mname, "EMA entry {name} vs model entry {mname}");
+        }
+        #[cfg(feature = "cuda")]
+        {
+            let e: Vec<&Tensor> = self.state.iter().map(|(_, t)| t).collect();
+            let m: Vec<&Tensor> = model.iter().map(|(_, t)| t).collect();
+            if crate::cuda::optim::applies(&e) && crate::cuda::optim::applies(&m) {
+                // One multi-tensor kernel, in place (the EMA owns its tensors: `new` and the
+                // restore paths copy), with the rounding of the ops below.
+                crate::cuda::optim::ema(&e, &m, d as f32, (1.0 - d) as f32)
+                    .context("EMA update")?;
+                return Ok(());
+            }
+        }
+        for ((name, e), (_, m)) in self.state.iter_mut().zip(model) {
             let next = ((&*e * d)? + (m.detach() * (1.0 - d))?)
                 .with_context(|| format!("EMA update of {name}"))?;
             *e = next;

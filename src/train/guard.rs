@@ -151,10 +151,17 @@ impl GoodState {
                 .map(|v| v.var.as_tensor().copy())
                 .collect::<candle_core::Result<_>>()?,
             bn: model.snapshot_bn()?,
-            // Optimizer buffers and EMA tensors are replaced (never written in place) by their
-            // updates, so sharing them is a copy.
-            optim: opt.state(),
-            ema: ema.state.clone(),
+            // Copies: on CUDA the optimizer buffers and the EMA are updated in place.
+            optim: opt
+                .state()
+                .into_iter()
+                .map(|(n, t)| Ok((n, t.copy()?)))
+                .collect::<candle_core::Result<_>>()?,
+            ema: ema
+                .state
+                .iter()
+                .map(|(n, t)| Ok((n.clone(), t.copy()?)))
+                .collect::<candle_core::Result<_>>()?,
             ema_updates: ema.updates,
             label,
         })
@@ -167,7 +174,11 @@ impl GoodState {
         }
         model.restore_bn(&self.bn)?;
         opt.load_state(&self.optim)?;
-        ema.state = self.ema.clone();
+        ema.state = self
+            .ema
+            .iter()
+            .map(|(n, t)| Ok((n.clone(), t.copy()?)))
+            .collect::<candle_core::Result<_>>()?;
         ema.updates = self.ema_updates;
         Ok(())
     }

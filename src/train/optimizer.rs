@@ -107,18 +107,33 @@ impl Sgd {
         n
     }
 
+    /// The gradients of `grads` that belong to parameters, in parameter order.
+    fn present<'a>(&self, grads: &'a GradStore) -> Vec<&'a Tensor> {
+        self.params
+            .iter()
+            .filter_map(|p| grads.get(p.var.as_tensor()))
+            .collect()
+    }
+
     /// Global L2 norm of all gradients present in `grads` (as `torch.nn.utils.clip_grad_norm_`).
+    ///
+    /// On a CUDA device (contiguous f32 gradients) one multi-tensor kernel sums the squares in
+    /// f64 in a fixed order ([`crate::cuda::optim::sum_squares`]); elsewhere per-tensor f32 sums
+    /// are added in f64. Either way one read-back.
     pub fn grad_norm(&self, grads: &GradStore) -> Result<f64> {
+        let gs = self.present(grads);
+        if gs.is_empty() {
+            return Ok(0.0);
+        }
+        #[cfg(feature = "cuda")]
+        if crate::cuda::optim::applies(&gs) {
+            return Ok(crate::cuda::optim::sum_squares(&gs)?.sqrt());
+        }
         // Per-tensor sums of squares (f32 reductions, as PyTorch's per-tensor norms), added in
         // f64 on the device; one read back instead of one synchronisation per parameter.
-        let mut sums = Vec::with_capacity(self.params.len());
-        for p in &self.params {
-            if let Some(g) = grads.get(p.var.as_tensor()) {
-                sums.push(g.sqr()?.sum_all()?.to_dtype(DType::F64)?);
-            }
-        }
-        if sums.is_empty() {
-            return Ok(0.0);
+        let mut sums = Vec::with_capacity(gs.len());
+        for g in gs {
+            sums.push(g.sqr()?.sum_all()?.to_dtype(DType::F64)?);
         }
         let total = Tensor::stack(&sums, 0)?.sum_all()?.to_scalar::<f64>()?;
         Ok(total.sqrt())
@@ -126,11 +141,20 @@ impl Sgd {
 
     /// Scales all gradients so that their global norm is at most `max_norm` (official: 10.0).
     /// Returns the norm before clipping; a non-finite norm leaves the gradients untouched and
-    /// is returned as is (the caller's NaN guard decides).
+    /// is returned as is (the caller's NaN guard decides). On CUDA the gradients are scaled in
+    /// place by one kernel (the gradient store owns them).
     pub fn clip_grad_norm(&self, grads: &mut GradStore, max_norm: f64) -> Result<f64> {
         let norm = self.grad_norm(grads)?;
         let coef = max_norm / (norm + 1e-6);
         if norm.is_finite() && coef < 1.0 {
+            #[cfg(feature = "cuda")]
+            {
+                let gs = self.present(grads);
+                if crate::cuda::optim::applies(&gs) {
+                    crate::cuda::optim::scale(&gs, coef as f32)?;
+                    return Ok(norm);
+                }
+            }
             for p in &self.params {
                 if let Some(g) = grads.remove(p.var.as_tensor()) {
                     grads.insert(p.var.as_tensor(), (g * coef)?);
@@ -142,7 +166,15 @@ impl Sgd {
 
     /// One optimizer step with the gradients in `grads`. Parameters without a gradient (e.g.
     /// the frozen DFL conv) are skipped, as PyTorch does.
+    ///
+    /// On a CUDA device (contiguous f32 parameters and gradients) every parameter is updated by
+    /// one multi-tensor kernel in place ([`crate::cuda::optim::sgd_nesterov`], the same rounding
+    /// as the ops below); elsewhere by candle ops per parameter.
     pub fn step(&mut self, grads: &GradStore) -> Result<()> {
+        #[cfg(feature = "cuda")]
+        if self.step_fused(grads)? {
+            return Ok(());
+        }
         let m = self.momentum;
         for (p, buf) in self.params.iter().zip(self.buffers.iter_mut()) {
             let Some(g) = grads.get(p.var.as_tensor()) else {
@@ -174,6 +206,58 @@ impl Sgd {
         Ok(())
     }
 
+    /// The fused CUDA step; false (nothing done) when the tensors are not all contiguous f32 on
+    /// one CUDA device. Momentum buffers start at zero, which gives the first step's buffer
+    /// `0 * momentum + g = g` exactly.
+    #[cfg(feature = "cuda")]
+    fn step_fused(&mut self, grads: &GradStore) -> Result<bool> {
+        let mut idx = Vec::new();
+        for (i, p) in self.params.iter().enumerate() {
+            if let Some(g) = grads.get(p.var.as_tensor()) {
+                if !crate::cuda::optim::applies(&[p.var.as_tensor(), g]) {
+                    return Ok(false);
+                }
+                idx.push(i);
+            }
+        }
+        if idx.is_empty() {
+            return Ok(true);
+        }
+        for &i in &idx {
+            if self.buffers[i].is_none() {
+                self.buffers[i] = Some(self.params[i].var.as_tensor().zeros_like()?);
+            }
+        }
+        let w: Vec<&Tensor> = idx.iter().map(|&i| self.params[i].var.as_tensor()).collect();
+        let b: Vec<&Tensor> = idx
+            .iter()
+            .map(|&i| self.buffers[i].as_ref().expect("allocated above"))
+            .collect();
+        let g: Vec<&Tensor> = idx
+            .iter()
+            .map(|&i| grads.get(self.params[i].var.as_tensor()).expect("present"))
+            .collect();
+        let lr: Vec<f32> = idx
+            .iter()
+            .map(|&i| self.lr[pg_index(self.params[i].group)] as f32)
+            .collect();
+        let wd: Vec<f32> = idx
+            .iter()
+            .map(|&i| {
+                if self.params[i].group == ParamGroup::ConvWeight {
+                    self.weight_decay as f32
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        if !crate::cuda::optim::applies(&b) {
+            return Ok(false);
+        }
+        crate::cuda::optim::sgd_nesterov(&w, &b, &g, &lr, &wd, self.momentum as f32)?;
+        Ok(true)
+    }
+
     /// The momentum buffers by parameter name (for checkpoints). Parameters never updated have
     /// no entry.
     pub fn state(&self) -> Vec<(String, Tensor)> {
@@ -203,7 +287,9 @@ impl Sgd {
                 t.shape(),
                 want
             );
-            self.buffers[i] = Some(t.to_device(self.params[i].var.device())?);
+            // A copy: the fused CUDA step writes buffers in place, so they must not share the
+            // caller's storage (e.g. a kept good state).
+            self.buffers[i] = Some(t.to_device(self.params[i].var.device())?.copy()?);
         }
         Ok(())
     }

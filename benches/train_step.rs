@@ -1,0 +1,168 @@
+//! Training-step timing: `cargo bench --bench train_step -- [--device cpu|N] [--batches 16,64]
+//! [--img S] [--iters N] [--amp] [--strict-fp32]`.
+//!
+//! The same synthetic batches as `../shared/bench/torch_train_step.py` (the official code's
+//! timer): uniform-random images, 13 boxes per image (centres in [0.1, 0.9], sizes in
+//! [0.03, 0.18] of the image), classes 0..2, nc = 3, a fixed seed. Per iteration: forward of both
+//! branches in train mode, the dual TAL loss, backward (timed together as `fwd_bwd`, with the
+//! parts `forward`, `loss`, `backward` device-synchronised), then clip 10 + SGD Nesterov
+//! (`optimizer`) and the EMA update (`ema`). Medians of `--iters` (10) after 3 warm-ups; the
+//! `train_dual_iteration` figure is what `train_dual.py` does per batch at nominal batch 64:
+//! `fwd_bwd + (optimizer + ema) / max(round(64 / B), 1)`. Peak memory is the pool high-water
+//! mark of the step (CUDA) or the process RSS (CPU). Prints `name value unit` lines.
+
+use anyhow::{Context, Result};
+use candle_core::{Device, Tensor};
+use rand::{Rng, SeedableRng};
+use std::time::Instant;
+use yolo9::device::{parse_device, select};
+use yolo9::loss::tal_loss::targets_tensor;
+use yolo9::loss::DualTalLoss;
+use yolo9::memory::MemoryProbe;
+use yolo9::model::weights::STRIDES;
+use yolo9::model::YoloV9Train;
+use yolo9::train::ema::Ema;
+use yolo9::train::optimizer::Sgd;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn sync(d: &Device) -> Result<()> {
+    d.synchronize()?;
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    let mut device = "cpu".to_string();
+    let mut batches = "16,64".to_string();
+    let mut img = 640usize;
+    let mut iters = 10usize;
+    let mut amp = false;
+    let mut strict = false;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut val = || args.next().with_context(|| format!("{a} needs a value"));
+        match a.as_str() {
+            "--device" => device = val()?,
+            "--batches" | "--batch" => batches = val()?,
+            "--img" => img = val()?.parse()?,
+            "--iters" => iters = val()?.parse()?,
+            "--amp" => amp = true,
+            "--strict-fp32" => strict = true,
+            _ => {}
+        }
+    }
+    #[cfg(feature = "cuda")]
+    yolo9::cuda::conv::set_strict_fp32(strict);
+    let precision = if amp {
+        "amp"
+    } else if strict {
+        "f32strict"
+    } else {
+        "f32"
+    };
+    let spec = parse_device(&device).map_err(anyhow::Error::msg)?;
+    let dev = select(spec)?;
+    let nc = 3;
+    let model = YoloV9Train::new(None, nc, Vec::new(), &dev, 0)?;
+    model.set_amp(amp);
+    let loss = DualTalLoss::new(nc, &STRIDES)?;
+    let params = model
+        .vars()
+        .iter()
+        .map(|v| (v.name.clone(), v.var.clone()))
+        .collect();
+    let mut opt = Sgd::new(params, 0.01, 0.937, 5e-4);
+    let mut ema = Ema::new(&model.float_state()?)?;
+    let probe = MemoryProbe::new(&dev)?;
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
+    for bs in batches.split(',').map(|b| b.trim().parse::<usize>()) {
+        let bs = bs.context("--batches: a comma-separated list of batch sizes")?;
+        let x = Tensor::rand(0f32, 1f32, (bs, 3, img, img), &dev)?;
+        let mut rows = Vec::new();
+        for b in 0..bs {
+            for _ in 0..13 {
+                let w: f32 = rng.random_range(0.03..0.18);
+                let h: f32 = rng.random_range(0.03..0.18);
+                rows.push([
+                    b as f32,
+                    rng.random_range(0..nc) as f32,
+                    rng.random_range(0.1..0.9),
+                    rng.random_range(0.1..0.9),
+                    w,
+                    h,
+                ]);
+            }
+        }
+        let t = targets_tensor(&rows, &dev)?;
+        probe.reset_peak();
+        let (mut tf, mut tl, mut tb, mut to, mut te) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for it in 0..iters + 3 {
+            sync(&dev)?;
+            let t0 = Instant::now();
+            let raw = model.forward(&x, true)?;
+            sync(&dev)?;
+            let t1 = Instant::now();
+            let lo = loss.compute(&raw.aux, &raw.main, &t, (img, img))?;
+            sync(&dev)?;
+            let t2 = Instant::now();
+            let mut grads = lo.total.backward()?;
+            drop(raw);
+            sync(&dev)?;
+            let t3 = Instant::now();
+            let norm = opt.clip_grad_norm(&mut grads, 10.0)?;
+            anyhow::ensure!(norm.is_finite(), "non-finite gradient norm at iteration {it}");
+            opt.step(&grads)?;
+            drop(grads);
+            sync(&dev)?;
+            let t4 = Instant::now();
+            ema.update(&model.float_state()?)?;
+            sync(&dev)?;
+            let t5 = Instant::now();
+            if it >= 3 {
+                let ms = |a: Instant, b: Instant| (b - a).as_secs_f64() * 1e3;
+                tf.push(ms(t0, t1));
+                tl.push(ms(t1, t2));
+                tb.push(ms(t2, t3));
+                to.push(ms(t3, t4));
+                te.push(ms(t4, t5));
+            }
+        }
+        let fwd_bwd: Vec<f64> = (0..tf.len()).map(|i| tf[i] + tl[i] + tb[i]).collect();
+        let step: Vec<f64> = (0..tf.len()).map(|i| fwd_bwd[i] + to[i] + te[i]).collect();
+        let (f, l, b, o, e) = (
+            median(tf),
+            median(tl),
+            median(tb),
+            median(to.clone()),
+            median(te.clone()),
+        );
+        let fb = median(fwd_bwd);
+        let st = median(step);
+        let acc = ((64.0 / bs as f64).round() as usize).max(1) as f64;
+        let iter_ms = fb + (o + e) / acc;
+        let k = format!("yolo9_train_b{bs}_{precision}");
+        println!("{k}_ms {st:.1} ms");
+        println!("{k}_img_per_s {:.1} img/s", bs as f64 * 1e3 / st);
+        println!("{k}_fwd_bwd_ms {fb:.1} ms");
+        println!("{k}_forward_ms {f:.1} ms");
+        println!("{k}_loss_ms {l:.1} ms");
+        println!("{k}_backward_ms {b:.1} ms");
+        println!("{k}_optimizer_ms {o:.1} ms");
+        println!("{k}_ema_ms {e:.1} ms");
+        println!("{k}_train_dual_iteration_ms {iter_ms:.1} ms");
+        println!(
+            "{k}_train_dual_img_per_s {:.1} img/s",
+            bs as f64 * 1e3 / iter_ms
+        );
+        println!(
+            "{k}_peak_{} {:.2} GiB",
+            probe.what().replace(' ', "_"),
+            probe.peak_bytes() as f64 / (1u64 << 30) as f64
+        );
+    }
+    Ok(())
+}
