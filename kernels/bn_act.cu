@@ -194,3 +194,17 @@ __device__ void act_dx(const T* __restrict__ x, const T* __restrict__ dy, const 
 
 BN_ACT_KERNELS(float, f32)
 BN_ACT_KERNELS(__nv_bfloat16, bf16)
+
+// Running statistics of train-mode BN, in place (PyTorch `momentum = m`):
+//   running_mean = (1 - m) * running_mean + m * mean
+//   running_var  = (1 - m) * running_var  + m * (var * unbiased)
+// from stats (2, C) = [mean; biased var]. Rounded op by op (no FMA contraction), as the candle ops
+// of the CPU path (`BatchNorm2d::forward_act`).
+extern "C" __global__ void bn_running_update_f32(float* rm, float* rv, const float* stats, int C,
+                                                 float one_minus_m, float m, float unbiased) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    const float var = __fmul_rn(stats[C + c], unbiased);
+    rm[c] = __fadd_rn(__fmul_rn(rm[c], one_minus_m), __fmul_rn(stats[c], m));
+    rv[c] = __fadd_rn(__fmul_rn(rv[c], one_minus_m), __fmul_rn(var, m));
+}

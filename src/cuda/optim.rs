@@ -51,7 +51,7 @@ fn cuda_dev(t: &Tensor) -> Result<CudaDevice> {
 }
 
 /// Device address of the first element of a contiguous f32 CUDA tensor.
-fn address(t: &Tensor, dev: &CudaDevice) -> Result<u64> {
+pub(crate) fn address(t: &Tensor, dev: &CudaDevice) -> Result<u64> {
     if t.dtype() != DType::F32 || !t.is_contiguous() {
         return Err(err(format!(
             "expected a contiguous f32 tensor, got {:?} (contiguous: {})",

@@ -58,15 +58,37 @@ pub fn bn_act_train(
     silu: bool,
 ) -> Result<Tensor> {
     let (_, c, _, _) = x.dims4()?;
+    // The kernels' parameter block, built from detached values: the op's inputs are x, γ and β
+    // themselves, so autograd sees one node with three arguments (no concatenation to
+    // differentiate, no zero gradient for the statistics).
     let p = Tensor::cat(
         &[
-            &gamma.reshape((1, c))?,
-            &beta.reshape((1, c))?,
+            &gamma.detach().reshape((1, c))?,
+            &beta.detach().reshape((1, c))?,
             &stats.detach(),
         ],
         0,
     )?;
-    x.contiguous()?.apply_op2(&p, BnAct { eps, silu })
+    x.contiguous()?.apply_op3(
+        gamma,
+        beta,
+        BnActTrain {
+            op: BnAct { eps, silu },
+            p,
+        },
+    )
+}
+
+/// The autograd node of [`bn_act_train`]: args `x` (N, C, H, W), `γ` (C,), `β` (C,); the kernels
+/// read the parameter block `p` (4, C) = [γ; β; μ; σ²] held by the op (same values as the
+/// arguments). Forward and backward are [`BnAct`]'s; the backward returns `dx`, `dγ = Σg·x̂` and
+/// `dβ = Σg` directly.
+#[derive(Debug, Clone)]
+pub struct BnActTrain {
+    /// ε and the activation.
+    pub op: BnAct,
+    /// [γ; β; μ; σ²], (4, C), detached.
+    pub p: Tensor,
 }
 
 /// Statistics op (see [`channel_stats`]).
@@ -398,6 +420,74 @@ impl CustomOp2 for BnAct {
             None
         };
         Ok((dx, dp))
+    }
+}
+
+impl CustomOp3 for BnActTrain {
+    fn name(&self) -> &'static str {
+        "bn-act-train"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (st, lp) = self.p.storage_and_layout();
+        match &*st {
+            candle_core::Storage::Cpu(sp) => self.op.cpu_fwd(s1, l1, sp, lp),
+            _ => Err(bail("bn_act: the parameter block is not on the CPU".into())),
+        }
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        _: &candle_core::CudaStorage,
+        _: &Layout,
+        _: &candle_core::CudaStorage,
+        _: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let (st, lp) = self.p.storage_and_layout();
+        match &*st {
+            candle_core::Storage::Cuda(sp) => crate::cuda::bn_act::forward(self.op, s1, l1, sp, lp),
+            _ => Err(bail("bn_act: the parameter block is not on the CUDA device".into())),
+        }
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        gamma: &Tensor,
+        beta: &Tensor,
+        _y: &Tensor,
+        dy: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let dy = dy.contiguous()?;
+        let sums = x.apply_op3_no_bwd(&dy, &self.p, &BnActGradSums(self.op))?;
+        let dx = if x.track_op() {
+            let q = Tensor::cat(&[&self.p, &sums], 0)?;
+            Some(x.apply_op3_no_bwd(&dy, &q, &BnActGradInput(self.op))?)
+        } else {
+            None
+        };
+        let dg = if gamma.track_op() {
+            Some(sums.get(1)?.reshape(gamma.shape())?)
+        } else {
+            None
+        };
+        let db = if beta.track_op() {
+            Some(sums.get(0)?.reshape(beta.shape())?)
+        } else {
+            None
+        };
+        Ok((dx, dg, db))
     }
 }
 

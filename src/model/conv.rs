@@ -61,9 +61,21 @@ impl BatchNorm2d {
         }
         let (b, _, h, w) = x.dims4()?;
         let n = (b * h * w) as f64;
+        let unbiased = if n > 1.0 { n / (n - 1.0) } else { 1.0 };
         let (y, mean_d, var_d) = if bn_act::bn_act_supported(x.device(), x.dtype()) {
             let stats = bn_act::channel_stats(x)?;
             let y = bn_act::bn_act_train(x, &self.weight, &self.bias, &stats, BN_EPS, silu)?;
+            // On CUDA one in-place kernel updates both running statistics.
+            #[cfg(feature = "cuda")]
+            if crate::cuda::bn_act::update_running(
+                self.running_mean.as_tensor(),
+                self.running_var.as_tensor(),
+                &stats,
+                BN_MOMENTUM,
+                unbiased,
+            )? {
+                return Ok(y);
+            }
             (y, stats.get(0)?, stats.get(1)?)
         } else {
             let (y, mean, var) = self.train_composite(x, n)?;
@@ -71,7 +83,6 @@ impl BatchNorm2d {
             (y, mean.detach().flatten_all()?, var.detach().flatten_all()?)
         };
         // Running stats update (no gradient).
-        let unbiased = if n > 1.0 { n / (n - 1.0) } else { 1.0 };
         let var_d = (var_d * unbiased)?;
         let rm =
             ((self.running_mean.as_tensor() * (1.0 - BN_MOMENTUM))? + (mean_d * BN_MOMENTUM)?)?;
