@@ -44,6 +44,11 @@ pub struct TrainArgs {
     /// bf16 gradients are not yet within rounding of f32 (see README). No effect on the CPU.
     #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
     pub amp: bool,
+    /// Strict f32 convolutions on CUDA: no TF32 tensor cores (PyTorch's
+    /// `torch.backends.cudnn.allow_tf32 = False`). By default f32 convolutions may use TF32, as
+    /// PyTorch's do. No effect on the CPU.
+    #[arg(long)]
+    pub strict_fp32: bool,
     /// Device: cpu or a CUDA ordinal.
     #[arg(long, default_value = "cpu")]
     pub device: String,
@@ -130,6 +135,7 @@ pub fn run(a: TrainArgs) -> Result<()> {
         save_interval: a.save_interval,
         nan_patience: a.nan_patience,
         amp: a.amp,
+        strict_fp32: a.strict_fp32,
         device: a.device,
         workers: a.workers,
         seed: a.seed,

@@ -4,12 +4,14 @@
 //!   GPU does not go through candle's own convolution backward (a direct `conv_transpose2d` for the
 //!   input gradient and an im2col convolution for the weight gradient).
 //! - [`bn_act`]: launches of the fused train-mode BatchNorm + SiLU kernels (`kernels/bn_act.cu`).
+//! - [`atan`]: the element-wise arctangent of the CIoU loss term (`kernels/atan.cu`).
 //! - [`optim`]: multi-tensor SGD, gradient-norm and EMA kernels (`kernels/optim.cu`): one launch
 //!   per optimizer phase for all parameters.
 //!
 //! Callers normally use [`crate::model::conv::conv2d_any`], which picks this path for CUDA tensors
 //! and candle's `Tensor::conv2d` everywhere else.
 
+pub mod atan;
 pub mod bn_act;
 pub mod conv;
 pub mod optim;

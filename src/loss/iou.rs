@@ -15,7 +15,8 @@
 //! - `CIoU = iou - (rho2/c2 + v*alpha)`, in `(-1.5, 1]` (CIoU paper, Zheng et al. 2020, eq. 10).
 
 use anyhow::{bail, Context, Result};
-use candle_core::{DType, Tensor};
+use candle_core::backend::BackendStorage;
+use candle_core::Tensor;
 
 /// The official `bbox_iou` epsilon.
 pub const IOU_EPS: f32 = 1e-7;
@@ -97,28 +98,66 @@ pub fn ciou_xyxy(box1: [f32; 4], box2: [f32; 4]) -> f32 {
     ciou_prepared(&CiouBox::new(box1), &CiouBox::new(box2))
 }
 
-/// `atan(r)` elementwise with a correct autograd gradient `1 / (1 + r^2)`.
+/// `atan(r)` with its gradient `1 / (1 + r²)`, element-wise, as one autograd node.
 ///
-/// Candle has no `atan` op. The value is computed on the host (in f64, rounded to the tensor
-/// dtype) and the gradient is attached through `r * c - detach(r * c)` with the constant
-/// `c = 1 / (1 + r^2)`, which is exactly zero in value. `r`: any shape, float dtype, any
-/// device; the result has the same shape, dtype and device.
+/// Candle has no `atan` op, so this is a custom op: the value is computed in f64 and rounded to
+/// the tensor dtype, on the CPU by Rust's `f64::atan` and on CUDA by a kernel
+/// (`kernels/atan.cu`), without copying the tensor between devices. `r`: any shape, f32 or f64,
+/// any device; the result has the same shape, dtype and device.
 pub fn atan_with_grad(r: &Tensor) -> Result<Tensor> {
-    let dtype = r.dtype();
-    let host: Vec<f64> = r
-        .detach()
-        .to_dtype(DType::F64)?
-        .flatten_all()?
-        .to_vec1()
-        .context("atan: reading the ratio tensor back to the host")?;
-    let value: Vec<f64> = host.iter().map(|x| x.atan()).collect();
-    let slope: Vec<f64> = host.iter().map(|x| 1.0 / (1.0 + x * x)).collect();
-    let shape = r.shape().clone();
-    let value = Tensor::from_vec(value, shape.clone(), r.device())?.to_dtype(dtype)?;
-    let slope = Tensor::from_vec(slope, shape, r.device())?.to_dtype(dtype)?;
-    let lin = r.mul(&slope)?;
-    let zero_with_grad = lin.sub(&lin.detach())?;
-    Ok(zero_with_grad.add(&value)?)
+    Ok(r.contiguous()?.apply_op1(Atan)?)
+}
+
+/// The op of [`atan_with_grad`].
+struct Atan;
+
+impl candle_core::CustomOp1 for Atan {
+    fn name(&self) -> &'static str {
+        "atan"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s: &candle_core::CpuStorage,
+        l: &candle_core::Layout,
+    ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
+        use candle_core::CpuStorage;
+        let (a, b) = l
+            .contiguous_offsets()
+            .ok_or_else(|| candle_core::Error::Msg("atan: input is not contiguous".into()))?;
+        let out = match s {
+            CpuStorage::F32(v) => {
+                CpuStorage::F32(v[a..b].iter().map(|&x| (x as f64).atan() as f32).collect())
+            }
+            CpuStorage::F64(v) => CpuStorage::F64(v[a..b].iter().map(|x| x.atan()).collect()),
+            _ => {
+                return Err(candle_core::Error::Msg(format!(
+                    "atan: dtype {:?}; f32 and f64 are supported",
+                    s.dtype()
+                )))
+            }
+        };
+        Ok((out, l.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &candle_core::Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, candle_core::Shape)> {
+        crate::cuda::atan::atan(s, l)
+    }
+
+    fn bwd(
+        &self,
+        arg: &Tensor,
+        _res: &Tensor,
+        grad_res: &Tensor,
+    ) -> candle_core::Result<Option<Tensor>> {
+        let slope = (arg.detach().sqr()? + 1.0)?.recip()?;
+        Ok(Some(grad_res.mul(&slope)?))
+    }
 }
 
 /// CIoU of matching rows of two box tensors, differentiable (official `bbox_iou(...,

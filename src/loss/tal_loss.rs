@@ -315,10 +315,11 @@ impl DualTalLoss {
 
         // Predicted side distances (official `bbox_decode`): softmax over the 16 bins of each
         // side, expectation `sum_k p_k * k`, in grid units; boxes xyxy `(B, 4, A)`.
+        let mut clock = PhaseClock::new(&dev, which);
         let box_logits = flat
             .narrow(1, 0, 4 * REG_MAX)?
             .reshape((bs, 4, REG_MAX, na))?;
-        let logp = candle_nn::ops::log_softmax(&box_logits, 2)?;
+        let logp = log_softmax_bins(&box_logits)?;
         let p = logp.exp()?;
         let proj = Tensor::arange(0u32, REG_MAX as u32, &dev)?
             .to_dtype(DType::F32)?
@@ -368,6 +369,7 @@ impl DualTalLoss {
                 i % na
             );
         }
+        clock.mark("decode + host copies")?;
         let pd_bboxes: Vec<[f32; 4]> = pbox_px
             .chunks_exact(4)
             .map(|c| [c[0], c[1], c[2], c[3]])
@@ -413,8 +415,10 @@ impl DualTalLoss {
                 })?
             }
         };
+        clock.mark("assign")?;
         let tss = asg.target_scores_sum().max(1.0);
         let targets = DenseTargets::new(&asg, anchors, &dev)?;
+        clock.mark("dense targets")?;
 
         // Class loss: dense sum of softplus(x) minus the sum of x * t (t one-hot * score).
         let classes = Tensor::arange(0u32, nc as u32, &dev)?
@@ -446,7 +450,57 @@ impl DualTalLoss {
             .relu()?; // (B, 4, 16, A)
         let ce = logp.mul(&dflw)?.sum(2)?.sum(1)?.affine(-0.25, 0.0)?; // (B, A)
         let dfl = (ce.mul(&targets.weight)?.sum_all()? / tss as f64)?;
+        clock.mark("loss terms")?;
         Ok(([bx, cls, dfl], asg, tss))
+    }
+}
+
+/// `log_softmax` over dim 2 (the 16 DFL bins) of `(B, 4, 16, A)`, with the same value as candle's
+/// `log_softmax(x, 2)`: `(x − m) − log Σ exp(x − m)` with `m` the per-side maximum. `m` is found by
+/// four element-wise maxima over halves of the bins and is a constant for autograd (its gradient
+/// cancels exactly), instead of a reduction kernel with one thread block per side and anchor.
+fn log_softmax_bins(x: &Tensor) -> Result<Tensor> {
+    let mut m = x.detach();
+    while m.dim(2)? > 1 {
+        let h = m.dim(2)? / 2;
+        m = m.narrow(2, 0, h)?.maximum(&m.narrow(2, h, h)?)?;
+    }
+    let d = x.broadcast_sub(&m)?;
+    let lse = d.exp()?.sum_keepdim(2)?.log()?;
+    Ok(d.broadcast_sub(&lse)?)
+}
+
+/// `YOLO9_LOSS_TIMES=1`: each branch prints the seconds of its phases (device-synchronised) to
+/// stderr, for profiling. Off (and free) otherwise.
+struct PhaseClock<'a> {
+    dev: &'a Device,
+    which: &'a str,
+    last: Option<std::time::Instant>,
+}
+
+impl<'a> PhaseClock<'a> {
+    fn new(dev: &'a Device, which: &'a str) -> Self {
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let on = *ON.get_or_init(|| std::env::var("YOLO9_LOSS_TIMES").as_deref() == Ok("1"));
+        PhaseClock {
+            dev,
+            which,
+            last: on.then(std::time::Instant::now),
+        }
+    }
+
+    fn mark(&mut self, phase: &str) -> Result<()> {
+        if let Some(t) = self.last {
+            self.dev.synchronize()?;
+            let now = std::time::Instant::now();
+            eprintln!(
+                "loss {} {phase}: {:.2} ms",
+                self.which,
+                (now - t).as_secs_f64() * 1e3
+            );
+            self.last = Some(now);
+        }
+        Ok(())
     }
 }
 

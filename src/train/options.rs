@@ -41,6 +41,10 @@ pub struct TrainOptions {
     /// ([`crate::model::yolov9::YoloV9Train::set_amp`]); off by default, no effect on the CPU.
     #[serde(default = "default_amp")]
     pub amp: bool,
+    /// Strict f32 convolutions on CUDA (no TF32 tensor cores; for parity runs). Off by default:
+    /// f32 convolutions may use TF32, as PyTorch's do. No effect on the CPU.
+    #[serde(default)]
+    pub strict_fp32: bool,
     /// `cpu` or a CUDA ordinal.
     pub device: String,
     /// Loader threads (0 = available cores − 1).
@@ -108,6 +112,7 @@ impl TrainOptions {
             save_interval: default_save_interval(),
             nan_patience: default_nan_patience(),
             amp: default_amp(),
+            strict_fp32: false,
             device: "cpu".into(),
             workers: 0,
             seed: 0,

@@ -346,6 +346,9 @@ fn copy_atomic(src: &Path, dst: &Path) -> Result<()> {
 /// `project/name{,2,..}` (see the module docs). Errors name the flag or file at fault; a stop
 /// request (SIGINT/SIGTERM) returns `Ok` with `interrupted = true` after saving the state.
 pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
+    // Before anything runs a convolution (the budget probe included).
+    #[cfg(feature = "cuda")]
+    crate::cuda::conv::set_strict_fp32(opts.strict_fp32);
     let stop = StopFlag::install()?;
     let faults = if opts.faults.is_empty() {
         Faults::from_env()?

@@ -1,0 +1,51 @@
+//! Launch of the element-wise arctangent (`kernels/atan.cu`) for
+//! [`crate::loss::iou::atan_with_grad`]: candle has no `atan`, and computing it on the host
+//! would copy every predicted box's aspect ratio to the host and back in each loss evaluation.
+
+use candle_core::backend::BackendStorage;
+use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::WrapErr;
+use candle_core::{CudaStorage, DType, Error, Layout, Result, Shape};
+
+/// The PTX of `kernels/atan.cu`.
+const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/atan.ptx"));
+/// Module name under which candle caches the loaded PTX.
+const MODULE: &str = "yolo9_atan";
+
+/// `atan(x)` of a contiguous f32 or f64 CUDA tensor (f64 arithmetic, rounded to the dtype).
+pub fn atan(s: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
+    let (a, b) = l
+        .contiguous_offsets()
+        .ok_or_else(|| Error::Msg("atan (CUDA): input is not contiguous".into()))?;
+    let n = b - a;
+    let dev = s.device().clone();
+    let cfg = LaunchConfig {
+        grid_dim: (n.div_ceil(256).max(1) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let n_ = n as i64;
+    match s.dtype() {
+        DType::F32 => {
+            let x = s.as_cuda_slice::<f32>()?.slice(a..b);
+            let mut y = unsafe { dev.alloc::<f32>(n)? };
+            let f = dev.get_or_load_custom_func("atan_f32", MODULE, PTX)?;
+            let mut bld = f.builder();
+            bld.arg(&x).arg(&mut y).arg(&n_);
+            unsafe { bld.launch(cfg) }.w()?;
+            Ok((CudaStorage::wrap_cuda_slice(y, dev), l.shape().clone()))
+        }
+        DType::F64 => {
+            let x = s.as_cuda_slice::<f64>()?.slice(a..b);
+            let mut y = unsafe { dev.alloc::<f64>(n)? };
+            let f = dev.get_or_load_custom_func("atan_f64", MODULE, PTX)?;
+            let mut bld = f.builder();
+            bld.arg(&x).arg(&mut y).arg(&n_);
+            unsafe { bld.launch(cfg) }.w()?;
+            Ok((CudaStorage::wrap_cuda_slice(y, dev), l.shape().clone()))
+        }
+        d => Err(Error::Msg(format!(
+            "atan (CUDA): dtype {d:?}; f32 and f64 are supported"
+        ))),
+    }
+}
