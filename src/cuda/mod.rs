@@ -5,6 +5,8 @@
 //!   input gradient and an im2col convolution for the weight gradient).
 //! - [`bn_act`]: launches of the fused train-mode BatchNorm + SiLU kernels (`kernels/bn_act.cu`).
 //! - [`atan`]: the element-wise arctangent of the CIoU loss term (`kernels/atan.cu`).
+//! - [`tal`]: dense TAL loss targets built on the device from the foreground rows
+//!   (`kernels/tal.cu`).
 //! - [`optim`]: multi-tensor SGD, gradient-norm and EMA kernels (`kernels/optim.cu`): one launch
 //!   per optimizer phase for all parameters.
 //!
@@ -15,3 +17,4 @@ pub mod atan;
 pub mod bn_act;
 pub mod conv;
 pub mod optim;
+pub mod tal;

@@ -27,7 +27,7 @@ use rayon::prelude::*;
 use super::iou::{ciou_prepared, CiouBox};
 
 /// Strict-inside margin of `select_candidates_in_gts`.
-const IN_GT_EPS: f32 = 1e-9;
+pub(crate) const IN_GT_EPS: f32 = 1e-9;
 
 /// Ground-truth boxes of a batch, padded to `n_max_boxes` per image (official
 /// `ComputeLoss.preprocess` layout `(B, n_max_boxes, ·)`, flattened row-major).

@@ -22,6 +22,7 @@
 
 use anyhow::{bail, ensure, Context, Result};
 use candle_core::{DType, Device, Tensor, D};
+use rayon::prelude::*;
 
 use super::anchors::Anchors;
 use super::assigner::{AssignerInput, Assignment, GtBatch, Scores, TaskAlignedAssigner};
@@ -336,18 +337,9 @@ impl DualTalLoss {
 
         // Host copies for the assigner: boxes in pixels (B, A, 4) and class logits (B, nc, A).
         let stride = Tensor::from_slice(&anchors.strides, (1, 1, na), &dev)?;
-        let pbox_px: Vec<f32> = pbox
-            .detach()
-            .broadcast_mul(&stride)?
-            .transpose(1, 2)?
-            .flatten_all()?
-            .to_vec1()
-            .with_context(|| format!("loss: copying the {which} boxes to the host"))?;
-        let cls_host: Vec<f32> = cls_logits
-            .detach()
-            .flatten_all()?
-            .to_vec1()
-            .with_context(|| format!("loss: copying the {which} class logits to the host"))?;
+        let pbox_dev = pbox.detach().broadcast_mul(&stride)?.transpose(1, 2)?; // (B, A, 4)
+        let (pbox_px, cls_host) = host_copies(&pbox_dev, &cls_logits.detach(), anchors, gt)
+            .with_context(|| format!("loss: copying the {which} head outputs to the host"))?;
         if let Some(i) = pbox_px.iter().position(|v| !v.is_finite()) {
             bail!(
                 "loss: the {which} head output has a non-finite box (decoded value {}) at image \
@@ -455,6 +447,78 @@ impl DualTalLoss {
     }
 }
 
+/// The assigner's inputs on the host: `pbox` `(B, A, 4)` pixels and `cls` `(B, nc, A)` logits,
+/// both on the head's device. On the CPU they are read whole. On another device only the anchors
+/// the assigner reads are copied — those strictly inside at least one valid GT box, the
+/// candidates of `select_candidates_in_gts` — gathered there first (a few percent of the data;
+/// device-to-host copies of whole head outputs dominated the loss at batch 64); the other
+/// entries are left 0 and never read.
+fn host_copies(
+    pbox: &Tensor,
+    cls: &Tensor,
+    anchors: &Anchors,
+    gt: &GtBatch,
+) -> Result<(Vec<f32>, Vec<f32>)> {
+    let (bs, na, _) = pbox.dims3()?;
+    let nc = cls.dim(1)?;
+    let whole = |pbox: &Tensor, cls: &Tensor| -> Result<(Vec<f32>, Vec<f32>)> {
+        Ok((
+            pbox.flatten_all()?.to_vec1()?,
+            cls.flatten_all()?.to_vec1()?,
+        ))
+    };
+    if pbox.device().is_cpu() {
+        return whole(pbox, cls);
+    }
+    let anc_px = anchors.points_px();
+    let m = gt.n_max_boxes;
+    let cand: Vec<u32> = (0..bs)
+        .into_par_iter()
+        .flat_map_iter(|b| {
+            let anc_px = &anc_px;
+            (0..na).filter_map(move |a| {
+                let p = anc_px[a];
+                (0..m).any(|j| {
+                    let [x1, y1, x2, y2] = gt.bboxes[b * m + j];
+                    gt.mask[b * m + j]
+                        && (p[0] - x1).min(p[1] - y1).min(x2 - p[0]).min(y2 - p[1])
+                            > super::assigner::IN_GT_EPS
+                })
+                .then_some((b * na + a) as u32)
+            })
+        })
+        .collect();
+    if cand.len() * 2 > bs * na {
+        return whole(pbox, cls);
+    }
+    let mut pbox_h = vec![0f32; bs * na * 4];
+    let mut cls_h = vec![0f32; bs * nc * na];
+    if cand.is_empty() {
+        return Ok((pbox_h, cls_h));
+    }
+    let idx = Tensor::from_slice(&cand, cand.len(), pbox.device())?;
+    let pb: Vec<f32> = pbox
+        .reshape((bs * na, 4))?
+        .index_select(&idx, 0)?
+        .flatten_all()?
+        .to_vec1()?;
+    let cl: Vec<f32> = cls
+        .transpose(1, 2)?
+        .reshape((bs * na, nc))?
+        .index_select(&idx, 0)?
+        .flatten_all()?
+        .to_vec1()?;
+    for (k, &i) in cand.iter().enumerate() {
+        let i = i as usize;
+        let (b, a) = (i / na, i % na);
+        pbox_h[i * 4..i * 4 + 4].copy_from_slice(&pb[k * 4..k * 4 + 4]);
+        for c in 0..nc {
+            cls_h[(b * nc + c) * na + a] = cl[k * nc + c];
+        }
+    }
+    Ok((pbox_h, cls_h))
+}
+
 /// `log_softmax` over dim 2 (the 16 DFL bins) of `(B, 4, 16, A)`, with the same value as candle's
 /// `log_softmax(x, 2)`: `(x − m) − log Σ exp(x − m)` with `m` the per-side maximum. `m` is found by
 /// four element-wise maxima over halves of the bins and is a constant for autograd (its gradient
@@ -519,37 +583,109 @@ struct DenseTargets {
 }
 
 impl DenseTargets {
+    /// The foreground rows of `asg` (built on the host: a few thousand) expanded to dense
+    /// tensors on `dev` by [`DenseTargetsOp`] (a CUDA kernel on a GPU).
     fn new(asg: &Assignment, anchors: &Anchors, dev: &Device) -> Result<Self> {
         let (bs, na) = (asg.batch, asg.num_anchors);
-        let mut weight = vec![0f32; bs * na];
-        let mut label = vec![0f32; bs * na];
-        let mut boxes = Vec::with_capacity(bs * na * 4);
-        let mut ltrb = vec![0f32; bs * 4 * na];
-        for b in 0..bs {
-            for a in 0..na {
-                let i = b * na + a;
-                let [ax, ay] = anchors.points[a];
-                if !asg.fg_mask[i] {
-                    boxes.extend_from_slice(&[ax - 1.0, ay - 1.0, ax + 1.0, ay + 1.0]);
-                    continue;
-                }
-                let st = anchors.strides[a];
-                weight[i] = asg.target_score[i];
-                label[i] = asg.target_labels[i] as f32;
-                let tb = asg.target_bboxes[i];
-                let tb = [tb[0] / st, tb[1] / st, tb[2] / st, tb[3] / st];
-                boxes.extend_from_slice(&tb);
-                for (s, d) in bbox2dist([ax, ay], tb).into_iter().enumerate() {
-                    ltrb[(b * 4 + s) * na + a] = d;
+        let mut fg = Vec::new();
+        for i in (0..bs * na).filter(|&i| asg.fg_mask[i]) {
+            let a = i % na;
+            let [ax, ay] = anchors.points[a];
+            let st = anchors.strides[a];
+            let tb = asg.target_bboxes[i];
+            let tb = [tb[0] / st, tb[1] / st, tb[2] / st, tb[3] / st];
+            let d = bbox2dist([ax, ay], tb);
+            fg.extend_from_slice(&[
+                i as f32,
+                asg.target_score[i],
+                asg.target_labels[i] as f32,
+                tb[0],
+                tb[1],
+                tb[2],
+                tb[3],
+                d[0],
+                d[1],
+                d[2],
+                d[3],
+            ]);
+        }
+        ensure!(
+            bs * na < (1 << 24),
+            "loss: {bs} x {na} anchors is too many for one batch; use a smaller batch"
+        );
+        let nfg = fg.len() / 11;
+        let fg = Tensor::from_vec(fg, (nfg, 11), dev)?;
+        let anc: Vec<f32> = anchors.points.iter().flatten().copied().collect();
+        let anc = Tensor::from_vec(anc, (na, 2), dev)?;
+        let planes = fg.apply_op2_no_bwd(&anc, &DenseTargetsOp { batch: bs })?; // (10, B, A)
+        Ok(DenseTargets {
+            weight: planes.get(0)?,
+            label: planes.get(1)?.unsqueeze(1)?,
+            boxes: planes.narrow(0, 2, 4)?.reshape((4, bs * na))?.t()?,
+            ltrb: planes.narrow(0, 6, 4)?.permute((1, 0, 2))?,
+        })
+    }
+}
+
+/// Expands foreground rows `(nfg, 11)` = `[b * A + a, weight, label, box xyxy (grid), l, t, r,
+/// b]` over anchors `(A, 2)` (grid units) into planes `(10, B, A)`: weight, label, box, DFL
+/// distances, with the background defaults of [`DenseTargets`]. Same layout on the CPU and in
+/// `kernels/tal.cu`.
+struct DenseTargetsOp {
+    batch: usize,
+}
+
+impl candle_core::CustomOp2 for DenseTargetsOp {
+    fn name(&self) -> &'static str {
+        "tal-dense-targets"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &candle_core::CpuStorage,
+        l1: &candle_core::Layout,
+        s2: &candle_core::CpuStorage,
+        l2: &candle_core::Layout,
+    ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
+        let bad = |w: &str| candle_core::Error::Msg(format!("dense targets: {w}"));
+        let (fa, fb) = l1.contiguous_offsets().ok_or_else(|| bad("fg not contiguous"))?;
+        let (aa, ab) = l2.contiguous_offsets().ok_or_else(|| bad("anchors not contiguous"))?;
+        let fg = &s1.as_slice::<f32>()?[fa..fb];
+        let anc = &s2.as_slice::<f32>()?[aa..ab];
+        let na = anc.len() / 2;
+        let ba = self.batch * na;
+        let mut out = vec![0f32; 10 * ba];
+        for i in 0..ba {
+            let a = i % na;
+            let (ax, ay) = (anc[2 * a], anc[2 * a + 1]);
+            out[2 * ba + i] = ax - 1.0;
+            out[3 * ba + i] = ay - 1.0;
+            out[4 * ba + i] = ax + 1.0;
+            out[5 * ba + i] = ay + 1.0;
+        }
+        for row in fg.chunks_exact(11) {
+            let i = row[0] as usize;
+            if i < ba {
+                for k in 0..10 {
+                    out[k * ba + i] = row[1 + k];
                 }
             }
         }
-        Ok(DenseTargets {
-            weight: Tensor::from_vec(weight, (bs, na), dev)?,
-            label: Tensor::from_vec(label, (bs, 1, na), dev)?,
-            boxes: Tensor::from_vec(boxes, (bs * na, 4), dev)?,
-            ltrb: Tensor::from_vec(ltrb, (bs, 4, na), dev)?,
-        })
+        Ok((
+            candle_core::CpuStorage::F32(out),
+            candle_core::Shape::from((10, self.batch, na)),
+        ))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &candle_core::Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &candle_core::Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, candle_core::Shape)> {
+        crate::cuda::tal::dense_targets((s1, l1), (s2, l2), self.batch)
     }
 }
 
