@@ -113,8 +113,11 @@ fn main() -> Result<()> {
             drop(raw);
             sync(&dev)?;
             let t3 = Instant::now();
-            let norm = opt.clip_grad_norm(&mut grads, 10.0)?;
-            anyhow::ensure!(norm.is_finite(), "non-finite gradient norm at iteration {it}");
+            let norm = opt.clip_grad_norm(&mut grads, yolo9::train::step::MAX_GRAD_NORM)?;
+            anyhow::ensure!(
+                norm.is_finite(),
+                "non-finite gradient norm at iteration {it}"
+            );
             opt.step(&grads)?;
             drop(grads);
             sync(&dev)?;

@@ -398,7 +398,10 @@ fn fused_sgd_clip_and_ema_equal_cpu() {
         eg.update(&state(&pg)).unwrap();
     }
     for ((n, vc), (_, vg)) in pc.iter().zip(&pg) {
-        let r = rel(&vg.as_tensor().to_device(&Device::Cpu).unwrap(), vc.as_tensor());
+        let r = rel(
+            &vg.as_tensor().to_device(&Device::Cpu).unwrap(),
+            vc.as_tensor(),
+        );
         // The clip coefficient comes from norms summed in different orders (<= 1 ulp).
         assert!(r <= 1e-6, "{n}: weights differ by {r:e}");
     }

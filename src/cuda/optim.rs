@@ -11,7 +11,9 @@
 //! same arithmetic as candle ops.
 
 use candle_core::backend::BackendDevice;
-use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::{
+    CudaSlice, DevicePtr, LaunchConfig, PushKernelArg,
+};
 use candle_core::cuda_backend::WrapErr;
 use candle_core::{CudaDevice, DType, Device, Error, Result, Storage, Tensor};
 

@@ -32,8 +32,13 @@ pub fn dense_targets(
     if fg.0.dtype() != DType::F32 || anc.0.dtype() != DType::F32 {
         return Err(bad("inputs must be f32"));
     }
-    let (fa, fb) = fg.1.contiguous_offsets().ok_or_else(|| bad("fg not contiguous"))?;
-    let (aa, ab) = anc.1.contiguous_offsets().ok_or_else(|| bad("anchors not contiguous"))?;
+    let (fa, fb) =
+        fg.1.contiguous_offsets()
+            .ok_or_else(|| bad("fg not contiguous"))?;
+    let (aa, ab) = anc
+        .1
+        .contiguous_offsets()
+        .ok_or_else(|| bad("anchors not contiguous"))?;
     let nfg = (fb - fa) / 11;
     let na = (ab - aa) / 2;
     let ba = batch * na;

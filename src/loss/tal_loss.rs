@@ -478,13 +478,14 @@ fn host_copies(
             let anc_px = &anc_px;
             (0..na).filter_map(move |a| {
                 let p = anc_px[a];
-                (0..m).any(|j| {
-                    let [x1, y1, x2, y2] = gt.bboxes[b * m + j];
-                    gt.mask[b * m + j]
-                        && (p[0] - x1).min(p[1] - y1).min(x2 - p[0]).min(y2 - p[1])
-                            > super::assigner::IN_GT_EPS
-                })
-                .then_some((b * na + a) as u32)
+                (0..m)
+                    .any(|j| {
+                        let [x1, y1, x2, y2] = gt.bboxes[b * m + j];
+                        gt.mask[b * m + j]
+                            && (p[0] - x1).min(p[1] - y1).min(x2 - p[0]).min(y2 - p[1])
+                                > super::assigner::IN_GT_EPS
+                    })
+                    .then_some((b * na + a) as u32)
             })
         })
         .collect();
@@ -648,8 +649,12 @@ impl candle_core::CustomOp2 for DenseTargetsOp {
         l2: &candle_core::Layout,
     ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
         let bad = |w: &str| candle_core::Error::Msg(format!("dense targets: {w}"));
-        let (fa, fb) = l1.contiguous_offsets().ok_or_else(|| bad("fg not contiguous"))?;
-        let (aa, ab) = l2.contiguous_offsets().ok_or_else(|| bad("anchors not contiguous"))?;
+        let (fa, fb) = l1
+            .contiguous_offsets()
+            .ok_or_else(|| bad("fg not contiguous"))?;
+        let (aa, ab) = l2
+            .contiguous_offsets()
+            .ok_or_else(|| bad("anchors not contiguous"))?;
         let fg = &s1.as_slice::<f32>()?[fa..fb];
         let anc = &s2.as_slice::<f32>()?[aa..ab];
         let na = anc.len() / 2;

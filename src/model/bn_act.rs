@@ -457,7 +457,9 @@ impl CustomOp3 for BnActTrain {
         let (st, lp) = self.p.storage_and_layout();
         match &*st {
             candle_core::Storage::Cuda(sp) => crate::cuda::bn_act::forward(self.op, s1, l1, sp, lp),
-            _ => Err(bail("bn_act: the parameter block is not on the CUDA device".into())),
+            _ => Err(bail(
+                "bn_act: the parameter block is not on the CUDA device".into(),
+            )),
         }
     }
 

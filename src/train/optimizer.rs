@@ -228,7 +228,10 @@ impl Sgd {
                 self.buffers[i] = Some(self.params[i].var.as_tensor().zeros_like()?);
             }
         }
-        let w: Vec<&Tensor> = idx.iter().map(|&i| self.params[i].var.as_tensor()).collect();
+        let w: Vec<&Tensor> = idx
+            .iter()
+            .map(|&i| self.params[i].var.as_tensor())
+            .collect();
         let b: Vec<&Tensor> = idx
             .iter()
             .map(|&i| self.buffers[i].as_ref().expect("allocated above"))
