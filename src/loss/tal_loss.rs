@@ -300,8 +300,8 @@ impl DualTalLoss {
     /// assignment as dense constant tensors (target score `w` per anchor, 0 for background;
     /// one-hot class targets; target box and DFL distances, harmless placeholders where
     /// `w = 0`). Nothing is gathered, so the backward is a handful of element-wise kernels
-    /// instead of scattering into the head output, and only the decoded boxes `(B, A, 4)` and
-    /// the class logits `(B, nc, A)` are copied to the host for the assigner.
+    /// instead of scattering into the head output. The assigner reads host copies of the decoded
+    /// boxes and class logits ([`host_copies`]: on a GPU only the anchors inside a GT box).
     fn branch(
         &self,
         flat: &Tensor,
