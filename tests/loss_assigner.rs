@@ -392,14 +392,17 @@ fn zero_metric_ties_follow_a_stable_topk() {
             .map(|a| if a == good { gt_box } else { far })
             .collect();
         let scores = vec![0.5f32; 16];
+        let input = AssignerInput {
+            scores: Scores::Probs(&scores),
+            pd_bboxes: &pd,
+            anc_points: &anc,
+            gt: &gt,
+        };
         let (out, diag) = TaskAlignedAssigner::new(1)
-            .assign_with_diagnostics(&AssignerInput {
-                scores: Scores::Probs(&scores),
-                pd_bboxes: &pd,
-                anc_points: &anc,
-                gt: &gt,
-            })
+            .assign_with_diagnostics(&input)
             .unwrap();
+        // The fast path (positives only) takes the same fill-up rule.
+        assert_eq!(TaskAlignedAssigner::new(1).assign(&input).unwrap(), out);
         assert!(diag.align_metric[good] > 0.5);
         assert_eq!(
             diag.align_metric[zero], 0.0,
@@ -415,4 +418,75 @@ fn zero_metric_ties_follow_a_stable_topk() {
     // GT over anchors 14 and 15: the 9 zero slots go to anchors 0..9, so 15 is not positive.
     let out = run([16.0, 24.0, 32.0, 32.0], 14, 15);
     assert_eq!(out.fg_indices(), vec![14]);
+}
+
+/// `assign` (positives only) equals the reference path of `assign_with_diagnostics` on random
+/// batches: overlapping GTs (anchors claimed twice), padded GT rows, GTs smaller than a cell
+/// (fewer than top-k candidates: the fill-up rule), predictions near and far.
+#[test]
+fn fast_assignment_equals_the_reference_on_random_batches() {
+    let hw = [(8usize, 8usize), (4, 4), (2, 2)];
+    let anchors = yolo9::loss::anchors::Anchors::new(&hw, &[8, 16, 32]).unwrap();
+    let anc = anchors.points_px();
+    let na = anc.len();
+    for seed in 0..12u64 {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        let mut r = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s % 1_000_000) as f32 / 1_000_000.0
+        };
+        let (bs, m, nc) = (3usize, 1 + (seed as usize % 5), 3usize);
+        let mut labels = Vec::new();
+        let mut bboxes = Vec::new();
+        let mut mask = Vec::new();
+        for _ in 0..bs * m {
+            let (cx, cy) = (8.0 + 48.0 * r(), 8.0 + 48.0 * r());
+            let (w, h) = (2.0 + 40.0 * r() * r(), 2.0 + 40.0 * r() * r());
+            let valid = r() > 0.15;
+            labels.push((r() * nc as f32).floor() as i64 % nc as i64);
+            bboxes.push(if valid {
+                [cx - w / 2.0, cy - h / 2.0, cx + w / 2.0, cy + h / 2.0]
+            } else {
+                [0.0; 4]
+            });
+            mask.push(valid);
+        }
+        let gt = GtBatch {
+            batch: bs,
+            n_max_boxes: m,
+            labels,
+            bboxes,
+            mask,
+        };
+        let pd: Vec<[f32; 4]> = (0..bs * na)
+            .map(|i| {
+                let p = anc[i % na];
+                let d = 1.0 + 20.0 * r();
+                [p[0] - d * r(), p[1] - d * r(), p[0] + d, p[1] + d * r()]
+            })
+            .collect();
+        let scores: Vec<f32> = (0..bs * na * nc).map(|_| r()).collect();
+        let input = AssignerInput {
+            scores: Scores::Probs(&scores),
+            pd_bboxes: &pd,
+            anc_points: &anc,
+            gt: &gt,
+        };
+        let a = TaskAlignedAssigner::new(nc);
+        let (reference, diag) = a.assign_with_diagnostics(&input).unwrap();
+        let claimed_twice = (0..bs * na).any(|i| {
+            let (b, an) = (i / na, i % na);
+            (0..m)
+                .filter(|&j| diag.mask_pos_pre[(b * m + j) * na + an])
+                .count()
+                > 1
+        });
+        assert_eq!(
+            a.assign(&input).unwrap(),
+            reference,
+            "seed {seed} (claimed twice: {claimed_twice})"
+        );
+    }
 }

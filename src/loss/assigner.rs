@@ -542,8 +542,131 @@ impl TaskAlignedAssigner {
             }
             (out, diag)
         };
-        let images: Vec<(Assignment, Option<AssignerDiagnostics>)> =
-            (0..bs).into_par_iter().map(run_image).collect();
+        // The same rules on the positives only (no (GT x anchor) mask, predicted boxes prepared
+        // only where a CIoU is needed): what `assign` runs. `run_image` above, which also fills
+        // the full diagnostic arrays, is the reference; `tests/loss_assigner.rs` compares both.
+        let run_image_fast = |b: usize| -> (Assignment, Option<AssignerDiagnostics>) {
+            let gts: Vec<CiouBox> = gt.bboxes[b * m..(b + 1) * m]
+                .iter()
+                .map(|&g| CiouBox::new(g))
+                .collect();
+            let pd = &input.pd_bboxes[b * na..(b + 1) * na];
+            let labels = &gt.labels[b * m..(b + 1) * m];
+            let overlap = |j: usize, p: &CiouBox| clamp0(ciou_prepared(&gts[j], p));
+            let metric = |j: usize, a: usize, ov: f32| {
+                pow_like_torch(score(b, a, labels[j] as usize), self.alpha)
+                    * pow_like_torch(ov, self.beta)
+            };
+            // Positives per GT row, before de-duplication (top-k ∩ inside GT).
+            let mut pos: Vec<Vec<usize>> = vec![Vec::new(); m];
+            let mut claims = vec![0u8; na];
+            let mut cands: Vec<(usize, f32)> = Vec::new();
+            for j in 0..m {
+                if !gt.mask[b * m + j] {
+                    continue;
+                }
+                let [x1, y1, x2, y2] = gts[j].xyxy;
+                let inside = |p: &[f32; 2]| {
+                    (p[0] - x1).min(p[1] - y1).min(x2 - p[0]).min(y2 - p[1]) > IN_GT_EPS
+                };
+                cands.clear();
+                for (a, p) in input.anc_points.iter().enumerate() {
+                    if inside(p) {
+                        let ov = overlap(j, &CiouBox::new(pd[a]));
+                        cands.push((a, metric(j, a, ov)));
+                    }
+                }
+                let mut nonzero: Vec<(usize, f32)> =
+                    cands.iter().copied().filter(|&(_, v)| v != 0.0).collect();
+                nonzero.sort_by(|x, y| desc_nan_first(x.1, y.1).then(x.0.cmp(&y.0)));
+                let row = &mut pos[j];
+                row.extend(nonzero.iter().take(k).map(|&(a, _)| a));
+                if nonzero.len() < k {
+                    // Remaining slots: metric-0 entries of the masked row in index order (anchors
+                    // outside the GT count as metric 0 but are not positives).
+                    let mut left = k - nonzero.len();
+                    let zero: std::collections::HashSet<usize> = cands
+                        .iter()
+                        .filter(|&&(_, v)| v == 0.0)
+                        .map(|&(a, _)| a)
+                        .collect();
+                    let metric_nonzero: std::collections::HashSet<usize> =
+                        nonzero.iter().map(|&(a, _)| a).collect();
+                    for a in 0..na {
+                        if left == 0 {
+                            break;
+                        }
+                        if !metric_nonzero.contains(&a) {
+                            left -= 1;
+                            if zero.contains(&a) {
+                                row.push(a);
+                            }
+                        }
+                    }
+                }
+                for &a in row.iter() {
+                    claims[a] = claims[a].saturating_add(1);
+                }
+            }
+            // select_highest_overlaps: one GT per anchor.
+            let mut owner = vec![usize::MAX; na];
+            for (j, row) in pos.iter().enumerate() {
+                for &a in row {
+                    if claims[a] == 1 {
+                        owner[a] = j;
+                    } else if owner[a] == usize::MAX {
+                        let p = CiouBox::new(pd[a]);
+                        let mut best = 0usize;
+                        let mut best_ov = overlap(0, &p);
+                        for jj in 1..m {
+                            let ov = overlap(jj, &p);
+                            if !best_ov.is_nan() && (ov > best_ov || ov.is_nan()) {
+                                best = jj;
+                                best_ov = ov;
+                            }
+                        }
+                        owner[a] = best;
+                    }
+                }
+            }
+            let fg: Vec<usize> = (0..na).filter(|&a| owner[a] != usize::MAX).collect();
+            // Per-GT maxima of the positive alignment metrics and overlaps.
+            let mut pos_align = vec![0f32; m];
+            let mut pos_ov = vec![0f32; m];
+            let mut fg_vals = Vec::with_capacity(fg.len());
+            for &a in &fg {
+                let j = owner[a];
+                let ov = overlap(j, &CiouBox::new(pd[a]));
+                let am = metric(j, a, ov);
+                pos_align[j] = max_nan(pos_align[j], am);
+                pos_ov[j] = max_nan(pos_ov[j], ov);
+                fg_vals.push(am);
+            }
+            let mut out = Assignment {
+                batch: 1,
+                num_anchors: na,
+                num_classes: nc,
+                target_labels: vec![labels[0]; na],
+                target_bboxes: vec![gt.bboxes[b * m]; na],
+                target_score: vec![0.0; na],
+                fg_mask: vec![false; na],
+                target_gt_idx: vec![0; na],
+            };
+            for (&a, &am) in fg.iter().zip(&fg_vals) {
+                let j = owner[a];
+                out.target_gt_idx[a] = j;
+                out.target_labels[a] = labels[j];
+                out.target_bboxes[a] = gt.bboxes[b * m + j];
+                out.fg_mask[a] = true;
+                out.target_score[a] = am * pos_ov[j] / (pos_align[j] + self.eps);
+            }
+            (out, None)
+        };
+        let images: Vec<(Assignment, Option<AssignerDiagnostics>)> = if full {
+            (0..bs).into_par_iter().map(run_image).collect()
+        } else {
+            (0..bs).into_par_iter().map(run_image_fast).collect()
+        };
         let mut out = Assignment {
             batch: bs,
             num_anchors: na,
