@@ -21,7 +21,7 @@
 //! gather of foreground anchors (and no scatter in the backward) is needed.
 
 use anyhow::{bail, ensure, Context, Result};
-use candle_core::{DType, Device, Tensor, D};
+use candle_core::{DType, Device, Tensor};
 use rayon::prelude::*;
 
 use super::anchors::Anchors;
@@ -320,19 +320,12 @@ impl DualTalLoss {
         let box_logits = flat
             .narrow(1, 0, 4 * REG_MAX)?
             .reshape((bs, 4, REG_MAX, na))?;
-        let logp = log_softmax_bins(&box_logits)?;
-        let p = logp.exp()?;
-        let proj = Tensor::arange(0u32, REG_MAX as u32, &dev)?
-            .to_dtype(DType::F32)?
-            .reshape((1, 1, REG_MAX, 1))?;
-        let dist = p.broadcast_mul(&proj)?.sum(2)?; // (B, 4, A)
         let mut anc4 = Vec::with_capacity(4 * na);
         for c in 0..4 {
             anc4.extend(anchors.points.iter().map(|p| p[c % 2]));
         }
         let anc4 = Tensor::from_vec(anc4, (1, 4, na), &dev)?;
-        let sign = Tensor::new(&[-1f32, -1.0, 1.0, 1.0], &dev)?.reshape((1, 4, 1))?;
-        let pbox = dist.broadcast_mul(&sign)?.broadcast_add(&anc4)?; // (B, 4, A) grid units
+        let (logp, pbox) = decode_bins(&box_logits, &anc4)?; // pbox (B, 4, A) grid units
         let cls_logits = flat.narrow(1, 4 * REG_MAX, nc)?; // (B, nc, A)
 
         // Host copies for the assigner: boxes in pixels (B, A, 4) and class logits (B, nc, A).
@@ -432,15 +425,8 @@ impl DualTalLoss {
         let w = targets.weight.reshape(bs * na)?;
         let bx = (iou.affine(-1.0, 1.0)?.mul(&w)?.sum_all()? / tss as f64)?;
 
-        // DFL: cross-entropy to the two bins around each target distance, weights
-        // `max(0, 1 - |k - t|)` (= `l + 1 - t` at `k = l`, `t - l` at `k = l + 1`), mean over
-        // the 4 sides.
-        let dflw = proj
-            .broadcast_sub(&targets.ltrb.unsqueeze(2)?)?
-            .abs()?
-            .affine(-1.0, 1.0)?
-            .relu()?; // (B, 4, 16, A)
-        let ce = logp.mul(&dflw)?.sum(2)?.sum(1)?.affine(-0.25, 0.0)?; // (B, A)
+        // DFL per anchor, weighted by the target score.
+        let ce = dfl_bins(&logp, &targets.ltrb)?; // (B, A)
         let dfl = (ce.mul(&targets.weight)?.sum_all()? / tss as f64)?;
         clock.mark("loss terms")?;
         Ok(([bx, cls, dfl], asg, tss))
@@ -533,6 +519,42 @@ fn log_softmax_bins(x: &Tensor) -> Result<Tensor> {
     let d = x.broadcast_sub(&m)?;
     let lse = d.exp()?.sum_keepdim(2)?.log()?;
     Ok(d.broadcast_sub(&lse)?)
+}
+
+/// DFL decode on the bins layout (official `bbox_decode` + `dist2bbox`): `logits` `(B, 4, 16, A)`
+/// side-major (l, t, r, b), `anc4` `(1, 4, A)` = `[ax; ay; ax; ay]` in grid units. Returns the
+/// log-probabilities of the bins `(B, 4, 16, A)` (for [`dfl_bins`]) and the boxes `(B, 4, A)`
+/// xyxy in grid units, `ax − l, ay − t, ax + r, ay + b` with each side the softmax expectation
+/// `Σ_k p_k · k`. Differentiable w.r.t. `logits`.
+fn decode_bins(logits: &Tensor, anc4: &Tensor) -> Result<(Tensor, Tensor)> {
+    let dev = logits.device();
+    let logp = log_softmax_bins(logits)?;
+    let proj = Tensor::arange(0u32, REG_MAX as u32, dev)?
+        .to_dtype(logits.dtype())?
+        .reshape((1, 1, REG_MAX, 1))?;
+    let dist = logp.exp()?.broadcast_mul(&proj)?.sum(2)?; // (B, 4, A)
+    let sign = Tensor::new(&[-1f32, -1.0, 1.0, 1.0], dev)?
+        .to_dtype(logits.dtype())?
+        .reshape((1, 4, 1))?;
+    let pbox = dist.broadcast_mul(&sign)?.broadcast_add(anc4)?;
+    Ok((logp, pbox))
+}
+
+/// Distribution Focal Loss on the bins layout (official `BboxLoss._df_loss`): `logp` `(B, 4, 16,
+/// A)` from [`decode_bins`], `ltrb` `(B, 4, A)` target distances in `[0, 15)` grid units. For a
+/// side with target `t` the cross-entropy to its two neighbouring bins with weights
+/// `max(0, 1 − |k − t|)` (`l + 1 − t` at `k = l = ⌊t⌋`, `t − l` at `k = l + 1`); returns the mean
+/// over the 4 sides, `(B, A)`. Differentiable w.r.t. `logp`.
+fn dfl_bins(logp: &Tensor, ltrb: &Tensor) -> Result<Tensor> {
+    let proj = Tensor::arange(0u32, REG_MAX as u32, logp.device())?
+        .to_dtype(logp.dtype())?
+        .reshape((1, 1, REG_MAX, 1))?;
+    let w = proj
+        .broadcast_sub(&ltrb.unsqueeze(2)?)?
+        .abs()?
+        .affine(-1.0, 1.0)?
+        .relu()?; // (B, 4, 16, A)
+    Ok(logp.mul(&w)?.sum(2)?.sum(1)?.affine(-0.25, 0.0)?)
 }
 
 /// `YOLO9_LOSS_TIMES=1`: each branch prints the seconds of its phases (device-synchronised) to
@@ -723,40 +745,13 @@ pub fn bbox2dist(anchor: [f32; 2], xyxy: [f32; 4]) -> [f32; 4] {
     ]
 }
 
-/// Decode DFL logits to xyxy boxes, differentiably (official `bbox_decode` + `dist2bbox`).
-///
-/// `logits`: `(N, 4, 16)` side-major (l, t, r, b); `anchors4`: `(N, 4)` = `[ax, ay, ax, ay]`
-/// in grid units. Returns `(N, 4)` xyxy in grid units: `ax - l, ay - t, ax + r, ay + b`.
-pub fn decode_boxes(logits: &Tensor, anchors4: &Tensor) -> Result<Tensor> {
-    let (n, sides, bins) = logits.dims3()?;
-    ensure!(
-        sides == 4 && bins == REG_MAX,
-        "decode_boxes: logits must be (N, 4, 16), got {:?}",
-        logits.dims()
-    );
-    ensure!(
-        anchors4.dims() == [n, 4],
-        "decode_boxes: anchors must be (N, 4), got {:?}",
-        anchors4.dims()
-    );
-    let dev = logits.device();
-    let p = candle_nn::ops::softmax(logits, D::Minus1)?;
-    let proj = Tensor::arange(0u32, REG_MAX as u32, dev)?
-        .to_dtype(logits.dtype())?
-        .reshape((1, 1, REG_MAX))?;
-    let dist = p.broadcast_mul(&proj)?.sum(D::Minus1)?;
-    let sign = Tensor::new(&[-1f32, -1.0, 1.0, 1.0], dev)?
-        .to_dtype(logits.dtype())?
-        .reshape((1, 4))?;
-    Ok(anchors4.add(&dist.broadcast_mul(&sign)?)?)
-}
-
 /// Distribution Focal Loss per anchor (official `BboxLoss._df_loss`).
 ///
 /// `logits`: `(N, 4, 16)`; `targets`: N side distances in grid units, each in `[0, 15)` (use
 /// [`bbox2dist`]). For a side with target `t`, `l = floor(t)`:
 /// `CE(logits, l) * (l + 1 - t) + CE(logits, l + 1) * (t - l)`; the result `(N,)` is the mean
-/// over the 4 sides. Differentiable w.r.t. `logits`.
+/// over the 4 sides. Differentiable w.r.t. `logits`. The same code as the training loss
+/// (`dfl_bins`).
 ///
 /// Errors: shape mismatch, or a target outside `[0, 15)`.
 pub fn dfl_loss(logits: &Tensor, targets: &[[f32; 4]]) -> Result<Tensor> {
@@ -767,7 +762,6 @@ pub fn dfl_loss(logits: &Tensor, targets: &[[f32; 4]]) -> Result<Tensor> {
         logits.dims(),
         targets.len()
     );
-    let mut wts = vec![0f32; n * 4 * REG_MAX];
     for (i, t4) in targets.iter().enumerate() {
         for (s, &t) in t4.iter().enumerate() {
             ensure!(
@@ -775,17 +769,18 @@ pub fn dfl_loss(logits: &Tensor, targets: &[[f32; 4]]) -> Result<Tensor> {
                 "dfl_loss: target distance {t} (anchor {i}, side {s}) is outside [0, 15); clamp \
                  it with bbox2dist"
             );
-            let left = t as usize;
-            let wl = (left + 1) as f32 - t;
-            let wr = 1.0 - wl;
-            wts[(i * 4 + s) * REG_MAX + left] = wl;
-            wts[(i * 4 + s) * REG_MAX + left + 1] = wr;
         }
     }
-    let w = Tensor::from_vec(wts, (n, 4, REG_MAX), logits.device())?.to_dtype(logits.dtype())?;
-    let logp = candle_nn::ops::log_softmax(logits, D::Minus1)?;
-    let ce = logp.mul(&w)?.sum(D::Minus1)?.neg()?; // (N, 4)
-    Ok(ce.mean(D::Minus1)?)
+    // The loss's own implementation, on the bins layout: (N, 4, 16) → (1, 4, 16, N).
+    let mut ltrb = vec![0f32; 4 * n];
+    for (i, t4) in targets.iter().enumerate() {
+        for (s, &t) in t4.iter().enumerate() {
+            ltrb[s * n + i] = t;
+        }
+    }
+    let ltrb = Tensor::from_vec(ltrb, (1, 4, n), logits.device())?.to_dtype(logits.dtype())?;
+    let logp = log_softmax_bins(&logits.permute((1, 2, 0))?.unsqueeze(0)?)?;
+    Ok(dfl_bins(&logp, &ltrb)?.squeeze(0)?)
 }
 
 /// Elementwise BCE-with-logits in the stable form
