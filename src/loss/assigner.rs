@@ -27,7 +27,14 @@ use rayon::prelude::*;
 use super::iou::{ciou_prepared, CiouBox};
 
 /// Strict-inside margin of `select_candidates_in_gts`.
-pub(crate) const IN_GT_EPS: f32 = 1e-9;
+const IN_GT_EPS: f32 = 1e-9;
+
+/// Whether an anchor centre `p` lies strictly inside the xyxy box `gt` (all four distances
+/// `> 1e-9`, official `select_candidates_in_gts`), both in pixels: the assigner's candidates.
+pub(crate) fn inside_gt(p: [f32; 2], gt: [f32; 4]) -> bool {
+    let [x1, y1, x2, y2] = gt;
+    (p[0] - x1).min(p[1] - y1).min(x2 - p[0]).min(y2 - p[1]) > IN_GT_EPS
+}
 
 /// Ground-truth boxes of a batch, padded to `n_max_boxes` per image (official
 /// `ComputeLoss.preprocess` layout `(B, n_max_boxes, ·)`, flattened row-major).
@@ -446,11 +453,9 @@ impl TaskAlignedAssigner {
                 if !gt.mask[b * m + j] {
                     continue;
                 }
-                let [x1, y1, x2, y2] = gts[j].xyxy;
                 cands.clear();
-                for (a, p) in input.anc_points.iter().enumerate() {
-                    let d = (p[0] - x1).min(p[1] - y1).min(x2 - p[0]).min(y2 - p[1]);
-                    if d > IN_GT_EPS {
+                for (a, &p) in input.anc_points.iter().enumerate() {
+                    if inside_gt(p, gts[j].xyxy) {
                         let ov = overlap(j, a);
                         let am = metric(j, a, ov);
                         state[a] = if am == 0.0 { 1 } else { 2 };
@@ -565,13 +570,9 @@ impl TaskAlignedAssigner {
                 if !gt.mask[b * m + j] {
                     continue;
                 }
-                let [x1, y1, x2, y2] = gts[j].xyxy;
-                let inside = |p: &[f32; 2]| {
-                    (p[0] - x1).min(p[1] - y1).min(x2 - p[0]).min(y2 - p[1]) > IN_GT_EPS
-                };
                 cands.clear();
-                for (a, p) in input.anc_points.iter().enumerate() {
-                    if inside(p) {
+                for (a, &p) in input.anc_points.iter().enumerate() {
+                    if inside_gt(p, gts[j].xyxy) {
                         let ov = overlap(j, &CiouBox::new(pd[a]));
                         cands.push((a, metric(j, a, ov)));
                     }

@@ -25,7 +25,7 @@ use candle_core::{DType, Device, Tensor};
 use rayon::prelude::*;
 
 use super::anchors::Anchors;
-use super::assigner::{AssignerInput, Assignment, GtBatch, Scores, TaskAlignedAssigner};
+use super::assigner::{inside_gt, AssignerInput, Assignment, GtBatch, Scores, TaskAlignedAssigner};
 use super::iou::ciou_tensor;
 
 /// DFL bins per box side (`reg_max` of the official head).
@@ -180,6 +180,7 @@ impl DualTalLoss {
             );
         }
         let anchors = Anchors::new(&hw_aux, &self.strides)?;
+        let anc_px = anchors.points_px();
 
         let (n, six) = targets
             .dims2()
@@ -202,10 +203,22 @@ impl DualTalLoss {
             .collect();
         let gt = GtBatch::from_targets(&rows, bs, img_hw, self.nc)?;
 
-        let (t_aux, asg_aux, tss_aux) =
-            self.branch(&flat_aux, &anchors, &gt, "aux", given.map(|g| g[0]))?;
-        let (t_main, asg_main, tss_main) =
-            self.branch(&flat_main, &anchors, &gt, "main", given.map(|g| g[1]))?;
+        let (t_aux, asg_aux, tss_aux) = self.branch(
+            &flat_aux,
+            &anchors,
+            &anc_px,
+            &gt,
+            "aux",
+            given.map(|g| g[0]),
+        )?;
+        let (t_main, asg_main, tss_main) = self.branch(
+            &flat_main,
+            &anchors,
+            &anc_px,
+            &gt,
+            "main",
+            given.map(|g| g[1]),
+        )?;
 
         let aw = AUX_WEIGHT as f64;
         let mut parts = Vec::with_capacity(3);
@@ -306,6 +319,7 @@ impl DualTalLoss {
         &self,
         flat: &Tensor,
         anchors: &Anchors,
+        anc_px: &[[f32; 2]],
         gt: &GtBatch,
         which: &str,
         given: Option<&Assignment>,
@@ -331,7 +345,7 @@ impl DualTalLoss {
         // Host copies for the assigner: boxes in pixels (B, A, 4) and class logits (B, nc, A).
         let stride = Tensor::from_slice(&anchors.strides, (1, 1, na), &dev)?;
         let pbox_dev = pbox.detach().broadcast_mul(&stride)?.transpose(1, 2)?; // (B, A, 4)
-        let (pbox_px, cls_host) = host_copies(&pbox_dev, &cls_logits.detach(), anchors, gt)
+        let (pbox_px, cls_host) = host_copies(&pbox_dev, &cls_logits.detach(), anc_px, gt)
             .with_context(|| format!("loss: copying the {which} head outputs to the host"))?;
         if let Some(i) = pbox_px.iter().position(|v| !v.is_finite()) {
             bail!(
@@ -386,19 +400,16 @@ impl DualTalLoss {
                 }
                 a.clone()
             }
-            None => {
-                let anc_px = anchors.points_px();
-                self.assigner.assign(&AssignerInput {
-                    scores: Scores::HeadLogits {
-                        data: &cls_host,
-                        channels: nc,
-                        offset: 0,
-                    },
-                    pd_bboxes: &pd_bboxes,
-                    anc_points: &anc_px,
-                    gt,
-                })?
-            }
+            None => self.assigner.assign(&AssignerInput {
+                scores: Scores::HeadLogits {
+                    data: &cls_host,
+                    channels: nc,
+                    offset: 0,
+                },
+                pd_bboxes: &pd_bboxes,
+                anc_points: anc_px,
+                gt,
+            })?,
         };
         clock.mark("assign")?;
         let tss = asg.target_scores_sum().max(1.0);
@@ -434,7 +445,7 @@ impl DualTalLoss {
 }
 
 /// The assigner's inputs on the host: `pbox` `(B, A, 4)` pixels and `cls` `(B, nc, A)` logits,
-/// both on the head's device. On the CPU they are read whole. On another device only the anchors
+/// both on the head's device; `anc_px` the anchor centres in pixels. On the CPU they are read whole. On another device only the anchors
 /// the assigner reads are copied — those strictly inside at least one valid GT box, the
 /// candidates of `select_candidates_in_gts` — gathered there first (a few percent of the data;
 /// device-to-host copies of whole head outputs dominated the loss at batch 64); the other
@@ -442,7 +453,7 @@ impl DualTalLoss {
 fn host_copies(
     pbox: &Tensor,
     cls: &Tensor,
-    anchors: &Anchors,
+    anc_px: &[[f32; 2]],
     gt: &GtBatch,
 ) -> Result<(Vec<f32>, Vec<f32>)> {
     let (bs, na, _) = pbox.dims3()?;
@@ -456,21 +467,13 @@ fn host_copies(
     if pbox.device().is_cpu() {
         return whole(pbox, cls);
     }
-    let anc_px = anchors.points_px();
     let m = gt.n_max_boxes;
     let cand: Vec<u32> = (0..bs)
         .into_par_iter()
         .flat_map_iter(|b| {
-            let anc_px = &anc_px;
             (0..na).filter_map(move |a| {
-                let p = anc_px[a];
                 (0..m)
-                    .any(|j| {
-                        let [x1, y1, x2, y2] = gt.bboxes[b * m + j];
-                        gt.mask[b * m + j]
-                            && (p[0] - x1).min(p[1] - y1).min(x2 - p[0]).min(y2 - p[1])
-                                > super::assigner::IN_GT_EPS
-                    })
+                    .any(|j| gt.mask[b * m + j] && inside_gt(anc_px[a], gt.bboxes[b * m + j]))
                     .then_some((b * na + a) as u32)
             })
         })
