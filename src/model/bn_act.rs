@@ -81,8 +81,8 @@ pub fn bn_act_train(
 
 /// The autograd node of [`bn_act_train`]: args `x` (N, C, H, W), `γ` (C,), `β` (C,); the kernels
 /// read the parameter block `p` (4, C) = [γ; β; μ; σ²] held by the op (same values as the
-/// arguments). Forward and backward are [`BnAct`]'s; the backward returns `dx`, `dγ = Σg·x̂` and
-/// `dβ = Σg` directly.
+/// arguments). The forward is [`BnAct`]'s; the backward runs [`BnActGradSums`] and
+/// [`BnActGradInput`] and returns `dx`, `dγ = Σg·x̂` and `dβ = Σg` directly.
 #[derive(Debug, Clone)]
 pub struct BnActTrain {
     /// ε and the activation.
@@ -95,7 +95,9 @@ pub struct BnActTrain {
 #[derive(Debug, Clone, Copy)]
 pub struct ChannelStats;
 
-/// Fused forward op: args `x` (N, C, H, W) and `p` (4, C) = [γ; β; μ; σ²] → `y` like `x`.
+/// The fused forward computation: args `x` (N, C, H, W) and `p` (4, C) = [γ; β; μ; σ²] → `y`
+/// like `x` (CPU and CUDA). Not differentiable itself: [`BnActTrain`], the autograd node of
+/// [`bn_act_train`], runs it and owns the backward.
 #[derive(Debug, Clone, Copy)]
 pub struct BnAct {
     /// ε added to σ².
@@ -389,37 +391,6 @@ impl CustomOp2 for BnAct {
         l2: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         crate::cuda::bn_act::forward(*self, s1, l1, s2, l2)
-    }
-
-    fn bwd(
-        &self,
-        x: &Tensor,
-        p: &Tensor,
-        _y: &Tensor,
-        dy: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let dy = dy.contiguous()?;
-        let sums = x.apply_op3_no_bwd(&dy, p, &BnActGradSums(*self))?;
-        let dx = if x.track_op() {
-            let q = Tensor::cat(&[p, &sums], 0)?;
-            Some(x.apply_op3_no_bwd(&dy, &q, &BnActGradInput(*self))?)
-        } else {
-            None
-        };
-        let dp = if p.track_op() {
-            let c = p.dim(1)?;
-            Some(Tensor::cat(
-                &[
-                    &sums.narrow(0, 1, 1)?,
-                    &sums.narrow(0, 0, 1)?,
-                    &Tensor::zeros((2, c), p.dtype(), p.device())?,
-                ],
-                0,
-            )?)
-        } else {
-            None
-        };
-        Ok((dx, dp))
     }
 }
 
