@@ -12,16 +12,26 @@
 typedef unsigned long long u64;
 typedef long long i64;
 
+// The elements [start, end) of tensor t that this block handles.
+struct Span {
+    i64 t, start, end;
+};
+
+__device__ Span span(const i64 *sizes, const i64 *chunk_t, const i64 *chunk_s, i64 chunk) {
+    const i64 c = blockIdx.x;
+    const i64 t = chunk_t[c];
+    const i64 s = chunk_s[c];
+    const i64 n = sizes[t];
+    return Span{t, s, s + chunk < n ? s + chunk : n};
+}
+
 // Sum of squares per chunk, in f64, deterministic (fixed tree order, no atomics); the host adds
 // the per-chunk partials in order.
 extern "C" __global__ void mt_sumsq_f32(const u64 *ptrs, const i64 *sizes, const i64 *chunk_t,
                                         const i64 *chunk_s, i64 chunk, double *partials) {
     __shared__ double sh[BLOCK];
-    const i64 c = blockIdx.x;
-    const i64 t = chunk_t[c];
-    const i64 s = chunk_s[c];
-    const i64 n = sizes[t];
-    const i64 e = s + chunk < n ? s + chunk : n;
+    const Span sp = span(sizes, chunk_t, chunk_s, chunk);
+    const i64 t = sp.t, s = sp.start, e = sp.end;
     const float *g = (const float *)ptrs[t];
     double acc = 0.0;
     for (i64 i = s + threadIdx.x; i < e; i += BLOCK) {
@@ -34,17 +44,14 @@ extern "C" __global__ void mt_sumsq_f32(const u64 *ptrs, const i64 *sizes, const
         if (threadIdx.x < o) sh[threadIdx.x] += sh[threadIdx.x + o];
         __syncthreads();
     }
-    if (threadIdx.x == 0) partials[c] = sh[0];
+    if (threadIdx.x == 0) partials[blockIdx.x] = sh[0];
 }
 
 // In-place x *= scale for every tensor (the gradient-norm clip).
 extern "C" __global__ void mt_scale_f32(const u64 *ptrs, const i64 *sizes, const i64 *chunk_t,
                                         const i64 *chunk_s, i64 chunk, float scale) {
-    const i64 c = blockIdx.x;
-    const i64 t = chunk_t[c];
-    const i64 s = chunk_s[c];
-    const i64 n = sizes[t];
-    const i64 e = s + chunk < n ? s + chunk : n;
+    const Span sp = span(sizes, chunk_t, chunk_s, chunk);
+    const i64 t = sp.t, s = sp.start, e = sp.end;
     float *x = (float *)ptrs[t];
     for (i64 i = s + threadIdx.x; i < e; i += BLOCK) x[i] = __fmul_rn(x[i], scale);
 }
@@ -56,11 +63,8 @@ extern "C" __global__ void mt_sgd_f32(const u64 *w_ptrs, const u64 *b_ptrs, cons
                                       const i64 *sizes, const float *lr, const float *wd,
                                       const i64 *chunk_t, const i64 *chunk_s, i64 chunk,
                                       float momentum) {
-    const i64 c = blockIdx.x;
-    const i64 t = chunk_t[c];
-    const i64 s = chunk_s[c];
-    const i64 n = sizes[t];
-    const i64 e = s + chunk < n ? s + chunk : n;
+    const Span sp = span(sizes, chunk_t, chunk_s, chunk);
+    const i64 t = sp.t, s = sp.start, e = sp.end;
     float *w = (float *)w_ptrs[t];
     float *b = (float *)b_ptrs[t];
     const float *g = (const float *)g_ptrs[t];
@@ -81,11 +85,8 @@ extern "C" __global__ void mt_sgd_f32(const u64 *w_ptrs, const u64 *b_ptrs, cons
 extern "C" __global__ void mt_ema_f32(const u64 *e_ptrs, const u64 *m_ptrs, const i64 *sizes,
                                       const i64 *chunk_t, const i64 *chunk_s, i64 chunk, float d,
                                       float one_minus_d) {
-    const i64 c = blockIdx.x;
-    const i64 t = chunk_t[c];
-    const i64 s = chunk_s[c];
-    const i64 n = sizes[t];
-    const i64 e = s + chunk < n ? s + chunk : n;
+    const Span sp = span(sizes, chunk_t, chunk_s, chunk);
+    const i64 t = sp.t, s = sp.start, e = sp.end;
     float *ev = (float *)e_ptrs[t];
     const float *m = (const float *)m_ptrs[t];
     for (i64 i = s + threadIdx.x; i < e; i += BLOCK)

@@ -77,6 +77,20 @@ struct Tables {
     chunk_t: CudaSlice<i64>,
     chunk_s: CudaSlice<i64>,
     chunks: usize,
+    /// [`CHUNK`], as the kernels take it.
+    chunk: i64,
+}
+
+/// The device and the tables of a launch over `ts` (the tensors the chunk table walks); `None`
+/// when there is nothing to do (no tensors, or only empty ones).
+fn plan(ts: &[&Tensor]) -> Result<Option<(CudaDevice, Tables)>> {
+    let Some(first) = ts.first() else {
+        return Ok(None);
+    };
+    let dev = cuda_dev(first)?;
+    let sizes: Vec<usize> = ts.iter().map(|t| t.elem_count()).collect();
+    let tb = tables(&dev, &sizes)?;
+    Ok((tb.chunks > 0).then_some((dev, tb)))
 }
 
 fn tables(dev: &CudaDevice, sizes: &[usize]) -> Result<Tables> {
@@ -96,6 +110,7 @@ fn tables(dev: &CudaDevice, sizes: &[usize]) -> Result<Tables> {
         chunks: chunk_t.len(),
         chunk_t: dev.clone_htod(&chunk_t)?,
         chunk_s: dev.clone_htod(&chunk_s)?,
+        chunk: CHUNK as i64,
     })
 }
 
@@ -107,32 +122,27 @@ fn cfg(chunks: usize) -> LaunchConfig {
     }
 }
 
-fn addresses(dev: &CudaDevice, ts: &[&Tensor]) -> Result<Vec<u64>> {
-    ts.iter().map(|t| address(t, dev)).collect()
+/// The device addresses of `ts`, uploaded (the kernels' pointer table).
+fn addresses(dev: &CudaDevice, ts: &[&Tensor]) -> Result<CudaSlice<u64>> {
+    let a: Vec<u64> = ts.iter().map(|t| address(t, dev)).collect::<Result<_>>()?;
+    dev.clone_htod(&a)
 }
 
 /// Sum of the squares of all elements of `ts`, accumulated in f64 in a fixed order (the same
 /// value on every run). One kernel launch and one small read-back.
 pub fn sum_squares(ts: &[&Tensor]) -> Result<f64> {
-    let Some(first) = ts.first() else {
+    let Some((dev, tb)) = plan(ts)? else {
         return Ok(0.0);
     };
-    let dev = cuda_dev(first)?;
-    let sizes: Vec<usize> = ts.iter().map(|t| t.elem_count()).collect();
-    let tb = tables(&dev, &sizes)?;
-    if tb.chunks == 0 {
-        return Ok(0.0);
-    }
-    let ptrs = dev.clone_htod(&addresses(&dev, ts)?)?;
+    let ptrs = addresses(&dev, ts)?;
     let mut partials = dev.alloc_zeros::<f64>(tb.chunks)?;
-    let chunk = CHUNK as i64;
     let f = dev.get_or_load_custom_func("mt_sumsq_f32", MODULE, PTX)?;
     let mut b = f.builder();
     b.arg(&ptrs)
         .arg(&tb.sizes)
         .arg(&tb.chunk_t)
         .arg(&tb.chunk_s)
-        .arg(&chunk)
+        .arg(&tb.chunk)
         .arg(&mut partials);
     unsafe { b.launch(cfg(tb.chunks)) }.w()?;
     let host = dev.clone_dtoh(&partials)?;
@@ -141,24 +151,17 @@ pub fn sum_squares(ts: &[&Tensor]) -> Result<f64> {
 
 /// In place: every tensor of `ts` times `scale` (f32).
 pub fn scale(ts: &[&Tensor], scale: f32) -> Result<()> {
-    let Some(first) = ts.first() else {
+    let Some((dev, tb)) = plan(ts)? else {
         return Ok(());
     };
-    let dev = cuda_dev(first)?;
-    let sizes: Vec<usize> = ts.iter().map(|t| t.elem_count()).collect();
-    let tb = tables(&dev, &sizes)?;
-    if tb.chunks == 0 {
-        return Ok(());
-    }
-    let ptrs = dev.clone_htod(&addresses(&dev, ts)?)?;
-    let chunk = CHUNK as i64;
+    let ptrs = addresses(&dev, ts)?;
     let f = dev.get_or_load_custom_func("mt_scale_f32", MODULE, PTX)?;
     let mut b = f.builder();
     b.arg(&ptrs)
         .arg(&tb.sizes)
         .arg(&tb.chunk_t)
         .arg(&tb.chunk_s)
-        .arg(&chunk)
+        .arg(&tb.chunk)
         .arg(&scale);
     unsafe { b.launch(cfg(tb.chunks)) }.w()?;
     Ok(())
@@ -179,9 +182,6 @@ pub fn sgd_nesterov(
     if b.len() != n || g.len() != n || lr.len() != n || wd.len() != n {
         return Err(err("sgd: lists of different lengths"));
     }
-    let Some(first) = w.first() else {
-        return Ok(());
-    };
     for i in 0..n {
         if w[i].elem_count() != b[i].elem_count() || w[i].elem_count() != g[i].elem_count() {
             return Err(err(format!(
@@ -192,18 +192,16 @@ pub fn sgd_nesterov(
             )));
         }
     }
-    let dev = cuda_dev(first)?;
-    let sizes: Vec<usize> = w.iter().map(|t| t.elem_count()).collect();
-    let tb = tables(&dev, &sizes)?;
-    if tb.chunks == 0 {
+    let Some((dev, tb)) = plan(w)? else {
         return Ok(());
-    }
-    let wp = dev.clone_htod(&addresses(&dev, w)?)?;
-    let bp = dev.clone_htod(&addresses(&dev, b)?)?;
-    let gp = dev.clone_htod(&addresses(&dev, g)?)?;
+    };
+    let (wp, bp, gp) = (
+        addresses(&dev, w)?,
+        addresses(&dev, b)?,
+        addresses(&dev, g)?,
+    );
     let lr_d = dev.clone_htod(lr)?;
     let wd_d = dev.clone_htod(wd)?;
-    let chunk = CHUNK as i64;
     let f = dev.get_or_load_custom_func("mt_sgd_f32", MODULE, PTX)?;
     let mut l = f.builder();
     l.arg(&wp)
@@ -214,7 +212,7 @@ pub fn sgd_nesterov(
         .arg(&wd_d)
         .arg(&tb.chunk_t)
         .arg(&tb.chunk_s)
-        .arg(&chunk)
+        .arg(&tb.chunk)
         .arg(&momentum);
     unsafe { l.launch(cfg(tb.chunks)) }.w()?;
     Ok(())
@@ -225,9 +223,6 @@ pub fn ema(e: &[&Tensor], m: &[&Tensor], d: f32, one_minus_d: f32) -> Result<()>
     if e.len() != m.len() {
         return Err(err("ema: lists of different lengths"));
     }
-    let Some(first) = e.first() else {
-        return Ok(());
-    };
     for (i, (a, b)) in e.iter().zip(m).enumerate() {
         if a.elem_count() != b.elem_count() {
             return Err(err(format!(
@@ -237,15 +232,10 @@ pub fn ema(e: &[&Tensor], m: &[&Tensor], d: f32, one_minus_d: f32) -> Result<()>
             )));
         }
     }
-    let dev = cuda_dev(first)?;
-    let sizes: Vec<usize> = e.iter().map(|t| t.elem_count()).collect();
-    let tb = tables(&dev, &sizes)?;
-    if tb.chunks == 0 {
+    let Some((dev, tb)) = plan(e)? else {
         return Ok(());
-    }
-    let ep = dev.clone_htod(&addresses(&dev, e)?)?;
-    let mp = dev.clone_htod(&addresses(&dev, m)?)?;
-    let chunk = CHUNK as i64;
+    };
+    let (ep, mp) = (addresses(&dev, e)?, addresses(&dev, m)?);
     let f = dev.get_or_load_custom_func("mt_ema_f32", MODULE, PTX)?;
     let mut l = f.builder();
     l.arg(&ep)
@@ -253,7 +243,7 @@ pub fn ema(e: &[&Tensor], m: &[&Tensor], d: f32, one_minus_d: f32) -> Result<()>
         .arg(&tb.sizes)
         .arg(&tb.chunk_t)
         .arg(&tb.chunk_s)
-        .arg(&chunk)
+        .arg(&tb.chunk)
         .arg(&d)
         .arg(&one_minus_d);
     unsafe { l.launch(cfg(tb.chunks)) }.w()?;
