@@ -10,6 +10,11 @@
 //! `train_dual_iteration` figure is what `train_dual.py` does per batch at nominal batch 64:
 //! `fwd_bwd + (optimizer + ema) / max(round(64 / B), 1)`. Peak memory is the pool high-water
 //! mark of the step (CUDA) or the process RSS (CPU). Prints `name value unit` lines.
+//!
+//! `--profile-iter K` (CUDA) brackets iteration K with `cuProfilerStart`/`cuProfilerStop`, for
+//! `ncu --profile-from-start off`, and launches one `uexp_f64` kernel (used nowhere in the step)
+//! after the forward, the loss, the backward and the optimizer, so the kernel list splits into
+//! the five phases.
 
 use anyhow::{Context, Result};
 use candle_core::{Device, Tensor};
@@ -34,6 +39,40 @@ fn sync(d: &Device) -> Result<()> {
     Ok(())
 }
 
+/// Starts (`on`) or stops the CUDA profiler's capture range: `cuProfilerStart`/`cuProfilerStop`
+/// looked up in the loaded `libcuda.so.1` (the link-time stub lacks them); a no-op where absent.
+fn profiler(on: bool) {
+    let name: &[u8] = if on {
+        b"cuProfilerStart\0"
+    } else {
+        b"cuProfilerStop\0"
+    };
+    // SAFETY: dlopen/dlsym with NUL-terminated names; the symbol, when found, is the driver's
+    // `CUresult f(void)`.
+    unsafe {
+        let lib = libc::dlopen(
+            b"libcuda.so.1\0".as_ptr().cast(),
+            libc::RTLD_NOW | libc::RTLD_NOLOAD,
+        );
+        if lib.is_null() {
+            return;
+        }
+        let f = libc::dlsym(lib, name.as_ptr().cast());
+        if !f.is_null() {
+            let f: extern "C" fn() -> i32 = std::mem::transmute(f);
+            f();
+        }
+    }
+}
+
+/// The phase marker of `--profile-iter`: one `uexp_f64` launch.
+fn mark(d: &Device, on: bool) -> Result<()> {
+    if on {
+        Tensor::ones(1, candle_core::DType::F64, d)?.exp()?;
+    }
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let mut device = "cpu".to_string();
     let mut batches = "16,64".to_string();
@@ -41,6 +80,7 @@ fn main() -> Result<()> {
     let mut iters = 10usize;
     let mut amp = false;
     let mut strict = false;
+    let mut profile_iter = usize::MAX;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut val = || args.next().with_context(|| format!("{a} needs a value"));
@@ -51,6 +91,7 @@ fn main() -> Result<()> {
             "--iters" => iters = val()?.parse()?,
             "--amp" => amp = true,
             "--strict-fp32" => strict = true,
+            "--profile-iter" => profile_iter = val()?.parse()?,
             _ => {}
         }
     }
@@ -101,16 +142,23 @@ fn main() -> Result<()> {
         let (mut tf, mut tl, mut tb, mut to, mut te) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for it in 0..iters + 3 {
+            let prof = it == profile_iter;
             sync(&dev)?;
+            if prof {
+                profiler(true);
+            }
             let t0 = Instant::now();
             let raw = model.forward(&x, true)?;
+            mark(&dev, prof)?;
             sync(&dev)?;
             let t1 = Instant::now();
             let lo = loss.compute(&raw.aux, &raw.main, &t, (img, img))?;
+            mark(&dev, prof)?;
             sync(&dev)?;
             let t2 = Instant::now();
             let mut grads = lo.total.backward()?;
             drop(raw);
+            mark(&dev, prof)?;
             sync(&dev)?;
             let t3 = Instant::now();
             let norm = opt.clip_grad_norm(&mut grads, yolo9::train::step::MAX_GRAD_NORM)?;
@@ -120,10 +168,14 @@ fn main() -> Result<()> {
             );
             opt.step(&grads)?;
             drop(grads);
+            mark(&dev, prof)?;
             sync(&dev)?;
             let t4 = Instant::now();
             ema.update(&model.float_state()?)?;
             sync(&dev)?;
+            if prof {
+                profiler(false);
+            }
             let t5 = Instant::now();
             if it >= 3 {
                 let ms = |a: Instant, b: Instant| (b - a).as_secs_f64() * 1e3;

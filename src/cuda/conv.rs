@@ -6,8 +6,8 @@
 //! (`cudnnConvolutionBackwardFilter`, dL/dw). All three work on contiguous NCHW tensors of the
 //! same dtype:
 //!
-//! - `f32`: TF32 tensor cores allowed (`CUDNN_DEFAULT_MATH`, PyTorch's default for
-//!   convolutions), or strict f32 (`CUDNN_FMA_MATH`, what PyTorch with TF32 off gives) when
+//! - `f32`: TF32 tensor cores allowed (`CUDNN_TENSOR_OP_MATH`, see [`F32_MATH_ENV`]; TF32 is
+//!   PyTorch's default for convolutions), or strict f32 (`CUDNN_FMA_MATH`, what PyTorch with TF32 off gives) when
 //!   [`strict_fp32`] is set;
 //! - `f16` / `bf16`: `CUDNN_TENSOR_OP_MATH` with f32 accumulation (cuDNN's "pseudo half"
 //!   configuration).
@@ -83,7 +83,7 @@ static F32_MATH: AtomicU8 = AtomicU8::new(0);
 pub const STRICT_FP32_ENV: &str = "YOLO9_STRICT_FP32";
 
 /// Whether f32 convolutions are strict f32 (`CUDNN_FMA_MATH`: no TF32 tensor cores). The default
-/// allows TF32 (`CUDNN_DEFAULT_MATH`), as PyTorch does for convolutions
+/// allows TF32 (`CUDNN_TENSOR_OP_MATH`), as PyTorch does for convolutions
 /// (`torch.backends.cudnn.allow_tf32 = True`); `yolo9 train --strict-fp32`, [`STRICT_FP32_ENV`]
 /// or [`set_strict_fp32`] turn it off (parity runs and the GPU parity tests).
 pub fn strict_fp32() -> bool {
@@ -109,10 +109,39 @@ pub fn set_strict_fp32(strict: bool) {
 /// tensor cores.
 fn math_of<T: Elem>() -> cudnnMathType_t {
     if T::DTYPE == DType::F32 && !strict_fp32() {
-        cudnnMathType_t::CUDNN_DEFAULT_MATH
+        tf32_math()
     } else {
         T::MATH
     }
+}
+
+/// Environment variable naming the cuDNN math type of TF32-allowed f32 convolutions: `tensor`
+/// (`CUDNN_TENSOR_OP_MATH`, the default), `default` (`CUDNN_DEFAULT_MATH`) or `convert`
+/// (`CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION`). On the H200 (cuDNN 9.19) the bs16 training step took
+/// 267.9 ms with `tensor`, 308.5 ms with `default` and 307.3 ms with `convert` (one device
+/// command, `benches/train_step.rs`): with `CUDNN_DEFAULT_MATH` the legacy API ran most f32
+/// convolutions on its FMA kernels (`implicit_convolve_sgemm`, `wgrad_alg0_engine`).
+pub const F32_MATH_ENV: &str = "YOLO9_CUDNN_F32_MATH";
+
+/// The math type of TF32-allowed f32 convolutions ([`F32_MATH_ENV`], read once).
+fn tf32_math() -> cudnnMathType_t {
+    static M: OnceLock<cudnnMathType_t> = OnceLock::new();
+    *M.get_or_init(
+        || match std::env::var(F32_MATH_ENV).as_deref().map(str::trim) {
+            Ok("default") => cudnnMathType_t::CUDNN_DEFAULT_MATH,
+            Ok("convert") => cudnnMathType_t::CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION,
+            _ => cudnnMathType_t::CUDNN_TENSOR_OP_MATH,
+        },
+    )
+}
+
+/// Environment variable that makes the algorithm search print, for every convolution shape it
+/// times, each candidate's time and workspace and the choice (`YOLO9_CUDNN_TRACE=1`, to stderr).
+pub const TRACE_ENV: &str = "YOLO9_CUDNN_TRACE";
+
+fn trace_on() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var(TRACE_ENV).is_ok_and(|v| v.trim() == "1"))
 }
 
 /// The current algorithm search (from [`ALGO_ENV`] until [`set_algo_search`] is called).
@@ -475,7 +504,8 @@ fn guarded<A>(what: &str, f: impl FnOnce() -> std::result::Result<A, CudnnError>
 /// synchronized around them) and returns the fastest that ran; candidates whose workspace size
 /// is unknown, over [`BENCH_WORKSPACE_LIMIT`], not allocatable, or whose launch fails are
 /// skipped. The workspace is released afterwards so that it is sized for the chosen algorithm.
-fn benchmark<A: Copy>(
+fn benchmark<A: Copy + std::fmt::Debug>(
+    what: &dyn Fn() -> String,
     stream: &Arc<CudaStream>,
     ws: &mut Option<CudaSlice<u8>>,
     candidates: &[A],
@@ -506,11 +536,26 @@ fn benchmark<A: Copy>(
         }
         sync(stream)?;
         let dt = t0.elapsed().as_secs_f64();
+        if trace_on() {
+            eprintln!(
+                "cudnn-trace {} {a:?} ws {bytes} ok {ok} ms {:.4}",
+                what(),
+                dt * 1e3 / BENCH_REPS as f64
+            );
+        }
         if ok && best.is_none_or(|(b, _)| dt < b) {
             best = Some((dt, a));
         }
     }
     *ws = None;
+    if trace_on() {
+        eprintln!(
+            "cudnn-trace {} chosen {:?} ms {:.4}",
+            what(),
+            best.map(|b| b.1),
+            best.map_or(f64::NAN, |b| b.0 * 1e3 / BENCH_REPS as f64)
+        );
+    }
     Ok(best.map(|(_, a)| a))
 }
 
@@ -568,6 +613,7 @@ impl Engine {
                 let mut a = None;
                 if mode == AlgoSearch::Benchmark {
                     a = benchmark(
+                        &|| format!("fwd {p:?} {:?}", T::DTYPE),
                         &self.stream,
                         &mut self.workspace,
                         &FWD_ALGOS,
@@ -627,6 +673,7 @@ impl Engine {
                 let mut a = None;
                 if mode == AlgoSearch::Benchmark {
                     a = benchmark(
+                        &|| format!("bwd_data {p:?} {:?}", T::DTYPE),
                         &self.stream,
                         &mut self.workspace,
                         &BWD_DATA_ALGOS,
@@ -685,6 +732,7 @@ impl Engine {
                 let mut a = None;
                 if mode == AlgoSearch::Benchmark {
                     a = benchmark(
+                        &|| format!("bwd_filter {p:?} {:?}", T::DTYPE),
                         &self.stream,
                         &mut self.workspace,
                         &BWD_FILTER_ALGOS,
