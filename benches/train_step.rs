@@ -8,7 +8,8 @@
 //! parts `forward`, `loss`, `backward` device-synchronised), then clip 10 + SGD Nesterov
 //! (`optimizer`) and the EMA update (`ema`). Medians of `--iters` (10) after 3 warm-ups; the
 //! `train_dual_iteration` figure is what `train_dual.py` does per batch at nominal batch 64:
-//! `fwd_bwd + (optimizer + ema) / max(round(64 / B), 1)`. Peak memory is the pool high-water
+//! `fwd_bwd + (optimizer + ema) / max(round(64 / B), 1)`. The reverse mode is the training
+//! step's (`yolo9::model::tape::enabled_for`: the tape on CUDA unless `YOLO9_TAPE=0`). Peak memory is the pool high-water
 //! mark of the step (CUDA) or the process RSS (CPU). Prints `name value unit` lines.
 //!
 //! `--profile-iter K` (CUDA) brackets iteration K with `cuProfilerStart`/`cuProfilerStop`, for
@@ -148,7 +149,12 @@ fn main() -> Result<()> {
                 profiler(true);
             }
             let t0 = Instant::now();
-            let raw = model.forward(&x, true)?;
+            let (raw, tape) = if yolo9::model::tape::enabled_for(&dev) {
+                let (raw, tape) = model.forward_taped(&x)?;
+                (raw, Some(tape))
+            } else {
+                (model.forward(&x, true)?, None)
+            };
             mark(&dev, prof)?;
             sync(&dev)?;
             let t1 = Instant::now();
@@ -158,6 +164,9 @@ fn main() -> Result<()> {
             let t2 = Instant::now();
             let mut grads = lo.total.backward()?;
             drop(raw);
+            if let Some(tape) = tape {
+                grads = tape.backward(&mut grads)?;
+            }
             mark(&dev, prof)?;
             sync(&dev)?;
             let t3 = Instant::now();

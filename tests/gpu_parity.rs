@@ -6,6 +6,8 @@
 //! - cuDNN convolution: output, dx, dw (3×3 stride 1 and 2, 1×1, groups);
 //! - one training step of the YOLOv9-s training graph with the dual TAL loss: loss items and the
 //!   gradients of the first and last layers;
+//! - the taped training step (`yolo9::model::tape`, the default on CUDA) against candle's autograd
+//!   on the GPU: loss items and every parameter gradient;
 //! - the multi-tensor optimizer kernels (`kernels/optim.cu`): gradient norm, clip, SGD Nesterov
 //!   with weight decay and the EMA against the candle ops of the CPU path (bit-exact updates).
 #![cfg(feature = "cuda")]
@@ -183,6 +185,59 @@ fn one_training_step_on_gpu_matches_cpu() {
         println!("gradient {i}: rel {r:.1e}");
         assert!(r <= 1e-3, "gradient {i} differs by {r:e} (relative)");
     }
+}
+
+#[test]
+fn taped_training_step_on_gpu_equals_candle_autograd() {
+    let dev = gpu();
+    let x = ((rand(&[2, 3, 160, 160], 12, 0.5, 0.5)).clamp(0f32, 1f32))
+        .unwrap()
+        .to_device(&dev)
+        .unwrap();
+    let targets = Tensor::new(
+        &[
+            [0f32, 0., 0.30, 0.30, 0.20, 0.25],
+            [0., 1., 0.60, 0.55, 0.35, 0.30],
+            [1., 2., 0.50, 0.50, 0.40, 0.40],
+        ],
+        &Device::Cpu,
+    )
+    .unwrap();
+    let loss = DualTalLoss::new(3, &[8, 16, 32]).unwrap();
+    let plain = YoloV9Train::new(None, 3, Vec::new(), &dev, 3).unwrap();
+    let taped = YoloV9Train::new(None, 3, Vec::new(), &dev, 3).unwrap();
+    let raw = plain.forward(&x, true).unwrap();
+    let la = loss
+        .compute(&raw.aux, &raw.main, &targets, (160, 160))
+        .unwrap();
+    let ga = la.total.backward().unwrap();
+    let (raw, tape) = taped.forward_taped(&x).unwrap();
+    let lb = loss
+        .compute(&raw.aux, &raw.main, &targets, (160, 160))
+        .unwrap();
+    let mut gb = lb.total.backward().unwrap();
+    let gb = tape.backward(&mut gb).unwrap();
+    assert_eq!(la.items, lb.items, "loss items");
+    let mut worst = (0f64, String::new());
+    let mut n = 0;
+    for (pa, pb) in plain.vars().iter().zip(taped.vars()) {
+        let (Some(a), Some(b)) = (ga.get(pa.var.as_tensor()), gb.get(pb.var.as_tensor())) else {
+            panic!("{}: a gradient is missing", pa.name);
+        };
+        let r = rel(
+            &b.to_device(&Device::Cpu).unwrap(),
+            &a.to_device(&Device::Cpu).unwrap(),
+        );
+        n += 1;
+        if r > worst.0 {
+            worst = (r, pa.name.clone());
+        }
+    }
+    println!(
+        "taped vs candle autograd on the GPU: {n} gradients, worst rel {:.1e} ({})",
+        worst.0, worst.1
+    );
+    assert!(worst.0 <= 1e-4, "worst gradient difference {worst:?}");
 }
 
 #[test]

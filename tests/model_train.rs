@@ -318,3 +318,76 @@ fn eval_forward_of_training_graph_records_no_autograd_graph() {
     let train = m.forward(&x, true).unwrap();
     assert!(train.main.iter().chain(&train.aux).all(|t| t.track_op()));
 }
+
+/// The tape (`yolo9::model::tape`) against candle's autograd on the whole training graph: two
+/// models from the same seed, one batch (2 images of 64×64, three boxes), the dual TAL loss;
+/// every parameter gradient of the taped backward equals candle's (relative to the largest
+/// entry of each tensor), the loss items and the BN running statistics agree.
+#[test]
+fn taped_backward_equals_candle_autograd_on_the_training_graph() -> anyhow::Result<()> {
+    use yolo9::loss::tal_loss::targets_tensor;
+    use yolo9::loss::DualTalLoss;
+    use yolo9::model::weights::STRIDES;
+    let dev = Device::Cpu;
+    let plain = YoloV9Train::new(None, 3, Vec::new(), &dev, 5)?;
+    let taped = YoloV9Train::new(None, 3, Vec::new(), &dev, 5)?;
+    let loss = DualTalLoss::new(3, &STRIDES)?;
+    let x = common::uniform(&[2, 3, 64, 64], 3)
+        .affine(0.5, 0.5)?
+        .to_dtype(DType::F32)?;
+    let t = targets_tensor(
+        &[
+            [0.0, 0.0, 0.3, 0.4, 0.3, 0.25],
+            [0.0, 2.0, 0.7, 0.6, 0.2, 0.3],
+            [1.0, 1.0, 0.5, 0.5, 0.4, 0.4],
+        ],
+        &dev,
+    )?;
+    let raw = plain.forward(&x, true)?;
+    let lo_a = loss.compute(&raw.aux, &raw.main, &t, (64, 64))?;
+    let ga = lo_a.total.backward()?;
+    let (raw, tape) = taped.forward_taped(&x)?;
+    let nodes = tape.len();
+    let lo_b = loss.compute(&raw.aux, &raw.main, &t, (64, 64))?;
+    let mut gb = lo_b.total.backward()?;
+    let gb = tape.backward(&mut gb)?;
+    // The same forward values: the taped forward runs the training convolution, not the CPU
+    // inference one, on its detached tensors.
+    for (a, b) in lo_a.items.iter().zip(&lo_b.items) {
+        assert_eq!(a, b, "loss items");
+    }
+    let mut worst = (0f32, String::new());
+    for (pa, pb) in plain.vars().iter().zip(taped.vars()) {
+        assert_eq!(pa.name, pb.name);
+        let a = ga.get(pa.var.as_tensor());
+        let b = gb.get(pb.var.as_tensor());
+        let (a, b) = match (a, b) {
+            (Some(a), Some(b)) => (a, b),
+            (None, None) => continue,
+            _ => panic!(
+                "{}: gradient present on one side only (candle {}, tape {})",
+                pa.name,
+                a.is_some(),
+                b.is_some()
+            ),
+        };
+        assert_eq!(a.dims(), b.dims(), "{}", pa.name);
+        let scale = a.abs()?.max_all()?.to_scalar::<f32>()?.max(1e-12);
+        let d = (a - b)?.abs()?.max_all()?.to_scalar::<f32>()? / scale;
+        if d > worst.0 {
+            worst = (d, pa.name.clone());
+        }
+    }
+    println!(
+        "tape: {nodes} nodes; worst parameter gradient {:.2e} ({})",
+        worst.0, worst.1
+    );
+    assert!(nodes > 300, "the taped forward recorded only {nodes} nodes");
+    assert!(worst.0 < 1e-4, "worst gradient difference {worst:?}");
+    let (ma, va) = plain.bn_running_stats("model.2.cv1.bn").unwrap();
+    let (mb, vb) = taped.bn_running_stats("model.2.cv1.bn").unwrap();
+    let dm = (ma - mb)?.abs()?.max_all()?.to_scalar::<f32>()?;
+    let dv = (va - vb)?.abs()?.max_all()?.to_scalar::<f32>()?;
+    assert!(dm == 0.0 && dv == 0.0, "BN running stats differ: {dm} {dv}");
+    Ok(())
+}

@@ -42,6 +42,7 @@ use cudarc::cudnn::{
     CudnnError, FilterDescriptor, TensorDescriptor,
 };
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, DeviceRepr};
+use super::algo_cache::{AlgoCache, Kind as CacheKind};
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -364,6 +365,35 @@ struct Engine {
     bwd_data: HashMap<AlgoKey, BwdDataAlgo>,
     bwd_filter: HashMap<AlgoKey, BwdFilterAlgo>,
     workspace: Option<CudaSlice<u8>>,
+    /// The benchmark choices persisted across runs (`None`: disabled).
+    file: Option<AlgoCache>,
+}
+
+impl Engine {
+    /// The algorithm of a benchmark-mode convolution from the cache file, if it holds one of
+    /// `all` (`code` gives an algorithm's cuDNN enum value).
+    fn from_file<A: Copy>(
+        &self,
+        kind: CacheKind,
+        key: &AlgoKey,
+        all: &[A],
+        code: impl Fn(A) -> u32,
+    ) -> Option<A> {
+        if key.2 != AlgoSearch::Benchmark {
+            return None;
+        }
+        let v = self.file.as_ref()?.get(kind, &key.0, key.1, key.3)?;
+        all.iter().copied().find(|&a| code(a) == v)
+    }
+
+    /// Records a benchmark-mode choice in the cache file.
+    fn to_file(&mut self, kind: CacheKind, key: &AlgoKey, algo: u32) {
+        if key.2 == AlgoSearch::Benchmark {
+            if let Some(f) = self.file.as_mut() {
+                f.put(kind, &key.0, key.1, key.3, algo);
+            }
+        }
+    }
 }
 
 // SAFETY: `Cudnn` is `!Send` only because it holds the raw cuDNN handle. cuDNN allows a handle to
@@ -392,6 +422,18 @@ fn engine(dev: &CudaDevice) -> Result<Arc<Mutex<Engine>>> {
         .bind_to_thread()
         .map_err(|e| err(format!("binding the CUDA context: {e:?}")))?;
     let cudnn = Cudnn::new(stream.clone()).map_err(|e| cudnn_err("creating the handle", e))?;
+    let file = super::algo_cache::default_path().map(|path| {
+        let gpu = stream
+            .context()
+            .name()
+            .unwrap_or_else(|_| format!("cuda:{}", stream.context().ordinal()));
+        AlgoCache::open(
+            path,
+            &gpu,
+            cudarc::cudnn::result::get_version(),
+            &format!("{:?}", tf32_math()),
+        )
+    });
     let e = Arc::new(Mutex::new(Engine {
         stream,
         cudnn,
@@ -399,6 +441,7 @@ fn engine(dev: &CudaDevice) -> Result<Arc<Mutex<Engine>>> {
         bwd_data: HashMap::new(),
         bwd_filter: HashMap::new(),
         workspace: None,
+        file,
     }));
     map.insert(dev.id(), e.clone());
     Ok(e)
@@ -606,7 +649,9 @@ impl Engine {
         };
         let mode = algo_search();
         let key = (*p, T::DTYPE, mode, strict_fp32());
-        let cached = self.fwd.get(&key).copied();
+        let cached = self.fwd.get(&key).copied().or_else(|| {
+            self.from_file(CacheKind::Forward, &key, &FWD_ALGOS, |a| a as u32)
+        });
         let algo = match cached {
             Some(a) => a,
             None => {
@@ -628,6 +673,7 @@ impl Engine {
                     None => guarded("forward algorithm", || op.pick_algorithm())?,
                 };
                 self.fwd.insert(key, a);
+                self.to_file(CacheKind::Forward, &key, a as u32);
                 a
             }
         };
@@ -666,7 +712,9 @@ impl Engine {
         };
         let mode = algo_search();
         let key = (*p, T::DTYPE, mode, strict_fp32());
-        let cached = self.bwd_data.get(&key).copied();
+        let cached = self.bwd_data.get(&key).copied().or_else(|| {
+            self.from_file(CacheKind::BackwardData, &key, &BWD_DATA_ALGOS, |a| a as u32)
+        });
         let algo = match cached {
             Some(a) => a,
             None => {
@@ -687,6 +735,7 @@ impl Engine {
                     None => guarded("backward-data algorithm", || op.pick_algorithm())?,
                 };
                 self.bwd_data.insert(key, a);
+                self.to_file(CacheKind::BackwardData, &key, a as u32);
                 a
             }
         };
@@ -725,7 +774,14 @@ impl Engine {
         };
         let mode = algo_search();
         let key = (*p, T::DTYPE, mode, strict_fp32());
-        let cached = self.bwd_filter.get(&key).copied();
+        let cached = self.bwd_filter.get(&key).copied().or_else(|| {
+            self.from_file(
+                CacheKind::BackwardFilter,
+                &key,
+                &BWD_FILTER_ALGOS,
+                |a| a as u32,
+            )
+        });
         let algo = match cached {
             Some(a) => a,
             None => {
@@ -746,6 +802,7 @@ impl Engine {
                     None => guarded("backward-filter algorithm", || op.pick_algorithm())?,
                 };
                 self.bwd_filter.insert(key, a);
+                self.to_file(CacheKind::BackwardFilter, &key, a as u32);
                 a
             }
         };
@@ -1017,4 +1074,35 @@ pub fn conv2d(
     let x = x.contiguous()?;
     let w = w.contiguous()?;
     x.apply_op2(&w, Conv2dFwd(p))
+}
+
+/// The backward of [`conv2d`] on cuDNN without autograd: for `y = conv2d(x, w)` and the output
+/// gradient `dy`, returns `dx` (only when `need_dx`; [`Conv2dBwdData`]) and `dw`
+/// ([`Conv2dBwdFilter`]), or `None` when the cuDNN path does not apply to these tensors (not on
+/// CUDA, a dtype cuDNN does not run, `YOLO9_CONV=candle`), for the caller to differentiate
+/// otherwise. Used by the training graph's tape (`crate::model::tape`).
+///
+/// Errors: as [`conv2d`].
+pub fn conv2d_backward(
+    x: &Tensor,
+    w: &Tensor,
+    dy: &Tensor,
+    padding: usize,
+    stride: usize,
+    groups: usize,
+    need_dx: bool,
+) -> Result<Option<(Option<Tensor>, Tensor)>> {
+    let on_cuda = matches!(x.device(), Device::Cuda(_));
+    if !on_cuda || !dtype_supported(x.dtype()) || !cudnn_conv_enabled() {
+        return Ok(None);
+    }
+    let p = Conv2dParams::new(x.dims4()?, w.dims4()?, padding, stride, groups)?;
+    let dy = dy.contiguous()?;
+    let dx = if need_dx {
+        Some(dy.apply_op2_no_bwd(&w.contiguous()?, &Conv2dBwdData(p))?)
+    } else {
+        None
+    };
+    let dw = x.contiguous()?.apply_op2_no_bwd(&dy, &Conv2dBwdFilter(p))?;
+    Ok(Some((dx, dw)))
 }

@@ -3,6 +3,7 @@
 //! - [`conv`]: 2-D convolution forward and backward on cuDNN as candle custom ops, so training on a
 //!   GPU does not go through candle's own convolution backward (a direct `conv_transpose2d` for the
 //!   input gradient and an im2col convolution for the weight gradient).
+//! - [`algo_cache`]: the cuDNN algorithm choices of [`conv`], persisted in a file across runs.
 //! - [`bn_act`]: launches of the fused train-mode BatchNorm + SiLU kernels (`kernels/bn_act.cu`).
 //! - [`atan`]: the element-wise arctangent of the CIoU loss term (`kernels/atan.cu`).
 //! - [`tal`]: dense TAL loss targets built on the device from the foreground rows
@@ -13,6 +14,7 @@
 //! Callers normally use [`crate::model::conv::conv2d_any`], which picks this path for CUDA tensors
 //! and candle's `Tensor::conv2d` everywhere else.
 
+pub mod algo_cache;
 pub mod atan;
 pub mod bn_act;
 pub mod conv;

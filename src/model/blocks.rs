@@ -6,7 +6,7 @@
 
 use super::conv::{fold_bn, load_conv_bn, Conv, ConvSpec};
 use super::params::{BuildMode, Builder};
-use super::pool;
+use super::tape::Ctx;
 use anyhow::{Context, Result};
 use candle_core::Tensor;
 
@@ -52,10 +52,15 @@ impl RepConvN {
 
     /// x: (B, c1, H, W) → (B, c2, H, W).
     pub fn forward(&self, x: &Tensor, train: bool) -> Result<Tensor> {
+        self.run(x, Ctx::plain(train))
+    }
+
+    /// [`Self::forward`] under a [`Ctx`] (taped or plain).
+    pub fn run(&self, x: &Tensor, c: Ctx) -> Result<Tensor> {
         match self {
-            Self::Fused(c) => c.forward(x, train),
+            Self::Fused(conv) => conv.run(x, c),
             Self::Branches { conv1, conv2 } => {
-                Ok((conv1.forward(x, train)? + conv2.forward(x, train)?)?.silu()?)
+                c.silu(&c.add(&conv1.run(x, c)?, &conv2.run(x, c)?)?)
             }
         }
     }
@@ -83,9 +88,14 @@ impl RepNBottleneck {
 
     /// x: (B, c1, H, W) → (B, c2, H, W).
     pub fn forward(&self, x: &Tensor, train: bool) -> Result<Tensor> {
-        let y = self.cv2.forward(&self.cv1.forward(x, train)?, train)?;
+        self.run(x, Ctx::plain(train))
+    }
+
+    /// [`Self::forward`] under a [`Ctx`] (taped or plain).
+    pub fn run(&self, x: &Tensor, c: Ctx) -> Result<Tensor> {
+        let y = self.cv2.run(&self.cv1.run(x, c)?, c)?;
         if self.add {
-            Ok((x + y)?)
+            c.add(x, &y)
         } else {
             Ok(y)
         }
@@ -119,12 +129,17 @@ impl RepNCSP {
 
     /// x: (B, c1, H, W) → (B, c2, H, W).
     pub fn forward(&self, x: &Tensor, train: bool) -> Result<Tensor> {
-        let mut y = self.cv1.forward(x, train)?;
+        self.run(x, Ctx::plain(train))
+    }
+
+    /// [`Self::forward`] under a [`Ctx`] (taped or plain).
+    pub fn run(&self, x: &Tensor, c: Ctx) -> Result<Tensor> {
+        let mut y = self.cv1.run(x, c)?;
         for m in &self.m {
-            y = m.forward(&y, train)?;
+            y = m.run(&y, c)?;
         }
-        let z = self.cv2.forward(x, train)?;
-        self.cv3.forward(&Tensor::cat(&[&y, &z], 1)?, train)
+        let z = self.cv2.run(x, c)?;
+        self.cv3.run(&c.cat(&[&y, &z], 1)?, c)
     }
 }
 
@@ -169,13 +184,18 @@ impl RepNCSPELAN4 {
 
     /// x: (B, c1, H, W) → (B, c2, H, W).
     pub fn forward(&self, x: &Tensor, train: bool) -> Result<Tensor> {
-        let y = self.cv1.forward(x, train)?;
-        let half = y.narrow(1, self.c, self.c)?;
-        let a = self.cv2.0.forward(&half, train)?;
-        let a = self.cv2.1.forward(&a, train)?;
-        let c = self.cv3.0.forward(&a, train)?;
-        let c = self.cv3.1.forward(&c, train)?;
-        self.cv4.forward(&Tensor::cat(&[&y, &a, &c], 1)?, train)
+        self.run(x, Ctx::plain(train))
+    }
+
+    /// [`Self::forward`] under a [`Ctx`] (taped or plain).
+    pub fn run(&self, x: &Tensor, cx: Ctx) -> Result<Tensor> {
+        let y = self.cv1.run(x, cx)?;
+        let half = cx.narrow(&y, 1, self.c, self.c)?;
+        let a = self.cv2.0.run(&half, cx)?;
+        let a = self.cv2.1.run(&a, cx)?;
+        let c = self.cv3.0.run(&a, cx)?;
+        let c = self.cv3.1.run(&c, cx)?;
+        self.cv4.run(&cx.cat(&[&y, &a, &c], 1)?, cx)
     }
 }
 
@@ -210,11 +230,16 @@ impl Elan1 {
 
     /// x: (B, c1, H, W) → (B, c2, H, W).
     pub fn forward(&self, x: &Tensor, train: bool) -> Result<Tensor> {
-        let y = self.cv1.forward(x, train)?;
-        let half = y.narrow(1, self.c, self.c)?;
-        let a = self.cv2.forward(&half, train)?;
-        let c = self.cv3.forward(&a, train)?;
-        self.cv4.forward(&Tensor::cat(&[&y, &a, &c], 1)?, train)
+        self.run(x, Ctx::plain(train))
+    }
+
+    /// [`Self::forward`] under a [`Ctx`] (taped or plain).
+    pub fn run(&self, x: &Tensor, cx: Ctx) -> Result<Tensor> {
+        let y = self.cv1.run(x, cx)?;
+        let half = cx.narrow(&y, 1, self.c, self.c)?;
+        let a = self.cv2.run(&half, cx)?;
+        let c = self.cv3.run(&a, cx)?;
+        self.cv4.run(&cx.cat(&[&y, &a, &c], 1)?, cx)
     }
 }
 
@@ -233,8 +258,13 @@ impl AConv {
 
     /// x: (B, c1, H, W) → (B, c2, H/2, W/2) for even H, W.
     pub fn forward(&self, x: &Tensor, train: bool) -> Result<Tensor> {
-        let y = pool::avg_pool_2x2_s1(x, train)?;
-        self.cv1.forward(&y, train)
+        self.run(x, Ctx::plain(train))
+    }
+
+    /// [`Self::forward`] under a [`Ctx`] (taped or plain).
+    pub fn run(&self, x: &Tensor, c: Ctx) -> Result<Tensor> {
+        let y = c.avg_pool_2x2_s1(x)?;
+        self.cv1.run(&y, c)
     }
 }
 
@@ -257,11 +287,15 @@ impl SppElan {
 
     /// x: (B, c1, H, W) → (B, c2, H, W).
     pub fn forward(&self, x: &Tensor, train: bool) -> Result<Tensor> {
-        let y0 = self.cv1.forward(x, train)?;
-        let y1 = pool::max_pool_same(&y0, 5)?;
-        let y2 = pool::max_pool_same(&y1, 5)?;
-        let y3 = pool::max_pool_same(&y2, 5)?;
-        self.cv5
-            .forward(&Tensor::cat(&[&y0, &y1, &y2, &y3], 1)?, train)
+        self.run(x, Ctx::plain(train))
+    }
+
+    /// [`Self::forward`] under a [`Ctx`] (taped or plain).
+    pub fn run(&self, x: &Tensor, c: Ctx) -> Result<Tensor> {
+        let y0 = self.cv1.run(x, c)?;
+        let y1 = c.max_pool_same(&y0, 5)?;
+        let y2 = c.max_pool_same(&y1, 5)?;
+        let y3 = c.max_pool_same(&y2, 5)?;
+        self.cv5.run(&c.cat(&[&y0, &y1, &y2, &y3], 1)?, c)
     }
 }

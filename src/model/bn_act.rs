@@ -57,18 +57,10 @@ pub fn bn_act_train(
     eps: f64,
     silu: bool,
 ) -> Result<Tensor> {
-    let (_, c, _, _) = x.dims4()?;
     // The kernels' parameter block, built from detached values: the op's inputs are x, γ and β
     // themselves, so autograd sees one node with three arguments (no concatenation to
     // differentiate, no zero gradient for the statistics).
-    let p = Tensor::cat(
-        &[
-            &gamma.detach().reshape((1, c))?,
-            &beta.detach().reshape((1, c))?,
-            &stats.detach(),
-        ],
-        0,
-    )?;
+    let p = param_block(gamma, beta, stats)?;
     x.contiguous()?.apply_op3(
         gamma,
         beta,
@@ -77,6 +69,50 @@ pub fn bn_act_train(
             p,
         },
     )
+}
+
+/// The parameter block (4, C) = [γ; β; μ; σ²] of the fused kernels, from detached copies of
+/// `gamma`/`beta` (C,) and `stats` (2, C) of [`channel_stats`].
+pub fn param_block(gamma: &Tensor, beta: &Tensor, stats: &Tensor) -> Result<Tensor> {
+    let c = gamma.dim(0)?;
+    Tensor::cat(
+        &[
+            &gamma.detach().reshape((1, c))?,
+            &beta.detach().reshape((1, c))?,
+            &stats.detach(),
+        ],
+        0,
+    )
+}
+
+/// The forward of [`bn_act_train`] from a parameter block `p` of [`param_block`], without
+/// autograd (the training graph's tape records its own node, `crate::model::tape`).
+pub fn bn_act_apply(x: &Tensor, p: &Tensor, eps: f64, silu: bool) -> Result<Tensor> {
+    x.contiguous()?.apply_op2_no_bwd(p, &BnAct { eps, silu })
+}
+
+/// The closed-form backward of [`bn_act_train`] (module docs) at `x` (N, C, H, W) for the output
+/// gradient `dy`, with the parameter block `p` of the forward: returns `dx` (when `need_dx`),
+/// `dγ = Σg·x̂` (C,) and `dβ = Σg` (C,).
+pub fn bn_act_backward(
+    x: &Tensor,
+    dy: &Tensor,
+    p: &Tensor,
+    eps: f64,
+    silu: bool,
+    need_dx: bool,
+) -> Result<(Option<Tensor>, Tensor, Tensor)> {
+    let op = BnAct { eps, silu };
+    let x = x.contiguous()?;
+    let dy = dy.contiguous()?;
+    let sums = x.apply_op3_no_bwd(&dy, p, &BnActGradSums(op))?;
+    let dx = if need_dx {
+        let q = Tensor::cat(&[p, &sums], 0)?;
+        Some(x.apply_op3_no_bwd(&dy, &q, &BnActGradInput(op))?)
+    } else {
+        None
+    };
+    Ok((dx, sums.get(1)?, sums.get(0)?))
 }
 
 /// The autograd node of [`bn_act_train`]: args `x` (N, C, H, W), `γ` (C,), `β` (C,); the kernels
@@ -442,21 +478,15 @@ impl CustomOp3 for BnActTrain {
         _y: &Tensor,
         dy: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let dy = dy.contiguous()?;
-        let sums = x.apply_op3_no_bwd(&dy, &self.p, &BnActGradSums(self.op))?;
-        let dx = if x.track_op() {
-            let q = Tensor::cat(&[&self.p, &sums], 0)?;
-            Some(x.apply_op3_no_bwd(&dy, &q, &BnActGradInput(self.op))?)
-        } else {
-            None
-        };
+        let (dx, dg, db) =
+            bn_act_backward(x, dy, &self.p, self.op.eps, self.op.silu, x.track_op())?;
         let dg = if gamma.track_op() {
-            Some(sums.get(1)?.reshape(gamma.shape())?)
+            Some(dg.reshape(gamma.shape())?)
         } else {
             None
         };
         let db = if beta.track_op() {
-            Some(sums.get(0)?.reshape(beta.shape())?)
+            Some(db.reshape(beta.shape())?)
         } else {
             None
         };

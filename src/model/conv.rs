@@ -4,7 +4,8 @@
 
 use super::bn_act;
 use super::params::{BuildMode, Builder, Init, ParamGroup};
-use anyhow::{Context, Result};
+use super::tape::{self, Ctx, Tape};
+use anyhow::{ensure, Context, Result};
 use candle_core::{DType, Tensor, Var};
 
 /// BatchNorm epsilon of every BN layer of YOLOv9 (`initialize_weights` sets 1e-3).
@@ -23,6 +24,15 @@ pub struct BatchNorm2d {
     pub running_mean: Var,
     /// Running **unbiased** variance, (C,) f32.
     pub running_var: Var,
+}
+
+/// `n/(n − 1)`, the factor that makes a biased variance over `n` values unbiased (1 for n ≤ 1).
+fn unbiased_factor(n: f64) -> f64 {
+    if n > 1.0 {
+        n / (n - 1.0)
+    } else {
+        1.0
+    }
 }
 
 /// Per-channel sum over (N, H, W) of x (B, C, H, W) → (1, C, 1, 1), reduced one axis at a time
@@ -59,37 +69,59 @@ impl BatchNorm2d {
                 .broadcast_add(&shift.reshape(shape4)?)?;
             return Ok(if silu { y.silu()? } else { y });
         }
+        if bn_act::bn_act_supported(x.device(), x.dtype()) {
+            let stats = self.fused_stats(x)?;
+            return Ok(bn_act::bn_act_train(
+                x,
+                &self.weight,
+                &self.bias,
+                &stats,
+                BN_EPS,
+                silu,
+            )?);
+        }
         let (b, _, h, w) = x.dims4()?;
         let n = (b * h * w) as f64;
-        let unbiased = if n > 1.0 { n / (n - 1.0) } else { 1.0 };
-        let (y, mean_d, var_d) = if bn_act::bn_act_supported(x.device(), x.dtype()) {
-            let stats = bn_act::channel_stats(x)?;
-            let y = bn_act::bn_act_train(x, &self.weight, &self.bias, &stats, BN_EPS, silu)?;
-            // On CUDA one in-place kernel updates both running statistics.
-            #[cfg(feature = "cuda")]
-            if crate::cuda::bn_act::update_running(
-                self.running_mean.as_tensor(),
-                self.running_var.as_tensor(),
-                &stats,
-                BN_MOMENTUM,
-                unbiased,
-            )? {
-                return Ok(y);
-            }
-            (y, stats.get(0)?, stats.get(1)?)
-        } else {
-            let (y, mean, var) = self.train_composite(x, n)?;
-            let y = if silu { y.silu()? } else { y };
-            (y, mean.detach().flatten_all()?, var.detach().flatten_all()?)
-        };
-        // Running stats update (no gradient).
-        let var_d = (var_d * unbiased)?;
-        let rm =
-            ((self.running_mean.as_tensor() * (1.0 - BN_MOMENTUM))? + (mean_d * BN_MOMENTUM)?)?;
-        let rv = ((self.running_var.as_tensor() * (1.0 - BN_MOMENTUM))? + (var_d * BN_MOMENTUM)?)?;
+        let (y, mean, var) = self.train_composite(x, n)?;
+        let y = if silu { y.silu()? } else { y };
+        self.update_running(
+            &mean.detach().flatten_all()?,
+            &var.detach().flatten_all()?,
+            n,
+        )?;
+        Ok(y)
+    }
+
+    /// The batch statistics (2, C) = [mean; biased variance] of `x` (B, C, H, W) for the fused
+    /// op ([`bn_act::channel_stats`]), after updating the running statistics with them (one
+    /// in-place kernel on CUDA).
+    pub fn fused_stats(&self, x: &Tensor) -> Result<Tensor> {
+        let (b, _, h, w) = x.dims4()?;
+        let n = (b * h * w) as f64;
+        let stats = bn_act::channel_stats(x)?;
+        #[cfg(feature = "cuda")]
+        if crate::cuda::bn_act::update_running(
+            self.running_mean.as_tensor(),
+            self.running_var.as_tensor(),
+            &stats,
+            BN_MOMENTUM,
+            unbiased_factor(n),
+        )? {
+            return Ok(stats);
+        }
+        self.update_running(&stats.get(0)?, &stats.get(1)?, n)?;
+        Ok(stats)
+    }
+
+    /// `running = 0.97·running + 0.03·batch` from the batch mean and **biased** variance (each
+    /// (C,)) over `n` = B·H·W values (the variance made unbiased first). No gradient.
+    fn update_running(&self, mean: &Tensor, var: &Tensor, n: f64) -> Result<()> {
+        let var = (var * unbiased_factor(n))?;
+        let rm = ((self.running_mean.as_tensor() * (1.0 - BN_MOMENTUM))? + (mean * BN_MOMENTUM)?)?;
+        let rv = ((self.running_var.as_tensor() * (1.0 - BN_MOMENTUM))? + (var * BN_MOMENTUM)?)?;
         self.running_mean.set(&rm)?;
         self.running_var.set(&rv)?;
-        Ok(y)
+        Ok(())
     }
 
     /// Train-mode BN as a composite of candle ops (any dtype and device; `n` = B·H·W): returns
@@ -139,6 +171,8 @@ pub struct Conv {
     pub weight: Tensor,
     /// Bias reshaped to (1, C_out, 1, 1), if any.
     pub bias: Option<Tensor>,
+    /// The bias as given, (C_out,) (the training graph's variable; its id keys the gradient).
+    bias_var: Option<Tensor>,
     /// BatchNorm (training builds only).
     pub bn: Option<BatchNorm2d>,
     /// Stride.
@@ -306,16 +340,99 @@ impl Conv {
     /// Builds from a kernel and an optional bias (C_out,).
     pub fn from_parts(weight: Tensor, bias: Option<Tensor>, spec: ConvSpec) -> Self {
         let c2 = spec.c2;
+        let bias_var = bias.clone();
         let bias = bias.map(|b| b.reshape((1, c2, 1, 1)).unwrap_or(b));
         Self {
             weight,
             bias,
+            bias_var,
             bn: None,
             stride: spec.s,
             padding: spec.p,
             groups: spec.g,
             act: spec.act,
         }
+    }
+
+    /// [`Self::forward`] under a [`Ctx`]: taped (one tape node for conv + BN + activation, or
+    /// conv + bias) when the context has a tape, the plain forward otherwise.
+    pub fn run(&self, x: &Tensor, c: Ctx) -> Result<Tensor> {
+        match c.tape {
+            Some(t) if c.train => self.forward_taped(x, t),
+            _ => self.forward(x, c.train),
+        }
+    }
+
+    /// The taped train-mode forward: the convolution, then train-mode BN + SiLU
+    /// ([`bn_act::bn_act_apply`]) or the bias, on detached parameters; one tape node whose
+    /// backward is the fused BN + SiLU backward, then the convolution's input and weight
+    /// gradients ([`conv2d_backward_any`]). Mixed precision (a bf16 `x`) casts the kernel to bf16
+    /// for the forward and the weight gradient back to the parameter's dtype.
+    fn forward_taped(&self, x: &Tensor, tape: &Tape) -> Result<Tensor> {
+        let (pad, stride, groups) = (self.padding, self.stride, self.groups);
+        let wt = self.weight.dtype();
+        let w = self.weight.detach();
+        let w = if w.dtype() != x.dtype() {
+            w.to_dtype(x.dtype())?
+        } else {
+            w
+        };
+        let z = conv2d_train(x, &w, pad, stride, groups)?;
+        let xs = x.clone();
+        if let Some(bn) = &self.bn {
+            ensure!(
+                bn_act::bn_act_supported(z.device(), z.dtype()),
+                "taped training forward: no fused train-mode BN for {:?} on {:?}",
+                z.dtype(),
+                z.device()
+            );
+            let stats = bn.fused_stats(&z)?;
+            let p = bn_act::param_block(&bn.weight, &bn.bias, &stats)?;
+            let silu = self.act;
+            let y = bn_act::bn_act_apply(&z, &p, BN_EPS, silu)?;
+            tape.record(
+                &[x],
+                &[&self.weight, &bn.weight, &bn.bias],
+                &y,
+                move |dy, need| {
+                    let (dz, dg, db) = bn_act::bn_act_backward(&z, dy, &p, BN_EPS, silu, true)?;
+                    let dz = dz.context("BN backward returned no input gradient")?;
+                    let (dx, dw) = conv2d_backward_any(&xs, &w, &dz, pad, stride, groups, need[0])?;
+                    Ok(vec![dx, Some(dw.to_dtype(wt)?), Some(dg), Some(db)])
+                },
+            );
+            return Ok(y);
+        }
+        ensure!(
+            !self.act,
+            "taped training forward: a plain convolution with an activation"
+        );
+        let (y, bias) = match (&self.bias, &self.bias_var) {
+            (Some(b4), Some(bv)) => {
+                let b4 = b4.detach().to_dtype(z.dtype())?;
+                (z.broadcast_add(&b4)?, Some(bv.clone()))
+            }
+            _ => (z, None),
+        };
+        let mut params = vec![self.weight.clone()];
+        params.extend(bias.clone());
+        let params: Vec<&Tensor> = params.iter().collect();
+        tape.record(&[x], &params, &y, move |dy, need| {
+            let dy = dy.contiguous()?;
+            let (dx, dw) = conv2d_backward_any(&xs, &w, &dy, pad, stride, groups, need[0])?;
+            let mut g = vec![dx, Some(dw.to_dtype(wt)?)];
+            if let Some(b) = &bias {
+                let db = dy
+                    .to_dtype(b.dtype())?
+                    .sum_keepdim(3)?
+                    .sum_keepdim(2)?
+                    .sum_keepdim(0)?
+                    .reshape(b.shape())?;
+                g.push(Some(db));
+            }
+            Ok(g)
+        });
+        Ok(y)
     }
 
     /// x: (B, C_in, H, W) f32 → (B, C_out, H', W') with `H' = (H + 2p − k)/s + 1`.
@@ -373,6 +490,19 @@ pub fn conv2d_any(
     if super::cpu_conv::applies(x, w, groups) && own_cpu_conv() {
         return super::cpu_conv::conv2d(x, w, padding, stride);
     }
+    conv2d_train(x, w, padding, stride, groups)
+}
+
+/// The convolution of training forwards, tracked or not: cuDNN on CUDA
+/// ([`crate::cuda::conv::conv2d`]), candle's `conv2d` elsewhere — never the CPU inference
+/// convolution, so a taped forward computes the same values as the untaped one.
+pub fn conv2d_train(
+    x: &Tensor,
+    w: &Tensor,
+    padding: usize,
+    stride: usize,
+    groups: usize,
+) -> candle_core::Result<Tensor> {
     #[cfg(feature = "cuda")]
     {
         crate::cuda::conv::conv2d(x, w, padding, stride, groups)
@@ -381,6 +511,34 @@ pub fn conv2d_any(
     {
         x.conv2d(w, padding, stride, 1, groups)
     }
+}
+
+/// The gradients of [`conv2d_any`] `y = conv(x, w)` for the output gradient `dy`: `dx` (when
+/// `need_dx`) and `dw`, each of its argument's shape and dtype. On CUDA this is cuDNN's
+/// backward-data and backward-filter ([`crate::cuda::conv::conv2d_backward`]); elsewhere candle's
+/// own convolution backward through [`tape::vjp`].
+pub fn conv2d_backward_any(
+    x: &Tensor,
+    w: &Tensor,
+    dy: &Tensor,
+    padding: usize,
+    stride: usize,
+    groups: usize,
+    need_dx: bool,
+) -> Result<(Option<Tensor>, Tensor)> {
+    #[cfg(feature = "cuda")]
+    if let Some(r) = crate::cuda::conv::conv2d_backward(x, w, dy, padding, stride, groups, need_dx)?
+    {
+        return Ok(r);
+    }
+    let mut g = tape::vjp(
+        |v| v[0].conv2d(&v[1], padding, stride, 1, groups),
+        &[x, w],
+        dy,
+    )?;
+    let dw = g.pop().context("vjp returned no kernel gradient")?;
+    let dx = g.pop().filter(|_| need_dx);
+    Ok((dx, dw))
 }
 
 /// Whether the own CPU inference convolution is on (unless `YOLO9_CPU_CONV=candle`).

@@ -3,6 +3,7 @@
 
 use super::conv::{Conv, ConvSpec};
 use super::params::Builder;
+use super::tape::Ctx;
 use anyhow::{ensure, Context, Result};
 use candle_core::{DType, Device, Tensor};
 
@@ -69,6 +70,11 @@ impl DetectHead {
     /// Raw head outputs: for each level i, feats[i] (B, ch[i], H_i, W_i) →
     /// (B, 64 + nc, H_i, W_i) = cat(box DFL logits (side-major l,t,r,b × 16 bins), class logits).
     pub fn forward_raw(&self, feats: &[Tensor], train: bool) -> Result<Vec<Tensor>> {
+        self.run_raw(feats, Ctx::plain(train))
+    }
+
+    /// [`Self::forward_raw`] under a [`Ctx`] (taped or plain).
+    pub fn run_raw(&self, feats: &[Tensor], cx: Ctx) -> Result<Vec<Tensor>> {
         ensure!(
             feats.len() == self.boxes.len(),
             "head: got {} feature maps, expected {}",
@@ -81,13 +87,13 @@ impl DetectHead {
             .map(|(x, (bt, ct))| {
                 let mut bx = x.clone();
                 for c in bt {
-                    bx = c.forward(&bx, train)?;
+                    bx = c.run(&bx, cx)?;
                 }
-                let mut cx = x.clone();
+                let mut kx = x.clone();
                 for c in ct {
-                    cx = c.forward(&cx, train)?;
+                    kx = c.run(&kx, cx)?;
                 }
-                Ok(Tensor::cat(&[&bx, &cx], 1)?)
+                cx.cat(&[&bx, &kx], 1)
             })
             .collect()
     }

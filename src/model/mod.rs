@@ -5,6 +5,7 @@
 //! - [`cpu_conv`]: the CPU inference convolution (im2col + one GEMM).
 //! - [`blocks`]: `RepConvN`, `RepNBottleneck`, `RepNCSP`, `RepNCSPELAN4`, `ELAN1`, `AConv`, `SPPELAN`.
 //! - [`pool`]: PyTorch-exact, differentiable avg/max pooling and nearest upsampling.
+//! - [`tape`]: the training graph's own reverse mode (one node per layer op) and the forward context [`tape::Ctx`].
 //! - [`head`]: `DDetect` branch, DFL, anchors, decode.
 //! - [`yolov9`]: the inference graph [`YoloV9`] and the training graph [`YoloV9Train`].
 //! - [`params`]: building layers from a state_dict; trainable variables and optimizer groups.
@@ -17,6 +18,7 @@ pub mod cpu_conv;
 pub mod head;
 pub mod params;
 pub mod pool;
+pub mod tape;
 pub mod weights;
 pub mod yolov9;
 

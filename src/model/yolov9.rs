@@ -10,7 +10,7 @@ use super::blocks::{AConv, Elan1, RepNCSPELAN4, SppElan};
 use super::conv::{Conv, ConvSpec};
 use super::head::{decode, DetectHead, REG_MAX};
 use super::params::{source_name, BuildMode, Builder, NamedVar};
-use super::pool::upsample_nearest_2x;
+use super::tape::{Ctx, Tape};
 use crate::model::weights::{Graph, ModelMeta, Weights};
 use anyhow::{bail, ensure, Context, Result};
 use candle_core::{DType, Device, Tensor, Var};
@@ -53,10 +53,6 @@ pub(crate) struct GelanOut {
     pub feats: [Tensor; 3],
 }
 
-fn cat1(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    Ok(Tensor::cat(&[a, b], 1)?)
-}
-
 impl Gelan {
     fn load(b: &mut Builder) -> Result<Self> {
         let r = |n: usize| format!("model.{n}");
@@ -80,29 +76,24 @@ impl Gelan {
         })
     }
 
-    fn forward(&self, x: &Tensor, t: bool) -> Result<GelanOut> {
-        let x = self.l0.forward(x, t)?;
-        let x = self.l1.forward(&x, t)?;
-        let x = self.l2.forward(&x, t)?;
-        let x = self.l3.forward(&x, t)?;
-        let x4 = self.l4.forward(&x, t)?;
-        let x = self.l5.forward(&x4, t)?;
-        let x6 = self.l6.forward(&x, t)?;
-        let x = self.l7.forward(&x6, t)?;
-        let x8 = self.l8.forward(&x, t)?;
-        let x9 = self.l9.forward(&x8, t)?;
-        let x12 = self
-            .l12
-            .forward(&cat1(&upsample_nearest_2x(&x9)?, &x6)?, t)?;
+    fn forward(&self, x: &Tensor, t: Ctx) -> Result<GelanOut> {
+        let cat1 = |a: &Tensor, b: &Tensor| t.cat(&[a, b], 1);
+        let x = self.l0.run(x, t)?;
+        let x = self.l1.run(&x, t)?;
+        let x = self.l2.run(&x, t)?;
+        let x = self.l3.run(&x, t)?;
+        let x4 = self.l4.run(&x, t)?;
+        let x = self.l5.run(&x4, t)?;
+        let x6 = self.l6.run(&x, t)?;
+        let x = self.l7.run(&x6, t)?;
+        let x8 = self.l8.run(&x, t)?;
+        let x9 = self.l9.run(&x8, t)?;
+        let x12 = self.l12.run(&cat1(&t.upsample_nearest_2x(&x9)?, &x6)?, t)?;
         let x15 = self
             .l15
-            .forward(&cat1(&upsample_nearest_2x(&x12)?, &x4)?, t)?;
-        let x18 = self
-            .l18
-            .forward(&cat1(&self.l16.forward(&x15, t)?, &x12)?, t)?;
-        let x21 = self
-            .l21
-            .forward(&cat1(&self.l19.forward(&x18, t)?, &x9)?, t)?;
+            .run(&cat1(&t.upsample_nearest_2x(&x12)?, &x4)?, t)?;
+        let x18 = self.l18.run(&cat1(&self.l16.run(&x15, t)?, &x12)?, t)?;
+        let x21 = self.l21.run(&cat1(&self.l19.run(&x18, t)?, &x9)?, t)?;
         Ok(GelanOut {
             x4,
             x6,
@@ -129,14 +120,15 @@ impl AuxNeck {
     }
 
     /// Returns the aux head inputs in head order `[28, 25, 22]` (P3, P4, P5).
-    fn forward(&self, g: &GelanOut, t: bool) -> Result<[Tensor; 3]> {
-        let x22 = self.l22.forward(&g.x8, t)?;
+    fn forward(&self, g: &GelanOut, t: Ctx) -> Result<[Tensor; 3]> {
+        let cat1 = |a: &Tensor, b: &Tensor| t.cat(&[a, b], 1);
+        let x22 = self.l22.run(&g.x8, t)?;
         let x25 = self
             .l25
-            .forward(&cat1(&upsample_nearest_2x(&x22)?, &g.x6)?, t)?;
+            .run(&cat1(&t.upsample_nearest_2x(&x22)?, &g.x6)?, t)?;
         let x28 = self
             .l28
-            .forward(&cat1(&upsample_nearest_2x(&x25)?, &g.x4)?, t)?;
+            .run(&cat1(&t.upsample_nearest_2x(&x25)?, &g.x4)?, t)?;
         Ok([x28, x25, x22])
     }
 }
@@ -244,7 +236,7 @@ impl YoloV9 {
     pub fn forward_features(&self, x: &Tensor) -> Result<[Tensor; 3]> {
         check_input(x)?;
         let x = x.to_device(&self.device)?.to_dtype(self.dtype)?;
-        Ok(self.gelan.forward(&x, false)?.feats)
+        Ok(self.gelan.forward(&x, Ctx::plain(false))?.feats)
     }
 
     /// Raw head outputs per level, (B, 64+nc, H/s, W/s) f32 for s = 8, 16, 32 (DFL logits
@@ -411,7 +403,32 @@ impl YoloV9Train {
     /// `train = true`: BN uses batch statistics and updates running stats (call once per
     /// optimizer step); `train = false`: running statistics (validation).
     pub fn forward(&self, x: &Tensor, train: bool) -> Result<DualRaw> {
+        self.forward_ctx(x, Ctx::plain(train))
+    }
+
+    /// The train-mode forward recorded on a [`Tape`] instead of candle's autograd graph (see
+    /// [`crate::model::tape`]): same values and side effects as `forward(x, true)` (BN running
+    /// statistics, `num_batches_tracked`), but the returned head outputs are variables with no
+    /// graph behind them. Differentiate a loss of them with candle (`loss.backward()`), then pass
+    /// its gradient store to [`Tape::backward`], which returns the parameter gradients.
+    ///
+    /// Errors: as [`Self::forward`]; a dtype/device without the fused train-mode BN
+    /// ([`crate::model::bn_act::bn_act_supported`]).
+    pub fn forward_taped(&self, x: &Tensor) -> Result<(DualRaw, Tape)> {
+        let tape = Tape::new();
+        let raw = self.forward_ctx(x, Ctx::taped(&tape))?;
+        let out =
+            |v: Vec<Tensor>| -> Result<Vec<Tensor>> { v.iter().map(|t| tape.output(t)).collect() };
+        let raw = DualRaw {
+            aux: out(raw.aux)?,
+            main: out(raw.main)?,
+        };
+        Ok((raw, tape))
+    }
+
+    fn forward_ctx(&self, x: &Tensor, c: Ctx) -> Result<DualRaw> {
         check_input(x)?;
+        let train = c.train;
         let mut x = x.to_device(&self.device)?;
         if train {
             self.batches_tracked.fetch_add(1, Ordering::Relaxed);
@@ -420,15 +437,15 @@ impl YoloV9Train {
         if amp {
             x = x.to_dtype(DType::BF16)?;
         }
-        let g = self.gelan.forward(&x, train)?;
-        let aux_in = self.aux.forward(&g, train)?;
+        let g = self.gelan.forward(&x, c)?;
+        let aux_in = self.aux.forward(&g, c)?;
         let mut raw = DualRaw {
-            aux: self.head_aux.forward_raw(&aux_in, train)?,
-            main: self.head_main.forward_raw(&g.feats, train)?,
+            aux: self.head_aux.run_raw(&aux_in, c)?,
+            main: self.head_main.run_raw(&g.feats, c)?,
         };
         if amp {
             for t in raw.aux.iter_mut().chain(raw.main.iter_mut()) {
-                *t = t.to_dtype(DType::F32)?;
+                *t = c.cast(t, DType::F32)?;
             }
         }
         Ok(raw)
@@ -444,7 +461,7 @@ impl YoloV9Train {
         check_input(x)?;
         Ok(self
             .gelan
-            .forward(&x.to_device(&self.device)?, train)?
+            .forward(&x.to_device(&self.device)?, Ctx::plain(train))?
             .feats)
     }
 

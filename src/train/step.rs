@@ -197,7 +197,12 @@ pub fn step(
             })
             .collect();
         let t = targets_tensor(&rows, device)?;
-        let raw = model.forward(&x, true)?;
+        let (raw, tape) = if crate::model::tape::enabled_for(device) {
+            let (raw, tape) = model.forward_taped(&x)?;
+            (raw, Some(tape))
+        } else {
+            (model.forward(&x, true)?, None)
+        };
         times.mark(2)?;
         if faults.oom_above.is_some_and(|k| len > k) {
             bail!("injected fault: CUDA_ERROR_OUT_OF_MEMORY for a micro-batch of {len}");
@@ -216,6 +221,9 @@ pub fn step(
         }
         let mut g = lo.total.backward()?;
         drop(raw);
+        if let Some(tape) = tape {
+            g = tape.backward(&mut g)?;
+        }
         add_param_grads(&mut grads, &mut g, opt)?;
         times.mark(4)?;
         for (m, v) in items.iter_mut().zip(li) {

@@ -1,0 +1,181 @@
+//! The cuDNN algorithm choices of [`super::conv`]'s benchmark search, kept in a file so that the
+//! next run on the same GPU and cuDNN starts with them instead of timing every algorithm again
+//! (and so that a profiler run, whose launch interception distorts the timing, uses the
+//! algorithms of a normal run).
+//!
+//! The file ([`CACHE_ENV`], by default `$XDG_CACHE_HOME/yolo9/cudnn-algos.txt`, else
+//! `$HOME/.cache/yolo9/cudnn-algos.txt`) holds one line per choice:
+//! `GPU name | cuDNN version | f32 math | kind | N,C,H,W,K,kh,kw,pad,stride,groups | dtype | strict | algorithm`
+//! (fields separated by tabs; the algorithm as cuDNN's enum value). Lines of another GPU, cuDNN
+//! version or math type are ignored; a later line wins over an earlier one. New choices are
+//! appended (one `write` per line, so concurrent runs interleave whole lines). A file that cannot
+//! be read or written only costs the timing: the search then runs as without a cache, with one
+//! warning.
+
+use super::conv::Conv2dParams;
+use candle_core::DType;
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::PathBuf;
+
+/// Environment variable naming the cache file; `off` (or empty) disables the cache.
+pub const CACHE_ENV: &str = "YOLO9_CUDNN_CACHE";
+
+/// Which of the three convolutions a choice is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// `cudnnConvolutionForward`.
+    Forward,
+    /// `cudnnConvolutionBackwardData`.
+    BackwardData,
+    /// `cudnnConvolutionBackwardFilter`.
+    BackwardFilter,
+}
+
+impl Kind {
+    fn tag(self) -> &'static str {
+        match self {
+            Kind::Forward => "fwd",
+            Kind::BackwardData => "bwd_data",
+            Kind::BackwardFilter => "bwd_filter",
+        }
+    }
+}
+
+type Key = (Kind, Conv2dParams, DType, bool);
+
+/// The choices of one GPU, cuDNN version and math type, and the file they persist in.
+pub struct AlgoCache {
+    path: PathBuf,
+    /// `GPU \t cuDNN \t math`: the first three fields of this process's lines.
+    prefix: String,
+    entries: HashMap<Key, u32>,
+    warned: bool,
+}
+
+/// The cache file's path from [`CACHE_ENV`] and the XDG/HOME defaults (`None`: disabled).
+pub fn default_path() -> Option<PathBuf> {
+    match std::env::var(CACHE_ENV) {
+        Ok(v) if v.trim().is_empty() || v.trim() == "off" => None,
+        Ok(v) => Some(PathBuf::from(v)),
+        Err(_) => {
+            let base = std::env::var_os("XDG_CACHE_HOME")
+                .map(PathBuf::from)
+                .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+            Some(base.join("yolo9").join("cudnn-algos.txt"))
+        }
+    }
+}
+
+fn params_field(p: &Conv2dParams) -> String {
+    format!(
+        "{},{},{},{},{},{},{},{},{},{}",
+        p.batch, p.c_in, p.h, p.w, p.c_out, p.kh, p.kw, p.padding, p.stride, p.groups
+    )
+}
+
+fn parse_params(s: &str) -> Option<Conv2dParams> {
+    let v: Vec<usize> = s
+        .split(',')
+        .map(|x| x.trim().parse().ok())
+        .collect::<Option<_>>()?;
+    let [batch, c_in, h, w, c_out, kh, kw, padding, stride, groups] = v[..] else {
+        return None;
+    };
+    Some(Conv2dParams {
+        batch,
+        c_in,
+        h,
+        w,
+        c_out,
+        kh,
+        kw,
+        padding,
+        stride,
+        groups,
+    })
+}
+
+fn parse_dtype(s: &str) -> Option<DType> {
+    match s {
+        "F32" => Some(DType::F32),
+        "F16" => Some(DType::F16),
+        "BF16" => Some(DType::BF16),
+        _ => None,
+    }
+}
+
+impl AlgoCache {
+    /// Loads the lines of `path` that match `gpu`, `cudnn` (version) and `math` (the f32 math
+    /// type's name). A missing file is an empty cache.
+    pub fn open(path: PathBuf, gpu: &str, cudnn: usize, math: &str) -> Self {
+        let prefix = format!("{}\t{cudnn}\t{math}", gpu.replace('\t', " "));
+        let mut entries = HashMap::new();
+        if let Ok(text) = std::fs::read_to_string(&path) {
+            for line in text.lines() {
+                let Some(rest) = line.strip_prefix(&prefix) else {
+                    continue;
+                };
+                let f: Vec<&str> = rest.trim_start_matches('\t').split('\t').collect();
+                let [kind, params, dtype, strict, algo] = f[..] else {
+                    continue;
+                };
+                let kind = match kind {
+                    "fwd" => Kind::Forward,
+                    "bwd_data" => Kind::BackwardData,
+                    "bwd_filter" => Kind::BackwardFilter,
+                    _ => continue,
+                };
+                let (Some(p), Some(d), Ok(algo)) =
+                    (parse_params(params), parse_dtype(dtype), algo.parse::<u32>())
+                else {
+                    continue;
+                };
+                entries.insert((kind, p, d, strict == "1"), algo);
+            }
+        }
+        AlgoCache {
+            path,
+            prefix,
+            entries,
+            warned: false,
+        }
+    }
+
+    /// The cached algorithm (cuDNN enum value) of a convolution, if any.
+    pub fn get(&self, kind: Kind, p: &Conv2dParams, dtype: DType, strict: bool) -> Option<u32> {
+        self.entries.get(&(kind, *p, dtype, strict)).copied()
+    }
+
+    /// Records a choice and appends it to the file (warns once if the file cannot be written).
+    pub fn put(&mut self, kind: Kind, p: &Conv2dParams, dtype: DType, strict: bool, algo: u32) {
+        self.entries.insert((kind, *p, dtype, strict), algo);
+        let line = format!(
+            "{}\t{}\t{}\t{dtype:?}\t{}\t{algo}\n",
+            self.prefix,
+            kind.tag(),
+            params_field(p),
+            u8::from(strict)
+        );
+        let r = (|| -> std::io::Result<()> {
+            if let Some(dir) = self.path.parent() {
+                std::fs::create_dir_all(dir)?;
+            }
+            let mut f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&self.path)?;
+            f.write_all(line.as_bytes())
+        })();
+        if let Err(e) = r {
+            if !self.warned {
+                self.warned = true;
+                tracing::warn!(
+                    "cuDNN algorithm cache {}: {e} (choices are not kept for the next run; set \
+                     {CACHE_ENV}=off to silence this)",
+                    self.path.display()
+                );
+            }
+        }
+    }
+}
