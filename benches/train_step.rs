@@ -12,6 +12,9 @@
 //! step's (`yolo9::model::tape::enabled_for`: the tape on CUDA unless `YOLO9_TAPE=0`). Peak memory is the pool high-water
 //! mark of the step (CUDA) or the process RSS (CPU). Prints `name value unit` lines.
 //!
+//! `forward_host_ms`/`backward_host_ms` are the host's time to enqueue those phases (before the
+//! synchronization that ends them): close to the phase's time means host-bound.
+//!
 //! `--profile-iter K` (CUDA) brackets iteration K with `cuProfilerStart`/`cuProfilerStop`, for
 //! `ncu --profile-from-start off`, and launches one `uexp_f64` kernel (used nowhere in the step)
 //! after the forward, the loss, the backward and the optimizer, so the kernel list splits into
@@ -142,6 +145,9 @@ fn main() -> Result<()> {
         probe.reset_peak();
         let (mut tf, mut tl, mut tb, mut to, mut te) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        // Host time to enqueue the forward and the backward (before the synchronization): when
+        // it is close to the phase's time, the phase is bound by the host, not the GPU.
+        let (mut hf, mut hb) = (Vec::new(), Vec::new());
         for it in 0..iters + 3 {
             let prof = it == profile_iter;
             sync(&dev)?;
@@ -155,6 +161,7 @@ fn main() -> Result<()> {
             } else {
                 (model.forward(&x, true)?, None)
             };
+            let h1 = Instant::now();
             mark(&dev, prof)?;
             sync(&dev)?;
             let t1 = Instant::now();
@@ -167,6 +174,7 @@ fn main() -> Result<()> {
             if let Some(tape) = tape {
                 grads = tape.backward(&mut grads)?;
             }
+            let h3 = Instant::now();
             mark(&dev, prof)?;
             sync(&dev)?;
             let t3 = Instant::now();
@@ -189,6 +197,8 @@ fn main() -> Result<()> {
             if it >= 3 {
                 let ms = |a: Instant, b: Instant| (b - a).as_secs_f64() * 1e3;
                 tf.push(ms(t0, t1));
+                hf.push(ms(t0, h1));
+                hb.push(ms(t2, h3));
                 tl.push(ms(t1, t2));
                 tb.push(ms(t2, t3));
                 to.push(ms(t3, t4));
@@ -213,6 +223,8 @@ fn main() -> Result<()> {
         println!("{k}_img_per_s {:.1} img/s", bs as f64 * 1e3 / st);
         println!("{k}_fwd_bwd_ms {fb:.1} ms");
         println!("{k}_forward_ms {f:.1} ms");
+        println!("{k}_forward_host_ms {:.1} ms", median(hf));
+        println!("{k}_backward_host_ms {:.1} ms", median(hb));
         println!("{k}_loss_ms {l:.1} ms");
         println!("{k}_backward_ms {b:.1} ms");
         println!("{k}_optimizer_ms {o:.1} ms");

@@ -7,7 +7,7 @@
 //
 // Parameter block p (row-major, C columns):
 //   rows 0..4: gamma, beta, mean, biased var  (forward and gradient sums)
-//   rows 4..6: sum(g), sum(g * xhat)          (input gradient only)
+//   rows 4..6: sum(g), sum(g * xhat)          (input gradient only; bn_sums_final writes all six)
 // with z = (x - mean) * (inv * gamma) + beta, inv = 1 / sqrt(var + eps),
 // y = silu ? z / (1 + exp(-z)) : z, and g = dL/dz.
 //
@@ -139,9 +139,10 @@ __device__ void grad_partial(const T* __restrict__ x, const T* __restrict__ dy,
     }
 }
 
-// out (2, C): the partial sums added in order, as f32.
+// out (6, C): rows 0..4 copied from p (4, C), rows 4..6 the partial sums added in order, as
+// f32 (the block q of bn_act_dx, built without a separate concatenation).
 extern "C" __global__ void bn_sums_final(const double* __restrict__ part, int S, int C,
-                                         float* __restrict__ out) {
+                                         const float* __restrict__ p, float* __restrict__ out) {
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
     double a = 0.0, b = 0.0;
@@ -149,8 +150,39 @@ extern "C" __global__ void bn_sums_final(const double* __restrict__ part, int S,
         a += part[(2 * (long long)s) * C + c];
         b += part[(2 * (long long)s + 1) * C + c];
     }
-    out[c] = (float)a;
-    out[C + c] = (float)b;
+    for (int r = 0; r < 4; ++r) out[r * C + c] = p[r * C + c];
+    out[4 * C + c] = (float)a;
+    out[5 * C + c] = (float)b;
+}
+
+// out (4, C): gamma, beta, mean, biased variance: the parameter block p of the forward, from the
+// partial sums of bn_stats_partial and the parameters (same arithmetic as bn_stats_final).
+// With `update`, also the running statistics in place, with the arithmetic of
+// bn_running_update_f32 on the f32 mean and variance written to out.
+extern "C" __global__ void bn_block_final(const double* __restrict__ part, int S, int C, double m,
+                                          const float* __restrict__ gamma,
+                                          const float* __restrict__ beta,
+                                          float* __restrict__ out, int update, float* rm, float* rv,
+                                          float one_minus_mom, float mom, float unbiased) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    double a = 0.0, b = 0.0;
+    for (int s = 0; s < S; ++s) {
+        a += part[(2 * (long long)s) * C + c];
+        b += part[(2 * (long long)s + 1) * C + c];
+    }
+    const double mean = a / m;
+    const double var = b / m - mean * mean;
+    const float mean_f = (float)mean, var_f = (float)(var > 0.0 ? var : 0.0);
+    out[c] = gamma[c];
+    out[C + c] = beta[c];
+    out[2 * C + c] = mean_f;
+    out[3 * C + c] = var_f;
+    if (update) {
+        const float vu = __fmul_rn(var_f, unbiased);
+        rm[c] = __fadd_rn(__fmul_rn(rm[c], one_minus_mom), __fmul_rn(mean_f, mom));
+        rv[c] = __fadd_rn(__fmul_rn(rv[c], one_minus_mom), __fmul_rn(vu, mom));
+    }
 }
 
 template <typename T>
@@ -191,6 +223,23 @@ __device__ void act_dx(const T* __restrict__ x, const T* __restrict__ dy, const 
                                                int HW, float m, float eps, int silu) {             \
         act_dx<T>(x, dy, q, dx, total, C, HW, m, eps, silu);                                       \
     }
+
+// dx = dy * silu'(x) for a standalone SiLU (the RepConvN activation after its branch sum).
+template <typename T>
+__device__ void silu_bwd(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
+                         long long total) {
+    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
+         idx += (long long)gridDim.x * blockDim.x) {
+        st(dx, idx, ld(dy, idx) * silu_grad(ld(x, idx)));
+    }
+}
+extern "C" __global__ void silu_bwd_f32(const float* x, const float* dy, float* dx, long long total) {
+    silu_bwd<float>(x, dy, dx, total);
+}
+extern "C" __global__ void silu_bwd_bf16(const __nv_bfloat16* x, const __nv_bfloat16* dy,
+                                         __nv_bfloat16* dx, long long total) {
+    silu_bwd<__nv_bfloat16>(x, dy, dx, total);
+}
 
 BN_ACT_KERNELS(float, f32)
 BN_ACT_KERNELS(__nv_bfloat16, bf16)

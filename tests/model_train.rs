@@ -391,3 +391,33 @@ fn taped_backward_equals_candle_autograd_on_the_training_graph() -> anyhow::Resu
     assert!(dm == 0.0 && dv == 0.0, "BN running stats differ: {dm} {dv}");
     Ok(())
 }
+
+/// The one-op SPPELAN max pool of the tape (`pool::max_pool_same_op` and its backward) against the
+/// composite of candle ops and candle's autograd on random data (no ties), and on a hand-worked
+/// tie: with equal values every window's gradient goes to its first maximum, as PyTorch's.
+#[test]
+fn max_pool_op_equals_the_composite_and_routes_ties_to_the_first_maximum() -> anyhow::Result<()> {
+    let x = common::uniform(&[2, 3, 9, 7], 21).to_dtype(DType::F32)?;
+    let dy = common::uniform(&[2, 3, 9, 7], 22).to_dtype(DType::F32)?;
+    let y_op = pool::max_pool_same_op(&x, 5)?;
+    let y_ref = pool::max_pool_same(&x, 5)?;
+    assert_eq!(
+        (&y_op - &y_ref)?.abs()?.max_all()?.to_scalar::<f32>()?,
+        0.0,
+        "forward"
+    );
+    let dx_op = pool::max_pool_same_backward(&x, &dy, 5)?;
+    let g = yolo9::model::tape::vjp(
+        |v| pool::max_pool_same(&v[0], 5).map_err(|e| candle_core::Error::Msg(e.to_string())),
+        &[&x],
+        &dy,
+    )?;
+    let d = (&dx_op - &g[0])?.abs()?.max_all()?.to_scalar::<f32>()?;
+    assert!(d < 1e-6, "backward differs from candle's by {d}");
+    // Ties: one row [1, 1, 1], k = 3 (windows [0,1], [0,1,2], [1,2]) → first maxima 0, 0, 1.
+    let t = Tensor::new(&[1f32, 1., 1.], &Device::Cpu)?.reshape((1, 1, 1, 3))?;
+    let ones = t.ones_like()?;
+    let dt = pool::max_pool_same_backward(&t, &ones, 3)?;
+    assert_eq!(dt.flatten_all()?.to_vec1::<f32>()?, vec![2.0, 1.0, 0.0]);
+    Ok(())
+}

@@ -126,9 +126,11 @@ impl AlgoCache {
                     "bwd_filter" => Kind::BackwardFilter,
                     _ => continue,
                 };
-                let (Some(p), Some(d), Ok(algo)) =
-                    (parse_params(params), parse_dtype(dtype), algo.parse::<u32>())
-                else {
+                let (Some(p), Some(d), Ok(algo)) = (
+                    parse_params(params),
+                    parse_dtype(dtype),
+                    algo.parse::<u32>(),
+                ) else {
                     continue;
                 };
                 entries.insert((kind, p, d, strict == "1"), algo);

@@ -52,6 +52,18 @@ fn suffix(d: DType, what: &str) -> Result<&'static str> {
     }
 }
 
+/// The element range of a contiguous (C,) vector.
+fn vec_range(l: &Layout, c: usize, what: &str) -> Result<(usize, usize)> {
+    if l.shape().elem_count() != c {
+        return Err(err(format!(
+            "{what} has shape {:?}, expected [{c}]",
+            l.shape().dims()
+        )));
+    }
+    l.contiguous_offsets()
+        .ok_or_else(|| err(format!("{what} is not contiguous")))
+}
+
 fn i32_of(v: usize, what: &str) -> Result<i32> {
     i32::try_from(v).map_err(|_| err(format!("{what} = {v} does not fit in i32")))
 }
@@ -101,12 +113,33 @@ fn reduce_cfg(c: usize, parts: usize) -> LaunchConfig {
 /// [`crate::model::bn_act::ChannelStats`]: x (N, C, H, W) f32/bf16 → (2, C) f32 [mean; biased var].
 pub fn stats(s: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
     match s.dtype() {
-        DType::BF16 => stats_t::<half::bf16>(s, l),
-        _ => stats_t::<f32>(s, l),
+        DType::BF16 => stats_t::<half::bf16>(s, l, None),
+        _ => stats_t::<f32>(s, l, None),
     }
 }
 
-fn stats_t<T: CudaDType + DeviceRepr>(s: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
+/// [`crate::model::bn_act::ParamBlock`]: x (N, C, H, W) f32/bf16, γ, β (C,) f32 → (4, C) f32
+/// [γ; β; mean; biased var].
+/// With `running`, the kernel also updates the running statistics in place (see
+/// [`crate::model::bn_act::RunningUpdate`]).
+pub fn block(
+    s: &CudaStorage,
+    l: &Layout,
+    g: Arg,
+    b: Arg,
+    running: Option<crate::model::bn_act::RunningUpdate>,
+) -> Result<(CudaStorage, Shape)> {
+    match s.dtype() {
+        DType::BF16 => stats_t::<half::bf16>(s, l, Some((g, b, running))),
+        _ => stats_t::<f32>(s, l, Some((g, b, running))),
+    }
+}
+
+fn stats_t<T: CudaDType + DeviceRepr>(
+    s: &CudaStorage,
+    l: &Layout,
+    params: Option<(Arg, Arg, Option<crate::model::bn_act::RunningUpdate>)>,
+) -> Result<(CudaStorage, Shape)> {
     let suf = suffix(s.dtype(), "x")?;
     let ((n, c, hw), r) = geometry(l, "x")?;
     let x = view::<T>(s, r, "x")?;
@@ -114,7 +147,8 @@ fn stats_t<T: CudaDType + DeviceRepr>(s: &CudaStorage, l: &Layout) -> Result<(Cu
     let m = n * hw;
     let (parts, chunk) = split(c, m);
     let mut part = unsafe { dev.alloc::<f64>(2 * parts * c)? };
-    let mut out = unsafe { dev.alloc::<f32>(2 * c)? };
+    let rows = if params.is_some() { 4 } else { 2 };
+    let mut out = unsafe { dev.alloc::<f32>(rows * c)? };
     let (n_, c_, hw_, s_) = (
         i32_of(n, "N")?,
         i32_of(c, "C")?,
@@ -132,6 +166,29 @@ fn stats_t<T: CudaDType + DeviceRepr>(s: &CudaStorage, l: &Layout) -> Result<(Cu
         .arg(&chunk_);
     unsafe { b.launch(reduce_cfg(c, parts)) }.w()?;
     let mf = m as f64;
+    if let Some(((sg, lg), (sb, lb), running)) = params {
+        let g = f32_view(sg, vec_range(lg, c, "gamma")?, "gamma")?;
+        let be = f32_view(sb, vec_range(lb, c, "beta")?, "beta")?;
+        let f = dev.get_or_load_custom_func("bn_block_final", MODULE, PTX)?;
+        let mut b = f.builder();
+        b.arg(&part).arg(&s_).arg(&c_).arg(&mf).arg(&g).arg(&be);
+        b.arg(&mut out);
+        let r = running.unwrap_or_default();
+        let update = i32::from(running.is_some());
+        let (omm, mm, ub) = (
+            (1.0 - r.momentum) as f32,
+            r.momentum as f32,
+            r.unbiased as f32,
+        );
+        b.arg(&update)
+            .arg(&r.mean)
+            .arg(&r.var)
+            .arg(&omm)
+            .arg(&mm)
+            .arg(&ub);
+        unsafe { b.launch(final_cfg(c)) }.w()?;
+        return Ok(wrap(&dev, out, Shape::from((4, c))));
+    }
     let f = dev.get_or_load_custom_func("bn_stats_final", MODULE, PTX)?;
     let mut b = f.builder();
     b.arg(&part).arg(&s_).arg(&c_).arg(&mf).arg(&mut out);
@@ -210,7 +267,7 @@ fn x_dy<'a, T: CudaDType + DeviceRepr>((s1, l1): Arg<'a>, (s2, l2): Arg<'a>) -> 
     Ok((g, view(s1, r1, "x")?, view(s2, r2, "dy")?, suf))
 }
 
-/// [`crate::model::bn_act::BnActGradSums`]: (x, dy, p (4, C)) → (2, C) f32 [Σg; Σg·x̂].
+/// [`crate::model::bn_act::BnActGradSums`]: (x, dy, p (4, C)) → (6, C) f32 [p; Σg; Σg·x̂].
 pub fn grad_sums(op: BnAct, a1: Arg, a2: Arg, a3: Arg) -> Result<(CudaStorage, Shape)> {
     match a1.0.dtype() {
         DType::BF16 => grad_sums_t::<half::bf16>(op, a1, a2, a3),
@@ -229,7 +286,7 @@ fn grad_sums_t<T: CudaDType + DeviceRepr>(
     let dev = a1.0.device().clone();
     let (parts, chunk) = split(c, n * hw);
     let mut part = unsafe { dev.alloc::<f64>(2 * parts * c)? };
-    let mut out = unsafe { dev.alloc::<f32>(2 * c)? };
+    let mut out = unsafe { dev.alloc::<f32>(6 * c)? };
     let (n_, c_, hw_, s_) = (
         i32_of(n, "N")?,
         i32_of(c, "C")?,
@@ -249,9 +306,9 @@ fn grad_sums_t<T: CudaDType + DeviceRepr>(
     unsafe { b.launch(reduce_cfg(c, parts)) }.w()?;
     let f = dev.get_or_load_custom_func("bn_sums_final", MODULE, PTX)?;
     let mut b = f.builder();
-    b.arg(&part).arg(&s_).arg(&c_).arg(&mut out);
+    b.arg(&part).arg(&s_).arg(&c_).arg(&p).arg(&mut out);
     unsafe { b.launch(final_cfg(c)) }.w()?;
-    Ok(wrap(&dev, out, Shape::from((2, c))))
+    Ok(wrap(&dev, out, Shape::from((6, c))))
 }
 
 /// [`crate::model::bn_act::BnActGradInput`]: (x, dy, q (6, C)) → dx like x.
@@ -335,4 +392,25 @@ pub fn update_running(
         .arg(&ub);
     unsafe { b.launch(final_cfg(c)) }.w()?;
     Ok(true)
+}
+
+/// [`crate::model::bn_act::SiluGrad`]: (x, dy) f32/bf16 → `dx = dy·silu'(x)` like x.
+pub fn silu_grad(a1: Arg, a2: Arg) -> Result<(CudaStorage, Shape)> {
+    match a1.0.dtype() {
+        DType::BF16 => silu_grad_t::<half::bf16>(a1, a2),
+        _ => silu_grad_t::<f32>(a1, a2),
+    }
+}
+
+fn silu_grad_t<T: CudaDType + DeviceRepr>(a1: Arg, a2: Arg) -> Result<(CudaStorage, Shape)> {
+    let ((n, c, hw), x, dy, suf) = x_dy::<T>(a1, a2)?;
+    let dev = a1.0.device().clone();
+    let total = n * c * hw;
+    let mut dx = unsafe { dev.alloc::<T>(total)? };
+    let total_ = total as i64;
+    let f = dev.get_or_load_custom_func(&format!("silu_bwd_{suf}"), MODULE, PTX)?;
+    let mut b = f.builder();
+    b.arg(&x).arg(&dy).arg(&mut dx).arg(&total_);
+    unsafe { b.launch(elementwise_cfg(total)) }.w()?;
+    Ok(wrap(&dev, dx, a1.1.shape().clone()))
 }

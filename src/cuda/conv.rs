@@ -26,6 +26,7 @@
 //! Every failure (cuDNN status, CUDA out of memory, a shape cuDNN cannot describe) is returned as
 //! a candle `Error`; nothing here panics on a runtime path.
 
+use super::algo_cache::{AlgoCache, Kind as CacheKind};
 use candle_core::backend::BackendStorage;
 use candle_core::cuda::{CudaDType, DeviceId};
 use candle_core::{
@@ -42,9 +43,10 @@ use cudarc::cudnn::{
     CudnnError, FilterDescriptor, TensorDescriptor,
 };
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, DeviceRepr};
-use super::algo_cache::{AlgoCache, Kind as CacheKind};
+use std::any::Any;
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::rc::Rc;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
@@ -367,9 +369,25 @@ struct Engine {
     workspace: Option<CudaSlice<u8>>,
     /// The benchmark choices persisted across runs (`None`: disabled).
     file: Option<AlgoCache>,
+    /// Descriptors built once per (shape, dtype, math type): each is a `Descs<T>`. Creating and
+    /// setting four descriptors per call cost a dozen cuDNN calls per convolution.
+    descs: HashMap<(Conv2dParams, DType, u32), Rc<dyn Any>>,
 }
 
 impl Engine {
+    /// The descriptors of `p` in `T` with the current math type (built on first use).
+    fn descs<T: Elem + 'static>(&mut self, p: &Conv2dParams) -> Result<Rc<Descs<T>>> {
+        let key = (*p, T::DTYPE, math_of::<T>() as u32);
+        if let Some(d) = self.descs.get(&key) {
+            if let Ok(d) = d.clone().downcast::<Descs<T>>() {
+                return Ok(d);
+            }
+        }
+        let d = Rc::new(descs::<T>(&self.cudnn, p)?);
+        self.descs.insert(key, d.clone());
+        Ok(d)
+    }
+
     /// The algorithm of a benchmark-mode convolution from the cache file, if it holds one of
     /// `all` (`code` gives an algorithm's cuDNN enum value).
     fn from_file<A: Copy>(
@@ -399,7 +417,8 @@ impl Engine {
 // SAFETY: `Cudnn` is `!Send` only because it holds the raw cuDNN handle. cuDNN allows a handle to
 // be used from any host thread as long as two threads do not use it at the same time; every
 // `Engine` lives behind a `Mutex` and is only touched (handle, descriptors created from it, the
-// workspace) while that mutex is held.
+// workspace) while that mutex is held. The same holds for the cached descriptors and their `Rc`
+// counts: they are created, cloned and dropped only under that mutex (no `Rc` leaves it).
 unsafe impl Send for Engine {}
 
 type EngineMap = Mutex<HashMap<DeviceId, Arc<Mutex<Engine>>>>;
@@ -442,6 +461,7 @@ fn engine(dev: &CudaDevice) -> Result<Arc<Mutex<Engine>>> {
         bwd_filter: HashMap::new(),
         workspace: None,
         file,
+        descs: HashMap::new(),
     }));
     map.insert(dev.id(), e.clone());
     Ok(e)
@@ -640,7 +660,7 @@ impl Engine {
         w: &CudaView<T>,
         y: &mut CudaSlice<T>,
     ) -> Result<()> {
-        let d = descs::<T>(&self.cudnn, p)?;
+        let d = self.descs::<T>(p)?;
         let op = ConvForward {
             conv: &d.conv,
             x: &d.x,
@@ -649,9 +669,11 @@ impl Engine {
         };
         let mode = algo_search();
         let key = (*p, T::DTYPE, mode, strict_fp32());
-        let cached = self.fwd.get(&key).copied().or_else(|| {
-            self.from_file(CacheKind::Forward, &key, &FWD_ALGOS, |a| a as u32)
-        });
+        let cached = self
+            .fwd
+            .get(&key)
+            .copied()
+            .or_else(|| self.from_file(CacheKind::Forward, &key, &FWD_ALGOS, |a| a as u32));
         let algo = match cached {
             Some(a) => a,
             None => {
@@ -703,7 +725,7 @@ impl Engine {
         w: &CudaView<T>,
         dx: &mut CudaSlice<T>,
     ) -> Result<()> {
-        let d = descs::<T>(&self.cudnn, p)?;
+        let d = self.descs::<T>(p)?;
         let op = ConvBackwardData {
             conv: &d.conv,
             dx: &d.x,
@@ -765,7 +787,7 @@ impl Engine {
         dy: &CudaView<T>,
         dw: &mut CudaSlice<T>,
     ) -> Result<()> {
-        let d = descs::<T>(&self.cudnn, p)?;
+        let d = self.descs::<T>(p)?;
         let op = ConvBackwardFilter {
             conv: &d.conv,
             x: &d.x,
@@ -775,12 +797,9 @@ impl Engine {
         let mode = algo_search();
         let key = (*p, T::DTYPE, mode, strict_fp32());
         let cached = self.bwd_filter.get(&key).copied().or_else(|| {
-            self.from_file(
-                CacheKind::BackwardFilter,
-                &key,
-                &BWD_FILTER_ALGOS,
-                |a| a as u32,
-            )
+            self.from_file(CacheKind::BackwardFilter, &key, &BWD_FILTER_ALGOS, |a| {
+                a as u32
+            })
         });
         let algo = match cached {
             Some(a) => a,

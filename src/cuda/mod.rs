@@ -8,6 +8,7 @@
 //! - [`atan`]: the element-wise arctangent of the CIoU loss term (`kernels/atan.cu`).
 //! - [`tal`]: dense TAL loss targets built on the device from the foreground rows
 //!   (`kernels/tal.cu`).
+//! - [`pool`]: the SPPELAN max pool forward and backward (`kernels/pool.cu`).
 //! - [`optim`]: multi-tensor SGD, gradient-norm and EMA kernels (`kernels/optim.cu`): one launch
 //!   per optimizer phase for all parameters.
 //!
@@ -19,4 +20,5 @@ pub mod atan;
 pub mod bn_act;
 pub mod conv;
 pub mod optim;
+pub mod pool;
 pub mod tal;

@@ -105,14 +105,13 @@ pub fn bn_act_backward(
     let op = BnAct { eps, silu };
     let x = x.contiguous()?;
     let dy = dy.contiguous()?;
-    let sums = x.apply_op3_no_bwd(&dy, p, &BnActGradSums(op))?;
+    let q = x.apply_op3_no_bwd(&dy, p, &BnActGradSums(op))?;
     let dx = if need_dx {
-        let q = Tensor::cat(&[p, &sums], 0)?;
         Some(x.apply_op3_no_bwd(&dy, &q, &BnActGradInput(op))?)
     } else {
         None
     };
-    Ok((dx, sums.get(1)?, sums.get(0)?))
+    Ok((dx, q.get(5)?, q.get(4)?))
 }
 
 /// The autograd node of [`bn_act_train`]: args `x` (N, C, H, W), `γ` (C,), `β` (C,); the kernels
@@ -125,6 +124,145 @@ pub struct BnActTrain {
     pub op: BnAct,
     /// [γ; β; μ; σ²], (4, C), detached.
     pub p: Tensor,
+}
+
+/// The parameter block `p` (4, C) = [γ; β; μ; σ²] of `x` (N, C, H, W) for the fused kernels, in
+/// one op (the statistics as [`channel_stats`], γ and β (C,) copied in): what [`param_block`]
+/// builds from three tensors, without the concatenation. Not differentiable.
+pub fn stats_block(x: &Tensor, gamma: &Tensor, beta: &Tensor) -> Result<Tensor> {
+    x.dims4()?;
+    x.contiguous()?.apply_op3_no_bwd(
+        &gamma.detach(),
+        &beta.detach(),
+        &ParamBlock { running: None },
+    )
+}
+
+/// The gradient of a standalone SiLU: `dy·σ(x)·(1 + x·(1 − σ(x)))` for `x`, `dy` (N, C, H, W)
+/// of one dtype (CPU f32/f64, CUDA f32/bf16, as [`bn_act_supported`]), one op (the same
+/// derivative as the fused BN + SiLU backward). Not differentiable.
+pub fn silu_backward(x: &Tensor, dy: &Tensor) -> Result<Tensor> {
+    x.dims4()?;
+    x.contiguous()?
+        .apply_op2_no_bwd(&dy.contiguous()?, &SiluGrad)
+}
+
+/// The op of [`silu_backward`]: args `x`, `dy` → `dx`.
+#[derive(Debug, Clone, Copy)]
+pub struct SiluGrad;
+
+impl CustomOp2 for SiluGrad {
+    fn name(&self) -> &'static str {
+        "silu-grad"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (g, r1) = geometry(l1, "x")?;
+        let (g2, r2) = geometry(l2, "dy")?;
+        if g != g2 {
+            return Err(bail("silu_backward: x and dy shapes differ".into()));
+        }
+        fn run<T: Float>(x: &[T], dy: &[T]) -> Vec<T> {
+            x.par_iter()
+                .zip(dy.par_iter())
+                .map(|(&x, &d)| Float::mul(d, silu_grad(x)))
+                .collect()
+        }
+        let out = match (s1, s2) {
+            (CpuStorage::F32(_), CpuStorage::F32(_)) => {
+                CpuStorage::F32(run(slice_of(s1, r1)?, slice_of(s2, r2)?))
+            }
+            (CpuStorage::F64(_), CpuStorage::F64(_)) => {
+                CpuStorage::F64(run(slice_of(s1, r1)?, slice_of(s2, r2)?))
+            }
+            _ => {
+                return Err(bail(format!(
+                    "silu_backward: dtypes {:?}/{:?} on the CPU",
+                    s1.dtype(),
+                    s2.dtype()
+                )))
+            }
+        };
+        Ok((out, l1.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        crate::cuda::bn_act::silu_grad((s1, l1), (s2, l2))
+    }
+}
+
+/// [`stats_block`] that also updates the running statistics `rm`, `rv` (C,) f32 in place, in the
+/// same kernel, on CUDA: `running = (1 − momentum)·running + momentum·batch` with the variance
+/// made unbiased by `unbiased` (the arithmetic of [`crate::cuda::bn_act::update_running`]).
+/// Returns `None` where that does not apply (the CPU, or running statistics that are not
+/// contiguous f32 tensors of x's CUDA device); the caller then uses [`stats_block`] and updates
+/// them itself.
+pub fn stats_block_updating(
+    x: &Tensor,
+    gamma: &Tensor,
+    beta: &Tensor,
+    (rm, rv): (&Tensor, &Tensor),
+    momentum: f64,
+    unbiased: f64,
+) -> Result<Option<Tensor>> {
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(dev) = x.device() {
+        let c = gamma.elem_count();
+        if crate::cuda::optim::applies(&[rm, rv]) && rm.elem_count() == c && rv.elem_count() == c {
+            let running = RunningUpdate {
+                mean: crate::cuda::optim::address(rm, dev)?,
+                var: crate::cuda::optim::address(rv, dev)?,
+                momentum,
+                unbiased,
+            };
+            x.dims4()?;
+            return Ok(Some(x.contiguous()?.apply_op3_no_bwd(
+                &gamma.detach(),
+                &beta.detach(),
+                &ParamBlock {
+                    running: Some(running),
+                },
+            )?));
+        }
+    }
+    let _ = (x, gamma, beta, rm, rv, momentum, unbiased);
+    Ok(None)
+}
+
+/// Device addresses and factors of an in-place running-statistics update (see
+/// [`stats_block_updating`]). The addresses must stay valid for the op's launch: they are the
+/// storages of the BN's running-statistics variables, which the model owns.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RunningUpdate {
+    /// Address of the running mean (C,) f32.
+    pub mean: u64,
+    /// Address of the running variance (C,) f32.
+    pub var: u64,
+    /// Weight of the batch statistic.
+    pub momentum: f64,
+    /// Factor that makes the biased batch variance unbiased.
+    pub unbiased: f64,
+}
+
+/// The op of [`stats_block`]: args `x`, `γ`, `β` → (4, C); with `running` (CUDA only) it also
+/// updates the running statistics in place.
+#[derive(Debug, Clone, Copy)]
+pub struct ParamBlock {
+    /// The in-place running-statistics update, if any.
+    pub running: Option<RunningUpdate>,
 }
 
 /// Statistics op (see [`channel_stats`]).
@@ -142,7 +280,8 @@ pub struct BnAct {
     pub silu: bool,
 }
 
-/// Backward reduction op: args `x`, `dy` (N, C, H, W) and `p` (4, C) → (2, C) = [Σg; Σg·x̂].
+/// Backward reduction op: args `x`, `dy` (N, C, H, W) and `p` (4, C) → (6, C) = [p; Σg; Σg·x̂]
+/// (the block `q` that [`BnActGradInput`] reads).
 #[derive(Debug, Clone, Copy)]
 pub struct BnActGradSums(pub BnAct);
 
@@ -386,6 +525,75 @@ impl CustomOp1 for ChannelStats {
     }
 }
 
+impl CustomOp3 for ParamBlock {
+    fn name(&self) -> &'static str {
+        "bn-param-block"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s: &CpuStorage,
+        l: &Layout,
+        sg: &CpuStorage,
+        lg: &Layout,
+        sb: &CpuStorage,
+        lb: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (g, r) = geometry(l, "x")?;
+        let c = g.1;
+        let range = |l: &Layout, what: &str| -> Result<(usize, usize)> {
+            if l.shape().elem_count() != c {
+                return Err(bail(format!("bn_act: {what} does not have {c} elements")));
+            }
+            l.contiguous_offsets()
+                .ok_or_else(|| bail(format!("bn_act: {what} is not contiguous")))
+        };
+        let (rg, rb) = (range(lg, "gamma")?, range(lb, "beta")?);
+        fn build<T: Float + candle_core::WithDType>(
+            x: &[T],
+            g: &[T],
+            b: &[T],
+            geo: Geometry,
+        ) -> Vec<T> {
+            let mut out = g.to_vec();
+            out.extend_from_slice(b);
+            out.extend(cpu_stats(x, geo));
+            out
+        }
+        let out =
+            match (s, sg, sb) {
+                (CpuStorage::F32(_), CpuStorage::F32(_), CpuStorage::F32(_)) => CpuStorage::F32(
+                    build(slice_of(s, r)?, slice_of(sg, rg)?, slice_of(sb, rb)?, g),
+                ),
+                (CpuStorage::F64(_), CpuStorage::F64(_), CpuStorage::F64(_)) => CpuStorage::F64(
+                    build(slice_of(s, r)?, slice_of(sg, rg)?, slice_of(sb, rb)?, g),
+                ),
+                _ => {
+                    return Err(bail(format!(
+                        "bn_act: dtypes {:?}/{:?}/{:?} on the CPU",
+                        s.dtype(),
+                        sg.dtype(),
+                        sb.dtype()
+                    )))
+                }
+            };
+        Ok((out, Shape::from((4, c))))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
+        sg: &candle_core::CudaStorage,
+        lg: &Layout,
+        sb: &candle_core::CudaStorage,
+        lb: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        crate::cuda::bn_act::block(s, l, (sg, lg), (sb, lb), self.running)
+    }
+}
+
 impl CustomOp2 for BnAct {
     fn name(&self) -> &'static str {
         "bn-act-train"
@@ -532,10 +740,12 @@ type CpuArg<'a> = (&'a CpuStorage, &'a Layout);
 impl CpuBwd3 for BnActGradSums {
     const ROWS: usize = 4;
     fn run<T: Float>(&self, x: &[T], dy: &[T], p: &[T], g: Geometry) -> Vec<T> {
-        cpu_grad_sums(x, dy, p, g, self.0)
+        let mut q = p[..4 * g.1].to_vec();
+        q.extend(cpu_grad_sums(x, dy, p, g, self.0));
+        q
     }
     fn out_shape(&self, g: Geometry, _: &Layout) -> Shape {
-        Shape::from((2, g.1))
+        Shape::from((6, g.1))
     }
 }
 

@@ -113,6 +113,28 @@ impl BatchNorm2d {
         Ok(stats)
     }
 
+    /// The parameter block (4, C) = [γ; β; mean; biased variance] of `x` (B, C, H, W) for the
+    /// fused op ([`bn_act::stats_block`], one op), and the running-statistics update with the
+    /// batch statistics (rows 2..4; on CUDA in the same kernel, [`bn_act::stats_block_updating`]).
+    pub fn fused_block(&self, x: &Tensor) -> Result<Tensor> {
+        let (b, _, h, w) = x.dims4()?;
+        let n = (b * h * w) as f64;
+        if let Some(p) = bn_act::stats_block_updating(
+            x,
+            &self.weight,
+            &self.bias,
+            (self.running_mean.as_tensor(), self.running_var.as_tensor()),
+            BN_MOMENTUM,
+            unbiased_factor(n),
+        )? {
+            return Ok(p);
+        }
+        let p = bn_act::stats_block(x, &self.weight, &self.bias)?;
+        let stats = p.narrow(0, 2, 2)?;
+        self.update_running(&stats.get(0)?, &stats.get(1)?, n)?;
+        Ok(p)
+    }
+
     /// `running = 0.97·running + 0.03·batch` from the batch mean and **biased** variance (each
     /// (C,)) over `n` = B·H·W values (the variance made unbiased first). No gradient.
     fn update_running(&self, mean: &Tensor, var: &Tensor, n: f64) -> Result<()> {
@@ -386,8 +408,7 @@ impl Conv {
                 z.dtype(),
                 z.device()
             );
-            let stats = bn.fused_stats(&z)?;
-            let p = bn_act::param_block(&bn.weight, &bn.bias, &stats)?;
+            let p = bn.fused_block(&z)?;
             let silu = self.act;
             let y = bn_act::bn_act_apply(&z, &p, BN_EPS, silu)?;
             tape.record(

@@ -3,7 +3,9 @@
 //! `avg_pool2d(2, stride 1)` and `max_pool2d(5, stride 1, pad 2)`).
 
 use anyhow::Result;
-use candle_core::Tensor;
+use candle_core::backend::BackendStorage;
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Shape, Tensor, WithDType};
+use rayon::prelude::*;
 
 /// `F.avg_pool2d(x, 2, 1, 0, ceil_mode=False, count_include_pad=True)` (official `AConv`).
 ///
@@ -72,4 +74,181 @@ pub fn upsample_nearest_2x(x: &Tensor) -> Result<Tensor> {
         .broadcast_as((b, c, h, 2, w, 2))?
         .reshape((b, c, 2 * h, 2 * w))?;
     Ok(y)
+}
+
+/// `nn.MaxPool2d(k, stride=1, padding=k/2)` for odd `k` ≤ 15 as one op ([`MaxPoolSame`]) on
+/// contiguous NCHW tensors (CPU f32/f64, CUDA f32/bf16 through `kernels/pool.cu`): the same values
+/// as [`max_pool_same`]. Not differentiable; the training graph's tape pairs it with
+/// [`max_pool_same_backward`].
+pub fn max_pool_same_op(x: &Tensor, k: usize) -> Result<Tensor> {
+    x.dims4()?;
+    Ok(x.contiguous()?.apply_op1_no_bwd(&MaxPoolSame { k })?)
+}
+
+/// The input gradient of [`max_pool_same_op`] at `x` for the output gradient `dy`: each output's
+/// gradient goes to the first maximum of its window in row-major order (PyTorch's
+/// `max_pool2d_with_indices_backward`), summed in row-major order of the outputs.
+pub fn max_pool_same_backward(x: &Tensor, dy: &Tensor, k: usize) -> Result<Tensor> {
+    x.dims4()?;
+    Ok(x.contiguous()?
+        .apply_op2_no_bwd(&dy.contiguous()?, &MaxPoolSameGrad { k })?)
+}
+
+/// Whether [`max_pool_same_op`] runs for this device and dtype.
+pub fn max_pool_op_supported(x: &Tensor) -> bool {
+    match x.device() {
+        candle_core::Device::Cpu => matches!(x.dtype(), DType::F32 | DType::F64),
+        #[cfg(feature = "cuda")]
+        candle_core::Device::Cuda(_) => matches!(x.dtype(), DType::F32 | DType::BF16),
+        #[allow(unreachable_patterns)]
+        _ => false,
+    }
+}
+
+/// The op of [`max_pool_same_op`].
+#[derive(Debug, Clone, Copy)]
+pub struct MaxPoolSame {
+    /// Odd window size.
+    pub k: usize,
+}
+
+/// The op of [`max_pool_same_backward`]: args `x`, `dy` → `dx`.
+#[derive(Debug, Clone, Copy)]
+pub struct MaxPoolSameGrad {
+    /// Odd window size.
+    pub k: usize,
+}
+
+/// Offset `dr·k + dc` of the first maximum of output (i, j)'s window in the plane `x` (H × W).
+fn argmax_at<T: WithDType>(x: &[T], h: usize, w: usize, k: usize, i: usize, j: usize) -> usize {
+    let r = k / 2;
+    let mut best: Option<(T, usize)> = None;
+    for dr in 0..k {
+        let Some(a) = (i + dr).checked_sub(r).filter(|&a| a < h) else {
+            continue;
+        };
+        for dc in 0..k {
+            let Some(b) = (j + dc).checked_sub(r).filter(|&b| b < w) else {
+                continue;
+            };
+            let v = x[a * w + b];
+            if best.is_none_or(|(m, _)| v > m) {
+                best = Some((v, dr * k + dc));
+            }
+        }
+    }
+    best.map_or(0, |b| b.1)
+}
+
+fn cpu_planes(l: &Layout, k: usize) -> candle_core::Result<(usize, usize, usize, (usize, usize))> {
+    let (n, c, h, w) = l.shape().dims4()?;
+    if k % 2 == 0 || k > 15 {
+        candle_core::bail!("max pool: kernel {k} must be odd and at most 15");
+    }
+    let r = l
+        .contiguous_offsets()
+        .ok_or_else(|| candle_core::Error::Msg("max pool: x is not contiguous".into()))?;
+    Ok((n * c, h, w, r))
+}
+
+fn cpu_pool_fwd<T: WithDType>(x: &[T], h: usize, w: usize, k: usize) -> Vec<T> {
+    let r = k / 2;
+    let mut y = vec![T::zero(); x.len()];
+    y.par_chunks_mut(h * w)
+        .zip(x.par_chunks(h * w))
+        .for_each(|(yp, xp)| {
+            for i in 0..h {
+                for j in 0..w {
+                    let o = argmax_at(xp, h, w, k, i, j);
+                    yp[i * w + j] = xp[(i + o / k - r) * w + (j + o % k - r)];
+                }
+            }
+        });
+    y
+}
+
+fn cpu_pool_bwd<T: WithDType>(x: &[T], dy: &[T], h: usize, w: usize, k: usize) -> Vec<T> {
+    let r = k / 2;
+    let mut dx = vec![T::zero(); x.len()];
+    dx.par_chunks_mut(h * w)
+        .zip(x.par_chunks(h * w).zip(dy.par_chunks(h * w)))
+        .for_each(|(dxp, (xp, dyp))| {
+            for i in 0..h {
+                for j in 0..w {
+                    let o = argmax_at(xp, h, w, k, i, j);
+                    dxp[(i + o / k - r) * w + (j + o % k - r)] += dyp[i * w + j];
+                }
+            }
+        });
+    dx
+}
+
+impl CustomOp1 for MaxPoolSame {
+    fn name(&self) -> &'static str {
+        "max-pool-same"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (_, h, w, (a, b)) = cpu_planes(l, self.k)?;
+        let out = match s {
+            CpuStorage::F32(v) => CpuStorage::F32(cpu_pool_fwd(&v[a..b], h, w, self.k)),
+            CpuStorage::F64(v) => CpuStorage::F64(cpu_pool_fwd(&v[a..b], h, w, self.k)),
+            _ => candle_core::bail!("max pool: dtype {:?} on the CPU", s.dtype()),
+        };
+        Ok((out, l.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        crate::cuda::pool::forward(s, l, self.k)
+    }
+}
+
+impl CustomOp2 for MaxPoolSameGrad {
+    fn name(&self) -> &'static str {
+        "max-pool-same-grad"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (_, h, w, (a, b)) = cpu_planes(l1, self.k)?;
+        let (_, _, _, (c, d)) = cpu_planes(l2, self.k)?;
+        if l1.shape() != l2.shape() {
+            candle_core::bail!("max pool backward: x and dy shapes differ");
+        }
+        let out = match (s1, s2) {
+            (CpuStorage::F32(x), CpuStorage::F32(g)) => {
+                CpuStorage::F32(cpu_pool_bwd(&x[a..b], &g[c..d], h, w, self.k))
+            }
+            (CpuStorage::F64(x), CpuStorage::F64(g)) => {
+                CpuStorage::F64(cpu_pool_bwd(&x[a..b], &g[c..d], h, w, self.k))
+            }
+            _ => candle_core::bail!(
+                "max pool backward: dtypes {:?}/{:?} on the CPU",
+                s1.dtype(),
+                s2.dtype()
+            ),
+        };
+        Ok((out, l1.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        crate::cuda::pool::backward((s1, l1), (s2, l2), self.k)
+    }
 }

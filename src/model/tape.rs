@@ -275,12 +275,16 @@ impl<'a> Ctx<'a> {
         Ok(y)
     }
 
-    /// SiLU `x·σ(x)`; backward `dy·σ(x)·(1 + x·(1 − σ(x)))`.
+    /// SiLU `x·σ(x)`; backward `dy·σ(x)·(1 + x·(1 − σ(x)))` (one op,
+    /// [`super::bn_act::silu_backward`], where the fused kernels run).
     pub fn silu(&self, x: &Tensor) -> Result<Tensor> {
         let y = x.silu()?;
         if let Some(t) = self.tape {
             let xs = x.clone();
             t.record(&[x], &[], &y, move |dy, _| {
+                if super::bn_act::bn_act_supported(xs.device(), xs.dtype()) && xs.rank() == 4 {
+                    return Ok(vec![Some(super::bn_act::silu_backward(&xs, dy)?)]);
+                }
                 let s = candle_nn::ops::sigmoid(&xs)?;
                 let d = (&s * ((&xs * (1.0 - &s)?)? + 1.0)?)?;
                 Ok(vec![Some((dy * d)?)])
@@ -339,11 +343,16 @@ impl<'a> Ctx<'a> {
         Ok(y)
     }
 
-    /// `MaxPool2d(k, 1, k/2)` ([`super::pool::max_pool_same`]); taped, its backward is candle's
-    /// (through [`vjp`]), so ties split the gradient exactly as on the untaped path.
+    /// `MaxPool2d(k, 1, k/2)` ([`super::pool::max_pool_same`]). Taped (where the op runs,
+    /// [`super::pool::max_pool_op_supported`]) it is one op forward and one backward
+    /// ([`super::pool::max_pool_same_op`], [`super::pool::max_pool_same_backward`]: each window's
+    /// gradient to its first maximum, as PyTorch; the untaped composite splits ties).
     pub fn max_pool_same(&self, x: &Tensor, k: usize) -> Result<Tensor> {
-        let y = super::pool::max_pool_same(x, k)?;
-        if let Some(t) = self.tape {
+        let Some(t) = self.tape else {
+            return super::pool::max_pool_same(x, k);
+        };
+        if !super::pool::max_pool_op_supported(x) {
+            let y = super::pool::max_pool_same(x, k)?;
             let xs = x.clone();
             t.record(&[x], &[], &y, move |dy, _| {
                 let g = vjp(
@@ -356,7 +365,13 @@ impl<'a> Ctx<'a> {
                 )?;
                 Ok(g.into_iter().map(Some).collect())
             });
+            return Ok(y);
         }
+        let y = super::pool::max_pool_same_op(x, k)?;
+        let xs = x.clone();
+        t.record(&[x], &[], &y, move |dy, _| {
+            Ok(vec![Some(super::pool::max_pool_same_backward(&xs, dy, k)?)])
+        });
         Ok(y)
     }
 }
