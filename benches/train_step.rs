@@ -46,22 +46,19 @@ fn sync(d: &Device) -> Result<()> {
 /// Starts (`on`) or stops the CUDA profiler's capture range: `cuProfilerStart`/`cuProfilerStop`
 /// looked up in the loaded `libcuda.so.1` (the link-time stub lacks them); a no-op where absent.
 fn profiler(on: bool) {
-    let name: &[u8] = if on {
-        b"cuProfilerStart\0"
+    let name: &std::ffi::CStr = if on {
+        c"cuProfilerStart"
     } else {
-        b"cuProfilerStop\0"
+        c"cuProfilerStop"
     };
     // SAFETY: dlopen/dlsym with NUL-terminated names; the symbol, when found, is the driver's
     // `CUresult f(void)`.
     unsafe {
-        let lib = libc::dlopen(
-            b"libcuda.so.1\0".as_ptr().cast(),
-            libc::RTLD_NOW | libc::RTLD_NOLOAD,
-        );
+        let lib = libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD);
         if lib.is_null() {
             return;
         }
-        let f = libc::dlsym(lib, name.as_ptr().cast());
+        let f = libc::dlsym(lib, name.as_ptr());
         if !f.is_null() {
             let f: extern "C" fn() -> i32 = std::mem::transmute(f);
             f();

@@ -390,7 +390,7 @@ impl Engine {
 
     /// The algorithm of a benchmark-mode convolution from the cache file, if it holds one of
     /// `all` (`code` gives an algorithm's cuDNN enum value).
-    fn from_file<A: Copy>(
+    fn cached_choice<A: Copy>(
         &self,
         kind: CacheKind,
         key: &AlgoKey,
@@ -405,7 +405,7 @@ impl Engine {
     }
 
     /// Records a benchmark-mode choice in the cache file.
-    fn to_file(&mut self, kind: CacheKind, key: &AlgoKey, algo: u32) {
+    fn remember_choice(&mut self, kind: CacheKind, key: &AlgoKey, algo: u32) {
         if key.2 == AlgoSearch::Benchmark {
             if let Some(f) = self.file.as_mut() {
                 f.put(kind, &key.0, key.1, key.3, algo);
@@ -673,7 +673,7 @@ impl Engine {
             .fwd
             .get(&key)
             .copied()
-            .or_else(|| self.from_file(CacheKind::Forward, &key, &FWD_ALGOS, |a| a as u32));
+            .or_else(|| self.cached_choice(CacheKind::Forward, &key, &FWD_ALGOS, |a| a as u32));
         let algo = match cached {
             Some(a) => a,
             None => {
@@ -695,7 +695,7 @@ impl Engine {
                     None => guarded("forward algorithm", || op.pick_algorithm())?,
                 };
                 self.fwd.insert(key, a);
-                self.to_file(CacheKind::Forward, &key, a as u32);
+                self.remember_choice(CacheKind::Forward, &key, a as u32);
                 a
             }
         };
@@ -735,7 +735,7 @@ impl Engine {
         let mode = algo_search();
         let key = (*p, T::DTYPE, mode, strict_fp32());
         let cached = self.bwd_data.get(&key).copied().or_else(|| {
-            self.from_file(CacheKind::BackwardData, &key, &BWD_DATA_ALGOS, |a| a as u32)
+            self.cached_choice(CacheKind::BackwardData, &key, &BWD_DATA_ALGOS, |a| a as u32)
         });
         let algo = match cached {
             Some(a) => a,
@@ -757,7 +757,7 @@ impl Engine {
                     None => guarded("backward-data algorithm", || op.pick_algorithm())?,
                 };
                 self.bwd_data.insert(key, a);
-                self.to_file(CacheKind::BackwardData, &key, a as u32);
+                self.remember_choice(CacheKind::BackwardData, &key, a as u32);
                 a
             }
         };
@@ -797,7 +797,7 @@ impl Engine {
         let mode = algo_search();
         let key = (*p, T::DTYPE, mode, strict_fp32());
         let cached = self.bwd_filter.get(&key).copied().or_else(|| {
-            self.from_file(CacheKind::BackwardFilter, &key, &BWD_FILTER_ALGOS, |a| {
+            self.cached_choice(CacheKind::BackwardFilter, &key, &BWD_FILTER_ALGOS, |a| {
                 a as u32
             })
         });
@@ -821,7 +821,7 @@ impl Engine {
                     None => guarded("backward-filter algorithm", || op.pick_algorithm())?,
                 };
                 self.bwd_filter.insert(key, a);
-                self.to_file(CacheKind::BackwardFilter, &key, a as u32);
+                self.remember_choice(CacheKind::BackwardFilter, &key, a as u32);
                 a
             }
         };

@@ -40,7 +40,7 @@ fn suffix(d: DType) -> Result<&'static str> {
 fn dims(l: &Layout, k: usize) -> Result<(usize, i32, i32, (usize, usize))> {
     let ((n, c, hw), r) = geometry(l, "x")?;
     let (_, _, h, w) = l.shape().dims4()?;
-    if k == 0 || k % 2 == 0 || k * k > 255 || h * w != hw {
+    if k == 0 || k.is_multiple_of(2) || k * k > 255 || h * w != hw {
         return Err(err(format!("kernel {k} must be odd and at most 15")));
     }
     let h = i32::try_from(h).map_err(|_| err("H does not fit in i32"))?;

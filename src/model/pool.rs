@@ -142,7 +142,7 @@ fn argmax_at<T: WithDType>(x: &[T], h: usize, w: usize, k: usize, i: usize, j: u
 
 fn cpu_planes(l: &Layout, k: usize) -> candle_core::Result<(usize, usize, usize, (usize, usize))> {
     let (n, c, h, w) = l.shape().dims4()?;
-    if k % 2 == 0 || k > 15 {
+    if k.is_multiple_of(2) || k > 15 {
         candle_core::bail!("max pool: kernel {k} must be odd and at most 15");
     }
     let r = l
