@@ -572,3 +572,56 @@ fn dual_loss_bad_inputs_are_errors() {
     assert!(DualTalLoss::new(0, &STRIDES).is_err());
     assert!(DualTalLoss::new(3, &[8, 0, 32]).is_err());
 }
+
+/// The fused loss terms (`yolo9::loss::terms`, the default) against the composite of candle ops
+/// differentiated by candle's autograd: the same assignment, loss items within 1e-6 and every
+/// head-output gradient (box bins, class logits, both branches) within 1e-4 of the largest.
+#[test]
+fn fused_loss_terms_equal_the_composite_and_its_autograd() {
+    let bs = 2;
+    let targets = targets_tensor(&sample_targets(), &Device::Cpu).unwrap();
+    let run = |fused: bool| {
+        let (va, aux) = head(bs, 11, DType::F32);
+        let (vm, main) = head(bs, 12, DType::F32);
+        let loss = DualTalLoss::new(NC, &STRIDES)
+            .unwrap()
+            .with_fused_terms(fused);
+        let out = loss.compute(&aux, &main, &targets, HW).unwrap();
+        let g = out.total.backward().unwrap();
+        let grads: Vec<Vec<f32>> = va
+            .iter()
+            .chain(&vm)
+            .map(|v| {
+                g.get(v.as_tensor())
+                    .expect("gradient")
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1()
+                    .unwrap()
+            })
+            .collect();
+        (out.items, out.aux.assignment.fg_indices(), grads)
+    };
+    let (items_f, fg_f, g_f) = run(true);
+    let (items_c, fg_c, g_c) = run(false);
+    assert_eq!(fg_f, fg_c, "assignments differ");
+    assert!(fg_f.len() >= 10, "the case must have foreground anchors");
+    for (a, b) in items_f.iter().zip(&items_c) {
+        assert!(
+            close(*a as f64, *b as f64, 1e-6),
+            "loss items {items_f:?} vs {items_c:?}"
+        );
+    }
+    let mut worst = 0f32;
+    for (a, b) in g_f.iter().zip(&g_c) {
+        let scale = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-12);
+        for (x, y) in a.iter().zip(b) {
+            worst = worst.max((x - y).abs() / scale);
+        }
+    }
+    println!("fused vs composite: items {items_f:?} vs {items_c:?}; worst gradient {worst:.2e}");
+    assert!(
+        worst < 1e-4,
+        "worst head-output gradient difference {worst}"
+    );
+}

@@ -9,7 +9,9 @@ use std::path::PathBuf;
 pub struct ConvertArgs {
     /// The checkpoint to convert (.pt official checkpoint, .pt state_dict or .safetensors).
     pub input: PathBuf,
-    /// Output safetensors file [default: the input path with the extension `.safetensors`].
+    /// Output safetensors file [default: beside the input, `NAME.safetensors`, or
+    /// `NAME-infer-half.safetensors` with the options' suffixes when that would be the input
+    /// itself].
     #[arg(short, long)]
     pub output: Option<PathBuf>,
     /// Store the weights as f16 (half the size; loaders upcast to f32).
@@ -20,21 +22,37 @@ pub struct ConvertArgs {
     pub infer: bool,
 }
 
+/// The default output of converting `input`: `NAME.safetensors` beside it, or, when the input is
+/// already that file, `NAME-infer-half.safetensors` with the suffixes of the options given
+/// (`-converted` without options), so the input is never overwritten.
+pub fn default_output(input: &std::path::Path, infer: bool, half: bool) -> PathBuf {
+    let o = input.with_extension("safetensors");
+    if o != input {
+        return o;
+    }
+    let stem = input
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "weights".into());
+    let mut name = stem;
+    if infer {
+        name.push_str("-infer");
+    }
+    if half {
+        name.push_str("-half");
+    }
+    if !infer && !half {
+        name.push_str("-converted");
+    }
+    input.with_file_name(format!("{name}.safetensors"))
+}
+
 /// Runs `yolo9 convert`: reads the checkpoint, checks it, writes safetensors atomically and
 /// prints a summary (tensors, parameters, classes, anything ignored).
 pub fn run(args: ConvertArgs) -> Result<()> {
     let output = match args.output {
         Some(o) => o,
-        None => {
-            let o = args.input.with_extension("safetensors");
-            if o == args.input {
-                bail!(
-                    "{}: the default output would overwrite the input; pass -o OUT",
-                    args.input.display()
-                )
-            }
-            o
-        }
+        None => default_output(&args.input, args.infer, args.half),
     };
     if output.is_dir() {
         bail!(
@@ -54,4 +72,31 @@ pub fn run(args: ConvertArgs) -> Result<()> {
     let size = std::fs::metadata(&output).map(|m| m.len()).unwrap_or(0);
     println!("wrote:      {} ({size} bytes)", output.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::default_output;
+    use std::path::{Path, PathBuf};
+
+    #[test]
+    fn the_default_output_never_overwrites_the_input() {
+        let p = |s: &str| PathBuf::from(s);
+        assert_eq!(
+            default_output(Path::new("runs/best.pt"), true, true),
+            p("runs/best.safetensors")
+        );
+        assert_eq!(
+            default_output(Path::new("runs/best.safetensors"), true, true),
+            p("runs/best-infer-half.safetensors")
+        );
+        assert_eq!(
+            default_output(Path::new("best.safetensors"), false, true),
+            p("best-half.safetensors")
+        );
+        assert_eq!(
+            default_output(Path::new("best.safetensors"), false, false),
+            p("best-converted.safetensors")
+        );
+    }
 }

@@ -15,9 +15,9 @@ pub struct PlotArgs {
     /// Legend labels, one per file (default: the run folder names).
     #[arg(long, num_args = 1..)]
     pub labels: Vec<String>,
-    /// Output PNG.
-    #[arg(short, long, default_value = "results.png")]
-    pub output: PathBuf,
+    /// Output PNG [default: results.png beside the first results file (in its run folder)].
+    #[arg(short, long)]
+    pub output: Option<PathBuf>,
 }
 
 /// Runs `yolo9 plot`.
@@ -45,7 +45,19 @@ pub fn run(a: PlotArgs) -> Result<()> {
         };
         runs.push(read_results_csv(&csv, &label)?);
     }
-    plot_results(&runs, &a.output)?;
-    println!("wrote {}", a.output.display());
+    let output = a.output.clone().unwrap_or_else(|| {
+        let first = &a.results[0];
+        let dir = if first.is_dir() {
+            first.clone()
+        } else {
+            first
+                .parent()
+                .map(|p| p.to_path_buf())
+                .unwrap_or_else(|| PathBuf::from("."))
+        };
+        dir.join("results.png")
+    });
+    plot_results(&runs, &output)?;
+    println!("wrote {}", output.display());
     Ok(())
 }

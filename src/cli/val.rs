@@ -16,9 +16,10 @@ pub struct ValArgs {
     /// The dataset description (data.yaml).
     #[arg(long)]
     pub data: PathBuf,
-    /// Weights: yolo9 safetensors, a plain state_dict safetensors, or an official .pt.
+    /// Weights: yolo9 safetensors, a plain state_dict safetensors, or an official .pt
+    /// [default: weights/yolov9-s-bccd.safetensors, the shipped weights, as `yolo9 detect`].
     #[arg(long)]
-    pub weights: PathBuf,
+    pub weights: Option<PathBuf>,
     /// Split to validate: val or test.
     #[arg(long, default_value = "val")]
     pub split: String,
@@ -78,12 +79,13 @@ pub fn run(a: ValArgs) -> Result<()> {
         split.key()
     );
     let device = crate::train::trainer::parse_device(&a.device)?;
-    let weights =
-        Weights::load(&a.weights).with_context(|| format!("--weights {}", a.weights.display()))?;
+    let weights_path = crate::cli::detect::resolve_weights(a.weights.as_deref())?;
+    let weights = Weights::load(&weights_path)
+        .with_context(|| format!("--weights {}", weights_path.display()))?;
     ensure!(
         weights.meta.nc == cfg.nc,
         "--weights {} has nc = {} but {} has nc = {}; validate with the dataset the model was trained on",
-        a.weights.display(),
+        weights_path.display(),
         weights.meta.nc,
         cfg.yaml_path.display(),
         cfg.nc

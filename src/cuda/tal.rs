@@ -63,3 +63,129 @@ pub fn dense_targets(
         Shape::from((10, batch, na)),
     ))
 }
+
+/// The PTX of `kernels/tal_terms.cu`.
+const TERMS_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/tal_terms.ptx"));
+/// Module name of `kernels/tal_terms.cu`.
+const TERMS_MODULE: &str = "yolo9_tal_terms";
+
+type Held<'a> = (
+    candle_core::cuda_backend::cudarc::driver::CudaView<'a, f32>,
+    candle_core::cuda_backend::cudarc::driver::CudaView<'a, f32>,
+);
+
+/// Views of a tensor held by the op (targets or anchors), which must be a contiguous f32 CUDA
+/// tensor.
+fn held_view<'a>(
+    st: &'a candle_core::Storage,
+    l: &Layout,
+    what: &str,
+) -> Result<candle_core::cuda_backend::cudarc::driver::CudaView<'a, f32>> {
+    let candle_core::Storage::Cuda(s) = st else {
+        return Err(Error::Msg(format!(
+            "loss terms (CUDA): {what} is not on the GPU"
+        )));
+    };
+    let (a, b) = l
+        .contiguous_offsets()
+        .ok_or_else(|| Error::Msg(format!("loss terms (CUDA): {what} is not contiguous")))?;
+    Ok(s.as_cuda_slice::<f32>()?.slice(a..b))
+}
+
+fn with_held<R>(
+    op: &crate::loss::terms::TalTerms,
+    f: impl FnOnce(Held<'_>) -> Result<R>,
+) -> Result<R> {
+    let (sp, lp) = op.planes.storage_and_layout();
+    let (sa, la) = op.anchors.storage_and_layout();
+    f((
+        held_view(&sp, lp, "targets")?,
+        held_view(&sa, la, "anchors")?,
+    ))
+}
+
+fn flat_dims(l: &Layout) -> Result<(i32, i32, i32, (usize, usize))> {
+    let (b, c, a) = l.shape().dims3()?;
+    let r = l
+        .contiguous_offsets()
+        .ok_or_else(|| Error::Msg("loss terms (CUDA): head output is not contiguous".into()))?;
+    let i = |v: usize| {
+        i32::try_from(v).map_err(|_| Error::Msg(format!("loss terms (CUDA): {v} exceeds i32")))
+    };
+    Ok((i(b)?, i(c)?, i(a)?, r))
+}
+
+/// [`crate::loss::terms::TalTerms`] on CUDA: the per-anchor terms, then their three sums.
+pub fn terms_forward(
+    op: &crate::loss::terms::TalTerms,
+    (s, l): (&CudaStorage, &Layout),
+) -> Result<(CudaStorage, Shape)> {
+    let (b, c, a, (x0, x1)) = flat_dims(l)?;
+    let dev = s.device().clone();
+    let flat = s.as_cuda_slice::<f32>()?.slice(x0..x1);
+    let ba = b as usize * a as usize;
+    let mut part = unsafe { dev.alloc::<f64>(3 * ba)? };
+    let mut out = unsafe { dev.alloc::<f32>(3)? };
+    with_held(op, |(planes, anc)| {
+        let f = dev.get_or_load_custom_func("tal_terms_fwd", TERMS_MODULE, TERMS_PTX)?;
+        let mut bld = f.builder();
+        bld.arg(&flat)
+            .arg(&planes)
+            .arg(&anc)
+            .arg(&mut part)
+            .arg(&b)
+            .arg(&c)
+            .arg(&a);
+        unsafe { bld.launch(cfg(ba)) }.w()?;
+        Ok(())
+    })?;
+    let n = ba as i64;
+    let f = dev.get_or_load_custom_func("tal_terms_sum", TERMS_MODULE, TERMS_PTX)?;
+    let mut bld = f.builder();
+    bld.arg(&part).arg(&n).arg(&mut out);
+    let sum_cfg = LaunchConfig {
+        grid_dim: (3, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    unsafe { bld.launch(sum_cfg) }.w()?;
+    Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from(3)))
+}
+
+/// [`crate::loss::terms::TalTermsGrad`] on CUDA: `d flat` for the output gradient `g` (3,).
+pub fn terms_backward(
+    op: &crate::loss::terms::TalTerms,
+    (s, l): (&CudaStorage, &Layout),
+    (sg, lg): (&CudaStorage, &Layout),
+) -> Result<(CudaStorage, Shape)> {
+    let (b, c, a, (x0, x1)) = flat_dims(l)?;
+    let (g0, g1) = lg
+        .contiguous_offsets()
+        .ok_or_else(|| Error::Msg("loss terms (CUDA): gradient is not contiguous".into()))?;
+    if g1 - g0 != 3 {
+        return Err(Error::Msg(format!(
+            "loss terms (CUDA): gradient of {} values, expected 3",
+            g1 - g0
+        )));
+    }
+    let dev = s.device().clone();
+    let flat = s.as_cuda_slice::<f32>()?.slice(x0..x1);
+    let g = sg.as_cuda_slice::<f32>()?.slice(g0..g1);
+    let ba = b as usize * a as usize;
+    let mut out = unsafe { dev.alloc::<f32>(x1 - x0)? };
+    with_held(op, |(planes, anc)| {
+        let f = dev.get_or_load_custom_func("tal_terms_bwd", TERMS_MODULE, TERMS_PTX)?;
+        let mut bld = f.builder();
+        bld.arg(&flat)
+            .arg(&planes)
+            .arg(&anc)
+            .arg(&g)
+            .arg(&mut out)
+            .arg(&b)
+            .arg(&c)
+            .arg(&a);
+        unsafe { bld.launch(cfg(ba)) }.w()?;
+        Ok(())
+    })?;
+    Ok((CudaStorage::wrap_cuda_slice(out, dev), l.shape().clone()))
+}

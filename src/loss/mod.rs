@@ -4,11 +4,13 @@
 //! - [`anchors`]: anchor points of the head levels (official `make_anchors`).
 //! - [`assigner`]: the TaskAlignedAssigner on host arrays (official `utils/tal/assigner.py`).
 //! - [`tal_loss`]: [`DualTalLoss`], the YOLOv9 training loss (official `ComputeLoss`).
+//! - [`terms`]: the box (CIoU), DFL and class terms of one branch as one op with a closed-form backward.
 
 pub mod anchors;
 pub mod assigner;
 pub mod iou;
 pub mod tal_loss;
+pub mod terms;
 
 pub use anchors::Anchors;
 pub use assigner::{

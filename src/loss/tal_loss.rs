@@ -76,6 +76,8 @@ pub struct DualTalLoss {
     nc: usize,
     strides: Vec<u32>,
     assigner: TaskAlignedAssigner,
+    /// Box, DFL and class terms as one op ([`super::terms`]) or as candle ops.
+    fused: bool,
 }
 
 impl DualTalLoss {
@@ -99,7 +101,15 @@ impl DualTalLoss {
             nc,
             strides: strides.to_vec(),
             assigner: TaskAlignedAssigner::new(nc),
+            fused: fused_terms(),
         })
+    }
+
+    /// The same loss with the box, DFL and class terms computed by the fused op (`true`, the
+    /// default unless `YOLO9_FUSED_LOSS=0`) or by the composite of candle ops (`false`).
+    pub fn with_fused_terms(mut self, fused: bool) -> Self {
+        self.fused = fused;
+        self
     }
 
     /// Number of classes.
@@ -331,7 +341,10 @@ impl DualTalLoss {
         // Predicted side distances (official `bbox_decode`): softmax over the 16 bins of each
         // side, expectation `sum_k p_k * k`, in grid units; boxes xyxy `(B, 4, A)`.
         let mut clock = PhaseClock::new(&dev, which);
-        let box_logits = flat
+        let fused = self.fused;
+        // With the fused terms the decode below only feeds the assigner: no graph.
+        let src = if fused { flat.detach() } else { flat.clone() };
+        let box_logits = src
             .narrow(1, 0, 4 * REG_MAX)?
             .reshape((bs, 4, REG_MAX, na))?;
         let mut anc4 = Vec::with_capacity(4 * na);
@@ -415,6 +428,13 @@ impl DualTalLoss {
         let tss = asg.target_scores_sum().max(1.0);
         let targets = DenseTargets::new(&asg, anchors, &dev)?;
         clock.mark("dense targets")?;
+        if fused {
+            let terms = super::terms::branch_terms(flat, &targets.planes, &targets.anchors, nc)?;
+            let part = |i: usize| -> Result<Tensor> { Ok((terms.get(i)? / tss as f64)?) };
+            let (bx, cls, dfl) = (part(0)?, part(1)?, part(2)?);
+            clock.mark("loss terms")?;
+            return Ok(([bx, cls, dfl], asg, tss));
+        }
 
         // Class loss: dense sum of softplus(x) minus the sum of x * t (t one-hot * score).
         let classes = Tensor::arange(0u32, nc as u32, &dev)?
@@ -560,6 +580,17 @@ fn dfl_bins(logp: &Tensor, ltrb: &Tensor) -> Result<Tensor> {
     Ok(logp.mul(&w)?.sum(2)?.sum(1)?.affine(-0.25, 0.0)?)
 }
 
+/// Environment variable choosing how the box, DFL and class terms are computed: `1` (default)
+/// one op with a closed-form backward ([`super::terms::branch_terms`]), `0` the composite of
+/// candle ops differentiated by candle's autograd (the reference the op is tested against).
+pub const FUSED_LOSS_ENV: &str = "YOLO9_FUSED_LOSS";
+
+/// Whether [`FUSED_LOSS_ENV`] selects the fused terms (read once).
+fn fused_terms() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var(FUSED_LOSS_ENV).as_deref().map(str::trim) != Ok("0"))
+}
+
 /// `YOLO9_LOSS_TIMES=1`: each branch prints the seconds of its phases (device-synchronised) to
 /// stderr, for profiling. Off (and free) otherwise.
 struct PhaseClock<'a> {
@@ -606,6 +637,10 @@ struct DenseTargets {
     /// DFL target distances `(B, 4, A)` in grid units, clamped to `[0, 14.99]`; 0 for
     /// background.
     ltrb: Tensor,
+    /// All of the above as the planes `(10, B, A)` of [`DenseTargetsOp`].
+    planes: Tensor,
+    /// Anchor centres `(A, 2)` in grid units.
+    anchors: Tensor,
 }
 
 impl DenseTargets {
@@ -649,6 +684,8 @@ impl DenseTargets {
             label: planes.get(1)?.unsqueeze(1)?,
             boxes: planes.narrow(0, 2, 4)?.reshape((4, bs * na))?.t()?,
             ltrb: planes.narrow(0, 6, 4)?.permute((1, 0, 2))?,
+            planes,
+            anchors: anc,
         })
     }
 }

@@ -154,6 +154,10 @@ pub fn plot_results(runs: &[Curves], out: &Path) -> Result<()> {
                     .filter(|(_, y)| y.is_finite())
                     .map(|(x, y)| (*x, *y))
                     .collect();
+                // A marker at every epoch, so a run of one epoch (no line) still shows.
+                chart
+                    .draw_series(pts.iter().map(|&p| Circle::new(p, 3, color.filled())))
+                    .map_err(|e| anyhow::anyhow!("plot: {e}"))?;
                 let series = chart
                     .draw_series(LineSeries::new(pts, color.stroke_width(2)))
                     .map_err(|e| anyhow::anyhow!("plot: {e}"))?;
