@@ -31,7 +31,7 @@ use std::time::Instant;
 pub const DEFAULT_WEIGHTS: &str = "weights/yolov9-s-bccd.safetensors";
 
 /// Largest accepted `--img`.
-pub const MAX_IMG: u32 = 8192;
+pub const MAX_IMG: u32 = super::parse::MAX_IMG;
 
 /// Arguments of `yolo9 detect`.
 #[derive(Debug, Clone, Args)]
@@ -109,30 +109,14 @@ pub struct DetectArgs {
     pub nosave: bool,
 }
 
-/// `--img` parser: an integer in 1..=8192 (rounding to 32 happens, with a notice, when running).
+/// `--img` parser ([`super::parse::img`]).
 pub fn parse_img(s: &str) -> Result<u32, String> {
-    let v: i64 = s
-        .trim()
-        .parse()
-        .map_err(|_| format!("'{s}' is not an integer; --img must be in 1..={MAX_IMG} pixels"))?;
-    if !(1..=i64::from(MAX_IMG)).contains(&v) {
-        return Err(format!(
-            "{v} is out of range; --img must be in 1..={MAX_IMG} pixels"
-        ));
-    }
-    Ok(v as u32)
+    super::parse::img(s)
 }
 
-/// `--conf`/`--iou` parser: a number in [0, 1].
+/// `--conf`/`--iou` parser ([`super::parse::unit`]).
 pub fn parse_unit(s: &str) -> Result<f64, String> {
-    let v: f64 = s
-        .trim()
-        .parse()
-        .map_err(|_| format!("'{s}' is not a number; the valid range is [0, 1]"))?;
-    if !(0.0..=1.0).contains(&v) {
-        return Err(format!("{v} is outside the valid range [0, 1]"));
-    }
-    Ok(v)
+    super::parse::unit(s)
 }
 
 /// The `--img` actually used (next multiple of 32) and the notice to print when it changed.

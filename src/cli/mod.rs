@@ -4,6 +4,7 @@
 pub mod check;
 pub mod convert;
 pub mod detect;
+pub mod parse;
 pub mod plot;
 pub mod train;
 pub mod val;

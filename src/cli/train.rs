@@ -20,15 +20,15 @@ pub struct TrainArgs {
     /// Epochs (default 100; with --resume: extends the run to this many epochs).
     #[arg(long)]
     pub epochs: Option<usize>,
-    /// Train/val image size in pixels (multiple of 32).
-    #[arg(long, default_value_t = 640)]
+    /// Train/val image size in pixels (a multiple of 32 in 32..=8192).
+    #[arg(long, default_value = "640", value_parser = crate::cli::parse::train_img)]
     pub img: u32,
     /// Batch size the optimizer sees per iteration, or `auto` (the largest the memory budget
     /// allows, at most 64). Nominal batch 64 is kept by gradient accumulation.
     #[arg(long, default_value = "16", value_parser = parse_batch)]
     pub batch: usize,
-    /// Images per forward/backward (default: the whole batch, or what --budget picks).
-    #[arg(long)]
+    /// Images per forward/backward, ≥ 1 (default: the whole batch, or what --budget picks).
+    #[arg(long, value_parser = crate::cli::parse::positive)]
     pub micro_batch: Option<usize>,
     /// Memory budget, e.g. 8GiB: the micro-batch is sized from measured training steps so that
     /// peak memory (device memory on CUDA, RSS on the CPU) stays within it.
@@ -52,8 +52,8 @@ pub struct TrainArgs {
     /// Device: cpu or a CUDA ordinal.
     #[arg(long, default_value = "cpu")]
     pub device: String,
-    /// Loader threads (default: available cores - 1).
-    #[arg(long, default_value_t = 0)]
+    /// Loader threads, 0..=256 (0, the default: available cores - 1).
+    #[arg(long, default_value = "0", value_parser = crate::cli::parse::workers)]
     pub workers: usize,
     /// Seed.
     #[arg(long, default_value_t = 0)]

@@ -23,20 +23,22 @@ pub struct ValArgs {
     /// Split to validate: val or test.
     #[arg(long, default_value = "val")]
     pub split: String,
-    /// Inference size (long side, pixels, multiple of 32).
-    #[arg(long, default_value_t = 640)]
+    /// Inference size (long side, pixels, 1..=8192; multiple of 32).
+    #[arg(long, default_value = "640", value_parser = crate::cli::parse::img)]
     pub img: u32,
-    /// Batch size.
-    #[arg(long, default_value_t = 32)]
+    /// Batch size (≥ 1).
+    #[arg(long, default_value = "32", value_parser = crate::cli::parse::positive)]
     pub batch: usize,
-    /// Confidence threshold.
-    #[arg(long, default_value_t = 0.001)]
-    pub conf_thres: f32,
-    /// NMS IoU threshold.
-    #[arg(long, default_value_t = 0.7)]
-    pub iou_thres: f32,
-    /// Maximum detections per image.
-    #[arg(long, default_value_t = 300)]
+    /// Confidence threshold in [0, 1].
+    #[arg(long, default_value = "0.001", value_parser = crate::cli::parse::unit,
+          allow_negative_numbers = true)]
+    pub conf_thres: f64,
+    /// NMS IoU threshold in [0, 1].
+    #[arg(long, default_value = "0.7", value_parser = crate::cli::parse::unit,
+          allow_negative_numbers = true)]
+    pub iou_thres: f64,
+    /// Maximum detections per image (≥ 1).
+    #[arg(long, default_value = "300", value_parser = crate::cli::parse::positive)]
     pub max_det: usize,
     /// Device: cpu or a CUDA ordinal.
     #[arg(long, default_value = "cpu")]
@@ -114,8 +116,8 @@ pub fn run(a: ValArgs) -> Result<()> {
     let vc = ValConfig {
         img: a.img,
         batch,
-        conf_thres: a.conf_thres,
-        iou_thres: a.iou_thres,
+        conf_thres: a.conf_thres as f32,
+        iou_thres: a.iou_thres as f32,
         max_det: a.max_det,
         progress: true,
         ..ValConfig::default()
