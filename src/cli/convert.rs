@@ -47,6 +47,15 @@ pub fn default_output(input: &std::path::Path, infer: bool, half: bool) -> PathB
     input.with_file_name(format!("{name}.safetensors"))
 }
 
+/// Whether `a` and `b` name the same existing file (by canonical path, so `./x.pt`, `x.pt` and a
+/// symlink to it all count).
+fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
+    match (a.canonicalize(), b.canonicalize()) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => false,
+    }
+}
+
 /// Runs `yolo9 convert`: reads the checkpoint, checks it, writes safetensors atomically and
 /// prints a summary (tensors, parameters, classes, anything ignored).
 pub fn run(args: ConvertArgs) -> Result<()> {
@@ -54,6 +63,13 @@ pub fn run(args: ConvertArgs) -> Result<()> {
         Some(o) => o,
         None => default_output(&args.input, args.infer, args.half),
     };
+    if same_file(&args.input, &output) {
+        bail!(
+            "{}: -o {} is the input itself; converting would replace it. Pass another -o",
+            args.input.display(),
+            output.display()
+        )
+    }
     if output.is_dir() {
         bail!(
             "{}: is a directory; pass -o FILE.safetensors",
@@ -98,5 +114,26 @@ mod tests {
             default_output(Path::new("best.safetensors"), false, false),
             p("best-converted.safetensors")
         );
+    }
+}
+
+#[cfg(test)]
+mod same_file_tests {
+    #[test]
+    fn an_output_equal_to_the_input_is_refused_and_the_input_kept() {
+        let dir = std::env::temp_dir().join(format!("yolo9-convert-same-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let input = dir.join("best.pt");
+        std::fs::write(&input, b"not a checkpoint").unwrap();
+        let args = super::ConvertArgs {
+            input: input.clone(),
+            output: Some(dir.join(".").join("best.pt")),
+            half: false,
+            infer: false,
+        };
+        let e = super::run(args).unwrap_err().to_string();
+        assert!(e.contains("is the input itself"), "{e}");
+        assert_eq!(std::fs::read(&input).unwrap(), b"not a checkpoint");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
