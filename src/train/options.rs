@@ -184,34 +184,197 @@ impl Default for Hyp {
     }
 }
 
+/// The keys of a hyp yaml that yolo9 reads.
+pub const HYP_KEYS: &[&str] = &[
+    "lr0",
+    "lrf",
+    "momentum",
+    "weight_decay",
+    "warmup_epochs",
+    "warmup_momentum",
+    "warmup_bias_lr",
+    "box",
+    "cls",
+    "dfl",
+    "hsv_h",
+    "hsv_s",
+    "hsv_v",
+    "degrees",
+    "translate",
+    "scale",
+    "shear",
+    "flipud",
+    "fliplr",
+    "mosaic",
+    "mixup",
+];
+
+/// Keys of the official hyp files (`data/hyps/hyp.scratch-high.yaml` and its siblings) that the
+/// YOLOv9 recipe does not use: accepted and ignored, so an official file loads as it is.
+pub const IGNORED_HYP_KEYS: &[&str] = &[
+    "cls_pw",
+    "obj",
+    "obj_pw",
+    "iou_t",
+    "anchor_t",
+    "fl_gamma",
+    "perspective",
+    "copy_paste",
+    "label_smoothing",
+];
+
+/// The entry of `keys` nearest to `key` by edit distance (for "did you mean").
+fn nearest<'a>(key: &str, keys: &[&'a str]) -> &'a str {
+    fn dist(a: &str, b: &str) -> usize {
+        let b: Vec<char> = b.chars().collect();
+        let mut row: Vec<usize> = (0..=b.len()).collect();
+        for (i, ca) in a.chars().enumerate() {
+            let mut prev = row[0];
+            row[0] = i + 1;
+            for j in 0..b.len() {
+                let cur = row[j + 1];
+                row[j + 1] = (prev + usize::from(ca != b[j]))
+                    .min(row[j] + 1)
+                    .min(cur + 1);
+                prev = cur;
+            }
+        }
+        row[b.len()]
+    }
+    keys.iter()
+        .copied()
+        .min_by_key(|k| dist(key, k))
+        .unwrap_or("lr0")
+}
+
 impl Hyp {
-    /// Reads a hyp yaml (missing keys keep the scratch-high values).
+    /// Reads a hyp yaml (missing keys keep the scratch-high values) and checks it
+    /// ([`Hyp::validate`]). Keys of the official hyp files that yolo9 does not use
+    /// ([`IGNORED_HYP_KEYS`]) are accepted; any other unknown key is an error naming the nearest
+    /// valid key (a misspelt `lr00` would otherwise be silently ignored).
     pub fn load(path: &Path) -> Result<Hyp> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("--hyp {}: cannot read", path.display()))?;
+        let not_hyp = || {
+            format!(
+                "--hyp {}: not a hyp yaml (expected keys like `lr0: 0.01`)",
+                path.display()
+            )
+        };
+        let map = match serde_yaml::from_str::<serde_yaml::Value>(&text).with_context(not_hyp)? {
+            serde_yaml::Value::Mapping(m) => m,
+            serde_yaml::Value::Null => serde_yaml::Mapping::new(),
+            _ => anyhow::bail!(not_hyp()),
+        };
+        for k in map.keys() {
+            let key = k.as_str().unwrap_or_default();
+            if !HYP_KEYS.contains(&key) && !IGNORED_HYP_KEYS.contains(&key) {
+                anyhow::bail!(
+                    "--hyp {}: unknown key `{}`; did you mean `{}`? (valid keys: {})",
+                    path.display(),
+                    serde_yaml::to_string(k).unwrap_or_default().trim(),
+                    nearest(key, HYP_KEYS),
+                    HYP_KEYS.join(", ")
+                );
+            }
+        }
         let h: Hyp = serde_yaml::from_str(&text).with_context(|| {
             format!(
                 "--hyp {}: not a hyp yaml (expected keys like `lr0: 0.01`, numbers only)",
                 path.display()
             )
         })?;
-        ensure!(
-            h.lr0 > 0.0
-                && h.lr0.is_finite()
-                && h.lrf > 0.0
-                && h.momentum >= 0.0
-                && h.momentum < 1.0,
-            "--hyp {}: lr0 {} / lrf {} / momentum {} out of range",
-            path.display(),
-            h.lr0,
-            h.lrf,
-            h.momentum
-        );
+        h.validate()
+            .with_context(|| format!("--hyp {}", path.display()))?;
         Ok(h)
+    }
+
+    /// Checks every value: finite and in its range (learning rates in (0, 1], momentum in [0, 1),
+    /// probabilities in [0, 1], `scale` in [0, 1), angles in degrees, ...). The error names the key,
+    /// the value and the range.
+    pub fn validate(&self) -> Result<()> {
+        let a = &self.augment;
+        let checks: [(&str, f64, f64, f64, bool); 21] = [
+            // (key, value, low, high, high inclusive); low is inclusive except for lr0/lrf.
+            ("lr0", self.lr0, 0.0, 1.0, true),
+            ("lrf", self.lrf, 0.0, 1.0, true),
+            ("momentum", self.momentum, 0.0, 1.0, false),
+            ("weight_decay", self.weight_decay, 0.0, 0.1, true),
+            ("warmup_epochs", self.warmup_epochs, 0.0, 1000.0, true),
+            ("warmup_momentum", self.warmup_momentum, 0.0, 1.0, false),
+            ("warmup_bias_lr", self.warmup_bias_lr, 0.0, 1.0, true),
+            ("box", self.box_gain, 0.0, 1000.0, true),
+            ("cls", self.cls, 0.0, 1000.0, true),
+            ("dfl", self.dfl, 0.0, 1000.0, true),
+            ("hsv_h", a.hsv_h as f64, 0.0, 0.5, true),
+            ("hsv_s", a.hsv_s as f64, 0.0, 1.0, true),
+            ("hsv_v", a.hsv_v as f64, 0.0, 1.0, true),
+            ("degrees", a.degrees as f64, 0.0, 180.0, true),
+            ("translate", a.translate as f64, 0.0, 1.0, true),
+            ("scale", a.scale as f64, 0.0, 1.0, false),
+            ("shear", a.shear as f64, 0.0, 90.0, false),
+            ("flipud", a.flipud as f64, 0.0, 1.0, true),
+            ("fliplr", a.fliplr as f64, 0.0, 1.0, true),
+            ("mosaic", a.mosaic as f64, 0.0, 1.0, true),
+            ("mixup", a.mixup as f64, 0.0, 1.0, true),
+        ];
+        for (key, v, lo, hi, hi_incl) in checks {
+            let strict_lo = matches!(key, "lr0" | "lrf");
+            let ok = v.is_finite()
+                && (if strict_lo { v > lo } else { v >= lo })
+                && (if hi_incl { v <= hi } else { v < hi });
+            ensure!(
+                ok,
+                "`{key}: {v}` is out of range; {key} must be in {}{lo}, {hi}{}",
+                if strict_lo { "(" } else { "[" },
+                if hi_incl { "]" } else { ")" }
+            );
+        }
+        Ok(())
     }
 
     /// The augmentation part.
     pub fn augment(&self) -> AugmentConfig {
         self.augment.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load_text(tag: &str, text: &str) -> Result<Hyp> {
+        let p = std::env::temp_dir().join(format!("yolo9-hyp-{tag}-{}.yaml", std::process::id()));
+        std::fs::write(&p, text).unwrap();
+        let r = Hyp::load(&p);
+        let _ = std::fs::remove_file(&p);
+        r
+    }
+
+    #[test]
+    fn hyp_values_are_checked_and_unknown_keys_named() {
+        let h = load_text("ok", "lr0: 0.02\nmosaic: 0.5\nobj: 0.7\ncopy_paste: 0.0\n").unwrap();
+        assert_eq!((h.lr0, h.augment.mosaic), (0.02, 0.5));
+        assert_eq!(h.momentum, Hyp::default().momentum);
+        for (text, needle) in [
+            ("lr0: 1e30\n", "lr0"),
+            ("mosaic: 2\n", "mosaic"),
+            ("fliplr: -1\n", "fliplr"),
+            ("hsv_h: .inf\n", "hsv_h"),
+            ("scale: 100\n", "scale"),
+            ("lr0: 0\n", "lr0"),
+        ] {
+            let e = format!("{:#}", load_text("bad", text).unwrap_err());
+            assert!(
+                e.contains(needle) && e.contains("out of range"),
+                "{text}: {e}"
+            );
+        }
+        let e = format!("{:#}", load_text("typo", "lr00: 0.01\n").unwrap_err());
+        assert!(
+            e.contains("unknown key `lr00`") && e.contains("did you mean `lr0`"),
+            "{e}"
+        );
+        assert!(Hyp::default().validate().is_ok());
     }
 }
