@@ -10,7 +10,8 @@
 //! on a copy scaled to 4096 px on the longer side), `labels/<stem>.txt` with `--save-txt` (`cls cx
 //! cy w h [conf]`, normalized, boxes rounded to whole pixels first as officially, numbers printed
 //! like Python's `%g`), and `predictions.jsonl` with `--json` (one object per detection, `xyxy` in
-//! original pixels).
+//! original pixels). Inputs with the same file stem (`a/same.jpg`, `b/same.png`) get unique output
+//! names (`same`, `same_2`, ...; [`unique_stems`]), with a notice, so no output overwrites another.
 //!
 //! Memory: each image is decoded, letterboxed, and its full-resolution pixels are dropped at once
 //! (only a ≤ 4096 px drawing copy is kept when saving), so a 108-MP input costs one decoded buffer.
@@ -229,23 +230,45 @@ pub fn count_summary(dets: &[Detection], names: &[String]) -> String {
         .join(", ")
 }
 
-fn annotated_name(p: &Path) -> PathBuf {
-    let name = p
-        .file_name()
-        .map(PathBuf::from)
-        .unwrap_or_else(|| "image".into());
-    let ext = p
-        .extension()
-        .and_then(|e| e.to_str())
-        .map(|e| e.to_ascii_lowercase());
-    match ext.as_deref() {
-        Some("jpg" | "jpeg" | "png" | "bmp") => name,
-        _ => {
-            let mut s = name.into_os_string();
-            s.push(".jpg");
-            PathBuf::from(s)
+/// The annotated image's file name for input `p` saved under the output stem `stem`: the
+/// input's extension when it is jpg/jpeg/png/bmp, else `stem.<ext>.jpg` (`stem.jpg` without an
+/// extension).
+fn annotated_name(p: &Path, stem: &str) -> PathBuf {
+    PathBuf::from(match p.extension().and_then(|e| e.to_str()) {
+        Some(e)
+            if matches!(
+                e.to_ascii_lowercase().as_str(),
+                "jpg" | "jpeg" | "png" | "bmp"
+            ) =>
+        {
+            format!("{stem}.{e}")
         }
-    }
+        Some(e) => format!("{stem}.{e}.jpg"),
+        None => format!("{stem}.jpg"),
+    })
+}
+
+/// One output stem per input, unique within the run: the file stem, or `stem_2`, `stem_3`, ...
+/// (the first free one) when an earlier input already uses it, so `a/same.jpg`, `b/same.png` and
+/// `c/same.png` give three label files and three drawn images instead of overwriting each other.
+pub fn unique_stems(files: &[PathBuf]) -> Vec<String> {
+    let mut taken = std::collections::HashSet::new();
+    files
+        .iter()
+        .map(|p| {
+            let base = p
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "image".into());
+            let mut name = base.clone();
+            let mut k = 2;
+            while !taken.insert(name.clone()) {
+                name = format!("{base}_{k}");
+                k += 1;
+            }
+            name
+        })
+        .collect()
 }
 
 fn parse_budget(s: &str) -> Result<u64, String> {
@@ -348,7 +371,16 @@ pub fn run_with(
     let (mut t_pre, mut t_inf, mut t_nms) = (0f64, 0f64, 0f64);
     let mut n_labels = 0usize;
     let total = files.len();
+    let stems = unique_stems(files);
     for (k, path) in files.iter().enumerate() {
+        let stem = &stems[k];
+        let own = path.file_stem().map(|s| s.to_string_lossy().into_owned());
+        if own.as_deref() != Some(stem.as_str()) && (args.save_txt || !args.nosave) {
+            eprintln!(
+                "note: {} is saved as {stem} (an earlier input has the same name)",
+                path.display()
+            );
+        }
         let t0 = Instant::now();
         let img = match load_rgb8(path) {
             Ok(i) => i,
@@ -412,13 +444,7 @@ pub fn run_with(
             );
         }
         if args.save_txt && !dets.is_empty() {
-            let stem = path
-                .file_stem()
-                .map(PathBuf::from)
-                .unwrap_or_else(|| "image".into());
-            let mut lp = save_dir.join("labels").join(stem).into_os_string();
-            lp.push(".txt");
-            let lp = PathBuf::from(lp);
+            let lp = save_dir.join("labels").join(format!("{stem}.txt"));
             let mut text = String::new();
             for d in &dets {
                 text.push_str(&label_line(d, w, h, args.save_conf));
@@ -441,7 +467,7 @@ pub fn run_with(
         }
         if let Some((mut canvas, scale)) = canvas {
             draw_detections(&mut canvas, &dets, scale, &draw_opts)?;
-            let op = save_dir.join(annotated_name(path));
+            let op = save_dir.join(annotated_name(path, stem));
             if scale < 1.0 {
                 eprintln!(
                     "note: {} is {w}x{h}; the annotated copy is drawn at {}x{}",
@@ -487,6 +513,39 @@ pub fn run_with(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn outputs_of_inputs_with_the_same_name_do_not_overwrite_each_other() {
+        use std::path::PathBuf;
+        let files: Vec<PathBuf> = [
+            "a/same.jpg",
+            "b/same.png",
+            "c/same.png",
+            "d/same_2.jpg",
+            "e/x.tif",
+        ]
+        .iter()
+        .map(PathBuf::from)
+        .collect();
+        let stems = super::unique_stems(&files);
+        assert_eq!(stems, ["same", "same_2", "same_3", "same_2_2", "x"]);
+        let names: Vec<PathBuf> = files
+            .iter()
+            .zip(&stems)
+            .map(|(p, s)| super::annotated_name(p, s))
+            .collect();
+        let want: Vec<PathBuf> = [
+            "same.jpg",
+            "same_2.png",
+            "same_3.png",
+            "same_2_2.jpg",
+            "x.tif.jpg",
+        ]
+        .iter()
+        .map(PathBuf::from)
+        .collect();
+        assert_eq!(names, want);
+    }
+
     use super::*;
 
     #[test]
