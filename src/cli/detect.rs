@@ -344,9 +344,9 @@ pub fn run_with(
         eprintln!("skipped {}: {why}", p.display());
     }
     let saving = !args.nosave || args.save_txt || args.json;
-    let save_dir = increment_path(&args.project, &args.name, args.exist_ok);
+    let mut save_dir = increment_path(&args.project, &args.name, args.exist_ok);
     if saving {
-        std::fs::create_dir_all(&save_dir)
+        save_dir = crate::runs::claim_run_dir(&args.project, &args.name, args.exist_ok)
             .with_context(|| format!("cannot create the run folder {}", save_dir.display()))?;
         if args.save_txt {
             std::fs::create_dir_all(save_dir.join("labels"))

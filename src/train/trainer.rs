@@ -356,7 +356,7 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
         opts.faults.clone()
     };
     // Resume: restore the arguments and the state of an earlier run.
-    let (mut opts, state, run_dir) = match &opts.resume {
+    let (mut opts, state, mut run_dir) = match &opts.resume {
         Some(r) => {
             let ckpt = if r.is_dir() {
                 r.join("weights").join("state.safetensors")
@@ -610,7 +610,12 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
     }
     let eval_model = YoloV9Train::new(None, cfg.nc, cfg.names.clone(), &device, opts.seed)?;
 
-    // Outputs.
+    // Outputs. A new run claims its folder now, exclusively: another run started meanwhile with
+    // the same --project/--name gets the next one instead of sharing it.
+    if state.is_none() {
+        run_dir = crate::runs::claim_run_dir(&opts.project, &opts.name, opts.exist_ok)
+            .with_context(|| format!("{}: cannot create the run folder", run_dir.display()))?;
+    }
     let wdir = run_dir.join("weights");
     std::fs::create_dir_all(&wdir)
         .with_context(|| format!("{}: cannot create the run folder", wdir.display()))?;
