@@ -521,6 +521,9 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
         opts.seed,
     )?;
     model.set_amp(opts.amp);
+    if opts.amp && !device.is_cuda() {
+        eprintln!("note: --amp true has no effect on the CPU; training runs in f32");
+    }
     if let (Some(w), None) = (&opts.weights, &state) {
         let n = model.vars().len();
         let init = model.initialized().len();
