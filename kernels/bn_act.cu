@@ -157,8 +157,11 @@ extern "C" __global__ void bn_sums_final(const double* __restrict__ part, int S,
 
 // out (4, C): gamma, beta, mean, biased variance: the parameter block p of the forward, from the
 // partial sums of bn_stats_partial and the parameters (same arithmetic as bn_stats_final).
-// With `update`, also the running statistics in place, with the arithmetic of
-// bn_running_update_f32 on the f32 mean and variance written to out.
+// With `update`, also the running statistics in place (PyTorch `momentum = mom`):
+//   running_mean = (1 - mom) * running_mean + mom * mean
+//   running_var  = (1 - mom) * running_var  + mom * (var * unbiased)
+// on the f32 mean and variance written to out, rounded op by op (no FMA contraction) as the
+// candle ops of the CPU path (`BatchNorm2d::fused_block`).
 extern "C" __global__ void bn_block_final(const double* __restrict__ part, int S, int C, double m,
                                           const float* __restrict__ gamma,
                                           const float* __restrict__ beta,
@@ -244,16 +247,3 @@ extern "C" __global__ void silu_bwd_bf16(const __nv_bfloat16* x, const __nv_bflo
 BN_ACT_KERNELS(float, f32)
 BN_ACT_KERNELS(__nv_bfloat16, bf16)
 
-// Running statistics of train-mode BN, in place (PyTorch `momentum = m`):
-//   running_mean = (1 - m) * running_mean + m * mean
-//   running_var  = (1 - m) * running_var  + m * (var * unbiased)
-// from stats (2, C) = [mean; biased var]. Rounded op by op (no FMA contraction), as the candle ops
-// of the CPU path (`BatchNorm2d::forward_act`).
-extern "C" __global__ void bn_running_update_f32(float* rm, float* rv, const float* stats, int C,
-                                                 float one_minus_m, float m, float unbiased) {
-    const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
-    const float var = __fmul_rn(stats[C + c], unbiased);
-    rm[c] = __fadd_rn(__fmul_rn(rm[c], one_minus_m), __fmul_rn(stats[c], m));
-    rv[c] = __fadd_rn(__fmul_rn(rv[c], one_minus_m), __fmul_rn(var, m));
-}

@@ -238,8 +238,7 @@ fn taped_training_step_on_gpu_equals_candle_autograd() {
         worst.0, worst.1
     );
     assert!(worst.0 <= 1e-4, "worst gradient difference {worst:?}");
-    // Running statistics: the taped forward updates them inside its statistics kernel, the
-    // untaped one in a separate kernel with the same arithmetic: equal bits.
+    // Running statistics: both forwards update them in the statistics kernel: equal bits.
     for layer in ["model.0.bn", "model.9.cv5.bn", "model.29.cv5.0.1.bn"] {
         let (ma, va) = plain.bn_running_stats(layer).expect(layer);
         let (mb, vb) = taped.bn_running_stats(layer).expect(layer);

@@ -346,54 +346,6 @@ fn grad_input_t<T: CudaDType + DeviceRepr>(
     Ok(wrap(&dev, dx, a1.1.shape().clone()))
 }
 
-/// In place: the running statistics `rm`, `rv` (C,) f32 of a train-mode BN updated from `stats`
-/// (2, C) f32 `[mean; biased var]` with momentum `m` and the unbiased-variance factor
-/// `unbiased` (`kernels/bn_act.cu bn_running_update_f32`, one launch instead of eight candle
-/// ops). `rm` and `rv` must own their storage (the BN's variables). Returns false without doing
-/// anything when the tensors are not contiguous f32 on one CUDA device.
-pub fn update_running(
-    rm: &candle_core::Tensor,
-    rv: &candle_core::Tensor,
-    stats: &candle_core::Tensor,
-    m: f64,
-    unbiased: f64,
-) -> Result<bool> {
-    if !crate::cuda::optim::applies(&[rm, rv, stats]) {
-        return Ok(false);
-    }
-    let c = rm.elem_count();
-    if rv.elem_count() != c || stats.elem_count() != 2 * c {
-        return Err(err(format!(
-            "running statistics {:?}/{:?} and stats {:?} do not match",
-            rm.dims(),
-            rv.dims(),
-            stats.dims()
-        )));
-    }
-    let candle_core::Device::Cuda(dev) = rm.device() else {
-        return Ok(false);
-    };
-    // Raw addresses: the kernel writes rm and rv in place.
-    let (a_rm, a_rv, a_st) = (
-        crate::cuda::optim::address(rm, dev)?,
-        crate::cuda::optim::address(rv, dev)?,
-        crate::cuda::optim::address(stats, dev)?,
-    );
-    let c_ = i32_of(c, "C")?;
-    let (omm, mm, ub) = ((1.0 - m) as f32, m as f32, unbiased as f32);
-    let f = dev.get_or_load_custom_func("bn_running_update_f32", MODULE, PTX)?;
-    let mut b = f.builder();
-    b.arg(&a_rm)
-        .arg(&a_rv)
-        .arg(&a_st)
-        .arg(&c_)
-        .arg(&omm)
-        .arg(&mm)
-        .arg(&ub);
-    unsafe { b.launch(final_cfg(c)) }.w()?;
-    Ok(true)
-}
-
 /// [`crate::model::bn_act::SiluGrad`]: (x, dy) f32/bf16 → `dx = dy·silu'(x)` like x.
 pub fn silu_grad(a1: Arg, a2: Arg) -> Result<(CudaStorage, Shape)> {
     match a1.0.dtype() {

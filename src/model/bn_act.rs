@@ -57,10 +57,21 @@ pub fn bn_act_train(
     eps: f64,
     silu: bool,
 ) -> Result<Tensor> {
-    // The kernels' parameter block, built from detached values: the op's inputs are x, γ and β
-    // themselves, so autograd sees one node with three arguments (no concatenation to
-    // differentiate, no zero gradient for the statistics).
-    let p = param_block(gamma, beta, stats)?;
+    bn_act_train_block(x, gamma, beta, param_block(gamma, beta, stats)?, eps, silu)
+}
+
+/// [`bn_act_train`] from a ready parameter block `p` (4, C) = [γ; β; μ; σ²] (from
+/// [`stats_block`] or [`param_block`]; detached values of `gamma`/`beta`): the op's inputs are x,
+/// γ and β themselves, so autograd sees one node with three arguments (no concatenation to
+/// differentiate, no zero gradient for the statistics).
+pub fn bn_act_train_block(
+    x: &Tensor,
+    gamma: &Tensor,
+    beta: &Tensor,
+    p: Tensor,
+    eps: f64,
+    silu: bool,
+) -> Result<Tensor> {
     x.contiguous()?.apply_op3(
         gamma,
         beta,
@@ -206,7 +217,7 @@ impl CustomOp2 for SiluGrad {
 
 /// [`stats_block`] that also updates the running statistics `rm`, `rv` (C,) f32 in place, in the
 /// same kernel, on CUDA: `running = (1 − momentum)·running + momentum·batch` with the variance
-/// made unbiased by `unbiased` (the arithmetic of [`crate::cuda::bn_act::update_running`]).
+/// made unbiased by `unbiased` (the arithmetic of the CPU path's candle ops, rounded op by op).
 /// Returns `None` where that does not apply (the CPU, or running statistics that are not
 /// contiguous f32 tensors of x's CUDA device); the caller then uses [`stats_block`] and updates
 /// them itself.

@@ -70,12 +70,12 @@ impl BatchNorm2d {
             return Ok(if silu { y.silu()? } else { y });
         }
         if bn_act::bn_act_supported(x.device(), x.dtype()) {
-            let stats = self.fused_stats(x)?;
-            return Ok(bn_act::bn_act_train(
+            let p = self.fused_block(x)?;
+            return Ok(bn_act::bn_act_train_block(
                 x,
                 &self.weight,
                 &self.bias,
-                &stats,
+                p,
                 BN_EPS,
                 silu,
             )?);
@@ -90,27 +90,6 @@ impl BatchNorm2d {
             n,
         )?;
         Ok(y)
-    }
-
-    /// The batch statistics (2, C) = [mean; biased variance] of `x` (B, C, H, W) for the fused
-    /// op ([`bn_act::channel_stats`]), after updating the running statistics with them (one
-    /// in-place kernel on CUDA).
-    pub fn fused_stats(&self, x: &Tensor) -> Result<Tensor> {
-        let (b, _, h, w) = x.dims4()?;
-        let n = (b * h * w) as f64;
-        let stats = bn_act::channel_stats(x)?;
-        #[cfg(feature = "cuda")]
-        if crate::cuda::bn_act::update_running(
-            self.running_mean.as_tensor(),
-            self.running_var.as_tensor(),
-            &stats,
-            BN_MOMENTUM,
-            unbiased_factor(n),
-        )? {
-            return Ok(stats);
-        }
-        self.update_running(&stats.get(0)?, &stats.get(1)?, n)?;
-        Ok(stats)
     }
 
     /// The parameter block (4, C) = [γ; β; mean; biased variance] of `x` (B, C, H, W) for the
