@@ -9,7 +9,8 @@
 //! (`optimizer`) and the EMA update (`ema`). Medians of `--iters` (10) after 3 warm-ups; the
 //! `train_dual_iteration` figure is what `train_dual.py` does per batch at nominal batch 64:
 //! `fwd_bwd + (optimizer + ema) / max(round(64 / B), 1)`. The reverse mode is the training
-//! step's (`yolo9::model::tape::enabled_for`: the tape on CUDA unless `YOLO9_TAPE=0`). Peak memory is the pool high-water
+//! step's (`yolo9::train::step::train_forward`/`train_backward`: the tape on CUDA unless
+//! `YOLO9_TAPE=0`). Peak memory is the pool high-water
 //! mark of the step (CUDA) or the process RSS (CPU). Prints `name value unit` lines.
 //!
 //! `forward_host_ms`/`backward_host_ms` are the host's time to enqueue those phases (before the
@@ -152,12 +153,7 @@ fn main() -> Result<()> {
                 profiler(true);
             }
             let t0 = Instant::now();
-            let (raw, tape) = if yolo9::model::tape::enabled_for(&dev) {
-                let (raw, tape) = model.forward_taped(&x)?;
-                (raw, Some(tape))
-            } else {
-                (model.forward(&x, true)?, None)
-            };
+            let (raw, tape) = yolo9::train::step::train_forward(&model, &x)?;
             let h1 = Instant::now();
             mark(&dev, prof)?;
             sync(&dev)?;
@@ -166,11 +162,7 @@ fn main() -> Result<()> {
             mark(&dev, prof)?;
             sync(&dev)?;
             let t2 = Instant::now();
-            let mut grads = lo.total.backward()?;
-            drop(raw);
-            if let Some(tape) = tape {
-                grads = tape.backward(&mut grads)?;
-            }
+            let mut grads = yolo9::train::step::train_backward(&lo.total, raw, tape)?;
             let h3 = Instant::now();
             mark(&dev, prof)?;
             sync(&dev)?;

@@ -197,12 +197,7 @@ pub fn step(
             })
             .collect();
         let t = targets_tensor(&rows, device)?;
-        let (raw, tape) = if crate::model::tape::enabled_for(device) {
-            let (raw, tape) = model.forward_taped(&x)?;
-            (raw, Some(tape))
-        } else {
-            (model.forward(&x, true)?, None)
-        };
+        let (raw, tape) = train_forward(model, &x)?;
         times.mark(2)?;
         if faults.oom_above.is_some_and(|k| len > k) {
             bail!("injected fault: CUDA_ERROR_OUT_OF_MEMORY for a micro-batch of {len}");
@@ -219,11 +214,7 @@ pub fn step(
                 grads: None,
             });
         }
-        let mut g = lo.total.backward()?;
-        drop(raw);
-        if let Some(tape) = tape {
-            g = tape.backward(&mut g)?;
-        }
+        let mut g = train_backward(&lo.total, raw, tape)?;
         add_param_grads(&mut grads, &mut g, opt)?;
         times.mark(4)?;
         for (m, v) in items.iter_mut().zip(li) {
@@ -235,6 +226,38 @@ pub fn step(
         items: items.map(|v| v / n.max(1) as f64),
         grads,
     })
+}
+
+/// The train-mode forward of the step: taped on devices where
+/// [`crate::model::tape::enabled_for`] says so (then the tape comes back for
+/// [`train_backward`]), candle's autograd graph elsewhere.
+pub fn train_forward(
+    model: &YoloV9Train,
+    x: &Tensor,
+) -> Result<(crate::model::DualRaw, Option<crate::model::tape::Tape>)> {
+    if crate::model::tape::enabled_for(x.device()) {
+        let (raw, tape) = model.forward_taped(x)?;
+        Ok((raw, Some(tape)))
+    } else {
+        Ok((model.forward(x, true)?, None))
+    }
+}
+
+/// The gradients of the loss `total` from a [`train_forward`]: candle's backward of the loss,
+/// then the tape's backward when there is one. `raw` (the head outputs) is dropped before the
+/// tape's backward, so its memory is free for it. Returns the parameter gradients (and, without
+/// a tape, every other gradient of candle's graph).
+pub fn train_backward(
+    total: &Tensor,
+    raw: crate::model::DualRaw,
+    tape: Option<crate::model::tape::Tape>,
+) -> Result<GradStore> {
+    let mut g = total.backward()?;
+    drop(raw);
+    match tape {
+        Some(t) => t.backward(&mut g),
+        None => Ok(g),
+    }
 }
 
 /// The optimizer step of the official loop: clips the global gradient norm of `grads` to
