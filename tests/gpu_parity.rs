@@ -477,3 +477,71 @@ fn fused_sgd_clip_and_ema_equal_cpu() {
         assert!(r <= 1e-6, "momentum {n}: differs by {r:e}");
     }
 }
+
+/// The folded-BN inference epilogue (`kernels/bias_act.cu`) against its CPU op, f32 exactly up to
+/// `expf` rounding and f16 within f16 rounding, with and without SiLU, on a shape with more
+/// rows than one grid dimension covers in one step.
+#[test]
+fn bias_act_kernel_equals_cpu() {
+    use yolo9::model::bias_act::bias_act;
+    let dev = gpu();
+    for (shape, seed) in [(vec![2usize, 5, 7, 9], 1u64), (vec![3, 70, 3, 3], 2)] {
+        let c = shape[1];
+        let x = rand(&shape, seed, 4.0, 0.0);
+        let b = rand(&[c], seed + 10, 1.0, 0.0);
+        for silu in [true, false] {
+            let want = bias_act(&x, &b, silu).unwrap();
+            let got = bias_act(&x.to_device(&dev).unwrap(), &b.to_device(&dev).unwrap(), silu)
+                .unwrap()
+                .to_device(&Device::Cpu)
+                .unwrap();
+            let r = rel(&got, &want);
+            println!("bias_act {shape:?} silu {silu}: f32 rel {r:.2e}");
+            assert!(r < 1e-6, "f32 rel {r}");
+            let (xh, bh) = (x.to_dtype(DType::F16).unwrap(), b.to_dtype(DType::F16).unwrap());
+            let want_h = bias_act(&xh, &bh, silu).unwrap().to_dtype(DType::F32).unwrap();
+            let got_h = bias_act(&xh.to_device(&dev).unwrap(), &bh.to_device(&dev).unwrap(), silu)
+                .unwrap()
+                .to_dtype(DType::F32)
+                .unwrap()
+                .to_device(&Device::Cpu)
+                .unwrap();
+            let rh = rel(&got_h, &want_h);
+            println!("bias_act {shape:?} silu {silu}: f16 rel {rh:.2e}");
+            assert!(rh < 2e-3, "f16 rel {rh}");
+        }
+    }
+}
+
+/// The inference forward replayed from a CUDA graph (`yolo9::model::graphs`) equals the forward
+/// launched kernel by kernel, on the shipped weights, in f32 and f16: the second forward of a
+/// shape captures, later ones replay, each replay sees its own input.
+#[test]
+fn inference_forward_replayed_from_a_cuda_graph_equals_launched() {
+    let dev = yolo9::device::select(yolo9::device::DeviceSpec::Cuda(0)).unwrap();
+    let w = yolo9::Weights::load(std::path::Path::new("weights/yolov9-s-bccd.safetensors")).unwrap();
+    for dtype in [DType::F32, DType::F16] {
+        let m = yolo9::model::yolov9::YoloV9::load_dtype(&w, &dev, dtype).unwrap();
+        let x1 = rand(&[2, 3, 256, 320], 5, 0.5, 0.5).to_device(&dev).unwrap();
+        let x2 = rand(&[2, 3, 256, 320], 6, 0.5, 0.5).to_device(&dev).unwrap();
+        let want1 = m.forward_launched(&x1).unwrap();
+        let want2 = m.forward_launched(&x2).unwrap();
+        let a = m.forward(&x1).unwrap(); // first sighting: launched
+        let b = m.forward(&x1).unwrap(); // capture, first replay
+        let c = m.forward(&x2).unwrap(); // replay on a new input
+        let d = m.forward(&x1).unwrap(); // and back
+        assert_eq!(m.graph_counts(), (1, 2), "{dtype:?}");
+        let cpu = |t: &Tensor| t.to_device(&Device::Cpu).unwrap();
+        let (w1, w2) = (cpu(&want1), cpu(&want2));
+        let r = [rel(&cpu(&a), &w1), rel(&cpu(&b), &w1), rel(&cpu(&c), &w2), rel(&cpu(&d), &w1)];
+        println!("graph replay {dtype:?}: rel {r:?}");
+        assert!(r.iter().all(|&v| v <= 1e-6), "{dtype:?}: {r:?}");
+        assert!(rel(&w1, &w2) > 1e-3, "different inputs give different outputs");
+        // Another shape is launched the first time, then captured too.
+        let x3 = rand(&[1, 3, 224, 288], 7, 0.5, 0.5).to_device(&dev).unwrap();
+        let e1 = m.forward(&x3).unwrap();
+        let e2 = m.forward(&x3).unwrap();
+        assert_eq!(m.graph_counts(), (2, 2), "{dtype:?}");
+        assert!(rel(&cpu(&e2), &cpu(&e1)) <= 1e-6);
+    }
+}

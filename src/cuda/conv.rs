@@ -544,6 +544,41 @@ fn grow_workspace(
     Ok(())
 }
 
+/// Whether work enqueued on `stream` is being captured into a CUDA graph (see
+/// [`crate::cuda::graph`]).
+fn capturing(stream: &Arc<CudaStream>) -> bool {
+    !matches!(
+        stream.capture_status(),
+        Ok(cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+    )
+}
+
+/// An algorithm search times candidates with host synchronisations, which a CUDA graph capture
+/// does not allow: while capturing, a convolution whose algorithm is not chosen yet is an error
+/// (the capture's warm-up run chooses them).
+fn refuse_search_in_capture(stream: &Arc<CudaStream>) -> Result<()> {
+    if capturing(stream) {
+        return Err(err(
+            "a convolution shape without a chosen cuDNN algorithm inside a CUDA graph capture \
+             (the warm-up forward must run the same shapes first)",
+        ));
+    }
+    Ok(())
+}
+
+/// While `stream` is being captured, a workspace of the launch's own (`bytes` > 0): its
+/// allocation and release become nodes of the graph, so a replay never points at the shared
+/// workspace, which a later, larger algorithm may replace. `None` outside a capture.
+fn capture_workspace(stream: &Arc<CudaStream>, bytes: usize) -> Result<Option<CudaSlice<u8>>> {
+    if bytes == 0 || !capturing(stream) {
+        return Ok(None);
+    }
+    // SAFETY: scratch memory for cuDNN, which never reads it before writing.
+    let buf = unsafe { stream.alloc::<u8>(bytes) }
+        .map_err(|e| err(format!("cuDNN workspace of {bytes} bytes in a graph capture: {e:?}")))?;
+    Ok(Some(buf))
+}
+
 /// The workspace argument of a launch: `None` when the algorithm needs none.
 fn ws_arg(ws: &mut Option<CudaSlice<u8>>, bytes: usize) -> Option<&mut CudaSlice<u8>> {
     if bytes == 0 {
@@ -677,6 +712,7 @@ impl Engine {
         let algo = match cached {
             Some(a) => a,
             None => {
+                refuse_search_in_capture(&self.stream)?;
                 let mut a = None;
                 if mode == AlgoSearch::Benchmark {
                     a = benchmark(
@@ -702,12 +738,19 @@ impl Engine {
         let bytes = op
             .get_workspace_size(algo)
             .map_err(|e| cudnn_err("forward workspace size", e))?;
-        grow_workspace(&self.stream, &mut self.workspace, bytes)?;
+        let mut own = capture_workspace(&self.stream, bytes)?;
+        let ws = match own.as_mut() {
+            Some(b) => Some(b),
+            None => {
+                grow_workspace(&self.stream, &mut self.workspace, bytes)?;
+                ws_arg(&mut self.workspace, bytes)
+            }
+        };
         // SAFETY: as above.
         unsafe {
             op.launch(
                 algo,
-                ws_arg(&mut self.workspace, bytes),
+                ws,
                 (T::ONE, T::ZERO),
                 x,
                 w,
@@ -740,6 +783,7 @@ impl Engine {
         let algo = match cached {
             Some(a) => a,
             None => {
+                refuse_search_in_capture(&self.stream)?;
                 let mut a = None;
                 if mode == AlgoSearch::Benchmark {
                     a = benchmark(
@@ -764,12 +808,19 @@ impl Engine {
         let bytes = op
             .get_workspace_size(algo)
             .map_err(|e| cudnn_err("backward-data workspace size", e))?;
-        grow_workspace(&self.stream, &mut self.workspace, bytes)?;
+        let mut own = capture_workspace(&self.stream, bytes)?;
+        let ws = match own.as_mut() {
+            Some(b) => Some(b),
+            None => {
+                grow_workspace(&self.stream, &mut self.workspace, bytes)?;
+                ws_arg(&mut self.workspace, bytes)
+            }
+        };
         // SAFETY: as above.
         unsafe {
             op.launch(
                 algo,
-                ws_arg(&mut self.workspace, bytes),
+                ws,
                 (T::ONE, T::ZERO),
                 dx,
                 w,
@@ -804,6 +855,7 @@ impl Engine {
         let algo = match cached {
             Some(a) => a,
             None => {
+                refuse_search_in_capture(&self.stream)?;
                 let mut a = None;
                 if mode == AlgoSearch::Benchmark {
                     a = benchmark(
@@ -828,12 +880,19 @@ impl Engine {
         let bytes = op
             .get_workspace_size(algo)
             .map_err(|e| cudnn_err("backward-filter workspace size", e))?;
-        grow_workspace(&self.stream, &mut self.workspace, bytes)?;
+        let mut own = capture_workspace(&self.stream, bytes)?;
+        let ws = match own.as_mut() {
+            Some(b) => Some(b),
+            None => {
+                grow_workspace(&self.stream, &mut self.workspace, bytes)?;
+                ws_arg(&mut self.workspace, bytes)
+            }
+        };
         // SAFETY: as above.
         unsafe {
             op.launch(
                 algo,
-                ws_arg(&mut self.workspace, bytes),
+                ws,
                 (T::ONE, T::ZERO),
                 x,
                 dw,

@@ -3,8 +3,10 @@
 //! - [`conv`]: 2-D convolution forward and backward on cuDNN as candle custom ops, so training on a
 //!   GPU does not go through candle's own convolution backward (a direct `conv_transpose2d` for the
 //!   input gradient and an im2col convolution for the weight gradient).
+//! - [`graph`]: a fixed-shape forward captured as a CUDA graph and replayed.
 //! - [`algo_cache`]: the cuDNN algorithm choices of [`conv`], persisted in a file across runs.
 //! - [`bn_act`]: launches of the fused train-mode BatchNorm + SiLU kernels (`kernels/bn_act.cu`).
+//! - [`bias_act`]: the inference convolution epilogue `act(x + b)` in one pass (`kernels/bias_act.cu`).
 //! - [`atan`]: the element-wise arctangent of the CIoU loss term (`kernels/atan.cu`).
 //! - [`tal`]: dense TAL loss targets built on the device from the foreground rows
 //!   (`kernels/tal.cu`).
@@ -17,8 +19,10 @@
 
 pub mod algo_cache;
 pub mod atan;
+pub mod bias_act;
 pub mod bn_act;
 pub mod conv;
+pub mod graph;
 pub mod optim;
 pub mod pool;
 pub mod tal;

@@ -44,6 +44,11 @@ pub trait InferenceModel: Send + Sync {
     fn forward(&self, x: &Tensor) -> Result<Tensor>;
     /// Class names, strides, graph.
     fn meta(&self) -> &ModelMeta;
+    /// (CUDA graphs captured, forwards replayed from them) so far (see
+    /// [`crate::model::graphs`]); `(0, 0)` for a model that does not replay.
+    fn graph_counts(&self) -> (usize, usize) {
+        (0, 0)
+    }
 }
 
 /// The network stride used for letterbox padding and size rounding.
@@ -229,6 +234,21 @@ impl Detector {
         Ok(y)
     }
 
+    /// (CUDA graphs captured, forwards replayed from them) by this detector's model so far.
+    pub fn graph_counts(&self) -> (usize, usize) {
+        self.model.graph_counts()
+    }
+
+    /// The forward pass on a prepared input `x` `(B, 3, H, W)` f32 RGB 0..1 (H, W multiples of
+    /// 32, any device) → `(B, 4+nc, A)` f32 left on the detector's device (what
+    /// [`Detector::postprocess`] takes), the device synchronized before returning.
+    pub fn infer_tensor(&self, x: &Tensor) -> Result<Tensor> {
+        let x = x.to_device(&self.device)?;
+        let y = self.forward_on_device(&x)?.to_dtype(DType::F32)?;
+        self.device.synchronize()?;
+        Ok(y)
+    }
+
     /// The raw forward pass on a prepared input `x` `(B, 3, H, W)` f32 RGB 0..1 (H, W multiples
     /// of 32) → `(B, 4+nc, A)` f32 on the CPU. For callers that letterbox themselves.
     pub fn forward_tensor(&self, x: &Tensor) -> Result<Tensor> {
@@ -348,6 +368,9 @@ impl InferenceModel for crate::model::yolov9::YoloV9 {
     }
     fn meta(&self) -> &ModelMeta {
         crate::model::yolov9::YoloV9::meta(self)
+    }
+    fn graph_counts(&self) -> (usize, usize) {
+        crate::model::yolov9::YoloV9::graph_counts(self)
     }
 }
 

@@ -453,6 +453,12 @@ impl Conv {
             w
         };
         let mut y = conv2d_any(x, &w, self.padding, self.stride, self.groups)?;
+        if let (Some(b), None, false) = (&self.bias, &self.bn, train) {
+            if super::bias_act::fused_on(&y) && b.dtype() == y.dtype() {
+                // Inference with BN folded: bias + SiLU in one pass.
+                return Ok(super::bias_act::bias_act(&y, &b.detach(), self.act)?);
+            }
+        }
         if let Some(b) = &self.bias {
             let b = if train { b.clone() } else { b.detach() };
             let b = if b.dtype() != y.dtype() {

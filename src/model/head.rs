@@ -131,6 +131,40 @@ pub fn make_anchors(
     ))
 }
 
+/// Anchor rows of [`make_anchors`] as decode uses them, `(1, 2, A)` points and `(1, 1, A)`
+/// strides, contiguous, in `dtype`, built once per (sizes, strides, device, dtype) and kept in a
+/// small process-wide cache (at most 16 entries): an inference forward then uploads nothing, which
+/// a CUDA graph capture requires ([`crate::cuda::graph`]).
+fn anchor_rows(
+    sizes: &[(usize, usize)],
+    strides: &[u32],
+    device: &Device,
+    dtype: DType,
+) -> Result<(Tensor, Tensor)> {
+    type Key = (Vec<(usize, usize)>, Vec<u32>, candle_core::DeviceLocation, DType);
+    static CACHE: std::sync::OnceLock<std::sync::Mutex<Vec<(Key, (Tensor, Tensor))>>> =
+        std::sync::OnceLock::new();
+    let key: Key = (sizes.to_vec(), strides.to_vec(), device.location(), dtype);
+    let cache = CACHE.get_or_init(Default::default);
+    if let Some((_, v)) = cache
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .find(|(k, _)| *k == key)
+    {
+        return Ok(v.clone());
+    }
+    let (pts, st) = make_anchors(sizes, strides, device)?;
+    let pts = pts.t()?.unsqueeze(0)?.to_dtype(dtype)?.contiguous()?;
+    let st = st.t()?.unsqueeze(0)?.to_dtype(dtype)?.contiguous()?;
+    let mut c = cache.lock().unwrap_or_else(|p| p.into_inner());
+    if c.len() >= 16 {
+        c.remove(0);
+    }
+    c.push((key, (pts.clone(), st.clone())));
+    Ok((pts, st))
+}
+
 /// DFL expectation (official `DFL`): logits (B, 64, A), side-major (side·16 + bin) →
 /// distances (B, 4, A) = Σ_bin softmax(bin logits)·bin, in grid units, sides (l, t, r, b).
 pub fn dfl(box_logits: &Tensor) -> Result<Tensor> {
@@ -179,9 +213,7 @@ pub fn decode(raw: &[Tensor], strides: &[u32]) -> Result<Tensor> {
     }
     let flat = Tensor::cat(&flat, 2)?;
     let device = flat.device();
-    let (pts, st) = make_anchors(&sizes, strides, device)?;
-    let pts = pts.t()?.unsqueeze(0)?.to_dtype(flat.dtype())?; // (1, 2, A)
-    let st = st.t()?.unsqueeze(0)?.to_dtype(flat.dtype())?; // (1, 1, A)
+    let (pts, st) = anchor_rows(&sizes, strides, device, flat.dtype())?;
     let d = dfl(&flat.narrow(1, 0, 4 * REG_MAX)?)?; // (B, 4, A)
     let lt = d.narrow(1, 0, 2)?;
     let rb = d.narrow(1, 2, 2)?;

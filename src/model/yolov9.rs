@@ -9,6 +9,7 @@
 use super::blocks::{AConv, Elan1, RepNCSPELAN4, SppElan};
 use super::conv::{Conv, ConvSpec};
 use super::head::{decode, DetectHead, REG_MAX};
+use super::graphs::ForwardGraphs;
 use super::params::{source_name, BuildMode, Builder, NamedVar};
 use super::tape::{Ctx, Tape};
 use crate::model::weights::{Graph, ModelMeta, Weights};
@@ -181,6 +182,8 @@ pub struct YoloV9 {
     meta: ModelMeta,
     device: Device,
     dtype: DType,
+    /// CUDA-graph replays of [`YoloV9::forward`] (see [`crate::model::graphs`]).
+    graphs: ForwardGraphs,
 }
 
 impl YoloV9 {
@@ -227,6 +230,7 @@ impl YoloV9 {
             meta,
             device: device.clone(),
             dtype,
+            graphs: ForwardGraphs::new(),
         })
     }
 
@@ -253,9 +257,24 @@ impl YoloV9 {
     /// x: (B, 3, H, W) f32 RGB in 0..1, H and W multiples of 32 → (B, 4+nc, A) f32: rows 0..4 =
     /// cx, cy, w, h in input pixels, rows 4.. = sigmoid class scores; anchors P3, P4, P5,
     /// row-major within a level (A = 8400 at 640×640). Follows `DDetect.forward` in eval mode.
+    ///
+    /// On a CUDA device a shape met again is replayed from a CUDA graph
+    /// ([`crate::model::graphs`]; same values, one launch); [`YoloV9::forward_launched`] never is.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        check_input(x)?;
+        let x = x.to_device(&self.device)?;
+        self.graphs.run(&x, &|x| self.forward_launched(x))
+    }
+
+    /// [`YoloV9::forward`] with every kernel launched from the host (no CUDA graph).
+    pub fn forward_launched(&self, x: &Tensor) -> Result<Tensor> {
         let raw = self.forward_raw(x)?;
         decode(&raw, &STRIDES)
+    }
+
+    /// (CUDA graphs captured, forwards replayed from them) by [`YoloV9::forward`] so far.
+    pub fn graph_counts(&self) -> (usize, usize) {
+        self.graphs.counts()
     }
 
     /// Metadata of the loaded weights (nc, class names, strides, source graph).

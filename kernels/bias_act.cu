@@ -1,0 +1,43 @@
+// Inference epilogue of a convolution whose BatchNorm is folded: y = act(x + b[c]) per element
+// of an NCHW tensor, act = SiLU (z / (1 + exp(-z))) or identity. One pass instead of a bias add
+// and a SiLU (two passes over the activation). x, b, y are f32, f16 or bf16 (suffix _f32 / _f16 /
+// _bf16), contiguous; arithmetic is f32.
+// Rust side: src/cuda/bias_act.rs (launch), src/model/bias_act.rs (the candle op and the CPU
+// version these kernels must match).
+//
+// Grid: y covers the N*C rows (one bias per row, strided if there are more rows than blocks),
+// x covers the HW elements of a row.
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+__device__ __forceinline__ float ld(const float* p, long long i) { return p[i]; }
+__device__ __forceinline__ float ld(const __half* p, long long i) { return __half2float(p[i]); }
+__device__ __forceinline__ float ld(const __nv_bfloat16* p, long long i) { return __bfloat162float(p[i]); }
+__device__ __forceinline__ void st(float* p, long long i, float v) { p[i] = v; }
+__device__ __forceinline__ void st(__half* p, long long i, float v) { p[i] = __float2half(v); }
+__device__ __forceinline__ void st(__nv_bfloat16* p, long long i, float v) { p[i] = __float2bfloat16(v); }
+
+template <typename T>
+__device__ void bias_act(const T* __restrict__ x, const T* __restrict__ b, T* __restrict__ y,
+                         int rows, int C, int HW, int silu) {
+    for (int r = blockIdx.y; r < rows; r += gridDim.y) {
+        const float bias = ld(b, r % C);
+        const long long base = (long long)r * HW;
+        for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < HW; i += gridDim.x * blockDim.x) {
+            const float z = ld(x, base + i) + bias;
+            st(y, base + i, silu ? z / (1.0f + expf(-z)) : z);
+        }
+    }
+}
+
+#define BIAS_ACT(T, SUF)                                                                           \
+    extern "C" __global__ void bias_act_##SUF(const T* __restrict__ x, const T* __restrict__ b,    \
+                                              T* __restrict__ y, int rows, int C, int HW,          \
+                                              int silu) {                                          \
+        bias_act<T>(x, b, y, rows, C, HW, silu);                                                   \
+    }
+
+BIAS_ACT(float, f32)
+BIAS_ACT(__half, f16)
+BIAS_ACT(__nv_bfloat16, bf16)

@@ -1,0 +1,114 @@
+//! The inference epilogue of a convolution whose BatchNorm is folded into it: `y = act(x + b)`
+//! with `b` broadcast over channels, `act` SiLU or identity (official `Conv.forward_fuse`:
+//! `act(conv(x))` with the folded bias in the convolution).
+//!
+//! On CUDA this is one kernel ([`crate::cuda::bias_act`]) where candle's ops take two passes over
+//! the activation (a broadcast add, then SiLU). The CPU version is the reference the kernel is
+//! tested against; the CPU inference path itself keeps candle's ops.
+
+use candle_core::backend::BackendStorage;
+use candle_core::{CpuStorage, CustomOp2, DType, Error, Layout, Result, Shape, Tensor};
+
+/// The op: args `x` (N, C, H, W), `b` (C,) of one float dtype → `act(x + b)` like `x`. No
+/// backward (inference only).
+#[derive(Debug, Clone, Copy)]
+pub struct BiasAct {
+    /// SiLU after the bias (else identity).
+    pub silu: bool,
+}
+
+/// `silu(x + b)` (or `x + b`) for `x` (N, C, H, W) and `b` (C,) of the same float dtype, made
+/// contiguous first. Errors: other ranks or shapes, mixed dtypes.
+pub fn bias_act(x: &Tensor, b: &Tensor, silu: bool) -> Result<Tensor> {
+    x.contiguous()?
+        .apply_op2_no_bwd(&b.contiguous()?, &BiasAct { silu })
+}
+
+fn silu_f32(z: f32) -> f32 {
+    z / (1.0 + (-z).exp())
+}
+
+impl CustomOp2 for BiasAct {
+    fn name(&self) -> &'static str {
+        "bias-act"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (_, c, h, w) = l1.shape().dims4()?;
+        let hw = h * w;
+        let (Some((xa, xb)), Some((ba, bb))) = (l1.contiguous_offsets(), l2.contiguous_offsets())
+        else {
+            return Err(Error::Msg("bias_act: inputs must be contiguous".into()));
+        };
+        if bb - ba != c {
+            return Err(Error::Msg(format!(
+                "bias_act: bias {:?} for {c} channels",
+                l2.shape().dims()
+            )));
+        }
+        let silu = self.silu;
+        let f = |x: f32, b: f32| {
+            let z = x + b;
+            if silu {
+                silu_f32(z)
+            } else {
+                z
+            }
+        };
+        let out = match (s1, s2) {
+            (CpuStorage::F32(x), CpuStorage::F32(b)) => CpuStorage::F32(
+                x[xa..xb]
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &v)| f(v, b[ba + (i / hw) % c]))
+                    .collect(),
+            ),
+            (CpuStorage::F16(x), CpuStorage::F16(b)) => CpuStorage::F16(
+                x[xa..xb]
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &v)| half::f16::from_f32(f(v.to_f32(), b[ba + (i / hw) % c].to_f32())))
+                    .collect(),
+            ),
+            (CpuStorage::BF16(x), CpuStorage::BF16(b)) => CpuStorage::BF16(
+                x[xa..xb]
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &v)| {
+                        half::bf16::from_f32(f(v.to_f32(), b[ba + (i / hw) % c].to_f32()))
+                    })
+                    .collect(),
+            ),
+            _ => {
+                return Err(Error::Msg(format!(
+                    "bias_act: dtypes {:?}/{:?}",
+                    s1.dtype(),
+                    s2.dtype()
+                )))
+            }
+        };
+        Ok((out, l1.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        crate::cuda::bias_act::bias_act((s1, l1), (s2, l2), self.silu)
+    }
+}
+
+/// Whether [`bias_act`] is the faster path for `x`: a CUDA tensor of a float dtype.
+pub fn fused_on(x: &Tensor) -> bool {
+    x.device().is_cuda() && matches!(x.dtype(), DType::F32 | DType::F16 | DType::BF16)
+}
