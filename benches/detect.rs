@@ -78,7 +78,10 @@ fn main() -> Result<()> {
     println!("b1_total_ms {:.3}", median(total));
 
     if !dev.is_cpu() {
-        // GPU vs CPU parity on the same letterboxed input.
+        // GPU vs CPU parity on the same letterboxed input, with strict f32 convolutions (the
+        // timings above allow TF32, as PyTorch does).
+        #[cfg(feature = "cuda")]
+        yolo9::cuda::conv::set_strict_fp32(true);
         let cpu = Detector::load(&weights, candle_core::Device::Cpu)?;
         let (lb, info) = det.preprocess(&img)?;
         let yg = det.forward_tensor(&to_tensor(&[&lb], &dev)?)?;
@@ -112,6 +115,8 @@ fn main() -> Result<()> {
             dg[0].len(),
             dc[0].len()
         );
+        #[cfg(feature = "cuda")]
+        yolo9::cuda::conv::set_strict_fp32(false);
     }
 
     println!("graphs_captured_replayed {:?}", det.graph_counts());

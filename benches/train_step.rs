@@ -32,6 +32,7 @@ use yolo9::memory::MemoryProbe;
 use yolo9::model::weights::STRIDES;
 use yolo9::model::YoloV9Train;
 use yolo9::train::ema::Ema;
+use yolo9::train::graphed::{self, StepGraphs};
 use yolo9::train::optimizer::Sgd;
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -225,6 +226,71 @@ fn main() -> Result<()> {
         );
         println!(
             "{k}_peak_{} {:.2} GiB",
+            probe.what().replace(' ', "_"),
+            probe.peak_bytes() as f64 / (1u64 << 30) as f64
+        );
+
+        // The same micro-step replayed from CUDA graphs (`yolo9::train::graphed`, what the
+        // trainer runs on CUDA): first its gradients against the ordinary step's on the same
+        // weights and input, then its time.
+        let mut sg = StepGraphs::new();
+        if !sg.applies(&x) {
+            continue;
+        }
+        let pt: Vec<Tensor> = opt.params().iter().map(|p| p.var.as_tensor().clone()).collect();
+        let want = graphed::ordinary(&model, &loss, &pt, &x, &t, (img, img))?
+            .grads
+            .context("non-finite loss")?;
+        let mut got = None;
+        for _ in 0..4 {
+            got = sg.micro_step(&model, &loss, &pt, &x, &t, (img, img))?.grads;
+        }
+        let got = got.context("non-finite loss")?;
+        let mut worst = 0f64;
+        for p in &pt {
+            if let (Some(a), Some(b)) = (got.get(p), want.get(p)) {
+                let d = (a - b)?.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()? as f64;
+                let m = b.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()? as f64;
+                worst = worst.max(d / m.max(1e-30));
+            }
+        }
+        println!("{k}_graphed_grad_worst_rel {worst:.2e} (vs the ordinary step, {} grads)", pt.len());
+        drop((want, got));
+        probe.reset_peak();
+        let (mut tg, mut tge) = (Vec::new(), Vec::new());
+        for _ in 0..iters + 3 {
+            sync(&dev)?;
+            let t0 = Instant::now();
+            let out = sg.micro_step(&model, &loss, &pt, &x, &t, (img, img))?;
+            sync(&dev)?;
+            let t1 = Instant::now();
+            let mut grads = out.grads.context("non-finite loss")?;
+            opt.clip_grad_norm(&mut grads, yolo9::train::step::MAX_GRAD_NORM)?;
+            opt.step(&grads)?;
+            drop(grads);
+            ema.update(&model.float_state()?)?;
+            sync(&dev)?;
+            let t2 = Instant::now();
+            tg.push((t1 - t0).as_secs_f64() * 1e3);
+            tge.push((t2 - t1).as_secs_f64() * 1e3);
+        }
+        let g = median(tg[3..].to_vec());
+        let ge = median(tge[3..].to_vec());
+        println!("{k}_graphed_fwd_bwd_ms {g:.1} ms");
+        println!("{k}_graphed_optimizer_ema_ms {ge:.1} ms");
+        let it = g + ge / acc;
+        println!("{k}_graphed_train_dual_iteration_ms {it:.1} ms");
+        println!("{k}_graphed_train_dual_img_per_s {:.1} img/s", bs as f64 * 1e3 / it);
+        println!("{k}_graphed_counts {:?}", sg.counts());
+        #[cfg(feature = "cuda")]
+        if let Device::Cuda(c) = &dev {
+            println!(
+                "{k}_graphed_graph_pool_reserved_high {:.2} GiB",
+                yolo9::cuda::graph::graph_reserved_high(c)? as f64 / (1u64 << 30) as f64
+            );
+        }
+        println!(
+            "{k}_graphed_peak_{} {:.2} GiB",
             probe.what().replace(' ', "_"),
             probe.peak_bytes() as f64 / (1u64 << 30) as f64
         );

@@ -545,3 +545,61 @@ fn inference_forward_replayed_from_a_cuda_graph_equals_launched() {
         assert!(rel(&cpu(&e2), &cpu(&e1)) <= 1e-6);
     }
 }
+
+/// The training micro-step replayed from CUDA graphs (`yolo9::train::graphed`) equals the
+/// ordinary taped step: loss items and every parameter gradient, at the capture and at later
+/// replays (new targets each time), with the BN running statistics and `num_batches_tracked`
+/// of two models driven the same way equal too.
+#[test]
+fn graphed_training_step_equals_ordinary() {
+    use yolo9::train::graphed::{ordinary, StepGraphs};
+    let dev = yolo9::device::select(yolo9::device::DeviceSpec::Cuda(0)).unwrap();
+    let x = ((rand(&[2, 3, 160, 160], 21, 0.5, 0.5)).clamp(0f32, 1f32))
+        .unwrap()
+        .to_device(&dev)
+        .unwrap();
+    let tg = |k: f32| {
+        Tensor::new(
+            &[
+                [0f32, 0., 0.30 + k, 0.30, 0.20, 0.25],
+                [0., 1., 0.60, 0.55 - k, 0.35, 0.30],
+                [1., 2., 0.50, 0.50, 0.40 + k, 0.40],
+            ],
+            &Device::Cpu,
+        )
+        .unwrap()
+    };
+    let loss = DualTalLoss::new(3, &[8, 16, 32]).unwrap();
+    let a = YoloV9Train::new(None, 3, Vec::new(), &dev, 3).unwrap();
+    let b = YoloV9Train::new(None, 3, Vec::new(), &dev, 3).unwrap();
+    let pa: Vec<Tensor> = a.vars().iter().map(|v| v.var.as_tensor().clone()).collect();
+    let pb: Vec<Tensor> = b.vars().iter().map(|v| v.var.as_tensor().clone()).collect();
+    let mut sg = StepGraphs::new();
+    assert!(sg.applies(&x));
+    for (i, k) in [0.0f32, 0.02, 0.05, -0.03].into_iter().enumerate() {
+        let t = tg(k);
+        let want = ordinary(&a, &loss, &pa, &x, &t, (160, 160)).unwrap();
+        let got = sg.micro_step(&b, &loss, &pb, &x, &t, (160, 160)).unwrap();
+        assert_eq!(want.items, got.items, "step {i}: loss items");
+        let (gw, gg) = (want.grads.unwrap(), got.grads.unwrap());
+        let mut worst = 0f64;
+        for (p, q) in pa.iter().zip(&pb) {
+            let r = rel(
+                &gg.get(q).expect("graphed gradient").to_device(&Device::Cpu).unwrap(),
+                &gw.get(p).expect("ordinary gradient").to_device(&Device::Cpu).unwrap(),
+            );
+            worst = worst.max(r);
+        }
+        println!("graphed step {i} (counts {:?}): worst gradient rel {worst:.1e}", sg.counts());
+        assert!(worst <= 1e-6, "step {i}: worst gradient difference {worst}");
+    }
+    assert_eq!(sg.counts(), (1, 2));
+    assert_eq!(a.batches_tracked(), b.batches_tracked());
+    for layer in ["model.0.bn", "model.29.cv5.0.1.bn"] {
+        let (ma, va) = a.bn_running_stats(layer).expect(layer);
+        let (mb, vb) = b.bn_running_stats(layer).expect(layer);
+        let cpu = |t: Tensor| t.to_device(&Device::Cpu).unwrap().to_vec1::<f32>().unwrap();
+        assert_eq!(cpu(ma), cpu(mb), "{layer} running mean");
+        assert_eq!(cpu(va), cpu(vb), "{layer} running var");
+    }
+}

@@ -134,3 +134,43 @@ impl CapturedForward {
         self.output.copy()
     }
 }
+
+/// The high-water mark of the device memory that CUDA graphs have reserved on `dev` since the
+/// process started, in bytes (`CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH`: graph allocations come from
+/// a pool of their own, which the stream-ordered pool's counters do not include).
+pub fn graph_reserved_high(dev: &CudaDevice) -> Result<u64> {
+    use cudarc::driver::sys;
+    let ctx = dev.cuda_stream().context().clone();
+    ctx.bind_to_thread()
+        .map_err(|e| err(format!("binding the context: {e:?}")))?;
+    let mut v: u64 = 0;
+    // SAFETY: the attribute is a u64 (cuuint64_t) written into `v`.
+    let r = unsafe {
+        sys::cuDeviceGetGraphMemAttribute(
+            ctx.cu_device(),
+            sys::CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH,
+            (&mut v as *mut u64).cast(),
+        )
+    };
+    if r != sys::CUresult::CUDA_SUCCESS {
+        return Err(err(format!("cuDeviceGetGraphMemAttribute: {r:?}")));
+    }
+    Ok(v)
+}
+
+/// Returns the free memory cached by `dev`'s stream-ordered pool to the device
+/// (`cuMemPoolTrimTo(pool, 0)`; yolo9 keeps that cache otherwise, see [`crate::memory`]). Called
+/// after a capture, whose graphs hold the memory of the ordinary steps before it in a pool of
+/// their own.
+pub fn trim_stream_pool(dev: &CudaDevice) -> Result<()> {
+    use cudarc::driver::result::{device, mem_pool};
+    let ctx = dev.cuda_stream().context().clone();
+    ctx.bind_to_thread()
+        .map_err(|e| err(format!("binding the context: {e:?}")))?;
+    // SAFETY: the device belongs to a live context; the pool handle is the device's own.
+    unsafe {
+        let pool = device::get_mem_pool(ctx.cu_device())
+            .map_err(|e| err(format!("querying the memory pool: {e:?}")))?;
+        mem_pool::trim_to(pool, 0).map_err(|e| err(format!("trimming the memory pool: {e:?}")))
+    }
+}

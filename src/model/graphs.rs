@@ -28,8 +28,10 @@ pub fn graphs_enabled() -> bool {
     std::env::var(GRAPH_ENV).map_or(true, |v| v.trim() != "0")
 }
 
+/// Input shape, dtype, and whether f32 convolutions are strict (the capture records the math
+/// type of its cuDNN calls).
 #[cfg(feature = "cuda")]
-type Key = (Vec<usize>, DType);
+type Key = (Vec<usize>, DType, bool);
 
 #[cfg(feature = "cuda")]
 struct Entry(crate::cuda::graph::CapturedForward);
@@ -101,7 +103,11 @@ impl ForwardGraphs {
         forward: &dyn Fn(&Tensor) -> Result<Tensor>,
     ) -> Result<Tensor> {
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let key: Key = (x.dims().to_vec(), x.dtype());
+        let key: Key = (
+            x.dims().to_vec(),
+            x.dtype(),
+            crate::cuda::conv::strict_fp32(),
+        );
         if let Some(i) = s.graphs.iter().position(|(k, _)| *k == key) {
             let e = s.graphs.remove(i);
             let y = e.1 .0.run(x);

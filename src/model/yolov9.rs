@@ -519,6 +519,12 @@ impl YoloV9Train {
         &self.device
     }
 
+    /// Counts one train-mode forward in `num_batches_tracked` without running one: what a
+    /// replayed forward ([`crate::train::graphed`]) does on the host side.
+    pub fn count_batch(&self) {
+        self.batches_tracked.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// `num_batches_tracked` of every BN layer.
     pub fn batches_tracked(&self) -> i64 {
         self.batches_tracked.load(Ordering::Relaxed)

@@ -217,6 +217,7 @@ fn step_peak(
             loss,
             opt,
             device,
+            graphs: None,
         },
         &input,
         batch,

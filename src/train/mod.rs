@@ -4,6 +4,7 @@
 pub mod budget;
 pub mod checkpoint;
 pub mod ema;
+pub mod graphed;
 pub mod guard;
 pub mod optimizer;
 pub mod options;

@@ -139,6 +139,9 @@ pub struct StepParts<'a> {
     pub opt: &'a Sgd,
     /// The device of the model.
     pub device: &'a Device,
+    /// CUDA-graph replay of the micro-step ([`crate::train::graphed`]); `None` runs every
+    /// micro-step with ordinary launches (the memory-budget probe measures those).
+    pub graphs: Option<&'a std::cell::RefCell<crate::train::graphed::StepGraphs>>,
 }
 
 /// Outcome of one loader batch.
@@ -169,6 +172,7 @@ pub fn step(
         loss,
         opt,
         device,
+        graphs,
     } = *parts;
     let s = input.img;
     let n = input.len;
@@ -197,6 +201,31 @@ pub fn step(
             })
             .collect();
         let t = targets_tensor(&rows, device)?;
+        if let Some(gr) = graphs.filter(|g| g.borrow().applies(&x) && faults.oom_above.is_none()) {
+            // Forward, loss and backward in one call (replayed graphs): the forward and loss
+            // phases are timed as part of the backward.
+            let params: Vec<Tensor> = opt.params().iter().map(|p| p.var.as_tensor().clone()).collect();
+            let out = gr
+                .borrow_mut()
+                .micro_step(model, loss, &params, &x, &t, (s, s))?;
+            times.mark(4)?;
+            let mut li = out.items;
+            if faults.nan_at.contains(&ni) {
+                li = [f32::NAN; 3];
+            }
+            let Some(mut g) = out.grads.filter(|_| li.iter().all(|v| v.is_finite())) else {
+                return Ok(BatchOutcome {
+                    items: li.map(|v| v as f64),
+                    grads: None,
+                });
+            };
+            add_param_grads(&mut grads, &mut g, opt)?;
+            for (m, v) in items.iter_mut().zip(li) {
+                *m += v as f64 * len as f64;
+            }
+            start += len;
+            continue;
+        }
         let (raw, tape) = train_forward(model, &x)?;
         times.mark(2)?;
         if faults.oom_above.is_some_and(|k| len > k) {

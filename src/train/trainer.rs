@@ -175,6 +175,8 @@ struct Run<'a> {
     nan_rollbacks: usize,
     acc: Option<GradStore>,
     good: GoodState,
+    /// CUDA-graph replay of the training micro-step (see [`crate::train::graphed`]).
+    graphs: std::cell::RefCell<crate::train::graphed::StepGraphs>,
 }
 
 impl Run<'_> {
@@ -207,12 +209,15 @@ impl Run<'_> {
                 loss: &self.loss,
                 opt: &self.opt,
                 device: &self.device,
+                graphs: Some(&self.graphs),
             };
             let input = StepInput::of(batch, self.opts.img as usize);
             match step(&parts, &input, self.micro, &self.faults, ni, times) {
                 Ok(o) => return Ok((o, events)),
                 Err(e) if is_oom(&e) => {
                     self.model.restore_bn(&bn)?;
+                    // A captured step holds its activations' memory: release it first.
+                    self.graphs.borrow_mut().reset();
                     if self.micro <= 1 {
                         return Err(e.context(format!(
                             "out of memory with a micro-batch of 1 at --img {}; lower --img or \
@@ -709,6 +714,7 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
         nan_rollbacks,
         acc,
         good,
+        graphs: Default::default(),
     };
     let interval = std::time::Duration::from_secs_f64(opts.save_interval * 60.0);
 

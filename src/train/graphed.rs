@@ -1,0 +1,439 @@
+//! The training micro-step (taped forward → loss → tape backward) with its forward and backward
+//! replayed from CUDA graphs.
+//!
+//! The step is bound by the host: enqueueing the ~1,700 kernels of the taped forward and the
+//! ~3,600 of its backward takes longer than the GPU needs to run them (`benches/train_step.rs`:
+//! `forward_host_ms` ≈ the forward phase). A CUDA graph replays a recorded sequence with one
+//! launch (see [`crate::cuda::graph`] for the mechanism and its requirements).
+//!
+//! [`StepGraphs::micro_step`] captures two graphs for one input shape and precision:
+//! - **forward**: the taped forward ([`YoloV9Train::forward_taped`]) from a fixed input buffer;
+//!   its head outputs (the loss's inputs) and the tape (each node's saved tensors) live in graph
+//!   memory, at the same addresses at every replay, and the BN running statistics are updated in
+//!   place as in an ordinary forward;
+//! - **backward**: [`crate::model::tape::Tape::backward`] from fixed gradient-seed buffers to the
+//!   parameter gradients; it frees the forward's saved tensors as it goes, as the ordinary backward
+//!   does.
+//!
+//! Between the two, the loss (with its CPU assigner) runs as ordinary launches on the forward's
+//! outputs, and candle's backward of the loss fills the seed buffers. The parameter gradients are
+//! copied out of graph memory before they are returned (the next replay reuses it).
+//!
+//! Policy: the first micro-step of a shape runs ordinarily (choosing the cuDNN algorithms); the
+//! second captures; later ones replay. One shape is kept (a smaller last batch runs ordinarily).
+//! A capture that fails (an out-of-memory included) turns the graphs off for the run with one
+//! warning. `YOLO9_TRAIN_GRAPH=0` turns them off; they need the tape ([`crate::model::tape`]).
+//! The values are those of the ordinary step (`tests/gpu_parity.rs` compares every gradient).
+
+use crate::loss::DualTalLoss;
+use crate::model::yolov9::YoloV9Train;
+use anyhow::Result;
+use candle_core::backprop::GradStore;
+use candle_core::Tensor;
+
+/// Environment variable that turns CUDA-graph replay of the training step off (`0`).
+pub const TRAIN_GRAPH_ENV: &str = "YOLO9_TRAIN_GRAPH";
+
+/// Whether [`TRAIN_GRAPH_ENV`] allows training graphs (default yes).
+pub fn train_graphs_enabled() -> bool {
+    std::env::var(TRAIN_GRAPH_ENV).map_or(true, |v| v.trim() != "0")
+}
+
+/// The outcome of one micro-step: the loss items and, when they are finite, the parameter
+/// gradients (fresh tensors, keyed by the parameters).
+pub struct MicroOutcome {
+    /// `[box, cls, dfl]` loss items of the micro-batch.
+    pub items: [f32; 3],
+    /// Parameter gradients (`None` when an item is not finite: no backward ran).
+    pub grads: Option<GradStore>,
+}
+
+/// The captured training step of one run (see the module docs). Not `Send`.
+#[derive(Default)]
+pub struct StepGraphs {
+    #[cfg(feature = "cuda")]
+    inner: imp::State,
+}
+
+impl std::fmt::Debug for StepGraphs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (c, r) = self.counts();
+        write!(f, "StepGraphs {{ captures: {c}, replays: {r} }}")
+    }
+}
+
+impl StepGraphs {
+    /// No capture yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// (captures made, micro-steps replayed).
+    pub fn counts(&self) -> (usize, usize) {
+        #[cfg(feature = "cuda")]
+        return (self.inner.captures, self.inner.replays);
+        #[cfg(not(feature = "cuda"))]
+        (0, 0)
+    }
+
+    /// Drops the capture (its graph memory is released); the next micro-steps start over with
+    /// an ordinary one. For out-of-memory recovery.
+    pub fn reset(&mut self) {
+        #[cfg(feature = "cuda")]
+        {
+            self.inner.cap = None;
+            self.inner.seen = None;
+        }
+    }
+
+    /// Whether [`StepGraphs::micro_step`] can run for `x` (a CUDA tensor, the tape on, graphs
+    /// allowed and not turned off by a failed capture). When `false`, run the ordinary step.
+    pub fn applies(&self, x: &Tensor) -> bool {
+        #[cfg(feature = "cuda")]
+        return x.device().is_cuda()
+            && crate::model::tape::enabled_for(x.device())
+            && train_graphs_enabled()
+            && !self.inner.off;
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = x;
+            false
+        }
+    }
+
+    /// One micro-step on `x` (B, 3, H, W) f32 and `targets` (N, 6), captured, replayed or run
+    /// ordinarily by the policy of the module docs. `params` are the tensors whose gradients are
+    /// returned (the optimizer's variables).
+    ///
+    /// Errors: those of the ordinary step (forward, loss, backward); a failed capture is not
+    /// one (the ordinary step runs, and graphs are off from then on).
+    pub fn micro_step(
+        &mut self,
+        model: &YoloV9Train,
+        loss: &DualTalLoss,
+        params: &[Tensor],
+        x: &Tensor,
+        targets: &Tensor,
+        img_hw: (usize, usize),
+    ) -> Result<MicroOutcome> {
+        #[cfg(feature = "cuda")]
+        return self
+            .inner
+            .micro_step(model, loss, params, x, targets, img_hw);
+        #[cfg(not(feature = "cuda"))]
+        ordinary(model, loss, params, x, targets, img_hw)
+    }
+}
+
+/// The ordinary micro-step: taped (or autograd) forward, loss, backward.
+pub fn ordinary(
+    model: &YoloV9Train,
+    loss: &DualTalLoss,
+    params: &[Tensor],
+    x: &Tensor,
+    targets: &Tensor,
+    img_hw: (usize, usize),
+) -> Result<MicroOutcome> {
+    let (raw, tape) = crate::train::step::train_forward(model, x)?;
+    let lo = loss.compute(&raw.aux, &raw.main, targets, img_hw)?;
+    if lo.items.iter().any(|v| !v.is_finite()) {
+        return Ok(MicroOutcome {
+            items: lo.items,
+            grads: None,
+        });
+    }
+    let mut g = crate::train::step::train_backward(&lo.total, raw, tape)?;
+    let mut out = GradStore::default();
+    for p in params {
+        if let Some(t) = g.remove(p) {
+            out.insert(p, t.detach());
+        }
+    }
+    Ok(MicroOutcome {
+        items: lo.items,
+        grads: Some(out),
+    })
+}
+
+#[cfg(feature = "cuda")]
+mod imp {
+    use super::{ordinary, MicroOutcome};
+    use crate::loss::DualTalLoss;
+    use crate::model::yolov9::YoloV9Train;
+    use crate::model::DualRaw;
+    use anyhow::{anyhow, Context, Result};
+    use candle_core::backprop::GradStore;
+    use candle_core::backend::BackendDevice;
+    use candle_core::{DType, Device, Tensor};
+    use cudarc::driver::safe::CudaGraph;
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+
+    type Key = (Vec<usize>, DType, bool);
+
+    /// One captured shape.
+    pub(super) struct Captured {
+        // Graphs first: destroyed before the memory held below is freed.
+        fwd: CudaGraph,
+        bwd: CudaGraph,
+        key: Key,
+        input: Tensor,
+        raw: DualRaw,
+        /// (head-output variable, its gradient-seed buffer), aux then main.
+        seeds: Vec<(Tensor, Tensor)>,
+        /// (parameter, its gradient in the backward graph's memory).
+        grads: Vec<(Tensor, Tensor)>,
+    }
+
+    #[derive(Default)]
+    pub(super) struct State {
+        pub(super) seen: Option<Key>,
+        pub(super) cap: Option<Captured>,
+        pub(super) off: bool,
+        pub(super) captures: usize,
+        pub(super) replays: usize,
+    }
+
+    fn key_of(model: &YoloV9Train, x: &Tensor) -> Key {
+        (
+            x.dims().to_vec(),
+            x.dtype(),
+            model.amp() || crate::cuda::conv::strict_fp32(),
+        )
+    }
+
+    fn outputs(raw: &DualRaw) -> impl Iterator<Item = &Tensor> {
+        raw.aux.iter().chain(raw.main.iter())
+    }
+
+    impl State {
+        pub(super) fn micro_step(
+            &mut self,
+            model: &YoloV9Train,
+            loss: &DualTalLoss,
+            params: &[Tensor],
+            x: &Tensor,
+            targets: &Tensor,
+            img_hw: (usize, usize),
+        ) -> Result<MicroOutcome> {
+            let Device::Cuda(dev) = x.device() else {
+                return ordinary(model, loss, params, x, targets, img_hw);
+            };
+            let key = key_of(model, x);
+            if let Some(c) = &self.cap {
+                if c.key == key {
+                    self.replays += 1;
+                    return c.replay(model, loss, x, targets, img_hw);
+                }
+            }
+            if self.seen.as_ref() != Some(&key) {
+                // First sighting: an ordinary step under candle's upload cache, so that the
+                // capture finds every small kernel-parameter upload cached and every cuDNN
+                // algorithm chosen.
+                self.seen = Some(key);
+                let fwd_bwd = {
+                    let _cache = dev.enable_cuda_graph_htod_cache();
+                    crate::train::step::train_forward(model, x)?
+                };
+                let (raw, tape) = fwd_bwd;
+                let lo = loss.compute(&raw.aux, &raw.main, targets, img_hw)?;
+                if lo.items.iter().any(|v| !v.is_finite()) {
+                    return Ok(MicroOutcome {
+                        items: lo.items,
+                        grads: None,
+                    });
+                }
+                let mut g = {
+                    let _cache = dev.enable_cuda_graph_htod_cache();
+                    crate::train::step::train_backward(&lo.total, raw, tape)?
+                };
+                let mut out = GradStore::default();
+                for p in params {
+                    if let Some(t) = g.remove(p) {
+                        out.insert(p, t.detach());
+                    }
+                }
+                return Ok(MicroOutcome {
+                    items: lo.items,
+                    grads: Some(out),
+                });
+            }
+            self.cap = None;
+            match Captured::capture(dev, model, loss, params, x, targets, img_hw, key) {
+                Ok((c, out)) => {
+                    self.captures += 1;
+                    self.cap = Some(c);
+                    Ok(out)
+                }
+                Err(CaptureError::Step(e)) => Err(e),
+                Err(CaptureError::Graph(e)) => {
+                    tracing::warn!(
+                        "training step: CUDA graph capture failed, ordinary launches are used \
+                         from now on: {}",
+                        crate::device::error_head(&format!("{e:#}"))
+                    );
+                    self.off = true;
+                    ordinary(model, loss, params, x, targets, img_hw)
+                }
+            }
+        }
+    }
+
+    /// A capture failure (fall back to ordinary launches) or an error of the step itself.
+    enum CaptureError {
+        Graph(anyhow::Error),
+        Step(anyhow::Error),
+    }
+
+    fn begin(dev: &candle_core::CudaDevice) -> Result<()> {
+        dev.cuda_stream()
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(|e| anyhow!("begin capture: {e:?}"))
+    }
+
+    fn end(dev: &candle_core::CudaDevice) -> Result<CudaGraph> {
+        dev.cuda_stream()
+            .end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH)
+            .map_err(|e| anyhow!("end capture / instantiate: {e:?}"))?
+            .ok_or_else(|| anyhow!("the capture recorded nothing"))
+    }
+
+    fn copy_grads(grads: &[(Tensor, Tensor)]) -> Result<GradStore> {
+        let mut out = GradStore::default();
+        for (p, g) in grads {
+            out.insert(p, g.copy()?);
+        }
+        Ok(out)
+    }
+
+    impl Captured {
+        #[allow(clippy::too_many_arguments)]
+        fn capture(
+            dev: &candle_core::CudaDevice,
+            model: &YoloV9Train,
+            loss: &DualTalLoss,
+            params: &[Tensor],
+            x: &Tensor,
+            targets: &Tensor,
+            img_hw: (usize, usize),
+            key: Key,
+        ) -> std::result::Result<(Self, MicroOutcome), CaptureError> {
+            use CaptureError::{Graph, Step};
+            if dev.is_event_tracking() {
+                return Err(Graph(anyhow!("the device tracks CUDA events")));
+            }
+            let input = x.contiguous().and_then(|t| t.copy()).map_err(|e| Step(e.into()))?;
+            dev.synchronize().map_err(|e| Step(e.into()))?;
+            // Forward graph.
+            let (fwd, raw, tape) = {
+                let _cache = dev.enable_cuda_graph_htod_cache();
+                begin(dev).map_err(Graph)?;
+                let r = model.forward_taped(&input);
+                let g = end(dev);
+                let (raw, tape) = r.context("taped forward in a CUDA graph capture").map_err(Graph)?;
+                (g.map_err(Graph)?, raw, tape)
+            };
+            fwd.launch().map_err(|e| Graph(anyhow!("forward replay: {e:?}")))?;
+            let lo = loss
+                .compute(&raw.aux, &raw.main, targets, img_hw)
+                .map_err(Step)?;
+            if lo.items.iter().any(|v| !v.is_finite()) {
+                return Err(Step(anyhow!(
+                    "non-finite loss {:?} in the capture step",
+                    lo.items
+                )));
+            }
+            let items = lo.items;
+            let mut lg = lo.total.backward().map_err(|e| Step(e.into()))?;
+            // Seed buffers: the loss gradients, copied to memory of their own.
+            let mut seeds = Vec::new();
+            let mut store = GradStore::default();
+            for v in outputs(&raw) {
+                let s = match lg.remove(v) {
+                    Some(g) => g.contiguous().and_then(|g| g.copy()),
+                    None => v.zeros_like(),
+                }
+                .map_err(|e| Step(e.into()))?;
+                store.insert(v, s.clone());
+                seeds.push((v.clone(), s));
+            }
+            drop(lg);
+            drop(lo);
+            dev.synchronize().map_err(|e| Step(e.into()))?;
+            // Backward graph.
+            let (bwd, mut pg) = {
+                let _cache = dev.enable_cuda_graph_htod_cache();
+                begin(dev).map_err(Graph)?;
+                let r = tape.backward(&mut store);
+                drop(store);
+                let g = end(dev);
+                let pg = r.context("tape backward in a CUDA graph capture").map_err(Graph)?;
+                (g.map_err(Graph)?, pg)
+            };
+            let grads: Vec<(Tensor, Tensor)> = params
+                .iter()
+                .filter_map(|p| pg.remove(p).map(|g| (p.clone(), g)))
+                .collect();
+            drop(pg);
+            bwd.launch().map_err(|e| Graph(anyhow!("backward replay: {e:?}")))?;
+            let out = copy_grads(&grads).map_err(Step)?;
+            // The ordinary steps before the capture left their peak cached in the stream-ordered
+            // pool; the graphs now hold that memory in their own pool, so give it back.
+            dev.synchronize().map_err(|e| Step(e.into()))?;
+            crate::cuda::graph::trim_stream_pool(dev).map_err(|e| Step(e.into()))?;
+            let c = Captured {
+                fwd,
+                bwd,
+                key,
+                input,
+                raw,
+                seeds,
+                grads,
+            };
+            Ok((
+                c,
+                MicroOutcome {
+                    items,
+                    grads: Some(out),
+                },
+            ))
+        }
+
+        /// One replayed micro-step (see the module docs).
+        fn replay(
+            &self,
+            model: &YoloV9Train,
+            loss: &DualTalLoss,
+            x: &Tensor,
+            targets: &Tensor,
+            img_hw: (usize, usize),
+        ) -> Result<MicroOutcome> {
+            self.input.slice_set(&x.contiguous()?, 0, 0)?;
+            self.fwd
+                .launch()
+                .map_err(|e| anyhow!("training forward replay: {e:?}"))?;
+            model.count_batch();
+            let lo = loss.compute(&self.raw.aux, &self.raw.main, targets, img_hw)?;
+            if lo.items.iter().any(|v| !v.is_finite()) {
+                return Ok(MicroOutcome {
+                    items: lo.items,
+                    grads: None,
+                });
+            }
+            let mut lg = lo.total.backward()?;
+            for (v, s) in &self.seeds {
+                match lg.remove(v) {
+                    Some(g) => s.slice_set(&g.contiguous()?, 0, 0)?,
+                    None => s.slice_set(&s.zeros_like()?, 0, 0)?,
+                }
+            }
+            drop(lg);
+            self.bwd
+                .launch()
+                .map_err(|e| anyhow!("training backward replay: {e:?}"))?;
+            Ok(MicroOutcome {
+                items: lo.items,
+                grads: Some(copy_grads(&self.grads)?),
+            })
+        }
+    }
+}
