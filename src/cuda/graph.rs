@@ -174,3 +174,18 @@ pub fn trim_stream_pool(dev: &CudaDevice) -> Result<()> {
         mem_pool::trim_to(pool, 0).map_err(|e| err(format!("trimming the memory pool: {e:?}")))
     }
 }
+
+/// Returns the memory cached for CUDA graphs on `dev` that no graph uses any more to the device
+/// (`cuDeviceGraphMemTrim`), e.g. after a captured forward was dropped.
+pub fn trim_graph_pool(dev: &CudaDevice) -> Result<()> {
+    use cudarc::driver::sys;
+    let ctx = dev.cuda_stream().context().clone();
+    ctx.bind_to_thread()
+        .map_err(|e| err(format!("binding the context: {e:?}")))?;
+    // SAFETY: the device belongs to a live context.
+    let r = unsafe { sys::cuDeviceGraphMemTrim(ctx.cu_device()) };
+    if r != sys::CUresult::CUDA_SUCCESS {
+        return Err(err(format!("cuDeviceGraphMemTrim: {r:?}")));
+    }
+    Ok(())
+}

@@ -1,9 +1,10 @@
 //! Replays of an inference forward captured as CUDA graphs, one per input shape, with ordinary
 //! launches as the fall-back (the capture itself: [`crate::cuda::graph`]).
 //!
-//! Policy: on a CUDA device (`cuda` feature), an input shape and dtype seen for the second time is
-//! captured (its first forward chose the cuDNN algorithms; a shape seen once, as each image of a
-//! folder of mixed sizes, never pays for a capture), and later forwards of that shape replay it.
+//! Policy: on a CUDA device (`cuda` feature), an input shape and dtype seen for the third time is
+//! captured (a capture costs about two ordinary forwards: a shape seen once or twice, as each
+//! image of a folder of mixed sizes or the two full batches of a short validation, never pays for
+//! one), and later forwards of that shape replay it.
 //! At most [`MAX_GRAPHS`] captures are kept (least recently used dropped). A shape whose capture
 //! fails runs ordinary launches from then on, with one warning. `YOLO9_CUDA_GRAPH=0` turns
 //! replays off. Forwards through one [`ForwardGraphs`] are serialised (the GPU runs them one after
@@ -19,6 +20,9 @@ use std::sync::Mutex;
 
 /// Environment variable that turns CUDA-graph replay of inference forwards off (`0`).
 pub const GRAPH_ENV: &str = "YOLO9_CUDA_GRAPH";
+
+/// The sighting of a shape at which it is captured (see the module docs).
+pub const CAPTURE_AT: u32 = 3;
 
 /// Captured shapes kept per [`ForwardGraphs`] (each holds its activations' memory).
 pub const MAX_GRAPHS: usize = 2;
@@ -117,7 +121,7 @@ impl ForwardGraphs {
         }
         let n = s.seen.entry(key.clone()).or_insert(0);
         *n += 1;
-        if *n >= 2 && !s.failed.contains_key(&key) {
+        if *n >= CAPTURE_AT && !s.failed.contains_key(&key) {
             let f = |t: &Tensor| forward(t).map_err(|e| candle_core::Error::Msg(format!("{e:#}")));
             match crate::cuda::graph::CapturedForward::capture(dev, x, &f) {
                 Ok((c, y)) => {

@@ -19,8 +19,14 @@
 //! outputs, and candle's backward of the loss fills the seed buffers. The parameter gradients are
 //! copied out of graph memory before they are returned (the next replay reuses it).
 //!
-//! Policy: the first micro-step of a shape runs ordinarily (choosing the cuDNN algorithms); the
-//! second captures; later ones replay. One shape is kept (a smaller last batch runs ordinarily).
+//! Policy: the first micro-step of a shape runs ordinarily (choosing the cuDNN algorithms and
+//! filling candle's cache of small uploads, which a capture needs); later ones capture once and
+//! replay. One capture is kept: a micro-batch of another shape (a smaller last batch) drops it
+//! and runs ordinarily, and [`StepGraphs::reset`] drops it before validation and after an
+//! out-of-memory error, so a capture's memory is never held while something else needs memory;
+//! the next micro-step of a known shape captures again. Before capturing, the memory the ordinary
+//! steps left cached in the stream-ordered pool is returned, and after dropping a capture its
+//! graph memory, so the device holds one step's memory, not two.
 //! A capture that fails (an out-of-memory included) turns the graphs off for the run with one
 //! warning. `YOLO9_TRAIN_GRAPH=0` turns them off; they need the tape ([`crate::model::tape`]).
 //! The values are those of the ordinary step (`tests/gpu_parity.rs` compares every gradient).
@@ -80,10 +86,7 @@ impl StepGraphs {
     /// an ordinary one. For out-of-memory recovery.
     pub fn reset(&mut self) {
         #[cfg(feature = "cuda")]
-        {
-            self.inner.cap = None;
-            self.inner.seen = None;
-        }
+        self.inner.drop_capture();
     }
 
     /// Whether [`StepGraphs::micro_step`] can run for `x` (a CUDA tensor, the tape on, graphs
@@ -186,8 +189,9 @@ mod imp {
 
     #[derive(Default)]
     pub(super) struct State {
-        pub(super) seen: Option<Key>,
-        pub(super) cap: Option<Captured>,
+        /// Shapes that ran an ordinary step under the upload cache (ready to capture).
+        warm: Vec<Key>,
+        cap: Option<Captured>,
         pub(super) off: bool,
         pub(super) captures: usize,
         pub(super) replays: usize,
@@ -206,6 +210,22 @@ mod imp {
     }
 
     impl State {
+        /// Drops the capture, if any, and returns its graph memory to the device.
+        pub(super) fn drop_capture(&mut self) {
+            if let Some(c) = self.cap.take() {
+                let dev = c.input.device().clone();
+                drop(c);
+                if let Device::Cuda(d) = &dev {
+                    if let Err(e) = d
+                        .synchronize()
+                        .and_then(|()| crate::cuda::graph::trim_graph_pool(d))
+                    {
+                        tracing::warn!("releasing CUDA graph memory: {e}");
+                    }
+                }
+            }
+        }
+
         pub(super) fn micro_step(
             &mut self,
             model: &YoloV9Train,
@@ -225,11 +245,12 @@ mod imp {
                     return c.replay(model, loss, x, targets, img_hw);
                 }
             }
-            if self.seen.as_ref() != Some(&key) {
+            self.drop_capture();
+            if !self.warm.contains(&key) {
                 // First sighting: an ordinary step under candle's upload cache, so that the
                 // capture finds every small kernel-parameter upload cached and every cuDNN
                 // algorithm chosen.
-                self.seen = Some(key);
+                self.warm.push(key);
                 let fwd_bwd = {
                     let _cache = dev.enable_cuda_graph_htod_cache();
                     crate::train::step::train_forward(model, x)?
@@ -257,7 +278,10 @@ mod imp {
                     grads: Some(out),
                 });
             }
-            self.cap = None;
+            // The ordinary steps' memory, cached in the stream-ordered pool, goes back first, so
+            // the graphs' pool can take it.
+            dev.synchronize()?;
+            crate::cuda::graph::trim_stream_pool(dev)?;
             match Captured::capture(dev, model, loss, params, x, targets, img_hw, key) {
                 Ok((c, out)) => {
                     self.captures += 1;
@@ -376,10 +400,6 @@ mod imp {
             drop(pg);
             bwd.launch().map_err(|e| Graph(anyhow!("backward replay: {e:?}")))?;
             let out = copy_grads(&grads).map_err(Step)?;
-            // The ordinary steps before the capture left their peak cached in the stream-ordered
-            // pool; the graphs now hold that memory in their own pool, so give it back.
-            dev.synchronize().map_err(|e| Step(e.into()))?;
-            crate::cuda::graph::trim_stream_pool(dev).map_err(|e| Step(e.into()))?;
             let c = Captured {
                 fwd,
                 bwd,

@@ -884,6 +884,9 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
         let mut validated = false;
         let tv = std::time::Instant::now();
         if (!opts.noval || final_epoch) && !vimages.is_empty() {
+            // The captured training step holds a training forward's activations: release them
+            // for validation (the next epoch captures again, see `train::graphed`).
+            run.graphs.borrow_mut().reset();
             let map: HashMap<String, Tensor> = run.ema.state.iter().cloned().collect();
             eval_model.load_state_dict(&map)?;
             let mut vb = (run.micro * 2).max(1);
