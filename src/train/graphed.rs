@@ -89,19 +89,34 @@ impl StepGraphs {
         self.inner.drop_capture();
     }
 
-    /// Whether [`StepGraphs::micro_step`] can run for `x` (a CUDA tensor, the tape on, graphs
-    /// allowed and not turned off by a failed capture). When `false`, run the ordinary step.
-    pub fn applies(&self, x: &Tensor) -> bool {
+    /// Turns replay off for good (the ordinary step runs).
+    pub fn disable(&mut self) {
         #[cfg(feature = "cuda")]
-        return x.device().is_cuda()
-            && crate::model::tape::enabled_for(x.device())
+        {
+            self.inner.drop_capture();
+            self.inner.off = true;
+        }
+    }
+
+    /// Whether micro-steps on `dev` would be replayed (a CUDA device, the tape on, graphs allowed
+    /// and not turned off).
+    pub fn applies_to(&self, dev: &candle_core::Device) -> bool {
+        #[cfg(feature = "cuda")]
+        return dev.is_cuda()
+            && crate::model::tape::enabled_for(dev)
             && train_graphs_enabled()
             && !self.inner.off;
         #[cfg(not(feature = "cuda"))]
         {
-            let _ = x;
+            let _ = dev;
             false
         }
+    }
+
+    /// Whether [`StepGraphs::micro_step`] can run for `x` (a CUDA tensor, the tape on, graphs
+    /// allowed and not turned off by a failed capture). When `false`, run the ordinary step.
+    pub fn applies(&self, x: &Tensor) -> bool {
+        self.applies_to(x.device())
     }
 
     /// One micro-step on `x` (B, 3, H, W) f32 and `targets` (N, 6), captured, replayed or run
@@ -185,12 +200,18 @@ mod imp {
         seeds: Vec<(Tensor, Tensor)>,
         /// (parameter, its gradient in the backward graph's memory).
         grads: Vec<(Tensor, Tensor)>,
+        /// Replays so far.
+        replays: usize,
     }
 
     #[derive(Default)]
     pub(super) struct State {
         /// Shapes that ran an ordinary step under the upload cache (ready to capture).
         warm: Vec<Key>,
+        /// Shapes whose capture was dropped for another shape before it was replayed twice:
+        /// shapes that alternate (micro-batches of unequal size) run ordinarily, since a capture
+        /// per micro-step costs more than it saves.
+        unprofitable: Vec<Key>,
         cap: Option<Captured>,
         pub(super) off: bool,
         pub(super) captures: usize,
@@ -239,13 +260,22 @@ mod imp {
                 return ordinary(model, loss, params, x, targets, img_hw);
             };
             let key = key_of(model, x);
-            if let Some(c) = &self.cap {
+            if let Some(c) = &mut self.cap {
                 if c.key == key {
                     self.replays += 1;
+                    c.replays += 1;
                     return c.replay(model, loss, x, targets, img_hw);
                 }
             }
+            if let Some(c) = &self.cap {
+                if c.replays < 2 && !self.unprofitable.contains(&c.key) {
+                    self.unprofitable.push(c.key.clone());
+                }
+            }
             self.drop_capture();
+            if self.unprofitable.contains(&key) {
+                return ordinary(model, loss, params, x, targets, img_hw);
+            }
             if !self.warm.contains(&key) {
                 // First sighting: an ordinary step under candle's upload cache, so that the
                 // capture finds every small kernel-parameter upload cached and every cuDNN
@@ -408,6 +438,7 @@ mod imp {
                 raw,
                 seeds,
                 grads,
+                replays: 0,
             };
             Ok((
                 c,

@@ -716,6 +716,25 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
         good,
         graphs: Default::default(),
     };
+    // CUDA-graph replay of the step (`train::graphed`) holds the captured step's memory in the
+    // graphs' own pool, beside what the ordinary phases keep: with a memory budget the step runs
+    // as ordinary launches, so the measured sizing holds.
+    let graphed = run.budget.is_none() && run.graphs.borrow().applies_to(&run.device);
+    if !graphed {
+        run.graphs.borrow_mut().disable();
+    }
+    if opts.verbose && device.is_cuda() {
+        println!(
+            "training step: {}",
+            if graphed {
+                "replayed from CUDA graphs (YOLO9_TRAIN_GRAPH=0 turns that off)"
+            } else if run.budget.is_some() {
+                "ordinary launches (CUDA-graph replay is off under a memory budget)"
+            } else {
+                "ordinary launches"
+            }
+        );
+    }
     let interval = std::time::Duration::from_secs_f64(opts.save_interval * 60.0);
 
     let mut reports = Vec::new();
