@@ -237,7 +237,11 @@ fn main() -> Result<()> {
         if !sg.applies(&x) {
             continue;
         }
-        let pt: Vec<Tensor> = opt.params().iter().map(|p| p.var.as_tensor().clone()).collect();
+        let pt: Vec<Tensor> = opt
+            .params()
+            .iter()
+            .map(|p| p.var.as_tensor().clone())
+            .collect();
         let want = graphed::ordinary(&model, &loss, &pt, &x, &t, (img, img))?
             .grads
             .context("non-finite loss")?;
@@ -303,7 +307,10 @@ fn main() -> Result<()> {
         println!("{k}_graphed_optimizer_ema_ms {ge:.1} ms");
         let it = g + ge / acc;
         println!("{k}_graphed_train_dual_iteration_ms {it:.1} ms");
-        println!("{k}_graphed_train_dual_img_per_s {:.1} img/s", bs as f64 * 1e3 / it);
+        println!(
+            "{k}_graphed_train_dual_img_per_s {:.1} img/s",
+            bs as f64 * 1e3 / it
+        );
         println!("{k}_graphed_counts {:?}", sg.counts());
         #[cfg(feature = "cuda")]
         if let Device::Cuda(c) = &dev {

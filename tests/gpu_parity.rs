@@ -491,21 +491,35 @@ fn bias_act_kernel_equals_cpu() {
         let b = rand(&[c], seed + 10, 1.0, 0.0);
         for silu in [true, false] {
             let want = bias_act(&x, &b, silu).unwrap();
-            let got = bias_act(&x.to_device(&dev).unwrap(), &b.to_device(&dev).unwrap(), silu)
-                .unwrap()
-                .to_device(&Device::Cpu)
-                .unwrap();
+            let got = bias_act(
+                &x.to_device(&dev).unwrap(),
+                &b.to_device(&dev).unwrap(),
+                silu,
+            )
+            .unwrap()
+            .to_device(&Device::Cpu)
+            .unwrap();
             let r = rel(&got, &want);
             println!("bias_act {shape:?} silu {silu}: f32 rel {r:.2e}");
             assert!(r < 1e-6, "f32 rel {r}");
-            let (xh, bh) = (x.to_dtype(DType::F16).unwrap(), b.to_dtype(DType::F16).unwrap());
-            let want_h = bias_act(&xh, &bh, silu).unwrap().to_dtype(DType::F32).unwrap();
-            let got_h = bias_act(&xh.to_device(&dev).unwrap(), &bh.to_device(&dev).unwrap(), silu)
+            let (xh, bh) = (
+                x.to_dtype(DType::F16).unwrap(),
+                b.to_dtype(DType::F16).unwrap(),
+            );
+            let want_h = bias_act(&xh, &bh, silu)
                 .unwrap()
                 .to_dtype(DType::F32)
-                .unwrap()
-                .to_device(&Device::Cpu)
                 .unwrap();
+            let got_h = bias_act(
+                &xh.to_device(&dev).unwrap(),
+                &bh.to_device(&dev).unwrap(),
+                silu,
+            )
+            .unwrap()
+            .to_dtype(DType::F32)
+            .unwrap()
+            .to_device(&Device::Cpu)
+            .unwrap();
             let rh = rel(&got_h, &want_h);
             println!("bias_act {shape:?} silu {silu}: f16 rel {rh:.2e}");
             assert!(rh < 2e-3, "f16 rel {rh}");
@@ -519,11 +533,16 @@ fn bias_act_kernel_equals_cpu() {
 #[test]
 fn inference_forward_replayed_from_a_cuda_graph_equals_launched() {
     let dev = yolo9::device::select(yolo9::device::DeviceSpec::Cuda(0)).unwrap();
-    let w = yolo9::Weights::load(std::path::Path::new("weights/yolov9-s-bccd.safetensors")).unwrap();
+    let w =
+        yolo9::Weights::load(std::path::Path::new("weights/yolov9-s-bccd.safetensors")).unwrap();
     for dtype in [DType::F32, DType::F16] {
         let m = yolo9::model::yolov9::YoloV9::load_dtype(&w, &dev, dtype).unwrap();
-        let x1 = rand(&[2, 3, 256, 320], 5, 0.5, 0.5).to_device(&dev).unwrap();
-        let x2 = rand(&[2, 3, 256, 320], 6, 0.5, 0.5).to_device(&dev).unwrap();
+        let x1 = rand(&[2, 3, 256, 320], 5, 0.5, 0.5)
+            .to_device(&dev)
+            .unwrap();
+        let x2 = rand(&[2, 3, 256, 320], 6, 0.5, 0.5)
+            .to_device(&dev)
+            .unwrap();
         let want1 = m.forward_launched(&x1).unwrap();
         let want2 = m.forward_launched(&x2).unwrap();
         let a = m.forward(&x1).unwrap(); // first sighting: launched
@@ -534,12 +553,22 @@ fn inference_forward_replayed_from_a_cuda_graph_equals_launched() {
         assert_eq!(m.graph_counts(), (1, 2), "{dtype:?}");
         let cpu = |t: &Tensor| t.to_device(&Device::Cpu).unwrap();
         let (w1, w2) = (cpu(&want1), cpu(&want2));
-        let r = [rel(&cpu(&a), &w1), rel(&cpu(&b), &w1), rel(&cpu(&c), &w2), rel(&cpu(&d), &w1)];
+        let r = [
+            rel(&cpu(&a), &w1),
+            rel(&cpu(&b), &w1),
+            rel(&cpu(&c), &w2),
+            rel(&cpu(&d), &w1),
+        ];
         println!("graph replay {dtype:?}: rel {r:?}");
         assert!(r.iter().all(|&v| v <= 1e-6), "{dtype:?}: {r:?}");
-        assert!(rel(&w1, &w2) > 1e-3, "different inputs give different outputs");
+        assert!(
+            rel(&w1, &w2) > 1e-3,
+            "different inputs give different outputs"
+        );
         // Another shape is launched the first time, then captured too.
-        let x3 = rand(&[1, 3, 224, 288], 7, 0.5, 0.5).to_device(&dev).unwrap();
+        let x3 = rand(&[1, 3, 224, 288], 7, 0.5, 0.5)
+            .to_device(&dev)
+            .unwrap();
         let e1 = m.forward(&x3).unwrap();
         let _ = m.forward(&x3).unwrap();
         let e2 = m.forward(&x3).unwrap();
@@ -587,12 +616,21 @@ fn graphed_training_step_equals_ordinary() {
         let mut worst = 0f64;
         for (p, q) in pa.iter().zip(&pb) {
             let r = rel(
-                &gg.get(q).expect("graphed gradient").to_device(&Device::Cpu).unwrap(),
-                &gw.get(p).expect("ordinary gradient").to_device(&Device::Cpu).unwrap(),
+                &gg.get(q)
+                    .expect("graphed gradient")
+                    .to_device(&Device::Cpu)
+                    .unwrap(),
+                &gw.get(p)
+                    .expect("ordinary gradient")
+                    .to_device(&Device::Cpu)
+                    .unwrap(),
             );
             worst = worst.max(r);
         }
-        println!("graphed step {i} (counts {:?}): worst gradient rel {worst:.1e}", sg.counts());
+        println!(
+            "graphed step {i} (counts {:?}): worst gradient rel {worst:.1e}",
+            sg.counts()
+        );
         // Two ordinary steps differ by a few 1e-6 (cuDNN's weight-gradient algorithms add with
         // atomics); a replay reading a stale or wrong buffer is off by far more.
         assert!(worst <= 1e-4, "step {i}: worst gradient difference {worst}");

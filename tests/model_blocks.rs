@@ -313,13 +313,33 @@ fn bias_act_equals_broadcast_add_then_silu() {
     let lin = bias_act(&x, &b, false).unwrap();
     assert_eq!(common::max_abs(&lin, &want_lin), 0.0);
     // Element (1, 2, 3, 4): z = x + 2, silu(z) = z / (1 + e^-z).
-    let xv = x.get(1).unwrap().get(2).unwrap().get(3).unwrap().get(4).unwrap();
+    let xv = x
+        .get(1)
+        .unwrap()
+        .get(2)
+        .unwrap()
+        .get(3)
+        .unwrap()
+        .get(4)
+        .unwrap();
     let z = xv.to_scalar::<f32>().unwrap() + 2.0;
-    let g = got.get(1).unwrap().get(2).unwrap().get(3).unwrap().get(4).unwrap();
+    let g = got
+        .get(1)
+        .unwrap()
+        .get(2)
+        .unwrap()
+        .get(3)
+        .unwrap()
+        .get(4)
+        .unwrap();
     assert!((g.to_scalar::<f32>().unwrap() - z / (1.0 + (-z).exp())).abs() < 1e-6);
     // Non-contiguous input is made contiguous first.
     let xt = x.transpose(2, 3).unwrap();
-    let want_t = xt.broadcast_add(&b.reshape((1, 3, 1, 1)).unwrap()).unwrap().silu().unwrap();
+    let want_t = xt
+        .broadcast_add(&b.reshape((1, 3, 1, 1)).unwrap())
+        .unwrap()
+        .silu()
+        .unwrap();
     assert!(common::max_abs(&bias_act(&xt, &b, true).unwrap(), &want_t) < 1e-6);
     let bad = Tensor::new(&[1f32, 2.0], &Device::Cpu).unwrap();
     assert!(bias_act(&x, &bad, true).is_err());

@@ -4,7 +4,9 @@
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda::CudaDType;
-use candle_core::cuda_backend::cudarc::driver::{CudaView, DeviceRepr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::{
+    CudaView, DeviceRepr, LaunchConfig, PushKernelArg,
+};
 use candle_core::cuda_backend::WrapErr;
 use candle_core::{CudaStorage, DType, Error, Layout, Result, Shape};
 
@@ -72,10 +74,7 @@ fn run<T: CudaDType + DeviceRepr>(
     // SAFETY: every element is written by the kernel before it is read.
     let mut y = unsafe { dev.alloc::<T>(rows * hw)? };
     if rows * hw == 0 {
-        return Ok((
-            CudaStorage::wrap_cuda_slice(y, dev),
-            xl.shape().clone(),
-        ));
+        return Ok((CudaStorage::wrap_cuda_slice(y, dev), xl.shape().clone()));
     }
     let cfg = LaunchConfig {
         grid_dim: (
@@ -86,11 +85,7 @@ fn run<T: CudaDType + DeviceRepr>(
         block_dim: (BLOCK, 1, 1),
         shared_mem_bytes: 0,
     };
-    let (rows_, c_, hw_) = (
-        i32_of(rows, "N*C")?,
-        i32_of(c, "C")?,
-        i32_of(hw, "H*W")?,
-    );
+    let (rows_, c_, hw_) = (i32_of(rows, "N*C")?, i32_of(c, "C")?, i32_of(hw, "H*W")?);
     let silu_ = i32::from(silu);
     let f = dev.get_or_load_custom_func(&format!("bias_act_{suf}"), MODULE, PTX)?;
     let mut bld = f.builder();

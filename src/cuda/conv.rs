@@ -574,8 +574,11 @@ fn capture_workspace(stream: &Arc<CudaStream>, bytes: usize) -> Result<Option<Cu
         return Ok(None);
     }
     // SAFETY: scratch memory for cuDNN, which never reads it before writing.
-    let buf = unsafe { stream.alloc::<u8>(bytes) }
-        .map_err(|e| err(format!("cuDNN workspace of {bytes} bytes in a graph capture: {e:?}")))?;
+    let buf = unsafe { stream.alloc::<u8>(bytes) }.map_err(|e| {
+        err(format!(
+            "cuDNN workspace of {bytes} bytes in a graph capture: {e:?}"
+        ))
+    })?;
     Ok(Some(buf))
 }
 
@@ -747,17 +750,8 @@ impl Engine {
             }
         };
         // SAFETY: as above.
-        unsafe {
-            op.launch(
-                algo,
-                ws,
-                (T::ONE, T::ZERO),
-                x,
-                w,
-                y,
-            )
-        }
-        .map_err(|e| cudnn_err("convolution forward", e))
+        unsafe { op.launch(algo, ws, (T::ONE, T::ZERO), x, w, y) }
+            .map_err(|e| cudnn_err("convolution forward", e))
     }
 
     /// `dx = conv_backward_data(w, dy)` (`cudnnConvolutionBackwardData`, alpha 1, beta 0).
@@ -817,17 +811,8 @@ impl Engine {
             }
         };
         // SAFETY: as above.
-        unsafe {
-            op.launch(
-                algo,
-                ws,
-                (T::ONE, T::ZERO),
-                dx,
-                w,
-                dy,
-            )
-        }
-        .map_err(|e| cudnn_err("convolution backward data", e))
+        unsafe { op.launch(algo, ws, (T::ONE, T::ZERO), dx, w, dy) }
+            .map_err(|e| cudnn_err("convolution backward data", e))
     }
 
     /// `dw = conv_backward_filter(x, dy)` (`cudnnConvolutionBackwardFilter`, alpha 1, beta 0).
@@ -889,17 +874,8 @@ impl Engine {
             }
         };
         // SAFETY: as above.
-        unsafe {
-            op.launch(
-                algo,
-                ws,
-                (T::ONE, T::ZERO),
-                x,
-                dw,
-                dy,
-            )
-        }
-        .map_err(|e| cudnn_err("convolution backward filter", e))
+        unsafe { op.launch(algo, ws, (T::ONE, T::ZERO), x, dw, dy) }
+            .map_err(|e| cudnn_err("convolution backward filter", e))
     }
 }
 

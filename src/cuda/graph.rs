@@ -69,7 +69,9 @@ impl CapturedForward {
         forward: &dyn Fn(&Tensor) -> Result<Tensor>,
     ) -> Result<(Self, Tensor)> {
         if dev.is_event_tracking() {
-            return Err(err("the device tracks CUDA events (yolo9::device::select turns that off)"));
+            return Err(err(
+                "the device tracks CUDA events (yolo9::device::select turns that off)",
+            ));
         }
         let stream = dev.cuda_stream();
         let _cache = dev.enable_cuda_graph_htod_cache();
@@ -83,9 +85,8 @@ impl CapturedForward {
             .map_err(|e| err(format!("begin capture: {e:?}")))?;
         let captured = forward(&input);
         // End the capture whatever happened inside it, so the stream is usable again.
-        let graph = stream.end_capture(
-            CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH,
-        );
+        let graph = stream
+            .end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
         let output = captured?;
         let graph = graph
             .map_err(|e| err(format!("end capture / instantiate: {e:?}")))?
@@ -95,7 +96,8 @@ impl CapturedForward {
             .map_err(|e| err(format!("first replay: {e:?}")))?;
         let first = output.copy()?;
         let d = relative_diff(&first, &warm)?;
-        if !(d <= 1e-3) {
+        // NaN counts as a difference.
+        if d.is_nan() || d > 1e-3 {
             return Err(err(format!(
                 "the first replay differs from the warm-up forward by {d:e} (relative)"
             )));

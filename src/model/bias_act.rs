@@ -73,7 +73,9 @@ impl CustomOp2 for BiasAct {
                 x[xa..xb]
                     .iter()
                     .enumerate()
-                    .map(|(i, &v)| half::f16::from_f32(f(v.to_f32(), b[ba + (i / hw) % c].to_f32())))
+                    .map(|(i, &v)| {
+                        half::f16::from_f32(f(v.to_f32(), b[ba + (i / hw) % c].to_f32()))
+                    })
                     .collect(),
             ),
             (CpuStorage::BF16(x), CpuStorage::BF16(b)) => CpuStorage::BF16(

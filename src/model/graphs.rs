@@ -11,9 +11,9 @@
 //! the other anyway, and a capture must not see another thread's work on the stream).
 
 use anyhow::Result;
+use candle_core::Tensor;
 #[cfg(feature = "cuda")]
 use candle_core::{DType, Device};
-use candle_core::Tensor;
 #[cfg(feature = "cuda")]
 use std::collections::HashMap;
 use std::sync::Mutex;

@@ -141,9 +141,14 @@ fn anchor_rows(
     device: &Device,
     dtype: DType,
 ) -> Result<(Tensor, Tensor)> {
-    type Key = (Vec<(usize, usize)>, Vec<u32>, candle_core::DeviceLocation, DType);
-    static CACHE: std::sync::OnceLock<std::sync::Mutex<Vec<(Key, (Tensor, Tensor))>>> =
-        std::sync::OnceLock::new();
+    type Key = (
+        Vec<(usize, usize)>,
+        Vec<u32>,
+        candle_core::DeviceLocation,
+        DType,
+    );
+    type Cache = std::sync::Mutex<Vec<(Key, (Tensor, Tensor))>>;
+    static CACHE: std::sync::OnceLock<Cache> = std::sync::OnceLock::new();
     let key: Key = (sizes.to_vec(), strides.to_vec(), device.location(), dtype);
     let cache = CACHE.get_or_init(Default::default);
     if let Some((_, v)) = cache

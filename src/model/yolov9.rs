@@ -8,8 +8,8 @@
 
 use super::blocks::{AConv, Elan1, RepNCSPELAN4, SppElan};
 use super::conv::{Conv, ConvSpec};
-use super::head::{decode, DetectHead, REG_MAX};
 use super::graphs::ForwardGraphs;
+use super::head::{decode, DetectHead, REG_MAX};
 use super::params::{source_name, BuildMode, Builder, NamedVar};
 use super::tape::{Ctx, Tape};
 use crate::model::weights::{Graph, ModelMeta, Weights};

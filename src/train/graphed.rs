@@ -180,8 +180,8 @@ mod imp {
     use crate::model::yolov9::YoloV9Train;
     use crate::model::DualRaw;
     use anyhow::{anyhow, Context, Result};
-    use candle_core::backprop::GradStore;
     use candle_core::backend::BackendDevice;
+    use candle_core::backprop::GradStore;
     use candle_core::{DType, Device, Tensor};
     use cudarc::driver::safe::CudaGraph;
     use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
@@ -375,7 +375,10 @@ mod imp {
             if dev.is_event_tracking() {
                 return Err(Graph(anyhow!("the device tracks CUDA events")));
             }
-            let input = x.contiguous().and_then(|t| t.copy()).map_err(|e| Step(e.into()))?;
+            let input = x
+                .contiguous()
+                .and_then(|t| t.copy())
+                .map_err(|e| Step(e.into()))?;
             dev.synchronize().map_err(|e| Step(e.into()))?;
             // Forward graph.
             let (fwd, raw, tape) = {
@@ -383,10 +386,13 @@ mod imp {
                 begin(dev).map_err(Graph)?;
                 let r = model.forward_taped(&input);
                 let g = end(dev);
-                let (raw, tape) = r.context("taped forward in a CUDA graph capture").map_err(Graph)?;
+                let (raw, tape) = r
+                    .context("taped forward in a CUDA graph capture")
+                    .map_err(Graph)?;
                 (g.map_err(Graph)?, raw, tape)
             };
-            fwd.launch().map_err(|e| Graph(anyhow!("forward replay: {e:?}")))?;
+            fwd.launch()
+                .map_err(|e| Graph(anyhow!("forward replay: {e:?}")))?;
             let lo = loss
                 .compute(&raw.aux, &raw.main, targets, img_hw)
                 .map_err(Step)?;
@@ -420,7 +426,9 @@ mod imp {
                 let r = tape.backward(&mut store);
                 drop(store);
                 let g = end(dev);
-                let pg = r.context("tape backward in a CUDA graph capture").map_err(Graph)?;
+                let pg = r
+                    .context("tape backward in a CUDA graph capture")
+                    .map_err(Graph)?;
                 (g.map_err(Graph)?, pg)
             };
             let grads: Vec<(Tensor, Tensor)> = params
@@ -428,7 +436,8 @@ mod imp {
                 .filter_map(|p| pg.remove(p).map(|g| (p.clone(), g)))
                 .collect();
             drop(pg);
-            bwd.launch().map_err(|e| Graph(anyhow!("backward replay: {e:?}")))?;
+            bwd.launch()
+                .map_err(|e| Graph(anyhow!("backward replay: {e:?}")))?;
             let out = copy_grads(&grads).map_err(Step)?;
             let c = Captured {
                 fwd,

@@ -204,7 +204,11 @@ pub fn step(
         if let Some(gr) = graphs.filter(|g| g.borrow().applies(&x) && faults.oom_above.is_none()) {
             // Forward, loss and backward in one call (replayed graphs): the forward and loss
             // phases are timed as part of the backward.
-            let params: Vec<Tensor> = opt.params().iter().map(|p| p.var.as_tensor().clone()).collect();
+            let params: Vec<Tensor> = opt
+                .params()
+                .iter()
+                .map(|p| p.var.as_tensor().clone())
+                .collect();
             let out = gr
                 .borrow_mut()
                 .micro_step(model, loss, &params, &x, &t, (s, s))?;
