@@ -1,7 +1,9 @@
 //! Device selection (`--device cpu|N`), shared by `detect`, `train` and `val`.
 //!
 //! Accepted spellings (case-insensitive, surrounding spaces ignored): `cpu`, a CUDA index `0`,
-//! `cuda:0` or `cuda` (= `cuda:0`), and for commands that use several GPUs a comma list `0,1`.
+//! `cuda:0` or `cuda` (= `cuda:0`), `auto` or an empty value (the default: the first CUDA GPU
+//! when this build has CUDA and one is present, else the CPU, as the official `--device ''`),
+//! and for commands that use several GPUs a comma list `0,1`.
 //! Parsing ([`parse_device`], [`parse_devices`]) only checks the syntax, so clap can reject a bad
 //! value at parse time; [`select`] checks availability and opens the device.
 use anyhow::{bail, Result};
@@ -10,6 +12,8 @@ use candle_core::Device;
 /// A parsed `--device` value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DeviceSpec {
+    /// The first CUDA GPU if this build has CUDA and one can be opened, else the CPU.
+    Auto,
     /// The CPU.
     Cpu,
     /// CUDA device by ordinal.
@@ -19,6 +23,7 @@ pub enum DeviceSpec {
 impl std::fmt::Display for DeviceSpec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
+            DeviceSpec::Auto => write!(f, "auto"),
             DeviceSpec::Cpu => write!(f, "cpu"),
             DeviceSpec::Cuda(i) => write!(f, "cuda:{i}"),
         }
@@ -43,6 +48,7 @@ pub fn parse_device(s: &str) -> Result<DeviceSpec, String> {
 
 fn parse_one(t: &str) -> Option<DeviceSpec> {
     match t {
+        "" | "auto" => Some(DeviceSpec::Auto),
         "cpu" => Some(DeviceSpec::Cpu),
         "cuda" | "gpu" => Some(DeviceSpec::Cuda(0)),
         _ => {
@@ -73,10 +79,30 @@ pub fn parse_devices(s: &str) -> Result<Vec<DeviceSpec>, String> {
         }
         out.push(d);
     }
+    if out.len() > 1 && out.contains(&DeviceSpec::Auto) {
+        return Err(format!("invalid device '{s}': 'auto' stands alone"));
+    }
     if out.len() > 1 && out.contains(&DeviceSpec::Cpu) {
         return Err(format!("invalid device '{s}': cannot mix cpu with GPUs"));
     }
     Ok(out)
+}
+
+/// How a device is named to the user: `cpu` or `cuda:N`.
+pub fn name_of(d: &Device) -> String {
+    match d.location() {
+        candle_core::DeviceLocation::Cuda { gpu_id } => format!("cuda:{gpu_id}"),
+        _ => "cpu".to_string(),
+    }
+}
+
+/// The line a command prints when `--device` was left to [`DeviceSpec::Auto`], naming the pick.
+pub fn auto_notice(d: &Device) -> String {
+    format!(
+        "device: {} (the default, --device auto: the first CUDA GPU if there is one; --device cpu \
+         or --device N picks another)",
+        name_of(d)
+    )
 }
 
 /// Names of the devices this build can use now, e.g. `["cpu"]` or `["cpu", "cuda:0"]`.
@@ -98,6 +124,15 @@ pub fn available_devices() -> Vec<String> {
 /// devices).
 pub fn select(spec: DeviceSpec) -> Result<Device> {
     match spec {
+        DeviceSpec::Auto => {
+            if cfg!(feature = "cuda") && candle_core::utils::cuda_is_available() {
+                if let Ok(d) = Device::new_cuda(0) {
+                    single_stream(&d);
+                    return Ok(d);
+                }
+            }
+            Ok(Device::Cpu)
+        }
         DeviceSpec::Cpu => Ok(Device::Cpu),
         DeviceSpec::Cuda(i) => {
             if !candle_core::utils::cuda_is_available() {

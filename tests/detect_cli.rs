@@ -26,7 +26,15 @@ fn defaults_like_detect_dual() {
     assert_eq!(a.conf_thres, 0.25);
     assert_eq!(a.iou_thres, 0.45);
     assert_eq!(a.max_det, 1000);
-    assert_eq!(a.device, DeviceSpec::Cpu);
+    // The official default `--device ''`: the first CUDA GPU when there is one, else the CPU.
+    assert_eq!(a.device, DeviceSpec::Auto);
+    #[cfg(not(feature = "cuda"))]
+    assert_eq!(
+        yolo9::device::select(a.device).unwrap().location(),
+        candle_core::Device::Cpu.location()
+    );
+    assert_eq!(parse(&["--device", "cpu"]).unwrap().device, DeviceSpec::Cpu);
+    assert!(yolo9::device::parse_devices("auto,0").is_err());
     assert_eq!(a.project, std::path::PathBuf::from("runs/detect"));
     assert_eq!(a.name, "exp");
     assert_eq!(a.line_thickness, 3);

@@ -70,8 +70,9 @@ pub struct DetectArgs {
     /// Class-agnostic NMS.
     #[arg(long = "agnostic-nms")]
     pub agnostic_nms: bool,
-    /// Device: cpu, or a CUDA index such as 0 (cuda:0).
-    #[arg(long, default_value = "cpu", value_parser = parse_device, allow_negative_numbers = true)]
+    /// Device: auto (the default: the first CUDA GPU if this build has CUDA and one is present,
+    /// else the CPU), cpu, or a CUDA index such as 0 (cuda:0).
+    #[arg(long, default_value = "auto", value_parser = parse_device, allow_negative_numbers = true)]
     pub device: DeviceSpec,
     /// Half-precision (f16) inference on a CUDA device, as the official --half. On the CPU it is
     /// ignored with a notice (f32 is used; half precision is slower there).
@@ -284,6 +285,9 @@ pub fn run(args: DetectArgs) -> Result<()> {
     let sources = expand_sources(&args.source)?;
     let weights = resolve_weights(args.weights.as_deref())?;
     let device = crate::device::select(args.device)?;
+    if args.device == DeviceSpec::Auto {
+        eprintln!("{}", crate::device::auto_notice(&device));
+    }
     let dtype = inference_dtype(args.half, &device);
     if let Some(budget) = args.budget {
         let w = crate::model::weights::Weights::load(&weights)

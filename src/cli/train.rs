@@ -49,8 +49,9 @@ pub struct TrainArgs {
     /// PyTorch's do. No effect on the CPU.
     #[arg(long)]
     pub strict_fp32: bool,
-    /// Device: cpu or a CUDA ordinal.
-    #[arg(long, default_value = "cpu")]
+    /// Device: auto (the default: the first CUDA GPU if there is one, else the CPU), cpu, or a
+    /// CUDA ordinal.
+    #[arg(long, default_value = "auto")]
     pub device: String,
     /// Loader threads, 0..=256 (0, the default: available cores - 1).
     #[arg(long, default_value = "0", value_parser = crate::cli::parse::workers)]

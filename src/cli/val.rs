@@ -40,8 +40,9 @@ pub struct ValArgs {
     /// Maximum detections per image (≥ 1).
     #[arg(long, default_value = "300", value_parser = crate::cli::parse::positive)]
     pub max_det: usize,
-    /// Device: cpu or a CUDA ordinal.
-    #[arg(long, default_value = "cpu")]
+    /// Device: auto (the default: the first CUDA GPU if there is one, else the CPU), cpu, or a
+    /// CUDA ordinal.
+    #[arg(long, default_value = "auto")]
     pub device: String,
     /// Memory budget, e.g. 4GiB: the batch is the largest (up to --batch) whose measured forward
     /// peak fits.

@@ -99,7 +99,11 @@ pub struct TrainSummary {
 /// `cpu` → CPU; `N` → CUDA device N (needs the `cuda` feature).
 pub fn parse_device(s: &str) -> Result<Device> {
     let spec = crate::device::parse_device(s).map_err(|e| anyhow::anyhow!("--device {s}: {e}"))?;
-    crate::device::select(spec)
+    let d = crate::device::select(spec)?;
+    if spec == crate::device::DeviceSpec::Auto {
+        eprintln!("{}", crate::device::auto_notice(&d));
+    }
+    Ok(d)
 }
 
 /// The `results.csv` header.
