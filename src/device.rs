@@ -204,7 +204,11 @@ mod tests {
         assert_eq!(parse_device(" CPU "), Ok(DeviceSpec::Cpu));
         assert_eq!(parse_device("0"), Ok(DeviceSpec::Cuda(0)));
         assert_eq!(parse_device("cuda:3"), Ok(DeviceSpec::Cuda(3)));
-        for bad in ["cuda:x", "-1", "", "1.0", "+1", "gpu0", "0,0", "0,1"] {
+        // Empty (the official `--device ''`) and `auto`: the first GPU if there is one.
+        assert_eq!(parse_device(""), Ok(DeviceSpec::Auto));
+        assert_eq!(parse_device(" Auto "), Ok(DeviceSpec::Auto));
+        assert!(parse_devices("auto,0").unwrap_err().contains("alone"));
+        for bad in ["cuda:x", "-1", "1.0", "+1", "gpu0", "0,0", "0,1"] {
             let e = parse_device(bad).unwrap_err();
             assert!(e.contains(&format!("'{bad}'")), "{bad}: {e}");
         }

@@ -28,6 +28,8 @@ pub mod loss;
 pub mod memory;
 pub mod metrics;
 pub mod model;
+pub mod op_args;
+pub mod pt;
 pub mod runs;
 pub mod train;
 

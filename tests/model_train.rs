@@ -421,3 +421,35 @@ fn max_pool_op_equals_the_composite_and_routes_ties_to_the_first_maximum() -> an
     assert_eq!(dt.flatten_all()?.to_vec1::<f32>()?, vec![2.0, 1.0, 0.0]);
     Ok(())
 }
+
+/// On the CPU the training step's CUDA-graph replay (`yolo9::train::graphed`) does not apply and
+/// its micro-step is the ordinary one: same loss items and gradients as `ordinary` on an identical
+/// model, BN statistics counted once per micro-step.
+#[test]
+fn graphed_micro_step_on_the_cpu_is_the_ordinary_step() {
+    use yolo9::train::graphed::{ordinary, StepGraphs};
+    let a = YoloV9Train::new(None, 3, vec![], &Device::Cpu, 5).unwrap();
+    let b = YoloV9Train::new(None, 3, vec![], &Device::Cpu, 5).unwrap();
+    let x = common::uniform(&[1, 3, 64, 64], 13)
+        .to_dtype(DType::F32)
+        .unwrap()
+        .affine(0.5, 0.5)
+        .unwrap();
+    let t = Tensor::new(&[[0f32, 1., 0.5, 0.5, 0.4, 0.3]], &Device::Cpu).unwrap();
+    let loss = yolo9::loss::DualTalLoss::new(3, &[8, 16, 32]).unwrap();
+    let pa: Vec<Tensor> = a.vars().iter().map(|v| v.var.as_tensor().clone()).collect();
+    let pb: Vec<Tensor> = b.vars().iter().map(|v| v.var.as_tensor().clone()).collect();
+    let mut sg = StepGraphs::new();
+    assert!(!sg.applies(&x), "no CUDA graphs on the CPU");
+    let want = ordinary(&a, &loss, &pa, &x, &t, (64, 64)).unwrap();
+    let got = sg.micro_step(&b, &loss, &pb, &x, &t, (64, 64)).unwrap();
+    assert_eq!(want.items, got.items);
+    assert!(want.items.iter().all(|v| v.is_finite() && *v > 0.0));
+    let (gw, gg) = (want.grads.unwrap(), got.grads.unwrap());
+    for (p, q) in pa.iter().zip(&pb) {
+        let (u, v) = (gw.get(p).unwrap(), gg.get(q).unwrap());
+        assert_eq!(common::max_abs(u, v), 0.0);
+    }
+    assert_eq!(sg.counts(), (0, 0));
+    assert_eq!((a.batches_tracked(), b.batches_tracked()), (1, 1));
+}

@@ -1,9 +1,9 @@
 //! CUDA launches of the fused train-mode BN + SiLU kernels (`kernels/bn_act.cu`, compiled to PTX
-//! by `build.rs`) for the candle ops of [`crate::model::bn_act`]. Activations are f32 or bf16
+//! by `build.rs`) for the candle ops of `crate::model::bn_act`. Activations are f32 or bf16
 //! (mixed-precision training), parameter blocks and statistics f32; every input must be
 //! contiguous. Reductions are deterministic (fixed partial-sum order, no atomics).
 
-use crate::model::bn_act::{geometry, params_range, BnAct};
+use crate::op_args::{geometry, params_range, RunningUpdate};
 use candle_core::backend::BackendStorage;
 use candle_core::cuda::CudaDType;
 use candle_core::cuda_backend::cudarc::driver::DeviceRepr;
@@ -110,7 +110,7 @@ fn reduce_cfg(c: usize, parts: usize) -> LaunchConfig {
     }
 }
 
-/// [`crate::model::bn_act::ChannelStats`]: x (N, C, H, W) f32/bf16 → (2, C) f32 [mean; biased var].
+/// `crate::model::bn_act::ChannelStats`: x (N, C, H, W) f32/bf16 → (2, C) f32 [mean; biased var].
 pub fn stats(s: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
     match s.dtype() {
         DType::BF16 => stats_t::<half::bf16>(s, l, None),
@@ -118,16 +118,16 @@ pub fn stats(s: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
     }
 }
 
-/// [`crate::model::bn_act::ParamBlock`]: x (N, C, H, W) f32/bf16, γ, β (C,) f32 → (4, C) f32
+/// `crate::model::bn_act::ParamBlock`: x (N, C, H, W) f32/bf16, γ, β (C,) f32 → (4, C) f32
 /// [γ; β; mean; biased var].
 /// With `running`, the kernel also updates the running statistics in place (see
-/// [`crate::model::bn_act::RunningUpdate`]).
+/// [`RunningUpdate`]).
 pub fn block(
     s: &CudaStorage,
     l: &Layout,
     g: Arg,
     b: Arg,
-    running: Option<crate::model::bn_act::RunningUpdate>,
+    running: Option<RunningUpdate>,
 ) -> Result<(CudaStorage, Shape)> {
     match s.dtype() {
         DType::BF16 => stats_t::<half::bf16>(s, l, Some((g, b, running))),
@@ -138,7 +138,7 @@ pub fn block(
 fn stats_t<T: CudaDType + DeviceRepr>(
     s: &CudaStorage,
     l: &Layout,
-    params: Option<(Arg, Arg, Option<crate::model::bn_act::RunningUpdate>)>,
+    params: Option<(Arg, Arg, Option<RunningUpdate>)>,
 ) -> Result<(CudaStorage, Shape)> {
     let suf = suffix(s.dtype(), "x")?;
     let ((n, c, hw), r) = geometry(l, "x")?;
@@ -196,9 +196,10 @@ fn stats_t<T: CudaDType + DeviceRepr>(
     Ok(wrap(&dev, out, Shape::from((2, c))))
 }
 
-/// [`BnAct`] forward: x (N, C, H, W) f32/bf16, p (4, C) f32 → y like x.
+/// `crate::model::bn_act::BnAct` forward with `op = (ε, SiLU or not)`: x (N, C, H, W)
+/// f32/bf16, p (4, C) f32 → y like x.
 pub fn forward(
-    op: BnAct,
+    op: (f64, bool),
     s1: &CudaStorage,
     l1: &Layout,
     s2: &CudaStorage,
@@ -211,7 +212,7 @@ pub fn forward(
 }
 
 fn forward_t<T: CudaDType + DeviceRepr>(
-    op: BnAct,
+    (eps, silu): (f64, bool),
     s1: &CudaStorage,
     l1: &Layout,
     s2: &CudaStorage,
@@ -225,7 +226,7 @@ fn forward_t<T: CudaDType + DeviceRepr>(
     let total = n * c * hw;
     let mut y = unsafe { dev.alloc::<T>(total)? };
     let (total_, c_, hw_) = (total as i64, i32_of(c, "C")?, i32_of(hw, "H*W")?);
-    let (eps, silu) = (op.eps as f32, op.silu as i32);
+    let (eps, silu) = (eps as f32, silu as i32);
     let f = dev.get_or_load_custom_func(&format!("bn_act_fwd_{suf}"), MODULE, PTX)?;
     let mut b = f.builder();
     b.arg(&x)
@@ -267,8 +268,8 @@ fn x_dy<'a, T: CudaDType + DeviceRepr>((s1, l1): Arg<'a>, (s2, l2): Arg<'a>) -> 
     Ok((g, view(s1, r1, "x")?, view(s2, r2, "dy")?, suf))
 }
 
-/// [`crate::model::bn_act::BnActGradSums`]: (x, dy, p (4, C)) → (6, C) f32 [p; Σg; Σg·x̂].
-pub fn grad_sums(op: BnAct, a1: Arg, a2: Arg, a3: Arg) -> Result<(CudaStorage, Shape)> {
+/// `crate::model::bn_act::BnActGradSums` with `op = (ε, SiLU or not)`: (x, dy, p (4, C)) → (6, C) f32 [p; Σg; Σg·x̂].
+pub fn grad_sums(op: (f64, bool), a1: Arg, a2: Arg, a3: Arg) -> Result<(CudaStorage, Shape)> {
     match a1.0.dtype() {
         DType::BF16 => grad_sums_t::<half::bf16>(op, a1, a2, a3),
         _ => grad_sums_t::<f32>(op, a1, a2, a3),
@@ -276,7 +277,7 @@ pub fn grad_sums(op: BnAct, a1: Arg, a2: Arg, a3: Arg) -> Result<(CudaStorage, S
 }
 
 fn grad_sums_t<T: CudaDType + DeviceRepr>(
-    op: BnAct,
+    (eps, silu): (f64, bool),
     a1: Arg,
     a2: Arg,
     a3: Arg,
@@ -293,7 +294,7 @@ fn grad_sums_t<T: CudaDType + DeviceRepr>(
         i32_of(hw, "H*W")?,
         i32_of(parts, "S")?,
     );
-    let (chunk_, eps, silu) = (chunk as i64, op.eps as f32, op.silu as i32);
+    let (chunk_, eps, silu) = (chunk as i64, eps as f32, silu as i32);
     let f = dev.get_or_load_custom_func(&format!("bn_grad_partial_{suf}"), MODULE, PTX)?;
     let mut b = f.builder();
     b.arg(&x).arg(&dy).arg(&p).arg(&mut part);
@@ -311,8 +312,8 @@ fn grad_sums_t<T: CudaDType + DeviceRepr>(
     Ok(wrap(&dev, out, Shape::from((6, c))))
 }
 
-/// [`crate::model::bn_act::BnActGradInput`]: (x, dy, q (6, C)) → dx like x.
-pub fn grad_input(op: BnAct, a1: Arg, a2: Arg, a3: Arg) -> Result<(CudaStorage, Shape)> {
+/// `crate::model::bn_act::BnActGradInput` with `op = (ε, SiLU or not)`: (x, dy, q (6, C)) → dx like x.
+pub fn grad_input(op: (f64, bool), a1: Arg, a2: Arg, a3: Arg) -> Result<(CudaStorage, Shape)> {
     match a1.0.dtype() {
         DType::BF16 => grad_input_t::<half::bf16>(op, a1, a2, a3),
         _ => grad_input_t::<f32>(op, a1, a2, a3),
@@ -320,7 +321,7 @@ pub fn grad_input(op: BnAct, a1: Arg, a2: Arg, a3: Arg) -> Result<(CudaStorage, 
 }
 
 fn grad_input_t<T: CudaDType + DeviceRepr>(
-    op: BnAct,
+    (eps, silu): (f64, bool),
     a1: Arg,
     a2: Arg,
     a3: Arg,
@@ -331,7 +332,7 @@ fn grad_input_t<T: CudaDType + DeviceRepr>(
     let total = n * c * hw;
     let mut dx = unsafe { dev.alloc::<T>(total)? };
     let (total_, c_, hw_) = (total as i64, i32_of(c, "C")?, i32_of(hw, "H*W")?);
-    let (m, eps, silu) = ((n * hw) as f32, op.eps as f32, op.silu as i32);
+    let (m, eps, silu) = ((n * hw) as f32, eps as f32, silu as i32);
     let f = dev.get_or_load_custom_func(&format!("bn_act_dx_{suf}"), MODULE, PTX)?;
     let mut b = f.builder();
     b.arg(&x)

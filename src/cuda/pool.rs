@@ -4,7 +4,7 @@
 //! output gradients), where the composite of candle ops took about 170 launches per pool with
 //! its backward.
 
-use crate::model::bn_act::geometry;
+use crate::op_args::geometry;
 use candle_core::backend::BackendStorage;
 use candle_core::cuda::CudaDType;
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};

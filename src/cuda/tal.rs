@@ -1,12 +1,12 @@
 //! Launches of the dense TAL target kernels (`kernels/tal.cu`) for
-//! [`crate::loss::tal_loss`]: the dense per-anchor targets are built on the device from the
+//! `crate::loss::tal_loss`: the dense per-anchor targets are built on the device from the
 //! foreground rows, so only those rows (a few thousand) cross from the host instead of several
 //! `(B, A)` arrays.
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::WrapErr;
-use candle_core::{CudaStorage, DType, Error, Layout, Result, Shape};
+use candle_core::{CudaStorage, DType, Error, Layout, Result, Shape, Tensor};
 
 /// The PTX of `kernels/tal.cu`.
 const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/tal.ptx"));
@@ -93,11 +93,11 @@ fn held_view<'a>(
 }
 
 fn with_held<R>(
-    op: &crate::loss::terms::TalTerms,
+    (planes, anchors): (&Tensor, &Tensor),
     f: impl FnOnce(Held<'_>) -> Result<R>,
 ) -> Result<R> {
-    let (sp, lp) = op.planes.storage_and_layout();
-    let (sa, la) = op.anchors.storage_and_layout();
+    let (sp, lp) = planes.storage_and_layout();
+    let (sa, la) = anchors.storage_and_layout();
     f((
         held_view(&sp, lp, "targets")?,
         held_view(&sa, la, "anchors")?,
@@ -115,9 +115,10 @@ fn flat_dims(l: &Layout) -> Result<(i32, i32, i32, (usize, usize))> {
     Ok((i(b)?, i(c)?, i(a)?, r))
 }
 
-/// [`crate::loss::terms::TalTerms`] on CUDA: the per-anchor terms, then their three sums.
+/// `crate::loss::terms::TalTerms` on CUDA with `op = (planes (10, B, A), anchors (A, 2))`: the
+/// per-anchor terms, then their three sums.
 pub fn terms_forward(
-    op: &crate::loss::terms::TalTerms,
+    op: (&Tensor, &Tensor),
     (s, l): (&CudaStorage, &Layout),
 ) -> Result<(CudaStorage, Shape)> {
     let (b, c, a, (x0, x1)) = flat_dims(l)?;
@@ -152,9 +153,10 @@ pub fn terms_forward(
     Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from(3)))
 }
 
-/// [`crate::loss::terms::TalTermsGrad`] on CUDA: `d flat` for the output gradient `g` (3,).
+/// `crate::loss::terms::TalTermsGrad` on CUDA with `op` as [`terms_forward`]: `d flat` for the
+/// output gradient `g` (3,).
 pub fn terms_backward(
-    op: &crate::loss::terms::TalTerms,
+    op: (&Tensor, &Tensor),
     (s, l): (&CudaStorage, &Layout),
     (sg, lg): (&CudaStorage, &Layout),
 ) -> Result<(CudaStorage, Shape)> {

@@ -367,7 +367,7 @@ impl CustomOp1 for TalTerms {
         s: &candle_core::CudaStorage,
         l: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        crate::cuda::tal::terms_forward(self, (s, l))
+        crate::cuda::tal::terms_forward((&self.planes, &self.anchors), (s, l))
     }
 
     fn bwd(&self, arg: &Tensor, _res: &Tensor, grad_res: &Tensor) -> Result<Option<Tensor>> {
@@ -427,6 +427,6 @@ impl CustomOp2 for TalTermsGrad {
         s2: &candle_core::CudaStorage,
         l2: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        crate::cuda::tal::terms_backward(&self.0, (s1, l1), (s2, l2))
+        crate::cuda::tal::terms_backward((&self.0.planes, &self.0.anchors), (s1, l1), (s2, l2))
     }
 }

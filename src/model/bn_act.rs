@@ -19,6 +19,8 @@
 //! `kernels/bn_act.cu` ([`crate::cuda::bn_act`]). [`bn_act_supported`] says where the fused op runs;
 //! the caller keeps a composite path for everything else (e.g. f16, or bf16 on the CPU).
 
+pub use crate::op_args::RunningUpdate;
+use crate::op_args::{geometry, params_range, Geometry};
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Result, Shape};
 use candle_core::{Device, Tensor};
@@ -253,21 +255,6 @@ pub fn stats_block_updating(
     Ok(None)
 }
 
-/// Device addresses and factors of an in-place running-statistics update (see
-/// [`stats_block_updating`]). The addresses must stay valid for the op's launch: they are the
-/// storages of the BN's running-statistics variables, which the model owns.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct RunningUpdate {
-    /// Address of the running mean (C,) f32.
-    pub mean: u64,
-    /// Address of the running variance (C,) f32.
-    pub var: u64,
-    /// Weight of the batch statistic.
-    pub momentum: f64,
-    /// Factor that makes the biased batch variance unbiased.
-    pub unbiased: f64,
-}
-
 /// The op of [`stats_block`]: args `x`, `γ`, `β` → (4, C); with `running` (CUDA only) it also
 /// updates the running statistics in place.
 #[derive(Debug, Clone, Copy)]
@@ -302,35 +289,6 @@ pub struct BnActGradInput(pub BnAct);
 
 fn bail(msg: String) -> candle_core::Error {
     candle_core::Error::Msg(msg)
-}
-
-/// (N, C, H·W) of an NCHW tensor.
-pub(crate) type Geometry = (usize, usize, usize);
-
-/// (N, C, H·W) of a contiguous 4-D layout, and the element range it covers in its storage.
-pub(crate) fn geometry(l: &Layout, what: &str) -> Result<(Geometry, (usize, usize))> {
-    let (n, c, h, w) = l.shape().dims4()?;
-    let range = l
-        .contiguous_offsets()
-        .ok_or_else(|| bail(format!("bn_act: {what} is not contiguous")))?;
-    Ok(((n, c, h * w), range))
-}
-
-/// The (rows, C) parameter block of a contiguous 2-D layout.
-pub(crate) fn params_range(
-    l: &Layout,
-    rows: usize,
-    c: usize,
-    what: &str,
-) -> Result<(usize, usize)> {
-    if l.shape().dims() != [rows, c] {
-        return Err(bail(format!(
-            "bn_act: {what} has shape {:?}, expected [{rows}, {c}]",
-            l.shape().dims()
-        )));
-    }
-    l.contiguous_offsets()
-        .ok_or_else(|| bail(format!("bn_act: {what} is not contiguous")))
 }
 
 /// Float types of the CPU kernels.
@@ -645,7 +603,7 @@ impl CustomOp2 for BnAct {
         s2: &candle_core::CudaStorage,
         l2: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        crate::cuda::bn_act::forward(*self, s1, l1, s2, l2)
+        crate::cuda::bn_act::forward((self.eps, self.silu), s1, l1, s2, l2)
     }
 }
 
@@ -682,7 +640,9 @@ impl CustomOp3 for BnActTrain {
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         let (st, lp) = self.p.storage_and_layout();
         match &*st {
-            candle_core::Storage::Cuda(sp) => crate::cuda::bn_act::forward(self.op, s1, l1, sp, lp),
+            candle_core::Storage::Cuda(sp) => {
+                crate::cuda::bn_act::forward((self.op.eps, self.op.silu), s1, l1, sp, lp)
+            }
             _ => Err(bail(
                 "bn_act: the parameter block is not on the CUDA device".into(),
             )),
@@ -797,7 +757,7 @@ impl CustomOp3 for BnActGradSums {
         s3: &candle_core::CudaStorage,
         l3: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        crate::cuda::bn_act::grad_sums(self.0, (s1, l1), (s2, l2), (s3, l3))
+        crate::cuda::bn_act::grad_sums((self.0.eps, self.0.silu), (s1, l1), (s2, l2), (s3, l3))
     }
 }
 
@@ -828,6 +788,6 @@ impl CustomOp3 for BnActGradInput {
         s3: &candle_core::CudaStorage,
         l3: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        crate::cuda::bn_act::grad_input(self.0, (s1, l1), (s2, l2), (s3, l3))
+        crate::cuda::bn_act::grad_input((self.0.eps, self.0.silu), (s1, l1), (s2, l2), (s3, l3))
     }
 }

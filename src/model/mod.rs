@@ -12,6 +12,8 @@
 //! - [`yolov9`]: the inference graph [`YoloV9`] and the training graph [`YoloV9Train`].
 //! - [`params`]: building layers from a state_dict; trainable variables and optimizer groups.
 //! - [`weights`]: safetensors I/O.
+//! - [`keys`]: the state_dict names of the training (yolov9-s) and inference (gelan-s) graphs and
+//!   the official re-parameterization name mapping.
 
 pub mod bias_act;
 pub mod blocks;
@@ -20,6 +22,7 @@ pub mod conv;
 pub mod cpu_conv;
 pub mod graphs;
 pub mod head;
+pub mod keys;
 pub mod params;
 pub mod pool;
 pub mod tape;

@@ -244,6 +244,6 @@ pub enum Init {
 pub fn source_name(g: Graph, name: &str) -> Option<String> {
     match g {
         Graph::Train => Some(name.to_string()),
-        Graph::Infer => crate::convert::keys::train_to_infer_name(name),
+        Graph::Infer => super::keys::train_to_infer_name(name),
     }
 }

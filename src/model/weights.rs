@@ -5,7 +5,7 @@
 //! # File format
 //!
 //! A standard safetensors file. Tensors carry the official state_dict names
-//! (`model.4.cv2.0.m.0.cv1.conv1.conv.weight`, see [`crate::convert::keys`]); floating-point
+//! (`model.4.cv2.0.m.0.cv1.conv1.conv.weight`, see [`crate::model::keys`]); floating-point
 //! tensors are `F32` (or `F16` when saved with `half`), BatchNorm `*.num_batches_tracked`
 //! counters are `I64` scalars. The metadata holds **one key, `yolo9`**, whose value is a JSON
 //! object (one key keeps the file bytes deterministic, since safetensors writes metadata from a
@@ -22,7 +22,7 @@
 //! state_dict) is accepted: the graph is inferred from the names, `nc` from the class
 //! convolution, and names default to `class0`, `class1`, ….
 
-use crate::convert::{self, keys};
+use super::keys;
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
@@ -370,7 +370,7 @@ fn read_file(path: &Path) -> Result<Vec<u8>> {
 /// Builds and validates [`Weights`] from imported `.pt` tensors.
 fn from_pt(path: &Path) -> Result<(Weights, Vec<String>, String, usize)> {
     let file = path.display().to_string();
-    let imp = convert::import_pt(path)?;
+    let imp = crate::pt::import_pt(path)?;
     let imported = imp.tensors.len();
     let tensors: HashMap<String, Tensor> = imp.tensors.into_iter().collect();
     let head_graph = match imp.head.as_ref().map(|(i, c)| (*i, c.as_str())) {

@@ -8,7 +8,7 @@
 //! `model.state_dict().keys()` (checked against `../shared/reference/yolov9-s.state_dict.index.json`
 //! in `tests/convert.rs`).
 
-use crate::model::weights::Graph;
+use super::weights::Graph;
 
 /// `(name, shape)` entries being built.
 type Out = Vec<(String, Vec<usize>)>;

@@ -1,0 +1,51 @@
+//! Arguments of the custom ops that both their CPU implementations (`model`, `loss`) and their
+//! CUDA launches (`cuda`) read: layout checks of NCHW activations and parameter blocks, and the
+//! in-place running-statistics update of train-mode BatchNorm. A module of its own so that
+//! `cuda` depends on no higher layer (`model` and `loss` call `cuda`, never the reverse).
+
+use candle_core::{Layout, Result};
+
+fn bail(msg: String) -> candle_core::Error {
+    candle_core::Error::Msg(msg)
+}
+
+/// (N, C, H·W) of an NCHW tensor.
+pub type Geometry = (usize, usize, usize);
+
+/// (N, C, H·W) of a contiguous 4-D layout, and the element range it covers in its storage.
+/// Errors name `what` (a rank other than 4, a non-contiguous layout).
+pub fn geometry(l: &Layout, what: &str) -> Result<(Geometry, (usize, usize))> {
+    let (n, c, h, w) = l.shape().dims4()?;
+    let range = l
+        .contiguous_offsets()
+        .ok_or_else(|| bail(format!("{what} is not contiguous")))?;
+    Ok(((n, c, h * w), range))
+}
+
+/// The element range of a contiguous (rows, C) parameter block. Errors name `what` (another
+/// shape, a non-contiguous layout).
+pub fn params_range(l: &Layout, rows: usize, c: usize, what: &str) -> Result<(usize, usize)> {
+    if l.shape().dims() != [rows, c] {
+        return Err(bail(format!(
+            "{what} has shape {:?}, expected [{rows}, {c}]",
+            l.shape().dims()
+        )));
+    }
+    l.contiguous_offsets()
+        .ok_or_else(|| bail(format!("{what} is not contiguous")))
+}
+
+/// Device addresses and factors of an in-place running-statistics update of train-mode BN (see
+/// `model::bn_act::stats_block_updating`). The addresses must stay valid for the op's launch:
+/// they are the storages of the BN's running-statistics variables, which the model owns.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RunningUpdate {
+    /// Address of the running mean (C,) f32.
+    pub mean: u64,
+    /// Address of the running variance (C,) f32.
+    pub var: u64,
+    /// Weight of the batch statistic.
+    pub momentum: f64,
+    /// Factor that makes the biased batch variance unbiased.
+    pub unbiased: f64,
+}
