@@ -20,7 +20,7 @@ fn referenced(code: &str) -> Vec<String> {
             // Only the first path segment of each item at the top level of the group.
             let mut depth = 0;
             let mut item = String::new();
-            let mut take = |item: &mut String, out: &mut Vec<String>| {
+            let take = |item: &mut String, out: &mut Vec<String>| {
                 let name: String = item
                     .trim()
                     .chars()
