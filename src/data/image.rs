@@ -48,8 +48,8 @@ pub const MAX_DECODE_BYTES: u64 = 1 << 30;
 /// Errors (each names the file): unreadable file, empty file, unrecognised content (not an image,
 /// e.g. text or video), corrupt or truncated data, an image over the decoding-bomb limits.
 pub fn load_rgb8(path: &Path) -> Result<RgbImage> {
-    let bytes =
-        std::fs::read(path).with_context(|| format!("cannot read file {}", path.display()))?;
+    let bytes = super::fsio::read_regular(path)
+        .with_context(|| format!("cannot read file {}", path.display()))?;
     decode_rgb8(&bytes).with_context(|| format!("cannot decode image {}", path.display()))
 }
 
@@ -146,8 +146,9 @@ fn decode_jpeg_libjpeg(bytes: &[u8], w: u32, h: u32) -> Option<RgbImage> {
 /// Reads only the header of the image at `path` and returns its stored `(width, height)` (before
 /// EXIF orientation). Cheap: no pixels are decoded.
 pub fn probe_dimensions(path: &Path) -> Result<(u32, u32)> {
-    ImageReader::open(path)
-        .with_context(|| format!("cannot open {}", path.display()))?
+    let f = super::fsio::open_regular(path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    ImageReader::new(std::io::BufReader::new(f))
         .with_guessed_format()
         .with_context(|| format!("cannot read {}", path.display()))?
         .into_dimensions()

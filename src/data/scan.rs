@@ -432,7 +432,7 @@ fn scan_one(img: &Path, nc: usize) -> OneScan {
     let (mut polygons, mut duplicates) = (0, 0);
     let (boxes, status) = match &label {
         None => (Vec::new(), LabelStatus::Missing),
-        Some(lp) => match std::fs::read(lp) {
+        Some(lp) => match super::fsio::read_regular(lp) {
             Err(e) => {
                 issues.push(Issue {
                     path: lp.clone(),
@@ -491,7 +491,7 @@ pub struct ImageProbe {
 /// reason the image cannot be used, e.g. `JPEG cut off: no end-of-image marker (12345 bytes)`.
 pub fn probe_image(path: &Path) -> std::result::Result<ImageProbe, String> {
     // the format comes from the content only (`with_guessed_format` would fall back to the extension)
-    let mut f = std::fs::File::open(path).map_err(|e| format!("cannot open: {e}"))?;
+    let mut f = super::fsio::open_regular(path).map_err(|e| format!("cannot open: {e}"))?;
     let mut head = Vec::with_capacity(64);
     (&mut f)
         .take(64)
@@ -538,7 +538,7 @@ pub fn probe_image(path: &Path) -> std::result::Result<ImageProbe, String> {
 /// JPEG completeness: a file ending in the EOI marker (`FF D9`) is complete; otherwise the marker
 /// segments and entropy-coded scans are walked to find EOI (data after it is tolerated).
 fn check_jpeg_complete(path: &Path) -> std::result::Result<(), String> {
-    let mut f = std::fs::File::open(path).map_err(|e| format!("cannot open: {e}"))?;
+    let mut f = super::fsio::open_regular(path).map_err(|e| format!("cannot open: {e}"))?;
     let len = f.metadata().map(|m| m.len()).unwrap_or(0);
     if len >= 4 {
         let mut tail = [0u8; 2];
@@ -624,7 +624,7 @@ pub fn jpeg_has_eoi(b: &[u8]) -> std::result::Result<(), String> {
 
 /// PNG completeness: the chunk list is walked to `IEND`.
 fn check_png_complete(path: &Path) -> std::result::Result<(), String> {
-    let b = std::fs::read(path).map_err(|e| format!("cannot read: {e}"))?;
+    let b = super::fsio::read_regular(path).map_err(|e| format!("cannot read: {e}"))?;
     let cut = || format!("PNG cut off: no IEND chunk ({} bytes)", b.len());
     let mut i = 8;
     loop {

@@ -222,20 +222,28 @@ impl DataConfig {
     }
 
     /// Lists the image files of `split`: directories are walked recursively (entries whose extension
-    /// is one of [`IMAGE_EXTENSIONS`], case-insensitively), `.txt` lists are read line by line
+    /// is one of [`IMAGE_EXTENSIONS`], case-insensitively; each real folder and file once, FIFOs
+    /// and other non-regular files skipped, with one warning line), `.txt` lists are read line by line
     /// (blank lines skipped; relative entries resolve against the list's folder). Sorted, duplicates
     /// removed. Errors name the list file and line when an entry cannot be read.
     pub fn list_images(&self, split: Split) -> Result<Vec<PathBuf>> {
         let mut out = Vec::new();
         for src in self.sources(split) {
             if src.is_dir() {
-                walk_images(src, &mut out).with_context(|| {
+                let skipped = walk_images(src, &mut out).with_context(|| {
                     format!(
                         "{}: cannot list images in {} (key `{split}`)",
                         self.yaml_path.display(),
                         src.display()
                     )
                 })?;
+                if !skipped.is_empty() {
+                    tracing::warn!(
+                        "{} (key `{split}`): {}",
+                        src.display(),
+                        super::fsio::summarize_skipped(&skipped, 3)
+                    );
+                }
             } else {
                 let text = std::fs::read_to_string(src).with_context(|| {
                     format!(
@@ -267,22 +275,13 @@ pub fn has_image_extension(p: &Path) -> bool {
         .is_some_and(|e| IMAGE_EXTENSIONS.iter().any(|x| x.eq_ignore_ascii_case(e)))
 }
 
-fn walk_images(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
-    let mut entries: Vec<_> = std::fs::read_dir(dir)
-        .with_context(|| format!("cannot read directory {}", dir.display()))?
-        .collect::<std::io::Result<_>>()
+/// The images under `dir` (see [`super::fsio::walk_files`]: symlinks followed, each real folder
+/// and file once, FIFOs and other non-regular files skipped) and what was skipped.
+fn walk_images(dir: &Path, out: &mut Vec<PathBuf>) -> Result<Vec<(PathBuf, String)>> {
+    let w = super::fsio::walk_files(dir, &has_image_extension)
         .with_context(|| format!("cannot read directory {}", dir.display()))?;
-    entries.sort_by_key(|e| e.file_name());
-    for e in entries {
-        let p = e.path();
-        // follow symlinks: a symlinked folder or image counts like the real thing
-        if p.is_dir() {
-            walk_images(&p, out)?;
-        } else if has_image_extension(&p) {
-            out.push(p);
-        }
-    }
-    Ok(())
+    out.extend(w.files);
+    Ok(w.skipped)
 }
 
 fn parse_names(v: &Value) -> Result<Vec<String>> {

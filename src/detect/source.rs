@@ -5,8 +5,9 @@
 //! * a **directory** contributes its regular files, sorted by name, **not recursively** (like
 //!   the official `LoadImages`); hidden files (name starting with `.`) are left out; each
 //!   sub-directory is reported as skipped (pass it, or a glob such as `dir/**/*`, explicitly);
-//! * a **glob** (`*`, `?`, `[`) is expanded (`**` recurses); matched directories are ignored,
-//!   hidden files are kept only when the pattern names them;
+//! * a **glob** (`*`, `?`, `[`) is expanded (`**` recurses, following symlinks but entering each
+//!   real folder once, so a symlink loop ends); matched directories are ignored, hidden files are
+//!   kept only when the pattern names them;
 //! * a path that exists is never treated as a glob (file names may contain `[`);
 //! * every file is listed once, in argument order; extensions are not filtered here: files that
 //!   are not images are skipped later, one line each, with the decoder's reason.
@@ -27,6 +28,59 @@ fn is_hidden(p: &Path) -> bool {
     p.file_name()
         .and_then(|n| n.to_str())
         .is_some_and(|n| n.starts_with('.'))
+}
+
+/// Paths left out, each with the reason.
+type Skipped = Vec<(PathBuf, String)>;
+
+/// The regular files matching the glob `pattern`, and what was skipped. A pattern with `**`
+/// is walked by [`crate::data::fsio::walk_files`] from its literal leading folders (symlinks
+/// followed, each real folder once, so a symlink loop ends), then matched whole; other patterns
+/// go through `glob::glob`. Errors: an invalid pattern (the message says why).
+fn expand_glob(pattern: &str) -> Result<(Vec<PathBuf>, Skipped), String> {
+    if !pattern.contains("**") {
+        let paths = glob::glob(pattern).map_err(|e| e.to_string())?;
+        return Ok((
+            paths
+                .filter_map(|r| r.ok())
+                .filter(|p| p.is_file())
+                .collect(),
+            Vec::new(),
+        ));
+    }
+    let pat = glob::Pattern::new(pattern).map_err(|e| e.to_string())?;
+    let opts = glob::MatchOptions {
+        require_literal_separator: true,
+        require_literal_leading_dot: true,
+        ..Default::default()
+    };
+    let mut root = PathBuf::new();
+    for c in Path::new(pattern).components() {
+        let t = c.as_os_str().to_string_lossy();
+        if t.contains(['*', '?', '[']) {
+            break;
+        }
+        root.push(c);
+    }
+    if root.as_os_str().is_empty() {
+        root.push(".");
+    }
+    if !root.is_dir() {
+        return Ok((Vec::new(), Vec::new()));
+    }
+    // Paths under "." come back as "./x"; the pattern "**/x" names them without it.
+    let strip_dot = !pattern.starts_with("./") && root == Path::new(".");
+    let keep = |p: &Path| {
+        let q = if strip_dot {
+            p.strip_prefix(".").unwrap_or(p)
+        } else {
+            p
+        };
+        pat.matches_path_with(q, opts)
+    };
+    let w = crate::data::fsio::walk_files(&root, &keep)
+        .map_err(|e| format!("{}: {e}", root.display()))?;
+    Ok((w.files, w.skipped))
 }
 
 /// Expands `sources` (files, directories, globs) by the module policy.
@@ -74,12 +128,9 @@ pub fn expand_sources(sources: &[PathBuf]) -> Result<Sources> {
         } else {
             let s = src.to_string_lossy();
             if s.contains(['*', '?', '[']) {
-                match glob::glob(&s) {
-                    Ok(paths) => {
-                        let mut matched: Vec<PathBuf> = paths
-                            .filter_map(|r| r.ok())
-                            .filter(|p| p.is_file())
-                            .collect();
+                match expand_glob(&s) {
+                    Ok((mut matched, skipped)) => {
+                        out.skipped.extend(skipped);
                         matched.sort();
                         if matched.is_empty() {
                             out.skipped

@@ -1,0 +1,172 @@
+//! Files and folders as yolo9 reads them from a dataset or a detect source, so that no tree can
+//! make it loop or block:
+//!
+//! - [`open_regular`] / [`read_regular`] open only regular files (symlinks to them included). A
+//!   FIFO, socket or device named like an image is refused with an error that says what it is,
+//!   and the open itself cannot block: on Unix it is made with `O_NONBLOCK` and the kind is
+//!   checked on the open descriptor (`fstat`), so there is no window between a check and the open.
+//! - [`walk_files`] lists a folder recursively, following symlinks, but enters each real folder
+//!   (by canonical path) once: a link back to an ancestor (`a -> .`) or a second link to a folder
+//!   already walked is skipped and reported, so a loop neither runs forever nor lists the same
+//!   images many times; each real file is listed once, under the first path that reached it.
+
+use std::collections::HashSet;
+use std::fs::File;
+use std::io::{self, Read};
+use std::path::{Path, PathBuf};
+
+/// What a non-regular file is, for messages.
+fn kind_of(ft: &std::fs::FileType) -> &'static str {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if ft.is_fifo() {
+            return "a FIFO (named pipe)";
+        }
+        if ft.is_socket() {
+            return "a socket";
+        }
+        if ft.is_block_device() || ft.is_char_device() {
+            return "a device";
+        }
+    }
+    if ft.is_dir() {
+        return "a directory";
+    }
+    "not a regular file"
+}
+
+fn refuse(ft: &std::fs::FileType) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!("{}, not a regular file: skipped", kind_of(ft)),
+    )
+}
+
+/// Opens `path` for reading if it is a regular file (after following symlinks). Errors: the
+/// open's own error, or `InvalidInput` naming the kind (FIFO, socket, device, directory).
+pub fn open_regular(path: &Path) -> io::Result<File> {
+    #[cfg(unix)]
+    let f = {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path)?
+    };
+    #[cfg(not(unix))]
+    let f = File::open(path)?;
+    let ft = f.metadata()?.file_type();
+    if !ft.is_file() {
+        return Err(refuse(&ft));
+    }
+    Ok(f)
+}
+
+/// The bytes of the regular file `path` (see [`open_regular`]).
+pub fn read_regular(path: &Path) -> io::Result<Vec<u8>> {
+    let mut f = open_regular(path)?;
+    let mut b = Vec::with_capacity(f.metadata().map_or(0, |m| m.len() as usize));
+    f.read_to_end(&mut b)?;
+    Ok(b)
+}
+
+/// Result of [`walk_files`].
+#[derive(Debug, Default)]
+pub struct Walk {
+    /// Regular files that `keep` accepted, sorted, each real file once.
+    pub files: Vec<PathBuf>,
+    /// Entries not listed, with the reason (a folder already walked, a FIFO, an unreadable
+    /// folder below the root).
+    pub skipped: Vec<(PathBuf, String)>,
+}
+
+/// Lists the regular files under `root` whose path `keep` accepts (see the module docs).
+/// Errors: `root` itself cannot be listed.
+pub fn walk_files(root: &Path, keep: &dyn Fn(&Path) -> bool) -> io::Result<Walk> {
+    let mut w = Walk::default();
+    let mut dirs_seen = HashSet::new();
+    let mut files_seen = HashSet::new();
+    dirs_seen.insert(std::fs::canonicalize(root)?);
+    walk(root, keep, &mut w, &mut dirs_seen, &mut files_seen, true)?;
+    w.files.sort();
+    Ok(w)
+}
+
+fn walk(
+    dir: &Path,
+    keep: &dyn Fn(&Path) -> bool,
+    w: &mut Walk,
+    dirs_seen: &mut HashSet<PathBuf>,
+    files_seen: &mut HashSet<PathBuf>,
+    is_root: bool,
+) -> io::Result<()> {
+    let rd = match std::fs::read_dir(dir) {
+        Ok(rd) => rd,
+        Err(e) if !is_root => {
+            w.skipped
+                .push((dir.to_path_buf(), format!("cannot list folder: {e}")));
+            return Ok(());
+        }
+        Err(e) => return Err(e),
+    };
+    let mut entries: Vec<PathBuf> = rd.filter_map(|e| e.ok().map(|e| e.path())).collect();
+    entries.sort();
+    for p in entries {
+        // `metadata` follows symlinks: a symlinked folder or image counts like the real thing;
+        // a dangling link is an error here, reported.
+        let ft = match std::fs::metadata(&p) {
+            Ok(m) => m.file_type(),
+            Err(e) => {
+                if keep(&p) {
+                    w.skipped.push((p, format!("cannot read: {e}")));
+                }
+                continue;
+            }
+        };
+        if ft.is_dir() {
+            match std::fs::canonicalize(&p) {
+                Ok(real) if dirs_seen.insert(real.clone()) => {
+                    walk(&p, keep, w, dirs_seen, files_seen, false)?
+                }
+                Ok(real) => w.skipped.push((
+                    p,
+                    format!(
+                        "folder {} already listed (a symlink loop or a second link to it): \
+                         not entered again",
+                        real.display()
+                    ),
+                )),
+                Err(e) => w.skipped.push((p, format!("cannot resolve folder: {e}"))),
+            }
+        } else if keep(&p) {
+            if !ft.is_file() {
+                w.skipped
+                    .push((p, format!("{}, not a regular file: skipped", kind_of(&ft))));
+                continue;
+            }
+            let real = std::fs::canonicalize(&p).unwrap_or_else(|_| p.clone());
+            if files_seen.insert(real) {
+                w.files.push(p);
+            } else {
+                w.skipped.push((
+                    p,
+                    "the same file as one listed already (a second link)".into(),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One line summarising `skipped` for a report: the count and the first `shown` entries.
+pub fn summarize_skipped(skipped: &[(PathBuf, String)], shown: usize) -> String {
+    let mut s = format!("{} entries skipped", skipped.len());
+    for (p, why) in skipped.iter().take(shown) {
+        s.push_str(&format!("; {}: {why}", p.display()));
+    }
+    if skipped.len() > shown {
+        s.push_str(&format!("; ... and {} more", skipped.len() - shown));
+    }
+    s
+}
