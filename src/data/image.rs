@@ -25,9 +25,11 @@
 //!     (checked against `shared/cases/cmyk_jpeg/reference`).
 //! * **JPEG pixels as OpenCV decodes them**: complete YCbCr/grey JPEGs go through libjpeg
 //!   (mozjpeg, built from C without SIMD), bit-identical to `cv2.imread`; others through image-rs.
-//! * **Decoding-bomb guard**: at most [`MAX_SIDE`] pixels per side and [`MAX_DECODE_BYTES`] bytes of
-//!   decoded pixels; a larger image is refused with an error that names the file, its size and the
-//!   limit, before the pixel buffer is allocated.
+//! * **Decoding-bomb guard** ([`size_guard`], also applied by the dataset scan of `check` and
+//!   `train`): at most [`MAX_SIDE`] pixels per side and [`MAX_DECODE_BYTES`] bytes of decoded
+//!   pixels, counted as the decoder's buffer plus the 8-bit RGB copy ([`decoded_need`]: a grey or
+//!   1-bit picture triples or more); a larger image is refused with an error that names the file,
+//!   its size and the limit, before the pixel buffer is allocated.
 use anyhow::{bail, Context, Result};
 use image::{DynamicImage, ImageDecoder, ImageReader, Limits, RgbImage};
 use std::io::Cursor;
@@ -83,7 +85,7 @@ pub fn decode_rgb8(bytes: &[u8]) -> Result<RgbImage> {
         e => anyhow::Error::new(e).context(format!("cannot read the {format:?} header")),
     })?;
     let (w, h) = decoder.dimensions();
-    check_size(w, h, decoder.total_bytes())?;
+    size_guard(w, h, decoder.total_bytes())?;
     // A malformed EXIF block must not make a good picture unreadable.
     let orientation = decoder
         .orientation()
@@ -155,16 +157,33 @@ pub fn probe_dimensions(path: &Path) -> Result<(u32, u32)> {
         .with_context(|| format!("cannot read the image header of {}", path.display()))
 }
 
-fn check_size(w: u32, h: u32, total_bytes: u64) -> Result<()> {
+/// Bytes that decoding a `w`×`h` image whose decoder buffer is `native` bytes holds at its peak:
+/// the decoder's buffer plus the 8-bit RGB image yolo9 converts it to (`3·w·h`; when the native
+/// layout already is 8-bit RGB there is no second buffer). A 1-bit or grey picture is small in
+/// its own format but not as RGB: this is what [`size_guard`] counts.
+pub fn decoded_need(w: u32, h: u32, native: u64) -> u64 {
+    let rgb = 3 * u64::from(w) * u64::from(h);
+    if native == rgb {
+        rgb
+    } else {
+        rgb.saturating_add(native)
+    }
+}
+
+/// The decoding-bomb guard, the same for `check`, `train`, `val` and `detect`: at most
+/// [`MAX_SIDE`] pixels per side and [`MAX_DECODE_BYTES`] of [`decoded_need`]. The error gives the
+/// size, the need and the limits.
+pub fn size_guard(w: u32, h: u32, native: u64) -> Result<()> {
     if w == 0 || h == 0 {
         bail!("the image has a zero dimension ({w}x{h})");
     }
-    if w > MAX_SIDE || h > MAX_SIDE || total_bytes > MAX_DECODE_BYTES {
+    let need = decoded_need(w, h, native);
+    if w > MAX_SIDE || h > MAX_SIDE || need > MAX_DECODE_BYTES {
         bail!(
-            "{w}x{h} image ({:.0} MB decoded) exceeds the decoding-bomb guard (at most {MAX_SIDE} \
-             px per side and {} MB decoded); downscale it first (e.g. `convert in.png -resize \
-             8000x8000 out.png`)",
-            total_bytes as f64 / 1e6,
+            "{w}x{h} image ({:.0} MB to decode as 8-bit RGB) exceeds the decoding-bomb guard (at \
+             most {MAX_SIDE} px per side and {} MB decoded); downscale it first (e.g. `convert \
+             in.png -resize 8000x8000 out.png`)",
+            need as f64 / 1e6,
             MAX_DECODE_BYTES / 1_000_000
         );
     }

@@ -513,6 +513,8 @@ pub fn probe_image(path: &Path) -> std::result::Result<ImageProbe, String> {
         .map_err(|e| format!("cannot read the {format:?} header: {e}"))?;
     use image::ImageDecoder;
     let (w, h) = decoder.dimensions();
+    // The decoder's guard, applied here too, so `check` refuses what training would skip.
+    super::image::size_guard(w, h, decoder.total_bytes()).map_err(|e| format!("{e:#}"))?;
     let orientation = decoder
         .orientation()
         .unwrap_or(image::metadata::Orientation::NoTransforms);
