@@ -233,3 +233,27 @@ fn label_rows_by_hand() {
         r.issues
     );
 }
+
+/// A hostile class count is refused at once with the value and the limit (before: `nc:
+/// 1000000000` with no names built a billion names, 18.7 GB, and never returned); the limit
+/// itself is accepted.
+#[test]
+fn class_count_is_bounded() {
+    let d = temp_dir("nc-bound");
+    std::fs::create_dir_all(d.join("images")).unwrap();
+    let yaml = d.join("data.yaml");
+    let t0 = std::time::Instant::now();
+    for nc in ["1000000000", "100001"] {
+        std::fs::write(&yaml, format!("train: images\nval: images\nnc: {nc}\n")).unwrap();
+        let e = format!("{:#}", DataConfig::load(&yaml).unwrap_err());
+        assert!(e.contains(nc) && e.contains("100000"), "{e}");
+    }
+    assert!(
+        t0.elapsed().as_secs_f64() < 5.0,
+        "refused without building names"
+    );
+    std::fs::write(&yaml, "train: images\nval: images\nnc: 100000\n").unwrap();
+    let cfg = DataConfig::load(&yaml).unwrap();
+    assert_eq!(cfg.nc, yolo9::model::weights::MAX_CLASSES);
+    assert_eq!(cfg.names[99_999], "class99999");
+}

@@ -12,6 +12,7 @@
 //!
 //! Other keys (`download`, ...) are ignored.
 
+use crate::model::weights::MAX_CLASSES;
 use anyhow::{bail, Context, Result};
 use serde_yaml::Value;
 use std::path::{Component, Path, PathBuf};
@@ -181,6 +182,9 @@ impl DataConfig {
                 )
             })? as usize),
         };
+        if let Some(n) = nc_key.filter(|&n| n > MAX_CLASSES) {
+            bail!("{shown}: `nc: {n}` is over the limit of {MAX_CLASSES} classes");
+        }
         let names = match get("names") {
             None => match nc_key {
                 Some(n) => (0..n).map(|i| format!("class{i}")).collect(),
@@ -192,6 +196,12 @@ impl DataConfig {
         };
         if names.is_empty() {
             bail!("{shown}: key `names` is empty (expected at least one class name)");
+        }
+        if names.len() > MAX_CLASSES {
+            bail!(
+                "{shown}: `names` has {} entries, over the limit of {MAX_CLASSES} classes",
+                names.len()
+            );
         }
         if let Some(n) = nc_key {
             if n != names.len() {

@@ -102,6 +102,9 @@ struct MetaJson {
 pub const META_KEY: &str = "yolo9";
 /// The strides every YOLOv9-s head uses.
 pub const STRIDES: [u32; 3] = [8, 16, 32];
+/// Most classes a model or dataset may declare. The largest public detection label sets have a
+/// few thousand (LVIS 1,203); the bound keeps a hostile `nc` from building billions of names.
+pub const MAX_CLASSES: usize = 100_000;
 
 impl Weights {
     /// Loads weights from a safetensors file (written by `yolo9 convert` / [`Weights::save`], or a
@@ -439,6 +442,9 @@ fn resolve_classes(
         // The class convolution is missing: `validate` reports the missing tensors.
         (None, None, None) => 0,
     };
+    if nc > MAX_CLASSES {
+        bail!("{file}: nc = {nc} classes is over the limit of {MAX_CLASSES}")
+    }
     let names = match names {
         Some(v) => v,
         None if nc == 0 => Vec::new(),
