@@ -123,6 +123,15 @@ pub struct ParsedLabels {
 /// classes, applying the rules of the module documentation. Never fails: bad lines become issues.
 pub fn parse_labels(text: &str, nc: usize, path: &Path) -> ParsedLabels {
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    // Line ends: `\n`, `\r\n`, and a lone `\r` (classic Mac files, which `lines()` would read as
+    // one line and so as one garbage polygon).
+    let normalized;
+    let text = if text.contains('\r') {
+        normalized = text.replace("\r\n", "\n").replace('\r', "\n");
+        normalized.as_str()
+    } else {
+        text
+    };
     let mut out = ParsedLabels::default();
     let mut dup_lines = Vec::new();
     let mut seen: Vec<[u32; 5]> = Vec::new();

@@ -197,6 +197,13 @@ impl DataConfig {
         if names.is_empty() {
             bail!("{shown}: key `names` is empty (expected at least one class name)");
         }
+        let mut names = names;
+        let changed = crate::model::weights::sanitize_names(&mut names);
+        if !changed.is_empty() {
+            tracing::warn!(
+                "{shown}: class names {changed:?} contain control characters; shown escaped"
+            );
+        }
         if names.len() > MAX_CLASSES {
             bail!(
                 "{shown}: `names` has {} entries, over the limit of {MAX_CLASSES} classes",

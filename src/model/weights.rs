@@ -102,6 +102,30 @@ struct MetaJson {
 pub const META_KEY: &str = "yolo9";
 /// The strides every YOLOv9-s head uses.
 pub const STRIDES: [u32; 3] = [8, 16, 32];
+/// Makes class names safe to print: every control character (an ANSI escape sequence, a
+/// carriage return, a NUL) is replaced by its escaped text (`\u{1b}`), so a hostile name in a
+/// checkpoint or a `data.yaml` cannot drive the terminal. Returns the indices of the names
+/// changed, for a notice.
+pub fn sanitize_names(names: &mut [String]) -> Vec<usize> {
+    let mut changed = Vec::new();
+    for (i, n) in names.iter_mut().enumerate() {
+        if n.chars().any(char::is_control) {
+            *n = n
+                .chars()
+                .map(|c| {
+                    if c.is_control() {
+                        c.escape_unicode().to_string()
+                    } else {
+                        c.to_string()
+                    }
+                })
+                .collect();
+            changed.push(i);
+        }
+    }
+    changed
+}
+
 /// Most classes a model or dataset may declare. The largest public detection label sets have a
 /// few thousand (LVIS 1,203); the bound keeps a hostile `nc` from building billions of names.
 pub const MAX_CLASSES: usize = 100_000;
@@ -128,7 +152,7 @@ impl Weights {
             return Ok((Self::load_detailed(path)?.0, None));
         }
         let bytes = read_file(path)?;
-        let (w, prov) = from_safetensors(&bytes, &file)?;
+        let (w, prov, _) = from_safetensors(&bytes, &file)?;
         Ok((w, prov))
     }
 
@@ -149,9 +173,9 @@ impl Weights {
             )
         }
         let n = bytes.len();
-        let (w, _) = from_safetensors(&bytes, &file)?;
+        let (w, _, notes) = from_safetensors(&bytes, &file)?;
         let imported = w.tensors.len();
-        Ok((w, Vec::new(), format!("safetensors ({n} bytes)"), imported))
+        Ok((w, notes, format!("safetensors ({n} bytes)"), imported))
     }
 
     /// Saves as safetensors (format in the module docs), atomically (temporary file in the same
@@ -459,6 +483,14 @@ fn resolve_classes(
     if names.len() != nc {
         bail!("{file}: nc={nc} but {} class names", names.len())
     }
+    let mut names = names;
+    let changed = sanitize_names(&mut names);
+    if !changed.is_empty() {
+        notes.push(format!(
+            "class names {changed:?} contain control characters; shown escaped (e.g. {:?})",
+            names[changed[0]]
+        ));
+    }
     Ok((nc, names))
 }
 
@@ -522,7 +554,12 @@ fn check_safetensors_frame(bytes: &[u8], file: &str) -> Result<()> {
     Ok(())
 }
 
-fn from_safetensors(bytes: &[u8], file: &str) -> Result<(Weights, Option<Provenance>)> {
+/// Weights from safetensors bytes, their provenance, and notes (class names generated or
+/// escaped).
+fn from_safetensors(
+    bytes: &[u8],
+    file: &str,
+) -> Result<(Weights, Option<Provenance>, Vec<String>)> {
     check_safetensors_frame(bytes, file)?;
     let st = safetensors::SafeTensors::deserialize(bytes)
         .map_err(|e| anyhow::anyhow!("{file}: invalid safetensors file: {e}"))?;
@@ -556,10 +593,24 @@ fn from_safetensors(bytes: &[u8], file: &str) -> Result<(Weights, Option<Provena
                 "infer" => Graph::Infer,
                 g => bail!("{file}: unknown graph {g:?} in metadata (expected train or infer)"),
             };
+            if m.nc > MAX_CLASSES {
+                bail!(
+                    "{file}: metadata nc = {} classes is over the limit of {MAX_CLASSES}",
+                    m.nc
+                )
+            }
+            let mut names = m.names;
+            let changed = sanitize_names(&mut names);
+            if !changed.is_empty() {
+                notes.push(format!(
+                    "class names {changed:?} contain control characters; shown escaped (e.g. {:?})",
+                    names[changed[0]]
+                ));
+            }
             (
                 ModelMeta {
                     nc: m.nc,
-                    names: m.names,
+                    names,
                     strides: m.strides,
                     graph,
                 },
@@ -582,7 +633,7 @@ fn from_safetensors(bytes: &[u8], file: &str) -> Result<(Weights, Option<Provena
     };
     let w = Weights { tensors, meta };
     w.validate(file)?;
-    Ok((w, prov))
+    Ok((w, prov, notes))
 }
 
 fn view_to_tensor(view: &safetensors::tensor::TensorView<'_>) -> Result<Tensor> {

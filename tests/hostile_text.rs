@@ -1,0 +1,75 @@
+//! Text that used to be read wrong or shown raw (issue "bounded under hostile input", item 7):
+//! label files with classic-Mac line ends, and class names with terminal control sequences in a
+//! `data.yaml` or in the weights' metadata.
+
+use std::path::Path;
+use yolo9::data::labels::parse_labels;
+use yolo9::data::yaml::DataConfig;
+use yolo9::model::weights::{sanitize_names, Weights};
+
+fn tmp(tag: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("yolo9-hostile-text-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+#[test]
+fn cr_only_crlf_and_lf_label_files_give_the_same_boxes() {
+    let rows: Vec<String> = (0..19)
+        .map(|i| format!("{} 0.{:02} 0.5 0.1 0.1", i % 3, 10 + i * 4))
+        .collect();
+    let p = Path::new("labels/x.txt");
+    let lf = parse_labels(&(rows.join("\n") + "\n"), 3, p);
+    assert_eq!(lf.boxes.len(), 19);
+    for sep in ["\r", "\r\n"] {
+        let got = parse_labels(&(rows.join(sep) + sep), 3, p);
+        assert_eq!(got.boxes, lf.boxes, "line end {sep:?}");
+        assert_eq!(
+            got.polygons, 0,
+            "line end {sep:?}: no line read as a polygon"
+        );
+        assert!(got.issues.is_empty(), "{:?}", got.issues);
+    }
+    // Issues keep their line numbers with CR-only ends.
+    let bad = parse_labels("0 0.5 0.5 0.1 0.1\r7 0.5 0.5 0.1 0.1\r", 3, p);
+    assert_eq!(bad.boxes.len(), 1);
+    assert_eq!(bad.issues[0].line, Some(2), "{:?}", bad.issues);
+}
+
+#[test]
+fn control_characters_in_class_names_are_escaped() {
+    let mut names = vec!["cell".to_string(), "\u{1b}[2Jwipe".into(), "a\rb".into()];
+    assert_eq!(sanitize_names(&mut names), [1, 2]);
+    assert_eq!(names, ["cell", "\\u{1b}[2Jwipe", "a\\u{d}b"]);
+    assert!(names.iter().all(|n| !n.chars().any(char::is_control)));
+
+    let d = tmp("yaml");
+    std::fs::create_dir_all(d.join("images")).unwrap();
+    std::fs::write(
+        d.join("data.yaml"),
+        "train: images\nval: images\nnames: [\"ok\", \"\\e]0;pwned\\a\"]\n",
+    )
+    .unwrap();
+    let cfg = DataConfig::load(&d.join("data.yaml")).unwrap();
+    assert_eq!(cfg.names[0], "ok");
+    assert!(
+        !cfg.names[1].chars().any(char::is_control),
+        "{:?}",
+        cfg.names
+    );
+    assert!(cfg.names[1].contains("pwned"));
+
+    // Weights whose metadata carries such a name load with it escaped, and say so.
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("weights/yolov9-s-bccd.safetensors");
+    let mut w = Weights::load(&src).unwrap();
+    w.meta.names[0] = "\u{1b}[31mRBC".into();
+    let f = tmp("weights").join("w.safetensors");
+    w.save(&f, true).unwrap();
+    let (back, notes, _, _) = Weights::load_detailed(&f).unwrap();
+    assert_eq!(back.meta.names[0], "\\u{1b}[31mRBC");
+    assert!(
+        notes.iter().any(|n| n.contains("control characters")),
+        "{notes:?}"
+    );
+}
