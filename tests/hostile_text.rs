@@ -73,3 +73,27 @@ fn control_characters_in_class_names_are_escaped() {
         "{notes:?}"
     );
 }
+
+/// Weights holding NaN or Inf are refused at load, naming the first tensor and the count, instead
+/// of loading and detecting nothing.
+#[test]
+fn non_finite_weights_are_refused() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("weights/yolov9-s-bccd.safetensors");
+    let mut w = Weights::load(&src).unwrap();
+    let name = "model.2.cv1.conv.weight";
+    let t = &w.tensors[name];
+    let mut v = t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    v[0] = f32::NAN;
+    v[5] = f32::INFINITY;
+    w.tensors.insert(
+        name.into(),
+        candle_core::Tensor::from_vec(v, t.dims(), &candle_core::Device::Cpu).unwrap(),
+    );
+    let f = tmp("nan").join("nan.safetensors");
+    w.save(&f, false).unwrap();
+    let e = match Weights::load(&f) {
+        Ok(_) => panic!("weights with NaN loaded"),
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(e.contains("2 NaN/Inf values") && e.contains(name), "{e}");
+}

@@ -335,6 +335,29 @@ impl Weights {
                 }
             }
         }
+        // Non-finite values load and then detect nothing: refuse them, naming the first tensor.
+        let mut bad: Vec<(&str, usize)> = Vec::new();
+        let mut names: Vec<&String> = self.tensors.keys().collect();
+        names.sort_unstable();
+        for n in names {
+            let t = &self.tensors[n];
+            if t.dtype() != DType::F32 {
+                continue;
+            }
+            let v = t.flatten_all()?.to_vec1::<f32>()?;
+            let k = v.iter().filter(|x| !x.is_finite()).count();
+            if k > 0 {
+                bad.push((n.as_str(), k));
+            }
+        }
+        if let Some((first, k)) = bad.first() {
+            let total: usize = bad.iter().map(|b| b.1).sum();
+            bail!(
+                "{what}: {total} NaN/Inf values in {} tensors (first: {first}, {k} values): the \
+                 weights are damaged or come from a diverged run; use another checkpoint",
+                bad.len()
+            )
+        }
         if self.meta.names.len() != self.meta.nc {
             bail!(
                 "{what}: {} class names for nc={}",
