@@ -452,3 +452,26 @@ fn inference_budget_sizes_the_val_batch_and_detect_refuses_a_tiny_budget() {
         "{stderr}"
     );
 }
+
+/// A validation split without any image gives no metrics, so there is nothing to rank epochs by:
+/// `best.safetensors` is the last epoch's weights (before: the first epoch's, "best" on nothing).
+#[test]
+fn an_empty_validation_split_makes_the_last_weights_the_best() {
+    let d = tmpdir("empty-val");
+    let yaml = common::tiny_dataset(&d, 2);
+    for e in std::fs::read_dir(d.join("images/val")).unwrap() {
+        std::fs::remove_file(e.unwrap().path()).unwrap();
+    }
+    let mut o = options(&d, "run");
+    o.data = yaml;
+    o.epochs = 2;
+    o.noval = false;
+    let s = train(&o).unwrap();
+    assert_eq!(s.epochs.len(), 2);
+    assert!(s.epochs.iter().all(|e| !e.validated));
+    assert_eq!(
+        max_diff(&s.best, &s.last),
+        0.0,
+        "best must be the last epoch's weights"
+    );
+}

@@ -474,6 +474,13 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
         cfg.yaml_path.display()
     );
     let vimages = val_scan.as_ref().map(val_images).unwrap_or_default();
+    if vimages.is_empty() && opts.verbose {
+        println!(
+            "warning: the validation split of {} has no usable image: no metrics will be computed, \
+             and best.safetensors will be the last epoch's weights",
+            cfg.yaml_path.display()
+        );
+    }
 
     // Batch and micro-batch: from the state, from measured memory, or as given.
     let probe = MemoryProbe::new(&device)?;
@@ -954,7 +961,10 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
         }
         let val_secs = tv.elapsed().as_secs_f64();
         let fi = crate::metrics::fitness(metrics[2], metrics[3]);
-        let improved = fi > run.best_fitness || run.best_epoch.is_none();
+        // Without any validation image there is nothing to rank epochs by: the best weights are
+        // the last ones (as the official trainer's best.pt with equal, zero fitness every epoch).
+        let improved =
+            fi > run.best_fitness || run.best_epoch.is_none() || (!validated && vimages.is_empty());
         if fi > run.best_fitness {
             run.best_fitness = fi;
         }
