@@ -475,3 +475,37 @@ fn an_empty_validation_split_makes_the_last_weights_the_best() {
         "best must be the last epoch's weights"
     );
 }
+
+/// `--resume RUN --data NEW` after the dataset moved: the run continues on the new path (before,
+/// `--data` was ignored and the error that asked for it repeated itself).
+#[test]
+fn resume_after_the_dataset_moved_uses_the_given_data() {
+    let dir = tmpdir("moved");
+    let ds = dir.join("ds");
+    std::fs::create_dir_all(&ds).unwrap();
+    common::tiny_dataset(&ds, 2);
+    let mut o = options(&ds, "run");
+    o.project = dir.join("runs");
+    o.epochs = 2;
+    o.faults = Faults {
+        stop_at: Some(1),
+        ..Faults::default()
+    };
+    let s = train(&o).unwrap();
+    assert!(s.interrupted);
+    // Move the dataset (the hyp file stays where the run recorded it).
+    let moved = dir.join("moved");
+    std::fs::rename(&ds, &moved).unwrap();
+    std::fs::create_dir_all(&ds).unwrap();
+    std::fs::copy(moved.join("hyp.yaml"), ds.join("hyp.yaml")).unwrap();
+    let mut r = TrainOptions::new(PathBuf::new());
+    r.resume = Some(s.run_dir.clone());
+    r.verbose = false;
+    let e = format!("{:#}", train(&r).unwrap_err());
+    assert!(e.contains("--data"), "{e}");
+    r.data = moved.join("data.yaml");
+    let done = train(&r).unwrap();
+    assert!(!done.interrupted);
+    assert_eq!(done.epochs.last().map(|e| e.epoch), Some(1));
+    let _ = std::fs::remove_dir_all(&dir);
+}

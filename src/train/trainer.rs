@@ -379,6 +379,18 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
                 .with_context(|| format!("{}: bad run arguments", ckpt.display()))?;
             o.resume = Some(ckpt.clone());
             o.verbose = opts.verbose;
+            // `--data` given with `--resume`: the dataset moved (or is a copy); use it instead of
+            // the path stored in the run. The images must be the same for an exact resume.
+            if !opts.data.as_os_str().is_empty() && opts.data != o.data {
+                if opts.verbose {
+                    println!(
+                        "resume: using --data {} instead of the run's {}",
+                        opts.data.display(),
+                        o.data.display()
+                    );
+                }
+                o.data = opts.data.clone();
+            }
             let dir = ckpt
                 .parent()
                 .and_then(|p| p.parent())
