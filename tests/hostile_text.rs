@@ -97,3 +97,22 @@ fn non_finite_weights_are_refused() {
     };
     assert!(e.contains("2 NaN/Inf values") && e.contains(name), "{e}");
 }
+
+/// A label file of 200,000 repeats of one row is parsed in linear time and reported in one short
+/// line (before: a 51 MB line listing every repeat, and a quadratic duplicate search).
+#[test]
+fn a_file_of_duplicates_gives_one_short_report() {
+    let text = "0 0.5 0.5 0.1 0.1\n".repeat(200_000);
+    let t0 = std::time::Instant::now();
+    let got = parse_labels(&text, 1, Path::new("labels/dup.txt"));
+    assert!(t0.elapsed().as_secs_f64() < 10.0, "{:?}", t0.elapsed());
+    assert_eq!(got.boxes.len(), 1);
+    assert_eq!(got.duplicates, 199_999);
+    assert_eq!(got.issues.len(), 1);
+    let v = &got.issues[0].value;
+    assert!(v.len() < 200, "{} bytes: {v}", v.len());
+    assert!(
+        v.starts_with("199999 duplicate rows (lines 2, 3,") && v.contains("and 199989 more"),
+        "{v}"
+    );
+}

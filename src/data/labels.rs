@@ -134,7 +134,7 @@ pub fn parse_labels(text: &str, nc: usize, path: &Path) -> ParsedLabels {
     };
     let mut out = ParsedLabels::default();
     let mut dup_lines = Vec::new();
-    let mut seen: Vec<[u32; 5]> = Vec::new();
+    let mut seen: std::collections::HashSet<[u32; 5]> = std::collections::HashSet::new();
     for (i, line) in text.lines().enumerate() {
         let fields: Vec<&str> = line.split_ascii_whitespace().collect();
         if fields.is_empty() {
@@ -169,18 +169,26 @@ pub fn parse_labels(text: &str, nc: usize, path: &Path) -> ParsedLabels {
                     b.w.to_bits(),
                     b.h.to_bits(),
                 ];
-                if seen.contains(&key) {
-                    dup_lines.push(lineno);
-                } else {
-                    seen.push(key);
+                if seen.insert(key) {
                     out.boxes.push(b);
+                } else {
+                    dup_lines.push(lineno);
                 }
             }
         }
     }
     if !dup_lines.is_empty() {
         out.duplicates = dup_lines.len();
-        let lines: Vec<String> = dup_lines.iter().map(|l| l.to_string()).collect();
+        // The first line numbers, then a count: a file of a million repeats gets one short line.
+        const SHOWN: usize = 10;
+        let mut lines: Vec<String> = dup_lines
+            .iter()
+            .take(SHOWN)
+            .map(|l| l.to_string())
+            .collect();
+        if dup_lines.len() > SHOWN {
+            lines.push(format!("... and {} more", dup_lines.len() - SHOWN));
+        }
         out.issues.push(Issue {
             path: path.to_path_buf(),
             line: None,
