@@ -29,6 +29,10 @@ pub const MAX_DEPTH: u32 = 512;
 /// Largest single object accepted, counted in nested objects including memo copies (the whole
 /// official YOLOv9-s tree is about a quarter of a million).
 pub const MAX_NODES: u64 = 4_000_000;
+/// Most entries (objects and MARKs) the pickle stack may hold at once: an official checkpoint
+/// never holds more than a few hundred; a stream of millions of MARKs or literals is refused
+/// before candle's reader grows without bound.
+pub const MAX_STACK_ITEMS: usize = 1 << 20;
 /// Total objects candle's reader may copy in and out of its memo (it clones on every PUT and
 /// GET); bounds memory for hostile pickles built from repeated memo references.
 pub const MAX_MEMO_COPIES: u64 = 20_000_000;
@@ -102,6 +106,15 @@ impl Shadow {
             bail!("pickle expands to more than {MAX_NODES} objects: not a checkpoint we can read")
         }
         self.stack.push(Some((depth, size)));
+        self.check_len()
+    }
+    fn check_len(&self) -> Result<()> {
+        if self.stack.len() > MAX_STACK_ITEMS {
+            bail!(
+                "pickle stack holds more than {MAX_STACK_ITEMS} entries (objects and MARKs): not a \
+                 checkpoint we can read"
+            )
+        }
         Ok(())
     }
     /// Adds `child` into the container on top of the stack.
@@ -143,6 +156,66 @@ pub fn parse(bytes: &[u8], what: &str) -> Result<Object> {
                     )
                 }
             }
+            // Globals by other opcodes than GLOBAL: candle does not read them, and the allow-list
+            // must see the name, so refuse them here, naming the global.
+            0x93 => {
+                let name = match stack.stack() {
+                    [.., Object::Unicode(m), Object::Unicode(n)] => format!("`{m}.{n}`"),
+                    _ => "(names not on the stack)".to_string(),
+                };
+                bail!(
+                    "{what}: the pickle references the global {name} with STACK_GLOBAL (byte \
+                     {pos}, pickle protocol 4+), which yolo9 does not read; re-save the \
+                     checkpoint with torch.save's default protocol 2, or as safetensors"
+                )
+            }
+            b'i' | b'o' | 0x92 | 0x82..=0x84 => {
+                let opname = match op {
+                    b'i' => "INST",
+                    b'o' => "OBJ",
+                    0x92 => "NEWOBJ_EX",
+                    _ => "EXT",
+                };
+                let name = if op == b'i' {
+                    let rest = &bytes[(pos + 1).min(bytes.len())..];
+                    let mut lines = rest.splitn(3, |&b| b == b'\n');
+                    match (lines.next(), lines.next()) {
+                        (Some(m), Some(n)) => format!(
+                            " `{}.{}`",
+                            String::from_utf8_lossy(&m[..m.len().min(200)]),
+                            String::from_utf8_lossy(&n[..n.len().min(200)])
+                        ),
+                        _ => String::new(),
+                    }
+                } else {
+                    String::new()
+                };
+                bail!(
+                    "{what}: pickle opcode {opname}{name} at byte {pos} is not one official \
+                     checkpoints use, and yolo9 does not read it; re-save the checkpoint with \
+                     torch.save, or as safetensors"
+                )
+            }
+            0x8c..=0x91 | 0x94..=0x98 => {
+                let opname = match op {
+                    0x8c => "SHORT_BINUNICODE",
+                    0x8d => "BINUNICODE8",
+                    0x8e => "BINBYTES8",
+                    0x8f => "EMPTY_SET",
+                    0x90 => "ADDITEMS",
+                    0x91 => "FROZENSET",
+                    0x94 => "MEMOIZE",
+                    0x95 => "FRAME",
+                    0x96 => "BYTEARRAY8",
+                    0x97 => "NEXT_BUFFER",
+                    _ => "READONLY_BUFFER",
+                };
+                bail!(
+                    "{what}: pickle protocol 4+ opcode {opname} at byte {pos}: yolo9 reads the \
+                     protocol-2 pickles torch.save writes by default; re-save the checkpoint with \
+                     `torch.save(obj, f)` (or `pickle_protocol=2`), or as safetensors"
+                )
+            }
             0x8a => {
                 let n = *bytes
                     .get(pos + 1)
@@ -178,7 +251,11 @@ pub fn parse(bytes: &[u8], what: &str) -> Result<Object> {
         let sh = &mut shadow;
         match op {
             0x80 => {}
-            b'(' => sh.stack.push(None),
+            b'(' => {
+                sh.stack.push(None);
+                sh.check_len()
+                    .with_context(|| format!("{what}: at byte {pos}"))?;
+            }
             b'q' | b'r' => {
                 let top = match sh.stack.last() {
                     Some(Some(x)) => *x,
