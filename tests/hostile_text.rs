@@ -163,3 +163,35 @@ fn hostile_pickles_are_refused_by_name() {
         "{e}"
     );
 }
+
+/// A tensor record with a negative size is refused naming the tensor and the value.
+#[test]
+fn negative_tensor_sizes_name_the_tensor_and_the_value() {
+    use candle_core::pickle::Object;
+    let class = |m: &str, n: &str| Object::Class {
+        module_name: m.into(),
+        class_name: n.into(),
+    };
+    let rebuild = |size: Vec<i64>| Object::Reduce {
+        callable: Box::new(class("torch._utils", "_rebuild_tensor_v2")),
+        args: Box::new(Object::Tuple(vec![
+            Object::PersistentLoad(Box::new(Object::Tuple(vec![
+                Object::Unicode("storage".into()),
+                class("torch", "FloatStorage"),
+                Object::Unicode("0".into()),
+                Object::Unicode("cpu".into()),
+                Object::Int(4),
+            ]))),
+            Object::Int(0),
+            Object::Tuple(size.iter().map(|&v| Object::Int(v as i32)).collect()),
+            Object::Tuple(vec![Object::Int(2), Object::Int(1)]),
+        ])),
+    };
+    let ok = yolo9::pt::pickle::tensor_ref(&rebuild(vec![2, 2]), "model.0.conv.weight").unwrap();
+    assert_eq!(ok.unwrap().shape, [2, 2]);
+    let e = format!(
+        "{:#}",
+        yolo9::pt::pickle::tensor_ref(&rebuild(vec![-1, 2]), "model.0.conv.weight").unwrap_err()
+    );
+    assert!(e.contains("model.0.conv.weight") && e.contains("-1"), "{e}");
+}

@@ -128,7 +128,8 @@ pub fn import_pt(path: &Path) -> Result<Imported> {
             );
         }
         if let Some(o) = pickle::dict_get(state, "stride") {
-            stride_ref = pickle::tensor_ref(o, "model.stride")?;
+            stride_ref = pickle::tensor_ref(o, "model.stride")
+                .with_context(|| format!("{file}: reading model.stride"))?;
         }
         head = pickle::yolo_head(state);
         let mut attrs: Vec<&str> = state
@@ -148,7 +149,7 @@ pub fn import_pt(path: &Path) -> Result<Imported> {
             let Object::Unicode(k) = k else {
                 bail!("{file}: '{source_key}' is a dict with a non-string key {k:?}")
             };
-            match pickle::tensor_ref(v, k)? {
+            match pickle::tensor_ref(v, k).with_context(|| format!("{file}: '{source_key}'"))? {
                 Some(t) => refs.push((k.clone(), t)),
                 None => ignored.push(format!("'{k}' ({})", describe(v))),
             }

@@ -500,10 +500,29 @@ pub fn tensor_ref(obj: &Object, name: &str) -> Result<Option<TensorRef>> {
                 .with_context(|| format!("tensor {name}: storage size is not a count"))?;
             let offset = as_uint(&args[1])
                 .with_context(|| format!("tensor {name}: storage offset is not a count"))?;
-            let shape = as_uint_tuple(&args[2])
-                .with_context(|| format!("tensor {name}: size is not a tuple of counts"))?;
-            let stride = as_uint_tuple(&args[3])
-                .with_context(|| format!("tensor {name}: stride is not a tuple of counts"))?;
+            let shown = |o: &Object| {
+                let s = format!("{o:?}");
+                if s.len() > 120 {
+                    format!(
+                        "{}...",
+                        &s[..s.char_indices().nth(120).map_or(s.len(), |c| c.0)]
+                    )
+                } else {
+                    s
+                }
+            };
+            let shape = as_uint_tuple(&args[2]).with_context(|| {
+                format!(
+                    "tensor {name}: size {} is not a tuple of counts (>= 0)",
+                    shown(&args[2])
+                )
+            })?;
+            let stride = as_uint_tuple(&args[3]).with_context(|| {
+                format!(
+                    "tensor {name}: stride {} is not a tuple of counts (>= 0)",
+                    shown(&args[3])
+                )
+            })?;
             if shape.len() != stride.len() {
                 bail!("tensor {name}: size {shape:?} and stride {stride:?} have different ranks")
             }
