@@ -884,3 +884,39 @@ fn ema_is_preferred_over_model() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// One budget for a whole `.pt` load, checked before anything is inflated
+/// (`yolo9::pt::MAX_LOAD_BYTES`): a 16-byte storage viewed with stride 0 under a huge shape, and
+/// four views of one large record, are refused at once (before: 4.2 GB and 5.2 GB of RSS).
+#[test]
+fn tensor_bytes_are_budgeted_before_reading() {
+    let dir = tmpdir("budget");
+    let mut p = Pkl::default();
+    p.op(&[0x80, 2]).op(b"}(").s("model.0.conv.weight");
+    p.tensor("FloatStorage", "0", 4, 0, &[1 << 16, 1 << 15], &[0, 0]);
+    p.op(b"u.");
+    let f = pt_with_pickle(&dir, "stride0.pt", p.0, &[("0", vec![0; 16])]);
+    let t0 = std::time::Instant::now();
+    let e = err_of(Weights::load(&f));
+    assert!(
+        e.contains("stride0.pt") && e.contains("2048 MB") && e.contains("model.0.conv.weight"),
+        "{e}"
+    );
+    // Four 1 GiB views of one 1 GiB record (declared; the record itself is never read).
+    let n = 1u64 << 28;
+    let mut p = Pkl::default();
+    p.op(&[0x80, 2]).op(b"}(");
+    for i in 0..4 {
+        p.s(&format!("model.{i}.conv.weight"));
+        p.tensor("FloatStorage", "0", n, 0, &[n], &[1]);
+    }
+    p.op(b"u.");
+    let f = pt_with_pickle(&dir, "views.pt", p.0, &[("0", vec![0; 16])]);
+    let e = err_of(Weights::load(&f));
+    assert!(
+        e.contains("views.pt") && e.contains("would take more than"),
+        "{e}"
+    );
+    assert!(t0.elapsed().as_secs_f64() < 5.0, "refused before reading");
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -19,6 +19,12 @@ use candle_core::pickle::Object;
 use candle_core::{DType, Tensor};
 use std::path::Path;
 
+/// Most bytes one `.pt` load may inflate and build, summed over its tensors before any is read
+/// (each tensor's storage record plus 8 bytes per element of its copy): 2 GiB, several times
+/// what the largest YOLOv9 (e, about 58 M parameters) needs. A few small records viewed many
+/// times, or a tiny storage viewed with stride 0 under a huge shape, are refused at once.
+pub const MAX_LOAD_BYTES: u64 = 2 << 30;
+
 /// Tensors and metadata read from a `.pt` file.
 pub struct Imported {
     /// `(state_dict name, tensor)`: floating-point tensors upcast to f32, int64 kept, on the CPU,
@@ -173,6 +179,39 @@ pub fn import_pt(path: &Path) -> Result<Imported> {
         )
     }
 
+    // One budget for the whole load, checked before anything is inflated: every tensor read
+    // inflates its storage record and builds an f32 (or i64) copy of its elements.
+    let mut budget: u64 = 0;
+    for (name, r) in &refs {
+        // An overflowing shape or an over-sized record is refused by the read itself, with its
+        // own message; the budget sums the rest.
+        let Some(elems) = r
+            .shape
+            .iter()
+            .try_fold(1u64, |a, &d| a.checked_mul(d as u64))
+        else {
+            continue;
+        };
+        let Some(record) = r
+            .storage_numel
+            .checked_mul(r.dtype.size() as u64)
+            .filter(|&b| b <= checkpoint::MAX_RECORD_BYTES)
+        else {
+            continue;
+        };
+        let need = elems.saturating_mul(8).saturating_add(record);
+        budget = budget.saturating_add(need);
+        if budget > MAX_LOAD_BYTES {
+            bail!(
+                "{file}: reading its tensors would take more than {} MB (at tensor {name}: shape \
+                 {:?} over a storage of {} elements); a YOLOv9 checkpoint needs far less, so the \
+                 file is damaged or hostile",
+                MAX_LOAD_BYTES >> 20,
+                r.shape,
+                r.storage_numel
+            )
+        }
+    }
     let mut seen = std::collections::HashSet::new();
     let mut tensors = Vec::with_capacity(refs.len());
     let mut converted = std::collections::BTreeMap::new();
