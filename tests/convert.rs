@@ -3,6 +3,8 @@
 
 mod common;
 
+use common::tmpdir;
+
 use candle_core::{DType, Tensor};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
@@ -66,13 +68,6 @@ fn index() -> Vec<(String, IndexEntry)> {
             )
         })
         .collect()
-}
-
-fn tmpdir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("yolo9-convert-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
 }
 
 fn assert_same_tensors(a: &Weights, b: &Weights) {

@@ -2,6 +2,8 @@
 //! `yolo9 check` binary), hand-made yaml variants, label-row rules by hand, and the label path rule.
 mod common;
 
+use common::tmpdir;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use yolo9::data::labels::{parse_labels, IssueKind, LabelBox};
@@ -11,13 +13,6 @@ use yolo9::data::yaml::{DataConfig, Split};
 /// `shared/cases/<name>`, lexically normalized (the yaml loader reports normalized paths).
 fn case_dir(name: &str) -> PathBuf {
     yolo9::data::yaml::normalize(&common::case(name))
-}
-
-fn temp_dir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("yolo9-yaml-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
 }
 
 fn yolo9_check(yaml: &Path, cwd: &Path) -> (bool, String) {
@@ -81,7 +76,7 @@ fn check_exit_code_only_fails_when_nothing_is_trainable() {
         "{text}"
     );
     // every train label invalid → non-zero
-    let d = temp_dir("untrainable");
+    let d = tmpdir("untrainable");
     std::fs::create_dir_all(d.join("images/train")).unwrap();
     std::fs::create_dir_all(d.join("labels/train")).unwrap();
     let img = case_dir("coords_invalid").join("images/train/img_000.jpg");
@@ -103,7 +98,7 @@ fn check_exit_code_only_fails_when_nothing_is_trainable() {
 
 #[test]
 fn yaml_variants() {
-    let d = temp_dir("variants");
+    let d = tmpdir("variants");
     for sub in ["a/images", "b/images", "lists"] {
         std::fs::create_dir_all(d.join(sub)).unwrap();
     }
@@ -239,7 +234,7 @@ fn label_rows_by_hand() {
 /// itself is accepted.
 #[test]
 fn class_count_is_bounded() {
-    let d = temp_dir("nc-bound");
+    let d = tmpdir("nc-bound");
     std::fs::create_dir_all(d.join("images")).unwrap();
     let yaml = d.join("data.yaml");
     let t0 = std::time::Instant::now();

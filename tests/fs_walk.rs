@@ -4,19 +4,16 @@
 //! of its own, so a regression fails instead of hanging the suite.
 #![cfg(unix)]
 
+mod common;
+
+use common::tmpdir;
+
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::Duration;
 use yolo9::data::fsio::walk_files;
 use yolo9::data::scan::{scan_split, ScanOptions};
 use yolo9::data::yaml::{DataConfig, Split};
-
-fn tmpdir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("yolo9-fswalk-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
 
 /// Runs `f` on another thread and fails the test if it takes longer than `secs`.
 fn within<T: Send + 'static>(secs: u64, what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {

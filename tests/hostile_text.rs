@@ -2,17 +2,14 @@
 //! label files with classic-Mac line ends, and class names with terminal control sequences in a
 //! `data.yaml` or in the weights' metadata.
 
+mod common;
+
+use common::tmpdir;
+
 use std::path::Path;
 use yolo9::data::labels::parse_labels;
 use yolo9::data::yaml::DataConfig;
 use yolo9::model::weights::{sanitize_names, Weights};
-
-fn tmp(tag: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("yolo9-hostile-text-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
 
 #[test]
 fn cr_only_crlf_and_lf_label_files_give_the_same_boxes() {
@@ -44,7 +41,7 @@ fn control_characters_in_class_names_are_escaped() {
     assert_eq!(names, ["cell", "\\u{1b}[2Jwipe", "a\\u{d}b"]);
     assert!(names.iter().all(|n| !n.chars().any(char::is_control)));
 
-    let d = tmp("yaml");
+    let d = tmpdir("yaml");
     std::fs::create_dir_all(d.join("images")).unwrap();
     std::fs::write(
         d.join("data.yaml"),
@@ -64,7 +61,7 @@ fn control_characters_in_class_names_are_escaped() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("weights/yolov9-s-bccd.safetensors");
     let mut w = Weights::load(&src).unwrap();
     w.meta.names[0] = "\u{1b}[31mRBC".into();
-    let f = tmp("weights").join("w.safetensors");
+    let f = tmpdir("weights").join("w.safetensors");
     w.save(&f, true).unwrap();
     let (back, notes, _, _) = Weights::load_detailed(&f).unwrap();
     assert_eq!(back.meta.names[0], "\\u{1b}[31mRBC");
@@ -89,7 +86,7 @@ fn non_finite_weights_are_refused() {
         name.into(),
         candle_core::Tensor::from_vec(v, t.dims(), &candle_core::Device::Cpu).unwrap(),
     );
-    let f = tmp("nan").join("nan.safetensors");
+    let f = tmpdir("nan").join("nan.safetensors");
     w.save(&f, false).unwrap();
     let e = match Weights::load(&f) {
         Ok(_) => panic!("weights with NaN loaded"),

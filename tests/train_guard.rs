@@ -5,6 +5,8 @@
 
 mod common;
 
+use common::tmpdir;
+
 use candle_core::{DType, Device, Tensor};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -13,13 +15,6 @@ use yolo9::train::budget::{plan, BudgetRequest};
 use yolo9::train::checkpoint::load_state;
 use yolo9::train::guard::Faults;
 use yolo9::train::trainer::{train, TrainOptions};
-
-fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("yolo9-guard-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
 
 /// 2 train images, batch 1 (2 iterations per epoch), 3 epochs, no augmentation.
 fn options(dir: &Path, name: &str) -> TrainOptions {

@@ -115,3 +115,16 @@ pub fn uniform(shape: &[usize], seed: u64) -> candle_core::Tensor {
         .collect();
     candle_core::Tensor::from_vec(v, shape, &candle_core::Device::Cpu).unwrap()
 }
+
+/// A fresh, empty folder for one test: `<tmp>/yolo9-<test binary>-<tag>-<pid>` (removed first if
+/// an earlier run left it).
+pub fn tmpdir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "yolo9-{}-{tag}-{}",
+        env!("CARGO_CRATE_NAME"),
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
