@@ -152,7 +152,34 @@ pub fn ordinary(
     targets: &Tensor,
     img_hw: (usize, usize),
 ) -> Result<MicroOutcome> {
-    let (raw, tape) = crate::train::step::train_forward(model, x)?;
+    ordinary_step(model, loss, params, x, targets, img_hw, false)
+}
+
+/// [`ordinary`], with candle's cache of small host-to-device uploads on around the forward and
+/// the backward when `cache_uploads` (and `x` is on CUDA): what a capture of the same shape needs
+/// to find cached. The loss runs outside it (its uploads change with every batch).
+fn ordinary_step(
+    model: &YoloV9Train,
+    loss: &DualTalLoss,
+    params: &[Tensor],
+    x: &Tensor,
+    targets: &Tensor,
+    img_hw: (usize, usize),
+    cache_uploads: bool,
+) -> Result<MicroOutcome> {
+    // The guard's type is not nameable outside candle; it only has to live for the phase.
+    let uploads_cached = || -> Option<Box<dyn std::any::Any>> {
+        #[cfg(feature = "cuda")]
+        if let (true, candle_core::Device::Cuda(d)) = (cache_uploads, x.device()) {
+            return Some(Box::new(d.enable_cuda_graph_htod_cache()));
+        }
+        let _ = cache_uploads;
+        None
+    };
+    let (raw, tape) = {
+        let _cache = uploads_cached();
+        crate::train::step::train_forward(model, x)?
+    };
     let lo = loss.compute(&raw.aux, &raw.main, targets, img_hw)?;
     if lo.items.iter().any(|v| !v.is_finite()) {
         return Ok(MicroOutcome {
@@ -160,7 +187,10 @@ pub fn ordinary(
             grads: None,
         });
     }
-    let mut g = crate::train::step::train_backward(&lo.total, raw, tape)?;
+    let mut g = {
+        let _cache = uploads_cached();
+        crate::train::step::train_backward(&lo.total, raw, tape)?
+    };
     let mut out = GradStore::default();
     for p in params {
         if let Some(t) = g.remove(p) {
@@ -175,7 +205,7 @@ pub fn ordinary(
 
 #[cfg(feature = "cuda")]
 mod imp {
-    use super::{ordinary, MicroOutcome};
+    use super::{ordinary, ordinary_step, MicroOutcome};
     use crate::loss::DualTalLoss;
     use crate::model::yolov9::YoloV9Train;
     use crate::model::DualRaw;
@@ -281,32 +311,7 @@ mod imp {
                 // capture finds every small kernel-parameter upload cached and every cuDNN
                 // algorithm chosen.
                 self.warm.push(key);
-                let fwd_bwd = {
-                    let _cache = dev.enable_cuda_graph_htod_cache();
-                    crate::train::step::train_forward(model, x)?
-                };
-                let (raw, tape) = fwd_bwd;
-                let lo = loss.compute(&raw.aux, &raw.main, targets, img_hw)?;
-                if lo.items.iter().any(|v| !v.is_finite()) {
-                    return Ok(MicroOutcome {
-                        items: lo.items,
-                        grads: None,
-                    });
-                }
-                let mut g = {
-                    let _cache = dev.enable_cuda_graph_htod_cache();
-                    crate::train::step::train_backward(&lo.total, raw, tape)?
-                };
-                let mut out = GradStore::default();
-                for p in params {
-                    if let Some(t) = g.remove(p) {
-                        out.insert(p, t.detach());
-                    }
-                }
-                return Ok(MicroOutcome {
-                    items: lo.items,
-                    grads: Some(out),
-                });
+                return ordinary_step(model, loss, params, x, targets, img_hw, true);
             }
             // The ordinary steps' memory, cached in the stream-ordered pool, goes back first, so
             // the graphs' pool can take it.
