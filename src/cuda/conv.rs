@@ -566,20 +566,28 @@ fn refuse_search_in_capture(stream: &Arc<CudaStream>) -> Result<()> {
     Ok(())
 }
 
-/// While `stream` is being captured, a workspace of the launch's own (`bytes` > 0): its
-/// allocation and release become nodes of the graph, so a replay never points at the shared
-/// workspace, which a later, larger algorithm may replace. `None` outside a capture.
-fn capture_workspace(stream: &Arc<CudaStream>, bytes: usize) -> Result<Option<CudaSlice<u8>>> {
-    if bytes == 0 || !capturing(stream) {
-        return Ok(None);
+/// The workspace argument of a launch needing `bytes`. Outside a capture: the shared workspace
+/// `shared`, grown when needed. While `stream` is being captured: a buffer of the launch's own,
+/// left in `own` (its allocation and release become nodes of the graph, so a replay never points
+/// at the shared workspace, which a later, larger algorithm may replace). `None` when the
+/// algorithm needs none.
+fn launch_workspace<'a>(
+    stream: &Arc<CudaStream>,
+    shared: &'a mut Option<CudaSlice<u8>>,
+    own: &'a mut Option<CudaSlice<u8>>,
+    bytes: usize,
+) -> Result<Option<&'a mut CudaSlice<u8>>> {
+    if bytes > 0 && capturing(stream) {
+        // SAFETY: scratch memory for cuDNN, which never reads it before writing.
+        let buf = unsafe { stream.alloc::<u8>(bytes) }.map_err(|e| {
+            err(format!(
+                "cuDNN workspace of {bytes} bytes in a graph capture: {e:?}"
+            ))
+        })?;
+        return Ok(Some(own.insert(buf)));
     }
-    // SAFETY: scratch memory for cuDNN, which never reads it before writing.
-    let buf = unsafe { stream.alloc::<u8>(bytes) }.map_err(|e| {
-        err(format!(
-            "cuDNN workspace of {bytes} bytes in a graph capture: {e:?}"
-        ))
-    })?;
-    Ok(Some(buf))
+    grow_workspace(stream, shared, bytes)?;
+    Ok(ws_arg(shared, bytes))
 }
 
 /// The workspace argument of a launch: `None` when the algorithm needs none.
@@ -741,14 +749,8 @@ impl Engine {
         let bytes = op
             .get_workspace_size(algo)
             .map_err(|e| cudnn_err("forward workspace size", e))?;
-        let mut own = capture_workspace(&self.stream, bytes)?;
-        let ws = match own.as_mut() {
-            Some(b) => Some(b),
-            None => {
-                grow_workspace(&self.stream, &mut self.workspace, bytes)?;
-                ws_arg(&mut self.workspace, bytes)
-            }
-        };
+        let mut own = None;
+        let ws = launch_workspace(&self.stream, &mut self.workspace, &mut own, bytes)?;
         // SAFETY: as above.
         unsafe { op.launch(algo, ws, (T::ONE, T::ZERO), x, w, y) }
             .map_err(|e| cudnn_err("convolution forward", e))
@@ -802,14 +804,8 @@ impl Engine {
         let bytes = op
             .get_workspace_size(algo)
             .map_err(|e| cudnn_err("backward-data workspace size", e))?;
-        let mut own = capture_workspace(&self.stream, bytes)?;
-        let ws = match own.as_mut() {
-            Some(b) => Some(b),
-            None => {
-                grow_workspace(&self.stream, &mut self.workspace, bytes)?;
-                ws_arg(&mut self.workspace, bytes)
-            }
-        };
+        let mut own = None;
+        let ws = launch_workspace(&self.stream, &mut self.workspace, &mut own, bytes)?;
         // SAFETY: as above.
         unsafe { op.launch(algo, ws, (T::ONE, T::ZERO), dx, w, dy) }
             .map_err(|e| cudnn_err("convolution backward data", e))
@@ -865,14 +861,8 @@ impl Engine {
         let bytes = op
             .get_workspace_size(algo)
             .map_err(|e| cudnn_err("backward-filter workspace size", e))?;
-        let mut own = capture_workspace(&self.stream, bytes)?;
-        let ws = match own.as_mut() {
-            Some(b) => Some(b),
-            None => {
-                grow_workspace(&self.stream, &mut self.workspace, bytes)?;
-                ws_arg(&mut self.workspace, bytes)
-            }
-        };
+        let mut own = None;
+        let ws = launch_workspace(&self.stream, &mut self.workspace, &mut own, bytes)?;
         // SAFETY: as above.
         unsafe { op.launch(algo, ws, (T::ONE, T::ZERO), x, dw, dy) }
             .map_err(|e| cudnn_err("convolution backward filter", e))
