@@ -2,6 +2,8 @@
 //! extensions, unicode paths, odd sizes, mixed directories) and hand-made orientation cases.
 mod common;
 
+use common::png_header;
+
 use image::RgbImage;
 use std::path::{Path, PathBuf};
 use yolo9::data::image::{apply_exif_orientation, decode_rgb8, load_rgb8};
@@ -262,49 +264,15 @@ fn truncated_jpeg_does_not_panic() {
     }
 }
 
-fn crc32(data: &[u8]) -> u32 {
-    let mut c = 0xffff_ffffu32;
-    for &b in data {
-        c ^= u32::from(b);
-        for _ in 0..8 {
-            c = if c & 1 != 0 {
-                0xedb8_8320 ^ (c >> 1)
-            } else {
-                c >> 1
-            };
-        }
-    }
-    !c
-}
-
-/// A PNG signature + IHDR claiming `w x h` RGB8, and no pixel data.
-fn png_header(w: u32, h: u32) -> Vec<u8> {
-    let mut v = b"\x89PNG\r\n\x1a\n".to_vec();
-    let mut chunk = b"IHDR".to_vec();
-    chunk.extend_from_slice(&w.to_be_bytes());
-    chunk.extend_from_slice(&h.to_be_bytes());
-    chunk.extend_from_slice(&[8, 2, 0, 0, 0]);
-    v.extend_from_slice(&13u32.to_be_bytes());
-    v.extend_from_slice(&chunk);
-    v.extend_from_slice(&crc32(&chunk).to_be_bytes());
-    // An empty IDAT (so the header parses completely) and IEND.
-    for kind in [&b"IDAT"[..], &b"IEND"[..]] {
-        v.extend_from_slice(&0u32.to_be_bytes());
-        v.extend_from_slice(kind);
-        v.extend_from_slice(&crc32(kind).to_be_bytes());
-    }
-    v
-}
-
 #[test]
 fn decoding_bomb_guard() {
     for (w, h) in [(40_000, 100), (20_000, 20_000)] {
-        let e = decode_rgb8(&png_header(w, h)).unwrap_err();
+        let e = decode_rgb8(&png_header(w, h, 8, 2)).unwrap_err();
         let msg = format!("{e:#}");
         assert!(msg.contains("decoding-bomb guard"), "{w}x{h}: {msg}");
     }
     // A small header with no data is a truncation error, not a panic.
-    let e = decode_rgb8(&png_header(10, 10)).unwrap_err();
+    let e = decode_rgb8(&png_header(10, 10, 8, 2)).unwrap_err();
     println!("{e:#}");
     assert!(decode_rgb8(&[]).is_err());
     assert!(decode_rgb8(b"hello world").is_err());

@@ -1,50 +1,13 @@
 //! The decoding-bomb guard counts the 8-bit RGB buffer yolo9 builds, not the file's native
 //! pixels (`yolo9::data::image::size_guard`), and the dataset scan (`yolo9 check`, `train`)
-//! applies the same guard as the decoder. The images are PNG headers written here (a huge IHDR,
-//! a token IDAT, IEND), so nothing large is ever allocated.
+//! applies the same guard as the decoder. The images are PNG headers (`common::png_header`: a
+//! huge IHDR, an empty IDAT, IEND), so nothing large is ever allocated.
 
+mod common;
+
+use common::png_header;
 use yolo9::data::image::{decode_rgb8, decoded_need, size_guard, MAX_DECODE_BYTES};
 use yolo9::data::scan::probe_image;
-
-fn crc32(bytes: &[u8]) -> u32 {
-    let mut c = !0u32;
-    for &b in bytes {
-        c ^= u32::from(b);
-        for _ in 0..8 {
-            c = if c & 1 != 0 {
-                0xEDB8_8320 ^ (c >> 1)
-            } else {
-                c >> 1
-            };
-        }
-    }
-    !c
-}
-
-fn chunk(kind: &[u8; 4], data: &[u8]) -> Vec<u8> {
-    let mut v = (data.len() as u32).to_be_bytes().to_vec();
-    let mut body = kind.to_vec();
-    body.extend_from_slice(data);
-    v.extend_from_slice(&body);
-    v.extend_from_slice(&crc32(&body).to_be_bytes());
-    v
-}
-
-/// A PNG of `w`×`h` with `bit_depth` and `color_type` (0 grey, 4 grey+alpha, 2 RGB) whose pixel
-/// data is a token.
-fn png_header(w: u32, h: u32, bit_depth: u8, color_type: u8) -> Vec<u8> {
-    let mut ihdr = w.to_be_bytes().to_vec();
-    ihdr.extend_from_slice(&h.to_be_bytes());
-    ihdr.extend_from_slice(&[bit_depth, color_type, 0, 0, 0]);
-    let mut v = vec![0x89, b'P', b'N', b'G', 0x0D, 0x0A, 0x1A, 0x0A];
-    v.extend(chunk(b"IHDR", &ihdr));
-    v.extend(chunk(
-        b"IDAT",
-        &[0x78, 0x9C, 0x03, 0x00, 0x00, 0x00, 0x00, 0x01],
-    ));
-    v.extend(chunk(b"IEND", &[]));
-    v
-}
 
 #[test]
 fn need_counts_the_rgb_copy() {

@@ -128,3 +128,39 @@ pub fn tmpdir(tag: &str) -> PathBuf {
     std::fs::create_dir_all(&d).unwrap();
     d
 }
+
+/// CRC-32 (ISO-HDLC, PNG's) of `data`.
+pub fn crc32(data: &[u8]) -> u32 {
+    let mut c = 0xffff_ffffu32;
+    for &b in data {
+        c ^= u32::from(b);
+        for _ in 0..8 {
+            c = if c & 1 != 0 {
+                0xedb8_8320 ^ (c >> 1)
+            } else {
+                c >> 1
+            };
+        }
+    }
+    !c
+}
+
+/// A PNG that is only a header: the signature, an IHDR claiming `w`×`h` with `bit_depth` and
+/// `color_type` (0 grey, 2 RGB, 4 grey + alpha), an empty IDAT (so the header parses completely)
+/// and IEND. Decoders read its size without allocating pixels; decoding it fails as truncated.
+pub fn png_header(w: u32, h: u32, bit_depth: u8, color_type: u8) -> Vec<u8> {
+    let mut v = b"\x89PNG\r\n\x1a\n".to_vec();
+    let mut ihdr = b"IHDR".to_vec();
+    ihdr.extend_from_slice(&w.to_be_bytes());
+    ihdr.extend_from_slice(&h.to_be_bytes());
+    ihdr.extend_from_slice(&[bit_depth, color_type, 0, 0, 0]);
+    v.extend_from_slice(&13u32.to_be_bytes());
+    v.extend_from_slice(&ihdr);
+    v.extend_from_slice(&crc32(&ihdr).to_be_bytes());
+    for kind in [&b"IDAT"[..], &b"IEND"[..]] {
+        v.extend_from_slice(&0u32.to_be_bytes());
+        v.extend_from_slice(kind);
+        v.extend_from_slice(&crc32(kind).to_be_bytes());
+    }
+    v
+}
