@@ -125,31 +125,26 @@ fn main() -> Result<()> {
         let refs: Vec<_> = (0..batch).map(|_| &lb).collect();
         let x = to_tensor(&refs, &dev)?;
         let x = x.to_device(&dev)?;
-        let mut t = vec![];
-        for i in 0..iters.max(4) + 3 {
-            dev.synchronize()?;
-            let t0 = Instant::now();
-            // Output left on the device, device synchronized: the forward alone.
-            let _y = det.infer_tensor(&x)?;
-            if i >= 3 {
-                t.push(t0.elapsed().as_secs_f64() * 1e3);
+        // Median ms of the forward alone: output left on the device, device synchronized,
+        // 3 warm-ups.
+        let forward_ms = |x: &candle_core::Tensor| -> Result<f64> {
+            let mut t = vec![];
+            for i in 0..iters.max(4) + 3 {
+                dev.synchronize()?;
+                let t0 = Instant::now();
+                let _y = det.infer_tensor(x)?;
+                if i >= 3 {
+                    t.push(t0.elapsed().as_secs_f64() * 1e3);
+                }
             }
-        }
-        let ms = median(t);
+            Ok(median(t))
+        };
+        let ms = forward_ms(&x)?;
         println!("b{batch}_forward_ms {ms:.3}");
         println!("b{batch}_img_per_s {:.1}", batch as f64 * 1e3 / ms);
         // Batch 1, forward only, same timer (the comparison with a CUDA-graphed PyTorch forward).
-        let x1 = x.narrow(0, 0, 1)?.contiguous()?;
-        let mut t = vec![];
-        for i in 0..iters.max(4) + 3 {
-            dev.synchronize()?;
-            let t0 = Instant::now();
-            let _y = det.infer_tensor(&x1)?;
-            if i >= 3 {
-                t.push(t0.elapsed().as_secs_f64() * 1e3);
-            }
-        }
-        println!("b1_forward_only_ms {:.3}", median(t));
+        let t = forward_ms(&x.narrow(0, 0, 1)?.contiguous()?)?;
+        println!("b1_forward_only_ms {t:.3}");
         println!("graphs_captured_replayed {:?}", det.graph_counts());
     }
     Ok(())

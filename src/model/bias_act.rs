@@ -61,32 +61,41 @@ impl CustomOp2 for BiasAct {
                 z
             }
         };
+        // One loop for every dtype: through f32 and back.
+        fn run<T: Copy>(
+            x: &[T],
+            b: &[T],
+            (c, hw): (usize, usize),
+            f: impl Fn(f32, f32) -> f32,
+            to: impl Fn(T) -> f32,
+            from: impl Fn(f32) -> T,
+        ) -> Vec<T> {
+            x.iter()
+                .enumerate()
+                .map(|(i, &v)| from(f(to(v), to(b[(i / hw) % c]))))
+                .collect()
+        }
+        let g = (c, hw);
         let out = match (s1, s2) {
-            (CpuStorage::F32(x), CpuStorage::F32(b)) => CpuStorage::F32(
-                x[xa..xb]
-                    .iter()
-                    .enumerate()
-                    .map(|(i, &v)| f(v, b[ba + (i / hw) % c]))
-                    .collect(),
-            ),
-            (CpuStorage::F16(x), CpuStorage::F16(b)) => CpuStorage::F16(
-                x[xa..xb]
-                    .iter()
-                    .enumerate()
-                    .map(|(i, &v)| {
-                        half::f16::from_f32(f(v.to_f32(), b[ba + (i / hw) % c].to_f32()))
-                    })
-                    .collect(),
-            ),
-            (CpuStorage::BF16(x), CpuStorage::BF16(b)) => CpuStorage::BF16(
-                x[xa..xb]
-                    .iter()
-                    .enumerate()
-                    .map(|(i, &v)| {
-                        half::bf16::from_f32(f(v.to_f32(), b[ba + (i / hw) % c].to_f32()))
-                    })
-                    .collect(),
-            ),
+            (CpuStorage::F32(x), CpuStorage::F32(b)) => {
+                CpuStorage::F32(run(&x[xa..xb], &b[ba..bb], g, f, |v| v, |v| v))
+            }
+            (CpuStorage::F16(x), CpuStorage::F16(b)) => CpuStorage::F16(run(
+                &x[xa..xb],
+                &b[ba..bb],
+                g,
+                f,
+                half::f16::to_f32,
+                half::f16::from_f32,
+            )),
+            (CpuStorage::BF16(x), CpuStorage::BF16(b)) => CpuStorage::BF16(run(
+                &x[xa..xb],
+                &b[ba..bb],
+                g,
+                f,
+                half::bf16::to_f32,
+                half::bf16::from_f32,
+            )),
             _ => {
                 return Err(Error::Msg(format!(
                     "bias_act: dtypes {:?}/{:?}",
