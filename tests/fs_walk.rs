@@ -25,6 +25,14 @@ fn within<T: Send + 'static>(secs: u64, what: &str, f: impl FnOnce() -> T + Send
         .unwrap_or_else(|_| panic!("{what} did not finish within {secs} s"))
 }
 
+/// The file names of `files`, in order.
+fn file_names(files: &[PathBuf]) -> Vec<String> {
+    files
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect()
+}
+
 fn mkfifo(p: &Path) {
     let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
     // SAFETY: a valid NUL-terminated path.
@@ -69,13 +77,8 @@ fn walk_lists_each_real_file_once_and_skips_loops_links_and_fifos() {
     let w = within(20, "walk_files", move || {
         walk_files(&root, &|p: &Path| p.extension().is_some_and(|e| e == "jpg")).unwrap()
     });
-    let names: Vec<String> = w
-        .files
-        .iter()
-        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
-        .collect();
     assert_eq!(
-        names,
+        file_names(&w.files),
         ["BloodImage_00007.jpg", "BloodImage_00011.jpg"],
         "{w:?}"
     );
@@ -138,13 +141,8 @@ fn detect_glob_with_a_symlink_loop_ends() {
     let src = within(20, "detect ** glob over a symlink loop", move || {
         yolo9::detect::source::expand_sources(&[pat]).unwrap()
     });
-    let names: Vec<String> = src
-        .files
-        .iter()
-        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
-        .collect();
     assert_eq!(
-        names,
+        file_names(&src.files),
         ["BloodImage_00007.jpg", "BloodImage_00011.jpg"],
         "{src:?}"
     );

@@ -3,7 +3,7 @@
 
 mod common;
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Device, IndexOp, Tensor};
 use std::collections::HashMap;
 use yolo9::model::blocks::{AConv, Elan1, RepConvN, RepNBottleneck};
 use yolo9::model::conv::{Conv, ConvSpec, BN_EPS};
@@ -313,26 +313,9 @@ fn bias_act_equals_broadcast_add_then_silu() {
     let lin = bias_act(&x, &b, false).unwrap();
     assert_eq!(common::max_abs(&lin, &want_lin), 0.0);
     // Element (1, 2, 3, 4): z = x + 2, silu(z) = z / (1 + e^-z).
-    let xv = x
-        .get(1)
-        .unwrap()
-        .get(2)
-        .unwrap()
-        .get(3)
-        .unwrap()
-        .get(4)
-        .unwrap();
-    let z = xv.to_scalar::<f32>().unwrap() + 2.0;
-    let g = got
-        .get(1)
-        .unwrap()
-        .get(2)
-        .unwrap()
-        .get(3)
-        .unwrap()
-        .get(4)
-        .unwrap();
-    assert!((g.to_scalar::<f32>().unwrap() - z / (1.0 + (-z).exp())).abs() < 1e-6);
+    let at = |t: &Tensor| t.i((1, 2, 3, 4)).unwrap().to_scalar::<f32>().unwrap();
+    let z = at(&x) + 2.0;
+    assert!((at(&got) - z / (1.0 + (-z).exp())).abs() < 1e-6);
     // Non-contiguous input is made contiguous first.
     let xt = x.transpose(2, 3).unwrap();
     let want_t = xt
