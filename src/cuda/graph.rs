@@ -160,23 +160,6 @@ pub fn graph_reserved_high(dev: &CudaDevice) -> Result<u64> {
     Ok(v)
 }
 
-/// Returns the free memory cached by `dev`'s stream-ordered pool to the device
-/// (`cuMemPoolTrimTo(pool, 0)`; yolo9 keeps that cache otherwise, see [`crate::memory`]). Called
-/// after a capture, whose graphs hold the memory of the ordinary steps before it in a pool of
-/// their own.
-pub fn trim_stream_pool(dev: &CudaDevice) -> Result<()> {
-    use cudarc::driver::result::{device, mem_pool};
-    let ctx = dev.cuda_stream().context().clone();
-    ctx.bind_to_thread()
-        .map_err(|e| err(format!("binding the context: {e:?}")))?;
-    // SAFETY: the device belongs to a live context; the pool handle is the device's own.
-    unsafe {
-        let pool = device::get_mem_pool(ctx.cu_device())
-            .map_err(|e| err(format!("querying the memory pool: {e:?}")))?;
-        mem_pool::trim_to(pool, 0).map_err(|e| err(format!("trimming the memory pool: {e:?}")))
-    }
-}
-
 /// Returns the memory cached for CUDA graphs on `dev` that no graph uses any more to the device
 /// (`cuDeviceGraphMemTrim`), e.g. after a captured forward was dropped.
 pub fn trim_graph_pool(dev: &CudaDevice) -> Result<()> {

@@ -316,7 +316,7 @@ mod imp {
             // The ordinary steps' memory, cached in the stream-ordered pool, goes back first, so
             // the graphs' pool can take it.
             dev.synchronize()?;
-            crate::cuda::graph::trim_stream_pool(dev)?;
+            crate::memory::MemoryProbe::new(x.device())?.release_cached();
             match Captured::capture(dev, model, loss, params, x, targets, img_hw, key) {
                 Ok((c, out)) => {
                     self.captures += 1;
