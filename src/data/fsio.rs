@@ -6,7 +6,7 @@
 //!   and the open itself cannot block: on Unix it is made with `O_NONBLOCK` and the kind is
 //!   checked on the open descriptor (`fstat`), so there is no window between a check and the open.
 //! - [`walk_files`] lists a folder recursively, following symlinks, but enters each real folder
-//!   (by canonical path) once: a link back to an ancestor (`a -> .`) or a second link to a folder
+//!   (by device and inode on Unix, canonical path elsewhere) once: a link back to an ancestor (`a -> .`) or a second link to a folder
 //!   already walked is skipped and reported, so a loop neither runs forever nor lists the same
 //!   images many times; each real file is listed once, under the first path that reached it.
 
@@ -85,20 +85,50 @@ pub struct Walk {
 /// Errors: `root` itself cannot be listed.
 pub fn walk_files(root: &Path, keep: &dyn Fn(&Path) -> bool) -> io::Result<Walk> {
     let mut w = Walk::default();
-    let mut dirs_seen = HashSet::new();
-    let mut files_seen = HashSet::new();
-    dirs_seen.insert(std::fs::canonicalize(root)?);
-    walk(root, keep, &mut w, &mut dirs_seen, &mut files_seen, true)?;
+    let mut seen = Seen::default();
+    let id = identity(root, &std::fs::metadata(root)?)?;
+    seen.dirs.insert(id, root.to_path_buf());
+    walk(root, keep, &mut w, &mut seen, true)?;
     w.files.sort();
     Ok(w)
+}
+
+/// What makes two paths the same real folder or file: (device, inode) on Unix, from the metadata
+/// already read; the canonical path elsewhere.
+#[derive(PartialEq, Eq, Hash)]
+enum Identity {
+    #[cfg(unix)]
+    Inode(u64, u64),
+    #[cfg(not(unix))]
+    Path(PathBuf),
+}
+
+fn identity(p: &Path, m: &std::fs::Metadata) -> io::Result<Identity> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        let _ = p;
+        Ok(Identity::Inode(m.dev(), m.ino()))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = m;
+        Ok(Identity::Path(std::fs::canonicalize(p)?))
+    }
+}
+
+/// The folders entered (with the first path that reached each) and the files listed.
+#[derive(Default)]
+struct Seen {
+    dirs: std::collections::HashMap<Identity, PathBuf>,
+    files: HashSet<Identity>,
 }
 
 fn walk(
     dir: &Path,
     keep: &dyn Fn(&Path) -> bool,
     w: &mut Walk,
-    dirs_seen: &mut HashSet<PathBuf>,
-    files_seen: &mut HashSet<PathBuf>,
+    seen: &mut Seen,
     is_root: bool,
 ) -> io::Result<()> {
     let rd = match std::fs::read_dir(dir) {
@@ -115,8 +145,8 @@ fn walk(
     for p in entries {
         // `metadata` follows symlinks: a symlinked folder or image counts like the real thing;
         // a dangling link is an error here, reported.
-        let ft = match std::fs::metadata(&p) {
-            Ok(m) => m.file_type(),
+        let m = match std::fs::metadata(&p) {
+            Ok(m) => m,
             Err(e) => {
                 if keep(&p) {
                     w.skipped.push((p, format!("cannot read: {e}")));
@@ -124,19 +154,23 @@ fn walk(
                 continue;
             }
         };
+        let ft = m.file_type();
         if ft.is_dir() {
-            match std::fs::canonicalize(&p) {
-                Ok(real) if dirs_seen.insert(real.clone()) => {
-                    walk(&p, keep, w, dirs_seen, files_seen, false)?
-                }
-                Ok(real) => w.skipped.push((
-                    p,
-                    format!(
-                        "folder {} already listed (a symlink loop or a second link to it): \
-                         not entered again",
-                        real.display()
-                    ),
-                )),
+            match identity(&p, &m) {
+                Ok(id) => match seen.dirs.get(&id) {
+                    Some(first) => {
+                        let why = format!(
+                            "folder {} already listed (a symlink loop or a second link to it): \
+                             not entered again",
+                            first.display()
+                        );
+                        w.skipped.push((p, why));
+                    }
+                    None => {
+                        seen.dirs.insert(id, p.clone());
+                        walk(&p, keep, w, seen, false)?
+                    }
+                },
                 Err(e) => w.skipped.push((p, format!("cannot resolve folder: {e}"))),
             }
         } else if keep(&p) {
@@ -145,14 +179,14 @@ fn walk(
                     .push((p, format!("{}, not a regular file: skipped", kind_of(&ft))));
                 continue;
             }
-            let real = std::fs::canonicalize(&p).unwrap_or_else(|_| p.clone());
-            if files_seen.insert(real) {
-                w.files.push(p);
-            } else {
+            // A file whose identity cannot be read is listed (it is read, and judged, later).
+            if identity(&p, &m).is_ok_and(|id| !seen.files.insert(id)) {
                 w.skipped.push((
                     p,
                     "the same file as one listed already (a second link)".into(),
                 ));
+            } else {
+                w.files.push(p);
             }
         }
     }
