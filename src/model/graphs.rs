@@ -15,7 +15,7 @@ use candle_core::Tensor;
 #[cfg(feature = "cuda")]
 use candle_core::{DType, Device};
 #[cfg(feature = "cuda")]
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 
 /// Environment variable that turns CUDA-graph replay of inference forwards off (`0`).
@@ -50,7 +50,7 @@ struct State {
     #[cfg(feature = "cuda")]
     seen: HashMap<Key, u32>,
     #[cfg(feature = "cuda")]
-    failed: HashMap<Key, ()>,
+    failed: HashSet<Key>,
     #[cfg(feature = "cuda")]
     graphs: Vec<(Key, Entry)>,
     captures: usize,
@@ -121,7 +121,7 @@ impl ForwardGraphs {
         }
         let n = s.seen.entry(key.clone()).or_insert(0);
         *n += 1;
-        if *n >= CAPTURE_AT && !s.failed.contains_key(&key) {
+        if *n >= CAPTURE_AT && !s.failed.contains(&key) {
             let f = |t: &Tensor| forward(t).map_err(|e| candle_core::Error::Msg(format!("{e:#}")));
             match crate::cuda::graph::CapturedForward::capture(dev, x, &f) {
                 Ok((c, y)) => {
@@ -139,7 +139,7 @@ impl ForwardGraphs {
                         key.0,
                         crate::device::error_head(&e)
                     );
-                    s.failed.insert(key, ());
+                    s.failed.insert(key);
                 }
             }
         }
