@@ -39,7 +39,7 @@ fn kind_of(ft: &std::fs::FileType) -> &'static str {
 fn refuse(ft: &std::fs::FileType) -> io::Error {
     io::Error::new(
         io::ErrorKind::InvalidInput,
-        format!("{}, not a regular file: skipped", kind_of(ft)),
+        format!("{}, not a regular file", kind_of(ft)),
     )
 }
 
@@ -176,7 +176,7 @@ fn walk(
         } else if keep(&p) {
             if !ft.is_file() {
                 w.skipped
-                    .push((p, format!("{}, not a regular file: skipped", kind_of(&ft))));
+                    .push((p, format!("{}, not a regular file", kind_of(&ft))));
                 continue;
             }
             // A file whose identity cannot be read is listed (it is read, and judged, later).
