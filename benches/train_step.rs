@@ -140,7 +140,7 @@ fn main() -> Result<()> {
                 ]);
             }
         }
-        let t = targets_tensor(&rows, &dev)?;
+        let t = targets_tensor(&rows, &Device::Cpu)?;
         probe.reset_peak();
         let (mut tf, mut tl, mut tb, mut to, mut te) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());

@@ -308,7 +308,10 @@ fn mixed_precision_training_step_is_close_to_f32() {
         &Device::Cpu,
     )
     .unwrap();
-    let loss = DualTalLoss::new(3, &[8, 16, 32]).unwrap();
+    // The host assigner, which returns the assignment for the second run.
+    let loss = DualTalLoss::new(3, &[8, 16, 32])
+        .unwrap()
+        .with_device_assigner(false);
     let dev = gpu();
     // Both runs use the f32 run's assignments: at random init the anchors' alignment metrics
     // nearly tie, so bf16 rounding alone may pick other positives and change the gradient
@@ -326,7 +329,10 @@ fn mixed_precision_training_step_is_close_to_f32() {
                 let out = loss
                     .compute(&raw.aux, &raw.main, &targets, (160, 160))
                     .unwrap();
-                *a = Some([out.aux.assignment.clone(), out.main.assignment.clone()]);
+                *a = Some([
+                    out.aux.assignment.clone().expect("host assignment"),
+                    out.main.assignment.clone().expect("host assignment"),
+                ]);
                 out
             }
             Some([aa, am]) => loss
@@ -643,5 +649,49 @@ fn graphed_training_step_equals_ordinary() {
         let cpu = |t: Tensor| t.to_device(&Device::Cpu).unwrap().to_vec1::<f32>().unwrap();
         assert_eq!(cpu(ma), cpu(mb), "{layer} running mean");
         assert_eq!(cpu(va), cpu(vb), "{layer} running var");
+    }
+}
+
+/// The TAL assigner kernels (`kernels/tal_assign.cu`) against the same op on the CPU (the host
+/// assigner): owner rows, labels, target boxes and DFL distances exact, target scores within
+/// 1e-6, on synthetic head-layout batches (640x640 with 30 GT rows per image and 80 classes,
+/// the top-k fallback, zero overlaps, padding; one class and one row; no GT rows at all).
+#[test]
+fn tal_assigner_on_gpu_equals_cpu() {
+    use yolo9::loss::assign_op::{assign_dense, ScoreLayout};
+    use yolo9::loss::TaskAlignedAssigner;
+    let dev = gpu();
+    for (img, bs, m, nc, seed) in [(640, 8, 30, 80, 1u64), (320, 3, 1, 1, 2), (320, 2, 0, 4, 3)] {
+        let (anchors, pbox, logits, gt) = common::assigner_batch(img, bs, m, nc, seed);
+        let assigner = TaskAlignedAssigner::new(nc);
+        let layout = ScoreLayout::HeadLogits {
+            channels: 64 + nc,
+            offset: 64,
+        };
+        let cpu = assign_dense(&assigner, &pbox, &logits, layout, &anchors, &gt).unwrap();
+        let (pg, lg) = (
+            pbox.to_device(&dev).unwrap(),
+            logits.to_device(&dev).unwrap(),
+        );
+        let on_gpu = assign_dense(&assigner, &pg, &lg, layout, &anchors, &gt)
+            .unwrap()
+            .to_device(&Device::Cpu)
+            .unwrap();
+        let c: Vec<f32> = cpu.flatten_all().unwrap().to_vec1().unwrap();
+        let g: Vec<f32> = on_gpu.flatten_all().unwrap().to_vec1().unwrap();
+        let ba = bs * anchors.len();
+        let fg = c[10 * ba..].iter().filter(|&&o| o >= 0.0).count();
+        let d0 = c[..ba]
+            .iter()
+            .zip(&g[..ba])
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        let exact = c[ba..] == g[ba..];
+        println!("assigner {img}px b{bs} m{m} nc{nc}: {fg} fg, scores max|diff| {d0:e}, rest exact {exact}");
+        assert!(exact, "owner, label, box or DFL planes differ");
+        assert!(d0 <= 1e-6, "target scores differ by {d0}");
+        if m > 0 {
+            assert!(fg > 0, "the case has positives");
+        }
     }
 }

@@ -490,3 +490,97 @@ fn fast_assignment_equals_the_reference_on_random_batches() {
         );
     }
 }
+
+/// The assigner op ([`yolo9::loss::assign_op`], the GPU assigner's reference) on the CPU is the
+/// host assigner: on the official case (probabilities) and on a head-layout batch (logits) that
+/// exercises the top-k fallback, zero overlaps, padding and double claims; the planes hold the
+/// target box and DFL distances of each foreground anchor in grid units.
+#[test]
+fn assign_op_on_the_cpu_is_the_host_assigner() {
+    use yolo9::loss::assign_op::{assign_dense, planes_to_assignment, ScoreLayout};
+    use yolo9::loss::tal_loss::bbox2dist;
+    let t = load_case();
+    let (nc, na) = (80usize, 420usize);
+    let anchors = Anchors::new(&[(16, 20), (8, 10), (4, 5)], &[8, 16, 32]).unwrap();
+    let gt = GtBatch::from_tensors(&t["gt_labels"], &t["gt_bboxes"], &t["mask_gt"], nc).unwrap();
+    let scores = f32s(&t, "pd_scores");
+    let pd = boxes(&f32s(&t, "pd_bboxes"));
+    let assigner = TaskAlignedAssigner::new(nc);
+    let want = assigner
+        .assign(&AssignerInput {
+            scores: Scores::Probs(&scores),
+            pd_bboxes: &pd,
+            anc_points: &anchors.points_px(),
+            gt: &gt,
+        })
+        .unwrap();
+    // Boxes in grid units: the strides are powers of two, so px / s * s is exact.
+    let mut grid = vec![0f32; 2 * 4 * na];
+    for (i, b) in pd.iter().enumerate() {
+        let (img, a) = (i / na, i % na);
+        for c in 0..4 {
+            grid[(img * 4 + c) * na + a] = b[c] / anchors.strides[a];
+        }
+    }
+    let pbox = Tensor::from_vec(grid, (2, 4, na), &Device::Cpu).unwrap();
+    let sc = Tensor::from_vec(scores, (2, na, nc), &Device::Cpu).unwrap();
+    let planes = assign_dense(&assigner, &pbox, &sc, ScoreLayout::Probs, &anchors, &gt).unwrap();
+    assert_eq!(planes.dims(), [11, 2, na]);
+    let got = planes_to_assignment(&planes, &gt, nc).unwrap();
+    assert_eq!(got, want);
+    assert_eq!(got.fg_mask.iter().filter(|&&f| f).count(), 18);
+
+    let (anchors, pbox, logits, gt) = common::assigner_batch(320, 4, 12, 5, 3);
+    let na = anchors.len();
+    let assigner = TaskAlignedAssigner::new(5);
+    let layout = ScoreLayout::HeadLogits {
+        channels: 69,
+        offset: 64,
+    };
+    let planes = assign_dense(&assigner, &pbox, &logits, layout, &anchors, &gt).unwrap();
+    let got = planes_to_assignment(&planes, &gt, 5).unwrap();
+    let px: Vec<f32> = pbox.flatten_all().unwrap().to_vec1().unwrap();
+    let pd: Vec<[f32; 4]> = (0..4 * na)
+        .map(|i| {
+            let (b, a) = (i / na, i % na);
+            let s = anchors.strides[a];
+            [0, 1, 2, 3].map(|c| px[(b * 4 + c) * na + a] * s)
+        })
+        .collect();
+    let lv: Vec<f32> = logits.flatten_all().unwrap().to_vec1().unwrap();
+    let want = assigner
+        .assign(&AssignerInput {
+            scores: Scores::HeadLogits {
+                data: &lv,
+                channels: 69,
+                offset: 64,
+            },
+            pd_bboxes: &pd,
+            anc_points: &anchors.points_px(),
+            gt: &gt,
+        })
+        .unwrap();
+    assert_eq!(got, want);
+    // Every image but the last (no GTs) has positives, image 1 only through the fallback.
+    for b in 0..4 {
+        let n = want.fg_mask[b * na..(b + 1) * na]
+            .iter()
+            .filter(|&&f| f)
+            .count();
+        assert_eq!(n > 0, b < 3, "image {b} has {n} positives");
+    }
+    assert!(want.target_score[na..2 * na].iter().all(|&s| s == 0.0));
+    let pl: Vec<f32> = planes.flatten_all().unwrap().to_vec1().unwrap();
+    let ba = 4 * na;
+    for i in (0..ba).filter(|&i| want.fg_mask[i]) {
+        let a = i % na;
+        let st = anchors.strides[a];
+        let tb = want.target_bboxes[i].map(|v| v / st);
+        let d = bbox2dist(anchors.points[a], tb);
+        for k in 0..4 {
+            assert_eq!(pl[(2 + k) * ba + i], tb[k]);
+            assert_eq!(pl[(6 + k) * ba + i], d[k]);
+        }
+        assert_eq!(pl[ba + i], want.target_labels[i] as f32);
+    }
+}

@@ -373,8 +373,20 @@ fn dual_loss_matches_host_replica_and_official_combination() {
     let loss = DualTalLoss::new(NC, &STRIDES).unwrap();
     let out = loss.compute(&aux, &main, &targets, HW).unwrap();
 
-    let n_aux = out.aux.assignment.fg_indices().len();
-    let n_main = out.main.assignment.fg_indices().len();
+    let n_aux = out
+        .aux
+        .assignment
+        .as_ref()
+        .expect("CPU assignment")
+        .fg_indices()
+        .len();
+    let n_main = out
+        .main
+        .assignment
+        .as_ref()
+        .expect("CPU assignment")
+        .fg_indices()
+        .len();
     println!(
         "fg anchors aux {n_aux}, main {n_main}; items {:?}",
         out.items
@@ -385,7 +397,7 @@ fn dual_loss_matches_host_replica_and_official_combination() {
     );
 
     for (name, levels, br) in [("aux", &aux, &out.aux), ("main", &main, &out.main)] {
-        let want = host_branch(levels, &br.assignment);
+        let want = host_branch(levels, br.assignment.as_ref().expect("CPU assignment"));
         let got = [br.box_loss as f64, br.cls_loss as f64, br.dfl_loss as f64];
         for k in 0..3 {
             assert!(
@@ -444,7 +456,7 @@ fn dual_loss_class_gradient_is_sigmoid_minus_target() {
                     for p in 0..h * w {
                         let j = (b * (64 + NC) + 64 + c) * h * w + p;
                         let i = b * na + off + p;
-                        let asg = &br.assignment;
+                        let asg = br.assignment.as_ref().expect("CPU assignment");
                         let t = if asg.fg_mask[i] && asg.target_labels[i] as usize == c {
                             asg.target_score[i] as f64
                         } else {
@@ -600,7 +612,15 @@ fn fused_loss_terms_equal_the_composite_and_its_autograd() {
                     .unwrap()
             })
             .collect();
-        (out.items, out.aux.assignment.fg_indices(), grads)
+        (
+            out.items,
+            out.aux
+                .assignment
+                .as_ref()
+                .expect("CPU assignment")
+                .fg_indices(),
+            grads,
+        )
     };
     let (items_f, fg_f, g_f) = run(true);
     let (items_c, fg_c, g_c) = run(false);

@@ -83,12 +83,12 @@ fn held_view<'a>(
 ) -> Result<candle_core::cuda_backend::cudarc::driver::CudaView<'a, f32>> {
     let candle_core::Storage::Cuda(s) = st else {
         return Err(Error::Msg(format!(
-            "loss terms (CUDA): {what} is not on the GPU"
+            "TAL (CUDA): {what} is not on the GPU"
         )));
     };
     let (a, b) = l
         .contiguous_offsets()
-        .ok_or_else(|| Error::Msg(format!("loss terms (CUDA): {what} is not contiguous")))?;
+        .ok_or_else(|| Error::Msg(format!("TAL (CUDA): {what} is not contiguous")))?;
     Ok(s.as_cuda_slice::<f32>()?.slice(a..b))
 }
 
@@ -190,4 +190,153 @@ pub fn terms_backward(
         Ok(())
     })?;
     Ok((CudaStorage::wrap_cuda_slice(out, dev), l.shape().clone()))
+}
+
+/// The PTX of `kernels/tal_assign.cu`.
+const ASSIGN_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/tal_assign.ptx"));
+/// Module name of `kernels/tal_assign.cu`.
+const ASSIGN_MODULE: &str = "yolo9_tal_assign";
+
+/// Sizes, hyper-parameters and the score layout of one [`assign`] launch (see
+/// `kernels/tal_assign.cu` for what each kernel reads).
+#[derive(Debug, Clone, Copy)]
+pub struct AssignShape {
+    /// Batch size B.
+    pub batch: usize,
+    /// Anchors per image A.
+    pub anchors: usize,
+    /// GT rows per image M (at least 1; padded rows have valid = 0).
+    pub rows: usize,
+    /// Positives per GT at most (top-k), 1..=32.
+    pub topk: usize,
+    /// Exponent of the score in the alignment metric.
+    pub alpha: f32,
+    /// Exponent of the overlap in the alignment metric.
+    pub beta: f32,
+    /// Guard of the score normalisation.
+    pub eps: f32,
+    /// Element offset of the score of (b, c, a) = (0, 0, 0) in the scores tensor, and the strides
+    /// of b, c and a.
+    pub score_at: [i64; 4],
+    /// Whether the scores are logits (sigmoid applied on read) rather than probabilities.
+    pub logits: bool,
+}
+
+/// The TaskAlignedAssigner on the GPU: `pbox` `(B, 4, A)` f32 grid units, `scores` f32 (read as
+/// [`AssignShape::score_at`] says), `held` = the GT rows `(B * M, 6)` and the anchors `(A, 3)`,
+/// contiguous f32 CUDA tensors → the `(11, B, A)` planes of `kernels/tal_assign.cu`.
+pub fn assign(
+    pbox: (&CudaStorage, &Layout),
+    scores: (&CudaStorage, &Layout),
+    held: (&Tensor, &Tensor),
+    sh: &AssignShape,
+) -> Result<(CudaStorage, Shape)> {
+    let (sg, lg) = held.0.storage_and_layout();
+    let (sa, la) = held.1.storage_and_layout();
+    let gt = held_view(&sg, lg, "GT rows")?;
+    let anc = held_view(&sa, la, "anchors")?;
+    let (gt, anc) = (&gt, &anc);
+    let bad = |what: String| Error::Msg(format!("TAL assigner (CUDA): {what}"));
+    if pbox.0.dtype() != DType::F32 || scores.0.dtype() != DType::F32 {
+        return Err(bad("boxes and scores must be f32".into()));
+    }
+    if sh.topk == 0 || sh.topk > 32 || sh.rows == 0 {
+        return Err(bad(format!("topk {} / rows {}", sh.topk, sh.rows)));
+    }
+    let (p0, p1) = pbox
+        .1
+        .contiguous_offsets()
+        .ok_or_else(|| bad("boxes not contiguous".into()))?;
+    let (s0, s1) = scores
+        .1
+        .contiguous_offsets()
+        .ok_or_else(|| bad("scores not contiguous".into()))?;
+    let (bs, na, m, k) = (sh.batch, sh.anchors, sh.rows, sh.topk);
+    if p1 - p0 != bs * 4 * na || gt.len() != bs * m * 6 || anc.len() != na * 3 {
+        return Err(bad(format!(
+            "sizes: boxes {} for {bs} x 4 x {na}, GT {} for {bs} x {m} x 6, anchors {}",
+            p1 - p0,
+            gt.len(),
+            anc.len()
+        )));
+    }
+    let i = |v: usize| i32::try_from(v).map_err(|_| bad(format!("{v} exceeds i32")));
+    let ba = bs * na;
+    let (b_, a_, m_, k_) = (i(bs)?, i(na)?, i(m)?, i(k)?);
+    i(ba)?;
+    let dev = pbox.0.device().clone();
+    let pv = pbox.0.as_cuda_slice::<f32>()?.slice(p0..p1);
+    let sv = scores.0.as_cuda_slice::<f32>()?.slice(s0..s1);
+    let [off, sb, sc, sa] = sh.score_at;
+    let sig = sh.logits as i32;
+    let (alpha, beta, eps) = (sh.alpha, sh.beta, sh.eps);
+    // The arguments every kernel of the module takes first (`ARGS_DECL`).
+    macro_rules! common {
+        ($b:expr) => {
+            $b.arg(&pv)
+                .arg(&sv)
+                .arg(&off)
+                .arg(&sb)
+                .arg(&sc)
+                .arg(&sa)
+                .arg(&sig)
+                .arg(anc)
+                .arg(gt)
+                .arg(&b_)
+                .arg(&a_)
+                .arg(&m_)
+                .arg(&k_)
+                .arg(&alpha)
+                .arg(&beta)
+                .arg(&eps)
+        };
+    }
+    let mut pos = unsafe { dev.alloc::<i32>(bs * m * k)? };
+    let mut npos = unsafe { dev.alloc::<i32>(bs * m)? };
+    let f = dev.get_or_load_custom_func("tal_topk", ASSIGN_MODULE, ASSIGN_PTX)?;
+    let mut b = f.builder();
+    common!(b).arg(&mut pos).arg(&mut npos);
+    let per_row = LaunchConfig {
+        grid_dim: (i(bs * m)? as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    unsafe { b.launch(per_row) }.w()?;
+
+    let mut claims = dev.alloc_zeros::<i32>(ba)?;
+    let mut top = dev.alloc_zeros::<i32>(ba)?;
+    let f = dev.get_or_load_custom_func("tal_claim", ASSIGN_MODULE, ASSIGN_PTX)?;
+    let mut b = f.builder();
+    b.arg(&pos)
+        .arg(&npos)
+        .arg(&mut claims)
+        .arg(&mut top)
+        .arg(&b_)
+        .arg(&a_)
+        .arg(&m_)
+        .arg(&k_);
+    unsafe { b.launch(cfg(bs * m * k)) }.w()?;
+
+    let mut owner = unsafe { dev.alloc::<i32>(ba)? };
+    let mut am = unsafe { dev.alloc::<f32>(ba)? };
+    let mut pmax = dev.alloc_zeros::<f32>(2 * bs * m)?;
+    let f = dev.get_or_load_custom_func("tal_owner", ASSIGN_MODULE, ASSIGN_PTX)?;
+    let mut b = f.builder();
+    common!(b)
+        .arg(&claims)
+        .arg(&top)
+        .arg(&mut owner)
+        .arg(&mut am)
+        .arg(&mut pmax);
+    unsafe { b.launch(cfg(ba)) }.w()?;
+
+    let mut out = unsafe { dev.alloc::<f32>(11 * ba)? };
+    let f = dev.get_or_load_custom_func("tal_planes", ASSIGN_MODULE, ASSIGN_PTX)?;
+    let mut b = f.builder();
+    common!(b).arg(&owner).arg(&am).arg(&pmax).arg(&mut out);
+    unsafe { b.launch(cfg(ba)) }.w()?;
+    Ok((
+        CudaStorage::wrap_cuda_slice(out, dev),
+        Shape::from((11, bs, na)),
+    ))
 }

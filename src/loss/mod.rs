@@ -3,10 +3,13 @@
 //! - [`iou`]: IoU and CIoU on plain `f32` boxes (shared with NMS and metrics) and on tensors.
 //! - [`anchors`]: anchor points of the head levels (official `make_anchors`).
 //! - [`assigner`]: the TaskAlignedAssigner on host arrays (official `utils/tal/assigner.py`).
+//! - [`assign_op`]: the same assigner as one op on the head's device (a CUDA kernel on a GPU),
+//!   producing the dense loss targets without a host round trip.
 //! - [`tal_loss`]: [`DualTalLoss`], the YOLOv9 training loss (official `ComputeLoss`).
 //! - [`terms`]: the box (CIoU), DFL and class terms of one branch as one op with a closed-form backward.
 
 pub mod anchors;
+pub mod assign_op;
 pub mod assigner;
 pub mod iou;
 pub mod tal_loss;

@@ -25,6 +25,7 @@ use candle_core::{DType, Device, Tensor};
 use rayon::prelude::*;
 
 use super::anchors::Anchors;
+use super::assign_op::{assign_dense, ScoreLayout};
 use super::assigner::{inside_gt, AssignerInput, Assignment, GtBatch, Scores, TaskAlignedAssigner};
 use super::iou::ciou_tensor;
 
@@ -51,8 +52,9 @@ pub struct BranchLoss {
     pub dfl_loss: f32,
     /// `S = max(sum of target scores, 1)`.
     pub target_scores_sum: f32,
-    /// The TaskAlignedAssigner result of this branch (boxes in pixels).
-    pub assignment: Assignment,
+    /// The TaskAlignedAssigner result of this branch (boxes in pixels); `None` when it ran on
+    /// the device and stayed there (see [`DualTalLoss::with_device_assigner`]).
+    pub assignment: Option<Assignment>,
 }
 
 /// Result of [`DualTalLoss::compute`].
@@ -78,6 +80,8 @@ pub struct DualTalLoss {
     assigner: TaskAlignedAssigner,
     /// Box, DFL and class terms as one op ([`super::terms`]) or as candle ops.
     fused: bool,
+    /// On CUDA, assign on the device ([`super::assign_op`]) instead of on host copies.
+    device_assign: bool,
 }
 
 impl DualTalLoss {
@@ -102,6 +106,7 @@ impl DualTalLoss {
             strides: strides.to_vec(),
             assigner: TaskAlignedAssigner::new(nc),
             fused: fused_terms(),
+            device_assign: device_assigner(),
         })
     }
 
@@ -109,6 +114,15 @@ impl DualTalLoss {
     /// default unless `YOLO9_FUSED_LOSS=0`) or by the composite of candle ops (`false`).
     pub fn with_fused_terms(mut self, fused: bool) -> Self {
         self.fused = fused;
+        self
+    }
+
+    /// The same loss with the assignment on the device (`true`, the default on CUDA unless
+    /// `YOLO9_DEVICE_ASSIGN=0`; [`super::assign_op`]) or on host copies of the head outputs
+    /// (`false`, which also returns the [`Assignment`]s in [`BranchLoss::assignment`]). It has no
+    /// effect on the CPU, and applies with the fused terms only.
+    pub fn with_device_assigner(mut self, on: bool) -> Self {
+        self.device_assign = on;
         self
     }
 
@@ -237,8 +251,12 @@ impl DualTalLoss {
             parts.push(t);
         }
         let total = ((&parts[0] + &parts[1])? + &parts[2])?.affine(bs as f64, 0.0)?;
-        // One read-back for the six logged values.
-        let all: Vec<&Tensor> = t_aux.iter().chain(&t_main).collect();
+        // One read-back for the six logged values and the two target-score sums.
+        let all: Vec<&Tensor> = t_aux
+            .iter()
+            .chain(&t_main)
+            .chain([&tss_aux, &tss_main])
+            .collect();
         let v: Vec<f32> = Tensor::stack(&all, 0)?
             .detach()
             .to_vec1()
@@ -247,14 +265,14 @@ impl DualTalLoss {
             box_loss: v[0],
             cls_loss: v[1],
             dfl_loss: v[2],
-            target_scores_sum: tss_aux,
+            target_scores_sum: v[6],
             assignment: asg_aux,
         };
         let main_r = BranchLoss {
             box_loss: v[3],
             cls_loss: v[4],
             dfl_loss: v[5],
-            target_scores_sum: tss_main,
+            target_scores_sum: v[7],
             assignment: asg_main,
         };
         let item = |a: f32, m: f32, g: f32| (a * AUX_WEIGHT + m) * g;
@@ -333,7 +351,7 @@ impl DualTalLoss {
         gt: &GtBatch,
         which: &str,
         given: Option<&Assignment>,
-    ) -> Result<([Tensor; 3], Assignment, f32)> {
+    ) -> Result<([Tensor; 3], Option<Assignment>, Tensor)> {
         let (bs, _no, na) = flat.dims3()?;
         let nc = self.nc;
         let dev = flat.device().clone();
@@ -354,6 +372,33 @@ impl DualTalLoss {
         let anc4 = Tensor::from_vec(anc4, (1, 4, na), &dev)?;
         let (logp, pbox) = decode_bins(&box_logits, &anc4)?; // pbox (B, 4, A) grid units
         let cls_logits = flat.narrow(1, 4 * REG_MAX, nc)?; // (B, nc, A)
+
+        if fused && given.is_none() && self.device_assign && dev.is_cuda() {
+            // Assignment and targets on the device: nothing crosses to the host, and the
+            // target-score sum stays a device scalar. Non-finite head outputs give non-finite
+            // loss items (the trainer's NaN guard), not an error.
+            let planes = assign_dense(
+                &self.assigner,
+                &pbox,
+                &flat.detach(),
+                ScoreLayout::HeadLogits {
+                    channels: 4 * REG_MAX + nc,
+                    offset: 4 * REG_MAX,
+                },
+                anchors,
+                gt,
+            )
+            .with_context(|| format!("loss: assigning the {which} branch on the device"))?;
+            clock.mark("assign (device)")?;
+            let tss = planes.get(0)?.sum_all()?.maximum(1f32)?;
+            let anc: Vec<f32> = anchors.points.iter().flatten().copied().collect();
+            let anc = Tensor::from_vec(anc, (na, 2), &dev)?;
+            let terms = super::terms::branch_terms(flat, &planes.narrow(0, 0, 10)?, &anc, nc)?;
+            let part = |i: usize| -> Result<Tensor> { Ok(terms.get(i)?.broadcast_div(&tss)?) };
+            let (bx, cls, dfl) = (part(0)?, part(1)?, part(2)?);
+            clock.mark("loss terms")?;
+            return Ok(([bx, cls, dfl], None, tss));
+        }
 
         // Host copies for the assigner: boxes in pixels (B, A, 4) and class logits (B, nc, A).
         let stride = Tensor::from_slice(&anchors.strides, (1, 1, na), &dev)?;
@@ -426,6 +471,7 @@ impl DualTalLoss {
         };
         clock.mark("assign")?;
         let tss = asg.target_scores_sum().max(1.0);
+        let tss_t = Tensor::new(tss, &dev)?;
         let targets = DenseTargets::new(&asg, anchors, &dev)?;
         clock.mark("dense targets")?;
         if fused {
@@ -433,7 +479,7 @@ impl DualTalLoss {
             let part = |i: usize| -> Result<Tensor> { Ok((terms.get(i)? / tss as f64)?) };
             let (bx, cls, dfl) = (part(0)?, part(1)?, part(2)?);
             clock.mark("loss terms")?;
-            return Ok(([bx, cls, dfl], asg, tss));
+            return Ok(([bx, cls, dfl], Some(asg), tss_t));
         }
 
         // Class loss: dense sum of softplus(x) minus the sum of x * t (t one-hot * score).
@@ -460,7 +506,7 @@ impl DualTalLoss {
         let ce = dfl_bins(&logp, &targets.ltrb)?; // (B, A)
         let dfl = (ce.mul(&targets.weight)?.sum_all()? / tss as f64)?;
         clock.mark("loss terms")?;
-        Ok(([bx, cls, dfl], asg, tss))
+        Ok(([bx, cls, dfl], Some(asg), tss_t))
     }
 }
 
@@ -589,6 +635,15 @@ pub const FUSED_LOSS_ENV: &str = "YOLO9_FUSED_LOSS";
 fn fused_terms() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var(FUSED_LOSS_ENV).as_deref().map(str::trim) != Ok("0"))
+}
+
+/// Environment variable that turns the device assigner off (`0`); see
+/// [`DualTalLoss::with_device_assigner`].
+pub const DEVICE_ASSIGN_ENV: &str = "YOLO9_DEVICE_ASSIGN";
+
+fn device_assigner() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var(DEVICE_ASSIGN_ENV).as_deref().map(str::trim) != Ok("0"))
 }
 
 /// `YOLO9_LOSS_TIMES=1`: each branch prints the seconds of its phases (device-synchronised) to
@@ -852,7 +907,8 @@ fn log1p_unit(e: &Tensor) -> Result<Tensor> {
 }
 
 /// Build the official-format `(N, 6)` f32 targets tensor on `device` from rows
-/// `[img_idx, cls, cx, cy, w, h]` (normalized boxes). Convenience for callers and tests.
+/// `[img_idx, cls, cx, cy, w, h]` (normalized boxes). Convenience for callers and tests. The
+/// loss reads targets on the host, so `Device::Cpu` is the cheapest choice for any head device.
 pub fn targets_tensor(rows: &[[f32; 6]], device: &Device) -> Result<Tensor> {
     let flat: Vec<f32> = rows.iter().flatten().copied().collect();
     Ok(Tensor::from_vec(flat, (rows.len(), 6), device)?)

@@ -323,7 +323,7 @@ pub fn validate(model: ValModel<'_>, images: &[ValImage], cfg: &ValConfig) -> Re
                 ValModel::Train { model, loss } => {
                     let raw = device.with_context(|| model.forward(&x, false))?;
                     let rows = letterboxed_targets(images, ok, (h, w));
-                    let t = crate::loss::tal_loss::targets_tensor(&rows, &device)?;
+                    let t = crate::loss::tal_loss::targets_tensor(&rows, &Device::Cpu)?;
                     let lo = loss
                         .compute(&raw.aux, &raw.main, &t, (h, w))
                         .context("validation loss")?;

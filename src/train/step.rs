@@ -200,7 +200,8 @@ pub fn step(
                 r
             })
             .collect();
-        let t = targets_tensor(&rows, device)?;
+        // On the host: the loss reads the targets there (no upload and read-back).
+        let t = targets_tensor(&rows, &Device::Cpu)?;
         if let Some(gr) = graphs.filter(|g| g.borrow().applies(&x) && faults.oom_above.is_none()) {
             // Forward, loss and backward in one call (replayed graphs): the forward and loss
             // phases are timed as part of the backward.

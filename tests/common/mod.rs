@@ -164,3 +164,106 @@ pub fn png_header(w: u32, h: u32, bit_depth: u8, color_type: u8) -> Vec<u8> {
     }
     v
 }
+
+/// A synthetic assigner batch in the layout of the YOLOv9 head, for the device assigner tests:
+/// `(anchors, pbox (B, 4, A) grid units, logits (B, 64 + nc, A), gt)` for square images of side
+/// `img` (strides 8, 16, 32), `bs` images of up to `m` GT rows each. Deterministic in `seed`.
+/// Image 1 has class logits of -200 (every score 0, so every metric is 0: the top-k fallback)
+/// and a GT row over the top-left corner (the anchors the fallback picks),
+/// image 2 predicts boxes far from every GT at every other anchor (overlaps 0), the last image has no GT rows
+/// (padding), and some rows of the others are padded too; GTs overlap, so anchors are claimed
+/// twice.
+#[allow(dead_code)]
+pub fn assigner_batch(
+    img: usize,
+    bs: usize,
+    m: usize,
+    nc: usize,
+    seed: u64,
+) -> (
+    yolo9::loss::Anchors,
+    candle_core::Tensor,
+    candle_core::Tensor,
+    yolo9::loss::GtBatch,
+) {
+    use candle_core::{Device, Tensor};
+    let hw: Vec<(usize, usize)> = [8, 16, 32].iter().map(|s| (img / s, img / s)).collect();
+    let anchors = yolo9::loss::Anchors::new(&hw, &[8, 16, 32]).unwrap();
+    let na = anchors.len();
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut r = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        (s % 1_000_000) as f32 / 1_000_000.0
+    };
+    let f = img as f32;
+    let (mut labels, mut bboxes, mut mask) = (Vec::new(), Vec::new(), Vec::new());
+    for b in 0..bs {
+        for j in 0..m {
+            if b == 1 && j == 0 {
+                // Covers the first anchors, the ones the fallback picks when every metric is 0.
+                labels.push(0);
+                bboxes.push([0.0, 0.0, 0.3 * f, 0.3 * f]);
+                mask.push(true);
+                continue;
+            }
+            let valid = b + 1 < bs && r() > 0.1;
+            let (cx, cy) = (f * (0.1 + 0.8 * r()), f * (0.1 + 0.8 * r()));
+            let (w, h) = (f * (0.01 + 0.4 * r() * r()), f * (0.01 + 0.4 * r() * r()));
+            labels.push(if valid {
+                (r() * nc as f32) as i64 % nc as i64
+            } else {
+                0
+            });
+            bboxes.push(if valid {
+                [cx - w / 2.0, cy - h / 2.0, cx + w / 2.0, cy + h / 2.0]
+            } else {
+                [0.0; 4]
+            });
+            mask.push(valid);
+        }
+    }
+    let gt = yolo9::loss::GtBatch {
+        batch: bs,
+        n_max_boxes: m,
+        labels,
+        bboxes,
+        mask,
+    };
+    let mut pbox = vec![0f32; bs * 4 * na];
+    for b in 0..bs {
+        for (a, p) in anchors.points.iter().enumerate() {
+            let far = if b == 2 && a % 2 == 0 { 1000.0 } else { 0.0 };
+            let d = [r(), r(), r(), r()].map(|v| 0.2 + 4.0 * v);
+            let v = [
+                p[0] - d[0] + far,
+                p[1] - d[1],
+                p[0] + d[2] + far,
+                p[1] + d[3],
+            ];
+            for (c, x) in v.into_iter().enumerate() {
+                pbox[(b * 4 + c) * na + a] = x;
+            }
+        }
+    }
+    let no = 64 + nc;
+    let mut logits = vec![0f32; bs * no * na];
+    for b in 0..bs {
+        for c in 0..no {
+            for a in 0..na {
+                logits[(b * no + c) * na + a] = if b == 1 && c >= 64 {
+                    -200.0
+                } else {
+                    -6.0 + 8.0 * r()
+                };
+            }
+        }
+    }
+    (
+        anchors,
+        Tensor::from_vec(pbox, (bs, 4, na), &Device::Cpu).unwrap(),
+        Tensor::from_vec(logits, (bs, no, na), &Device::Cpu).unwrap(),
+        gt,
+    )
+}
