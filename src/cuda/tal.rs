@@ -82,9 +82,7 @@ fn held_view<'a>(
     what: &str,
 ) -> Result<candle_core::cuda_backend::cudarc::driver::CudaView<'a, f32>> {
     let candle_core::Storage::Cuda(s) = st else {
-        return Err(Error::Msg(format!(
-            "TAL (CUDA): {what} is not on the GPU"
-        )));
+        return Err(Error::Msg(format!("TAL (CUDA): {what} is not on the GPU")));
     };
     let (a, b) = l
         .contiguous_offsets()

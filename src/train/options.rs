@@ -38,7 +38,8 @@ pub struct TrainOptions {
     #[serde(default = "default_nan_patience")]
     pub nan_patience: usize,
     /// Mixed precision (bf16) training on CUDA
-    /// ([`crate::model::yolov9::YoloV9Train::set_amp`]); off by default, no effect on the CPU.
+    /// ([`crate::model::yolov9::YoloV9Train::set_amp`]); on by default (as the official trainer),
+    /// no effect on the CPU.
     #[serde(default = "default_amp")]
     pub amp: bool,
     /// Strict f32 convolutions on CUDA (no TF32 tensor cores; for parity runs). Off by default:
@@ -91,7 +92,7 @@ fn default_save_interval() -> f64 {
 }
 
 fn default_amp() -> bool {
-    false
+    true
 }
 
 fn default_nan_patience() -> usize {
