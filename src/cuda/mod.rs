@@ -8,8 +8,8 @@
 //! - [`bn_act`]: launches of the fused train-mode BatchNorm + SiLU kernels (`kernels/bn_act.cu`).
 //! - [`bias_act`]: the inference convolution epilogue `act(x + b)` in one pass (`kernels/bias_act.cu`).
 //! - [`atan`]: the element-wise arctangent of the CIoU loss term (`kernels/atan.cu`).
-//! - [`tal`]: dense TAL loss targets built on the device from the foreground rows
-//!   (`kernels/tal.cu`).
+//! - [`tal`]: the TaskAlignedAssigner (`kernels/tal_assign.cu`), dense TAL loss targets from
+//!   foreground rows (`kernels/tal.cu`) and the fused loss terms (`kernels/tal_terms.cu`).
 //! - [`pool`]: the SPPELAN max pool forward and backward (`kernels/pool.cu`).
 //! - [`optim`]: multi-tensor SGD, gradient-norm and EMA kernels (`kernels/optim.cu`): one launch
 //!   per optimizer phase for all parameters.

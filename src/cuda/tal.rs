@@ -1,7 +1,10 @@
-//! Launches of the dense TAL target kernels (`kernels/tal.cu`) for
-//! `crate::loss::tal_loss`: the dense per-anchor targets are built on the device from the
-//! foreground rows, so only those rows (a few thousand) cross from the host instead of several
-//! `(B, A)` arrays.
+//! Launches of the TAL kernels of the loss:
+//! - [`assign`]: the TaskAlignedAssigner (`kernels/tal_assign.cu`) for
+//!   `crate::loss::assign_op`, the default on CUDA: boxes and scores stay on the device;
+//! - [`dense_targets`]: the dense per-anchor targets from the foreground rows of a host
+//!   assignment (`kernels/tal.cu`), when the assignment was made on the host;
+//! - [`terms_forward`] / [`terms_backward`]: the fused box, DFL and class terms
+//!   (`kernels/tal_terms.cu`) for `crate::loss::terms`.
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
