@@ -12,6 +12,7 @@
 //! - [`loss`]: IoU/CIoU, the TaskAlignedAssigner, the dual-branch TAL loss.
 //! - [`metrics`]: mAP (official `ap_per_class`), validation reports.
 //! - [`train`]: optimizer, EMA, schedules, memory budget, checkpoints, the training loop.
+//! - `serve` (feature `serve`, on by default): the HTTP detection service of `yolo9 serve`.
 //! - [`cli`]: the `yolo9` subcommands (thin wrappers around the library).
 //! - `cuda` (feature `cuda`): cuDNN convolution forward/backward as candle custom ops.
 
@@ -31,6 +32,8 @@ pub mod model;
 pub mod op_args;
 pub mod pt;
 pub mod runs;
+#[cfg(feature = "serve")]
+pub mod serve;
 pub mod train;
 
 pub use detect::detector::{Detection, Detector};

@@ -6,6 +6,8 @@ pub mod convert;
 pub mod detect;
 pub mod parse;
 pub mod plot;
+#[cfg(feature = "serve")]
+pub mod serve;
 pub mod train;
 pub mod val;
 
@@ -35,6 +37,9 @@ pub enum Command {
     Val(val::ValArgs),
     /// Draw training curves of results.csv files (ours or the official trainer's) in one PNG.
     Plot(plot::PlotArgs),
+    /// Serve detection over HTTP (POST /v1/detect), batching requests on one model.
+    #[cfg(feature = "serve")]
+    Serve(serve::ServeArgs),
 }
 
 /// Entry point used by `src/main.rs`: parses arguments, runs, and turns errors into a message
@@ -49,6 +54,8 @@ pub fn main() -> ExitCode {
         Command::Train(a) => train::run(*a),
         Command::Val(a) => val::run(a),
         Command::Plot(a) => plot::run(a),
+        #[cfg(feature = "serve")]
+        Command::Serve(a) => serve::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

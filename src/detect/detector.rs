@@ -83,6 +83,13 @@ pub fn round_img_size(size: u32) -> Option<u32> {
     size.checked_add(STRIDE - 1).map(|s| s / STRIDE * STRIDE)
 }
 
+/// [`round_img_size`] within 1..=16384 pixels.
+fn effective_size(img_size: u32) -> Result<u32> {
+    round_img_size(img_size)
+        .filter(|&s| s <= 16_384)
+        .with_context(|| format!("image size {img_size} is out of range (1..=16384 pixels)"))
+}
+
 impl Detector {
     /// Loads weights (yolo9 safetensors, plain state_dict safetensors or an official `.pt`; see
     /// [`crate::Weights::load`]) and builds the inference model on `device`.
@@ -170,14 +177,11 @@ impl Detector {
     }
     /// The effective inference size (multiple of 32).
     pub fn effective_img_size(&self) -> Result<u32> {
-        round_img_size(self.img_size)
-            .filter(|&s| s <= 16_384)
-            .with_context(|| {
-                format!(
-                    "image size {} is out of range (1..=16384 pixels)",
-                    self.img_size
-                )
-            })
+        effective_size(self.img_size)
+    }
+    /// The inference size set with [`Detector::img_size`] (before rounding to a multiple of 32).
+    pub fn requested_img_size(&self) -> u32 {
+        self.img_size
     }
     /// The NMS options in use.
     pub fn nms_options(&self) -> &NmsOptions {
@@ -185,7 +189,11 @@ impl Detector {
     }
 
     fn validate(&self) -> Result<()> {
-        let o = &self.nms;
+        self.validate_with(self.img_size, &self.nms)
+    }
+
+    /// Checks per-call options: thresholds in `[0, 1]`, classes of the model, a valid size.
+    fn validate_with(&self, img_size: u32, o: &NmsOptions) -> Result<()> {
         if !(0.0..=1.0).contains(&o.conf_thres) {
             bail!("confidence threshold {} is outside [0, 1]", o.conf_thres);
         }
@@ -201,12 +209,17 @@ impl Detector {
                 );
             }
         }
-        self.effective_img_size().map(|_| ())
+        effective_size(img_size).map(|_| ())
     }
 
     /// Step 1: letterbox an upright RGB image. Returns the network-input image and its geometry.
     pub fn preprocess(&self, img: &RgbImage) -> Result<(RgbImage, LetterboxInfo)> {
-        let s = self.effective_img_size()?;
+        self.preprocess_at(img, self.img_size)
+    }
+
+    /// [`Detector::preprocess`] at another inference size (rounded up to a multiple of 32).
+    fn preprocess_at(&self, img: &RgbImage, img_size: u32) -> Result<(RgbImage, LetterboxInfo)> {
+        let s = effective_size(img_size)?;
         let info = letterbox_info(img.width(), img.height(), s, s, STRIDE, true)?;
         Ok((apply_letterbox(img, &info), info))
     }
@@ -273,7 +286,16 @@ impl Detector {
         pred: &Tensor,
         infos: &[LetterboxInfo],
     ) -> Result<Vec<Vec<Detection>>> {
-        self.validate()?;
+        self.postprocess_with(pred, infos, &self.nms)
+    }
+
+    fn postprocess_with(
+        &self,
+        pred: &Tensor,
+        infos: &[LetterboxInfo],
+        nms: &NmsOptions,
+    ) -> Result<Vec<Vec<Detection>>> {
+        self.validate_with(self.img_size, nms)?;
         let (b, rows, _) = pred.dims3()?;
         if b != infos.len() || rows < 5 {
             bail!(
@@ -282,7 +304,7 @@ impl Detector {
                 infos.len()
             );
         }
-        Ok(non_max_suppression(pred, &self.nms)?
+        Ok(non_max_suppression(pred, nms)?
             .into_iter()
             .zip(infos)
             .map(|(mut det, info)| {
@@ -330,12 +352,26 @@ impl Detector {
     /// Detects objects in several images. Images whose letterboxes have the same size run as one
     /// batch; results are identical to calling [`Detector::detect`] on each, in input order.
     pub fn detect_batch(&self, imgs: &[DynamicImage]) -> Result<Vec<Vec<Detection>>> {
-        self.validate()?;
+        self.detect_batch_with(imgs, self.img_size, &self.nms)
+    }
+
+    /// [`Detector::detect_batch`] with another inference size and NMS options than the
+    /// detector's own, for one call (a service's per-request parameters). Equal to a detector
+    /// built with [`Detector::img_size`] `img_size` and these options.
+    ///
+    /// Errors: options out of range (as when detecting with them), a failed forward.
+    pub fn detect_batch_with(
+        &self,
+        imgs: &[DynamicImage],
+        img_size: u32,
+        nms: &NmsOptions,
+    ) -> Result<Vec<Vec<Detection>>> {
+        self.validate_with(img_size, nms)?;
         let mut prepared = Vec::with_capacity(imgs.len());
         for (i, img) in imgs.iter().enumerate() {
             let p = match img.as_rgb8() {
-                Some(rgb) => self.preprocess(rgb),
-                None => self.preprocess(&crate::data::image::to_rgb8(img.clone())),
+                Some(rgb) => self.preprocess_at(rgb, img_size),
+                None => self.preprocess_at(&crate::data::image::to_rgb8(img.clone()), img_size),
             }
             .with_context(|| format!("image {i} of the batch"))?;
             prepared.push(p);
@@ -353,7 +389,11 @@ impl Detector {
             let lbs: Vec<&RgbImage> = group.iter().map(|&j| &prepared[j].0).collect();
             let infos: Vec<LetterboxInfo> = group.iter().map(|&j| prepared[j].1).collect();
             let y = self.infer(&lbs)?;
-            for (k, dets) in self.postprocess(&y, &infos)?.into_iter().enumerate() {
+            for (k, dets) in self
+                .postprocess_with(&y, &infos, nms)?
+                .into_iter()
+                .enumerate()
+            {
                 out[group[k]] = dets;
                 done[group[k]] = true;
             }

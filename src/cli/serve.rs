@@ -1,0 +1,123 @@
+//! `yolo9 serve`: the HTTP detection service ([`crate::serve`]) on an address, until SIGINT or
+//! SIGTERM.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::Args;
+
+use super::detect::{inference_dtype, parse_img, parse_unit, resolve_weights};
+use crate::detect::detector::Detector;
+use crate::device::{parse_device, DeviceSpec};
+use crate::serve::ServeConfig;
+
+/// Arguments of `yolo9 serve`.
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// Weights: yolo9 .safetensors or an official .pt [default: the shipped
+    /// weights/yolov9-s-bccd.safetensors, as detect].
+    #[arg(long)]
+    pub weights: Option<PathBuf>,
+    /// Device: auto (the first CUDA GPU if there is one, else the CPU), cpu, or a CUDA index.
+    #[arg(long, default_value = "auto", value_parser = parse_device, allow_negative_numbers = true)]
+    pub device: DeviceSpec,
+    /// Address to listen on (loopback by default; 0.0.0.0:PORT to accept other hosts).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub addr: SocketAddr,
+    /// Default inference size in pixels (a request may pass `img`).
+    #[arg(long = "img", visible_aliases = ["imgsz", "img-size"], default_value = "640",
+          value_parser = parse_img)]
+    pub img: u32,
+    /// Default confidence threshold (a request may pass `conf`).
+    #[arg(long = "conf-thres", visible_alias = "conf", default_value = "0.25", value_parser = parse_unit)]
+    pub conf_thres: f64,
+    /// Default NMS IoU threshold (a request may pass `iou`).
+    #[arg(long = "iou-thres", visible_alias = "iou", default_value = "0.45", value_parser = parse_unit)]
+    pub iou_thres: f64,
+    /// Half-precision (f16) inference on a CUDA device.
+    #[arg(long)]
+    pub half: bool,
+    /// Most requests in one forward.
+    #[arg(long = "max-batch", default_value = "8", value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub max_batch: u32,
+    /// Milliseconds the worker waits for more requests after the first of a batch.
+    #[arg(long = "max-delay-ms", default_value = "5")]
+    pub max_delay_ms: u64,
+    /// Requests that may wait; one more is answered 503 with Retry-After.
+    #[arg(long, default_value = "64", value_parser = clap::value_parser!(u32).range(1..))]
+    pub queue: u32,
+    /// Largest request body in MiB (413 above).
+    #[arg(long = "max-body-mb", default_value = "32", value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub max_body_mb: u32,
+    /// Seconds a request may wait for its answer (504 after).
+    #[arg(long = "timeout-s", default_value = "30", value_parser = clap::value_parser!(u32).range(1..))]
+    pub timeout_s: u32,
+}
+
+/// Runs `yolo9 serve`.
+pub fn run(args: ServeArgs) -> Result<()> {
+    let weights = resolve_weights(args.weights.as_deref())?;
+    let device = crate::device::select(args.device)?;
+    if args.device == DeviceSpec::Auto {
+        eprintln!("{}", crate::device::auto_notice(&device));
+    }
+    let dtype = inference_dtype(args.half, &device);
+    let detector = Detector::load_dtype(&weights, device, dtype)?
+        .img_size(args.img)
+        .conf(args.conf_thres as f32)
+        .iou(args.iou_thres);
+    let cfg = ServeConfig {
+        max_batch: args.max_batch as usize,
+        max_delay: Duration::from_millis(args.max_delay_ms),
+        queue: args.queue as usize,
+        max_body: (args.max_body_mb as usize) << 20,
+        timeout: Duration::from_secs(args.timeout_s as u64),
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("serve: starting the async runtime")?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(args.addr)
+            .await
+            .with_context(|| format!("serve: cannot listen on {} (--addr)", args.addr))?;
+        eprintln!(
+            "serving {} on http://{} (POST /v1/detect; GET /healthz /readyz /v1/model /metrics); \
+             Ctrl-C or SIGTERM stops after answering what is queued",
+            weights.display(),
+            listener.local_addr()?
+        );
+        let s = crate::serve::serve(listener, detector, cfg, stop_signal()).await?;
+        eprintln!(
+            "stopped: {} requests answered, {} errors, {} batches",
+            s.ok, s.errors, s.batches
+        );
+        Ok(())
+    })
+}
+
+/// Completes at the first SIGINT or SIGTERM.
+async fn stop_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    {
+        let term = async {
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(mut s) => {
+                    s.recv().await;
+                }
+                Err(_) => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! {
+            _ = ctrl_c => {},
+            _ = term => {},
+        }
+    }
+    #[cfg(not(unix))]
+    ctrl_c.await;
+}

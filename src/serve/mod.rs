@@ -1,0 +1,585 @@
+//! `yolo9 serve`: detection as an HTTP service (axum on tokio), for Rust and non-Rust clients.
+//!
+//! One [`Detector`] runs on a worker thread of its own (the forward never blocks the async
+//! runtime). Requests go through a bounded queue to that thread, which batches them: it takes the
+//! first waiting request, then waits up to [`ServeConfig::max_delay`] for more, up to
+//! [`ServeConfig::max_batch`], and runs the requests with equal parameters as one
+//! [`Detector::detect_batch_with`] call (images of one letterbox shape share one forward). A full
+//! queue answers 503 with `Retry-After` at once, so a burst never waits unanswered.
+//!
+//! Endpoints:
+//! - `POST /v1/detect`: the image as the request body (any format the decoder reads) or as the
+//!   first file field of a `multipart/form-data` body; query parameters `conf`, `iou`, `classes`
+//!   (comma-separated ids), `max_det`, `img` override the service's defaults for this request.
+//!   Answers `{"detections": [{"class_id", "class_name", "confidence", "xyxy"}], "width",
+//!   "height", "batch", "timings_ms": {"decode", "queue", "detect", "total"}}`: the fields of
+//!   `yolo9 detect --json`'s `predictions.jsonl`, boxes `xyxy` in the image's pixels. Errors
+//!   answer `{"error": message}`: 400 (not an image, bad parameter), 413 (body over
+//!   [`ServeConfig::max_body`]), 503 (queue full, or shutting down), 504 (no answer within
+//!   [`ServeConfig::timeout`]), 500 (the forward failed).
+//! - `GET /healthz` (the process answers), `GET /readyz` (200 once the weights are loaded and a
+//!   warm-up forward ran, 503 before), `GET /v1/model` (names, classes, input size, strides,
+//!   device, dtype, batching settings), `GET /metrics` (Prometheus text: requests by outcome,
+//!   queue depth, batches, images, summed decode/queue/detect seconds).
+//!
+//! Shutdown: when the future given to [`serve`] completes (the CLI passes SIGINT/SIGTERM), the
+//! listener stops accepting, requests already received are answered, the worker drains its
+//! queue, and [`serve`] returns.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, FromRequest, Multipart, Query, Request, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use image::DynamicImage;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::detect::detector::{Detection, Detector};
+use crate::detect::postprocess::NmsOptions;
+
+/// Batching, limits and timeouts of the service.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    /// Most requests in one forward (≥ 1).
+    pub max_batch: usize,
+    /// How long the worker waits for more requests after the first of a batch.
+    pub max_delay: Duration,
+    /// Requests waiting for the worker at most; one more answers 503 (≥ 1).
+    pub queue: usize,
+    /// Largest request body in bytes; larger answers 413.
+    pub max_body: usize,
+    /// Longest a request waits for its answer; then 504.
+    pub timeout: Duration,
+}
+
+impl Default for ServeConfig {
+    /// Batches of up to 8 within 5 ms, 64 waiting, 32 MiB bodies, 30 s timeout.
+    fn default() -> Self {
+        ServeConfig {
+            max_batch: 8,
+            max_delay: Duration::from_millis(5),
+            queue: 64,
+            max_body: 32 << 20,
+            timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// What [`serve`] did, once it returns.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServeSummary {
+    /// Requests answered 200.
+    pub ok: u64,
+    /// Requests answered with an error status.
+    pub errors: u64,
+    /// Forward batches run.
+    pub batches: u64,
+}
+
+/// Per-request detection parameters (the detector's defaults unless the query overrides them).
+#[derive(Debug, Clone, PartialEq)]
+struct Params {
+    img: u32,
+    nms: NmsOptions,
+}
+
+/// The query string of `POST /v1/detect`.
+#[derive(Debug, Deserialize)]
+struct DetectQuery {
+    conf: Option<f32>,
+    iou: Option<f64>,
+    classes: Option<String>,
+    max_det: Option<usize>,
+    img: Option<u32>,
+}
+
+/// One queued request.
+struct Job {
+    img: DynamicImage,
+    params: Params,
+    queued: Instant,
+    reply: tokio::sync::oneshot::Sender<Result<Answer, String>>,
+}
+
+/// The worker's answer to one job.
+struct Answer {
+    detections: Vec<Detection>,
+    queue: Duration,
+    detect: Duration,
+    batch: usize,
+}
+
+/// Counters behind `GET /metrics`.
+#[derive(Default)]
+struct Metrics {
+    ok: AtomicU64,
+    bad_request: AtomicU64,
+    too_large: AtomicU64,
+    unavailable: AtomicU64,
+    timeout: AtomicU64,
+    failed: AtomicU64,
+    queued: AtomicU64,
+    batches: AtomicU64,
+    images: AtomicU64,
+    decode_us: AtomicU64,
+    queue_us: AtomicU64,
+    detect_us: AtomicU64,
+}
+
+/// The state the handlers share.
+struct Service {
+    tx: SyncSender<Job>,
+    ready: Arc<AtomicBool>,
+    metrics: Arc<Metrics>,
+    defaults: Params,
+    nc: usize,
+    model: Value,
+    cfg: ServeConfig,
+}
+
+/// Serves `detector` on `listener` until `shutdown` completes, then drains and returns.
+///
+/// Errors: a configuration out of range (`max_batch` or `queue` 0), the listener failing.
+/// Request errors are answers, never errors of this function.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    detector: Detector,
+    cfg: ServeConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<ServeSummary> {
+    anyhow::ensure!(
+        cfg.max_batch >= 1 && cfg.queue >= 1,
+        "serve: --max-batch and --queue must be at least 1"
+    );
+    let names = detector.names().to_vec();
+    let meta = detector.meta();
+    let model = json!({
+        "names": names,
+        "nc": names.len(),
+        "img": detector.effective_img_size()?,
+        "strides": meta.strides,
+        "device": format!("{:?}", detector.device()),
+        "max_batch": cfg.max_batch,
+        "max_delay_ms": cfg.max_delay.as_secs_f64() * 1e3,
+        "queue": cfg.queue,
+    });
+    let defaults = Params {
+        img: detector.requested_img_size(),
+        nms: detector.nms_options().clone(),
+    };
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Job>(cfg.queue);
+    let ready = Arc::new(AtomicBool::new(false));
+    let metrics = Arc::new(Metrics::default());
+    let worker = {
+        let (ready, metrics, cfg) = (ready.clone(), metrics.clone(), cfg.clone());
+        std::thread::Builder::new()
+            .name("yolo9-serve-worker".into())
+            .spawn(move || work(detector, rx, &cfg, &ready, &metrics))
+            .context("serve: starting the detection worker")?
+    };
+    let svc = Arc::new(Service {
+        tx,
+        ready,
+        metrics: metrics.clone(),
+        defaults,
+        nc: names.len(),
+        model,
+        cfg: cfg.clone(),
+    });
+    let app = router(svc);
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
+        .context("serve: the HTTP server failed")?;
+    // The router (and with it the queue's sender) is gone: the worker answers what is queued
+    // and stops.
+    tokio::task::spawn_blocking(move || worker.join())
+        .await
+        .context("serve: joining the worker")?
+        .map_err(|_| anyhow::anyhow!("serve: the detection worker panicked"))?;
+    let m = &metrics;
+    let errors = [
+        &m.bad_request,
+        &m.too_large,
+        &m.unavailable,
+        &m.timeout,
+        &m.failed,
+    ]
+    .iter()
+    .map(|c| c.load(Ordering::Relaxed))
+    .sum();
+    Ok(ServeSummary {
+        ok: m.ok.load(Ordering::Relaxed),
+        errors,
+        batches: m.batches.load(Ordering::Relaxed),
+    })
+}
+
+fn router(svc: Arc<Service>) -> Router {
+    // Multipart bodies obey the same limit (the raw body is read with it explicitly).
+    let limit = svc.cfg.max_body;
+    Router::new()
+        .route("/v1/detect", post(detect))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/v1/model", get(model))
+        .route("/metrics", get(metrics))
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(svc)
+}
+
+/// The worker thread: warm-up, then batches until the queue's sender is dropped and the queue
+/// is empty.
+fn work(det: Detector, rx: Receiver<Job>, cfg: &ServeConfig, ready: &AtomicBool, m: &Metrics) {
+    let warm = DynamicImage::new_rgb8(64, 64);
+    if let Err(e) = det.detect_batch(&[warm]) {
+        tracing::warn!("serve: the warm-up forward failed: {e:#}");
+    }
+    ready.store(true, Ordering::Release);
+    while let Ok(first) = rx.recv() {
+        let mut jobs = vec![first];
+        let until = Instant::now() + cfg.max_delay;
+        while jobs.len() < cfg.max_batch {
+            let left = until.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(j) => jobs.push(j),
+                Err(_) => break,
+            }
+        }
+        m.queued.fetch_sub(jobs.len() as u64, Ordering::Relaxed);
+        while !jobs.is_empty() {
+            let params = jobs[0].params.clone();
+            let (same, rest): (Vec<Job>, Vec<Job>) =
+                jobs.into_iter().partition(|j| j.params == params);
+            jobs = rest;
+            let start = Instant::now();
+            let imgs: Vec<DynamicImage> = same.iter().map(|j| j.img.clone()).collect();
+            let out = det.detect_batch_with(&imgs, params.img, &params.nms);
+            let detect = start.elapsed();
+            m.batches.fetch_add(1, Ordering::Relaxed);
+            m.images.fetch_add(same.len() as u64, Ordering::Relaxed);
+            m.detect_us
+                .fetch_add(detect.as_micros() as u64, Ordering::Relaxed);
+            let n = same.len();
+            match out {
+                Ok(all) => {
+                    for (job, detections) in same.into_iter().zip(all) {
+                        let queue = start.saturating_duration_since(job.queued);
+                        m.queue_us
+                            .fetch_add(queue.as_micros() as u64, Ordering::Relaxed);
+                        let _ = job.reply.send(Ok(Answer {
+                            detections,
+                            queue,
+                            detect,
+                            batch: n,
+                        }));
+                    }
+                }
+                Err(e) => {
+                    let msg = format!("{e:#}");
+                    for job in same {
+                        let _ = job.reply.send(Err(msg.clone()));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// An error answer `{"error": msg}`, counted.
+fn fail(svc: &Service, status: StatusCode, msg: impl Into<String>) -> Response {
+    let m = &svc.metrics;
+    let c = match status {
+        StatusCode::BAD_REQUEST => &m.bad_request,
+        StatusCode::PAYLOAD_TOO_LARGE => &m.too_large,
+        StatusCode::SERVICE_UNAVAILABLE => &m.unavailable,
+        StatusCode::GATEWAY_TIMEOUT => &m.timeout,
+        _ => &m.failed,
+    };
+    c.fetch_add(1, Ordering::Relaxed);
+    let body = Json(json!({ "error": msg.into() }));
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        (status, [(header::RETRY_AFTER, "1")], body).into_response()
+    } else {
+        (status, body).into_response()
+    }
+}
+
+/// The request's parameters: the defaults, overridden by the query; checked here so a bad value
+/// is a 400 naming it.
+fn params(svc: &Service, q: &DetectQuery) -> std::result::Result<Params, String> {
+    let mut p = svc.defaults.clone();
+    if let Some(c) = q.conf {
+        if !(0.0..=1.0).contains(&c) {
+            return Err(format!("conf={c} is outside [0, 1]"));
+        }
+        p.nms.conf_thres = c;
+    }
+    if let Some(i) = q.iou {
+        if !(0.0..=1.0).contains(&i) {
+            return Err(format!("iou={i} is outside [0, 1]"));
+        }
+        p.nms.iou_thres = i;
+    }
+    if let Some(m) = q.max_det {
+        if !(1..=30_000).contains(&m) {
+            return Err(format!("max_det={m} is outside 1..=30000"));
+        }
+        p.nms.max_det = m;
+    }
+    if let Some(s) = q.img {
+        if !(32..=4096).contains(&s) {
+            return Err(format!("img={s} is outside 32..=4096 pixels"));
+        }
+        p.img = s;
+    }
+    if let Some(cs) = &q.classes {
+        let mut v = Vec::new();
+        for t in cs.split(',').map(str::trim).filter(|t| !t.is_empty()) {
+            match t.parse::<usize>() {
+                Ok(c) if c < svc.nc => v.push(c),
+                _ => {
+                    return Err(format!(
+                        "classes: {t:?} is not a class id in 0..{} (comma-separated ids)",
+                        svc.nc
+                    ))
+                }
+            }
+        }
+        p.nms.classes = Some(v);
+    }
+    Ok(p)
+}
+
+/// The image bytes of a request: the body, or the first file field of a multipart body.
+async fn body_bytes(svc: &Service, req: Request) -> std::result::Result<Bytes, Response> {
+    let multipart = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("multipart/form-data"));
+    let too_large = |svc: &Service| {
+        fail(
+            svc,
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "the request body is larger than the service's limit of {} bytes",
+                svc.cfg.max_body
+            ),
+        )
+    };
+    if !multipart {
+        return axum::body::to_bytes(req.into_body(), svc.cfg.max_body)
+            .await
+            .map_err(|_| too_large(svc));
+    }
+    let mut mp = Multipart::from_request(req, &())
+        .await
+        .map_err(|e| fail(svc, StatusCode::BAD_REQUEST, format!("multipart body: {e}")))?;
+    loop {
+        match mp.next_field().await {
+            Ok(Some(f)) if f.file_name().is_some() || f.name() == Some("image") => {
+                return f.bytes().await.map_err(|e| {
+                    if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                        too_large(svc)
+                    } else {
+                        fail(svc, StatusCode::BAD_REQUEST, format!("multipart body: {e}"))
+                    }
+                });
+            }
+            Ok(Some(_)) => continue,
+            Ok(None) => {
+                return Err(fail(
+                    svc,
+                    StatusCode::BAD_REQUEST,
+                    "multipart body has no file field (send the image as a file, or as the raw body)",
+                ))
+            }
+            Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => return Err(too_large(svc)),
+            Err(e) => {
+                return Err(fail(
+                    svc,
+                    StatusCode::BAD_REQUEST,
+                    format!("multipart body: {e}"),
+                ))
+            }
+        }
+    }
+}
+
+async fn detect(
+    State(svc): State<Arc<Service>>,
+    q: std::result::Result<Query<DetectQuery>, axum::extract::rejection::QueryRejection>,
+    req: Request,
+) -> Response {
+    let t0 = Instant::now();
+    let q = match q {
+        Ok(Query(q)) => q,
+        Err(e) => return fail(&svc, StatusCode::BAD_REQUEST, format!("query: {e}")),
+    };
+    let params = match params(&svc, &q) {
+        Ok(p) => p,
+        Err(e) => return fail(&svc, StatusCode::BAD_REQUEST, e),
+    };
+    let bytes = match body_bytes(&svc, req).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    if bytes.is_empty() {
+        return fail(
+            &svc,
+            StatusCode::BAD_REQUEST,
+            "empty body: send the image bytes as the body (or as a multipart file)",
+        );
+    }
+    let decoded =
+        tokio::task::spawn_blocking(move || crate::data::image::decode_rgb8(&bytes)).await;
+    let img = match decoded {
+        Ok(Ok(img)) => img,
+        Ok(Err(e)) => {
+            return fail(
+                &svc,
+                StatusCode::BAD_REQUEST,
+                format!("the body is not a readable image: {e:#}"),
+            )
+        }
+        Err(e) => return fail(&svc, StatusCode::INTERNAL_SERVER_ERROR, format!("{e}")),
+    };
+    let decode = t0.elapsed();
+    svc.metrics
+        .decode_us
+        .fetch_add(decode.as_micros() as u64, Ordering::Relaxed);
+    let (w, h) = img.dimensions();
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    let job = Job {
+        img: DynamicImage::ImageRgb8(img),
+        params,
+        queued: Instant::now(),
+        reply,
+    };
+    svc.metrics.queued.fetch_add(1, Ordering::Relaxed);
+    match svc.tx.try_send(job) {
+        Ok(()) => {}
+        Err(e) => {
+            svc.metrics.queued.fetch_sub(1, Ordering::Relaxed);
+            let why = match e {
+                TrySendError::Full(_) => format!(
+                    "the queue is full ({} requests waiting); retry later",
+                    svc.cfg.queue
+                ),
+                TrySendError::Disconnected(_) => "the service is shutting down".to_string(),
+            };
+            return fail(&svc, StatusCode::SERVICE_UNAVAILABLE, why);
+        }
+    }
+    let a = match tokio::time::timeout(svc.cfg.timeout, answer).await {
+        Ok(Ok(Ok(a))) => a,
+        Ok(Ok(Err(e))) => return fail(&svc, StatusCode::INTERNAL_SERVER_ERROR, e),
+        Ok(Err(_)) => {
+            return fail(
+                &svc,
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "the detection worker stopped",
+            )
+        }
+        Err(_) => {
+            return fail(
+                &svc,
+                StatusCode::GATEWAY_TIMEOUT,
+                format!("no answer within {:?}", svc.cfg.timeout),
+            )
+        }
+    };
+    svc.metrics.ok.fetch_add(1, Ordering::Relaxed);
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let dets: Vec<Value> = a
+        .detections
+        .iter()
+        .map(|d| {
+            json!({
+                "class_id": d.class_id,
+                "class_name": d.class_name,
+                "confidence": d.confidence,
+                "xyxy": d.bbox,
+            })
+        })
+        .collect();
+    Json(json!({
+        "detections": dets,
+        "width": w,
+        "height": h,
+        "batch": a.batch,
+        "timings_ms": {
+            "decode": ms(decode),
+            "queue": ms(a.queue),
+            "detect": ms(a.detect),
+            "total": ms(t0.elapsed()),
+        },
+    }))
+    .into_response()
+}
+
+async fn readyz(State(svc): State<Arc<Service>>) -> Response {
+    if svc.ready.load(Ordering::Acquire) {
+        (StatusCode::OK, "ready\n").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "warming up\n").into_response()
+    }
+}
+
+async fn model(State(svc): State<Arc<Service>>) -> Json<Value> {
+    Json(svc.model.clone())
+}
+
+async fn metrics(State(svc): State<Arc<Service>>) -> Response {
+    let m = &svc.metrics;
+    let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+    let s = |c: &AtomicU64| g(c) as f64 / 1e6;
+    let mut out = String::new();
+    out.push_str("# HELP yolo9_requests_total Detection requests answered, by outcome.\n");
+    out.push_str("# TYPE yolo9_requests_total counter\n");
+    for (k, c) in [
+        ("ok", &m.ok),
+        ("bad_request", &m.bad_request),
+        ("too_large", &m.too_large),
+        ("unavailable", &m.unavailable),
+        ("timeout", &m.timeout),
+        ("failed", &m.failed),
+    ] {
+        out.push_str(&format!(
+            "yolo9_requests_total{{outcome=\"{k}\"}} {}\n",
+            g(c)
+        ));
+    }
+    out.push_str("# TYPE yolo9_queue_depth gauge\n");
+    out.push_str(&format!("yolo9_queue_depth {}\n", g(&m.queued)));
+    out.push_str("# TYPE yolo9_batches_total counter\n");
+    out.push_str(&format!("yolo9_batches_total {}\n", g(&m.batches)));
+    out.push_str("# TYPE yolo9_images_total counter\n");
+    out.push_str(&format!("yolo9_images_total {}\n", g(&m.images)));
+    out.push_str("# TYPE yolo9_seconds_total counter\n");
+    for (k, c) in [
+        ("decode", &m.decode_us),
+        ("queue", &m.queue_us),
+        ("detect", &m.detect_us),
+    ] {
+        out.push_str(&format!(
+            "yolo9_seconds_total{{phase=\"{k}\"}} {:.6}\n",
+            s(c)
+        ));
+    }
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        out,
+    )
+        .into_response()
+}
