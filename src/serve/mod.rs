@@ -397,13 +397,11 @@ async fn body_bytes(svc: &Service, req: Request) -> std::result::Result<Bytes, R
                 });
             }
             Ok(Some(_)) => continue,
-            Ok(None) => {
-                return Err(fail(
-                    svc,
-                    StatusCode::BAD_REQUEST,
-                    "multipart body has no file field (send the image as a file, or as the raw body)",
-                ))
-            }
+            Ok(None) => return Err(fail(
+                svc,
+                StatusCode::BAD_REQUEST,
+                "multipart body has no file field (send the image as a file, or as the raw body)",
+            )),
             Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => return Err(too_large(svc)),
             Err(e) => {
                 return Err(fail(
@@ -577,9 +575,5 @@ async fn metrics(State(svc): State<Arc<Service>>) -> Response {
             s(c)
         ));
     }
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        out,
-    )
-        .into_response()
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
 }

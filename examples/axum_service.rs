@@ -1,0 +1,49 @@
+//! A detection endpoint inside your own axum service: what to copy when `yolo9 serve` (the full
+//! service, `yolo9::serve`) is more than you need.
+//!
+//! ```text
+//! cargo run --release --example axum_service -- weights/yolov9-s-bccd.safetensors 127.0.0.1:8080
+//! curl --data-binary @examples/images/BloodImage_00007.jpg http://127.0.0.1:8080/detect
+//! ```
+//! One `Detector` is shared by all requests (it is `Send + Sync`); decoding and the forward run
+//! on tokio's blocking pool, never on the async workers.
+use std::sync::Arc;
+
+use axum::{body::Bytes, extract::State, http::StatusCode, routing::post, Json, Router};
+use yolo9::{Detection, Detector};
+
+async fn detect(
+    State(det): State<Arc<Detector>>,
+    body: Bytes,
+) -> Result<Json<Vec<Detection>>, (StatusCode, String)> {
+    let run = move || -> anyhow::Result<Vec<Detection>> {
+        // The decoder applies EXIF orientation and refuses oversized images.
+        let img = yolo9::data::image::decode_rgb8(&body)?;
+        det.detect_rgb(&img)
+    };
+    match tokio::task::spawn_blocking(run).await {
+        Ok(Ok(dets)) => Ok(Json(dets)),
+        Ok(Err(e)) => Err((StatusCode::BAD_REQUEST, format!("{e:#}"))),
+        Err(e) => Err((StatusCode::INTERNAL_SERVER_ERROR, e.to_string())),
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let mut args = std::env::args().skip(1);
+    let weights = args
+        .next()
+        .unwrap_or("weights/yolov9-s-bccd.safetensors".into());
+    let addr = args.next().unwrap_or("127.0.0.1:8080".into());
+    let device = yolo9::device::select(yolo9::device::DeviceSpec::Auto)?;
+    let det = Arc::new(Detector::load(weights.as_ref(), device)?.conf(0.25));
+    let app = Router::new().route("/detect", post(detect)).with_state(det);
+    let listener = tokio::net::TcpListener::bind(&addr).await?;
+    println!("POST images to http://{addr}/detect");
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,341 @@
+//! `yolo9::serve` (the `yolo9 serve` service) on loopback, in-process: the detections of the
+//! shipped images equal `Detector::detect`'s, bad requests get a 4xx with a message, a burst
+//! larger than the queue gets 503s and every request an answer, and shutdown answers what was
+//! queued. Requests are plain HTTP/1.1 over a `TcpStream` (no client library).
+#![cfg(feature = "serve")]
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Result;
+use candle_core::{Device, Tensor};
+use yolo9::detect::detector::InferenceModel;
+use yolo9::serve::{serve, ServeConfig, ServeSummary};
+use yolo9::{Detector, ModelMeta};
+
+/// A status code and the body of one request.
+fn http(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    ctype: Option<&str>,
+    body: &[u8],
+) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).expect("connect to the service");
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Length: {}\r\nConnection: close\r\n",
+        body.len()
+    );
+    if let Some(c) = ctype {
+        head.push_str(&format!("Content-Type: {c}\r\n"));
+    }
+    head.push_str("\r\n");
+    // The service may answer (413) before reading the whole body; the answer still comes back.
+    let _ = s.write_all(head.as_bytes()).and_then(|_| s.write_all(body));
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    let text = String::from_utf8_lossy(&raw).to_string();
+    let (h, b) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let code = h
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no HTTP status in {text:?}"));
+    (code, b.to_string())
+}
+
+/// A running service: its address, the trigger of its shutdown and its result.
+struct Running {
+    addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    done: std::thread::JoinHandle<Result<ServeSummary>>,
+}
+
+impl Running {
+    fn start(det: Detector, cfg: ServeConfig) -> Running {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+        let done = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()?;
+            rt.block_on(async move {
+                let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+                addr_tx.send(l.local_addr()?).unwrap();
+                serve(l, det, cfg, async {
+                    let _ = stopped.await;
+                })
+                .await
+            })
+        });
+        let addr = addr_rx.recv_timeout(Duration::from_secs(30)).unwrap();
+        // Ready once the warm-up forward has run.
+        for _ in 0..600 {
+            if http(addr, "GET", "/readyz", None, b"").0 == 200 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Running {
+            addr,
+            stop: Some(stop),
+            done,
+        }
+    }
+
+    fn stop(mut self) -> ServeSummary {
+        let _ = self.stop.take().unwrap().send(());
+        self.done.join().unwrap().unwrap()
+    }
+}
+
+fn shipped() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("weights/yolov9-s-bccd.safetensors")
+}
+
+fn examples() -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> =
+        std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/images"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "jpg"))
+            .collect();
+    v.sort();
+    v
+}
+
+/// A model that sleeps `delay` per forward and detects nothing (for queueing tests).
+struct Slow {
+    meta: ModelMeta,
+    delay: Duration,
+}
+
+impl InferenceModel for Slow {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        std::thread::sleep(self.delay);
+        let (b, _, h, w) = x.dims4()?;
+        let a: usize = [8, 16, 32].iter().map(|s| (h / s) * (w / s)).sum();
+        Ok(Tensor::zeros(
+            (b, 4 + self.meta.nc, a),
+            candle_core::DType::F32,
+            &Device::Cpu,
+        )?)
+    }
+    fn meta(&self) -> &ModelMeta {
+        &self.meta
+    }
+}
+
+fn slow(ms: u64) -> Detector {
+    let meta = Detector::load(&shipped(), Device::Cpu)
+        .unwrap()
+        .meta()
+        .clone();
+    Detector::from_model(
+        Slow {
+            meta,
+            delay: Duration::from_millis(ms),
+        },
+        Device::Cpu,
+    )
+    .img_size(64)
+}
+
+#[test]
+fn detections_equal_detect_and_the_info_endpoints_answer() {
+    let det = Detector::load(&shipped(), Device::Cpu).unwrap();
+    let want: Vec<_> = examples()
+        .iter()
+        .map(|p| {
+            det.detect_rgb(&yolo9::data::image::load_rgb8(p).unwrap())
+                .unwrap()
+        })
+        .collect();
+    let svc = Running::start(
+        Detector::load(&shipped(), Device::Cpu).unwrap(),
+        ServeConfig::default(),
+    );
+    assert_eq!(http(svc.addr, "GET", "/healthz", None, b"").0, 200);
+    let (code, body) = http(svc.addr, "GET", "/v1/model", None, b"");
+    assert_eq!(code, 200);
+    let m: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(m["names"], serde_json::json!(["RBC", "WBC", "Platelets"]));
+    assert_eq!(m["img"], 640);
+    for (p, want) in examples().iter().zip(&want) {
+        let bytes = std::fs::read(p).unwrap();
+        let (code, body) = http(svc.addr, "POST", "/v1/detect", Some("image/jpeg"), &bytes);
+        assert_eq!(code, 200, "{}: {body}", p.display());
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let got = v["detections"].as_array().unwrap();
+        assert_eq!(got.len(), want.len(), "{}", p.display());
+        assert!(!want.is_empty());
+        for (g, w) in got.iter().zip(want) {
+            assert_eq!(g["class_id"], w.class_id);
+            assert_eq!(g["class_name"], w.class_name.as_str());
+            assert_eq!(g["confidence"].as_f64().unwrap() as f32, w.confidence);
+            for k in 0..4 {
+                assert_eq!(g["xyxy"][k].as_f64().unwrap() as f32, w.bbox[k]);
+            }
+        }
+        let (iw, ih) = image::image_dimensions(p).unwrap();
+        assert_eq!(
+            (v["width"].as_u64(), v["height"].as_u64()),
+            (Some(iw as u64), Some(ih as u64))
+        );
+        assert!(v["timings_ms"]["total"].as_f64().unwrap() > 0.0);
+    }
+    // A per-request threshold: conf 0.8 keeps the subset of detections above 0.8.
+    let bytes = std::fs::read(&examples()[0]).unwrap();
+    let (code, body) = http(
+        svc.addr,
+        "POST",
+        "/v1/detect?conf=0.8&classes=0,1",
+        None,
+        &bytes,
+    );
+    assert_eq!(code, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let n = want[0]
+        .iter()
+        .filter(|d| d.confidence > 0.8 && d.class_id < 2)
+        .count();
+    assert_eq!(v["detections"].as_array().unwrap().len(), n);
+    let (code, metrics) = http(svc.addr, "GET", "/metrics", None, b"");
+    assert_eq!(code, 200);
+    let ok = 1 + examples().len();
+    assert!(
+        metrics.contains(&format!("yolo9_requests_total{{outcome=\"ok\"}} {ok}\n")),
+        "{metrics}"
+    );
+    let s = svc.stop();
+    assert_eq!((s.ok, s.errors), (ok as u64, 0));
+}
+
+#[test]
+fn bad_requests_get_a_4xx_with_a_message() {
+    let cfg = ServeConfig {
+        max_body: 4096,
+        ..ServeConfig::default()
+    };
+    let svc = Running::start(slow(0), cfg);
+    let a = svc.addr;
+    let cases: Vec<(&str, Vec<u8>, u16, &str)> = vec![
+        (
+            "/v1/detect",
+            b"hello, not an image".to_vec(),
+            400,
+            "not a readable image",
+        ),
+        ("/v1/detect", Vec::new(), 400, "empty body"),
+        ("/v1/detect", vec![0u8; 5000], 413, "4096 bytes"),
+        ("/v1/detect?conf=2", b"x".to_vec(), 400, "conf=2"),
+        (
+            "/v1/detect?classes=0,7",
+            b"x".to_vec(),
+            400,
+            "\\\"7\\\" is not a class id in 0..3",
+        ),
+        ("/v1/detect?img=10", b"x".to_vec(), 400, "img=10"),
+        ("/v1/detect?max_det=abc", b"x".to_vec(), 400, "query"),
+    ];
+    for (path, body, want, msg) in cases {
+        let (code, text) = http(a, "POST", path, None, &body);
+        assert_eq!(code, want, "{path}: {text}");
+        assert!(text.contains(msg), "{path}: {text:?} lacks {msg:?}");
+        assert!(text.starts_with("{\"error\":"), "{path}: {text}");
+    }
+    // A multipart body without a file field.
+    let mp = "--B\r\nContent-Disposition: form-data; name=\"note\"\r\n\r\nhi\r\n--B--\r\n";
+    let (code, text) = http(
+        a,
+        "POST",
+        "/v1/detect",
+        Some("multipart/form-data; boundary=B"),
+        mp.as_bytes(),
+    );
+    assert_eq!(code, 400, "{text}");
+    assert!(text.contains("no file field"), "{text}");
+    let s = svc.stop();
+    assert_eq!((s.ok, s.errors), (0, 8));
+}
+
+#[test]
+fn a_burst_beyond_the_queue_gets_503_and_every_request_an_answer() {
+    let cfg = ServeConfig {
+        max_batch: 1,
+        max_delay: Duration::ZERO,
+        queue: 1,
+        ..ServeConfig::default()
+    };
+    let svc = Running::start(slow(400), cfg);
+    let png = {
+        let mut b = Vec::new();
+        image::DynamicImage::new_rgb8(64, 48)
+            .write_to(&mut std::io::Cursor::new(&mut b), image::ImageFormat::Png)
+            .unwrap();
+        Arc::new(b)
+    };
+    let addr = svc.addr;
+    let all: Vec<(u16, String)> = (0..8)
+        .map(|_| {
+            let png = png.clone();
+            std::thread::spawn(move || http(addr, "POST", "/v1/detect", None, &png))
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|h| h.join().unwrap())
+        .collect();
+    let ok = all.iter().filter(|(c, _)| *c == 200).count();
+    let busy: Vec<_> = all.iter().filter(|(c, _)| *c == 503).collect();
+    assert_eq!(
+        ok + busy.len(),
+        8,
+        "every request is answered 200 or 503: {all:?}"
+    );
+    assert!(ok >= 1 && !busy.is_empty(), "{all:?}");
+    assert!(busy[0].1.contains("queue is full"), "{:?}", busy[0]);
+    let s = svc.stop();
+    assert_eq!((s.ok, s.errors), (ok as u64, busy.len() as u64));
+}
+
+#[test]
+fn shutdown_answers_what_was_queued() {
+    let cfg = ServeConfig {
+        max_batch: 1,
+        max_delay: Duration::ZERO,
+        queue: 8,
+        ..ServeConfig::default()
+    };
+    let mut svc = Running::start(slow(300), cfg);
+    let png = {
+        let mut b = Vec::new();
+        image::DynamicImage::new_rgb8(40, 40)
+            .write_to(&mut std::io::Cursor::new(&mut b), image::ImageFormat::Png)
+            .unwrap();
+        Arc::new(b)
+    };
+    let addr = svc.addr;
+    let clients: Vec<_> = (0..3)
+        .map(|_| {
+            let png = png.clone();
+            std::thread::spawn(move || http(addr, "POST", "/v1/detect", None, &png))
+        })
+        .collect();
+    // All three are received (one in the forward, two queued) before the stop.
+    std::thread::sleep(Duration::from_millis(150));
+    let _ = svc.stop.take().unwrap().send(());
+    for c in clients {
+        let (code, body) = c.join().unwrap();
+        assert_eq!(code, 200, "{body}");
+    }
+    let s = svc.done.join().unwrap().unwrap();
+    assert_eq!((s.ok, s.errors, s.batches), (3, 0, 3));
+    assert!(TcpStream::connect(addr).is_err(), "the listener is closed");
+}
