@@ -9,6 +9,7 @@ pub mod guard;
 pub mod optimizer;
 pub mod options;
 pub mod plots;
+pub mod report;
 pub mod schedule;
 pub mod step;
 pub mod trainer;

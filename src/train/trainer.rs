@@ -32,6 +32,8 @@ use crate::train::ema::Ema;
 use crate::train::guard::{all_finite, Faults, GoodState, StopFlag};
 use crate::train::optimizer::Sgd;
 pub use crate::train::options::{Hyp, TrainOptions};
+use crate::train::report::{append_results_csv, create_results_csv};
+pub use crate::train::report::{EpochReport, RESULTS_HEADER};
 use crate::train::schedule::Schedule;
 use crate::train::step::{
     add_param_grads, optimizer_step, step, BatchOutcome, StepInput, StepParts, StepTimes,
@@ -41,41 +43,8 @@ use anyhow::{bail, ensure, Context, Result};
 use candle_core::backprop::GradStore;
 use candle_core::{Device, Tensor};
 use std::collections::HashMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-
-/// One line of `results.csv`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct EpochReport {
-    /// Epoch (0-based).
-    pub epoch: usize,
-    /// Mean training losses `[box, cls, dfl]` of the epoch (official `mloss`).
-    pub train_loss: [f32; 3],
-    /// Precision, recall, mAP50, mAP50-95 of the EMA on the val split (zeros when not validated).
-    pub metrics: [f64; 4],
-    /// Val losses `[box, cls, dfl]` (zeros when not validated).
-    pub val_loss: [f32; 3],
-    /// LR of the groups `[bias, weight, bn_weight]` at the last iteration.
-    pub lr: [f64; 3],
-    /// Resident memory in bytes at the end of the epoch.
-    pub rss: u64,
-    /// Peak memory of the epoch in bytes (device memory on CUDA, RSS on the CPU; training and
-    /// validation).
-    pub peak_mem: u64,
-    /// Samples skipped (undecodable) during the epoch.
-    pub skipped: usize,
-    /// Non-finite losses or gradients (steps skipped) during the epoch.
-    pub nan_events: usize,
-    /// Out-of-memory recoveries during the epoch.
-    pub oom_events: usize,
-    /// Micro-batch at the end of the epoch.
-    pub micro: usize,
-    /// Training images per second.
-    pub img_per_s: f64,
-    /// Whether validation ran.
-    pub validated: bool,
-}
 
 /// Result of [`train`].
 #[derive(Debug, Clone)]
@@ -104,35 +73,6 @@ pub fn parse_device(s: &str) -> Result<Device> {
         eprintln!("{}", crate::device::auto_notice(&d));
     }
     Ok(d)
-}
-
-/// The `results.csv` header.
-pub const RESULTS_HEADER: &str = "epoch,train/box_loss,train/cls_loss,train/dfl_loss,metrics/precision,metrics/recall,metrics/mAP50,metrics/mAP50-95,val/box_loss,val/cls_loss,val/dfl_loss,lr/pg0,lr/pg1,lr/pg2,rss,peak_mem,skipped,nan_events,oom_events,micro";
-
-fn csv_row(r: &EpochReport) -> String {
-    format!(
-        "{},{:.5},{:.5},{:.5},{:.5},{:.5},{:.5},{:.5},{:.5},{:.5},{:.5},{:.6e},{:.6e},{:.6e},{},{},{},{},{},{}",
-        r.epoch,
-        r.train_loss[0],
-        r.train_loss[1],
-        r.train_loss[2],
-        r.metrics[0],
-        r.metrics[1],
-        r.metrics[2],
-        r.metrics[3],
-        r.val_loss[0],
-        r.val_loss[1],
-        r.val_loss[2],
-        r.lr[0],
-        r.lr[1],
-        r.lr[2],
-        r.rss,
-        r.peak_mem,
-        r.skipped,
-        r.nan_events,
-        r.oom_events,
-        r.micro
-    )
 }
 
 /// EMA weights as a full state_dict (`num_batches_tracked` from the model).
@@ -666,8 +606,7 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
             .with_context(|| format!("{}: cannot write args.yaml", run_dir.display()))?;
         std::fs::write(run_dir.join("hyp.yaml"), serde_yaml::to_string(&hyp)?)
             .with_context(|| format!("{}: cannot write hyp.yaml", run_dir.display()))?;
-        std::fs::write(run_dir.join("results.csv"), format!("{RESULTS_HEADER}\n"))
-            .with_context(|| format!("{}: cannot write results.csv", run_dir.display()))?;
+        create_results_csv(&run_dir)?;
     }
 
     // Loader.
@@ -1010,34 +949,11 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
             img_per_s: pr.images as f64 / train_secs.max(1e-9),
             validated,
         };
-        {
-            let mut f = std::fs::OpenOptions::new()
-                .append(true)
-                .create(true)
-                .open(run.run_dir.join("results.csv"))
-                .with_context(|| {
-                    format!("{}: cannot append to results.csv", run.run_dir.display())
-                })?;
-            writeln!(f, "{}", csv_row(&report))?;
-        }
+        append_results_csv(&run.run_dir, &report)?;
         if opts.verbose {
             println!(
-                "epoch {}/{}: train box {:.4} cls {:.4} dfl {:.4}; {:.2} img/s; train {:.1} s, val {:.1} s; peak {} {}; \
-                 {} skipped, {} non-finite, {} OOM recoveries; fitness {:.4}",
-                epoch + 1,
-                opts.epochs,
-                report.train_loss[0],
-                report.train_loss[1],
-                report.train_loss[2],
-                report.img_per_s,
-                train_secs,
-                val_secs,
-                fmt_size(peak_mem),
-                run.probe.what(),
-                pr.skipped,
-                pr.nan_events,
-                pr.oom_events,
-                fi
+                "{}",
+                report.summary(opts.epochs, train_secs, val_secs, run.probe.what(), fi)
             );
         }
         reports.push(report);
