@@ -6,6 +6,7 @@ pub mod checkpoint;
 pub mod ema;
 pub mod graphed;
 pub mod guard;
+pub mod observer;
 pub mod optimizer;
 pub mod options;
 pub mod plots;

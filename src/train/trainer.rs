@@ -29,7 +29,9 @@ use crate::runs::increment_path;
 use crate::train::budget::{plan, BudgetDecision, BudgetRequest, AUTO_SHARE};
 use crate::train::checkpoint::{load_state, save_state, CheckpointMeta, EpochProgress};
 use crate::train::ema::Ema;
-use crate::train::guard::{all_finite, Faults, GoodState, StopFlag};
+pub use crate::train::guard::StopFlag;
+use crate::train::guard::{all_finite, Faults, GoodState};
+pub use crate::train::observer::{Console, TrainObserver};
 use crate::train::optimizer::Sgd;
 pub use crate::train::options::{Hyp, TrainOptions};
 use crate::train::report::{append_results_csv, create_results_csv};
@@ -67,12 +69,19 @@ pub struct TrainSummary {
 
 /// `cpu` → CPU; `N` → CUDA device N (needs the `cuda` feature).
 pub fn parse_device(s: &str) -> Result<Device> {
-    let spec = crate::device::parse_device(s).map_err(|e| anyhow::anyhow!("--device {s}: {e}"))?;
-    let d = crate::device::select(spec)?;
-    if spec == crate::device::DeviceSpec::Auto {
-        eprintln!("{}", crate::device::auto_notice(&d));
+    let (d, notice) = select_device(s)?;
+    if let Some(n) = notice {
+        eprintln!("{n}");
     }
     Ok(d)
+}
+
+/// The device `s` names (as [`parse_device`]) and, for `auto`, the line saying which one it is.
+fn select_device(s: &str) -> Result<(Device, Option<String>)> {
+    let spec = crate::device::parse_device(s).map_err(|e| anyhow::anyhow!("--device {s}: {e}"))?;
+    let d = crate::device::select(spec)?;
+    let notice = (spec == crate::device::DeviceSpec::Auto).then(|| crate::device::auto_notice(&d));
+    Ok((d, notice))
 }
 
 /// EMA weights as a full state_dict (`num_batches_tracked` from the model).
@@ -124,14 +133,10 @@ struct Run<'a> {
 }
 
 impl Run<'_> {
-    fn log(&self, pb: &Option<indicatif::ProgressBar>, msg: String) {
-        match pb {
-            Some(pb) => pb.println(msg),
-            None => {
-                if self.opts.verbose {
-                    eprintln!("{msg}")
-                }
-            }
+    /// A line during the epoch (`--verbose` only).
+    fn log(&self, obs: &mut dyn TrainObserver, msg: String) {
+        if self.opts.verbose {
+            obs.epoch_line(&msg)
         }
     }
 
@@ -142,7 +147,7 @@ impl Run<'_> {
         batch: &crate::data::loader::Batch,
         ni: usize,
         epoch: usize,
-        pb: &Option<indicatif::ProgressBar>,
+        obs: &mut dyn TrainObserver,
         times: &mut StepTimes,
     ) -> Result<(BatchOutcome, usize)> {
         let bn = self.model.snapshot_bn()?;
@@ -173,7 +178,7 @@ impl Run<'_> {
                     self.micro = old / 2;
                     events += 1;
                     self.log(
-                        pb,
+                        obs,
                         format!(
                             "out of memory at epoch {} batch {} (micro-batch {old}): micro-batch \
                              {} → {} ({} per batch of {}), redoing the batch",
@@ -192,7 +197,7 @@ impl Run<'_> {
     }
 
     /// Restores the last good state and halves the LR (NaN guard).
-    fn rollback(&mut self, why: &str, pb: &Option<indicatif::ProgressBar>) -> Result<()> {
+    fn rollback(&mut self, why: &str, obs: &mut dyn TrainObserver) -> Result<()> {
         self.good
             .restore(&self.model, &mut self.opt, &mut self.ema)?;
         self.acc = None;
@@ -200,7 +205,7 @@ impl Run<'_> {
         self.nan_rollbacks += 1;
         self.lr_scale *= 0.5;
         self.log(
-            pb,
+            obs,
             format!(
                 "warning: {why}: restored the state of {} and halved the LR (scale now {})",
                 self.good.label, self.lr_scale
@@ -217,7 +222,7 @@ impl Run<'_> {
         epoch: usize,
         next_batch: usize,
         progress: &EpochProgress,
-        pb: &Option<indicatif::ProgressBar>,
+        obs: &mut dyn TrainObserver,
     ) -> Result<bool> {
         let vars: Vec<Tensor> = self
             .model
@@ -228,7 +233,7 @@ impl Run<'_> {
         if !all_finite(vars.iter().chain(self.ema.state.iter().map(|(_, t)| t)))? {
             self.rollback(
                 "non-finite weights found before saving; nothing written",
-                pb,
+                obs,
             )?;
             return Ok(false);
         }
@@ -294,11 +299,24 @@ fn copy_atomic(src: &Path, dst: &Path) -> Result<()> {
 /// Runs training with `opts` and returns the per-epoch reports. Outputs go to
 /// `project/name{,2,..}` (see the module docs). Errors name the flag or file at fault; a stop
 /// request (SIGINT/SIGTERM) returns `Ok` with `interrupted = true` after saving the state.
+///
+/// This is [`train_with`] with the SIGINT/SIGTERM handlers installed ([`StopFlag::install`]) and
+/// the output printed as `yolo9 train` prints it ([`Console`]).
 pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
+    let stop = StopFlag::install()?;
+    train_with(opts, &stop, &mut Console::new())
+}
+
+/// [`train`] with the caller's stop flag (a request stops the run at the next batch boundary,
+/// after saving the state) and its observer, which receives all progress output.
+pub fn train_with(
+    opts: &TrainOptions,
+    stop: &StopFlag,
+    obs: &mut dyn TrainObserver,
+) -> Result<TrainSummary> {
     // Before anything runs a convolution (the budget probe included).
     #[cfg(feature = "cuda")]
     crate::cuda::conv::set_strict_fp32(opts.strict_fp32);
-    let stop = StopFlag::install()?;
     let faults = if opts.faults.is_empty() {
         Faults::from_env()?
     } else {
@@ -323,11 +341,11 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
             // the path stored in the run. The images must be the same for an exact resume.
             if !opts.data.as_os_str().is_empty() && opts.data != o.data {
                 if opts.verbose {
-                    println!(
+                    obs.line(&format!(
                         "resume: using --data {} instead of the run's {}",
                         opts.data.display(),
                         o.data.display()
-                    );
+                    ));
                 }
                 o.data = opts.data.clone();
             }
@@ -383,10 +401,15 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
         ("dfl", hyp.dfl, GAINS[2]),
     ] {
         if (v - g as f64).abs() > 1e-9 {
-            eprintln!("warning: hyp `{name}: {v}` ignored; the loss uses the official gain {g}");
+            obs.note(&format!(
+                "warning: hyp `{name}: {v}` ignored; the loss uses the official gain {g}"
+            ));
         }
     }
-    let device = parse_device(&opts.device)?;
+    let (device, notice) = select_device(&opts.device)?;
+    if let Some(n) = notice {
+        obs.note(&n);
+    }
     let cfg = DataConfig::load(&opts.data)?;
     let scan_opts = ScanOptions {
         use_cache: true,
@@ -394,14 +417,14 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
     };
     let train_scan = scan_split(&cfg, Split::Train, &scan_opts)?;
     if opts.verbose {
-        print!("{}", train_scan.report(&cfg.root, &cfg.names));
+        obs.text(&train_scan.report(&cfg.root, &cfg.names));
     }
     let val_scan = if cfg.val.is_empty() {
         None
     } else {
         let s = scan_split(&cfg, Split::Val, &scan_opts)?;
         if opts.verbose {
-            print!("{}", s.report(&cfg.root, &cfg.names));
+            obs.text(&s.report(&cfg.root, &cfg.names));
         }
         Some(s)
     };
@@ -427,11 +450,11 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
     );
     let vimages = val_scan.as_ref().map(val_images).unwrap_or_default();
     if vimages.is_empty() && opts.verbose {
-        println!(
+        obs.line(&format!(
             "warning: the validation split of {} has no usable image: no metrics will be computed, \
              and best.safetensors will be the last epoch's weights",
             cfg.yaml_path.display()
-        );
+        ));
     }
 
     // Batch and micro-batch: from the state, from measured memory, or as given.
@@ -463,7 +486,7 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
             )
             .with_context(|| format!("sizing the batch for --budget {}", fmt_size(budget)))?;
             if opts.verbose {
-                println!("{}", d.describe());
+                obs.line(&d.describe());
             }
             if opts.batch == 0 {
                 opts.batch = d.micro;
@@ -490,12 +513,12 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
     )?;
     model.set_amp(opts.amp);
     if opts.amp && !device.is_cuda() {
-        eprintln!("note: --amp true has no effect on the CPU; training runs in f32");
+        obs.note("note: --amp true has no effect on the CPU; training runs in f32");
     }
     if let (Some(w), None) = (&opts.weights, &state) {
         let n = model.vars().len();
         let init = model.initialized().len();
-        println!(
+        obs.line(&format!(
             "transferred {}/{} tensors from {} ({} initialized: {})",
             n.saturating_sub(init),
             n,
@@ -508,7 +531,7 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
                 .cloned()
                 .collect::<Vec<_>>()
                 .join(", ")
-        );
+        ));
     }
     let loss = DualTalLoss::new(cfg.nc, &STRIDES)?;
     let sched = Schedule {
@@ -571,13 +594,13 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
         last_opt_step = st.meta.last_opt_step;
         lr_scale = st.meta.lr_scale;
         nan_rollbacks = st.meta.nan_rollbacks;
-        println!(
+        obs.line(&format!(
             "resuming at epoch {} batch {} (best fitness {:.5}, micro-batch {})",
             start_epoch + 1,
             start_batch,
             best_fitness,
             micro
-        );
+        ));
     }
     let eval_model = YoloV9Train::new(None, cfg.nc, cfg.names.clone(), &device, opts.seed)?;
 
@@ -596,7 +619,9 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
             let name = e.file_name().to_string_lossy().into_owned();
             if name.starts_with('.') && name.ends_with(".tmp") {
                 let _ = std::fs::remove_file(e.path());
-                println!("removed {name}, left by an interrupted checkpoint write");
+                obs.line(&format!(
+                    "removed {name}, left by an interrupted checkpoint write"
+                ));
             }
         }
     }
@@ -632,7 +657,7 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
     let nb = batches_per_epoch(loader.len(), opts.batch);
     let s = opts.img as usize;
     if opts.verbose {
-        println!(
+        obs.line(&format!(
             "training {} images ({} batches of {}, micro-batch {}, accumulate {} for nominal batch 64) \
              at {}x{} for {} epochs on {:?}{}; run folder {}",
             loader.len(),
@@ -646,7 +671,7 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
             device,
             if model.amp() { " with mixed precision (bf16)" } else { "" },
             run_dir.display()
-        );
+        ));
     }
     let good = GoodState::take(&model, &opt, &ema, "the start of this run".into())?;
     let mut run = Run {
@@ -686,7 +711,7 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
         run.graphs.borrow_mut().disable();
     }
     if opts.verbose && device.is_cuda() {
-        println!(
+        obs.line(&format!(
             "training step: {}",
             if graphed {
                 "replayed from CUDA graphs (YOLO9_TRAIN_GRAPH=0 turns that off)"
@@ -695,7 +720,7 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
             } else {
                 "ordinary launches"
             }
-        );
+        ));
     }
     let interval = std::time::Duration::from_secs_f64(opts.save_interval * 60.0);
 
@@ -714,7 +739,7 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
             && loader.config().augment.mosaic > 0.0
         {
             if opts.verbose {
-                println!("closing mosaic from epoch {}", epoch + 1);
+                obs.line(&format!("closing mosaic from epoch {}", epoch + 1));
             }
             loader.config_mut().augment.mosaic = 0.0;
         }
@@ -729,42 +754,36 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
         let secs0 = pr.train_secs;
         let mut last_save = std::time::Instant::now();
         let mut times = StepTimes::new(&run.device);
-        let pb = if opts.verbose {
-            println!(
-                "{:>10}{:>10}{:>10}{:>10}{:>10}{:>10}{:>10}",
-                "Epoch", "mem", "box_loss", "cls_loss", "dfl_loss", "Instances", "Size"
+        if opts.verbose {
+            obs.epoch_start(
+                &format!(
+                    "{:>10}{:>10}{:>10}{:>10}{:>10}{:>10}{:>10}",
+                    "Epoch", "mem", "box_loss", "cls_loss", "dfl_loss", "Instances", "Size"
+                ),
+                nb,
+                first,
             );
-            let pb = indicatif::ProgressBar::new(nb as u64);
-            pb.set_style(
-                indicatif::ProgressStyle::with_template(
-                    "{msg} {bar:20} {pos}/{len} [{elapsed_precise}<{eta_precise}, {per_sec}]",
-                )
-                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-            );
-            pb.set_position(first as u64);
-            Some(pb)
-        } else {
-            None
-        };
+        }
         for batch in loader.epoch(epoch, first) {
             let i = batch.index;
             let ni = i + nb * epoch;
             // Stop request or mid-epoch checkpoint, before this batch (state = batches < i).
             if stop.requested() || (i > first && last_save.elapsed() >= interval) {
                 pr.train_secs = secs0 + t0.elapsed().as_secs_f64();
-                run.save(epoch, i, &pr, &pb)?;
+                run.save(epoch, i, &pr, obs)?;
                 last_save = std::time::Instant::now();
                 if stop.requested() {
-                    if let Some(pb) = &pb {
-                        pb.abandon();
+                    if opts.verbose {
+                        obs.epoch_abandoned();
                     }
+                    obs.epoch_closed();
                     interrupted = true;
                     break 'epochs;
                 }
             }
             pr.skipped += batch.skipped.len();
             for (p, why) in &batch.skipped {
-                run.log(&pb, format!("skipped {}: {why}", p.display()));
+                run.log(obs, format!("skipped {}: {why}", p.display()));
             }
             if batch.len == 0 {
                 continue;
@@ -773,7 +792,7 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
             let st = run.sched.at(ni, epoch, nb, opts.batch);
             run.opt.lr = st.lr.map(|l| l * run.lr_scale);
             run.opt.momentum = st.momentum;
-            let (out, ooms) = run.train_batch_recovering(&batch, ni, epoch, &pb, &mut times)?;
+            let (out, ooms) = run.train_batch_recovering(&batch, ni, epoch, obs, &mut times)?;
             pr.oom_events += ooms;
             match out.grads {
                 Some(mut g) => {
@@ -791,7 +810,7 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
                     pr.nan_events += 1;
                     run.nan_streak += 1;
                     run.log(
-                        &pb,
+                        obs,
                         format!(
                             "warning: non-finite loss {:?} at epoch {} batch {i}; batch skipped ({} in a row)",
                             out.items, epoch + 1, run.nan_streak
@@ -808,7 +827,7 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
                         pr.nan_events += 1;
                         run.nan_streak += 1;
                         run.log(
-                            &pb,
+                            obs,
                             format!(
                                 "warning: non-finite gradient norm at epoch {} batch {i}; optimizer step skipped ({} in a row)",
                                 epoch + 1,
@@ -822,13 +841,13 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
             times.mark(5)?;
             if run.nan_streak >= opts.nan_patience {
                 let why = format!("{} non-finite steps in a row", run.nan_streak);
-                run.rollback(&why, &pb)?;
+                run.rollback(&why, obs)?;
             }
             if run.faults.stop_at == Some(ni) {
                 stop.request();
             }
-            if let Some(pb) = &pb {
-                pb.set_message(format!(
+            if opts.verbose {
+                obs.batch_done(&format!(
                     "{:>10}{:>10}{:>10.4}{:>10.4}{:>10.4}{:>10}{:>10}",
                     format!("{}/{}", epoch + 1, opts.epochs),
                     fmt_mem(run.probe.current_bytes()),
@@ -838,23 +857,23 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
                     batch.targets.len(),
                     s
                 ));
-                pb.inc(1);
             }
         }
         if stop.requested() && !interrupted {
             // The request came during the last batch: the epoch's training is complete; save
             // at its end position and stop before validation.
             pr.train_secs = secs0 + t0.elapsed().as_secs_f64();
-            run.save(epoch, nb, &pr, &pb)?;
+            run.save(epoch, nb, &pr, obs)?;
+            obs.epoch_closed();
             interrupted = true;
             break;
         }
-        if let Some(pb) = &pb {
-            pb.finish();
+        if opts.verbose {
+            obs.epoch_trained();
         }
         let train_secs = secs0 + t0.elapsed().as_secs_f64();
         if let Some(line) = times.report() {
-            println!("{line}");
+            obs.line(&line);
         }
         let lr = run.opt.lr;
         let final_epoch = epoch + 1 == opts.epochs;
@@ -888,17 +907,17 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
                     Ok(r) => break r,
                     Err(e) if is_oom(&e) && vb > 1 => {
                         pr.oom_events += 1;
-                        println!(
+                        obs.line(&format!(
                             "out of memory in validation at batch {vb}: retrying with {}",
                             vb / 2
-                        );
+                        ));
                         vb /= 2;
                     }
                     Err(e) => return Err(e),
                 }
             };
             if opts.verbose {
-                print!("{}", r.metrics.table(&cfg.names));
+                obs.text(&r.metrics.table(&cfg.names));
             }
             metrics = [
                 r.metrics.mp,
@@ -925,13 +944,13 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
         let peak_mem = run.probe.peak_bytes();
         if let Some(b) = &run.budget {
             if peak_mem > b.budget {
-                println!(
+                obs.line(&format!(
                     "warning: epoch {} peaked at {} of {}, above the budget {}",
                     epoch + 1,
                     fmt_size(peak_mem),
                     run.probe.what(),
                     fmt_size(b.budget)
-                );
+                ));
             }
         }
         let report = EpochReport {
@@ -951,10 +970,7 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
         };
         append_results_csv(&run.run_dir, &report)?;
         if opts.verbose {
-            println!(
-                "{}",
-                report.summary(opts.epochs, train_secs, val_secs, run.probe.what(), fi)
-            );
+            obs.line(&report.summary(opts.epochs, train_secs, val_secs, run.probe.what(), fi));
         }
         reports.push(report);
         if !opts.noplots {
@@ -963,12 +979,12 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
                 crate::train::plots::plot_results(&[c], &run.run_dir.join("results.png"))
             });
             if let Err(e) = drawn {
-                println!("warning: results.png not drawn: {e:#}");
+                obs.line(&format!("warning: results.png not drawn: {e:#}"));
             }
         }
 
         // Save (last, best, periodic, state).
-        if run.save(epoch + 1, 0, &EpochProgress::default(), &pb)? {
+        if run.save(epoch + 1, 0, &EpochProgress::default(), obs)? {
             if improved {
                 copy_atomic(&run.last, &run.best)?;
             }
@@ -979,20 +995,22 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
 
         if let Some(be) = run.best_epoch {
             if epoch >= be + opts.patience {
-                println!(
+                obs.line(&format!(
                     "stopping early: no improvement in {} epochs (best epoch {})",
                     opts.patience,
                     be + 1
-                );
+                ));
+                obs.epoch_closed();
                 break;
             }
         }
+        obs.epoch_closed();
     }
     if interrupted {
-        println!(
+        obs.line(&format!(
             "stopped on request; the state is saved. Continue with:\n  {}",
             run.resume_command()
-        );
+        ));
     } else if reports.is_empty() {
         bail!("no epoch was run");
     }
