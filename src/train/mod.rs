@@ -12,6 +12,7 @@ pub mod options;
 pub mod plots;
 pub mod report;
 pub mod schedule;
+mod state;
 pub mod step;
 pub mod trainer;
 

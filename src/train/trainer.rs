@@ -27,22 +27,22 @@ use crate::model::weights::{Weights, STRIDES};
 use crate::model::yolov9::YoloV9Train;
 use crate::runs::increment_path;
 use crate::train::budget::{plan, BudgetDecision, BudgetRequest, AUTO_SHARE};
-use crate::train::checkpoint::{load_state, save_state, CheckpointMeta, EpochProgress};
+use crate::train::checkpoint::{load_state, EpochProgress};
 use crate::train::ema::Ema;
 pub use crate::train::guard::StopFlag;
-use crate::train::guard::{all_finite, Faults, GoodState};
+use crate::train::guard::{Faults, GoodState};
 pub use crate::train::observer::{Console, TrainObserver};
 use crate::train::optimizer::Sgd;
 pub use crate::train::options::{Hyp, TrainOptions};
 use crate::train::report::{append_results_csv, create_results_csv};
 pub use crate::train::report::{EpochReport, RESULTS_HEADER};
 use crate::train::schedule::Schedule;
+use crate::train::state::{copy_atomic, restore, Resumed, Run};
 use crate::train::step::{
     add_param_grads, optimizer_step, step, BatchOutcome, StepInput, StepParts, StepTimes,
 };
 pub use crate::train::step::{MAX_GRAD_NORM, STEP_TIMES_ENV};
 use anyhow::{bail, ensure, Context, Result};
-use candle_core::backprop::GradStore;
 use candle_core::{Device, Tensor};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -84,62 +84,11 @@ fn select_device(s: &str) -> Result<(Device, Option<String>)> {
     Ok((d, notice))
 }
 
-/// EMA weights as a full state_dict (`num_batches_tracked` from the model).
-fn ema_weights(model: &YoloV9Train, ema: &Ema) -> Result<Weights> {
-    let mut sd = model.state_dict()?;
-    for (k, t) in &ema.state {
-        sd.insert(k.clone(), t.to_device(&Device::Cpu)?);
-    }
-    Ok(Weights {
-        tensors: sd,
-        meta: model.meta().clone(),
-    })
-}
-
 fn fmt_mem(b: u64) -> String {
     format!("{:.2}G", b as f64 / 1e9)
 }
 
-/// Everything one run mutates, shared by the batch loop, the epoch end and the checkpoints.
-struct Run<'a> {
-    opts: &'a TrainOptions,
-    device: Device,
-    model: YoloV9Train,
-    loss: DualTalLoss,
-    opt: Sgd,
-    ema: Ema,
-    sched: Schedule,
-    probe: MemoryProbe,
-    faults: Faults,
-    run_dir: PathBuf,
-    last: PathBuf,
-    best: PathBuf,
-    state_path: PathBuf,
-    args_json: serde_json::Value,
-    nb: usize,
-    batch: usize,
-    micro: usize,
-    budget: Option<BudgetDecision>,
-    best_fitness: f64,
-    best_epoch: Option<usize>,
-    last_opt_step: i64,
-    lr_scale: f64,
-    nan_streak: usize,
-    nan_rollbacks: usize,
-    acc: Option<GradStore>,
-    good: GoodState,
-    /// CUDA-graph replay of the training micro-step (see [`crate::train::graphed`]).
-    graphs: std::cell::RefCell<crate::train::graphed::StepGraphs>,
-}
-
 impl Run<'_> {
-    /// A line during the epoch (`--verbose` only).
-    fn log(&self, obs: &mut dyn TrainObserver, msg: String) {
-        if self.opts.verbose {
-            obs.epoch_line(&msg)
-        }
-    }
-
     /// [`step`] with out-of-memory recovery: restore BN statistics, halve the
     /// micro-batch, redo the same batch. Returns the outcome and the number of recoveries.
     fn train_batch_recovering(
@@ -195,105 +144,6 @@ impl Run<'_> {
             }
         }
     }
-
-    /// Restores the last good state and halves the LR (NaN guard).
-    fn rollback(&mut self, why: &str, obs: &mut dyn TrainObserver) -> Result<()> {
-        self.good
-            .restore(&self.model, &mut self.opt, &mut self.ema)?;
-        self.acc = None;
-        self.nan_streak = 0;
-        self.nan_rollbacks += 1;
-        self.lr_scale *= 0.5;
-        self.log(
-            obs,
-            format!(
-                "warning: {why}: restored the state of {} and halved the LR (scale now {})",
-                self.good.label, self.lr_scale
-            ),
-        );
-        Ok(())
-    }
-
-    /// Writes `last` (EMA weights) and the full training state at position (`epoch`,
-    /// `next_batch`), after checking that the state is finite; refreshes the good state.
-    /// Returns false (and rolls back) when the state was not finite.
-    fn save(
-        &mut self,
-        epoch: usize,
-        next_batch: usize,
-        progress: &EpochProgress,
-        obs: &mut dyn TrainObserver,
-    ) -> Result<bool> {
-        let vars: Vec<Tensor> = self
-            .model
-            .vars()
-            .iter()
-            .map(|v| v.var.as_tensor().clone())
-            .collect();
-        if !all_finite(vars.iter().chain(self.ema.state.iter().map(|(_, t)| t)))? {
-            self.rollback(
-                "non-finite weights found before saving; nothing written",
-                obs,
-            )?;
-            return Ok(false);
-        }
-        let w = ema_weights(&self.model, &self.ema)?;
-        w.save(&self.last, false)?;
-        let acc: Vec<(String, Tensor)> = match &self.acc {
-            Some(g) => self
-                .opt
-                .params()
-                .iter()
-                .filter_map(|p| {
-                    g.get(p.var.as_tensor())
-                        .map(|t| (p.name.clone(), t.clone()))
-                })
-                .collect(),
-            None => Vec::new(),
-        };
-        let meta = CheckpointMeta {
-            version: 2,
-            epoch,
-            next_batch,
-            progress: progress.clone(),
-            best_fitness: self.best_fitness,
-            best_epoch: self.best_epoch,
-            ema_updates: self.ema.updates,
-            iterations: self.nb * epoch + next_batch,
-            last_opt_step: self.last_opt_step,
-            batches_tracked: self.model.batches_tracked(),
-            lr_scale: self.lr_scale,
-            micro: self.micro,
-            nan_rollbacks: self.nan_rollbacks,
-            budget: self.budget.clone(),
-            args: self.args_json.clone(),
-        };
-        save_state(
-            &self.state_path,
-            &meta,
-            &self.model.state_dict()?,
-            &self.ema.state,
-            &self.opt.state(),
-            &acc,
-        )?;
-        self.good = GoodState::take(
-            &self.model,
-            &self.opt,
-            &self.ema,
-            format!("epoch {} batch {}", epoch + 1, next_batch),
-        )?;
-        Ok(true)
-    }
-
-    fn resume_command(&self) -> String {
-        format!("yolo9 train --resume {}", self.run_dir.display())
-    }
-}
-
-/// Copies `src` to `dst` atomically (see [`crate::model::weights::write_atomic`]).
-fn copy_atomic(src: &Path, dst: &Path) -> Result<()> {
-    let bytes = std::fs::read(src).with_context(|| format!("{}: cannot read", src.display()))?;
-    crate::model::weights::write_atomic(dst, &bytes)
 }
 
 /// Runs training with `opts` and returns the per-epoch reports. Outputs go to
@@ -553,55 +403,20 @@ pub fn train_with(
         .collect();
     let mut opt = Sgd::new(params, hyp.lr0, hyp.momentum, wd);
     let mut ema = Ema::new(&model.float_state()?)?;
-    let mut start_epoch = 0;
-    let mut start_batch = 0;
-    let mut progress0 = EpochProgress::default();
-    let (mut best_fitness, mut best_epoch, mut last_opt_step) = (0.0f64, None, -1i64);
-    let (mut lr_scale, mut nan_rollbacks) = (1.0f64, 0usize);
-    let mut acc = None;
-    if let Some(st) = &state {
-        model.load_state_dict(&st.model)?;
-        opt.load_state(&st.optim)?;
-        ensure!(
-            st.ema.len() == ema.state.len(),
-            "resume: EMA has {} tensors, model {}",
-            st.ema.len(),
-            ema.state.len()
-        );
-        ema.state = st
-            .ema
-            .iter()
-            .map(|(n, t)| Ok((n.clone(), t.to_device(&device)?)))
-            .collect::<Result<_>>()?;
-        ema.updates = st.meta.ema_updates;
-        if !st.acc.is_empty() {
-            let mut g = GradStore::default();
-            for (name, t) in &st.acc {
-                let p = opt
-                    .params()
-                    .iter()
-                    .find(|p| &p.name == name)
-                    .with_context(|| format!("resume: accumulated gradient of unknown `{name}`"))?;
-                g.insert(p.var.as_tensor(), t.to_device(&device)?);
-            }
-            acc = Some(g);
+    let resumed = match &state {
+        Some(st) => {
+            let r = restore(st, &model, &mut opt, &mut ema, &device)?;
+            obs.line(&format!(
+                "resuming at epoch {} batch {} (best fitness {:.5}, micro-batch {})",
+                r.start.epoch + 1,
+                r.start.batch,
+                r.counters.best_fitness,
+                micro
+            ));
+            r
         }
-        start_epoch = st.meta.epoch;
-        start_batch = st.meta.next_batch;
-        progress0 = st.meta.progress.clone();
-        best_fitness = st.meta.best_fitness;
-        best_epoch = st.meta.best_epoch;
-        last_opt_step = st.meta.last_opt_step;
-        lr_scale = st.meta.lr_scale;
-        nan_rollbacks = st.meta.nan_rollbacks;
-        obs.line(&format!(
-            "resuming at epoch {} batch {} (best fitness {:.5}, micro-batch {})",
-            start_epoch + 1,
-            start_batch,
-            best_fitness,
-            micro
-        ));
-    }
+        None => Resumed::default(),
+    };
     let eval_model = YoloV9Train::new(None, cfg.nc, cfg.names.clone(), &device, opts.seed)?;
 
     // Outputs. A new run claims its folder now, exclusively: another run started meanwhile with
@@ -674,6 +489,11 @@ pub fn train_with(
         ));
     }
     let good = GoodState::take(&model, &opt, &ema, "the start of this run".into())?;
+    let Resumed {
+        start,
+        counters,
+        acc,
+    } = resumed;
     let mut run = Run {
         opts,
         device: device.clone(),
@@ -693,12 +513,8 @@ pub fn train_with(
         batch: opts.batch,
         micro,
         budget,
-        best_fitness,
-        best_epoch,
-        last_opt_step,
-        lr_scale,
+        counters,
         nan_streak: 0,
-        nan_rollbacks,
         acc,
         good,
         graphs: Default::default(),
@@ -726,7 +542,7 @@ pub fn train_with(
 
     let mut reports = Vec::new();
     let mut interrupted = false;
-    'epochs: for epoch in start_epoch..opts.epochs {
+    'epochs: for epoch in start.epoch..opts.epochs {
         if stop.requested() {
             interrupted = true;
             break;
@@ -743,9 +559,9 @@ pub fn train_with(
             }
             loader.config_mut().augment.mosaic = 0.0;
         }
-        let first = if epoch == start_epoch { start_batch } else { 0 };
-        let mut pr = if epoch == start_epoch {
-            progress0.clone()
+        let first = if epoch == start.epoch { start.batch } else { 0 };
+        let mut pr = if epoch == start.epoch {
+            start.progress.clone()
         } else {
             EpochProgress::default()
         };
@@ -790,7 +606,7 @@ pub fn train_with(
             }
             times.mark(0)?;
             let st = run.sched.at(ni, epoch, nb, opts.batch);
-            run.opt.lr = st.lr.map(|l| l * run.lr_scale);
+            run.opt.lr = st.lr.map(|l| l * run.counters.lr_scale);
             run.opt.momentum = st.momentum;
             let (out, ooms) = run.train_batch_recovering(&batch, ni, epoch, obs, &mut times)?;
             pr.oom_events += ooms;
@@ -818,7 +634,7 @@ pub fn train_with(
                     );
                 }
             }
-            if ni as i64 - run.last_opt_step >= st.accumulate as i64 {
+            if ni as i64 - run.counters.last_opt_step >= st.accumulate as i64 {
                 if let Some(mut g) = run.acc.take() {
                     let norm = optimizer_step(&run.model, &mut run.opt, &mut run.ema, &mut g)?;
                     if norm.is_finite() {
@@ -836,7 +652,7 @@ pub fn train_with(
                         );
                     }
                 }
-                run.last_opt_step = ni as i64;
+                run.counters.last_opt_step = ni as i64;
             }
             times.mark(5)?;
             if run.nan_streak >= opts.nan_patience {
@@ -933,13 +749,14 @@ pub fn train_with(
         let fi = crate::metrics::fitness(metrics[2], metrics[3]);
         // Without any validation image there is nothing to rank epochs by: the best weights are
         // the last ones (as the official trainer's best.pt with equal, zero fitness every epoch).
-        let improved =
-            fi > run.best_fitness || run.best_epoch.is_none() || (!validated && vimages.is_empty());
-        if fi > run.best_fitness {
-            run.best_fitness = fi;
+        let improved = fi > run.counters.best_fitness
+            || run.counters.best_epoch.is_none()
+            || (!validated && vimages.is_empty());
+        if fi > run.counters.best_fitness {
+            run.counters.best_fitness = fi;
         }
         if improved {
-            run.best_epoch = Some(epoch);
+            run.counters.best_epoch = Some(epoch);
         }
         let peak_mem = run.probe.peak_bytes();
         if let Some(b) = &run.budget {
@@ -993,7 +810,7 @@ pub fn train_with(
             }
         }
 
-        if let Some(be) = run.best_epoch {
+        if let Some(be) = run.counters.best_epoch {
             if epoch >= be + opts.patience {
                 obs.line(&format!(
                     "stopping early: no improvement in {} epochs (best epoch {})",
@@ -1017,7 +834,7 @@ pub fn train_with(
     Ok(TrainSummary {
         run_dir: run.run_dir.clone(),
         epochs: reports,
-        best_fitness: run.best_fitness,
+        best_fitness: run.counters.best_fitness,
         last: run.last.clone(),
         best: run.best.clone(),
         interrupted,
