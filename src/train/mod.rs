@@ -4,6 +4,7 @@
 pub mod budget;
 pub mod checkpoint;
 pub mod ema;
+mod epoch;
 pub mod graphed;
 pub mod guard;
 pub mod observer;
