@@ -1,5 +1,5 @@
 //! Training: options, the training step, optimizer, EMA, schedules, memory budget, checkpoints,
-//! the loop.
+//! the loop ([`trainer::train`]) and its parts (setup, epoch, run state, report, observer).
 
 pub mod budget;
 pub mod checkpoint;
@@ -13,6 +13,7 @@ pub mod options;
 pub mod plots;
 pub mod report;
 pub mod schedule;
+mod setup;
 mod state;
 pub mod step;
 pub mod trainer;
