@@ -14,7 +14,7 @@ use yolo9::memory::MemoryProbe;
 use yolo9::train::budget::{plan, BudgetRequest};
 use yolo9::train::checkpoint::load_state;
 use yolo9::train::guard::Faults;
-use yolo9::train::trainer::{train, TrainOptions};
+use yolo9::train::trainer::{train, train_with, StopFlag, TrainObserver, TrainOptions};
 
 /// 2 train images, batch 1 (2 iterations per epoch), 3 epochs, no augmentation.
 fn options(dir: &Path, name: &str) -> TrainOptions {
@@ -184,6 +184,82 @@ fn a_stop_mid_accumulation_then_resume_ends_with_the_uninterrupted_weights() {
     assert_eq!(
         more.epochs.iter().map(|e| e.epoch).collect::<Vec<_>>(),
         vec![3]
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// What a library caller sees: its observer receives the run's output (nothing is printed), in
+/// order, and its own stop flag, set from the observer after the first batch, stops the run at
+/// the next batch boundary with the state saved there.
+#[test]
+fn an_observer_records_the_run_and_the_callers_stop_flag_stops_it() {
+    struct Recorder {
+        events: Vec<String>,
+        stop: StopFlag,
+    }
+    impl TrainObserver for Recorder {
+        fn line(&mut self, line: &str) {
+            self.events.push(format!("line {line}"));
+        }
+        fn text(&mut self, text: &str) {
+            self.events.push(format!("text {text}"));
+        }
+        fn note(&mut self, line: &str) {
+            self.events.push(format!("note {line}"));
+        }
+        fn epoch_start(&mut self, header: &str, batches: usize, first: usize) {
+            assert!(header.contains("box_loss"), "{header}");
+            self.events.push(format!("start {batches} {first}"));
+        }
+        fn epoch_line(&mut self, line: &str) {
+            self.events.push(format!("epoch_line {line}"));
+        }
+        fn batch_done(&mut self, status: &str) {
+            assert!(status.contains("1/3"), "{status}");
+            self.events.push("batch".into());
+            self.stop.request();
+        }
+        fn epoch_abandoned(&mut self) {
+            self.events.push("abandoned".into());
+        }
+        fn epoch_trained(&mut self) {
+            self.events.push("trained".into());
+        }
+        fn epoch_closed(&mut self) {
+            self.events.push("closed".into());
+        }
+    }
+    let dir = tmpdir("observer");
+    let mut o = options(&dir, "observed");
+    o.verbose = true;
+    o.device = "cpu".into();
+    let stop = StopFlag::install().unwrap();
+    let mut rec = Recorder {
+        events: Vec::new(),
+        stop: stop.clone(),
+    };
+    let s = train_with(&o, &stop, &mut rec).unwrap();
+    assert!(s.interrupted && s.epochs.is_empty());
+    let st = load_state(&s.run_dir.join("weights/state.safetensors")).unwrap();
+    assert_eq!((st.meta.epoch, st.meta.next_batch), (0, 1));
+    let e = &rec.events;
+    let at = |p: &str| {
+        e.iter()
+            .position(|x| x.starts_with(p))
+            .unwrap_or_else(|| panic!("no `{p}` in {e:#?}"))
+    };
+    assert!(at("text train: ") < at("line training 2 images"), "{e:#?}");
+    let start = at("start 2 0");
+    assert_eq!(
+        e[start..start + 4],
+        ["start 2 0", "batch", "abandoned", "closed"],
+        "{e:#?}"
+    );
+    let last = e.last().unwrap();
+    assert!(
+        last.starts_with("line stopped on request")
+            && last.contains(&format!("yolo9 train --resume {}", s.run_dir.display())),
+        "{e:#?}"
     );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1,6 +1,6 @@
 //! `yolo9 train`: the official `train_dual.py` recipe (see [`crate::train::trainer`]).
 
-use crate::train::trainer::{train, TrainOptions};
+use crate::train::trainer::{train_with, Console, StopFlag, TrainOptions};
 use anyhow::Result;
 use clap::Args;
 use std::path::PathBuf;
@@ -157,7 +157,9 @@ pub fn run(a: TrainArgs) -> Result<()> {
         verbose: true,
         faults: Default::default(),
     };
-    let s = train(&opts)?;
+    // SIGINT/SIGTERM stop the run at the next batch boundary (its state saved).
+    let stop = StopFlag::install()?;
+    let s = train_with(&opts, &stop, &mut Console::new())?;
     if s.interrupted {
         return Ok(());
     }

@@ -4,86 +4,11 @@
 //! run folder after every epoch; `yolo9 plot` draws several `results.csv` files (ours or the
 //! official trainer's, whose column names differ) into one figure for comparison.
 
-use anyhow::{bail, ensure, Context, Result};
+pub use crate::train::report::{read_results_csv, Curves, PANELS};
+use anyhow::{bail, Context, Result};
 use plotters::prelude::*;
 use plotters::style::FontStyle;
 use std::path::Path;
-
-/// The ten panels: (title, column names accepted for it in a results.csv).
-pub const PANELS: [(&str, &[&str]); 10] = [
-    ("train/box_loss", &["train/box_loss"]),
-    ("train/cls_loss", &["train/cls_loss"]),
-    ("train/dfl_loss", &["train/dfl_loss"]),
-    ("metrics/precision", &["metrics/precision"]),
-    ("metrics/recall", &["metrics/recall"]),
-    ("val/box_loss", &["val/box_loss"]),
-    ("val/cls_loss", &["val/cls_loss"]),
-    ("val/dfl_loss", &["val/dfl_loss"]),
-    ("metrics/mAP50", &["metrics/mAP50", "metrics/mAP_0.5"]),
-    (
-        "metrics/mAP50-95",
-        &["metrics/mAP50-95", "metrics/mAP_0.5:0.95"],
-    ),
-];
-
-/// One run's curves: the epochs and, per panel of [`PANELS`], its values (`None` where the
-/// file has no such column).
-#[derive(Debug, Clone)]
-pub struct Curves {
-    /// Legend label.
-    pub label: String,
-    /// Epoch numbers (as written, 0-based).
-    pub epochs: Vec<f64>,
-    /// Values per panel, in [`PANELS`] order.
-    pub series: Vec<Option<Vec<f64>>>,
-}
-
-/// Reads a results.csv written by `yolo9 train` or by the official `train_dual.py` (column
-/// names trimmed of padding). Errors name the file, and the line of a non-numeric value.
-pub fn read_results_csv(path: &Path, label: &str) -> Result<Curves> {
-    let file = path.display().to_string();
-    let text = std::fs::read_to_string(path).with_context(|| format!("{file}: cannot read"))?;
-    let mut lines = text.lines().filter(|l| !l.trim().is_empty());
-    let header: Vec<String> = lines
-        .next()
-        .with_context(|| format!("{file}: empty file"))?
-        .split(',')
-        .map(|h| h.trim().to_string())
-        .collect();
-    let col = |names: &[&str]| header.iter().position(|h| names.contains(&h.as_str()));
-    let epoch_col = col(&["epoch"])
-        .with_context(|| format!("{file}: no `epoch` column; is this a results.csv?"))?;
-    let mut rows: Vec<Vec<f64>> = Vec::new();
-    for (i, line) in lines.enumerate() {
-        let vals: Result<Vec<f64>> = line
-            .split(',')
-            .map(|v| {
-                v.trim()
-                    .parse::<f64>()
-                    .with_context(|| format!("{file}:{}: '{}' is not a number", i + 2, v.trim()))
-            })
-            .collect();
-        let vals = vals?;
-        ensure!(
-            vals.len() >= header.len(),
-            "{file}:{}: {} values for {} columns",
-            i + 2,
-            vals.len(),
-            header.len()
-        );
-        rows.push(vals);
-    }
-    let epochs = rows.iter().map(|r| r[epoch_col]).collect();
-    let series = PANELS
-        .iter()
-        .map(|(_, names)| col(names).map(|c| rows.iter().map(|r| r[c]).collect()))
-        .collect();
-    Ok(Curves {
-        label: label.to_string(),
-        epochs,
-        series,
-    })
-}
 
 static FONT: &[u8] = include_bytes!("../../assets/fonts/DejaVuSansMono-Bold.ttf");
 
@@ -199,7 +124,7 @@ mod tests {
             format!(
                 "{}\n0,4.6,5.1,5.3,0.01,0.1,0.002,0.0005,1,2,3,0.1,0.001,0.001,1,2,0,0,0,16\n\
                  1,4.4,5.0,5.2,0.02,0.2,0.004,0.0010,1,2,3,0.1,0.001,0.001,1,2,0,0,0,16\n",
-                crate::train::trainer::RESULTS_HEADER
+                crate::train::report::RESULTS_HEADER
             ),
         )
         .unwrap();

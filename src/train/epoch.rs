@@ -1,0 +1,424 @@
+//! One epoch of a run: the batch loop (warmup schedule, the step with out-of-memory recovery,
+//! gradient accumulation and optimizer steps, the NaN guard, mid-epoch checkpoints and stop
+//! requests), validation of the EMA with out-of-memory retry, fitness and best epoch, the
+//! `results.csv` line and `results.png`, the epoch-end checkpoint, and the early stop.
+
+use crate::data::loader::{Batch, Loader};
+use crate::memory::{fmt_size, is_oom};
+use crate::metrics::validate::{validate, ValConfig, ValImage, ValModel};
+use crate::model::yolov9::YoloV9Train;
+use crate::train::checkpoint::EpochProgress;
+use crate::train::guard::StopFlag;
+use crate::train::observer::TrainObserver;
+use crate::train::report::{append_results_csv, EpochReport};
+use crate::train::state::{copy_atomic, Run, Start};
+use crate::train::step::{
+    add_param_grads, optimizer_step, step, BatchOutcome, StepInput, StepParts, StepTimes,
+};
+use anyhow::Result;
+use candle_core::Tensor;
+use std::collections::HashMap;
+
+/// What validation needs besides the run: the model the EMA is loaded into, the images, the
+/// class names (for the metrics table).
+pub(crate) struct Val {
+    /// Training graph that receives the EMA state before each validation.
+    pub model: YoloV9Train,
+    /// The val split.
+    pub images: Vec<ValImage>,
+    /// Class names.
+    pub names: Vec<String>,
+}
+
+/// How an epoch ended.
+pub(crate) enum EpochEnd {
+    /// Stopped on request; the state is saved (no report: the epoch was not validated).
+    Stopped,
+    /// The epoch ran to its end; `early_stop` when there was no improvement in `--patience`
+    /// epochs.
+    Trained {
+        /// Its `results.csv` line.
+        report: EpochReport,
+        /// Whether training stops here.
+        early_stop: bool,
+    },
+}
+
+fn fmt_mem(b: u64) -> String {
+    format!("{:.2}G", b as f64 / 1e9)
+}
+
+/// Runs epoch `epoch` of `run` (from `start` when it is the run's first, resumed, epoch).
+pub(crate) fn run_epoch(
+    run: &mut Run<'_>,
+    loader: &mut Loader,
+    val: &Val,
+    epoch: usize,
+    start: &Start,
+    stop: &StopFlag,
+    obs: &mut dyn TrainObserver,
+) -> Result<EpochEnd> {
+    let opts = run.opts;
+    // Official: mosaic off at `epoch == epochs - close_mosaic` (never when close_mosaic > epochs);
+    // `>=` so that a resumed run past that epoch also has it off.
+    if opts.close_mosaic > 0
+        && opts.epochs >= opts.close_mosaic
+        && epoch >= opts.epochs - opts.close_mosaic
+        && loader.config().augment.mosaic > 0.0
+    {
+        if opts.verbose {
+            obs.line(&format!("closing mosaic from epoch {}", epoch + 1));
+        }
+        loader.config_mut().augment.mosaic = 0.0;
+    }
+    let Some((mut pr, train_secs)) = train_batches(run, loader, epoch, start, stop, obs)? else {
+        return Ok(EpochEnd::Stopped);
+    };
+    let lr = run.opt.lr;
+    let final_epoch = epoch + 1 == opts.epochs;
+
+    // Validation of the EMA (batch halved on out-of-memory).
+    let mut metrics = [0f64; 4];
+    let mut val_loss = [0f32; 3];
+    let mut validated = false;
+    let tv = std::time::Instant::now();
+    if (!opts.noval || final_epoch) && !val.images.is_empty() {
+        (metrics, val_loss) = validate_ema(run, val, &mut pr, obs)?;
+        validated = true;
+    }
+    let val_secs = tv.elapsed().as_secs_f64();
+    let fi = crate::metrics::fitness(metrics[2], metrics[3]);
+    // Without any validation image there is nothing to rank epochs by: the best weights are
+    // the last ones (as the official trainer's best.pt with equal, zero fitness every epoch).
+    let c = &mut run.counters;
+    let improved =
+        fi > c.best_fitness || c.best_epoch.is_none() || (!validated && val.images.is_empty());
+    if fi > c.best_fitness {
+        c.best_fitness = fi;
+    }
+    if improved {
+        c.best_epoch = Some(epoch);
+    }
+    let peak_mem = run.probe.peak_bytes();
+    if let Some(b) = &run.budget {
+        if peak_mem > b.budget {
+            obs.line(&format!(
+                "warning: epoch {} peaked at {} of {}, above the budget {}",
+                epoch + 1,
+                fmt_size(peak_mem),
+                run.probe.what(),
+                fmt_size(b.budget)
+            ));
+        }
+    }
+    let report = EpochReport {
+        epoch,
+        train_loss: pr.mloss.map(|v| v as f32),
+        metrics,
+        val_loss,
+        lr,
+        rss: crate::memory::process_rss_bytes(),
+        peak_mem,
+        skipped: pr.skipped,
+        nan_events: pr.nan_events,
+        oom_events: pr.oom_events,
+        micro: run.micro,
+        img_per_s: pr.images as f64 / train_secs.max(1e-9),
+        validated,
+    };
+    append_results_csv(&run.run_dir, &report)?;
+    if opts.verbose {
+        obs.line(&report.summary(opts.epochs, train_secs, val_secs, run.probe.what(), fi));
+    }
+    if !opts.noplots {
+        let csv = run.run_dir.join("results.csv");
+        let drawn = crate::train::plots::read_results_csv(&csv, "yolo9").and_then(|c| {
+            crate::train::plots::plot_results(&[c], &run.run_dir.join("results.png"))
+        });
+        if let Err(e) = drawn {
+            obs.line(&format!("warning: results.png not drawn: {e:#}"));
+        }
+    }
+
+    // Save (last, best, periodic, state).
+    if run.save(epoch + 1, 0, &EpochProgress::default(), obs)? {
+        if improved {
+            copy_atomic(&run.last, &run.best)?;
+        }
+        if opts.save_period > 0 && (epoch + 1).is_multiple_of(opts.save_period as usize) {
+            let wdir = run.run_dir.join("weights");
+            copy_atomic(&run.last, &wdir.join(format!("epoch{epoch}.safetensors")))?;
+        }
+    }
+
+    let mut early_stop = false;
+    if let Some(be) = run.counters.best_epoch {
+        if epoch >= be + opts.patience {
+            obs.line(&format!(
+                "stopping early: no improvement in {} epochs (best epoch {})",
+                opts.patience,
+                be + 1
+            ));
+            early_stop = true;
+        }
+    }
+    Ok(EpochEnd::Trained { report, early_stop })
+}
+
+/// The batch loop of epoch `epoch`: returns the epoch's running sums and training seconds, or
+/// `None` when it stopped on request (after saving the state).
+fn train_batches(
+    run: &mut Run<'_>,
+    loader: &Loader,
+    epoch: usize,
+    start: &Start,
+    stop: &StopFlag,
+    obs: &mut dyn TrainObserver,
+) -> Result<Option<(EpochProgress, f64)>> {
+    let opts = run.opts;
+    let nb = run.nb;
+    let s = opts.img as usize;
+    let interval = std::time::Duration::from_secs_f64(opts.save_interval * 60.0);
+    let first = if epoch == start.epoch { start.batch } else { 0 };
+    let mut pr = if epoch == start.epoch {
+        start.progress.clone()
+    } else {
+        EpochProgress::default()
+    };
+    run.probe.reset_peak();
+    let t0 = std::time::Instant::now();
+    let secs0 = pr.train_secs;
+    let mut last_save = std::time::Instant::now();
+    let mut times = StepTimes::new(&run.device);
+    if opts.verbose {
+        obs.epoch_start(
+            &format!(
+                "{:>10}{:>10}{:>10}{:>10}{:>10}{:>10}{:>10}",
+                "Epoch", "mem", "box_loss", "cls_loss", "dfl_loss", "Instances", "Size"
+            ),
+            nb,
+            first,
+        );
+    }
+    for batch in loader.epoch(epoch, first) {
+        let i = batch.index;
+        let ni = i + nb * epoch;
+        // Stop request or mid-epoch checkpoint, before this batch (state = batches < i).
+        if stop.requested() || (i > first && last_save.elapsed() >= interval) {
+            pr.train_secs = secs0 + t0.elapsed().as_secs_f64();
+            run.save(epoch, i, &pr, obs)?;
+            last_save = std::time::Instant::now();
+            if stop.requested() {
+                if opts.verbose {
+                    obs.epoch_abandoned();
+                }
+                return Ok(None);
+            }
+        }
+        pr.skipped += batch.skipped.len();
+        for (p, why) in &batch.skipped {
+            run.log(obs, format!("skipped {}: {why}", p.display()));
+        }
+        if batch.len == 0 {
+            continue;
+        }
+        times.mark(0)?;
+        let st = run.sched.at(ni, epoch, nb, opts.batch);
+        run.opt.lr = st.lr.map(|l| l * run.counters.lr_scale);
+        run.opt.momentum = st.momentum;
+        let (out, ooms) = run.train_batch_recovering(&batch, ni, epoch, obs, &mut times)?;
+        pr.oom_events += ooms;
+        match out.grads {
+            Some(mut g) => {
+                add_param_grads(&mut run.acc, &mut g, &run.opt)?;
+                for (m, v) in pr.mloss.iter_mut().zip(out.items) {
+                    *m = (*m * pr.done as f64 + v) / (pr.done + 1) as f64;
+                }
+                pr.done += 1;
+                pr.images += batch.len;
+            }
+            None => {
+                // The optimizer step this batch belongs to is skipped: its window's
+                // gradients are dropped.
+                run.acc = None;
+                pr.nan_events += 1;
+                run.nan_streak += 1;
+                run.log(
+                    obs,
+                    format!(
+                        "warning: non-finite loss {:?} at epoch {} batch {i}; batch skipped ({} in a row)",
+                        out.items, epoch + 1, run.nan_streak
+                    ),
+                );
+            }
+        }
+        if ni as i64 - run.counters.last_opt_step >= st.accumulate as i64 {
+            if let Some(mut g) = run.acc.take() {
+                let norm = optimizer_step(&run.model, &mut run.opt, &mut run.ema, &mut g)?;
+                if norm.is_finite() {
+                    run.nan_streak = 0;
+                } else {
+                    pr.nan_events += 1;
+                    run.nan_streak += 1;
+                    run.log(
+                        obs,
+                        format!(
+                            "warning: non-finite gradient norm at epoch {} batch {i}; optimizer step skipped ({} in a row)",
+                            epoch + 1,
+                            run.nan_streak
+                        ),
+                    );
+                }
+            }
+            run.counters.last_opt_step = ni as i64;
+        }
+        times.mark(5)?;
+        if run.nan_streak >= opts.nan_patience {
+            let why = format!("{} non-finite steps in a row", run.nan_streak);
+            run.rollback(&why, obs)?;
+        }
+        if run.faults.stop_at == Some(ni) {
+            stop.request();
+        }
+        if opts.verbose {
+            obs.batch_done(&format!(
+                "{:>10}{:>10}{:>10.4}{:>10.4}{:>10.4}{:>10}{:>10}",
+                format!("{}/{}", epoch + 1, opts.epochs),
+                fmt_mem(run.probe.current_bytes()),
+                pr.mloss[0],
+                pr.mloss[1],
+                pr.mloss[2],
+                batch.targets.len(),
+                s
+            ));
+        }
+    }
+    if stop.requested() {
+        // The request came during the last batch: the epoch's training is complete; save
+        // at its end position and stop before validation.
+        pr.train_secs = secs0 + t0.elapsed().as_secs_f64();
+        run.save(epoch, nb, &pr, obs)?;
+        return Ok(None);
+    }
+    if opts.verbose {
+        obs.epoch_trained();
+    }
+    let train_secs = secs0 + t0.elapsed().as_secs_f64();
+    if let Some(line) = times.report() {
+        obs.line(&line);
+    }
+    Ok(Some((pr, train_secs)))
+}
+
+/// Validates the EMA on the val split, halving the batch on out-of-memory (counted in `pr`, as
+/// are the images it skipped); returns P, R, mAP50, mAP50-95 and the val losses.
+fn validate_ema(
+    run: &mut Run<'_>,
+    val: &Val,
+    pr: &mut EpochProgress,
+    obs: &mut dyn TrainObserver,
+) -> Result<([f64; 4], [f32; 3])> {
+    let opts = run.opts;
+    // The captured training step holds a training forward's activations: release them
+    // for validation (the next epoch captures again, see `train::graphed`).
+    run.graphs.borrow_mut().reset();
+    let map: HashMap<String, Tensor> = run.ema.state.iter().cloned().collect();
+    val.model.load_state_dict(&map)?;
+    let mut vb = (run.micro * 2).max(1);
+    let r = loop {
+        match validate(
+            ValModel::Train {
+                model: &val.model,
+                loss: &run.loss,
+            },
+            &val.images,
+            &ValConfig {
+                img: opts.img,
+                batch: vb,
+                progress: opts.verbose,
+                ..ValConfig::default()
+            },
+        ) {
+            Ok(r) => break r,
+            Err(e) if is_oom(&e) && vb > 1 => {
+                pr.oom_events += 1;
+                obs.line(&format!(
+                    "out of memory in validation at batch {vb}: retrying with {}",
+                    vb / 2
+                ));
+                vb /= 2;
+            }
+            Err(e) => return Err(e),
+        }
+    };
+    if opts.verbose {
+        obs.text(&r.metrics.table(&val.names));
+    }
+    let metrics = [
+        r.metrics.mp,
+        r.metrics.mr,
+        r.metrics.map50,
+        r.metrics.map50_95,
+    ];
+    let val_loss = r.losses.unwrap_or_default();
+    pr.skipped += r.skipped.len();
+    Ok((metrics, val_loss))
+}
+
+impl Run<'_> {
+    /// [`step`] with out-of-memory recovery: restore BN statistics, halve the
+    /// micro-batch, redo the same batch. Returns the outcome and the number of recoveries.
+    fn train_batch_recovering(
+        &mut self,
+        batch: &Batch,
+        ni: usize,
+        epoch: usize,
+        obs: &mut dyn TrainObserver,
+        times: &mut StepTimes,
+    ) -> Result<(BatchOutcome, usize)> {
+        let bn = self.model.snapshot_bn()?;
+        let mut events = 0;
+        loop {
+            let parts = StepParts {
+                model: &self.model,
+                loss: &self.loss,
+                opt: &self.opt,
+                device: &self.device,
+                graphs: Some(&self.graphs),
+            };
+            let input = StepInput::of(batch, self.opts.img as usize);
+            match step(&parts, &input, self.micro, &self.faults, ni, times) {
+                Ok(o) => return Ok((o, events)),
+                Err(e) if is_oom(&e) => {
+                    self.model.restore_bn(&bn)?;
+                    // A captured step holds its activations' memory: release it first.
+                    self.graphs.borrow_mut().reset();
+                    if self.micro <= 1 {
+                        return Err(e.context(format!(
+                            "out of memory with a micro-batch of 1 at --img {}; lower --img or \
+                             free memory on the device",
+                            self.opts.img
+                        )));
+                    }
+                    let old = self.micro;
+                    self.micro = old / 2;
+                    events += 1;
+                    self.log(
+                        obs,
+                        format!(
+                            "out of memory at epoch {} batch {} (micro-batch {old}): micro-batch \
+                             {} → {} ({} per batch of {}), redoing the batch",
+                            epoch + 1,
+                            batch.index,
+                            old,
+                            self.micro,
+                            self.batch.div_ceil(self.micro),
+                            self.batch
+                        ),
+                    );
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}

@@ -1,0 +1,494 @@
+//! Everything before the first batch of a run: resume resolution (the arguments and state of an
+//! earlier run), option checks and hyperparameters, the device, the dataset scan, the batch and
+//! micro-batch (from the state, from measured memory or as given), then model, loss, optimizer
+//! and EMA (restored on `--resume`), the run folder and its files, and the loader.
+
+use crate::data::image::load_rgb8;
+use crate::data::loader::{
+    batches_per_epoch, default_workers, DecodeFn, Loader, LoaderConfig, TrainItem,
+};
+use crate::data::scan::{scan_split, ScanOptions};
+use crate::data::yaml::{DataConfig, Split};
+use crate::loss::tal_loss::GAINS;
+use crate::loss::DualTalLoss;
+use crate::memory::{fmt_size, MemoryProbe};
+use crate::metrics::validate::{val_images, ValImage};
+use crate::model::weights::{Weights, STRIDES};
+use crate::model::yolov9::YoloV9Train;
+use crate::runs::increment_path;
+use crate::train::budget::{plan, BudgetDecision, BudgetRequest, AUTO_SHARE};
+use crate::train::checkpoint::{load_state, TrainState};
+use crate::train::ema::Ema;
+use crate::train::epoch::Val;
+use crate::train::guard::{Faults, GoodState};
+use crate::train::observer::TrainObserver;
+use crate::train::optimizer::Sgd;
+use crate::train::options::{Hyp, TrainOptions};
+use crate::train::report::create_results_csv;
+use crate::train::schedule::Schedule;
+use crate::train::state::{restore, Resumed, Run, Start};
+use anyhow::{ensure, Context, Result};
+use candle_core::Device;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// What [`resolve`] found besides the final options: the saved state of a resumed run, the
+/// data, the device and the sizing.
+pub(crate) struct Resolved {
+    state: Option<TrainState>,
+    run_dir: PathBuf,
+    hyp: Hyp,
+    device: Device,
+    cfg: DataConfig,
+    items: Vec<TrainItem>,
+    vimages: Vec<ValImage>,
+    probe: MemoryProbe,
+    micro: usize,
+    budget: Option<BudgetDecision>,
+    faults: Faults,
+}
+
+/// A run ready for its first batch.
+pub(crate) struct Prepared<'a> {
+    /// The run's state.
+    pub run: Run<'a>,
+    /// The training images.
+    pub loader: Loader,
+    /// What validation needs.
+    pub val: Val,
+    /// Where the run starts.
+    pub start: Start,
+}
+
+/// The device `s` names (as [`crate::train::trainer::parse_device`]) and, for `auto`, the line
+/// saying which one it is.
+pub(crate) fn select_device(s: &str) -> Result<(Device, Option<String>)> {
+    let spec = crate::device::parse_device(s).map_err(|e| anyhow::anyhow!("--device {s}: {e}"))?;
+    let d = crate::device::select(spec)?;
+    let notice = (spec == crate::device::DeviceSpec::Auto).then(|| crate::device::auto_notice(&d));
+    Ok((d, notice))
+}
+
+/// The run's final options (`opts`, or the arguments of the run `--resume` names, with the
+/// batch sized), checked, and what was read to get them.
+pub(crate) fn resolve(
+    opts: &TrainOptions,
+    obs: &mut dyn TrainObserver,
+) -> Result<(TrainOptions, Resolved)> {
+    let faults = if opts.faults.is_empty() {
+        Faults::from_env()?
+    } else {
+        opts.faults.clone()
+    };
+    // Resume: restore the arguments and the state of an earlier run.
+    let (mut opts, state, run_dir) = match &opts.resume {
+        Some(r) => {
+            let ckpt = if r.is_dir() {
+                r.join("weights").join("state.safetensors")
+            } else {
+                r.clone()
+            };
+            let st = load_state(&ckpt).with_context(|| {
+                format!("--resume {}: cannot read the training state", r.display())
+            })?;
+            let mut o: TrainOptions = serde_json::from_value(st.meta.args.clone())
+                .with_context(|| format!("{}: bad run arguments", ckpt.display()))?;
+            o.resume = Some(ckpt.clone());
+            o.verbose = opts.verbose;
+            // `--data` given with `--resume`: the dataset moved (or is a copy); use it instead of
+            // the path stored in the run. The images must be the same for an exact resume.
+            if !opts.data.as_os_str().is_empty() && opts.data != o.data {
+                if opts.verbose {
+                    obs.line(&format!(
+                        "resume: using --data {} instead of the run's {}",
+                        opts.data.display(),
+                        o.data.display()
+                    ));
+                }
+                o.data = opts.data.clone();
+            }
+            let dir = ckpt
+                .parent()
+                .and_then(|p| p.parent())
+                .map(Path::to_path_buf)
+                .with_context(|| format!("{}: not inside RUN/weights/", ckpt.display()))?;
+            if let Some(e) = opts.extend_epochs {
+                ensure!(
+                    e >= st.meta.epoch.max(1),
+                    "--resume {} --epochs {e}: the run has already done {} epochs",
+                    r.display(),
+                    st.meta.epoch
+                );
+                o.epochs = e;
+            }
+            ensure!(
+                st.meta.epoch < o.epochs,
+                "--resume {}: the run already finished its {} epochs; to train it longer, \
+                 resume with more epochs: yolo9 train --resume {} --epochs {}",
+                r.display(),
+                o.epochs,
+                dir.display(),
+                o.epochs * 2
+            );
+            (o, Some(st), dir)
+        }
+        None => {
+            let dir = increment_path(&opts.project, &opts.name, opts.exist_ok);
+            (opts.clone(), None, dir)
+        }
+    };
+    ensure!(opts.epochs >= 1, "--epochs must be at least 1");
+    ensure!(
+        opts.img >= 32 && opts.img % 32 == 0,
+        "--img {} must be a positive multiple of 32 (the largest stride)",
+        opts.img
+    );
+    ensure!(
+        opts.save_interval >= 0.0 && opts.save_interval.is_finite(),
+        "--save-interval {} must be a number of minutes >= 0",
+        opts.save_interval
+    );
+    ensure!(opts.nan_patience >= 1, "--nan-patience must be at least 1");
+    let hyp = match &opts.hyp {
+        Some(p) => Hyp::load(p)?,
+        None => Hyp::default(),
+    };
+    for (name, v, g) in [
+        ("box", hyp.box_gain, GAINS[0]),
+        ("cls", hyp.cls, GAINS[1]),
+        ("dfl", hyp.dfl, GAINS[2]),
+    ] {
+        if (v - g as f64).abs() > 1e-9 {
+            obs.note(&format!(
+                "warning: hyp `{name}: {v}` ignored; the loss uses the official gain {g}"
+            ));
+        }
+    }
+    let (device, notice) = select_device(&opts.device)?;
+    if let Some(n) = notice {
+        obs.note(&n);
+    }
+    let cfg = DataConfig::load(&opts.data)?;
+    let scan_opts = ScanOptions {
+        use_cache: true,
+        print: false,
+    };
+    let train_scan = scan_split(&cfg, Split::Train, &scan_opts)?;
+    if opts.verbose {
+        obs.text(&train_scan.report(&cfg.root, &cfg.names));
+    }
+    let val_scan = if cfg.val.is_empty() {
+        None
+    } else {
+        let s = scan_split(&cfg, Split::Val, &scan_opts)?;
+        if opts.verbose {
+            obs.text(&s.report(&cfg.root, &cfg.names));
+        }
+        Some(s)
+    };
+    let items: Vec<TrainItem> = train_scan
+        .records
+        .iter()
+        .filter(|r| r.boxes.len() >= opts.min_items)
+        .map(|r| TrainItem {
+            path: r.image.clone(),
+            labels: r
+                .boxes
+                .iter()
+                .map(|b| (b.cls, [b.cx, b.cy, b.w, b.h]))
+                .collect(),
+        })
+        .collect();
+    ensure!(
+        items.iter().any(|i| !i.labels.is_empty()),
+        "{}: no train image with a valid box (after --min-items {}); run `yolo9 check --data {}`",
+        cfg.yaml_path.display(),
+        opts.min_items,
+        cfg.yaml_path.display()
+    );
+    let vimages = val_scan.as_ref().map(val_images).unwrap_or_default();
+    if vimages.is_empty() && opts.verbose {
+        obs.line(&format!(
+            "warning: the validation split of {} has no usable image: no metrics will be computed, \
+             and best.safetensors will be the last epoch's weights",
+            cfg.yaml_path.display()
+        ));
+    }
+
+    // Batch and micro-batch: from the state, from measured memory, or as given.
+    let probe = MemoryProbe::new(&device)?;
+    let (micro, budget) = match &state {
+        Some(st) => (st.meta.micro, st.meta.budget.clone()),
+        None if opts.budget.is_some() || opts.batch == 0 => {
+            let budget = match opts.budget {
+                Some(b) => b,
+                None => (probe.free_bytes() as f64 * AUTO_SHARE) as u64,
+            };
+            let max_labels = items.iter().map(|i| i.labels.len()).max().unwrap_or(1);
+            let d = plan(
+                &BudgetRequest {
+                    nc: cfg.nc,
+                    img: opts.img,
+                    targets_per_image: (4 * max_labels).max(1),
+                    max_batch: if opts.batch == 0 {
+                        64.min(items.len())
+                    } else {
+                        opts.batch
+                    },
+                    budget,
+                    seed: opts.seed,
+                    amp: opts.amp,
+                },
+                &device,
+                &probe,
+            )
+            .with_context(|| format!("sizing the batch for --budget {}", fmt_size(budget)))?;
+            if opts.verbose {
+                obs.line(&d.describe());
+            }
+            if opts.batch == 0 {
+                opts.batch = d.micro;
+            }
+            (d.micro, Some(d))
+        }
+        None => (opts.micro_batch.unwrap_or(opts.batch), None),
+    };
+    ensure!(opts.batch >= 1, "--batch must be at least 1 (or auto)");
+    let micro = micro.clamp(1, opts.batch);
+    Ok((
+        opts,
+        Resolved {
+            state,
+            run_dir,
+            hyp,
+            device,
+            cfg,
+            items,
+            vimages,
+            probe,
+            micro,
+            budget,
+            faults,
+        },
+    ))
+}
+
+/// Builds the run of the final options `opts`: model, loss, optimizer and EMA (restored from the
+/// saved state on `--resume`), the run folder, the loader.
+pub(crate) fn build<'a>(
+    opts: &'a TrainOptions,
+    r: Resolved,
+    obs: &mut dyn TrainObserver,
+) -> Result<Prepared<'a>> {
+    let Resolved {
+        state,
+        mut run_dir,
+        hyp,
+        device,
+        cfg,
+        items,
+        vimages,
+        probe,
+        micro,
+        budget,
+        faults,
+    } = r;
+    // Model, loss, optimizer, EMA.
+    let weights = match &opts.weights {
+        Some(p) => Some(Weights::load(p).with_context(|| format!("--weights {}", p.display()))?),
+        None => None,
+    };
+    let model = YoloV9Train::new(
+        weights.as_ref(),
+        cfg.nc,
+        cfg.names.clone(),
+        &device,
+        opts.seed,
+    )?;
+    model.set_amp(opts.amp);
+    if opts.amp && !device.is_cuda() {
+        obs.note("note: --amp true has no effect on the CPU; training runs in f32");
+    }
+    if let (Some(w), None) = (&opts.weights, &state) {
+        let n = model.vars().len();
+        let init = model.initialized().len();
+        obs.line(&format!(
+            "transferred {}/{} tensors from {} ({} initialized: {})",
+            n.saturating_sub(init),
+            n,
+            w.display(),
+            init,
+            model
+                .initialized()
+                .iter()
+                .take(6)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    let loss = DualTalLoss::new(cfg.nc, &STRIDES)?;
+    let sched = Schedule {
+        epochs: opts.epochs,
+        lr0: hyp.lr0,
+        lrf: hyp.lrf,
+        momentum: hyp.momentum,
+        warmup_epochs: hyp.warmup_epochs,
+        warmup_momentum: hyp.warmup_momentum,
+        warmup_bias_lr: hyp.warmup_bias_lr,
+        cos_lr: opts.cos_lr,
+        nbs: 64,
+    };
+    let wd = sched.scaled_weight_decay(hyp.weight_decay, opts.batch);
+    let params = model
+        .vars()
+        .iter()
+        .map(|v| (v.name.clone(), v.var.clone()))
+        .collect();
+    let mut opt = Sgd::new(params, hyp.lr0, hyp.momentum, wd);
+    let mut ema = Ema::new(&model.float_state()?)?;
+    let resumed = match &state {
+        Some(st) => {
+            let r = restore(st, &model, &mut opt, &mut ema, &device)?;
+            obs.line(&format!(
+                "resuming at epoch {} batch {} (best fitness {:.5}, micro-batch {})",
+                r.start.epoch + 1,
+                r.start.batch,
+                r.counters.best_fitness,
+                micro
+            ));
+            r
+        }
+        None => Resumed::default(),
+    };
+    let eval_model = YoloV9Train::new(None, cfg.nc, cfg.names.clone(), &device, opts.seed)?;
+
+    // Outputs. A new run claims its folder now, exclusively: another run started meanwhile with
+    // the same --project/--name gets the next one instead of sharing it.
+    if state.is_none() {
+        run_dir = crate::runs::claim_run_dir(&opts.project, &opts.name, opts.exist_ok)
+            .with_context(|| format!("{}: cannot create the run folder", run_dir.display()))?;
+    }
+    let wdir = run_dir.join("weights");
+    std::fs::create_dir_all(&wdir)
+        .with_context(|| format!("{}: cannot create the run folder", wdir.display()))?;
+    // Temporary files of a writer killed mid-checkpoint (the checkpoints themselves are intact).
+    if let Ok(entries) = std::fs::read_dir(&wdir) {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') && name.ends_with(".tmp") {
+                let _ = std::fs::remove_file(e.path());
+                obs.line(&format!(
+                    "removed {name}, left by an interrupted checkpoint write"
+                ));
+            }
+        }
+    }
+    let args_json = serde_json::to_value(opts)?;
+    if state.is_none() {
+        std::fs::write(run_dir.join("args.yaml"), serde_yaml::to_string(opts)?)
+            .with_context(|| format!("{}: cannot write args.yaml", run_dir.display()))?;
+        std::fs::write(run_dir.join("hyp.yaml"), serde_yaml::to_string(&hyp)?)
+            .with_context(|| format!("{}: cannot write hyp.yaml", run_dir.display()))?;
+        create_results_csv(&run_dir)?;
+    }
+
+    // Loader.
+    let workers = if opts.workers == 0 {
+        default_workers()
+    } else {
+        opts.workers
+    };
+    let decode: Arc<DecodeFn> = Arc::new(|p: &Path| load_rgb8(p));
+    let loader = Loader::new(
+        items,
+        decode,
+        LoaderConfig {
+            img_size: opts.img,
+            batch: opts.batch,
+            seed: opts.seed,
+            workers,
+            prefetch: 2,
+            augment: hyp.augment(),
+            shuffle: true,
+        },
+    )?;
+    let nb = batches_per_epoch(loader.len(), opts.batch);
+    if opts.verbose {
+        obs.line(&format!(
+            "training {} images ({} batches of {}, micro-batch {}, accumulate {} for nominal batch 64) \
+             at {}x{} for {} epochs on {:?}{}; run folder {}",
+            loader.len(),
+            nb,
+            opts.batch,
+            micro,
+            sched.accumulate(opts.batch),
+            opts.img,
+            opts.img,
+            opts.epochs,
+            device,
+            if model.amp() { " with mixed precision (bf16)" } else { "" },
+            run_dir.display()
+        ));
+    }
+    let good = GoodState::take(&model, &opt, &ema, "the start of this run".into())?;
+    let Resumed {
+        start,
+        counters,
+        acc,
+    } = resumed;
+    let run = Run {
+        opts,
+        device: device.clone(),
+        model,
+        loss,
+        opt,
+        ema,
+        sched,
+        probe,
+        faults,
+        last: wdir.join("last.safetensors"),
+        best: wdir.join("best.safetensors"),
+        state_path: wdir.join("state.safetensors"),
+        run_dir,
+        args_json,
+        nb,
+        batch: opts.batch,
+        micro,
+        budget,
+        counters,
+        nan_streak: 0,
+        acc,
+        good,
+        graphs: Default::default(),
+    };
+    // CUDA-graph replay of the step (`train::graphed`) holds the captured step's memory in the
+    // graphs' own pool, beside what the ordinary phases keep: with a memory budget the step runs
+    // as ordinary launches, so the measured sizing holds.
+    let graphed = run.budget.is_none() && run.graphs.borrow().applies_to(&run.device);
+    if !graphed {
+        run.graphs.borrow_mut().disable();
+    }
+    if opts.verbose && device.is_cuda() {
+        obs.line(&format!(
+            "training step: {}",
+            if graphed {
+                "replayed from CUDA graphs (YOLO9_TRAIN_GRAPH=0 turns that off)"
+            } else if run.budget.is_some() {
+                "ordinary launches (CUDA-graph replay is off under a memory budget)"
+            } else {
+                "ordinary launches"
+            }
+        ));
+    }
+    Ok(Prepared {
+        run,
+        loader,
+        val: Val {
+            model: eval_model,
+            images: vimages,
+            names: cfg.names,
+        },
+        start,
+    })
+}

@@ -1,0 +1,283 @@
+//! The live state of one run and its checkpoints: [`Run`] (model, loss, optimizer, EMA,
+//! schedule, paths and [`Counters`]), saving it (`weights/last.safetensors` and the training state
+//! `weights/state.safetensors`, see [`crate::train::checkpoint`]), the NaN guard's rollback to the
+//! last good state, and [`restore`] of a saved state on `--resume`.
+
+use crate::loss::DualTalLoss;
+use crate::memory::MemoryProbe;
+use crate::model::weights::Weights;
+use crate::model::yolov9::YoloV9Train;
+use crate::train::budget::BudgetDecision;
+use crate::train::checkpoint::{save_state, CheckpointMeta, EpochProgress, TrainState};
+use crate::train::ema::Ema;
+use crate::train::guard::{all_finite, Faults, GoodState};
+use crate::train::observer::TrainObserver;
+use crate::train::optimizer::Sgd;
+use crate::train::options::TrainOptions;
+use crate::train::schedule::Schedule;
+use anyhow::{ensure, Context, Result};
+use candle_core::backprop::GradStore;
+use candle_core::{Device, Tensor};
+use std::path::{Path, PathBuf};
+
+/// The scalars a run carries from checkpoint to checkpoint (besides its position, micro-batch
+/// and budget decision): saved in [`CheckpointMeta`], restored from it on `--resume`.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Counters {
+    /// Best fitness so far (`0.1·mAP50 + 0.9·mAP50-95`).
+    pub best_fitness: f64,
+    /// Epoch of the best fitness.
+    pub best_epoch: Option<usize>,
+    /// Iteration of the last optimizer step (−1 = none yet).
+    pub last_opt_step: i64,
+    /// Factor on the scheduled LR (halved by each NaN rollback).
+    pub lr_scale: f64,
+    /// NaN rollbacks so far.
+    pub nan_rollbacks: usize,
+}
+
+impl Default for Counters {
+    /// The counters of a new run.
+    fn default() -> Counters {
+        Counters {
+            best_fitness: 0.0,
+            best_epoch: None,
+            last_opt_step: -1,
+            lr_scale: 1.0,
+            nan_rollbacks: 0,
+        }
+    }
+}
+
+impl Counters {
+    /// The counters saved in `meta`.
+    fn of(meta: &CheckpointMeta) -> Counters {
+        Counters {
+            best_fitness: meta.best_fitness,
+            best_epoch: meta.best_epoch,
+            last_opt_step: meta.last_opt_step,
+            lr_scale: meta.lr_scale,
+            nan_rollbacks: meta.nan_rollbacks,
+        }
+    }
+}
+
+/// Where a run starts: a new run at the start of epoch 0, a resumed one where its state was
+/// saved.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Start {
+    /// First epoch to run (0-based).
+    pub epoch: usize,
+    /// First batch of `epoch` to run.
+    pub batch: usize,
+    /// Running sums of `epoch` when it is in progress.
+    pub progress: EpochProgress,
+}
+
+/// What a run continues from: nothing for a new run ([`Resumed::default`]), else what
+/// [`restore`] read.
+#[derive(Default)]
+pub(crate) struct Resumed {
+    /// Where the run starts.
+    pub start: Start,
+    /// The counters.
+    pub counters: Counters,
+    /// Gradients accumulated since the last optimizer step.
+    pub acc: Option<GradStore>,
+}
+
+/// Everything one run mutates, shared by the batch loop, the epoch end and the checkpoints.
+pub(crate) struct Run<'a> {
+    pub opts: &'a TrainOptions,
+    pub device: Device,
+    pub model: YoloV9Train,
+    pub loss: DualTalLoss,
+    pub opt: Sgd,
+    pub ema: Ema,
+    pub sched: Schedule,
+    pub probe: MemoryProbe,
+    pub faults: Faults,
+    pub run_dir: PathBuf,
+    pub last: PathBuf,
+    pub best: PathBuf,
+    pub state_path: PathBuf,
+    pub args_json: serde_json::Value,
+    pub nb: usize,
+    pub batch: usize,
+    pub micro: usize,
+    pub budget: Option<BudgetDecision>,
+    pub counters: Counters,
+    pub nan_streak: usize,
+    pub acc: Option<GradStore>,
+    pub good: GoodState,
+    /// CUDA-graph replay of the training micro-step (see [`crate::train::graphed`]).
+    pub graphs: std::cell::RefCell<crate::train::graphed::StepGraphs>,
+}
+
+impl Run<'_> {
+    /// A line during the epoch (`--verbose` only).
+    pub fn log(&self, obs: &mut dyn TrainObserver, msg: String) {
+        if self.opts.verbose {
+            obs.epoch_line(&msg)
+        }
+    }
+
+    /// Restores the last good state and halves the LR (NaN guard).
+    pub fn rollback(&mut self, why: &str, obs: &mut dyn TrainObserver) -> Result<()> {
+        self.good
+            .restore(&self.model, &mut self.opt, &mut self.ema)?;
+        self.acc = None;
+        self.nan_streak = 0;
+        self.counters.nan_rollbacks += 1;
+        self.counters.lr_scale *= 0.5;
+        self.log(
+            obs,
+            format!(
+                "warning: {why}: restored the state of {} and halved the LR (scale now {})",
+                self.good.label, self.counters.lr_scale
+            ),
+        );
+        Ok(())
+    }
+
+    /// Writes `last` (EMA weights) and the full training state at position (`epoch`,
+    /// `next_batch`), after checking that the state is finite; refreshes the good state.
+    /// Returns false (and rolls back) when the state was not finite.
+    pub fn save(
+        &mut self,
+        epoch: usize,
+        next_batch: usize,
+        progress: &EpochProgress,
+        obs: &mut dyn TrainObserver,
+    ) -> Result<bool> {
+        let vars: Vec<Tensor> = self
+            .model
+            .vars()
+            .iter()
+            .map(|v| v.var.as_tensor().clone())
+            .collect();
+        if !all_finite(vars.iter().chain(self.ema.state.iter().map(|(_, t)| t)))? {
+            self.rollback(
+                "non-finite weights found before saving; nothing written",
+                obs,
+            )?;
+            return Ok(false);
+        }
+        let w = ema_weights(&self.model, &self.ema)?;
+        w.save(&self.last, false)?;
+        let acc: Vec<(String, Tensor)> = match &self.acc {
+            Some(g) => self
+                .opt
+                .params()
+                .iter()
+                .filter_map(|p| {
+                    g.get(p.var.as_tensor())
+                        .map(|t| (p.name.clone(), t.clone()))
+                })
+                .collect(),
+            None => Vec::new(),
+        };
+        let meta = CheckpointMeta {
+            version: 2,
+            epoch,
+            next_batch,
+            progress: progress.clone(),
+            best_fitness: self.counters.best_fitness,
+            best_epoch: self.counters.best_epoch,
+            ema_updates: self.ema.updates,
+            iterations: self.nb * epoch + next_batch,
+            last_opt_step: self.counters.last_opt_step,
+            batches_tracked: self.model.batches_tracked(),
+            lr_scale: self.counters.lr_scale,
+            micro: self.micro,
+            nan_rollbacks: self.counters.nan_rollbacks,
+            budget: self.budget.clone(),
+            args: self.args_json.clone(),
+        };
+        save_state(
+            &self.state_path,
+            &meta,
+            &self.model.state_dict()?,
+            &self.ema.state,
+            &self.opt.state(),
+            &acc,
+        )?;
+        self.good = GoodState::take(
+            &self.model,
+            &self.opt,
+            &self.ema,
+            format!("epoch {} batch {}", epoch + 1, next_batch),
+        )?;
+        Ok(true)
+    }
+
+    /// The command that continues this run.
+    pub fn resume_command(&self) -> String {
+        format!("yolo9 train --resume {}", self.run_dir.display())
+    }
+}
+
+/// Loads the saved state `st` into the model, optimizer and EMA of a resumed run (tensors moved
+/// to `device`) and returns where the run stopped, its counters and its accumulated gradients.
+pub(crate) fn restore(
+    st: &TrainState,
+    model: &YoloV9Train,
+    opt: &mut Sgd,
+    ema: &mut Ema,
+    device: &Device,
+) -> Result<Resumed> {
+    model.load_state_dict(&st.model)?;
+    opt.load_state(&st.optim)?;
+    ensure!(
+        st.ema.len() == ema.state.len(),
+        "resume: EMA has {} tensors, model {}",
+        st.ema.len(),
+        ema.state.len()
+    );
+    ema.state = st
+        .ema
+        .iter()
+        .map(|(n, t)| Ok((n.clone(), t.to_device(device)?)))
+        .collect::<Result<_>>()?;
+    ema.updates = st.meta.ema_updates;
+    let mut acc = None;
+    if !st.acc.is_empty() {
+        let mut g = GradStore::default();
+        for (name, t) in &st.acc {
+            let p = opt
+                .params()
+                .iter()
+                .find(|p| &p.name == name)
+                .with_context(|| format!("resume: accumulated gradient of unknown `{name}`"))?;
+            g.insert(p.var.as_tensor(), t.to_device(device)?);
+        }
+        acc = Some(g);
+    }
+    Ok(Resumed {
+        start: Start {
+            epoch: st.meta.epoch,
+            batch: st.meta.next_batch,
+            progress: st.meta.progress.clone(),
+        },
+        counters: Counters::of(&st.meta),
+        acc,
+    })
+}
+
+/// EMA weights as a full state_dict (`num_batches_tracked` from the model).
+fn ema_weights(model: &YoloV9Train, ema: &Ema) -> Result<Weights> {
+    let mut sd = model.state_dict()?;
+    for (k, t) in &ema.state {
+        sd.insert(k.clone(), t.to_device(&Device::Cpu)?);
+    }
+    Ok(Weights {
+        tensors: sd,
+        meta: model.meta().clone(),
+    })
+}
+
+/// Copies `src` to `dst` atomically (see [`crate::model::weights::write_atomic`]).
+pub(crate) fn copy_atomic(src: &Path, dst: &Path) -> Result<()> {
+    let bytes = std::fs::read(src).with_context(|| format!("{}: cannot read", src.display()))?;
+    crate::model::weights::write_atomic(dst, &bytes)
+}
