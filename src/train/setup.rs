@@ -305,10 +305,8 @@ pub(crate) fn build<'a>(
         &device,
         opts.seed,
     )?;
+    // AMP is the default and applies on CUDA only; the run's header line says when it is on.
     model.set_amp(opts.amp);
-    if opts.amp && !device.is_cuda() {
-        obs.note("note: --amp true has no effect on the CPU; training runs in f32");
-    }
     if let (Some(w), None) = (&opts.weights, &state) {
         let n = model.vars().len();
         let init = model.initialized().len();
