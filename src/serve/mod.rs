@@ -4,7 +4,9 @@
 //! runtime). Requests go through a bounded queue to that thread, which batches them: it takes the
 //! first waiting request, then waits up to [`ServeConfig::max_delay`] for more, up to
 //! [`ServeConfig::max_batch`], and runs the requests with equal parameters as one
-//! [`Detector::detect_batch_with`] call (images of one letterbox shape share one forward). A full
+//! [`Detector::detect_batch_with`] call (images of one letterbox shape share one forward). On a
+//! GPU each batch is padded to `max_batch` images (copies of its first), so the forward has one
+//! shape and is replayed from its CUDA graph ([`crate::model::graphs`]). A full
 //! queue answers 503 with `Retry-After` at once, so a burst never waits unanswered.
 //!
 //! Endpoints:
@@ -245,6 +247,7 @@ fn work(det: Detector, rx: Receiver<Job>, cfg: &ServeConfig, ready: &AtomicBool,
         tracing::warn!("serve: the warm-up forward failed: {e:#}");
     }
     ready.store(true, Ordering::Release);
+    let pad = !det.device().is_cpu() && cfg.max_batch > 1;
     while let Ok(first) = rx.recv() {
         let mut jobs = vec![first];
         let until = Instant::now() + cfg.max_delay;
@@ -262,8 +265,18 @@ fn work(det: Detector, rx: Receiver<Job>, cfg: &ServeConfig, ready: &AtomicBool,
                 jobs.into_iter().partition(|j| j.params == params);
             jobs = rest;
             let start = Instant::now();
-            let imgs: Vec<DynamicImage> = same.iter().map(|j| j.img.clone()).collect();
-            let out = det.detect_batch_with(&imgs, params.img, &params.nms);
+            let mut imgs: Vec<DynamicImage> = same.iter().map(|j| j.img.clone()).collect();
+            if pad {
+                // One batch shape on the GPU, so the forward is replayed from its CUDA graph
+                // (batches of varying size would each be launched op by op).
+                imgs.resize(cfg.max_batch, imgs[0].clone());
+            }
+            let out = det
+                .detect_batch_with(&imgs, params.img, &params.nms)
+                .map(|mut v| {
+                    v.truncate(same.len());
+                    v
+                });
             let detect = start.elapsed();
             m.batches.fetch_add(1, Ordering::Relaxed);
             m.images.fetch_add(same.len() as u64, Ordering::Relaxed);
