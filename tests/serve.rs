@@ -339,3 +339,33 @@ fn shutdown_answers_what_was_queued() {
     assert_eq!((s.ok, s.errors, s.batches), (3, 0, 3));
     assert!(TcpStream::connect(addr).is_err(), "the listener is closed");
 }
+
+/// The service's GPU batching pads each forward's input to `--max-batch`: the detections of a
+/// padded call are those of the unpadded one (here on the CPU, one image padded to 2).
+#[test]
+fn padded_batches_detect_what_unpadded_ones_do() {
+    let det = Detector::load(&shipped(), Device::Cpu).unwrap();
+    let img =
+        image::DynamicImage::ImageRgb8(yolo9::data::image::load_rgb8(&examples()[1]).unwrap());
+    let nms = det.nms_options().clone();
+    let want = det
+        .detect_batch_with(std::slice::from_ref(&img), 640, &nms)
+        .unwrap();
+    let got = det
+        .detect_batch_padded(std::slice::from_ref(&img), 640, &nms, 2)
+        .unwrap();
+    assert!(!want[0].is_empty());
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].len(), want[0].len());
+    // Equal up to the CPU GEMM's blocking for another batch size.
+    for (g, w) in got[0].iter().zip(&want[0]) {
+        assert_eq!(g.class_id, w.class_id);
+        assert!(
+            (g.confidence - w.confidence).abs() <= 1e-5,
+            "{g:?} vs {w:?}"
+        );
+        for k in 0..4 {
+            assert!((g.bbox[k] - w.bbox[k]).abs() <= 1e-3, "{g:?} vs {w:?}");
+        }
+    }
+}

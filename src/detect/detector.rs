@@ -228,8 +228,20 @@ impl Detector {
     /// the detector's device (step 3 copies only the NMS candidates to the host). The device is
     /// synchronized before returning, so the call's wall time is the forward's.
     pub fn infer(&self, letterboxed: &[&RgbImage]) -> Result<Tensor> {
-        let x = to_tensor(letterboxed, &self.device)?;
+        self.infer_padded(letterboxed, 0)
+    }
+
+    /// [`Detector::infer`] with the input padded on the device to `pad_to` images (copies of the
+    /// first) when there are fewer; the output keeps only the real images' rows.
+    fn infer_padded(&self, letterboxed: &[&RgbImage], pad_to: usize) -> Result<Tensor> {
+        let mut x = to_tensor(letterboxed, &self.device)?;
+        let n = letterboxed.len();
+        if pad_to > n && n > 0 {
+            let extra = x.narrow(0, 0, 1)?.repeat((pad_to - n, 1, 1, 1))?;
+            x = Tensor::cat(&[&x, &extra], 0)?;
+        }
         let y = self.forward_on_device(&x)?;
+        let y = if pad_to > n { y.narrow(0, 0, n)? } else { y };
         let nc = self.names().len();
         let (b, rows, _) = y
             .dims3()
@@ -366,6 +378,22 @@ impl Detector {
         img_size: u32,
         nms: &NmsOptions,
     ) -> Result<Vec<Vec<Detection>>> {
+        self.detect_batch_padded(imgs, img_size, nms, 0)
+    }
+
+    /// [`Detector::detect_batch_with`] with every forward's input padded on the device to
+    /// `pad_to` images (copies of the group's first; their outputs are dropped), so that
+    /// batches of varying size share one input shape, and so one CUDA graph
+    /// ([`crate::model::graphs`]). The detections are those of the unpadded call.
+    ///
+    /// Errors: as [`Detector::detect_batch_with`].
+    pub fn detect_batch_padded(
+        &self,
+        imgs: &[DynamicImage],
+        img_size: u32,
+        nms: &NmsOptions,
+        pad_to: usize,
+    ) -> Result<Vec<Vec<Detection>>> {
         self.validate_with(img_size, nms)?;
         let mut prepared = Vec::with_capacity(imgs.len());
         for (i, img) in imgs.iter().enumerate() {
@@ -388,7 +416,7 @@ impl Detector {
                 .collect();
             let lbs: Vec<&RgbImage> = group.iter().map(|&j| &prepared[j].0).collect();
             let infos: Vec<LetterboxInfo> = group.iter().map(|&j| prepared[j].1).collect();
-            let y = self.infer(&lbs)?;
+            let y = self.infer_padded(&lbs, pad_to)?;
             for (k, dets) in self
                 .postprocess_with(&y, &infos, nms)?
                 .into_iter()

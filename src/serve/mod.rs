@@ -5,8 +5,9 @@
 //! first waiting request, then waits up to [`ServeConfig::max_delay`] for more, up to
 //! [`ServeConfig::max_batch`], and runs the requests with equal parameters as one
 //! [`Detector::detect_batch_with`] call (images of one letterbox shape share one forward). On a
-//! GPU each batch is padded to `max_batch` images (copies of its first), so the forward has one
-//! shape and is replayed from its CUDA graph ([`crate::model::graphs`]). A full
+//! GPU each forward's input is padded on the device to `max_batch` images
+//! ([`Detector::detect_batch_padded`]), so the forward has one shape and is replayed from its
+//! CUDA graph ([`crate::model::graphs`]). A full
 //! queue answers 503 with `Retry-After` at once, so a burst never waits unanswered.
 //!
 //! Endpoints:
@@ -265,18 +266,11 @@ fn work(det: Detector, rx: Receiver<Job>, cfg: &ServeConfig, ready: &AtomicBool,
                 jobs.into_iter().partition(|j| j.params == params);
             jobs = rest;
             let start = Instant::now();
-            let mut imgs: Vec<DynamicImage> = same.iter().map(|j| j.img.clone()).collect();
-            if pad {
-                // One batch shape on the GPU, so the forward is replayed from its CUDA graph
-                // (batches of varying size would each be launched op by op).
-                imgs.resize(cfg.max_batch, imgs[0].clone());
-            }
-            let out = det
-                .detect_batch_with(&imgs, params.img, &params.nms)
-                .map(|mut v| {
-                    v.truncate(same.len());
-                    v
-                });
+            let imgs: Vec<DynamicImage> = same.iter().map(|j| j.img.clone()).collect();
+            // On the GPU one batch shape, so the forward is replayed from its CUDA graph
+            // (batches of varying size would each be launched op by op).
+            let pad_to = if pad { cfg.max_batch } else { 0 };
+            let out = det.detect_batch_padded(&imgs, params.img, &params.nms, pad_to);
             let detect = start.elapsed();
             m.batches.fetch_add(1, Ordering::Relaxed);
             m.images.fetch_add(same.len() as u64, Ordering::Relaxed);
