@@ -109,6 +109,10 @@ pub struct DetectArgs {
     /// Do not save annotated images.
     #[arg(long)]
     pub nosave: bool,
+    /// Videos: detect every N-th frame (the annotated video keeps the source's frame rate).
+    #[arg(long = "vid-stride", default_value = "1",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub vid_stride: u32,
 }
 
 /// `--img` parser ([`super::parse::img`]).
@@ -374,6 +378,8 @@ pub fn run_with(
     let (mut n_ok, mut n_bad) = (0usize, skipped.len());
     let (mut t_pre, mut t_inf, mut t_nms) = (0f64, 0f64, 0f64);
     let mut n_labels = 0usize;
+    // Images only (videos print their own per-frame times).
+    let mut n_img = 0usize;
     let total = files.len();
     let stems = unique_stems(files);
     for (k, path) in files.iter().enumerate() {
@@ -384,6 +390,24 @@ pub fn run_with(
                 "note: {} is saved as {stem} (an earlier input has the same name)",
                 path.display()
             );
+        }
+        if crate::detect::video::is_video(path) {
+            let sinks = Sinks {
+                save_dir: &save_dir,
+                jsonl: jsonl.as_mut(),
+                draw: &draw_opts,
+            };
+            match detect_video(detector, args, path, stem, sinks, (k + 1, total)) {
+                Ok(v) => {
+                    n_ok += 1;
+                    n_labels += v.labels;
+                }
+                Err(e) => {
+                    eprintln!("skipped {}: {e:#}", path.display());
+                    n_bad += 1;
+                }
+            }
+            continue;
         }
         let t0 = Instant::now();
         let img = match load_rgb8(path) {
@@ -430,6 +454,7 @@ pub fn run_with(
         t_inf += i;
         t_nms += n;
         n_ok += 1;
+        n_img += 1;
         println!(
             "image {}/{} {}: {}x{} {}, {p:.1}ms pre, {i:.1}ms infer, {n:.1}ms nms",
             k + 1,
@@ -488,8 +513,8 @@ pub fn run_with(
     if let Some(mut out) = jsonl {
         out.flush().context("writing predictions.jsonl")?;
     }
-    if n_ok > 0 {
-        let d = n_ok as f64;
+    if n_img > 0 {
+        let d = n_img as f64;
         println!(
             "Speed: {:.1}ms pre-process, {:.1}ms inference, {:.1}ms NMS per image (size {})",
             t_pre / d,
@@ -513,6 +538,113 @@ pub fn run_with(
         bail!("no image could be processed ({n_bad} skipped, reasons above)");
     }
     Ok(())
+}
+
+/// Where one source's results go.
+struct Sinks<'a> {
+    save_dir: &'a Path,
+    jsonl: Option<&'a mut std::io::BufWriter<std::fs::File>>,
+    draw: &'a DrawOptions,
+}
+
+/// What [`detect_video`] wrote.
+struct VideoDone {
+    labels: usize,
+}
+
+/// Detection on every `--vid-stride`-th frame of a video (frames numbered from 1, as the
+/// official `LoadImages`): per frame a progress line, `labels/<stem>_<frame>.txt` with
+/// `--save-txt`, `predictions.jsonl` lines with a `frame` field with `--json`, and the annotated
+/// frames as `<stem>.mp4` in the run folder (the source's frame rate) unless `--nosave`.
+fn detect_video(
+    detector: &Detector,
+    args: &DetectArgs,
+    path: &Path,
+    stem: &str,
+    mut sinks: Sinks<'_>,
+    (k, total): (usize, usize),
+) -> Result<VideoDone> {
+    use crate::detect::video::{probe, FrameReader, FrameWriter};
+    let info = probe(path)?;
+    let names = detector.names();
+    let mut reader = FrameReader::open(path, &info)?;
+    let mut writer = if args.nosave {
+        None
+    } else {
+        let out = sinks.save_dir.join(format!("{stem}.mp4"));
+        Some((
+            FrameWriter::create(&out, info.width, info.height, info.fps)?,
+            out,
+        ))
+    };
+    let of = info
+        .frames
+        .map(|n| n.to_string())
+        .unwrap_or_else(|| "?".into());
+    let (mut frame, mut labels, mut detected) = (0u64, 0usize, 0u64);
+    while let Some(img) = reader.next_frame()? {
+        frame += 1;
+        if (frame - 1) % args.vid_stride as u64 != 0 {
+            continue;
+        }
+        let t0 = Instant::now();
+        let dets = detector
+            .detect_rgb(&img)
+            .with_context(|| format!("frame {frame}"))?;
+        detected += 1;
+        println!(
+            "video {k}/{total} (frame {frame}/{of}) {}: {}, {:.1}ms",
+            path.display(),
+            count_summary(&dets, names),
+            t0.elapsed().as_secs_f64() * 1e3
+        );
+        let (w, h) = img.dimensions();
+        if args.save_txt && !dets.is_empty() {
+            let lp = sinks
+                .save_dir
+                .join("labels")
+                .join(format!("{stem}_{frame}.txt"));
+            let text: String = dets
+                .iter()
+                .map(|d| label_line(d, w, h, args.save_conf) + "\n")
+                .collect();
+            std::fs::write(&lp, text).with_context(|| format!("cannot write {}", lp.display()))?;
+            labels += 1;
+        }
+        if let Some(out) = sinks.jsonl.as_mut() {
+            for d in &dets {
+                let line = serde_json::json!({
+                    "image": path.to_string_lossy(),
+                    "frame": frame,
+                    "class_id": d.class_id,
+                    "class_name": d.class_name,
+                    "confidence": d.confidence,
+                    "xyxy": d.bbox,
+                });
+                writeln!(out, "{line}").context("writing predictions.jsonl")?;
+            }
+        }
+        if let Some((wr, _)) = writer.as_mut() {
+            let mut canvas = img;
+            draw_detections(&mut canvas, &dets, 1.0, sinks.draw)?;
+            wr.write(&canvas)?;
+        }
+    }
+    if let Some(msg) = reader.finish() {
+        eprintln!("note: {}: ffmpeg reported: {msg}", path.display());
+    }
+    if let Some((wr, out)) = writer {
+        wr.finish()?;
+        println!(
+            "{}: {detected} of {frame} frames detected, saved to {}",
+            path.display(),
+            out.display()
+        );
+    }
+    if frame == 0 {
+        bail!("no frame could be decoded");
+    }
+    Ok(VideoDone { labels })
 }
 
 #[cfg(test)]

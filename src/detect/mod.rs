@@ -5,6 +5,7 @@
 //! - [`postprocess`]: candidates, official `non_max_suppression`, `scale_boxes`, clipping.
 //! - [`draw`]: annotated images.
 //! - [`source`]: expanding files, directories and globs.
+//! - [`video`]: video files read and written through the `ffmpeg` program.
 //! - [`detector`]: the public [`detector::Detector`].
 
 pub mod detector;
@@ -13,3 +14,4 @@ pub mod letterbox;
 pub mod nms;
 pub mod postprocess;
 pub mod source;
+pub mod video;
