@@ -141,3 +141,23 @@ pub fn draw_detections(
     }
     Ok(())
 }
+
+/// The crop of one detection as the official `save_one_box(xyxy, im, gain=1.02, pad=10)`: the box
+/// widened about its centre to `w * 1.02 + 10` by `h * 1.02 + 10` pixels, the corners truncated
+/// to integers and clipped to the image. `None` when nothing is left after clipping.
+pub fn crop_box(img: &RgbImage, bbox: [f32; 4]) -> Option<RgbImage> {
+    let (cx, cy) = ((bbox[0] + bbox[2]) / 2.0, (bbox[1] + bbox[3]) / 2.0);
+    let w = (bbox[2] - bbox[0]) * 1.02 + 10.0;
+    let h = (bbox[3] - bbox[1]) * 1.02 + 10.0;
+    let clip = |v: f32, hi: u32| (v.trunc().max(0.0) as u32).min(hi);
+    let (x1, x2) = (
+        clip(cx - w / 2.0, img.width()),
+        clip(cx + w / 2.0, img.width()),
+    );
+    let (y1, y2) = (
+        clip(cy - h / 2.0, img.height()),
+        clip(cy + h / 2.0, img.height()),
+    );
+    (x2 > x1 && y2 > y1)
+        .then(|| image::imageops::crop_imm(img, x1, y1, x2 - x1, y2 - y1).to_image())
+}
