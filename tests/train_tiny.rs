@@ -60,6 +60,10 @@ fn tiny_training_run_learns_saves_reloads_and_resumes() {
     ] {
         assert!(s.run_dir.join(f).is_file(), "{f} missing");
     }
+    // The final epoch's confusion matrix (plots are on).
+    for f in ["confusion_matrix.png", "confusion_matrix_normalized.png"] {
+        assert!(s.run_dir.join(f).is_file(), "{f} missing");
+    }
     let csv = std::fs::read_to_string(s.run_dir.join("results.csv")).unwrap();
     let lines: Vec<&str> = csv.lines().collect();
     assert_eq!(lines[0], RESULTS_HEADER);

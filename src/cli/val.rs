@@ -52,6 +52,18 @@ pub struct ValArgs {
     /// with a notice on the CPU.
     #[arg(long)]
     pub half: bool,
+    /// Parent folder of the run folder (the plots go there).
+    #[arg(long, default_value = "runs/val")]
+    pub project: PathBuf,
+    /// Run folder name (exp, exp2, ... when it exists).
+    #[arg(long, default_value = "exp")]
+    pub name: String,
+    /// Reuse the run folder if it exists instead of incrementing.
+    #[arg(long = "exist-ok")]
+    pub exist_ok: bool,
+    /// Draw no plots (and create no run folder).
+    #[arg(long)]
+    pub noplots: bool,
 }
 
 fn parse_budget(s: &str) -> Result<u64, String> {
@@ -121,6 +133,7 @@ pub fn run(a: ValArgs) -> Result<()> {
         iou_thres: a.iou_thres as f32,
         max_det: a.max_det,
         progress: true,
+        confusion: !a.noplots,
         ..ValConfig::default()
     };
     let r = validate(ValModel::Infer(&model), &images, &vc)?;
@@ -134,5 +147,23 @@ pub fn run(a: ValArgs) -> Result<()> {
         r.seconds,
         r.metrics.seen as f64 / r.seconds.max(1e-9)
     );
+    if let Some(cm) = r.confusion.as_ref().filter(|_| !a.noplots) {
+        let dir =
+            crate::runs::claim_run_dir(&a.project, &a.name, a.exist_ok).with_context(|| {
+                format!("cannot create the run folder under {}", a.project.display())
+            })?;
+        for (normalize, file) in [
+            (false, "confusion_matrix.png"),
+            (true, "confusion_matrix_normalized.png"),
+        ] {
+            crate::metrics::plots::plot_confusion_matrix(
+                cm,
+                &cfg.names,
+                normalize,
+                &dir.join(file),
+            )?;
+        }
+        println!("Results saved to {}", dir.display());
+    }
     Ok(())
 }

@@ -126,15 +126,29 @@ pub struct ValStats {
     pub target_cls: Vec<u32>,
     /// Images seen.
     pub seen: usize,
+    /// The confusion matrix at conf 0.25 / IoU 0.45 ([`super::confusion`]), when asked for with
+    /// [`ValStats::with_confusion`].
+    pub confusion: Option<super::confusion::ConfusionMatrix>,
 }
 
 impl ValStats {
+    /// Statistics that also fill a confusion matrix for `nc` classes.
+    pub fn with_confusion(nc: usize) -> Self {
+        ValStats {
+            confusion: Some(super::confusion::ConfusionMatrix::new(nc)),
+            ..ValStats::default()
+        }
+    }
+
     /// Adds one image: `detections` rows `[x1, y1, x2, y2, conf, cls]` after NMS and `labels` rows
     /// `[cls, x1, y1, x2, y2]`, both in the same pixel space (the official uses original-image pixels).
     /// An image with labels but no detections adds only its target classes; an image with detections
     /// and no labels adds its detections as false positives.
     pub fn add_image(&mut self, detections: &[[f32; 6]], labels: &[[f32; 5]]) {
         self.seen += 1;
+        if let Some(cm) = self.confusion.as_mut() {
+            cm.process_batch(detections, labels);
+        }
         self.target_cls.extend(labels.iter().map(|l| l[0] as u32));
         if detections.is_empty() {
             return;

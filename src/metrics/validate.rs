@@ -44,6 +44,8 @@ pub struct ValConfig {
     pub forward_chunk: usize,
     /// Show a progress bar.
     pub progress: bool,
+    /// Also fill the confusion matrix ([`ValResult::confusion`]).
+    pub confusion: bool,
 }
 
 impl Default for ValConfig {
@@ -57,6 +59,7 @@ impl Default for ValConfig {
             pad: 0.5,
             forward_chunk: 4,
             progress: false,
+            confusion: false,
         }
     }
 }
@@ -127,6 +130,8 @@ pub struct ValResult {
     pub skipped: Vec<(PathBuf, String)>,
     /// Wall time in seconds.
     pub seconds: f64,
+    /// The confusion matrix (conf 0.25, IoU 0.45), when [`ValConfig::confusion`] asked for it.
+    pub confusion: Option<crate::metrics::confusion::ConfusionMatrix>,
 }
 
 /// Rectangular batches (official `rect=True`): returns the image order (sorted by `h/w`, stable)
@@ -260,7 +265,11 @@ pub fn validate(model: ValModel<'_>, images: &[ValImage], cfg: &ValConfig) -> Re
         ValModel::Infer(m) => m.meta().nc,
         ValModel::Train { model, .. } => model.meta().nc,
     };
-    let mut stats = ValStats::default();
+    let mut stats = if cfg.confusion {
+        ValStats::with_confusion(nc)
+    } else {
+        ValStats::default()
+    };
     let mut skipped = Vec::new();
     let mut loss_sum = [0f64; 3];
     let mut loss_batches = 0usize;
@@ -368,6 +377,7 @@ pub fn validate(model: ValModel<'_>, images: &[ValImage], cfg: &ValConfig) -> Re
         losses,
         skipped,
         seconds: t0.elapsed().as_secs_f64(),
+        confusion: stats.confusion.take(),
     })
 }
 

@@ -83,7 +83,8 @@ pub(crate) fn run_epoch(
     let mut validated = false;
     let tv = std::time::Instant::now();
     if (!opts.noval || final_epoch) && !val.images.is_empty() {
-        (metrics, val_loss) = validate_ema(run, val, &mut pr, obs)?;
+        let confusion = final_epoch && !opts.noplots;
+        (metrics, val_loss) = validate_ema(run, val, &mut pr, obs, confusion)?;
         validated = true;
     }
     let val_secs = tv.elapsed().as_secs_f64();
@@ -311,12 +312,15 @@ fn train_batches(
 }
 
 /// Validates the EMA on the val split, halving the batch on out-of-memory (counted in `pr`, as
-/// are the images it skipped); returns P, R, mAP50, mAP50-95 and the val losses.
+/// are the images it skipped); returns P, R, mAP50, mAP50-95 and the val losses. With
+/// `confusion` (the final epoch, plots on) it also draws `confusion_matrix.png` and
+/// `confusion_matrix_normalized.png` into the run folder.
 fn validate_ema(
     run: &mut Run<'_>,
     val: &Val,
     pr: &mut EpochProgress,
     obs: &mut dyn TrainObserver,
+    confusion: bool,
 ) -> Result<([f64; 4], [f32; 3])> {
     let opts = run.opts;
     // The captured training step holds a training forward's activations: release them
@@ -336,6 +340,7 @@ fn validate_ema(
                 img: opts.img,
                 batch: vb,
                 progress: opts.verbose,
+                confusion,
                 ..ValConfig::default()
             },
         ) {
@@ -353,6 +358,19 @@ fn validate_ema(
     };
     if opts.verbose {
         obs.text(&r.metrics.table(&val.names));
+    }
+    if let Some(cm) = &r.confusion {
+        for (normalize, file) in [
+            (false, "confusion_matrix.png"),
+            (true, "confusion_matrix_normalized.png"),
+        ] {
+            let p = run.run_dir.join(file);
+            if let Err(e) =
+                crate::metrics::plots::plot_confusion_matrix(cm, &val.names, normalize, &p)
+            {
+                obs.note(&format!("warning: {}: {e:#}", p.display()));
+            }
+        }
     }
     let metrics = [
         r.metrics.mp,

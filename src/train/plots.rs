@@ -7,10 +7,7 @@
 pub use crate::train::report::{read_results_csv, Curves, PANELS};
 use anyhow::{bail, Context, Result};
 use plotters::prelude::*;
-use plotters::style::FontStyle;
 use std::path::Path;
-
-static FONT: &[u8] = include_bytes!("../../assets/fonts/DejaVuSansMono-Bold.ttf");
 
 /// Line colours of the runs, in order.
 const COLORS: [RGBColor; 4] = [
@@ -26,7 +23,7 @@ pub fn plot_results(runs: &[Curves], out: &Path) -> Result<()> {
     if runs.is_empty() {
         bail!("plot: no results to draw");
     }
-    let _ = plotters::style::register_font("sans-serif", FontStyle::Normal, FONT);
+    crate::metrics::plots::register_font();
     let (w, h) = (2000u32, 800u32);
     let mut buf = vec![255u8; (w * h * 3) as usize];
     {
