@@ -74,3 +74,65 @@ fn plots_are_written_and_colour_the_cells_by_value() {
         }
     }
 }
+
+/// The curves of `ap_per_class` agree with its numbers (P, R and F1 at the chosen confidence are
+/// points of the curves; the area under each class's PR curve is its AP50 up to the sampling), and
+/// the four curve pictures are written.
+#[test]
+fn curves_agree_with_the_numbers_and_are_drawn() {
+    use yolo9::metrics::ap::{ap_per_class, N_IOU};
+    // Two classes, 40 predictions with a seeded mix of hits and misses.
+    let mut s = 7u64;
+    let mut rnd = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        (s % 10_000) as f32 / 10_000.0
+    };
+    let (mut tp, mut conf, mut cls) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..40 {
+        let c = rnd();
+        let hit = rnd() < c;
+        tp.push([hit; N_IOU]);
+        conf.push(c);
+        cls.push((i % 2) as u32);
+    }
+    let targets: Vec<u32> = (0..30).map(|i| (i % 2) as u32).collect();
+    let ap = ap_per_class(&tp, &conf, &cls, &targets);
+    let c = &ap.curves;
+    assert_eq!(c.px.len(), 1000);
+    assert_eq!((c.p.len(), c.r.len(), c.f1.len(), c.pr.len()), (2, 2, 2, 2));
+    for k in 0..2 {
+        let at = (0..1000)
+            .find(|&i| c.p[k][i] == ap.p[k] && c.r[k][i] == ap.r[k])
+            .expect("P and R are read off the curves");
+        assert_eq!(c.f1[k][at], ap.f1[k]);
+        let area: f64 = (0..999)
+            .map(|i| (c.px[i + 1] - c.px[i]) * (c.pr[k][i] + c.pr[k][i + 1]) / 2.0)
+            .sum();
+        assert!(
+            (area - ap.ap[k][0]).abs() < 0.01,
+            "class {k}: {area} vs {}",
+            ap.ap[k][0]
+        );
+    }
+    let dir = common::tmpdir("metrics_curves");
+    let names: Vec<String> = ["a", "b"].map(String::from).into();
+    let files = yolo9::metrics::plots::plot_validation(&dir, &ap, None, &names).unwrap();
+    assert_eq!(files.len(), 4);
+    for f in &files {
+        let img = image::open(f).unwrap().to_rgb8();
+        assert_eq!(img.dimensions(), (900, 700), "{}", f.display());
+        // The thick "all classes" line is drawn.
+        assert!(
+            img.pixels().any(|p| p.0 == [31, 119, 180]),
+            "{}",
+            f.display()
+        );
+    }
+    if let Ok(keep) = std::env::var("YOLO9_KEEP_PLOTS") {
+        for f in &files {
+            std::fs::copy(f, std::path::Path::new(&keep).join(f.file_name().unwrap())).unwrap();
+        }
+    }
+}

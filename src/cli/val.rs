@@ -147,22 +147,17 @@ pub fn run(a: ValArgs) -> Result<()> {
         r.seconds,
         r.metrics.seen as f64 / r.seconds.max(1e-9)
     );
-    if let Some(cm) = r.confusion.as_ref().filter(|_| !a.noplots) {
+    if !a.noplots {
         let dir =
             crate::runs::claim_run_dir(&a.project, &a.name, a.exist_ok).with_context(|| {
                 format!("cannot create the run folder under {}", a.project.display())
             })?;
-        for (normalize, file) in [
-            (false, "confusion_matrix.png"),
-            (true, "confusion_matrix_normalized.png"),
-        ] {
-            crate::metrics::plots::plot_confusion_matrix(
-                cm,
-                &cfg.names,
-                normalize,
-                &dir.join(file),
-            )?;
-        }
+        crate::metrics::plots::plot_validation(
+            &dir,
+            &r.metrics.per_class,
+            r.confusion.as_ref(),
+            &cfg.names,
+        )?;
         println!("Results saved to {}", dir.display());
     }
     Ok(())

@@ -215,6 +215,25 @@ pub struct ApPerClass {
     pub f1: Vec<f64>,
     /// AP at each IoU threshold (101-point interpolation).
     pub ap: Vec<[f64; N_IOU]>,
+    /// The curves behind these numbers (the official `plot=True` outputs), for the plots.
+    pub curves: PrCurves,
+}
+
+/// The curves of [`ap_per_class`], one row per class of [`ApPerClass::classes`], each sampled at
+/// the 1000 points of `px` (0..=1): precision, recall and F1 against the confidence threshold
+/// (IoU 0.5), and the precision envelope against recall (IoU 0.5, the curve whose area is AP50).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PrCurves {
+    /// The sample points: confidences for `p`, `r`, `f1`; recalls for `pr`.
+    pub px: Vec<f64>,
+    /// Precision at each confidence.
+    pub p: Vec<Vec<f64>>,
+    /// Recall at each confidence.
+    pub r: Vec<Vec<f64>>,
+    /// F1 at each confidence.
+    pub f1: Vec<Vec<f64>>,
+    /// Precision (envelope) at each recall.
+    pub pr: Vec<Vec<f64>>,
 }
 
 /// The official `utils.metrics.ap_per_class`.
@@ -248,6 +267,7 @@ pub fn ap_per_class(
     let mut ap = vec![[0f64; N_IOU]; nc];
     let mut p = vec![vec![0f64; 1000]; nc];
     let mut r = vec![vec![0f64; 1000]; nc];
+    let mut pr = vec![vec![0f64; 1000]; nc];
     for (ci, &c) in classes.iter().enumerate() {
         let idx: Vec<usize> = order
             .iter()
@@ -276,7 +296,11 @@ pub fn ap_per_class(
         r[ci] = np_interp(&neg_px, &neg_conf, &recall[0], 0.0);
         p[ci] = np_interp(&neg_px, &neg_conf, &precision[0], 1.0);
         for j in 0..N_IOU {
-            ap[ci][j] = compute_ap(&recall[j], &precision[j]);
+            let (a, mrec, mpre) = ap_envelope(&recall[j], &precision[j]);
+            ap[ci][j] = a;
+            if j == 0 {
+                pr[ci] = np_interp(&px, &mrec, &mpre, mpre[0]);
+            }
         }
     }
     // f1 and its class mean (numpy mean over axis 0: sequential row sums, then divide)
@@ -324,6 +348,7 @@ pub fn ap_per_class(
         r: rk,
         f1: f1k,
         ap,
+        curves: PrCurves { px, p, r, f1, pr },
     }
 }
 
@@ -331,6 +356,12 @@ pub fn ap_per_class(
 /// (recall 0 → precision 1, recall 1 → precision 0), the precision envelope, and the trapezoid rule
 /// over the envelope sampled at 101 recall points 0, 0.01, ..., 1.
 pub fn compute_ap(recall: &[f64], precision: &[f64]) -> f64 {
+    ap_envelope(recall, precision).0
+}
+
+/// [`compute_ap`] with the sentinel-extended recall and the precision envelope it integrates (the
+/// official `compute_ap` returns all three).
+fn ap_envelope(recall: &[f64], precision: &[f64]) -> (f64, Vec<f64>, Vec<f64>) {
     let mut mrec = Vec::with_capacity(recall.len() + 2);
     mrec.push(0.0);
     mrec.extend_from_slice(recall);
@@ -348,7 +379,7 @@ pub fn compute_ap(recall: &[f64], precision: &[f64]) -> f64 {
     let terms: Vec<f64> = (0..x.len() - 1)
         .map(|i| (x[i + 1] - x[i]) * (y[i + 1] + y[i]) / 2.0)
         .collect();
-    np_sum(&terms)
+    (np_sum(&terms), mrec, mpre)
 }
 
 /// The official `smooth`: box filter of fraction `f` (odd width `round(len·f·2)//2 + 1`), edges padded

@@ -360,16 +360,14 @@ fn validate_ema(
         obs.text(&r.metrics.table(&val.names));
     }
     if let Some(cm) = &r.confusion {
-        for (normalize, file) in [
-            (false, "confusion_matrix.png"),
-            (true, "confusion_matrix_normalized.png"),
-        ] {
-            let p = run.run_dir.join(file);
-            if let Err(e) =
-                crate::metrics::plots::plot_confusion_matrix(cm, &val.names, normalize, &p)
-            {
-                obs.note(&format!("warning: {}: {e:#}", p.display()));
-            }
+        let drawn = crate::metrics::plots::plot_validation(
+            &run.run_dir,
+            &r.metrics.per_class,
+            Some(cm),
+            &val.names,
+        );
+        if let Err(e) = drawn {
+            obs.note(&format!("warning: the validation plots: {e:#}"));
         }
     }
     let metrics = [
