@@ -153,14 +153,11 @@ const CLASS_COLORS: [RGBColor; 6] = [
 ];
 const ALL_COLOR: RGBColor = RGBColor(31, 119, 180);
 
-/// One curve figure: `lines` of (label, colour, width, points) on 0..1 x 0..1 axes.
-fn curve_figure(
-    title: &str,
-    xdesc: &str,
-    ydesc: &str,
-    lines: &[(String, RGBColor, u32, Vec<(f64, f64)>)],
-    out: &Path,
-) -> Result<()> {
+/// One line of a curve figure: legend label, colour, stroke width, points.
+type Line = (String, RGBColor, u32, Vec<(f64, f64)>);
+
+/// One curve figure: `lines` on 0..1 x 0..1 axes.
+fn curve_figure(title: &str, xdesc: &str, ydesc: &str, lines: &[Line], out: &Path) -> Result<()> {
     register_font();
     let (w, h) = (900u32, 700u32);
     let mut buf = vec![255u8; (w * h * 3) as usize];
