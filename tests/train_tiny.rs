@@ -60,8 +60,14 @@ fn tiny_training_run_learns_saves_reloads_and_resumes() {
     ] {
         assert!(s.run_dir.join(f).is_file(), "{f} missing");
     }
-    // The final epoch's confusion matrix (plots are on).
-    for f in ["confusion_matrix.png", "confusion_matrix_normalized.png"] {
+    // The final epoch's validation pictures and the first batches (plots are on).
+    for f in [
+        "confusion_matrix.png",
+        "confusion_matrix_normalized.png",
+        "PR_curve.png",
+        "F1_curve.png",
+        "train_batch0.jpg",
+    ] {
         assert!(s.run_dir.join(f).is_file(), "{f} missing");
     }
     let csv = std::fs::read_to_string(s.run_dir.join("results.csv")).unwrap();

@@ -71,7 +71,9 @@ pub(crate) fn run_epoch(
         }
         loader.config_mut().augment.mosaic = 0.0;
     }
-    let Some((mut pr, train_secs)) = train_batches(run, loader, epoch, start, stop, obs)? else {
+    let Some((mut pr, train_secs)) =
+        train_batches(run, loader, (epoch, &val.names), start, stop, obs)?
+    else {
         return Ok(EpochEnd::Stopped);
     };
     let lr = run.opt.lr;
@@ -171,7 +173,7 @@ pub(crate) fn run_epoch(
 fn train_batches(
     run: &mut Run<'_>,
     loader: &Loader,
-    epoch: usize,
+    (epoch, names): (usize, &[String]),
     start: &Start,
     stop: &StopFlag,
     obs: &mut dyn TrainObserver,
@@ -222,6 +224,21 @@ fn train_batches(
         }
         if batch.len == 0 {
             continue;
+        }
+        if ni < 3 && !opts.noplots {
+            // The first three batches of the run, as the official `train_batch{ni}.jpg`.
+            let p = run.run_dir.join(format!("train_batch{ni}.jpg"));
+            let drawn = crate::train::plots::plot_train_batch(
+                &batch.images,
+                batch.len,
+                batch.size,
+                &batch.targets,
+                names,
+                &p,
+            );
+            if let Err(e) = drawn {
+                obs.note(&format!("warning: {e:#}"));
+            }
         }
         times.mark(0)?;
         let st = run.sched.at(ni, epoch, nb, opts.batch);

@@ -1,4 +1,5 @@
-//! Training curves as a PNG (official `utils/plots.py::plot_results` layout): ten panels, two
+//! Training pictures: the first batches as the network sees them ([`plot_train_batch`], official
+//! `plot_images`), and the training curves as a PNG (official `utils/plots.py::plot_results` layout): ten panels, two
 //! rows of five — train box/cls/dfl loss, precision, recall; val box/cls/dfl loss, mAP50,
 //! mAP50-95 — against the epoch, one line per run. `yolo9 train` writes `results.png` in the
 //! run folder after every epoch; `yolo9 plot` draws several `results.csv` files (ours or the
@@ -107,9 +108,111 @@ pub fn plot_results(runs: &[Curves], out: &Path) -> Result<()> {
     Ok(())
 }
 
+/// `train_batch<k>.jpg` (the official `plot_images`): up to 16 images of a loader batch, as the
+/// network sees them (mosaic and augmentation included), in a square grid with their label boxes
+/// and class names, scaled to at most 1920 pixels a side. Users find label errors this way.
+///
+/// `images`: `B × 3 × S × S` RGB bytes (CHW per image); `targets`: `[img, cls, cx, cy, w, h]`
+/// normalized to `S`.
+///
+/// Errors: the file cannot be written.
+pub fn plot_train_batch(
+    images: &[u8],
+    len: usize,
+    size: u32,
+    targets: &[[f32; 6]],
+    names: &[String],
+    out: &Path,
+) -> Result<()> {
+    use crate::detect::draw::{draw_detections, DrawOptions};
+    let n = len.min(16);
+    if n == 0 || size == 0 {
+        bail!("plot: an empty batch");
+    }
+    let s = size as usize;
+    let grid = (n as f64).sqrt().ceil() as u32;
+    let scale = (1920.0 / (grid * size) as f64).min(1.0);
+    let tile = ((size as f64 * scale).round() as u32).max(1);
+    let mut canvas = image::RgbImage::from_pixel(grid * tile, grid * tile, image::Rgb([255; 3]));
+    let opts = DrawOptions {
+        line_thickness: 2,
+        hide_labels: false,
+        hide_conf: true,
+    };
+    for k in 0..n {
+        let px = &images[k * 3 * s * s..(k + 1) * 3 * s * s];
+        let img = image::RgbImage::from_fn(size, size, |x, y| {
+            let i = y as usize * s + x as usize;
+            image::Rgb([px[i], px[s * s + i], px[2 * s * s + i]])
+        });
+        let mut t = if tile == size {
+            img
+        } else {
+            image::imageops::resize(&img, tile, tile, image::imageops::FilterType::Triangle)
+        };
+        let dets: Vec<crate::detect::detector::Detection> = targets
+            .iter()
+            .filter(|r| r[0] as usize == k)
+            .map(|r| {
+                let c = r[1] as usize;
+                let f = tile as f32;
+                crate::detect::detector::Detection {
+                    class_id: c,
+                    class_name: names.get(c).cloned().unwrap_or_else(|| format!("{c}")),
+                    confidence: 1.0,
+                    bbox: [
+                        (r[2] - r[4] / 2.0) * f,
+                        (r[3] - r[5] / 2.0) * f,
+                        (r[2] + r[4] / 2.0) * f,
+                        (r[3] + r[5] / 2.0) * f,
+                    ],
+                }
+            })
+            .collect();
+        draw_detections(&mut t, &dets, 1.0, &opts)?;
+        let (gx, gy) = ((k as u32 % grid) * tile, (k as u32 / grid) * tile);
+        image::imageops::replace(&mut canvas, &t, gx as i64, gy as i64);
+    }
+    canvas
+        .save(out)
+        .with_context(|| format!("{}: cannot write the plot", out.display()))?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn train_batch_tiles_the_images_and_draws_their_labels() {
+        // Two 64x64 grey images; one label on the second: a 2x2 grid of 64-pixel tiles.
+        let (s, n) = (64usize, 2usize);
+        let images = vec![128u8; n * 3 * s * s];
+        let targets = [[1.0f32, 0.0, 0.5, 0.5, 0.5, 0.5]];
+        let dir = std::env::temp_dir().join(format!("yolo9-tb-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("train_batch0.jpg");
+        plot_train_batch(&images, n, s as u32, &targets, &["cell".to_string()], &p).unwrap();
+        let img = image::open(&p).unwrap().to_rgb8();
+        assert_eq!(img.dimensions(), (128, 128));
+        // The box of the second tile (x 64..128, y 0..64) spans 80..112; grey elsewhere on its
+        // edge row, and the tiles below stay white.
+        let far =
+            |a: &image::Rgb<u8>, b: [u8; 3]| a.0.iter().zip(b).any(|(x, y)| x.abs_diff(y) > 40);
+        assert!(
+            far(img.get_pixel(96, 16), [128, 128, 128]),
+            "the box edge is drawn"
+        );
+        assert!(
+            !far(img.get_pixel(70, 40), [128, 128, 128]),
+            "inside the tile, no box"
+        );
+        assert!(
+            !far(img.get_pixel(20, 100), [255, 255, 255]),
+            "an empty grid cell is white"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn reads_both_csv_dialects_and_draws() {
