@@ -163,6 +163,35 @@ fn video_frames_are_detected_like_images() {
     seen.dedup();
     assert_eq!(seen, [1, 3, 5]);
 
+    // A phone-style video with a quarter-turn rotation: frames come upright (480 x 640), and so
+    // does the annotated video.
+    let rot = dir.join("rotated.mp4");
+    ffmpeg(&[
+        "-i",
+        video.to_str().unwrap(),
+        "-c",
+        "copy",
+        "-metadata:s:v:0",
+        "rotate=90",
+        rot.to_str().unwrap(),
+    ]);
+    let info = yolo9::detect::video::probe(&rot).unwrap();
+    assert_eq!((info.width, info.height), (480, 640), "{info:?}");
+    let (ok, out) = detect(&[
+        rot.to_str().unwrap(),
+        "--project",
+        runs.to_str().unwrap(),
+        "--name",
+        "r",
+    ]);
+    assert!(ok && out.contains("(frame 6/6)"), "{out}");
+    let info = yolo9::detect::video::probe(&runs.join("r/rotated.mp4")).unwrap();
+    assert_eq!(
+        (info.width, info.height, info.frames),
+        (480, 640, Some(6)),
+        "{info:?}"
+    );
+
     // A file named like a video that is not one: skipped with ffprobe's reason, no panic.
     let fake = dir.join("fake.mp4");
     std::fs::write(&fake, b"not a video at all").unwrap();

@@ -36,9 +36,9 @@ pub fn is_video(path: &Path) -> bool {
 /// What [`probe`] reads of a video's first video stream.
 #[derive(Debug, Clone, PartialEq)]
 pub struct VideoInfo {
-    /// Frame width in pixels.
+    /// Frame width in pixels, upright (after the stream's rotation, as ffmpeg decodes it).
     pub width: u32,
-    /// Frame height in pixels.
+    /// Frame height in pixels, upright.
     pub height: u32,
     /// Frames per second as the rational `num / den` ffprobe gives (`avg_frame_rate`).
     pub fps: (u32, u32),
@@ -99,7 +99,7 @@ pub fn probe(path: &Path) -> Result<VideoInfo> {
             "-select_streams",
             "v:0",
             "-show_entries",
-            "stream=width,height,avg_frame_rate,nb_frames",
+            "stream=width,height,avg_frame_rate,nb_frames:stream_side_data=rotation",
             "-of",
             "default=noprint_wrappers=1",
         ])
@@ -122,12 +122,20 @@ pub fn probe(path: &Path) -> Result<VideoInfo> {
     let (Some(w), Some(h)) = (field("width"), field("height")) else {
         bail!("{}: no video stream (ffprobe found none)", path.display());
     };
-    let (width, height): (u32, u32) = (
+    let (mut width, mut height): (u32, u32) = (
         w.parse()
             .with_context(|| format!("{}: width {w:?}", path.display()))?,
         h.parse()
             .with_context(|| format!("{}: height {h:?}", path.display()))?,
     );
+    // ffmpeg turns frames upright by the stream's rotation (phone videos): a quarter turn
+    // swaps the frame's sides.
+    let rotation: f64 = field("rotation")
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(0.0);
+    if (rotation.abs() - 90.0).abs() < 1.0 || (rotation.abs() - 270.0).abs() < 1.0 {
+        std::mem::swap(&mut width, &mut height);
+    }
     if !(1..=16_384).contains(&width) || !(1..=16_384).contains(&height) {
         bail!(
             "{}: frames of {width}x{height} are outside 1..=16384 pixels a side",

@@ -19,6 +19,14 @@ pub fn register_font() {
     let _ = plotters::style::register_font("sans-serif", FontStyle::Normal, FONT);
 }
 
+/// Writes a drawn RGB buffer of `size` (width, height) as the image file `out` (format by
+/// extension). Errors: a buffer of another size, the file cannot be written.
+pub fn save_rgb(buf: Vec<u8>, size: (u32, u32), out: &Path) -> Result<()> {
+    let img = image::RgbImage::from_raw(size.0, size.1, buf).context("plot: buffer size")?;
+    img.save(out)
+        .with_context(|| format!("{}: cannot write the plot", out.display()))
+}
+
 /// The white-to-blue colour of `v` in `0..=1` (matplotlib's "Blues", approximately).
 fn blues(v: f64) -> RGBColor {
     let t = v.clamp(0.0, 1.0);
@@ -136,10 +144,7 @@ pub fn plot_confusion_matrix(
         }
         root.present().map_err(|e| anyhow::anyhow!("plot: {e}"))?;
     }
-    let img = image::RgbImage::from_raw(w, h, buf).context("plot: buffer size")?;
-    img.save(out)
-        .with_context(|| format!("{}: cannot write the plot", out.display()))?;
-    Ok(())
+    save_rgb(buf, (w, h), out)
 }
 
 /// Colours of the per-class lines (cycled), and the thick "all classes" line.
@@ -201,10 +206,7 @@ fn curve_figure(title: &str, xdesc: &str, ydesc: &str, lines: &[Line], out: &Pat
             .map_err(|e| anyhow::anyhow!("plot: {e}"))?;
         root.present().map_err(|e| anyhow::anyhow!("plot: {e}"))?;
     }
-    let img = image::RgbImage::from_raw(w, h, buf).context("plot: buffer size")?;
-    img.save(out)
-        .with_context(|| format!("{}: cannot write the plot", out.display()))?;
-    Ok(())
+    save_rgb(buf, (w, h), out)
 }
 
 /// The name of class `c` for a legend.

@@ -102,10 +102,7 @@ pub fn plot_results(runs: &[Curves], out: &Path) -> Result<()> {
         }
         root.present().map_err(|e| anyhow::anyhow!("plot: {e}"))?;
     }
-    let img = image::RgbImage::from_raw(w, h, buf).context("plot: buffer size")?;
-    img.save(out)
-        .with_context(|| format!("{}: cannot write the plot", out.display()))?;
-    Ok(())
+    crate::metrics::plots::save_rgb(buf, (w, h), out)
 }
 
 /// `train_batch<k>.jpg` (the official `plot_images`): up to 16 images of a loader batch, as the
