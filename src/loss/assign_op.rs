@@ -20,7 +20,7 @@ use candle_core::{CpuStorage, CustomOp2, DType, Layout, Shape, Tensor};
 
 use super::anchors::Anchors;
 use super::assigner::{AssignerInput, Assignment, GtBatch, Scores, TaskAlignedAssigner};
-use super::tal_loss::bbox2dist;
+use super::tal_loss::{expand_fg_rows, fg_rows};
 
 /// Number of planes of the op's output.
 pub const PLANES: usize = 11;
@@ -208,10 +208,11 @@ impl AssignOp {
                 mask: vec![],
             }
         };
-        let px: Vec<[f32; 2]> = anc
-            .chunks_exact(3)
-            .map(|c| [c[0] * c[2], c[1] * c[2]])
-            .collect();
+        let grid = Anchors {
+            points: anc.chunks_exact(3).map(|c| [c[0], c[1]]).collect(),
+            strides: anc.chunks_exact(3).map(|c| c[2]).collect(),
+        };
+        let px = grid.points_px();
         let mut pd = Vec::with_capacity(bs * na);
         for b in 0..bs {
             for a in 0..na {
@@ -234,29 +235,16 @@ impl AssignOp {
             anc_points: &px,
             gt: &gt,
         })?;
-        let ba = bs * na;
-        let mut out = vec![0f32; PLANES * ba];
-        for i in 0..ba {
-            let a = i % na;
-            let (ax, ay, st) = (anc[3 * a], anc[3 * a + 1], anc[3 * a + 2]);
-            if !asg.fg_mask[i] {
-                out[2 * ba + i] = ax - 1.0;
-                out[3 * ba + i] = ay - 1.0;
-                out[4 * ba + i] = ax + 1.0;
-                out[5 * ba + i] = ay + 1.0;
-                out[10 * ba + i] = -1.0;
-                continue;
+        // The planes of the loss's host path (the same code), then the owner row.
+        let anc_xy: Vec<f32> = grid.points.iter().flatten().copied().collect();
+        let mut out = expand_fg_rows(&fg_rows(&asg, &grid), &anc_xy, bs);
+        out.extend(asg.fg_mask.iter().zip(&asg.target_gt_idx).map(|(&fg, &j)| {
+            if fg {
+                j as f32
+            } else {
+                -1.0
             }
-            let tb = asg.target_bboxes[i].map(|v| v / st);
-            let d = bbox2dist([ax, ay], tb);
-            out[i] = asg.target_score[i];
-            out[ba + i] = asg.target_labels[i] as f32;
-            for k in 0..4 {
-                out[(2 + k) * ba + i] = tb[k];
-                out[(6 + k) * ba + i] = d[k];
-            }
-            out[10 * ba + i] = asg.target_gt_idx[i] as f32;
-        }
+        }));
         Ok(out)
     }
 

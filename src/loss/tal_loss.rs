@@ -703,28 +703,7 @@ impl DenseTargets {
     /// tensors on `dev` by [`DenseTargetsOp`] (a CUDA kernel on a GPU).
     fn new(asg: &Assignment, anchors: &Anchors, dev: &Device) -> Result<Self> {
         let (bs, na) = (asg.batch, asg.num_anchors);
-        let mut fg = Vec::new();
-        for i in (0..bs * na).filter(|&i| asg.fg_mask[i]) {
-            let a = i % na;
-            let [ax, ay] = anchors.points[a];
-            let st = anchors.strides[a];
-            let tb = asg.target_bboxes[i];
-            let tb = [tb[0] / st, tb[1] / st, tb[2] / st, tb[3] / st];
-            let d = bbox2dist([ax, ay], tb);
-            fg.extend_from_slice(&[
-                i as f32,
-                asg.target_score[i],
-                asg.target_labels[i] as f32,
-                tb[0],
-                tb[1],
-                tb[2],
-                tb[3],
-                d[0],
-                d[1],
-                d[2],
-                d[3],
-            ]);
-        }
+        let fg = fg_rows(asg, anchors);
         ensure!(
             bs * na < (1 << 24),
             "loss: {bs} x {na} anchors is too many for one batch; use a smaller batch"
@@ -743,6 +722,50 @@ impl DenseTargets {
             anchors: anc,
         })
     }
+}
+
+/// The foreground rows of `asg`, `(nfg, 11)` row-major: `[b * A + a, weight, label, box xyxy,
+/// l, t, r, b]` with the box and the DFL distances ([`bbox2dist`]) in grid units of the anchor's
+/// level; what [`DenseTargetsOp`] expands.
+pub(crate) fn fg_rows(asg: &Assignment, anchors: &Anchors) -> Vec<f32> {
+    let (bs, na) = (asg.batch, asg.num_anchors);
+    let mut fg = Vec::new();
+    for i in (0..bs * na).filter(|&i| asg.fg_mask[i]) {
+        let a = i % na;
+        let st = anchors.strides[a];
+        let tb = asg.target_bboxes[i].map(|v| v / st);
+        let d = bbox2dist(anchors.points[a], tb);
+        fg.extend_from_slice(&[i as f32, asg.target_score[i], asg.target_labels[i] as f32]);
+        fg.extend_from_slice(&tb);
+        fg.extend_from_slice(&d);
+    }
+    fg
+}
+
+/// The CPU expansion of [`DenseTargetsOp`]: foreground rows ([`fg_rows`]) over the anchors `anc`
+/// (`A × 2`, grid units, row-major) into the planes `(10, batch, A)`, with the background
+/// defaults of [`DenseTargets`] (the layout of `kernels/tal.cu`).
+pub(crate) fn expand_fg_rows(fg: &[f32], anc: &[f32], batch: usize) -> Vec<f32> {
+    let na = anc.len() / 2;
+    let ba = batch * na;
+    let mut out = vec![0f32; 10 * ba];
+    for i in 0..ba {
+        let a = i % na;
+        let (ax, ay) = (anc[2 * a], anc[2 * a + 1]);
+        out[2 * ba + i] = ax - 1.0;
+        out[3 * ba + i] = ay - 1.0;
+        out[4 * ba + i] = ax + 1.0;
+        out[5 * ba + i] = ay + 1.0;
+    }
+    for row in fg.chunks_exact(11) {
+        let i = row[0] as usize;
+        if i < ba {
+            for k in 0..10 {
+                out[k * ba + i] = row[1 + k];
+            }
+        }
+    }
+    out
 }
 
 /// Expands foreground rows `(nfg, 11)` = `[b * A + a, weight, label, box xyxy (grid), l, t, r,
@@ -775,24 +798,7 @@ impl candle_core::CustomOp2 for DenseTargetsOp {
         let fg = &s1.as_slice::<f32>()?[fa..fb];
         let anc = &s2.as_slice::<f32>()?[aa..ab];
         let na = anc.len() / 2;
-        let ba = self.batch * na;
-        let mut out = vec![0f32; 10 * ba];
-        for i in 0..ba {
-            let a = i % na;
-            let (ax, ay) = (anc[2 * a], anc[2 * a + 1]);
-            out[2 * ba + i] = ax - 1.0;
-            out[3 * ba + i] = ay - 1.0;
-            out[4 * ba + i] = ax + 1.0;
-            out[5 * ba + i] = ay + 1.0;
-        }
-        for row in fg.chunks_exact(11) {
-            let i = row[0] as usize;
-            if i < ba {
-                for k in 0..10 {
-                    out[k * ba + i] = row[1 + k];
-                }
-            }
-        }
+        let out = expand_fg_rows(fg, anc, self.batch);
         Ok((
             candle_core::CpuStorage::F32(out),
             candle_core::Shape::from((10, self.batch, na)),
