@@ -5,12 +5,22 @@ use std::path::{Path, PathBuf};
 /// `project/name`, or `project/name2`, `name3`, ... when it exists (unless `exist_ok`), as the
 /// official `utils/general.py increment_path`. Does not create the folder.
 pub fn increment_path(project: &Path, name: &str, exist_ok: bool) -> PathBuf {
-    let base = project.join(name);
-    if exist_ok || !base.exists() {
+    if exist_ok {
+        return project.join(name);
+    }
+    first_free(project, name, "")
+}
+
+/// `dir/{stem}{ext}` if nothing is there, else the first free of `dir/{stem}2{ext}`,
+/// `dir/{stem}3{ext}`, ... (the official `increment_path` with `sep=''`, suffix kept): the name
+/// of a new file or folder that does not clobber an existing one. `ext` includes its dot.
+pub fn first_free(dir: &Path, stem: &str, ext: &str) -> PathBuf {
+    let base = dir.join(format!("{stem}{ext}"));
+    if !base.exists() {
         return base;
     }
     (2u64..)
-        .map(|n| project.join(format!("{name}{n}")))
+        .map(|n| dir.join(format!("{stem}{n}{ext}")))
         .find(|p| !p.exists())
         .unwrap_or(base)
 }

@@ -570,12 +570,7 @@ fn save_crops(
         let dir = save_dir.join("crops").join(safe_dir_name(&d.class_name));
         std::fs::create_dir_all(&dir)
             .with_context(|| format!("cannot create {}", dir.display()))?;
-        let mut p = dir.join(format!("{stem}.jpg"));
-        let mut n = 2;
-        while p.exists() {
-            p = dir.join(format!("{stem}{n}.jpg"));
-            n += 1;
-        }
+        let p = crate::runs::first_free(&dir, stem, ".jpg");
         crop.save(&p)
             .with_context(|| format!("cannot save the crop {}", p.display()))?;
     }

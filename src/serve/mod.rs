@@ -266,24 +266,28 @@ fn work(det: Detector, rx: Receiver<Job>, cfg: &ServeConfig, ready: &AtomicBool,
                 jobs.into_iter().partition(|j| j.params == params);
             jobs = rest;
             let start = Instant::now();
-            let imgs: Vec<DynamicImage> = same.iter().map(|j| j.img.clone()).collect();
+            // The images move into the batch (no copy); the rest of each job answers it.
+            let (imgs, replies): (Vec<DynamicImage>, Vec<_>) = same
+                .into_iter()
+                .map(|j| (j.img, (j.queued, j.reply)))
+                .unzip();
             // On the GPU one batch shape, so the forward is replayed from its CUDA graph
             // (batches of varying size would each be launched op by op).
             let pad_to = if pad { cfg.max_batch } else { 0 };
             let out = det.detect_batch_padded(&imgs, params.img, &params.nms, pad_to);
             let detect = start.elapsed();
             m.batches.fetch_add(1, Ordering::Relaxed);
-            m.images.fetch_add(same.len() as u64, Ordering::Relaxed);
+            m.images.fetch_add(replies.len() as u64, Ordering::Relaxed);
             m.detect_us
                 .fetch_add(detect.as_micros() as u64, Ordering::Relaxed);
-            let n = same.len();
+            let n = replies.len();
             match out {
                 Ok(all) => {
-                    for (job, detections) in same.into_iter().zip(all) {
-                        let queue = start.saturating_duration_since(job.queued);
+                    for ((queued, reply), detections) in replies.into_iter().zip(all) {
+                        let queue = start.saturating_duration_since(queued);
                         m.queue_us
                             .fetch_add(queue.as_micros() as u64, Ordering::Relaxed);
-                        let _ = job.reply.send(Ok(Answer {
+                        let _ = reply.send(Ok(Answer {
                             detections,
                             queue,
                             detect,
@@ -293,8 +297,8 @@ fn work(det: Detector, rx: Receiver<Job>, cfg: &ServeConfig, ready: &AtomicBool,
                 }
                 Err(e) => {
                     let msg = format!("{e:#}");
-                    for job in same {
-                        let _ = job.reply.send(Err(msg.clone()));
+                    for (_, reply) in replies {
+                        let _ = reply.send(Err(msg.clone()));
                     }
                 }
             }
