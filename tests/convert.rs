@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use yolo9::convert::{self, keys, ConvertOptions};
+use yolo9::model::weights::default_arch;
 use yolo9::{Graph, Weights};
 
 /// Little-endian bytes of a tensor as the index hashes them (f32, or i64 for counters).
@@ -131,13 +132,19 @@ fn err_of<T>(r: anyhow::Result<T>) -> String {
 fn generated_key_list_equals_official_state_dict_order() {
     let idx = index();
     let names: Vec<String> = idx.iter().map(|(n, _)| n.clone()).collect();
-    assert_eq!(keys::state_dict_names(Graph::Train), names);
+    let s = default_arch(Graph::Train);
+    assert_eq!(keys::state_dict_names(&s).unwrap(), names);
     let entries: Vec<(String, Vec<usize>)> = idx
         .iter()
         .map(|(n, e)| (n.clone(), e.shape.clone()))
         .collect();
-    assert_eq!(keys::state_dict_entries(Graph::Train, 80), entries);
-    assert_eq!(keys::state_dict_names(Graph::Infer).len(), 1339);
+    assert_eq!(keys::state_dict_entries(&s, 80).unwrap(), entries);
+    assert_eq!(
+        keys::state_dict_names(&default_arch(Graph::Infer))
+            .unwrap()
+            .len(),
+        1339
+    );
 }
 
 /// README §1: every state_dict entry of `torch.load(yolov9-s.pt)["model"].float()` with the same
@@ -228,8 +235,9 @@ fn converted_checkpoint_and_infer_mapping_match_official() {
     assert_eq!(ours.parameter_count(), 7_226_208);
     let idx: HashMap<String, IndexEntry> = index().into_iter().collect();
     let mut checked = 0;
-    for train_name in keys::state_dict_names(Graph::Train) {
-        if let Some(infer_name) = keys::train_to_infer_name(&train_name) {
+    let map = keys::NameMap::train_to_infer(&default_arch(Graph::Train));
+    for train_name in keys::state_dict_names(&default_arch(Graph::Train)).unwrap() {
+        if let Some(infer_name) = map.map(&train_name) {
             let t = &ours.tensors[&infer_name];
             let e = &idx[&train_name];
             assert_eq!(t.dims(), e.shape.as_slice(), "{infer_name}");
@@ -394,7 +402,7 @@ fn write_zip(path: &Path, prefix: &str, records: &[(String, Vec<u8>)]) {
 #[test]
 fn plain_state_dict_pt_with_strided_and_shared_storages() {
     let reference = Weights::load(&common::reference("yolov9-s-converted.pt")).unwrap();
-    let names = keys::state_dict_names(Graph::Infer);
+    let names = keys::state_dict_names(&default_arch(Graph::Infer)).unwrap();
     let mut p = Pkl::default();
     p.op(&[0x80, 2])
         .global("collections", "OrderedDict")

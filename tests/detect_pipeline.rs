@@ -27,12 +27,7 @@ impl Fake {
         let t = candle_core::safetensors::load(&p, &Device::Cpu).unwrap();
         let names = (0..80).map(|i| format!("c{i}")).collect();
         Self {
-            meta: ModelMeta {
-                nc: 80,
-                names,
-                strides: vec![8, 16, 32],
-                graph: Graph::Infer,
-            },
+            meta: ModelMeta::yolov9_s(80, names, Graph::Infer),
             y_main: t["y_main"].clone(),
         }
     }

@@ -26,12 +26,7 @@ fn weights() -> Weights {
                 .unwrap_or_else(|e| panic!("cannot read {}: {e}", p.display()));
             Weights {
                 tensors,
-                meta: ModelMeta {
-                    nc: 80,
-                    names: vec![],
-                    strides: vec![8, 16, 32],
-                    graph: Graph::Train,
-                },
+                meta: ModelMeta::yolov9_s(80, vec![], Graph::Train),
             }
         }
         None => {

@@ -10,7 +10,6 @@ use yolo9::model::conv::{Conv, ConvSpec, BN_EPS};
 use yolo9::model::head;
 use yolo9::model::params::{BuildMode, Builder};
 use yolo9::model::pool;
-use yolo9::Graph;
 
 /// Deterministic pseudo-random values in [lo, hi).
 pub fn rand_tensor(shape: &[usize], seed: u64, lo: f32, hi: f32) -> Tensor {
@@ -39,8 +38,8 @@ fn subset() -> HashMap<String, Tensor> {
 fn builders(sd: &HashMap<String, Tensor>) -> (Builder<'_>, Builder<'_>) {
     let cpu = Device::Cpu;
     (
-        Builder::new(Some(sd), Graph::Train, &cpu, BuildMode::Fused, 0),
-        Builder::new(Some(sd), Graph::Train, &cpu, BuildMode::Train, 0),
+        Builder::new(Some(sd), None, &cpu, BuildMode::Fused, 0),
+        Builder::new(Some(sd), None, &cpu, BuildMode::Train, 0),
     )
 }
 

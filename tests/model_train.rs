@@ -8,7 +8,6 @@ use std::collections::HashMap;
 use yolo9::model::conv::{Conv, ConvSpec};
 use yolo9::model::params::{BuildMode, Builder};
 use yolo9::model::{pool, ParamGroup, YoloV9Train};
-use yolo9::Graph;
 
 /// Checks d(sum(f(x) * r))/dx from candle's backward against central differences.
 fn check_grad(name: &str, x: &Tensor, f: impl Fn(&Tensor) -> Tensor) {
@@ -69,7 +68,7 @@ fn pooling_and_upsample_gradients_match_finite_differences() {
 fn train_mode_bn_gradient_matches_finite_differences() {
     // One Conv (conv + train-mode BN + SiLU) built in f64 from fresh init.
     let dev = Device::Cpu;
-    let mut b = Builder::new(None, Graph::Train, &dev, BuildMode::Train, 7);
+    let mut b = Builder::new(None, None, &dev, BuildMode::Train, 7);
     let mut conv = Conv::load(&mut b, "model.0", ConvSpec::new(2, 3, 3, 1)).unwrap();
     conv.weight = common::uniform(&[3, 2, 3, 3], 3);
     let bn = conv.bn.as_mut().unwrap();
@@ -93,7 +92,7 @@ fn bn0_running_stats_after_one_train_forward_match_oracle() {
     let lb =
         candle_core::safetensors::load(common::reference("loss_batch.safetensors"), &Device::Cpu)
             .unwrap();
-    let mut b = Builder::new(Some(&sd), Graph::Train, &Device::Cpu, BuildMode::Train, 0);
+    let mut b = Builder::new(Some(&sd), None, &Device::Cpu, BuildMode::Train, 0);
     let conv = Conv::load(&mut b, "model.0", ConvSpec::new(3, 32, 3, 2)).unwrap();
     let bn = conv.bn.as_ref().unwrap();
     let before_m = &lb["bn0_running_mean_before"];

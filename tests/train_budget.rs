@@ -19,6 +19,7 @@ fn a_binding_cpu_budget_picks_the_largest_micro_batch_that_fits() {
         budget,
         seed: 0,
         amp: false,
+        arch: yolo9::model::weights::default_arch(yolo9::Graph::Train),
     };
     let wide = plan(&req(64 << 30), &Device::Cpu, &probe).unwrap();
     let peak = |b: usize| wide.points.iter().find(|p| p.batch == b).unwrap().peak;

@@ -14,9 +14,10 @@ pub struct TrainArgs {
     /// Initial weights (yolo9 safetensors or official .pt); omitted = from scratch.
     #[arg(long)]
     pub weights: Option<PathBuf>,
-    /// Model configuration (only yolov9-s).
-    #[arg(long, default_value = "yolov9-s")]
-    pub cfg: String,
+    /// Model to train: yolov9-t, yolov9-s, yolov9-m, yolov9-c, yolov9-e, or a model yaml in the
+    /// official format (a DualDDetect graph). Default: the model of --weights, else yolov9-s.
+    #[arg(long)]
+    pub cfg: Option<String>,
     /// Epochs (default 100; with --resume: extends the run to this many epochs).
     #[arg(long)]
     pub epochs: Option<usize>,
@@ -116,11 +117,6 @@ fn parse_budget(s: &str) -> Result<u64, String> {
 
 /// Runs `yolo9 train`.
 pub fn run(a: TrainArgs) -> Result<()> {
-    anyhow::ensure!(
-        a.cfg == "yolov9-s" || a.cfg.ends_with("yolov9-s.yaml"),
-        "--cfg {}: only yolov9-s is supported",
-        a.cfg
-    );
     let data = match (&a.data, &a.resume) {
         (Some(d), _) => d.clone(),
         (None, Some(_)) => PathBuf::new(),
@@ -129,6 +125,7 @@ pub fn run(a: TrainArgs) -> Result<()> {
     let opts = TrainOptions {
         data,
         weights: a.weights,
+        cfg: a.cfg,
         epochs: a.epochs.unwrap_or(100),
         img: a.img,
         batch: a.batch,

@@ -20,7 +20,8 @@ use std::path::Path;
 pub struct ConvertOptions {
     /// Store floating-point tensors as f16 (the loader upcasts to f32).
     pub half: bool,
-    /// Keep only the inference graph (gelan-s layout, see [`keys::train_to_infer_name`]).
+    /// Keep only the inference graph (the main branch: gelan-* layout, see
+    /// [`keys::NameMap::train_to_infer`]).
     pub infer: bool,
 }
 
@@ -41,6 +42,8 @@ pub struct Report {
     pub parameters: usize,
     /// Graph written.
     pub graph: Graph,
+    /// Model written (`yolov9-c`, `gelan-s`, …) and its head layer index.
+    pub model: (String, usize),
     /// Number of classes and their names.
     pub nc: usize,
     /// Class names.
@@ -61,8 +64,12 @@ impl fmt::Display for Report {
             "written:    {} tensors, {} graph, {} parameters, {}",
             self.written,
             match self.graph {
-                Graph::Train => "training (yolov9-s, DualDDetect at 29)",
-                Graph::Infer => "inference (gelan-s, DDetect at 22)",
+                Graph::Train => format!(
+                    "training ({}, DualDDetect at {})",
+                    self.model.0, self.model.1
+                ),
+                Graph::Infer =>
+                    format!("inference ({}, DDetect at {})", self.model.0, self.model.1),
             },
             self.parameters,
             if self.half { "f16" } else { "f32" }
@@ -104,9 +111,14 @@ pub fn convert(input: &Path, opts: ConvertOptions) -> Result<(Weights, Provenanc
     let sha256 = sha256_file(input)?;
     let weights = if opts.infer && weights.meta.graph == Graph::Train {
         let w = weights.to_infer()?;
+        let (th, ih) = (weights.meta.arch.head_index(), w.meta.arch.head_index());
         notes.push(format!(
-            "--infer: kept layers 0-21, renamed model.29.cv4/cv5/dfl2 -> model.22.cv2/cv3/dfl, \
-             dropped {} tensors of the auxiliary branch (layers 22, 25, 28, model.29.cv2/cv3/dfl)",
+            "--infer: kept the main branch ({} of {} layers, renumbered as {}), renamed \
+             model.{th}.cv4/cv5/dfl2 -> model.{ih}.cv2/cv3/dfl, dropped {} tensors of the \
+             auxiliary branch (model.{th}.cv2/cv3/dfl and the layers only it reads)",
+            ih,
+            th,
+            w.meta.arch.name,
             weights.tensors.len() - w.tensors.len()
         ));
         w
@@ -121,6 +133,10 @@ pub fn convert(input: &Path, opts: ConvertOptions) -> Result<(Weights, Provenanc
         written: weights.tensors.len(),
         parameters: weights.parameter_count(),
         graph: weights.meta.graph,
+        model: (
+            weights.meta.arch.name.clone(),
+            weights.meta.arch.head_index(),
+        ),
         nc: weights.meta.nc,
         names: weights.meta.names.clone(),
         notes,

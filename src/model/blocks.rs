@@ -299,3 +299,80 @@ impl SppElan {
         self.cv5.run(&c.cat(&[&y0, &y1, &y2, &y3], 1)?, c)
     }
 }
+
+/// `ADown(c1, c2)`: `avg_pool2d(2, stride 1)`, split into channel halves; the first through a
+/// 3×3 stride-2 [`Conv`] (`cv1`, c1/2 → c2/2), the second through `max_pool2d(3, stride 2,
+/// padding 1)` and a 1×1 [`Conv`] (`cv2`, c1/2 → c2/2); concatenated (official
+/// `models/common.py::ADown`, the downsampling of yolov9-c/e).
+pub struct ADown {
+    /// `{prefix}.cv1`.
+    pub cv1: Conv,
+    /// `{prefix}.cv2`.
+    pub cv2: Conv,
+    half: usize,
+}
+
+impl ADown {
+    pub fn load(b: &mut Builder, prefix: &str, c1: usize, c2: usize) -> Result<Self> {
+        Ok(Self {
+            cv1: Conv::load(
+                b,
+                &format!("{prefix}.cv1"),
+                ConvSpec::new(c1 / 2, c2 / 2, 3, 2),
+            )?,
+            cv2: Conv::load(
+                b,
+                &format!("{prefix}.cv2"),
+                ConvSpec::new(c1 / 2, c2 / 2, 1, 1),
+            )?,
+            half: c1 / 2,
+        })
+    }
+
+    /// x: (B, c1, H, W) → (B, c2, H/2, W/2) for even H, W.
+    pub fn run(&self, x: &Tensor, c: Ctx) -> Result<Tensor> {
+        let y = c.avg_pool_2x2_s1(x)?;
+        let x1 = c.narrow(&y, 1, 0, self.half)?;
+        let x2 = c.narrow(&y, 1, self.half, self.half)?;
+        let a = self.cv1.run(&x1, c)?;
+        let m = c.take_even(&c.max_pool_same(&x2, 3)?)?;
+        let m = self.cv2.run(&m, c)?;
+        c.cat(&[&a, &m], 1)
+    }
+}
+
+/// `CBLinear(c1, c2s)`: one biased 1×1 `nn.Conv2d` (`{prefix}.conv`, c1 → Σc2s, no BN, no
+/// activation) whose output is split along channels into pieces of `c2s` (official
+/// `models/common.py::CBLinear`, the routing of the multi-level reversible auxiliary branch).
+pub struct CBLinear {
+    /// `{prefix}.conv`.
+    pub conv: Conv,
+    c2s: Vec<usize>,
+}
+
+impl CBLinear {
+    pub fn load(b: &mut Builder, prefix: &str, c1: usize, c2s: &[usize]) -> Result<Self> {
+        let total = c2s.iter().sum();
+        Ok(Self {
+            conv: Conv::load_plain(
+                b,
+                &format!("{prefix}.conv"),
+                ConvSpec::new(c1, total, 1, 1),
+                None,
+            )?,
+            c2s: c2s.to_vec(),
+        })
+    }
+
+    /// x: (B, c1, H, W) → pieces (B, c2s[i], H, W).
+    pub fn run(&self, x: &Tensor, c: Ctx) -> Result<Vec<Tensor>> {
+        let y = self.conv.run(x, c)?;
+        let mut off = 0;
+        let mut out = Vec::with_capacity(self.c2s.len());
+        for &n in &self.c2s {
+            out.push(c.narrow(&y, 1, off, n)?);
+            off += n;
+        }
+        Ok(out)
+    }
+}

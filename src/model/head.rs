@@ -39,7 +39,8 @@ impl DetectHead {
         let c3 = ch[0].max((nc * 2).min(128));
         let mut boxes = Vec::new();
         let mut classes = Vec::new();
-        for (i, (&c, &s)) in ch.iter().zip(strides).enumerate() {
+        // All box levels, then all class levels: the official state_dict order.
+        for (i, &c) in ch.iter().enumerate() {
             let bp = format!("{box_prefix}.{i}");
             boxes.push([
                 Conv::load(b, &format!("{bp}.0"), ConvSpec::new(c, c2, 3, 1))?,
@@ -51,6 +52,8 @@ impl DetectHead {
                     Some(1.0),
                 )?,
             ]);
+        }
+        for (i, (&c, &s)) in ch.iter().zip(strides).enumerate() {
             let cp = format!("{cls_prefix}.{i}");
             let cls_bias = (5.0 / nc as f64 / (640.0 / s as f64).powi(2)).ln() as f32;
             classes.push([

@@ -1,10 +1,15 @@
-//! The YOLOv9 model: layers, the YOLOv9-s graph (training and inference), head, weights.
+//! The YOLOv9 model: model descriptions, layers, the training and inference graphs of every size,
+//! head, weights.
 //!
+//! - [`arch`]: model descriptions (the official model-yaml layer tables) and the main-branch
+//!   (re-parameterized) graph of a training graph.
+//! - [`net`]: the network of a description, one block per layer row.
 //! - [`conv`]: `Conv` (conv + BN + SiLU), BN folding, train/eval BatchNorm.
 //! - [`bn_act`]: train-mode BatchNorm fused with SiLU (custom op with closed-form backward).
 //! - [`bias_act`]: the folded-BN inference epilogue `act(x + b)` as one op.
 //! - [`cpu_conv`]: the CPU inference convolution (im2col + one GEMM).
-//! - [`blocks`]: `RepConvN`, `RepNBottleneck`, `RepNCSP`, `RepNCSPELAN4`, `ELAN1`, `AConv`, `SPPELAN`.
+//! - [`blocks`]: `RepConvN`, `RepNBottleneck`, `RepNCSP`, `RepNCSPELAN4`, `ELAN1`, `AConv`,
+//!   `ADown`, `SPPELAN`, `CBLinear`.
 //! - [`pool`]: PyTorch-exact, differentiable avg/max pooling and nearest upsampling.
 //! - [`tape`]: the training graph's own reverse mode (one node per layer op) and the forward context [`tape::Ctx`].
 //! - [`head`]: `DDetect` branch, DFL, anchors, decode.
@@ -12,9 +17,9 @@
 //! - [`yolov9`]: the inference graph [`YoloV9`] and the training graph [`YoloV9Train`].
 //! - [`params`]: building layers from a state_dict; trainable variables and optimizer groups.
 //! - [`weights`]: safetensors I/O.
-//! - [`keys`]: the state_dict names of the training (yolov9-s) and inference (gelan-s) graphs and
-//!   the official re-parameterization name mapping.
+//! - [`keys`]: the state_dict names of a graph and the official re-parameterization name mapping.
 
+pub mod arch;
 pub mod bias_act;
 pub mod blocks;
 pub mod bn_act;
@@ -23,11 +28,13 @@ pub mod cpu_conv;
 pub mod graphs;
 pub mod head;
 pub mod keys;
+pub mod net;
 pub mod params;
 pub mod pool;
 pub mod tape;
 pub mod weights;
 pub mod yolov9;
 
+pub use arch::Arch;
 pub use params::{NamedVar, ParamGroup};
 pub use yolov9::{DualRaw, YoloV9, YoloV9Train, STRIDES};

@@ -4,7 +4,7 @@
 //! The builder records every trainable parameter with its official name and optimizer group, and
 //! every BatchNorm buffer, so a trained model can be written back as an official state_dict.
 
-use crate::model::weights::Graph;
+use crate::model::keys::NameMap;
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Tensor, Var};
 use std::collections::HashMap;
@@ -44,12 +44,18 @@ pub enum BuildMode {
     Train,
 }
 
-/// Builds layers from a flat state_dict with official names. Layers always ask for official
-/// yolov9-s (training graph) names; with gelan-s (`Graph::Infer`) sources they are renamed
-/// (see [`source_name`]).
+/// Builds layers from a flat state_dict with official names. Layers ask for the names of the
+/// graph being built; a source of the other graph (training weights for the inference graph, or
+/// the reverse) is read through a [`NameMap`].
+///
+/// A *describing* build ([`Builder::describing`]) reads nothing and allocates no parameters: it
+/// records every `(name, shape)` the layers ask for, in order, which is how
+/// [`crate::model::keys`] lists a graph's state_dict.
 pub struct Builder<'a> {
     tensors: Option<&'a HashMap<String, Tensor>>,
-    source: Graph,
+    rename: Option<NameMap>,
+    /// The entries asked for, in a describing build.
+    pub(crate) described: Option<Vec<(String, Vec<usize>)>>,
     pub(crate) device: Device,
     pub(crate) mode: BuildMode,
     pub(crate) vars: Vec<NamedVar>,
@@ -66,18 +72,20 @@ pub struct Builder<'a> {
 }
 
 impl<'a> Builder<'a> {
-    /// A builder over `tensors` (official names of graph `source`), placing tensors on `device`.
-    /// `seed` drives the initialization of tensors missing in training mode.
+    /// A builder over `tensors` (official names; read through `rename` when they belong to the
+    /// other graph), placing tensors on `device`. `seed` drives the initialization of tensors
+    /// missing in training mode.
     pub fn new(
         tensors: Option<&'a HashMap<String, Tensor>>,
-        source: Graph,
+        rename: Option<NameMap>,
         device: &Device,
         mode: BuildMode,
         seed: u64,
     ) -> Self {
         Self {
             tensors,
-            source,
+            rename,
+            described: None,
             device: device.clone(),
             mode,
             vars: Vec::new(),
@@ -86,6 +94,40 @@ impl<'a> Builder<'a> {
             batches_tracked: Arc::new(AtomicI64::new(0)),
             rng: seed ^ 0x9E37_79B9_7F4A_7C15,
             fused_dtype: DType::F32,
+        }
+    }
+
+    /// A describing build (see the type docs): training-mode layers on the CPU whose parameters
+    /// are unallocated zeros; [`Builder::described`] holds the entries.
+    pub fn describing() -> Self {
+        let mut b = Self::new(None, None, &Device::Cpu, BuildMode::Train, 0);
+        b.described = Some(Vec::new());
+        b
+    }
+
+    /// Records a constant entry (the DFL kernels) in a describing build; a no-op otherwise.
+    pub fn constant(&mut self, name: &str, shape: &[usize]) {
+        if let Some(d) = &mut self.described {
+            d.push((name.to_string(), shape.to_vec()));
+        }
+    }
+
+    /// In a describing build, records the entry and returns unallocated zeros of `shape`.
+    fn describe(&mut self, name: &str, shape: &[usize]) -> Result<Option<Tensor>> {
+        let Some(d) = &mut self.described else {
+            return Ok(None);
+        };
+        d.push((name.to_string(), shape.to_vec()));
+        Ok(Some(
+            Tensor::zeros((), DType::F32, &self.device)?.broadcast_as(shape)?,
+        ))
+    }
+
+    /// The name of `name` in the source.
+    fn source_name(&self, name: &str) -> Option<String> {
+        match &self.rename {
+            None => Some(name.to_string()),
+            Some(m) => m.map(name),
         }
     }
 
@@ -131,7 +173,7 @@ impl<'a> Builder<'a> {
     /// Looks up `name` in the source; checks dtype and shape. `Ok(None)` when absent (or, in
     /// training mode, present with another shape — the official `intersect_dicts` drops those).
     fn lookup(&self, name: &str, shape: &[usize]) -> Result<Option<Tensor>> {
-        let src_name = source_name(self.source, name);
+        let src_name = self.source_name(name);
         let found = match (self.tensors, &src_name) {
             (Some(t), Some(n)) => t.get(n),
             _ => None,
@@ -144,7 +186,7 @@ impl<'a> Builder<'a> {
                     Ok(None)
                 } else {
                     bail!(
-                        "weights: tensor `{src_name}` has shape {:?}, the YOLOv9-s graph needs {shape:?} \
+                        "weights: tensor `{src_name}` has shape {:?}, the model's graph needs {shape:?} \
                          (are these weights for another model or another number of classes?)",
                         t.dims()
                     )
@@ -171,13 +213,16 @@ impl<'a> Builder<'a> {
         group: ParamGroup,
         init: Init,
     ) -> Result<Tensor> {
+        if let Some(z) = self.describe(name, shape)? {
+            return Ok(z);
+        }
         let t = self.lookup(name, shape)?;
         match self.mode {
             BuildMode::Fused => t.with_context(|| {
                 format!(
                     "weights: missing tensor `{}` (shape {shape:?}); the file is not a complete \
-                     YOLOv9-s/gelan-s state_dict — re-convert it with `yolo9 convert`",
-                    source_name(self.source, name).unwrap_or_else(|| name.to_string())
+                     state_dict of this model — re-convert it with `yolo9 convert`",
+                    self.source_name(name).unwrap_or_else(|| name.to_string())
                 )
             }),
             BuildMode::Train => {
@@ -202,13 +247,20 @@ impl<'a> Builder<'a> {
 
     /// A non-trainable buffer (BN running stats): present, or `init` in training mode.
     pub fn buffer(&mut self, name: &str, shape: &[usize], init: Init) -> Result<Tensor> {
+        if let Some(z) = self.describe(name, shape)? {
+            if name.ends_with(".running_var") {
+                let p = name.trim_end_matches("running_var");
+                self.constant(&format!("{p}num_batches_tracked"), &[]);
+            }
+            return Ok(z);
+        }
         let t = self.lookup(name, shape)?;
         match (t, self.mode) {
             (Some(t), _) => Ok(t),
             (None, BuildMode::Fused) => bail!(
                 "weights: missing tensor `{}` (shape {shape:?}); the file is not a complete \
-                 YOLOv9-s/gelan-s state_dict — re-convert it with `yolo9 convert`",
-                source_name(self.source, name).unwrap_or_else(|| name.to_string())
+                 state_dict of this model — re-convert it with `yolo9 convert`",
+                self.source_name(name).unwrap_or_else(|| name.to_string())
             ),
             (None, BuildMode::Train) => {
                 self.initialized.push(name.to_string());
@@ -236,14 +288,4 @@ pub enum Init {
     Const(f32),
     /// U(-b, b); PyTorch's default conv init is `b = 1/sqrt(fan_in)`.
     Uniform(f32),
-}
-
-/// Maps an official yolov9-s name to its name in weights of graph `g`: gelan-s (`Graph::Infer`)
-/// renames the main head `model.29.cv4/cv5/dfl2` to `model.22.cv2/cv3/dfl` and has no auxiliary
-/// branch (layers 22–28 and `model.29.cv2/cv3/dfl` → `None`).
-pub fn source_name(g: Graph, name: &str) -> Option<String> {
-    match g {
-        Graph::Train => Some(name.to_string()),
-        Graph::Infer => super::keys::train_to_infer_name(name),
-    }
 }

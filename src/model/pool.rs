@@ -68,11 +68,34 @@ pub fn max_pool_same(x: &Tensor, k: usize) -> Result<Tensor> {
 /// `nn.Upsample(scale_factor=2, mode='nearest')`: x (B, C, H, W) → (B, C, 2H, 2W), each pixel
 /// repeated 2×2. Written as broadcast + reshape so the backward is a plain sum.
 pub fn upsample_nearest_2x(x: &Tensor) -> Result<Tensor> {
+    upsample_nearest(x, 2)
+}
+
+/// Nearest upsampling by the integer factor `f ≥ 1`: x (B, C, H, W) → (B, C, fH, fW), each
+/// pixel repeated f×f (`F.interpolate(x, size=(fH, fW), mode='nearest')`).
+pub fn upsample_nearest(x: &Tensor, f: usize) -> Result<Tensor> {
+    anyhow::ensure!(f >= 1, "upsample: factor 0");
     let (b, c, h, w) = x.dims4()?;
     let y = x
         .reshape((b, c, h, 1, w, 1))?
-        .broadcast_as((b, c, h, 2, w, 2))?
-        .reshape((b, c, 2 * h, 2 * w))?;
+        .broadcast_as((b, c, h, f, w, f))?
+        .reshape((b, c, f * h, f * w))?;
+    Ok(y)
+}
+
+/// Rows and columns 0, 2, 4, … of x: (B, C, H, W) → (B, C, ⌈H/2⌉, ⌈W/2⌉), contiguous.
+pub fn take_even(x: &Tensor) -> Result<Tensor> {
+    let (b, c, h, w) = x.dims4()?;
+    let (h2, w2) = (h.div_ceil(2), w.div_ceil(2));
+    let xp = x
+        .pad_with_zeros(2, 0, 2 * h2 - h)?
+        .pad_with_zeros(3, 0, 2 * w2 - w)?;
+    let y = xp
+        .reshape((b, c, h2, 2, w2, 2))?
+        .narrow(3, 0, 1)?
+        .narrow(5, 0, 1)?
+        .reshape((b, c, h2, w2))?
+        .contiguous()?;
     Ok(y)
 }
 

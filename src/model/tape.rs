@@ -311,11 +311,45 @@ impl<'a> Ctx<'a> {
     /// `nn.Upsample(scale_factor=2, mode='nearest')` ([`super::pool::upsample_nearest_2x`]);
     /// the backward sums each 2×2 block of the gradient.
     pub fn upsample_nearest_2x(&self, x: &Tensor) -> Result<Tensor> {
-        let y = super::pool::upsample_nearest_2x(x)?;
+        self.upsample_nearest(x, 2)
+    }
+
+    /// Nearest upsampling by the integer factor `f` ([`super::pool::upsample_nearest`]; what
+    /// `F.interpolate(mode='nearest')` does in `CBFuse` when the target size is `f` times the
+    /// input's); the backward sums each f×f block of the gradient. `f = 1` is the identity.
+    pub fn upsample_nearest(&self, x: &Tensor, f: usize) -> Result<Tensor> {
+        if f == 1 {
+            return Ok(x.clone());
+        }
+        let y = super::pool::upsample_nearest(x, f)?;
         if let Some(t) = self.tape {
             let (b, c, h, w) = x.dims4()?;
             t.record(&[x], &[], &y, move |dy, _| {
-                let g = dy.reshape((b, c, h, 2, w, 2))?.sum(5)?.sum(3)?;
+                let g = dy.reshape((b, c, h, f, w, f))?.sum(5)?.sum(3)?;
+                Ok(vec![Some(g)])
+            });
+        }
+        Ok(y)
+    }
+
+    /// The even rows and columns of x ([`super::pool::take_even`]): (B, C, H, W) →
+    /// (B, C, ⌈H/2⌉, ⌈W/2⌉). With [`Ctx::max_pool_same`] of kernel 3 it is
+    /// `max_pool2d(3, stride 2, padding 1)` (official `ADown`): each stride-2 window is the
+    /// stride-1 window centred on an even cell. The backward puts each gradient back on its cell.
+    pub fn take_even(&self, x: &Tensor) -> Result<Tensor> {
+        let y = super::pool::take_even(x)?;
+        if let Some(t) = self.tape {
+            let (b, c, h, w) = x.dims4()?;
+            t.record(&[x], &[], &y, move |dy, _| {
+                let (h2, w2) = (h.div_ceil(2), w.div_ceil(2));
+                let g = dy
+                    .reshape((b, c, h2, 1, w2, 1))?
+                    .pad_with_zeros(3, 0, 1)?
+                    .pad_with_zeros(5, 0, 1)?
+                    .reshape((b, c, 2 * h2, 2 * w2))?
+                    .narrow(2, 0, h)?
+                    .narrow(3, 0, w)?
+                    .contiguous()?;
                 Ok(vec![Some(g)])
             });
         }

@@ -22,13 +22,15 @@
 //! state_dict) is accepted: the graph is inferred from the names, `nc` from the class
 //! convolution, and names default to `class0`, `class1`, ….
 
+use super::arch::Arch;
 use super::keys;
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::Path;
+use std::sync::Arc;
 
 /// Which graph a set of weights describes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,8 +60,37 @@ pub struct ModelMeta {
     pub names: Vec<String>,
     /// Head strides in pixels, `[8, 16, 32]`.
     pub strides: Vec<u32>,
-    /// Which graph the tensors describe.
+    /// Which graph the tensors describe (`Train` exactly when `arch` has `DualDDetect`).
     pub graph: Graph,
+    /// The model description of the tensors (yolov9-s, gelan-c, a user's yaml, …).
+    pub arch: Arc<Arch>,
+}
+
+impl ModelMeta {
+    /// Metadata of the yolov9-s training graph or the gelan-s inference graph.
+    pub fn yolov9_s(nc: usize, names: Vec<String>, graph: Graph) -> Self {
+        Self {
+            nc,
+            names,
+            strides: STRIDES.to_vec(),
+            graph,
+            arch: default_arch(graph),
+        }
+    }
+}
+
+/// yolov9-s (`Graph::Train`) or gelan-s (`Graph::Infer`), parsed once.
+pub fn default_arch(graph: Graph) -> Arc<Arch> {
+    static S: std::sync::OnceLock<(Arc<Arch>, Arc<Arch>)> = std::sync::OnceLock::new();
+    let (t, i) = S.get_or_init(|| {
+        let t = Arch::builtin("yolov9-s").expect("the embedded yolov9-s.yaml resolves");
+        let i = Arch::builtin("gelan-s").expect("the embedded gelan-s.yaml resolves");
+        (Arc::new(t), Arc::new(i))
+    });
+    match graph {
+        Graph::Train => t.clone(),
+        Graph::Infer => i.clone(),
+    }
 }
 
 /// Where converted weights came from: the source file name and the sha256 of its bytes.
@@ -96,6 +127,12 @@ struct MetaJson {
     dtype: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     source: Option<Provenance>,
+    /// The model name (`yolov9-c`, …); absent in files of yolo9 before several sizes (yolov9-s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    model: Option<String>,
+    /// The model yaml, for a description that is not built in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    cfg: Option<String>,
 }
 
 /// The metadata key of yolo9 safetensors files.
@@ -202,6 +239,11 @@ impl Weights {
             graph: self.meta.graph.as_str().into(),
             dtype: Some(if half { "f16" } else { "f32" }.into()),
             source: source.cloned(),
+            model: Some(self.meta.arch.name.clone()),
+            cfg: match Arch::builtin(&self.meta.arch.name) {
+                Ok(a) if a == *self.meta.arch => None,
+                _ => Some(self.meta.arch.to_yaml()),
+            },
         };
         let mut raws = Vec::with_capacity(self.tensors.len());
         for (name, t) in &self.tensors {
@@ -234,18 +276,22 @@ impl Weights {
     /// re-parameterization, `tools/reparameterization.ipynb`); Infer weights are returned as a
     /// copy. Tensors are shared (candle tensors are reference counted), not copied.
     pub fn to_infer(&self) -> Result<Weights> {
-        let tensors = match self.meta.graph {
-            Graph::Infer => self.tensors.clone(),
-            Graph::Train => self
+        let (tensors, arch) = if self.meta.arch.is_dual() {
+            let map = keys::NameMap::train_to_infer(&self.meta.arch);
+            let tensors = self
                 .tensors
                 .iter()
-                .filter_map(|(n, t)| keys::train_to_infer_name(n).map(|m| (m, t.clone())))
-                .collect(),
+                .filter_map(|(n, t)| map.map(n).map(|m| (m, t.clone())))
+                .collect();
+            (tensors, Arc::new(self.meta.arch.main_branch().0))
+        } else {
+            (self.tensors.clone(), self.meta.arch.clone())
         };
         let w = Weights {
             tensors,
             meta: ModelMeta {
                 graph: Graph::Infer,
+                arch,
                 ..self.meta.clone()
             },
         };
@@ -258,22 +304,39 @@ impl Weights {
     /// present, `nc` equal to the class-convolution width and to `names.len()`, strides
     /// `[8, 16, 32]`. `what` names the source in errors.
     pub fn validate(&self, what: &str) -> Result<()> {
+        let arch = &self.meta.arch;
         let graph = self.meta.graph;
-        let expected = keys::state_dict_names(graph);
-        let set: std::collections::HashSet<&str> = expected.iter().map(String::as_str).collect();
-        let kind = match graph {
-            Graph::Train => "training (yolov9-s)",
-            Graph::Infer => "inference (gelan-s)",
-        };
-        let missing: Vec<&str> = expected
+        ensure!(
+            arch.is_dual() == (graph == Graph::Train),
+            "{what}: the metadata says graph {:?} but {} is a {} graph",
+            graph.as_str(),
+            arch.name,
+            if arch.is_dual() {
+                "training"
+            } else {
+                "inference"
+            }
+        );
+        let entries = keys::state_dict_entries(arch, self.meta.nc.max(1))?;
+        let set: std::collections::HashSet<&str> = entries.iter().map(|e| e.0.as_str()).collect();
+        let kind = format!(
+            "{} {}",
+            arch.name,
+            if arch.is_dual() {
+                "training"
+            } else {
+                "inference"
+            }
+        );
+        let missing: Vec<&str> = entries
             .iter()
+            .map(|e| e.0.as_str())
             .filter(|n| !keys::is_counter(n) && !self.tensors.contains_key(*n))
-            .map(String::as_str)
             .collect();
         if let Some(first) = missing.first() {
             bail!(
-                "{what}: missing tensor {first}{}: not a complete YOLOv9-s {kind} state_dict; use \
-                 weights made by `yolo9 convert` from an official yolov9-s checkpoint",
+                "{what}: missing tensor {first}{}: not a complete {kind} state_dict; use \
+                 weights made by `yolo9 convert` from an official checkpoint of that model",
                 if missing.len() > 1 {
                     format!(" (and {} more)", missing.len() - 1)
                 } else {
@@ -290,7 +353,7 @@ impl Weights {
         unexpected.sort_unstable();
         if let Some(first) = unexpected.first() {
             bail!(
-                "{what}: unexpected tensor {first}{} for the YOLOv9-s {kind} graph: the file holds \
+                "{what}: unexpected tensor {first}{} for the {kind} graph: the file holds \
                  another model (or a different graph than its metadata says)",
                 if unexpected.len() > 1 {
                     format!(" (and {} more)", unexpected.len() - 1)
@@ -312,10 +375,10 @@ impl Weights {
                 )
             }
         }
-        let cls = keys::class_conv_name(graph);
+        let cls = keys::class_conv_name(arch);
         let width = self
             .tensors
-            .get(cls)
+            .get(&cls)
             .map(|t| t.dims().first().copied().unwrap_or(0));
         if width != Some(self.meta.nc) {
             bail!(
@@ -324,11 +387,11 @@ impl Weights {
                 width.unwrap_or(0)
             )
         }
-        for (n, shape) in keys::state_dict_entries(graph, self.meta.nc) {
-            if let Some(t) = self.tensors.get(&n) {
+        for (n, shape) in &entries {
+            if let Some(t) = self.tensors.get(n) {
                 if t.dims() != shape.as_slice() {
                     bail!(
-                        "{what}: tensor {n} has shape {:?}, the YOLOv9-s {kind} graph needs \
+                        "{what}: tensor {n} has shape {:?}, the {kind} graph needs \
                          {shape:?}: the file holds another model size",
                         t.dims()
                     )
@@ -367,7 +430,7 @@ impl Weights {
         }
         if self.meta.strides != STRIDES {
             bail!(
-                "{what}: strides {:?} are not supported (YOLOv9-s uses {STRIDES:?})",
+                "{what}: strides {:?} are not supported (yolo9's heads use {STRIDES:?})",
                 self.meta.strides
             )
         }
@@ -375,9 +438,54 @@ impl Weights {
     }
 }
 
-/// Graph implied by the tensor names: any `model.29.*` → Train, else Infer.
-pub fn graph_from_names<'a>(mut names: impl Iterator<Item = &'a str>) -> Graph {
-    if names.any(|n| n.starts_with("model.29.") || n.starts_with("model.25.")) {
+/// The built-in model whose state_dict the tensors are: every name present with its shape (the
+/// class count taken from each candidate's class convolution). Without an exact match, the
+/// candidate with the most matching tensors (yolov9-s / gelan-s first on ties), for
+/// [`Weights::validate`] to name the first tensor that differs.
+pub fn arch_from_tensors(tensors: &HashMap<String, Tensor>) -> Result<Arc<Arch>> {
+    let order = ["yolov9-s", "gelan-s"]
+        .into_iter()
+        .chain(super::arch::builtin_names().filter(|n| !n.ends_with("-s")));
+    let mut best: Option<(usize, Arc<Arch>)> = None;
+    for name in order {
+        let arch = match name {
+            "yolov9-s" => default_arch(Graph::Train),
+            "gelan-s" => default_arch(Graph::Infer),
+            n => Arc::new(Arch::builtin(n)?),
+        };
+        let nc = tensors
+            .get(&keys::class_conv_name(&arch))
+            .and_then(|t| t.dims().first().copied())
+            .filter(|&n| (1..=MAX_CLASSES).contains(&n))
+            .unwrap_or(80);
+        let entries = keys::state_dict_entries(&arch, nc)?;
+        let mut matching = 0;
+        let mut exact = true;
+        for (n, shape) in &entries {
+            if keys::is_counter(n) {
+                continue;
+            }
+            match tensors.get(n) {
+                Some(t) if t.dims() == shape.as_slice() => matching += 1,
+                _ => exact = false,
+            }
+        }
+        let names: std::collections::HashSet<&str> = entries.iter().map(|e| e.0.as_str()).collect();
+        if exact && tensors.keys().all(|k| names.contains(k.as_str())) {
+            return Ok(arch);
+        }
+        if best.as_ref().is_none_or(|(m, _)| matching > *m) {
+            best = Some((matching, arch));
+        }
+    }
+    Ok(best
+        .map(|b| b.1)
+        .unwrap_or_else(|| default_arch(Graph::Train)))
+}
+
+/// The graph of a model description.
+pub fn graph_of(arch: &Arch) -> Graph {
+    if arch.is_dual() {
         Graph::Train
     } else {
         Graph::Infer
@@ -423,19 +531,12 @@ fn from_pt(path: &Path) -> Result<(Weights, Vec<String>, String, usize)> {
     let imp = crate::pt::import_pt(path)?;
     let imported = imp.tensors.len();
     let tensors: HashMap<String, Tensor> = imp.tensors.into_iter().collect();
-    let head_graph = match imp.head.as_ref().map(|(i, c)| (*i, c.as_str())) {
-        Some((29, "models.yolo.DualDDetect")) => Some(Graph::Train),
-        Some((22, "models.yolo.DDetect")) => Some(Graph::Infer),
-        Some((i, c)) => bail!(
-            "{file}: the model's head is {c} at layer {i}; yolo9 reads YOLOv9-s (DualDDetect at 29) \
-             and gelan-s (DDetect at 22) only"
-        ),
-        None => None,
-    };
-    let graph = head_graph.unwrap_or_else(|| graph_from_names(tensors.keys().map(String::as_str)));
+    let arch = arch_from_tensors(&tensors)?;
+    let graph = graph_of(&arch);
     let mut notes = Vec::new();
-    let (nc, names) = resolve_classes(&tensors, graph, imp.nc, imp.names, &mut notes, &file)?;
+    let (nc, names) = resolve_classes(&tensors, &arch, imp.nc, imp.names, &mut notes, &file)?;
     let strides = imp.strides.unwrap_or_else(|| STRIDES.to_vec());
+    notes.push(format!("model: {}", arch.name));
     let w = Weights {
         tensors,
         meta: ModelMeta {
@@ -443,6 +544,7 @@ fn from_pt(path: &Path) -> Result<(Weights, Vec<String>, String, usize)> {
             names,
             strides,
             graph,
+            arch,
         },
     };
     w.validate(&file)?;
@@ -473,15 +575,15 @@ fn from_pt(path: &Path) -> Result<(Weights, Vec<String>, String, usize)> {
 /// `class{i}`; checked against each other.
 fn resolve_classes(
     tensors: &HashMap<String, Tensor>,
-    graph: Graph,
+    arch: &Arch,
     nc: Option<usize>,
     names: Option<Vec<String>>,
     notes: &mut Vec<String>,
     file: &str,
 ) -> Result<(usize, Vec<String>)> {
     // (`validate` runs next and names the first missing tensor when there is no class conv.)
-    let cls = keys::class_conv_name(graph);
-    let width = tensors.get(cls).and_then(|t| t.dims().first().copied());
+    let cls = keys::class_conv_name(arch);
+    let width = tensors.get(&cls).and_then(|t| t.dims().first().copied());
     let nc = match (nc, &names, width) {
         (Some(n), _, _) => n,
         (None, Some(v), _) => v.len(),
@@ -616,6 +718,22 @@ fn from_safetensors(
                 "infer" => Graph::Infer,
                 g => bail!("{file}: unknown graph {g:?} in metadata (expected train or infer)"),
             };
+            let arch = match (&m.cfg, &m.model) {
+                (Some(yaml), name) => Arc::new(
+                    Arch::from_yaml(yaml, name.as_deref().unwrap_or("custom")).with_context(
+                        || format!("{file}: the model description in the metadata"),
+                    )?,
+                ),
+                (None, Some(name)) => match name.as_str() {
+                    "yolov9-s" => default_arch(Graph::Train),
+                    "gelan-s" => default_arch(Graph::Infer),
+                    n => Arc::new(
+                        Arch::builtin(n)
+                            .with_context(|| format!("{file}: the metadata names model {n:?}"))?,
+                    ),
+                },
+                (None, None) => default_arch(graph),
+            };
             if m.nc > MAX_CLASSES {
                 bail!(
                     "{file}: metadata nc = {} classes is over the limit of {MAX_CLASSES}",
@@ -636,19 +754,22 @@ fn from_safetensors(
                     names,
                     strides: m.strides,
                     graph,
+                    arch,
                 },
                 m.source,
             )
         }
         None => {
-            let graph = graph_from_names(tensors.keys().map(String::as_str));
-            let (nc, names) = resolve_classes(&tensors, graph, None, None, &mut notes, file)?;
+            let arch = arch_from_tensors(&tensors)?;
+            let graph = graph_of(&arch);
+            let (nc, names) = resolve_classes(&tensors, &arch, None, None, &mut notes, file)?;
             (
                 ModelMeta {
                     nc,
                     names,
                     strides: STRIDES.to_vec(),
                     graph,
+                    arch,
                 },
                 None,
             )

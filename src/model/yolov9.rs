@@ -1,16 +1,17 @@
-//! The YOLOv9-s graph (official `models/detect/yolov9-s.yaml`), from one definition:
+//! The YOLOv9 graphs of every model description ([`Arch`]), from one definition:
 //!
-//! - [`YoloV9`]: the inference graph = gelan-s (layers 0–21) + `DDetect` (the main branch of
-//!   layer 29, `cv4`/`cv5`), BN folded and `RepConvN` fused at load time.
-//! - [`YoloV9Train`]: the training graph = layers 0–28 (incl. the auxiliary branch 22–28) +
-//!   `DualDDetect` over `[28, 25, 22 | 15, 18, 21]`, parameters as candle `Var`s, BN in train
-//!   (batch statistics) or eval (running statistics) mode, `RepConvN` unfused.
+//! - [`YoloV9`]: the inference graph (gelan-*: a training graph's main branch, see
+//!   [`Arch::main_branch`]) with its `DDetect` head, BN folded and `RepConvN` fused at load time.
+//! - [`YoloV9Train`]: the training graph (yolov9-*: main and auxiliary branch, `DualDDetect`),
+//!   parameters as candle `Var`s, BN in train (batch statistics) or eval (running statistics)
+//!   mode, `RepConvN` unfused.
 
-use super::blocks::{AConv, Elan1, RepNCSPELAN4, SppElan};
-use super::conv::{Conv, ConvSpec};
+use super::arch::{Arch, Src};
 use super::graphs::ForwardGraphs;
 use super::head::{decode, DetectHead, REG_MAX};
-use super::params::{source_name, BuildMode, Builder, NamedVar};
+use super::keys::NameMap;
+use super::net::{dfl_names, load_heads, Net};
+use super::params::{BuildMode, Builder, NamedVar};
 use super::tape::{Ctx, Tape};
 use crate::model::weights::{Graph, ModelMeta, Weights};
 use anyhow::{bail, ensure, Context, Result};
@@ -19,120 +20,8 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
-/// Head strides of YOLOv9-s in pixels (P3, P4, P5).
+/// Head strides in pixels (P3, P4, P5), the same for every supported model.
 pub const STRIDES: [u32; 3] = [8, 16, 32];
-/// Input channels of the three head levels (P3, P4, P5).
-const HEAD_CH: [usize; 3] = [128, 192, 256];
-
-/// Layers 0–21 (the gelan-s backbone + neck). Field `lN` is official layer `model.N`.
-pub(crate) struct Gelan {
-    l0: Conv,
-    l1: Conv,
-    l2: Elan1,
-    l3: AConv,
-    l4: RepNCSPELAN4,
-    l5: AConv,
-    l6: RepNCSPELAN4,
-    l7: AConv,
-    l8: RepNCSPELAN4,
-    l9: SppElan,
-    l12: RepNCSPELAN4,
-    l15: RepNCSPELAN4,
-    l16: AConv,
-    l18: RepNCSPELAN4,
-    l19: AConv,
-    l21: RepNCSPELAN4,
-}
-
-/// Outputs of [`Gelan::forward`]: backbone taps reused by the auxiliary branch and the three
-/// main-head inputs.
-pub(crate) struct GelanOut {
-    pub x4: Tensor,
-    pub x6: Tensor,
-    pub x8: Tensor,
-    /// Layers 15, 18, 21: (B,128,H/8,W/8), (B,192,H/16,W/16), (B,256,H/32,W/32).
-    pub feats: [Tensor; 3],
-}
-
-impl Gelan {
-    fn load(b: &mut Builder) -> Result<Self> {
-        let r = |n: usize| format!("model.{n}");
-        Ok(Self {
-            l0: Conv::load(b, &r(0), ConvSpec::new(3, 32, 3, 2))?,
-            l1: Conv::load(b, &r(1), ConvSpec::new(32, 64, 3, 2))?,
-            l2: Elan1::load(b, &r(2), [64, 64, 64, 32])?,
-            l3: AConv::load(b, &r(3), 64, 128)?,
-            l4: RepNCSPELAN4::load(b, &r(4), [128, 128, 128, 64, 3])?,
-            l5: AConv::load(b, &r(5), 128, 192)?,
-            l6: RepNCSPELAN4::load(b, &r(6), [192, 192, 192, 96, 3])?,
-            l7: AConv::load(b, &r(7), 192, 256)?,
-            l8: RepNCSPELAN4::load(b, &r(8), [256, 256, 256, 128, 3])?,
-            l9: SppElan::load(b, &r(9), [256, 256, 128])?,
-            l12: RepNCSPELAN4::load(b, &r(12), [448, 192, 192, 96, 3])?,
-            l15: RepNCSPELAN4::load(b, &r(15), [320, 128, 128, 64, 3])?,
-            l16: AConv::load(b, &r(16), 128, 96)?,
-            l18: RepNCSPELAN4::load(b, &r(18), [288, 192, 192, 96, 3])?,
-            l19: AConv::load(b, &r(19), 192, 128)?,
-            l21: RepNCSPELAN4::load(b, &r(21), [384, 256, 256, 128, 3])?,
-        })
-    }
-
-    fn forward(&self, x: &Tensor, t: Ctx) -> Result<GelanOut> {
-        let cat1 = |a: &Tensor, b: &Tensor| t.cat(&[a, b], 1);
-        let x = self.l0.run(x, t)?;
-        let x = self.l1.run(&x, t)?;
-        let x = self.l2.run(&x, t)?;
-        let x = self.l3.run(&x, t)?;
-        let x4 = self.l4.run(&x, t)?;
-        let x = self.l5.run(&x4, t)?;
-        let x6 = self.l6.run(&x, t)?;
-        let x = self.l7.run(&x6, t)?;
-        let x8 = self.l8.run(&x, t)?;
-        let x9 = self.l9.run(&x8, t)?;
-        let x12 = self.l12.run(&cat1(&t.upsample_nearest_2x(&x9)?, &x6)?, t)?;
-        let x15 = self
-            .l15
-            .run(&cat1(&t.upsample_nearest_2x(&x12)?, &x4)?, t)?;
-        let x18 = self.l18.run(&cat1(&self.l16.run(&x15, t)?, &x12)?, t)?;
-        let x21 = self.l21.run(&cat1(&self.l19.run(&x18, t)?, &x9)?, t)?;
-        Ok(GelanOut {
-            x4,
-            x6,
-            x8,
-            feats: [x15, x18, x21],
-        })
-    }
-}
-
-/// The auxiliary branch, layers 22–28 (SPPELAN on layer 8, then two upsample/concat/ELAN steps).
-pub(crate) struct AuxNeck {
-    l22: SppElan,
-    l25: RepNCSPELAN4,
-    l28: RepNCSPELAN4,
-}
-
-impl AuxNeck {
-    fn load(b: &mut Builder) -> Result<Self> {
-        Ok(Self {
-            l22: SppElan::load(b, "model.22", [256, 256, 128])?,
-            l25: RepNCSPELAN4::load(b, "model.25", [448, 192, 192, 96, 3])?,
-            l28: RepNCSPELAN4::load(b, "model.28", [320, 128, 128, 64, 3])?,
-        })
-    }
-
-    /// Returns the aux head inputs in head order `[28, 25, 22]` (P3, P4, P5).
-    fn forward(&self, g: &GelanOut, t: Ctx) -> Result<[Tensor; 3]> {
-        let cat1 = |a: &Tensor, b: &Tensor| t.cat(&[a, b], 1);
-        let x22 = self.l22.run(&g.x8, t)?;
-        let x25 = self
-            .l25
-            .run(&cat1(&t.upsample_nearest_2x(&x22)?, &g.x6)?, t)?;
-        let x28 = self
-            .l28
-            .run(&cat1(&t.upsample_nearest_2x(&x25)?, &g.x4)?, t)?;
-        Ok([x28, x25, x22])
-    }
-}
 
 /// Checks a network input: (B, 3, H, W) f32 with B ≥ 1 and H, W positive multiples of 32.
 pub fn check_input(x: &Tensor) -> Result<()> {
@@ -167,17 +56,19 @@ fn check_meta(meta: &ModelMeta) -> Result<()> {
     );
     ensure!(
         meta.strides.is_empty() || meta.strides == STRIDES,
-        "weights metadata: strides {:?} are not YOLOv9-s's [8, 16, 32]",
+        "weights metadata: strides {:?} are not [8, 16, 32]",
         meta.strides
     );
     Ok(())
 }
 
-/// The YOLOv9-s inference graph (gelan-s + main `DDetect` head), BN folded, `RepConvN` fused.
+/// The inference graph of a model (gelan-* + `DDetect` head), BN folded, `RepConvN` fused.
 ///
 /// `Send + Sync`: one instance can serve many threads.
 pub struct YoloV9 {
-    gelan: Gelan,
+    net: Net,
+    /// The head inputs (P3, P4, P5).
+    taps: Vec<Src>,
     head: DetectHead,
     meta: ModelMeta,
     device: Device,
@@ -187,9 +78,10 @@ pub struct YoloV9 {
 }
 
 impl YoloV9 {
-    /// Builds the inference graph from weights of either graph: `Graph::Train` (yolov9-s; keeps
-    /// layers 0–21 and uses `model.29.cv4/cv5` as the head) or `Graph::Infer` (gelan-s,
-    /// `model.22.cv2/cv3`). Every tensor must be present with the YOLOv9-s shape for
+    /// Builds the inference graph from weights of either graph of their model
+    /// (`weights.meta.arch`): a training graph (yolov9-*; its main branch is kept, as the
+    /// official re-parameterization, with the head's `cv4`/`cv5` as `cv2`/`cv3`) or an
+    /// inference graph (gelan-*). Every tensor must be present with its shape for
     /// `weights.meta.nc` classes; errors name the offending tensor.
     pub fn load(weights: &Weights, device: &Device) -> Result<Self> {
         Self::load_dtype(weights, device, DType::F32)
@@ -209,23 +101,21 @@ impl YoloV9 {
             "inference dtype must be f32, f16 or bf16, got {dtype:?}"
         );
         check_meta(&weights.meta)?;
-        let g = weights.meta.graph;
-        let mut b =
-            Builder::new(Some(&weights.tensors), g, device, BuildMode::Fused, 0).fused_dtype(dtype);
-        let gelan = Gelan::load(&mut b)?;
-        let head = DetectHead::load(
-            &mut b,
-            "model.29.cv4",
-            "model.29.cv5",
-            &HEAD_CH,
-            weights.meta.nc,
-            &STRIDES,
-        )
-        .context("loading the detection head")?;
+        let arch = &weights.meta.arch;
+        let (infer, rename) = if arch.is_dual() {
+            (arch.main_branch().0, Some(NameMap::infer_to_train(arch)))
+        } else {
+            (arch.as_ref().clone(), None)
+        };
+        let mut b = Builder::new(Some(&weights.tensors), rename, device, BuildMode::Fused, 0)
+            .fused_dtype(dtype);
+        let net = Net::load(&mut b, &infer)?;
+        let (_, head) = load_heads(&mut b, &infer, weights.meta.nc)?;
         let mut meta = weights.meta.clone();
         meta.strides = STRIDES.to_vec();
         Ok(Self {
-            gelan,
+            net,
+            taps: infer.main_inputs().to_vec(),
             head,
             meta,
             device: device.clone(),
@@ -234,13 +124,13 @@ impl YoloV9 {
         })
     }
 
-    /// Head-input features (layers 15, 18, 21): x (B,3,H,W) f32 →
-    /// [(B,128,H/8,W/8), (B,192,H/16,W/16), (B,256,H/32,W/32)] in the model's dtype
+    /// Head-input features (P3, P4, P5; layers 15, 18, 21 of gelan-s): x (B,3,H,W) f32 →
+    /// (B, C_i, H/s, W/s) for s = 8, 16, 32 (yolov9-s: C = 128, 192, 256) in the model's dtype
     /// ([`YoloV9::dtype`]).
-    pub fn forward_features(&self, x: &Tensor) -> Result<[Tensor; 3]> {
+    pub fn forward_features(&self, x: &Tensor) -> Result<Vec<Tensor>> {
         check_input(x)?;
         let x = x.to_device(&self.device)?.to_dtype(self.dtype)?;
-        Ok(self.gelan.forward(&x, Ctx::plain(false))?.feats)
+        self.net.forward(&x, Ctx::plain(false), &self.taps)
     }
 
     /// Raw head outputs per level, (B, 64+nc, H/s, W/s) f32 for s = 8, 16, 32 (DFL logits
@@ -296,9 +186,10 @@ impl YoloV9 {
 /// Raw outputs of both head branches of the training graph, per level P3, P4, P5, each
 /// (B, 64+nc, H/s, W/s) (official `DualDDetect` training output `[aux, main]`).
 pub struct DualRaw {
-    /// Auxiliary branch (`cv2`/`cv3` over layers 28, 25, 22); weight 0.25 in the loss.
+    /// Auxiliary branch (`cv2`/`cv3`; over layers 28, 25, 22 in yolov9-s); weight 0.25 in the
+    /// loss.
     pub aux: Vec<Tensor>,
-    /// Main branch (`cv4`/`cv5` over layers 15, 18, 21).
+    /// Main branch (`cv4`/`cv5`; over layers 15, 18, 21 in yolov9-s).
     pub main: Vec<Tensor>,
 }
 
@@ -316,11 +207,13 @@ pub struct BnSnapshot {
     batches_tracked: i64,
 }
 
-/// The YOLOv9-s training graph: layers 0–28 + `DualDDetect`, trainable `Var`s with official
-/// names, unfused BN (train/eval modes) and `RepConvN`.
+/// The training graph of a model (yolov9-*: every layer + `DualDDetect`), trainable `Var`s with
+/// official names, unfused BN (train/eval modes) and `RepConvN`.
 pub struct YoloV9Train {
-    gelan: Gelan,
-    aux: AuxNeck,
+    net: Net,
+    arch: Arc<Arch>,
+    /// Auxiliary then main head inputs.
+    taps: Vec<Src>,
     head_aux: DetectHead,
     head_main: DetectHead,
     vars: Vec<NamedVar>,
@@ -334,12 +227,32 @@ pub struct YoloV9Train {
 }
 
 impl YoloV9Train {
-    /// Builds the training graph for `nc` classes. Tensors are taken from `weights` when given
-    /// (yolov9-s weights fill everything; gelan-s weights fill layers 0–21 and the main head);
-    /// tensors that are absent or have another shape (e.g. class convs for another nc, as the
-    /// official `intersect_dicts`) are initialized like the official `Model` (PyTorch default
-    /// conv init, BN γ=1 β=0, `bias_init`), deterministically from `seed`.
+    /// Builds the yolov9-s training graph for `nc` classes, or that of the weights' model when
+    /// `weights` are given (see [`YoloV9Train::build`]).
     pub fn new(
+        weights: Option<&Weights>,
+        nc: usize,
+        names: Vec<String>,
+        device: &Device,
+        seed: u64,
+    ) -> Result<Self> {
+        let arch = match weights {
+            Some(w) => training_arch(&w.meta.arch)?,
+            None => Arc::new(Arch::builtin("yolov9-s")?),
+        };
+        Self::build(&arch, weights, nc, names, device, seed)
+    }
+
+    /// Builds the training graph `arch` (a `DualDDetect` graph, e.g. `yolov9-c`) for `nc`
+    /// classes. Tensors are taken from `weights` when given (weights of `arch` fill everything;
+    /// weights of its inference graph, e.g. gelan-c, fill the main branch); tensors that are
+    /// absent or have another shape (e.g. class convs for another nc, as the official
+    /// `intersect_dicts`) are initialized like the official `Model` (PyTorch default conv init,
+    /// BN γ=1 β=0, `bias_init`), deterministically from `seed`.
+    ///
+    /// Errors: `arch` without `DualDDetect`; weights of another model (naming both).
+    pub fn build(
+        arch: &Arch,
         weights: Option<&Weights>,
         nc: usize,
         names: Vec<String>,
@@ -352,31 +265,37 @@ impl YoloV9Train {
             "training graph: {} class names for nc = {nc}",
             names.len()
         );
-        let g = weights.map(|w| w.meta.graph).unwrap_or(Graph::Train);
+        ensure!(
+            arch.is_dual(),
+            "{}: yolo9 trains graphs with the auxiliary branch (DualDDetect: yolov9-t/s/m/c/e); \
+             this one has a single DDetect head",
+            arch.name
+        );
+        let rename = match weights {
+            None => None,
+            Some(w) if w.meta.arch.layers == arch.layers => None,
+            Some(w) if w.meta.arch.layers == arch.main_branch().0.layers => {
+                Some(NameMap::train_to_infer(arch))
+            }
+            Some(w) => bail!(
+                "weights of {} do not fit the {} training graph; pick the matching --cfg (or none)",
+                w.meta.arch.name,
+                arch.name
+            ),
+        };
+        let from_infer = rename.is_some();
         let tensors = weights.map(|w| &w.tensors);
-        let mut b = Builder::new(tensors, g, device, BuildMode::Train, seed);
-        let gelan = Gelan::load(&mut b)?;
-        let aux = AuxNeck::load(&mut b)?;
-        let head_aux = DetectHead::load(
-            &mut b,
-            "model.29.cv2",
-            "model.29.cv3",
-            &HEAD_CH,
-            nc,
-            &STRIDES,
-        )?;
-        let head_main = DetectHead::load(
-            &mut b,
-            "model.29.cv4",
-            "model.29.cv5",
-            &HEAD_CH,
-            nc,
-            &STRIDES,
-        )?;
+        let mut b = Builder::new(tensors, rename.clone(), device, BuildMode::Train, seed);
+        let net = Net::load(&mut b, arch)?;
+        let (head_aux, head_main) = load_heads(&mut b, arch, nc)?;
+        let head_aux = head_aux.context("a dual head has an auxiliary branch")?;
         // Continue num_batches_tracked from the source, if any.
-        if let Some(t) =
-            tensors.and_then(|t| t.get(source_name(g, "model.0.bn.num_batches_tracked")?.as_str()))
-        {
+        let counter = if from_infer {
+            rename.as_ref().and_then(|m| m.map(&first_counter(arch)))
+        } else {
+            Some(first_counter(arch))
+        };
+        if let Some(t) = counter.and_then(|n| tensors.and_then(|t| t.get(n.as_str()))) {
             if let Ok(v) = t.to_dtype(DType::F64).and_then(|t| t.to_scalar::<f64>()) {
                 b.batches_tracked.store(v as i64, Ordering::Relaxed);
             }
@@ -386,9 +305,12 @@ impl YoloV9Train {
         } else {
             names
         };
+        let mut taps = arch.aux_inputs().to_vec();
+        taps.extend_from_slice(arch.main_inputs());
+        let arch = Arc::new(arch.clone());
         Ok(Self {
-            gelan,
-            aux,
+            net,
+            taps,
             head_aux,
             head_main,
             vars: b.vars,
@@ -400,7 +322,9 @@ impl YoloV9Train {
                 names,
                 strides: STRIDES.to_vec(),
                 graph: Graph::Train,
+                arch: arch.clone(),
             },
+            arch,
             device: device.clone(),
             amp: std::sync::atomic::AtomicBool::new(false),
         })
@@ -456,11 +380,11 @@ impl YoloV9Train {
         if amp {
             x = x.to_dtype(DType::BF16)?;
         }
-        let g = self.gelan.forward(&x, c)?;
-        let aux_in = self.aux.forward(&g, c)?;
+        let mut feats = self.net.forward(&x, c, &self.taps)?;
+        let main = feats.split_off(self.taps.len() / 2);
         let mut raw = DualRaw {
-            aux: self.head_aux.run_raw(&aux_in, c)?,
-            main: self.head_main.run_raw(&g.feats, c)?,
+            aux: self.head_aux.run_raw(&feats, c)?,
+            main: self.head_main.run_raw(&main, c)?,
         };
         if amp {
             for t in raw.aux.iter_mut().chain(raw.main.iter_mut()) {
@@ -475,13 +399,20 @@ impl YoloV9Train {
         self.forward(x, false)?.decode()
     }
 
-    /// Head-input features of the main branch (layers 15, 18, 21) in eval or train mode.
-    pub fn forward_features(&self, x: &Tensor, train: bool) -> Result<[Tensor; 3]> {
+    /// Head-input features of the main branch (P3, P4, P5) in eval or train mode.
+    pub fn forward_features(&self, x: &Tensor, train: bool) -> Result<Vec<Tensor>> {
         check_input(x)?;
-        Ok(self
-            .gelan
-            .forward(&x.to_device(&self.device)?, Ctx::plain(train))?
-            .feats)
+        let n = self.taps.len() / 2;
+        self.net.forward(
+            &x.to_device(&self.device)?,
+            Ctx::plain(train),
+            &self.taps[n..],
+        )
+    }
+
+    /// The model description of this graph.
+    pub fn arch(&self) -> &Arch {
+        &self.arch
     }
 
     /// Mixed precision (AMP) for train-mode forwards: on a CUDA device, the input is cast to bf16,
@@ -560,8 +491,9 @@ impl YoloV9Train {
             out.insert(format!("{p}.num_batches_tracked"), nbt.clone());
         }
         let bins = Tensor::arange(0f32, REG_MAX as f32, &cpu)?.reshape((1, REG_MAX, 1, 1))?;
-        out.insert("model.29.dfl.conv.weight".into(), bins.clone());
-        out.insert("model.29.dfl2.conv.weight".into(), bins);
+        for n in dfl_names(&self.arch) {
+            out.insert(n, bins.clone());
+        }
         Ok(out)
     }
 
@@ -581,8 +513,9 @@ impl YoloV9Train {
         }
         let bins =
             Tensor::arange(0f32, REG_MAX as f32, &self.device)?.reshape((1, REG_MAX, 1, 1))?;
-        out.push(("model.29.dfl.conv.weight".into(), bins.clone()));
-        out.push(("model.29.dfl2.conv.weight".into(), bins));
+        for n in dfl_names(&self.arch) {
+            out.push((n, bins.clone()));
+        }
         out.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(out)
     }
@@ -661,10 +594,38 @@ impl YoloV9Train {
                 var.set(&t.to_dtype(DType::F32)?.to_device(&self.device)?)?;
             }
         }
-        if let Some(t) = sd.get("model.0.bn.num_batches_tracked") {
+        if let Some(t) = sd.get(&first_counter(&self.arch)) {
             let n = t.to_dtype(DType::I64)?.to_scalar::<i64>()?;
             self.batches_tracked.store(n, Ordering::Relaxed);
         }
         Ok(())
     }
+}
+
+/// The name of the first BN step counter of `arch` (`model.0.bn.num_batches_tracked` for
+/// yolov9-s; `model.1.…` behind a leading Silence).
+fn first_counter(arch: &Arch) -> String {
+    super::keys::state_dict_entries(arch, 1)
+        .ok()
+        .and_then(|e| {
+            e.into_iter()
+                .map(|e| e.0)
+                .find(|n| super::keys::is_counter(n))
+        })
+        .unwrap_or_else(|| "model.0.bn.num_batches_tracked".into())
+}
+
+/// The training graph for weights of `arch`: itself when it has the auxiliary branch, else its
+/// built-in counterpart (gelan-c → yolov9-c).
+pub fn training_arch(arch: &Arc<Arch>) -> Result<Arc<Arch>> {
+    if arch.is_dual() {
+        return Ok(arch.clone());
+    }
+    arch.dual_counterpart().map(Arc::new).with_context(|| {
+        format!(
+            "{}: no training graph with an auxiliary branch matches this inference graph; train \
+             it with --cfg naming its yolov9-* description",
+            arch.name
+        )
+    })
 }

@@ -159,6 +159,8 @@ pub struct BudgetRequest {
     pub seed: u64,
     /// Mixed precision, as the training run will use it.
     pub amp: bool,
+    /// The model trained (its training graph).
+    pub arch: std::sync::Arc<crate::model::Arch>,
 }
 
 /// The model, loss, optimizer and EMA the synthetic steps run on.
@@ -248,7 +250,7 @@ fn step_peak(
 /// `req.budget` (see the module docs). Errors: the budget is too small for a micro-batch of 1
 /// (the message gives the measured need and the flags to change), or a non-memory failure.
 pub fn plan(req: &BudgetRequest, device: &Device, probe: &MemoryProbe) -> Result<BudgetDecision> {
-    let model = YoloV9Train::new(None, req.nc, Vec::new(), device, req.seed)?;
+    let model = YoloV9Train::build(&req.arch, None, req.nc, Vec::new(), device, req.seed)?;
     model.set_amp(req.amp);
     let loss = DualTalLoss::new(req.nc, &STRIDES)?;
     let params = model

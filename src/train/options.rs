@@ -16,6 +16,10 @@ pub struct TrainOptions {
     pub data: PathBuf,
     /// Initial weights (yolo9 safetensors or official .pt); `None` = from scratch.
     pub weights: Option<PathBuf>,
+    /// The model to train (`--cfg`): a built-in name (`yolov9-t/s/m/c/e`) or a model yaml in the
+    /// official format; `None` = the model of `weights`, or yolov9-s.
+    #[serde(default)]
+    pub cfg: Option<String>,
     /// Epochs.
     pub epochs: usize,
     /// Square training size in pixels (multiple of 32).
@@ -105,6 +109,7 @@ impl TrainOptions {
         TrainOptions {
             data,
             weights: None,
+            cfg: None,
             epochs: 100,
             img: 640,
             batch: 16,

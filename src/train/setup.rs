@@ -46,6 +46,10 @@ pub(crate) struct Resolved {
     micro: usize,
     budget: Option<BudgetDecision>,
     faults: Faults,
+    /// The initial weights (`--weights`), read once.
+    weights: Option<Weights>,
+    /// The training graph of the run (`--cfg`, the weights' model, or yolov9-s).
+    arch: std::sync::Arc<crate::model::Arch>,
 }
 
 /// A run ready for its first batch.
@@ -215,6 +219,19 @@ pub(crate) fn resolve(
         ));
     }
 
+    // The model: the weights (read once, here) and the training graph they or --cfg name.
+    let weights = match &opts.weights {
+        Some(p) => Some(Weights::load(p).with_context(|| format!("--weights {}", p.display()))?),
+        None => None,
+    };
+    let arch = match (&opts.cfg, &weights) {
+        (Some(c), _) => std::sync::Arc::new(
+            crate::model::Arch::from_name_or_path(c).with_context(|| format!("--cfg {c}"))?,
+        ),
+        (None, Some(w)) => crate::model::yolov9::training_arch(&w.meta.arch)?,
+        (None, None) => crate::model::weights::default_arch(crate::model::weights::Graph::Train),
+    };
+
     // Batch and micro-batch: from the state, from measured memory, or as given.
     let probe = MemoryProbe::new(&device)?;
     let (micro, budget) = match &state {
@@ -238,6 +255,7 @@ pub(crate) fn resolve(
                     budget,
                     seed: opts.seed,
                     amp: opts.amp,
+                    arch: arch.clone(),
                 },
                 &device,
                 &probe,
@@ -269,6 +287,8 @@ pub(crate) fn resolve(
             micro,
             budget,
             faults,
+            weights,
+            arch,
         },
     ))
 }
@@ -292,13 +312,12 @@ pub(crate) fn build<'a>(
         micro,
         budget,
         faults,
+        weights,
+        arch,
     } = r;
     // Model, loss, optimizer, EMA.
-    let weights = match &opts.weights {
-        Some(p) => Some(Weights::load(p).with_context(|| format!("--weights {}", p.display()))?),
-        None => None,
-    };
-    let model = YoloV9Train::new(
+    let model = YoloV9Train::build(
+        &arch,
         weights.as_ref(),
         cfg.nc,
         cfg.names.clone(),
@@ -359,7 +378,9 @@ pub(crate) fn build<'a>(
         }
         None => Resumed::default(),
     };
-    let eval_model = YoloV9Train::new(None, cfg.nc, cfg.names.clone(), &device, opts.seed)?;
+    drop(weights);
+    let eval_model =
+        YoloV9Train::build(&arch, None, cfg.nc, cfg.names.clone(), &device, opts.seed)?;
 
     // Outputs. A new run claims its folder now, exclusively: another run started meanwhile with
     // the same --project/--name gets the next one instead of sharing it.

@@ -1,0 +1,247 @@
+//! The network of a model description ([`Arch`]): one block per layer row, run in order, each
+//! reading the outputs it names (official `models/yolo.py::BaseModel._forward_once`). Used by
+//! the inference graph ([`crate::model::YoloV9`]) and the training graph
+//! ([`crate::model::YoloV9Train`]) alike, under a [`Ctx`] (plain or taped).
+//!
+//! An output is dropped as soon as its last reader has run, so the peak holds only the maps
+//! still needed later (the taped forward keeps what its backward saved, independently).
+
+use super::arch::{Arch, Module, Src};
+use super::blocks::{AConv, ADown, CBLinear, Elan1, RepNCSPELAN4, SppElan};
+use super::conv::{Conv, ConvSpec};
+use super::head::{DetectHead, REG_MAX};
+use super::params::Builder;
+use super::tape::Ctx;
+use anyhow::{ensure, Context, Result};
+use candle_core::Tensor;
+
+/// One layer's block.
+enum Block {
+    Identity,
+    Conv(Conv),
+    Elan1(Elan1),
+    Rep(RepNCSPELAN4),
+    AConv(AConv),
+    ADown(ADown),
+    Spp(SppElan),
+    Upsample,
+    Concat,
+    CBLinear(CBLinear),
+    /// Piece `idx[j]` of input j, upsampled by `factor[j]`, summed with the last input.
+    CBFuse {
+        idx: Vec<usize>,
+        factor: Vec<usize>,
+    },
+}
+
+/// A layer's output: one map, or the pieces of a `CBLinear`.
+enum Out {
+    One(Tensor),
+    Many(Vec<Tensor>),
+}
+
+/// Layers `model.0 … model.{head-1}` of an [`Arch`] (the head is built by [`load_heads`]).
+pub(crate) struct Net {
+    blocks: Vec<Block>,
+    from: Vec<Vec<Src>>,
+    /// Per layer, the last layer that reads its output (the head index for head inputs).
+    last_use: Vec<usize>,
+}
+
+impl Net {
+    /// Builds every layer but the head, asking `b` for the official names `model.{i}.…`.
+    pub(crate) fn load(b: &mut Builder, arch: &Arch) -> Result<Self> {
+        let n = arch.head_index();
+        let mut blocks = Vec::with_capacity(n);
+        for (i, l) in arch.layers[..n].iter().enumerate() {
+            let p = format!("model.{i}");
+            let c1 = l.c_in.first().copied().unwrap_or(0);
+            let block = match &l.module {
+                Module::Silence => Block::Identity,
+                Module::Conv { c2, k, s } => {
+                    Block::Conv(Conv::load(b, &p, ConvSpec::new(c1, *c2, *k, *s))?)
+                }
+                Module::Elan1 { c2, c3, c4 } => {
+                    Block::Elan1(Elan1::load(b, &p, [c1, *c2, *c3, *c4])?)
+                }
+                Module::RepNCSPELAN4 { c2, c3, c4, n } => {
+                    Block::Rep(RepNCSPELAN4::load(b, &p, [c1, *c2, *c3, *c4, *n])?)
+                }
+                Module::AConv { c2 } => Block::AConv(AConv::load(b, &p, c1, *c2)?),
+                Module::ADown { c2 } => Block::ADown(ADown::load(b, &p, c1, *c2)?),
+                Module::SppElan { c2, c3 } => Block::Spp(SppElan::load(b, &p, [c1, *c2, *c3])?),
+                Module::Upsample => Block::Upsample,
+                Module::Concat => Block::Concat,
+                Module::CBLinear { c2s } => Block::CBLinear(CBLinear::load(b, &p, c1, c2s)?),
+                Module::CBFuse { idx } => {
+                    let target = l.stride;
+                    let factor = l.from[..idx.len()]
+                        .iter()
+                        .map(|s| (arch.stride_of(*s) / target) as usize)
+                        .collect();
+                    Block::CBFuse {
+                        idx: idx.clone(),
+                        factor,
+                    }
+                }
+                Module::Detect { .. } => unreachable!("the head is the last layer (checked)"),
+            };
+            blocks.push(block);
+        }
+        let mut last_use = vec![0; n];
+        for (i, l) in arch.layers.iter().enumerate() {
+            for s in &l.from {
+                if let Src::Layer(j) = s {
+                    last_use[*j] = last_use[*j].max(i);
+                }
+            }
+        }
+        Ok(Self {
+            blocks,
+            from: arch.layers[..n].iter().map(|l| l.from.clone()).collect(),
+            last_use,
+        })
+    }
+
+    /// Runs the layers on `x` (B, 3, H, W) and returns the outputs of `taps` (the head inputs)
+    /// in order.
+    pub(crate) fn forward(&self, x: &Tensor, c: Ctx, taps: &[Src]) -> Result<Vec<Tensor>> {
+        let n = self.blocks.len();
+        let mut outs: Vec<Option<Out>> = (0..n).map(|_| None).collect();
+        for (i, block) in self.blocks.iter().enumerate() {
+            let one = |k: usize| -> Result<&Tensor> {
+                match self.from[i][k] {
+                    Src::Input => Ok(x),
+                    Src::Layer(j) => match outs[j].as_ref() {
+                        Some(Out::One(t)) => Ok(t),
+                        Some(Out::Many(_)) => anyhow::bail!("layer {i}: input {j} has pieces"),
+                        None => anyhow::bail!("layer {i}: output of layer {j} is gone"),
+                    },
+                }
+            };
+            let y = match block {
+                Block::Identity => Out::One(one(0)?.clone()),
+                Block::Conv(m) => Out::One(m.run(one(0)?, c)?),
+                Block::Elan1(m) => Out::One(m.run(one(0)?, c)?),
+                Block::Rep(m) => Out::One(m.run(one(0)?, c)?),
+                Block::AConv(m) => Out::One(m.run(one(0)?, c)?),
+                Block::ADown(m) => Out::One(m.run(one(0)?, c)?),
+                Block::Spp(m) => Out::One(m.run(one(0)?, c)?),
+                Block::Upsample => Out::One(c.upsample_nearest_2x(one(0)?)?),
+                Block::Concat => {
+                    let xs: Vec<&Tensor> =
+                        (0..self.from[i].len()).map(one).collect::<Result<_>>()?;
+                    Out::One(c.cat(&xs, 1)?)
+                }
+                Block::CBLinear(m) => Out::Many(m.run(one(0)?, c)?),
+                Block::CBFuse { idx, factor } => {
+                    let k = idx.len();
+                    let mut acc = one(k)?.clone();
+                    for j in 0..k {
+                        let Src::Layer(src) = self.from[i][j] else {
+                            anyhow::bail!("layer {i}: CBFuse input {j} is the image")
+                        };
+                        let Some(Out::Many(pieces)) = outs[src].as_ref() else {
+                            anyhow::bail!("layer {i}: CBFuse input {src} is not a CBLinear")
+                        };
+                        let p = pieces
+                            .get(idx[j])
+                            .with_context(|| format!("layer {i}: no piece {}", idx[j]))?;
+                        let up = c.upsample_nearest(p, factor[j])?;
+                        ensure!(
+                            up.dims() == acc.dims(),
+                            "layer {i}: CBFuse piece {:?} does not match {:?}",
+                            up.dims(),
+                            acc.dims()
+                        );
+                        acc = c.add(&up, &acc)?;
+                    }
+                    Out::One(acc)
+                }
+            };
+            outs[i] = Some(y);
+            // Drop what no later layer (nor the head) reads.
+            for s in &self.from[i] {
+                if let Src::Layer(j) = s {
+                    if self.last_use[*j] <= i && !taps.contains(s) {
+                        outs[*j] = None;
+                    }
+                }
+            }
+        }
+        taps.iter()
+            .map(|s| match s {
+                Src::Input => Ok(x.clone()),
+                Src::Layer(j) => match &outs[*j] {
+                    Some(Out::One(t)) => Ok(t.clone()),
+                    _ => anyhow::bail!("head input {j} is not a feature map"),
+                },
+            })
+            .collect()
+    }
+}
+
+/// The head prefixes of `arch`: `[(box, class)]` for the auxiliary branch (dual heads only)
+/// and the main branch.
+fn head_prefixes(arch: &Arch) -> (Option<(String, String)>, (String, String)) {
+    let h = arch.head_index();
+    let p = |a: &str, b: &str| (format!("model.{h}.{a}"), format!("model.{h}.{b}"));
+    if arch.is_dual() {
+        (Some(p("cv2", "cv3")), p("cv4", "cv5"))
+    } else {
+        (None, p("cv2", "cv3"))
+    }
+}
+
+/// The detection head of `arch` with `nc` classes: `(auxiliary, main)` branches (`DualDDetect`:
+/// `cv2`/`cv3` and `cv4`/`cv5`; `DDetect`: only the main one, `cv2`/`cv3`), and the constant DFL
+/// kernels recorded in a describing build (`dfl`, and `dfl2` for dual heads).
+pub(crate) fn load_heads(
+    b: &mut Builder,
+    arch: &Arch,
+    nc: usize,
+) -> Result<(Option<DetectHead>, DetectHead)> {
+    let strides = arch.strides();
+    let ch = |srcs: &[Src]| -> Vec<usize> { srcs.iter().map(|s| arch.channels_of(*s)).collect() };
+    let (aux_p, main_p) = head_prefixes(arch);
+    let aux = match aux_p {
+        Some((bp, cp)) => Some(
+            DetectHead::load(b, &bp, &cp, &ch(arch.aux_inputs()), nc, &strides)
+                .context("loading the auxiliary head")?,
+        ),
+        None => None,
+    };
+    let main = DetectHead::load(
+        b,
+        &main_p.0,
+        &main_p.1,
+        &ch(arch.main_inputs()),
+        nc,
+        &strides,
+    )
+    .context("loading the detection head")?;
+    let h = arch.head_index();
+    b.constant(&format!("model.{h}.dfl.conv.weight"), &[1, REG_MAX, 1, 1]);
+    if arch.is_dual() {
+        b.constant(&format!("model.{h}.dfl2.conv.weight"), &[1, REG_MAX, 1, 1]);
+    }
+    Ok((aux, main))
+}
+
+/// Names of the constant DFL kernels of `arch`'s head (`dfl`, and `dfl2` for dual heads).
+pub(crate) fn dfl_names(arch: &Arch) -> Vec<String> {
+    let h = arch.head_index();
+    let mut v = vec![format!("model.{h}.dfl.conv.weight")];
+    if arch.is_dual() {
+        v.push(format!("model.{h}.dfl2.conv.weight"));
+    }
+    v
+}
+
+/// Every state_dict entry of `arch` with `nc` classes, in official order (a describing build).
+pub(crate) fn describe(arch: &Arch, nc: usize) -> Result<Vec<(String, Vec<usize>)>> {
+    let mut b = Builder::describing();
+    Net::load(&mut b, arch)?;
+    load_heads(&mut b, arch, nc)?;
+    Ok(b.described.take().unwrap_or_default())
+}
