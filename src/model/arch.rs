@@ -244,7 +244,7 @@ impl Arch {
         };
         let levels = if dual {
             ensure!(
-                head.from.len() % 2 == 0,
+                head.from.len().is_multiple_of(2),
                 "model yaml, DualDDetect: needs an even number of inputs (auxiliary, then main)"
             );
             head.from.len() / 2
@@ -768,7 +768,7 @@ fn resolve_row(i: usize, row: &Value, prev: &[Layer], gd: f64, gw: f64) -> Resul
                     "CBFuse: piece {k} of layer {j} has {c} channels, the fused map {c2}"
                 );
                 ensure!(
-                    l.stride >= target && l.stride % target == 0,
+                    l.stride >= target && l.stride.is_multiple_of(target),
                     "CBFuse: layer {j} at stride {} cannot be resized to stride {target}",
                     l.stride
                 );

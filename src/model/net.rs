@@ -18,15 +18,15 @@ use candle_core::Tensor;
 /// One layer's block.
 enum Block {
     Identity,
-    Conv(Conv),
-    Elan1(Elan1),
-    Rep(RepNCSPELAN4),
-    AConv(AConv),
-    ADown(ADown),
-    Spp(SppElan),
+    Conv(Box<Conv>),
+    Elan1(Box<Elan1>),
+    Rep(Box<RepNCSPELAN4>),
+    AConv(Box<AConv>),
+    ADown(Box<ADown>),
+    Spp(Box<SppElan>),
     Upsample,
     Concat,
-    CBLinear(CBLinear),
+    CBLinear(Box<CBLinear>),
     /// Piece `idx[j]` of input j, upsampled by `factor[j]`, summed with the last input.
     CBFuse {
         idx: Vec<usize>,
@@ -56,36 +56,41 @@ impl Net {
         for (i, l) in arch.layers[..n].iter().enumerate() {
             let p = format!("model.{i}");
             let c1 = l.c_in.first().copied().unwrap_or(0);
-            let block = match &l.module {
-                Module::Silence => Block::Identity,
-                Module::Conv { c2, k, s } => {
-                    Block::Conv(Conv::load(b, &p, ConvSpec::new(c1, *c2, *k, *s))?)
-                }
-                Module::Elan1 { c2, c3, c4 } => {
-                    Block::Elan1(Elan1::load(b, &p, [c1, *c2, *c3, *c4])?)
-                }
-                Module::RepNCSPELAN4 { c2, c3, c4, n } => {
-                    Block::Rep(RepNCSPELAN4::load(b, &p, [c1, *c2, *c3, *c4, *n])?)
-                }
-                Module::AConv { c2 } => Block::AConv(AConv::load(b, &p, c1, *c2)?),
-                Module::ADown { c2 } => Block::ADown(ADown::load(b, &p, c1, *c2)?),
-                Module::SppElan { c2, c3 } => Block::Spp(SppElan::load(b, &p, [c1, *c2, *c3])?),
-                Module::Upsample => Block::Upsample,
-                Module::Concat => Block::Concat,
-                Module::CBLinear { c2s } => Block::CBLinear(CBLinear::load(b, &p, c1, c2s)?),
-                Module::CBFuse { idx } => {
-                    let target = l.stride;
-                    let factor = l.from[..idx.len()]
-                        .iter()
-                        .map(|s| (arch.stride_of(*s) / target) as usize)
-                        .collect();
-                    Block::CBFuse {
-                        idx: idx.clone(),
-                        factor,
+            let block =
+                match &l.module {
+                    Module::Silence => Block::Identity,
+                    Module::Conv { c2, k, s } => {
+                        Block::Conv(Box::new(Conv::load(b, &p, ConvSpec::new(c1, *c2, *k, *s))?))
                     }
-                }
-                Module::Detect { .. } => unreachable!("the head is the last layer (checked)"),
-            };
+                    Module::Elan1 { c2, c3, c4 } => {
+                        Block::Elan1(Box::new(Elan1::load(b, &p, [c1, *c2, *c3, *c4])?))
+                    }
+                    Module::RepNCSPELAN4 { c2, c3, c4, n } => Block::Rep(Box::new(
+                        RepNCSPELAN4::load(b, &p, [c1, *c2, *c3, *c4, *n])?,
+                    )),
+                    Module::AConv { c2 } => Block::AConv(Box::new(AConv::load(b, &p, c1, *c2)?)),
+                    Module::ADown { c2 } => Block::ADown(Box::new(ADown::load(b, &p, c1, *c2)?)),
+                    Module::SppElan { c2, c3 } => {
+                        Block::Spp(Box::new(SppElan::load(b, &p, [c1, *c2, *c3])?))
+                    }
+                    Module::Upsample => Block::Upsample,
+                    Module::Concat => Block::Concat,
+                    Module::CBLinear { c2s } => {
+                        Block::CBLinear(Box::new(CBLinear::load(b, &p, c1, c2s)?))
+                    }
+                    Module::CBFuse { idx } => {
+                        let target = l.stride;
+                        let factor = l.from[..idx.len()]
+                            .iter()
+                            .map(|s| (arch.stride_of(*s) / target) as usize)
+                            .collect();
+                        Block::CBFuse {
+                            idx: idx.clone(),
+                            factor,
+                        }
+                    }
+                    Module::Detect { .. } => unreachable!("the head is the last layer (checked)"),
+                };
             blocks.push(block);
         }
         let mut last_use = vec![0; n];
