@@ -159,10 +159,6 @@ impl Arch {
 
     /// A built-in name, or a path to a yaml file in the official format.
     pub fn from_name_or_path(s: &str) -> Result<Self> {
-        let key = s.strip_suffix(".yaml").unwrap_or(s);
-        if builtin_names().any(|n| n == key) && !std::path::Path::new(s).is_file() {
-            return Self::builtin(key);
-        }
         let path = std::path::Path::new(s);
         if !path.is_file() {
             return Self::builtin(s);

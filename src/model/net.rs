@@ -225,10 +225,8 @@ pub(crate) fn load_heads(
         &strides,
     )
     .context("loading the detection head")?;
-    let h = arch.head_index();
-    b.constant(&format!("model.{h}.dfl.conv.weight"), &[1, REG_MAX, 1, 1]);
-    if arch.is_dual() {
-        b.constant(&format!("model.{h}.dfl2.conv.weight"), &[1, REG_MAX, 1, 1]);
+    for n in dfl_names(arch) {
+        b.constant(&n, &[1, REG_MAX, 1, 1]);
     }
     Ok((aux, main))
 }
