@@ -260,6 +260,7 @@ fn converted_checkpoint_and_infer_mapping_match_official() {
         ConvertOptions {
             half: true,
             infer: true,
+            ..Default::default()
         },
     )
     .unwrap();
@@ -277,7 +278,7 @@ fn converted_checkpoint_and_infer_mapping_match_official() {
 #[test]
 fn bccd_round_trip_f32_and_half_with_metadata() {
     let src = common::reference("bccd-official-best.pt");
-    let (w, prov, rep) = convert::convert(&src, ConvertOptions::default()).unwrap();
+    let (w, prov, rep) = convert::convert(&src, &ConvertOptions::default()).unwrap();
     assert_eq!(w.meta.nc, 3);
     assert_eq!(w.meta.names, vec!["RBC", "WBC", "Platelets"]);
     assert_eq!(w.meta.graph, Graph::Train);
@@ -747,6 +748,7 @@ fn official_bccd_checkpoint_converts_to_reproducible_f16_inference_weights() {
             ConvertOptions {
                 half: true,
                 infer: true,
+                ..Default::default()
             },
         )
         .unwrap();

@@ -137,6 +137,16 @@ fn binary_exit_codes_without_panics() {
         assert!(err.contains("available: cpu"), "{err}");
         assert!(err.contains("--features cuda"), "{err}");
     }
+    // --cfg names the model: the shipped yolov9-s weights are refused as yolov9-c, naming the
+    // option and the first tensor that differs; an unknown model lists the built-in ones.
+    let (code, _, err) = yolo9(&["detect", img, "--device", "cpu", "--cfg", "yolov9-c"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("--cfg yolov9-c"), "{err}");
+    assert!(err.contains("tensor model."), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let (code, _, err) = yolo9(&["detect", img, "--device", "cpu", "--cfg", "yolov9-x"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("yolov9-x") && err.contains("gelan-e"), "{err}");
     // Missing weights are named.
     let (code, _, err) = yolo9(&["detect", img, "--weights", "/nonexistent/w.safetensors"]);
     assert_ne!(code, 0);

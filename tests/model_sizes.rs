@@ -72,6 +72,52 @@ fn each_size_infers_its_main_branch_and_round_trips_through_a_file() {
     }
 }
 
+/// `--cfg` ([`yolo9::Weights::with_arch`]): weights read as the model named, a training graph as
+/// its gelan counterpart (the main branch), and another model is refused naming the option and
+/// the first tensor that differs.
+#[test]
+fn cfg_reads_weights_as_the_model_named_and_refuses_another() {
+    use std::sync::Arc;
+    let arch = Arch::builtin("yolov9-t").unwrap();
+    let train = YoloV9Train::build(&arch, None, 2, vec![], &Device::Cpu, 5).unwrap();
+    let w = train.to_weights().unwrap();
+    let same = w
+        .clone()
+        .with_arch(Arc::new(arch.clone()), "--cfg yolov9-t")
+        .unwrap();
+    assert_eq!(same.tensors.len(), w.tensors.len());
+    let gelan = w
+        .clone()
+        .with_arch(Arc::new(Arch::builtin("gelan-t").unwrap()), "--cfg gelan-t")
+        .unwrap();
+    assert_eq!(gelan.meta.graph, yolo9::model::weights::Graph::Infer);
+    assert_eq!(gelan.tensors.len(), w.to_infer().unwrap().tensors.len());
+    let x = input(1, 64, 64, 3);
+    let a = YoloV9::load(&gelan, &Device::Cpu)
+        .unwrap()
+        .forward(&x)
+        .unwrap();
+    let b = YoloV9::load(&w, &Device::Cpu).unwrap().forward(&x).unwrap();
+    assert_eq!(common::max_abs(&a, &b), 0.0);
+    for other in ["yolov9-s", "gelan-c", "yolov9-e"] {
+        let e = w
+            .clone()
+            .with_arch(
+                Arc::new(Arch::builtin(other).unwrap()),
+                &format!("--cfg {other}"),
+            )
+            .unwrap_err();
+        let msg = format!("{e:#}");
+        assert!(msg.starts_with(&format!("--cfg {other}: ")), "{msg}");
+        assert!(msg.contains(" tensor model."), "{msg}");
+    }
+    // An inference graph cannot be read as a training graph: the auxiliary branch is missing.
+    let e = gelan
+        .with_arch(Arc::new(arch), "--cfg yolov9-t")
+        .unwrap_err();
+    assert!(format!("{e:#}").contains("missing tensor"), "{e:#}");
+}
+
 /// The state_dict of every size has the official key count (one BN per Conv: 6 entries, the head,
 /// the DFL kernels) and the parameter counts of the official model summaries.
 #[test]

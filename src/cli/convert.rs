@@ -1,6 +1,6 @@
 //! `yolo9 convert`: official `.pt` → safetensors.
 use crate::convert::{convert_file, ConvertOptions};
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
 use std::path::PathBuf;
 
@@ -17,9 +17,15 @@ pub struct ConvertArgs {
     /// Store the weights as f16 (half the size; loaders upcast to f32).
     #[arg(long)]
     pub half: bool,
-    /// Write only the inference graph (gelan-s layout: layers 0-21 + DDetect at 22).
+    /// Write only the inference graph: the main branch, as the gelan counterpart of the model
+    /// (yolov9-c -> gelan-c: its layers up to the DDetect head, renumbered).
     #[arg(long)]
     pub infer: bool,
+    /// The model the checkpoint is: a built-in name (yolov9-t/s/m/c/e, gelan-t/s/m/c/e) or a
+    /// model yaml in the official format; a checkpoint that is not that model is refused, naming
+    /// the first tensor that differs [default: recognised from the checkpoint's keys].
+    #[arg(long)]
+    pub cfg: Option<String>,
 }
 
 /// The default output of converting `input`: `NAME.safetensors` beside it, or, when the input is
@@ -82,6 +88,13 @@ pub fn run(args: ConvertArgs) -> Result<()> {
         ConvertOptions {
             half: args.half,
             infer: args.infer,
+            cfg: match &args.cfg {
+                Some(c) => Some(std::sync::Arc::new(
+                    crate::model::arch::Arch::from_name_or_path(c)
+                        .with_context(|| format!("--cfg {c}"))?,
+                )),
+                None => None,
+            },
         },
     )?;
     print!("{report}");

@@ -40,10 +40,9 @@ pub struct DetectArgs {
     /// Image files, directories (not recursive) or glob patterns ("imgs/**/*.jpg").
     #[arg(required = true)]
     pub source: Vec<PathBuf>,
-    /// Weights: yolo9 .safetensors or an official .pt [default: weights/yolov9-s-bccd.safetensors
-    /// in the yolo9 source folder, then in the current folder].
-    #[arg(long)]
-    pub weights: Option<PathBuf>,
+    /// The weights and, optionally, the model they are.
+    #[command(flatten)]
+    pub model: WeightsArgs,
     /// Memory budget, e.g. 2GiB: images are detected one at a time, and the measured peak of
     /// one forward at --img must fit (checked before the first image).
     #[arg(long, value_parser = parse_budget)]
@@ -139,6 +138,51 @@ pub fn effective_img(img: u32) -> (u32, Option<String>) {
 
 /// Finds the weights: `--weights` as given, else [`DEFAULT_WEIGHTS`] under the crate folder
 /// (compile time) then under the current folder.
+/// `--weights` and `--cfg`, the same in detect, val and serve.
+#[derive(Debug, Clone, Args)]
+pub struct WeightsArgs {
+    /// Weights: yolo9 .safetensors, a plain state_dict safetensors, or an official .pt
+    /// [default: weights/yolov9-s-bccd.safetensors in the yolo9 source folder, then in the
+    /// current folder].
+    #[arg(long)]
+    pub weights: Option<PathBuf>,
+    /// The model the weights are: a built-in name (yolov9-t/s/m/c/e, gelan-t/s/m/c/e) or a model
+    /// yaml in the official format [default: recognised from the weights].
+    #[arg(long)]
+    pub cfg: Option<String>,
+}
+
+impl WeightsArgs {
+    /// The weights file these arguments name ([`resolve_weights`]).
+    pub fn path(&self) -> Result<PathBuf> {
+        resolve_weights(self.weights.as_deref())
+    }
+
+    /// [`WeightsArgs::path`] loaded with [`load_weights`]: `(path, weights)`.
+    pub fn load(&self) -> Result<(PathBuf, crate::Weights)> {
+        let p = self.path()?;
+        let w = load_weights(&p, self.cfg.as_deref())?;
+        Ok((p, w))
+    }
+}
+
+/// Loads `path` ([`crate::Weights::load`]) as the model `cfg` names when given (`--cfg`: a
+/// built-in name such as `yolov9-c`, or a model yaml; see [`crate::Weights::with_arch`]), else as
+/// the model its keys or metadata say. Errors name the file and, with `--cfg`, the first tensor
+/// that does not fit.
+pub fn load_weights(path: &Path, cfg: Option<&str>) -> Result<crate::Weights> {
+    let w = crate::Weights::load(path).with_context(|| format!("--weights {}", path.display()))?;
+    match cfg {
+        None => Ok(w),
+        Some(c) => {
+            let arch = crate::model::arch::Arch::from_name_or_path(c)
+                .with_context(|| format!("--cfg {c}"))?;
+            w.with_arch(std::sync::Arc::new(arch), &format!("--cfg {c}"))
+                .with_context(|| format!("--weights {}", path.display()))
+        }
+    }
+}
+
 pub fn resolve_weights(arg: Option<&Path>) -> Result<PathBuf> {
     if let Some(p) = arg {
         if !p.is_file() {
@@ -291,15 +335,14 @@ pub fn run(args: DetectArgs) -> Result<()> {
         eprintln!("{n}");
     }
     let sources = expand_sources(&args.source)?;
-    let weights = resolve_weights(args.weights.as_deref())?;
+    let weights = args.model.path()?;
     let device = crate::device::select(args.device)?;
     if args.device == DeviceSpec::Auto {
         eprintln!("{}", crate::device::auto_notice(&device));
     }
     let dtype = inference_dtype(args.half, &device);
     if let Some(budget) = args.budget {
-        let w = crate::model::weights::Weights::load(&weights)
-            .with_context(|| format!("--weights {}", weights.display()))?;
+        let w = load_weights(&weights, args.model.cfg.as_deref())?;
         let m = crate::model::yolov9::YoloV9::load_dtype(&w, &device, dtype)?;
         let probe = crate::memory::MemoryProbe::new(&device)?;
         let d = crate::train::budget::plan_inference(&m, img, 1, budget, &probe)?;
@@ -310,7 +353,9 @@ pub fn run(args: DetectArgs) -> Result<()> {
             d.what
         );
     }
-    let detector = Detector::load_dtype(&weights, device, dtype)?
+    let w = load_weights(&weights, args.model.cfg.as_deref())?;
+    let detector = Detector::from_weights(&w, device, dtype)
+        .with_context(|| format!("building the model from {}", weights.display()))?
         .img_size(img)
         .conf(args.conf_thres as f32)
         .iou(args.iou_thres)

@@ -2,13 +2,12 @@
 //! SIGTERM.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
 
-use super::detect::{inference_dtype, parse_img, parse_unit, resolve_weights};
+use super::detect::{inference_dtype, parse_img, parse_unit};
 use crate::detect::detector::Detector;
 use crate::device::{parse_device, DeviceSpec};
 use crate::serve::ServeConfig;
@@ -16,10 +15,9 @@ use crate::serve::ServeConfig;
 /// Arguments of `yolo9 serve`.
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
-    /// Weights: yolo9 .safetensors or an official .pt [default: the shipped
-    /// weights/yolov9-s-bccd.safetensors, as detect].
-    #[arg(long)]
-    pub weights: Option<PathBuf>,
+    /// The weights and, optionally, the model they are.
+    #[command(flatten)]
+    pub model: super::detect::WeightsArgs,
     /// Device: auto (the first CUDA GPU if there is one, else the CPU), cpu, or a CUDA index.
     #[arg(long, default_value = "auto", value_parser = parse_device, allow_negative_numbers = true)]
     pub device: DeviceSpec,
@@ -58,13 +56,14 @@ pub struct ServeArgs {
 
 /// Runs `yolo9 serve`.
 pub fn run(args: ServeArgs) -> Result<()> {
-    let weights = resolve_weights(args.weights.as_deref())?;
+    let (weights, w) = args.model.load()?;
     let device = crate::device::select(args.device)?;
     if args.device == DeviceSpec::Auto {
         eprintln!("{}", crate::device::auto_notice(&device));
     }
     let dtype = inference_dtype(args.half, &device);
-    let detector = Detector::load_dtype(&weights, device, dtype)?
+    let detector = Detector::from_weights(&w, device, dtype)
+        .with_context(|| format!("building the model from {}", weights.display()))?
         .img_size(args.img)
         .conf(args.conf_thres as f32)
         .iou(args.iou_thres);

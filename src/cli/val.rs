@@ -4,7 +4,6 @@
 use crate::data::scan::{scan_split, ScanOptions};
 use crate::data::yaml::{DataConfig, Split};
 use crate::metrics::validate::{val_images, validate, ValConfig, ValModel};
-use crate::model::weights::Weights;
 use crate::model::yolov9::YoloV9;
 use anyhow::{bail, ensure, Context, Result};
 use clap::Args;
@@ -16,10 +15,9 @@ pub struct ValArgs {
     /// The dataset description (data.yaml).
     #[arg(long)]
     pub data: PathBuf,
-    /// Weights: yolo9 safetensors, a plain state_dict safetensors, or an official .pt
-    /// [default: weights/yolov9-s-bccd.safetensors, the shipped weights, as `yolo9 detect`].
-    #[arg(long)]
-    pub weights: Option<PathBuf>,
+    /// The weights and, optionally, the model they are.
+    #[command(flatten)]
+    pub model: crate::cli::detect::WeightsArgs,
     /// Split to validate: val or test.
     #[arg(long, default_value = "val")]
     pub split: String,
@@ -94,9 +92,7 @@ pub fn run(a: ValArgs) -> Result<()> {
         split.key()
     );
     let device = crate::train::trainer::parse_device(&a.device)?;
-    let weights_path = crate::cli::detect::resolve_weights(a.weights.as_deref())?;
-    let weights = Weights::load(&weights_path)
-        .with_context(|| format!("--weights {}", weights_path.display()))?;
+    let (weights_path, weights) = a.model.load()?;
     ensure!(
         weights.meta.nc == cfg.nc,
         "--weights {} has nc = {} but {} has nc = {}; validate with the dataset the model was trained on",

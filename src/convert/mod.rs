@@ -16,13 +16,17 @@ use std::fmt;
 use std::path::Path;
 
 /// Options of [`convert`].
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct ConvertOptions {
     /// Store floating-point tensors as f16 (the loader upcasts to f32).
     pub half: bool,
     /// Keep only the inference graph (the main branch: gelan-* layout, see
     /// [`keys::NameMap::train_to_infer`]).
     pub infer: bool,
+    /// The model the checkpoint must be (`--cfg`; [`Weights::with_arch`]) instead of the one
+    /// recognised from its keys; a checkpoint that is not that model is refused, naming the first
+    /// tensor that differs.
+    pub cfg: Option<std::sync::Arc<crate::model::arch::Arch>>,
 }
 
 /// What a conversion did, printed by `yolo9 convert`.
@@ -102,8 +106,15 @@ pub fn sha256_file(path: &Path) -> Result<String> {
 /// Reads `input` (official `.pt`, state_dict `.pt`, or `.safetensors`) into validated
 /// [`Weights`] (see [`Weights::load`]), optionally reduced to the inference graph, with the
 /// source's provenance and a [`Report`]. Nothing is written.
-pub fn convert(input: &Path, opts: ConvertOptions) -> Result<(Weights, Provenance, Report)> {
+pub fn convert(input: &Path, opts: &ConvertOptions) -> Result<(Weights, Provenance, Report)> {
     let (weights, mut notes, how, imported) = Weights::load_detailed(input)?;
+    let weights = match &opts.cfg {
+        Some(arch) => weights.with_arch(
+            arch.clone(),
+            &format!("{}: --cfg {}", input.display(), arch.name),
+        )?,
+        None => weights,
+    };
     let file_name = input
         .file_name()
         .map(|s| s.to_string_lossy().into_owned())
@@ -151,7 +162,7 @@ pub fn convert(input: &Path, opts: ConvertOptions) -> Result<(Weights, Provenanc
 
 /// [`convert`] then [`Weights::save_with_provenance`] to `output` (atomic write).
 pub fn convert_file(input: &Path, output: &Path, opts: ConvertOptions) -> Result<Report> {
-    let (weights, prov, report) = convert(input, opts)?;
+    let (weights, prov, report) = convert(input, &opts)?;
     weights.save_with_provenance(output, opts.half, Some(&prov))?;
     Ok(report)
 }

@@ -113,6 +113,19 @@ impl Detector {
         Ok(Self::from_boxed(model, device))
     }
 
+    /// Builds the inference model of already loaded `weights` on `device`, running in `dtype`
+    /// (as [`Detector::load_dtype`]; a training graph runs its main branch).
+    ///
+    /// Errors: a non-float `dtype`, or weights the model cannot be built from.
+    pub fn from_weights(
+        weights: &crate::model::weights::Weights,
+        device: Device,
+        dtype: DType,
+    ) -> Result<Self> {
+        let model = load_model(weights, &device, dtype)?;
+        Ok(Self::from_boxed(model, device))
+    }
+
     /// Wraps an already built model (e.g. a `YoloV9`, or a test double).
     pub fn from_model(model: impl InferenceModel + 'static, device: Device) -> Self {
         Self::from_boxed(Box::new(model), device)

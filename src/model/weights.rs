@@ -51,6 +51,17 @@ impl Graph {
     }
 }
 
+impl std::fmt::Debug for Weights {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Weights")
+            .field("model", &self.meta.arch.name)
+            .field("graph", &self.meta.graph)
+            .field("nc", &self.meta.nc)
+            .field("tensors", &self.tensors.len())
+            .finish()
+    }
+}
+
 /// Metadata stored with the weights.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelMeta {
@@ -106,7 +117,9 @@ pub struct Provenance {
 ///
 /// Every floating-point tensor is f32. The BatchNorm step counters `*.num_batches_tracked`
 /// (int64 scalars) are kept when the source has them so that a state_dict round trip is
-/// complete; model loaders ignore them ([`keys::is_counter`]).
+/// complete; model loaders ignore them ([`keys::is_counter`]). Cloning shares the tensors
+/// (candle tensors are reference counted).
+#[derive(Clone)]
 pub struct Weights {
     /// Tensors by official state_dict name.
     pub tensors: HashMap<String, Tensor>,
@@ -296,6 +309,35 @@ impl Weights {
             },
         };
         w.validate("inference graph")?;
+        Ok(w)
+    }
+
+    /// These weights read as the model `arch` names (`--cfg` of detect, val, convert and serve),
+    /// instead of the model recognised from their keys or metadata. A training graph asked for as
+    /// its inference counterpart (yolov9-c weights with `--cfg gelan-c`) is reduced to its main
+    /// branch first ([`Weights::to_infer`]).
+    ///
+    /// Errors: the tensors are not that model's state_dict — the message names `what` (e.g.
+    /// `--cfg yolov9-c`) and the first missing, unexpected or mis-shaped tensor, as
+    /// [`Weights::validate`] does.
+    pub fn with_arch(self, arch: Arc<Arch>, what: &str) -> Result<Weights> {
+        if *self.meta.arch == *arch {
+            return Ok(self);
+        }
+        let w = if self.meta.arch.is_dual() && !arch.is_dual() {
+            self.to_infer()?
+        } else {
+            self
+        };
+        let w = Weights {
+            meta: ModelMeta {
+                graph: graph_of(&arch),
+                arch,
+                ..w.meta
+            },
+            tensors: w.tensors,
+        };
+        w.validate(what)?;
         Ok(w)
     }
 
