@@ -143,6 +143,7 @@ mod same_file_tests {
             output: Some(dir.join(".").join("best.pt")),
             half: false,
             infer: false,
+            cfg: None,
         };
         let e = super::run(args).unwrap_err().to_string();
         assert!(e.contains("is the input itself"), "{e}");

@@ -14,7 +14,7 @@
 
 use crate::model::weights::MAX_CLASSES;
 use anyhow::{bail, Context, Result};
-use serde_yaml::Value;
+use serde_yaml_ng::Value;
 use std::path::{Component, Path, PathBuf};
 
 /// File extensions (lower case) accepted as images when a split is a directory. Compared
@@ -92,7 +92,7 @@ impl DataConfig {
     pub fn from_yaml_str(text: &str, yaml_path: &Path) -> Result<DataConfig> {
         let yaml_path = absolute(yaml_path)?;
         let shown = yaml_path.display();
-        let doc: Value = serde_yaml::from_str(text).with_context(|| {
+        let doc: Value = serde_yaml_ng::from_str(text).with_context(|| {
             format!("{shown} is not valid YAML (fix the syntax at the position above)")
         })?;
         let map = doc.as_mapping().with_context(|| {
@@ -353,7 +353,7 @@ fn scalar_string(v: &Value) -> Option<String> {
 }
 
 fn show_value(v: &Value) -> String {
-    serde_yaml::to_string(v)
+    serde_yaml_ng::to_string(v)
         .map(|s| s.trim().to_string())
         .unwrap_or_else(|_| format!("{v:?}"))
 }

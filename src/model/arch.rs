@@ -16,7 +16,7 @@
 //! `DDetect` and `DualDDetect` (the last row).
 
 use anyhow::{bail, ensure, Context, Result};
-use serde_yaml::Value;
+use serde_yaml_ng::Value;
 
 /// Where a layer's input comes from: the network input image, or the output of an earlier layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -186,7 +186,7 @@ impl Arch {
     /// `from` that points forward or out of range, a wrong argument, a head that is not the last
     /// row, inconsistent strides in a `Concat`.
     pub fn from_yaml(text: &str, name: &str) -> Result<Self> {
-        let doc: Value = serde_yaml::from_str(text).context("the model yaml does not parse")?;
+        let doc: Value = serde_yaml_ng::from_str(text).context("the model yaml does not parse")?;
         let num = |k: &str| -> Result<f64> {
             match doc.get(k) {
                 None => Ok(1.0),

@@ -267,24 +267,25 @@ impl Hyp {
                 path.display()
             )
         };
-        let map = match serde_yaml::from_str::<serde_yaml::Value>(&text).with_context(not_hyp)? {
-            serde_yaml::Value::Mapping(m) => m,
-            serde_yaml::Value::Null => serde_yaml::Mapping::new(),
-            _ => anyhow::bail!(not_hyp()),
-        };
+        let map =
+            match serde_yaml_ng::from_str::<serde_yaml_ng::Value>(&text).with_context(not_hyp)? {
+                serde_yaml_ng::Value::Mapping(m) => m,
+                serde_yaml_ng::Value::Null => serde_yaml_ng::Mapping::new(),
+                _ => anyhow::bail!(not_hyp()),
+            };
         for k in map.keys() {
             let key = k.as_str().unwrap_or_default();
             if !HYP_KEYS.contains(&key) && !IGNORED_HYP_KEYS.contains(&key) {
                 anyhow::bail!(
                     "--hyp {}: unknown key `{}`; did you mean `{}`? (valid keys: {})",
                     path.display(),
-                    serde_yaml::to_string(k).unwrap_or_default().trim(),
+                    serde_yaml_ng::to_string(k).unwrap_or_default().trim(),
                     nearest(key, HYP_KEYS),
                     HYP_KEYS.join(", ")
                 );
             }
         }
-        let h: Hyp = serde_yaml::from_str(&text).with_context(|| {
+        let h: Hyp = serde_yaml_ng::from_str(&text).with_context(|| {
             format!(
                 "--hyp {}: not a hyp yaml (expected keys like `lr0: 0.01`, numbers only)",
                 path.display()

@@ -405,9 +405,9 @@ pub(crate) fn build<'a>(
     }
     let args_json = serde_json::to_value(opts)?;
     if state.is_none() {
-        std::fs::write(run_dir.join("args.yaml"), serde_yaml::to_string(opts)?)
+        std::fs::write(run_dir.join("args.yaml"), serde_yaml_ng::to_string(opts)?)
             .with_context(|| format!("{}: cannot write args.yaml", run_dir.display()))?;
-        std::fs::write(run_dir.join("hyp.yaml"), serde_yaml::to_string(&hyp)?)
+        std::fs::write(run_dir.join("hyp.yaml"), serde_yaml_ng::to_string(&hyp)?)
             .with_context(|| format!("{}: cannot write hyp.yaml", run_dir.display()))?;
         create_results_csv(&run_dir)?;
     }
