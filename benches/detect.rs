@@ -1,5 +1,10 @@
 //! Detect latency and throughput: `cargo bench --bench detect -- [--device cpu|N] [--weights W]
-//! [--image IMG] [--iters N] [--batch B] [--half]`.
+//! [--cfg MODEL] [--image IMG] [--iters N] [--batch B] [--half]`.
+//!
+//! `--cfg yolov9-c` (any built-in model or model yaml) without `--weights` times that model with
+//! seeded random weights at nc = 80 (the official model summaries' class count), so every size
+//! can be timed without a checkpoint; the inference graph (the gelan counterpart) runs, as
+//! `yolo9 detect` runs it for a training checkpoint.
 //!
 //! Measures, on one image letterboxed to 640 (`auto` padding, as `yolo9 detect`):
 //! pre-process (decode excluded: letterbox), forward (input upload + network, device-synchronised,
@@ -25,6 +30,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn main() -> Result<()> {
     let mut device = "cpu".to_string();
     let mut weights = PathBuf::from("weights/yolov9-s-bccd.safetensors");
+    let mut cfg: Option<String> = None;
     let mut image = PathBuf::from("examples/images/BloodImage_00007.jpg");
     let mut iters = 20usize;
     let mut batch = 32usize;
@@ -35,6 +41,7 @@ fn main() -> Result<()> {
         match a.as_str() {
             "--device" => device = val()?,
             "--weights" => weights = val()?.into(),
+            "--cfg" => cfg = Some(val()?),
             "--image" => image = val()?.into(),
             "--iters" => iters = val()?.parse()?,
             "--batch" => batch = val()?.parse()?,
@@ -45,7 +52,37 @@ fn main() -> Result<()> {
     }
     let spec = parse_device(&device).map_err(anyhow::Error::msg)?;
     let dev = select(spec)?;
-    let det = Detector::load_dtype(&weights, dev.clone(), dtype)?;
+    let w = match &cfg {
+        Some(c) => {
+            let arch = yolo9::model::Arch::from_name_or_path(c)?;
+            // A gelan model is built as its yolov9 training graph (what yolo9 initialises);
+            // the detector runs its main branch, which is the gelan graph.
+            let arch = if arch.is_dual() {
+                arch
+            } else {
+                arch.dual_counterpart().context("no training counterpart of this model")?
+            };
+            let names = (0..80).map(|i| format!("class{i}")).collect();
+            let m = yolo9::model::YoloV9Train::build(
+                &arch,
+                None,
+                80,
+                names,
+                &candle_core::Device::Cpu,
+                0,
+            )?;
+            weights = PathBuf::from(format!("random {}", arch.name));
+            m.to_weights()?
+        }
+        None => yolo9::Weights::load(&weights)?,
+    };
+    println!(
+        "model {} ({} graph, {} parameters)",
+        w.meta.arch.name,
+        w.meta.graph.as_str(),
+        w.parameter_count()
+    );
+    let det = Detector::from_weights(&w, dev.clone(), dtype)?;
     let img = yolo9::data::image::load_rgb8(&image)?;
     println!(
         "device {device} dtype {dtype:?} weights {} image {}",
@@ -82,7 +119,7 @@ fn main() -> Result<()> {
         // timings above allow TF32, as PyTorch does).
         #[cfg(feature = "cuda")]
         yolo9::cuda::conv::set_strict_fp32(true);
-        let cpu = Detector::load(&weights, candle_core::Device::Cpu)?;
+        let cpu = Detector::from_weights(&w, candle_core::Device::Cpu, candle_core::DType::F32)?;
         let (lb, info) = det.preprocess(&img)?;
         let yg = det.forward_tensor(&to_tensor(&[&lb], &dev)?)?;
         let yc = cpu.forward_tensor(&to_tensor(&[&lb], &candle_core::Device::Cpu)?)?;

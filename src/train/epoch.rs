@@ -78,6 +78,9 @@ pub(crate) fn run_epoch(
     };
     let lr = run.opt.lr;
     let final_epoch = epoch + 1 == opts.epochs;
+    // The two phases' peaks apart, so that a warning names the one above the budget.
+    let train_peak = run.probe.peak_bytes();
+    run.probe.reset_peak();
 
     // Validation of the EMA (batch halved on out-of-memory).
     let mut metrics = [0f64; 4];
@@ -102,14 +105,22 @@ pub(crate) fn run_epoch(
     if improved {
         c.best_epoch = Some(epoch);
     }
-    let peak_mem = run.probe.peak_bytes();
+    let val_peak = if validated {
+        run.probe.peak_bytes()
+    } else {
+        0
+    };
+    let peak_mem = train_peak.max(val_peak);
     if let Some(b) = &run.budget {
         if peak_mem > b.budget {
             obs.line(&format!(
-                "warning: epoch {} peaked at {} of {}, above the budget {}",
+                "warning: epoch {} peaked at {} of {} (training {}, validation {}), above the \
+                 budget {}",
                 epoch + 1,
                 fmt_size(peak_mem),
                 run.probe.what(),
+                fmt_size(train_peak),
+                fmt_size(val_peak),
                 fmt_size(b.budget)
             ));
         }
@@ -345,7 +356,15 @@ fn validate_ema(
     run.graphs.borrow_mut().reset();
     let map: HashMap<String, Tensor> = run.ema.state.iter().cloned().collect();
     val.model.load_state_dict(&map)?;
-    let mut vb = (run.micro * 2).max(1);
+    // The official trainer validates at twice the training batch. Under a memory budget the
+    // measured micro-batch is the size known to fit (an eval forward needs less than a training
+    // step at the same batch); the training state (weights, gradients, momentum, EMA) stays
+    // resident beside it, and twice the micro-batch of the largest models does not fit.
+    let mut vb = if run.budget.is_some() {
+        run.micro.max(1)
+    } else {
+        (run.micro * 2).max(1)
+    };
     let r = loop {
         match validate(
             ValModel::Train {
