@@ -14,8 +14,14 @@
 //! - [`train`]: optimizer, EMA, schedules, memory budget, checkpoints, the training loop.
 //! - `serve` (feature `serve`, on by default): the HTTP detection service of `yolo9 serve`.
 //! - [`cli`]: the `yolo9` subcommands (thin wrappers around the library).
+//!
+//! Features: `cli` (the command line; implies `train`) and `serve` are on by default; `train`
+//! holds [`train`], [`loss`] and [`metrics`]. An embedder of [`Detector`] alone depends on
+//! `yolo9 = { default-features = false }` and compiles neither clap, indicatif, plotters nor the
+//! training code.
 //! - `cuda` (feature `cuda`): cuDNN convolution forward/backward as candle custom ops.
 
+#[cfg(feature = "cli")]
 pub mod cli;
 pub mod convert;
 #[cfg(feature = "cuda")]
@@ -25,8 +31,10 @@ pub mod detect;
 pub mod device;
 #[cfg(unix)]
 pub mod launcher;
+#[cfg(feature = "train")]
 pub mod loss;
 pub mod memory;
+#[cfg(feature = "train")]
 pub mod metrics;
 pub mod model;
 pub mod op_args;
@@ -34,6 +42,7 @@ pub mod pt;
 pub mod runs;
 #[cfg(feature = "serve")]
 pub mod serve;
+#[cfg(feature = "train")]
 pub mod train;
 
 pub use detect::detector::{Detection, Detector};
