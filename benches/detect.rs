@@ -60,7 +60,8 @@ fn main() -> Result<()> {
             let arch = if arch.is_dual() {
                 arch
             } else {
-                arch.dual_counterpart().context("no training counterpart of this model")?
+                arch.dual_counterpart()
+                    .context("no training counterpart of this model")?
             };
             let names = (0..80).map(|i| format!("class{i}")).collect();
             let m = yolo9::model::YoloV9Train::build(

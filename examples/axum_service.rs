@@ -16,14 +16,19 @@ async fn detect(
     State(det): State<Arc<Detector>>,
     body: Bytes,
 ) -> Result<Json<Vec<Detection>>, (StatusCode, String)> {
-    let run = move || -> anyhow::Result<Vec<Detection>> {
+    let run = move || -> Result<Vec<Detection>, (StatusCode, String)> {
         // The decoder applies EXIF orientation and refuses oversized images.
-        let img = yolo9::data::image::decode_rgb8(&body)?;
-        det.detect_rgb(&img)
+        let img = yolo9::data::image::decode_rgb8(&body)
+            .map_err(|e| (StatusCode::BAD_REQUEST, format!("{e:#}")))?;
+        // The library's errors say what kind of failure it was.
+        det.detect_rgb(&img).map_err(|e| match e {
+            yolo9::Error::OutOfMemory(_) => (StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+            yolo9::Error::InvalidOption(_) => (StatusCode::BAD_REQUEST, e.to_string()),
+            _ => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+        })
     };
     match tokio::task::spawn_blocking(run).await {
-        Ok(Ok(dets)) => Ok(Json(dets)),
-        Ok(Err(e)) => Err((StatusCode::BAD_REQUEST, format!("{e:#}"))),
+        Ok(r) => r.map(Json),
         Err(e) => Err((StatusCode::INTERNAL_SERVER_ERROR, e.to_string())),
     }
 }
@@ -36,7 +41,7 @@ async fn main() -> anyhow::Result<()> {
         .unwrap_or("weights/yolov9-s-bccd.safetensors".into());
     let addr = args.next().unwrap_or("127.0.0.1:8080".into());
     let device = yolo9::device::select(yolo9::device::DeviceSpec::Auto)?;
-    let det = Arc::new(Detector::load(weights.as_ref(), device)?.conf(0.25));
+    let det = Arc::new(Detector::load(&weights, device)?.conf(0.25));
     let app = Router::new().route("/detect", post(detect)).with_state(det);
     let listener = tokio::net::TcpListener::bind(&addr).await?;
     println!("POST images to http://{addr}/detect");

@@ -121,8 +121,12 @@ pub fn available_devices() -> Vec<String> {
 
 /// Opens the device. Errors: a CUDA device in a build without the `cuda` feature (the message
 /// says how to rebuild), or a CUDA ordinal that does not exist (the message lists the available
-/// devices).
-pub fn select(spec: DeviceSpec) -> Result<Device> {
+/// devices); both are [`crate::Error::Device`].
+pub fn select(spec: DeviceSpec) -> std::result::Result<Device, crate::Error> {
+    select_inner(spec).map_err(|e| crate::Error::Device(format!("{e:#}")))
+}
+
+fn select_inner(spec: DeviceSpec) -> Result<Device> {
     match spec {
         DeviceSpec::Auto => {
             if cfg!(feature = "cuda") && candle_core::utils::cuda_is_available() {

@@ -29,6 +29,7 @@ pub mod cuda;
 pub mod data;
 pub mod detect;
 pub mod device;
+pub mod error;
 #[cfg(unix)]
 pub mod launcher;
 #[cfg(feature = "train")]
@@ -46,4 +47,5 @@ pub mod serve;
 pub mod train;
 
 pub use detect::detector::{Detection, Detector};
+pub use error::Error;
 pub use model::weights::{Graph, ModelMeta, Weights};

@@ -195,11 +195,24 @@ fn meminfo_kib(key: &str) -> Option<u64> {
     field_kib(&std::fs::read_to_string("/proc/meminfo").ok()?, key)
 }
 
-/// True when `err` (anywhere in its chain) is an out-of-memory failure: CUDA's
-/// `CUDA_ERROR_OUT_OF_MEMORY`, a cuDNN/cuBLAS allocation failure, or a host allocation refused
-/// by the budget guard. Used by the trainer's OOM recovery.
+/// An allocation that failed: the typed form of out-of-memory inside yolo9 (the fault injector
+/// `oom>K` raises it; [`is_oom`] also recognises the driver's own failures, which reach yolo9 as
+/// candle errors) and the payload of [`crate::Error::OutOfMemory`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("out of memory: {what}")]
+pub struct OutOfMemory {
+    /// What ran out (the operation, sizes, and the driver's status when there is one).
+    pub what: String,
+}
+
+/// True when `err` (anywhere in its chain) is an out-of-memory failure: an [`OutOfMemory`], or a
+/// driver status candle passes on as text — CUDA's `CUDA_ERROR_OUT_OF_MEMORY`, a cuDNN/cuBLAS
+/// `ALLOC_FAILED`. Used by the trainer's OOM recovery and by [`crate::Error::from`].
 pub fn is_oom(err: &anyhow::Error) -> bool {
     err.chain().any(|e| {
+        if e.downcast_ref::<OutOfMemory>().is_some() {
+            return true;
+        }
         let s = e.to_string();
         s.contains("OUT_OF_MEMORY")
             || s.contains("out of memory")

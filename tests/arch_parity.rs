@@ -18,7 +18,7 @@ fn rel(a: &Tensor, b: &Tensor) -> f64 {
 }
 
 fn check(name: &str, dir: &std::path::Path, summary: &serde_json::Value, dev: &Device) {
-    let w = Weights::load(&dir.join(format!("{name}.pt"))).unwrap();
+    let w = Weights::load(dir.join(format!("{name}.pt"))).unwrap();
     assert_eq!(w.meta.arch.name, name, "model recognised from the keys");
     let s = &summary[name];
     let want: Vec<(String, Vec<usize>)> = s["entries"]

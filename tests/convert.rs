@@ -121,10 +121,10 @@ fn zero_sign_differences(a: &Weights, b: &Weights) -> usize {
     n
 }
 
-fn err_of<T>(r: anyhow::Result<T>) -> String {
+fn err_of<T, E: Into<anyhow::Error>>(r: Result<T, E>) -> String {
     match r {
         Ok(_) => panic!("expected an error"),
-        Err(e) => format!("{e:#}"),
+        Err(e) => format!("{:#}", e.into()),
     }
 }
 
@@ -151,7 +151,7 @@ fn generated_key_list_equals_official_state_dict_order() {
 /// name, shape and fp32/int64 bytes (sha256); 9,804,512 parameters; nc/names/strides/graph.
 #[test]
 fn official_checkpoint_matches_index_exactly() {
-    let w = Weights::load(&common::reference("yolov9-s.pt")).unwrap();
+    let w = Weights::load(common::reference("yolov9-s.pt")).unwrap();
     let idx = index();
     assert_eq!(w.tensors.len(), 1772);
     assert_eq!(idx.len(), 1772);
@@ -220,7 +220,7 @@ fn official_checkpoint_matches_index_exactly() {
 /// hashes) and equals the official re-parameterized tensors value for value.
 #[test]
 fn converted_checkpoint_and_infer_mapping_match_official() {
-    let conv = Weights::load(&common::reference("yolov9-s-converted.pt")).unwrap();
+    let conv = Weights::load(common::reference("yolov9-s-converted.pt")).unwrap();
     assert_eq!(conv.meta.graph, Graph::Infer);
     assert_eq!(conv.tensors.len(), 1339);
     assert_eq!(conv.parameter_count(), 7_226_208);
@@ -228,7 +228,7 @@ fn converted_checkpoint_and_infer_mapping_match_official() {
     assert_eq!(conv.meta.names[0], "person");
 
     // Our mapping of yolov9-s.pt keeps the source bytes exactly (checked against the index).
-    let train = Weights::load(&common::reference("yolov9-s.pt")).unwrap();
+    let train = Weights::load(common::reference("yolov9-s.pt")).unwrap();
     let ours = train.to_infer().unwrap();
     assert_eq!(ours.meta.graph, Graph::Infer);
     assert_eq!(ours.meta.names, conv.meta.names);
@@ -402,7 +402,7 @@ fn write_zip(path: &Path, prefix: &str, records: &[(String, Vec<u8>)]) {
 /// strides) and two sharing a storage at an offset. It must load to exactly the same tensors.
 #[test]
 fn plain_state_dict_pt_with_strided_and_shared_storages() {
-    let reference = Weights::load(&common::reference("yolov9-s-converted.pt")).unwrap();
+    let reference = Weights::load(common::reference("yolov9-s-converted.pt")).unwrap();
     let names = keys::state_dict_names(&default_arch(Graph::Infer)).unwrap();
     let mut p = Pkl::default();
     p.op(&[0x80, 2])
@@ -489,20 +489,20 @@ fn plain_state_dict_pt_with_strided_and_shared_storages() {
 #[test]
 fn damaged_safetensors_cases() {
     let case = common::case("checkpoint_truncated");
-    let e = err_of(Weights::load(&case.join("zero_bytes.safetensors")));
+    let e = err_of(Weights::load(case.join("zero_bytes.safetensors")));
     assert!(
         e.contains("zero_bytes.safetensors") && e.contains("empty file"),
         "{e}"
     );
 
-    let e = err_of(Weights::load(&case.join("truncated_70pct.safetensors")));
+    let e = err_of(Weights::load(case.join("truncated_70pct.safetensors")));
     assert!(
         e.contains("truncated_70pct.safetensors")
             && e.contains("truncated: header declares 20288 bytes of tensor data, file has 14083"),
         "{e}"
     );
 
-    let e = err_of(Weights::load(&case.join("tiny_good.safetensors")));
+    let e = err_of(Weights::load(case.join("tiny_good.safetensors")));
     assert!(
         e.contains("tiny_good.safetensors") && e.contains("missing tensor model.0.bn.running_mean"),
         "{e}"
@@ -510,10 +510,10 @@ fn damaged_safetensors_cases() {
 
     let run = case.join("interrupted_run/weights");
     for f in ["last.safetensors", "last.safetensors.tmp"] {
-        let e = err_of(Weights::load(&run.join(f)));
+        let e = err_of(Weights::load(run.join(f)));
         assert!(e.contains(f) && e.contains("truncated"), "{f}: {e}");
     }
-    let e = err_of(Weights::load(&run.join("best.safetensors")));
+    let e = err_of(Weights::load(run.join("best.safetensors")));
     assert!(e.contains("missing tensor"), "{e}");
 
     let dir = tmpdir("garbage");
@@ -524,12 +524,12 @@ fn damaged_safetensors_cases() {
         e.contains("notes.safetensors") && e.contains("garbage header"),
         "{e}"
     );
-    let e = err_of(Weights::load(&dir.join("absent.safetensors")));
+    let e = err_of(Weights::load(dir.join("absent.safetensors")));
     assert!(e.contains("absent.safetensors"), "{e}");
     let e = err_of(Weights::load(&dir));
     assert!(e.contains(&dir.display().to_string()), "{e}");
     // Saving into a missing directory fails cleanly and leaves nothing behind.
-    let mut w = Weights::load(&common::reference("yolov9-s-converted.pt")).unwrap();
+    let mut w = Weights::load(common::reference("yolov9-s-converted.pt")).unwrap();
     let target = dir.join("no/such/dir/w.safetensors");
     let e = err_of(w.save(&target, true));
     assert!(e.contains("cannot create"), "{e}");
@@ -765,7 +765,7 @@ fn official_bccd_checkpoint_converts_to_reproducible_f16_inference_weights() {
         prov.sha256,
         "85bf540acea44420e7539839512e0e2156d91a7af40d6aa722be4e8f7c70a606"
     );
-    let src = Weights::load(&common::reference("bccd-official-best.pt"))
+    let src = Weights::load(common::reference("bccd-official-best.pt"))
         .unwrap()
         .to_infer()
         .unwrap();

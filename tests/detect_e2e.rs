@@ -16,7 +16,7 @@ fn horses_yolov9s_matches_detect_dual() {
     )
     .unwrap();
     let want = t["nms_detect_det_orig"].to_vec2::<f32>().unwrap();
-    let det = Detector::load(&common::reference("yolov9-s.pt"), Device::Cpu).unwrap();
+    let det = Detector::load(common::reference("yolov9-s.pt"), Device::Cpu).unwrap();
     assert_eq!(det.names()[17], "horse");
 
     // 1. Forward on the oracle's own input tensor: isolates the model + postprocess.
@@ -115,7 +115,7 @@ fn half_precision_detect_keeps_the_official_detections() {
     .unwrap();
     let want = t["nms_detect_det_orig"].to_vec2::<f32>().unwrap();
     let det = Detector::load_dtype(
-        &common::reference("yolov9-s.pt"),
+        common::reference("yolov9-s.pt"),
         Device::Cpu,
         candle_core::DType::F16,
     )

@@ -30,7 +30,7 @@ fn decoded_errors(y: &Tensor, want: &Tensor) -> (f64, f64) {
 #[test]
 fn yolov9_s_matches_official_forward() {
     let t = oracle();
-    let w = Weights::load(&common::reference("yolov9-s.pt")).expect("loading yolov9-s.pt");
+    let w = Weights::load(common::reference("yolov9-s.pt")).expect("loading yolov9-s.pt");
     assert_eq!(w.meta.nc, 80);
     let m = YoloV9::load(&w, &Device::Cpu).expect("building YoloV9");
     let x = &t["input"];
@@ -78,7 +78,7 @@ fn yolov9_s_matches_official_forward() {
 #[test]
 fn converted_gelan_s_gives_the_same_y_main() {
     let t = oracle();
-    let w = Weights::load(&common::reference("yolov9-s-converted.pt"))
+    let w = Weights::load(common::reference("yolov9-s-converted.pt"))
         .expect("loading yolov9-s-converted.pt");
     assert_eq!(w.meta.graph, yolo9::Graph::Infer);
     let m = YoloV9::load(&w, &Device::Cpu).expect("building YoloV9 from gelan-s weights");

@@ -134,7 +134,7 @@ impl InferenceModel for Slow {
 }
 
 fn slow(ms: u64) -> Detector {
-    let meta = Detector::load(&shipped(), Device::Cpu)
+    let meta = Detector::load(shipped(), Device::Cpu)
         .unwrap()
         .meta()
         .clone();
@@ -150,7 +150,7 @@ fn slow(ms: u64) -> Detector {
 
 #[test]
 fn detections_equal_detect_and_the_info_endpoints_answer() {
-    let det = Detector::load(&shipped(), Device::Cpu).unwrap();
+    let det = Detector::load(shipped(), Device::Cpu).unwrap();
     let want: Vec<_> = examples()
         .iter()
         .map(|p| {
@@ -159,7 +159,7 @@ fn detections_equal_detect_and_the_info_endpoints_answer() {
         })
         .collect();
     let svc = Running::start(
-        Detector::load(&shipped(), Device::Cpu).unwrap(),
+        Detector::load(shipped(), Device::Cpu).unwrap(),
         ServeConfig::default(),
     );
     assert_eq!(http(svc.addr, "GET", "/healthz", None, b"").0, 200);
@@ -344,7 +344,7 @@ fn shutdown_answers_what_was_queued() {
 /// padded call are those of the unpadded one (here on the CPU, one image padded to 2).
 #[test]
 fn padded_batches_detect_what_unpadded_ones_do() {
-    let det = Detector::load(&shipped(), Device::Cpu).unwrap();
+    let det = Detector::load(shipped(), Device::Cpu).unwrap();
     let img =
         image::DynamicImage::ImageRgb8(yolo9::data::image::load_rgb8(&examples()[1]).unwrap());
     let nms = det.nms_options().clone();

@@ -159,7 +159,7 @@ fn two_test_images() -> Vec<ValImage> {
 fn val_two_bccd_images_fused_vs_training_graph() {
     let images = two_test_images();
     let n_labels: usize = images.iter().map(|i| i.labels.len()).sum();
-    let w = yolo9::Weights::load(&common::reference("bccd-official-best.pt")).unwrap();
+    let w = yolo9::Weights::load(common::reference("bccd-official-best.pt")).unwrap();
     let dev = Device::Cpu;
     let cfg = ValConfig {
         img: 320,
@@ -231,7 +231,7 @@ fn val_two_bccd_images_fused_vs_training_graph() {
 #[ignore]
 fn val_bccd_test_split_matches_official_table() {
     let (cfg, images) = bccd_test_split();
-    let w = yolo9::Weights::load(&common::reference("bccd-official-best.pt")).unwrap();
+    let w = yolo9::Weights::load(common::reference("bccd-official-best.pt")).unwrap();
     let m = yolo9::model::yolov9::YoloV9::load(&w, &Device::Cpu).unwrap();
     let r = validate(ValModel::Infer(&m), &images, &ValConfig::default()).unwrap();
     let t = &r.metrics;

@@ -6,18 +6,18 @@
 //!
 //! ```no_run
 //! use yolo9::Detector;
-//! let det = Detector::load("weights/yolov9-s-bccd.safetensors".as_ref(), candle_core::Device::Cpu)?
+//! let det = Detector::load("weights/yolov9-s-bccd.safetensors", candle_core::Device::Cpu)?
 //!     .conf(0.3)
 //!     .iou(0.5);
-//! let img = image::DynamicImage::ImageRgb8(yolo9::data::image::load_rgb8("a.jpg".as_ref())?);
-//! for d in det.detect(&img)? {
+//! for d in det.detect_file("a.jpg")? {
 //!     println!("{} {:.2} {:?}", d.class_name, d.confidence, d.bbox);
 //! }
-//! # Ok::<(), anyhow::Error>(())
+//! # Ok::<(), yolo9::Error>(())
 //! ```
 use crate::detect::letterbox::{apply_letterbox, letterbox_info, to_tensor, LetterboxInfo};
 use crate::detect::postprocess::{non_max_suppression, scale_rows, NmsOptions, Row};
 use crate::model::weights::ModelMeta;
+use crate::Error;
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Tensor};
 use image::{DynamicImage, RgbImage};
@@ -49,6 +49,14 @@ pub trait InferenceModel: Send + Sync {
     fn graph_counts(&self) -> (usize, usize) {
         (0, 0)
     }
+}
+
+/// What the public methods return: [`crate::Error`], so that a service can match on the kind.
+type Out<T> = std::result::Result<T, Error>;
+
+/// The library's chains of context at the boundary (see [`Error::from`]).
+fn out<T>(r: Result<T>) -> Out<T> {
+    r.map_err(Error::from)
 }
 
 /// The network stride used for letterbox padding and size rounding.
@@ -84,10 +92,14 @@ pub fn round_img_size(size: u32) -> Option<u32> {
 }
 
 /// [`round_img_size`] within 1..=16384 pixels.
-fn effective_size(img_size: u32) -> Result<u32> {
+fn effective_size(img_size: u32) -> Out<u32> {
     round_img_size(img_size)
         .filter(|&s| s <= 16_384)
-        .with_context(|| format!("image size {img_size} is out of range (1..=16384 pixels)"))
+        .ok_or_else(|| {
+            Error::InvalidOption(format!(
+                "image size {img_size} is out of range (1..=16384 pixels)"
+            ))
+        })
 }
 
 impl Detector {
@@ -95,8 +107,9 @@ impl Detector {
     /// [`crate::Weights::load`]) and builds the inference model on `device`.
     /// Defaults: `--img 640`, conf 0.25, IoU 0.45, max_det 1000, all classes, per-class NMS.
     ///
-    /// Errors: unreadable or incompatible weights (the message names the file).
-    pub fn load(path: &Path, device: Device) -> Result<Self> {
+    /// Errors: [`Error::Weights`] for a missing, unreadable or incompatible file (naming it and
+    /// what is wrong), [`Error::OutOfMemory`] when the model does not fit on `device`.
+    pub fn load(path: impl AsRef<Path>, device: Device) -> Out<Self> {
         Self::load_dtype(path, device, DType::F32)
     }
 
@@ -105,11 +118,11 @@ impl Detector {
     /// and NMS stay f32.
     ///
     /// Errors: those of [`Detector::load`], or a non-float `dtype`.
-    pub fn load_dtype(path: &Path, device: Device, dtype: DType) -> Result<Self> {
-        let weights = crate::model::weights::Weights::load(path)
-            .with_context(|| format!("loading weights {}", path.display()))?;
-        let model = load_model(&weights, &device, dtype)
-            .with_context(|| format!("building the model from {}", path.display()))?;
+    pub fn load_dtype(path: impl AsRef<Path>, device: Device, dtype: DType) -> Out<Self> {
+        let path = path.as_ref();
+        let weights = crate::model::weights::Weights::load(path)?;
+        let model = out(load_model(&weights, &device, dtype)
+            .with_context(|| format!("building the model from {}", path.display())))?;
         Ok(Self::from_boxed(model, device))
     }
 
@@ -121,8 +134,8 @@ impl Detector {
         weights: &crate::model::weights::Weights,
         device: Device,
         dtype: DType,
-    ) -> Result<Self> {
-        let model = load_model(weights, &device, dtype)?;
+    ) -> Out<Self> {
+        let model = out(load_model(weights, &device, dtype))?;
         Ok(Self::from_boxed(model, device))
     }
 
@@ -189,7 +202,7 @@ impl Detector {
         &self.device
     }
     /// The effective inference size (multiple of 32).
-    pub fn effective_img_size(&self) -> Result<u32> {
+    pub fn effective_img_size(&self) -> Out<u32> {
         effective_size(self.img_size)
     }
     /// The inference size set with [`Detector::img_size`] (before rounding to a multiple of 32).
@@ -201,33 +214,38 @@ impl Detector {
         &self.nms
     }
 
-    fn validate(&self) -> Result<()> {
+    fn validate(&self) -> Out<()> {
         self.validate_with(self.img_size, &self.nms)
     }
 
-    /// Checks per-call options: thresholds in `[0, 1]`, classes of the model, a valid size.
-    fn validate_with(&self, img_size: u32, o: &NmsOptions) -> Result<()> {
+    /// Checks per-call options: thresholds in `[0, 1]`, classes of the model, a valid size
+    /// ([`Error::InvalidOption`] naming the value).
+    fn validate_with(&self, img_size: u32, o: &NmsOptions) -> Out<()> {
+        let bad = |m: String| Err(Error::InvalidOption(m));
         if !(0.0..=1.0).contains(&o.conf_thres) {
-            bail!("confidence threshold {} is outside [0, 1]", o.conf_thres);
+            return bad(format!(
+                "confidence threshold {} is outside [0, 1]",
+                o.conf_thres
+            ));
         }
         if !(0.0..=1.0).contains(&o.iou_thres) {
-            bail!("IoU threshold {} is outside [0, 1]", o.iou_thres);
+            return bad(format!("IoU threshold {} is outside [0, 1]", o.iou_thres));
         }
         if let Some(cs) = &o.classes {
             let nc = self.names().len();
-            if let Some(bad) = cs.iter().find(|&&c| c >= nc) {
-                bail!(
-                    "class filter contains {bad}, but the model has {nc} classes (0..{})",
+            if let Some(c) = cs.iter().find(|&&c| c >= nc) {
+                return bad(format!(
+                    "class filter contains {c}, but the model has {nc} classes (0..{})",
                     nc.saturating_sub(1)
-                );
+                ));
             }
         }
         effective_size(img_size).map(|_| ())
     }
 
     /// Step 1: letterbox an upright RGB image. Returns the network-input image and its geometry.
-    pub fn preprocess(&self, img: &RgbImage) -> Result<(RgbImage, LetterboxInfo)> {
-        self.preprocess_at(img, self.img_size)
+    pub fn preprocess(&self, img: &RgbImage) -> Out<(RgbImage, LetterboxInfo)> {
+        out(self.preprocess_at(img, self.img_size))
     }
 
     /// [`Detector::preprocess`] at another inference size (rounded up to a multiple of 32).
@@ -240,8 +258,8 @@ impl Detector {
     /// Step 2: the forward pass on same-sized letterboxed images; `(B, 4+nc, A)` f32, left on
     /// the detector's device (step 3 copies only the NMS candidates to the host). The device is
     /// synchronized before returning, so the call's wall time is the forward's.
-    pub fn infer(&self, letterboxed: &[&RgbImage]) -> Result<Tensor> {
-        self.infer_padded(letterboxed, 0)
+    pub fn infer(&self, letterboxed: &[&RgbImage]) -> Out<Tensor> {
+        out(self.infer_padded(letterboxed, 0))
     }
 
     /// [`Detector::infer`] with the input padded on the device to `pad_to` images (copies of the
@@ -280,18 +298,22 @@ impl Detector {
     /// The forward pass on a prepared input `x` `(B, 3, H, W)` f32 RGB 0..1 (H, W multiples of
     /// 32, any device) → `(B, 4+nc, A)` f32 left on the detector's device (what
     /// [`Detector::postprocess`] takes), the device synchronized before returning.
-    pub fn infer_tensor(&self, x: &Tensor) -> Result<Tensor> {
-        let x = x.to_device(&self.device)?;
-        let y = self.forward_on_device(&x)?.to_dtype(DType::F32)?;
-        self.device.synchronize()?;
-        Ok(y)
+    pub fn infer_tensor(&self, x: &Tensor) -> Out<Tensor> {
+        out((|| -> Result<Tensor> {
+            let x = x.to_device(&self.device)?;
+            let y = self.forward_on_device(&x)?.to_dtype(DType::F32)?;
+            self.device.synchronize()?;
+            Ok(y)
+        })())
     }
 
     /// The raw forward pass on a prepared input `x` `(B, 3, H, W)` f32 RGB 0..1 (H, W multiples
     /// of 32) → `(B, 4+nc, A)` f32 on the CPU. For callers that letterbox themselves.
-    pub fn forward_tensor(&self, x: &Tensor) -> Result<Tensor> {
-        let y = self.forward_on_device(x)?;
-        Ok(y.to_dtype(DType::F32)?.to_device(&Device::Cpu)?)
+    pub fn forward_tensor(&self, x: &Tensor) -> Out<Tensor> {
+        out((|| -> Result<Tensor> {
+            let y = self.forward_on_device(x)?;
+            Ok(y.to_dtype(DType::F32)?.to_device(&Device::Cpu)?)
+        })())
     }
 
     /// The model forward inside the device's context: on the CPU, candle's own thread pool runs
@@ -306,12 +328,8 @@ impl Detector {
 
     /// Step 3: NMS on a `(B, 4+nc, A)` output (any device; see [`crate::detect::postprocess::host_candidates`]) and scaling
     /// to original pixels (`infos[b]`).
-    pub fn postprocess(
-        &self,
-        pred: &Tensor,
-        infos: &[LetterboxInfo],
-    ) -> Result<Vec<Vec<Detection>>> {
-        self.postprocess_with(pred, infos, &self.nms)
+    pub fn postprocess(&self, pred: &Tensor, infos: &[LetterboxInfo]) -> Out<Vec<Vec<Detection>>> {
+        out(self.postprocess_with(pred, infos, &self.nms))
     }
 
     fn postprocess_with(
@@ -355,19 +373,34 @@ impl Detector {
             .collect()
     }
 
-    /// Detects objects in an upright RGB image; boxes in its pixels.
-    pub fn detect_rgb(&self, img: &RgbImage) -> Result<Vec<Detection>> {
+    /// Detects objects in the image file `path`, decoded as `yolo9 detect` decodes it (EXIF
+    /// orientation applied, colour modes converted, size limits checked; see
+    /// [`crate::data::image::load_rgb8`]). Boxes are in the file's upright pixels.
+    ///
+    /// Errors: [`Error::Image`] naming the file when it cannot be read or decoded,
+    /// [`Error::InvalidOption`] for options out of range, [`Error::OutOfMemory`].
+    pub fn detect_file(&self, path: impl AsRef<Path>) -> Out<Vec<Detection>> {
+        let path = path.as_ref();
         self.validate()?;
-        let (lb, info) = self.preprocess(img)?;
-        let y = self.infer(&[&lb])?;
-        Ok(self.postprocess(&y, &[info])?.pop().unwrap_or_default())
+        let img = crate::data::image::load_rgb8(path).map_err(|e| Error::image(path, &e))?;
+        self.detect_rgb(&img)
+    }
+
+    /// Detects objects in an upright RGB image; boxes in its pixels.
+    pub fn detect_rgb(&self, img: &RgbImage) -> Out<Vec<Detection>> {
+        out((|| -> Result<Vec<Detection>> {
+            self.validate()?;
+            let (lb, info) = self.preprocess(img)?;
+            let y = self.infer(&[&lb])?;
+            Ok(self.postprocess(&y, &[info])?.pop().unwrap_or_default())
+        })())
     }
 
     /// Detects objects in `img` (any colour mode; converted by the rule of
     /// [`crate::data::image`]: grey replicated, alpha dropped, 16-bit / 257). The image is used
     /// as given: decode files with [`crate::data::image::load_rgb8`] to apply EXIF orientation.
     /// Boxes are in `img` pixels.
-    pub fn detect(&self, img: &DynamicImage) -> Result<Vec<Detection>> {
+    pub fn detect(&self, img: &DynamicImage) -> Out<Vec<Detection>> {
         match img.as_rgb8() {
             Some(rgb) => self.detect_rgb(rgb),
             None => self.detect_rgb(&crate::data::image::to_rgb8(img.clone())),
@@ -376,7 +409,7 @@ impl Detector {
 
     /// Detects objects in several images. Images whose letterboxes have the same size run as one
     /// batch; results are identical to calling [`Detector::detect`] on each, in input order.
-    pub fn detect_batch(&self, imgs: &[DynamicImage]) -> Result<Vec<Vec<Detection>>> {
+    pub fn detect_batch(&self, imgs: &[DynamicImage]) -> Out<Vec<Vec<Detection>>> {
         self.detect_batch_with(imgs, self.img_size, &self.nms)
     }
 
@@ -390,7 +423,7 @@ impl Detector {
         imgs: &[DynamicImage],
         img_size: u32,
         nms: &NmsOptions,
-    ) -> Result<Vec<Vec<Detection>>> {
+    ) -> Out<Vec<Vec<Detection>>> {
         self.detect_batch_padded(imgs, img_size, nms, 0)
     }
 
@@ -406,40 +439,42 @@ impl Detector {
         img_size: u32,
         nms: &NmsOptions,
         pad_to: usize,
-    ) -> Result<Vec<Vec<Detection>>> {
-        self.validate_with(img_size, nms)?;
-        let mut prepared = Vec::with_capacity(imgs.len());
-        for (i, img) in imgs.iter().enumerate() {
-            let p = match img.as_rgb8() {
-                Some(rgb) => self.preprocess_at(rgb, img_size),
-                None => self.preprocess_at(&crate::data::image::to_rgb8(img.clone()), img_size),
+    ) -> Out<Vec<Vec<Detection>>> {
+        out((|| -> Result<Vec<Vec<Detection>>> {
+            self.validate_with(img_size, nms)?;
+            let mut prepared = Vec::with_capacity(imgs.len());
+            for (i, img) in imgs.iter().enumerate() {
+                let p = match img.as_rgb8() {
+                    Some(rgb) => self.preprocess_at(rgb, img_size),
+                    None => self.preprocess_at(&crate::data::image::to_rgb8(img.clone()), img_size),
+                }
+                .with_context(|| format!("image {i} of the batch"))?;
+                prepared.push(p);
             }
-            .with_context(|| format!("image {i} of the batch"))?;
-            prepared.push(p);
-        }
-        let mut out: Vec<Vec<Detection>> = vec![Vec::new(); imgs.len()];
-        let mut done = vec![false; imgs.len()];
-        for i in 0..imgs.len() {
-            if done[i] {
-                continue;
+            let mut out: Vec<Vec<Detection>> = vec![Vec::new(); imgs.len()];
+            let mut done = vec![false; imgs.len()];
+            for i in 0..imgs.len() {
+                if done[i] {
+                    continue;
+                }
+                let dims = prepared[i].0.dimensions();
+                let group: Vec<usize> = (i..imgs.len())
+                    .filter(|&j| !done[j] && prepared[j].0.dimensions() == dims)
+                    .collect();
+                let lbs: Vec<&RgbImage> = group.iter().map(|&j| &prepared[j].0).collect();
+                let infos: Vec<LetterboxInfo> = group.iter().map(|&j| prepared[j].1).collect();
+                let y = self.infer_padded(&lbs, pad_to)?;
+                for (k, dets) in self
+                    .postprocess_with(&y, &infos, nms)?
+                    .into_iter()
+                    .enumerate()
+                {
+                    out[group[k]] = dets;
+                    done[group[k]] = true;
+                }
             }
-            let dims = prepared[i].0.dimensions();
-            let group: Vec<usize> = (i..imgs.len())
-                .filter(|&j| !done[j] && prepared[j].0.dimensions() == dims)
-                .collect();
-            let lbs: Vec<&RgbImage> = group.iter().map(|&j| &prepared[j].0).collect();
-            let infos: Vec<LetterboxInfo> = group.iter().map(|&j| prepared[j].1).collect();
-            let y = self.infer_padded(&lbs, pad_to)?;
-            for (k, dets) in self
-                .postprocess_with(&y, &infos, nms)?
-                .into_iter()
-                .enumerate()
-            {
-                out[group[k]] = dets;
-                done[group[k]] = true;
-            }
-        }
-        Ok(out)
+            Ok(out)
+        })())
     }
 }
 

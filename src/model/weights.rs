@@ -190,8 +190,16 @@ impl Weights {
     /// class count that disagrees with the class convolution, or damaged bytes (`empty file`,
     /// `truncated: header declares N bytes of tensor data, file has M`, `garbage header`).
     /// Every error names the file and what to do.
-    pub fn load(path: &Path) -> Result<Self> {
-        Ok(Self::load_detailed(path)?.0)
+    ///
+    /// The error is [`crate::Error::Weights`] with the file's path (or
+    /// [`crate::Error::OutOfMemory`]).
+    pub fn load(path: impl AsRef<Path>) -> std::result::Result<Self, crate::Error> {
+        let path = path.as_ref();
+        match Self::load_detailed(path) {
+            Ok(w) => Ok(w.0),
+            Err(e) if crate::memory::is_oom(&e) => Err(crate::Error::from(e)),
+            Err(e) => Err(crate::Error::weights(path, &e)),
+        }
     }
 
     /// [`Weights::load`], also returning the provenance stored in yolo9 safetensors metadata

@@ -105,11 +105,7 @@ pub(crate) fn run_epoch(
     if improved {
         c.best_epoch = Some(epoch);
     }
-    let val_peak = if validated {
-        run.probe.peak_bytes()
-    } else {
-        0
-    };
+    let val_peak = if validated { run.probe.peak_bytes() } else { 0 };
     let peak_mem = train_peak.max(val_peak);
     if let Some(b) = &run.budget {
         if peak_mem > b.budget {

@@ -25,7 +25,7 @@ use crate::model::yolov9::YoloV9Train;
 use crate::train::ema::Ema;
 use crate::train::guard::Faults;
 use crate::train::optimizer::Sgd;
-use anyhow::{bail, Result};
+use anyhow::Result;
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Tensor};
 
@@ -234,7 +234,10 @@ pub fn step(
         let (raw, tape) = train_forward(model, &x)?;
         times.mark(2)?;
         if faults.oom_above.is_some_and(|k| len > k) {
-            bail!("injected fault: CUDA_ERROR_OUT_OF_MEMORY for a micro-batch of {len}");
+            return Err(crate::memory::OutOfMemory {
+                what: format!("injected fault (oom>K) for a micro-batch of {len}"),
+            }
+            .into());
         }
         let lo = loss.compute(&raw.aux, &raw.main, &t, (s, s))?;
         times.mark(3)?;

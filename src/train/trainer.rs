@@ -67,7 +67,7 @@ pub fn parse_device(s: &str) -> Result<Device> {
 ///
 /// This is [`train_with`] with the SIGINT/SIGTERM handlers installed ([`StopFlag::install`]) and
 /// the output printed as `yolo9 train` prints it ([`Console`]).
-pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
+pub fn train(opts: &TrainOptions) -> std::result::Result<TrainSummary, crate::Error> {
     let stop = StopFlag::install()?;
     train_with(opts, &stop, &mut Console::new())
 }
@@ -75,6 +75,15 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
 /// [`train`] with the caller's stop flag (a request stops the run at the next batch boundary,
 /// after saving the state) and its observer, which receives all progress output.
 pub fn train_with(
+    opts: &TrainOptions,
+    stop: &StopFlag,
+    obs: &mut dyn TrainObserver,
+) -> std::result::Result<TrainSummary, crate::Error> {
+    Ok(run_training(opts, stop, obs)?)
+}
+
+/// The body of [`train_with`], in the library's chains of context.
+fn run_training(
     opts: &TrainOptions,
     stop: &StopFlag,
     obs: &mut dyn TrainObserver,
