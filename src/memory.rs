@@ -221,6 +221,32 @@ pub fn is_oom(err: &anyhow::Error) -> bool {
     })
 }
 
+/// Runs `attempt(size)`, halving `size` after each out-of-memory failure ([`is_oom`]) while it
+/// is above 1: the one "halve and retry" of yolo9 (the training step's micro-batch, the
+/// validation batch). `before_retry(old, new)` runs between a failure and the next attempt
+/// (release what the failed attempt held, report). Returns the result, the size it succeeded at
+/// and the number of halvings; an out-of-memory failure at size 1, or any other error, is
+/// returned as it is.
+pub fn halve_on_oom<T>(
+    mut size: usize,
+    mut attempt: impl FnMut(usize) -> anyhow::Result<T>,
+    mut before_retry: impl FnMut(usize, usize) -> anyhow::Result<()>,
+) -> anyhow::Result<(T, usize, usize)> {
+    let mut halvings = 0;
+    loop {
+        match attempt(size) {
+            Ok(v) => return Ok((v, size, halvings)),
+            Err(e) if is_oom(&e) && size > 1 => {
+                let new = size / 2;
+                before_retry(size, new)?;
+                size = new;
+                halvings += 1;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 #[cfg(feature = "cuda")]
 mod cuda {
     use anyhow::{Context, Result};
@@ -316,6 +342,49 @@ mod cuda {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn halving_retries_out_of_memory_only_and_stops_at_one() {
+        let oom = |what: &str| -> anyhow::Error { OutOfMemory { what: what.into() }.into() };
+        // Fits at 3 images: 12 → 6 → 3, with the retries reported in order.
+        let mut seen = vec![];
+        let (v, size, n) = halve_on_oom(
+            12,
+            |b| if b > 3 { Err(oom("x")) } else { Ok(b * 10) },
+            |old, new| {
+                seen.push((old, new));
+                Ok(())
+            },
+        )
+        .unwrap();
+        assert_eq!((v, size, n), (30, 3, 2));
+        assert_eq!(seen, vec![(12, 6), (6, 3)]);
+        // Out of memory even at 1: the error comes back, after 2 halvings.
+        let mut tries = vec![];
+        let e = halve_on_oom(
+            4,
+            |b| -> anyhow::Result<()> {
+                tries.push(b);
+                Err(oom("always"))
+            },
+            |_, _| Ok(()),
+        )
+        .unwrap_err();
+        assert!(is_oom(&e));
+        assert_eq!(tries, vec![4, 2, 1]);
+        // Any other error is not retried.
+        let mut n = 0;
+        let e = halve_on_oom(
+            8,
+            |_| -> anyhow::Result<()> {
+                n += 1;
+                anyhow::bail!("disk full")
+            },
+            |_, _| Ok(()),
+        )
+        .unwrap_err();
+        assert_eq!((n, e.to_string()), (1, "disk full".to_string()));
+    }
 
     #[test]
     fn sizes_parse_in_binary_units() {

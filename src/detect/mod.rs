@@ -6,12 +6,14 @@
 //! - [`draw`]: annotated images.
 //! - [`source`]: expanding files, directories and globs.
 //! - [`video`]: video files read and written through the `ffmpeg` program.
+//! - [`output`]: what detection writes per image (label lines, names, crops).
 //! - [`detector`]: the public [`detector::Detector`].
 
 pub mod detector;
 pub mod draw;
 pub mod letterbox;
 pub mod nms;
+pub mod output;
 pub mod postprocess;
 pub mod source;
 pub mod video;

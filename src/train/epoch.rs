@@ -4,7 +4,7 @@
 //! `results.csv` line and `results.png`, the epoch-end checkpoint, and the early stop.
 
 use crate::data::loader::{Batch, Loader};
-use crate::memory::{fmt_size, is_oom};
+use crate::memory::{fmt_size, halve_on_oom, is_oom};
 use crate::metrics::validate::{validate, ValConfig, ValImage, ValModel};
 use crate::model::yolov9::YoloV9Train;
 use crate::train::checkpoint::EpochProgress;
@@ -356,38 +356,37 @@ fn validate_ema(
     // measured micro-batch is the size known to fit (an eval forward needs less than a training
     // step at the same batch); the training state (weights, gradients, momentum, EMA) stays
     // resident beside it, and twice the micro-batch of the largest models does not fit.
-    let mut vb = if run.budget.is_some() {
+    let start = if run.budget.is_some() {
         run.micro.max(1)
     } else {
         (run.micro * 2).max(1)
     };
-    let r = loop {
-        match validate(
-            ValModel::Train {
-                model: &val.model,
-                loss: &run.loss,
-            },
-            &val.images,
-            &ValConfig {
-                img: opts.img,
-                batch: vb,
-                progress: opts.verbose,
-                confusion,
-                ..ValConfig::default()
-            },
-        ) {
-            Ok(r) => break r,
-            Err(e) if is_oom(&e) && vb > 1 => {
-                pr.oom_events += 1;
-                obs.line(&format!(
-                    "out of memory in validation at batch {vb}: retrying with {}",
-                    vb / 2
-                ));
-                vb /= 2;
-            }
-            Err(e) => return Err(e),
-        }
-    };
+    let (r, _, halvings) = halve_on_oom(
+        start,
+        |vb| {
+            validate(
+                ValModel::Train {
+                    model: &val.model,
+                    loss: &run.loss,
+                },
+                &val.images,
+                &ValConfig {
+                    img: opts.img,
+                    batch: vb,
+                    progress: opts.verbose,
+                    confusion,
+                    ..ValConfig::default()
+                },
+            )
+        },
+        |old, new| {
+            obs.line(&format!(
+                "out of memory in validation at batch {old}: retrying with {new}"
+            ));
+            Ok(())
+        },
+    )?;
+    pr.oom_events += halvings;
     if opts.verbose {
         obs.text(&r.metrics.table(&val.names));
     }
@@ -425,48 +424,54 @@ impl Run<'_> {
         times: &mut StepTimes,
     ) -> Result<(BatchOutcome, usize)> {
         let bn = self.model.snapshot_bn()?;
-        let mut events = 0;
-        loop {
-            let parts = StepParts {
-                model: &self.model,
-                loss: &self.loss,
-                opt: &self.opt,
-                device: &self.device,
-                graphs: Some(&self.graphs),
-            };
-            let input = StepInput::of(batch, self.opts.img as usize);
-            match step(&parts, &input, self.micro, &self.faults, ni, times) {
-                Ok(o) => return Ok((o, events)),
-                Err(e) if is_oom(&e) => {
-                    self.model.restore_bn(&bn)?;
-                    // A captured step holds its activations' memory: release it first.
-                    self.graphs.borrow_mut().reset();
-                    if self.micro <= 1 {
-                        return Err(e.context(format!(
-                            "out of memory with a micro-batch of 1 at --img {}; lower --img or \
-                             free memory on the device",
-                            self.opts.img
-                        )));
-                    }
-                    let old = self.micro;
-                    self.micro = old / 2;
-                    events += 1;
-                    self.log(
-                        obs,
-                        format!(
-                            "out of memory at epoch {} batch {} (micro-batch {old}): micro-batch \
-                             {} → {} ({} per batch of {}), redoing the batch",
-                            epoch + 1,
-                            batch.index,
-                            old,
-                            self.micro,
-                            self.batch.div_ceil(self.micro),
-                            self.batch
-                        ),
-                    );
-                }
-                Err(e) => return Err(e),
+        let this = &*self;
+        let r = halve_on_oom(
+            self.micro,
+            |micro| {
+                let parts = StepParts {
+                    model: &this.model,
+                    loss: &this.loss,
+                    opt: &this.opt,
+                    device: &this.device,
+                    graphs: Some(&this.graphs),
+                };
+                let input = StepInput::of(batch, this.opts.img as usize);
+                step(&parts, &input, micro, &this.faults, ni, times)
+            },
+            |old, new| {
+                this.model.restore_bn(&bn)?;
+                // A captured step holds its activations' memory: release it first.
+                this.graphs.borrow_mut().reset();
+                this.log(
+                    obs,
+                    format!(
+                        "out of memory at epoch {} batch {} (micro-batch {old}): micro-batch \
+                         {old} → {new} ({} per batch of {}), redoing the batch",
+                        epoch + 1,
+                        batch.index,
+                        this.batch.div_ceil(new),
+                        this.batch
+                    ),
+                );
+                Ok(())
+            },
+        );
+        match r {
+            Ok((o, micro, halvings)) => {
+                self.micro = micro;
+                Ok((o, halvings))
             }
+            Err(e) if is_oom(&e) => {
+                self.model.restore_bn(&bn)?;
+                self.graphs.borrow_mut().reset();
+                self.micro = 1;
+                Err(e.context(format!(
+                    "out of memory with a micro-batch of 1 at --img {}; lower --img or free \
+                     memory on the device",
+                    self.opts.img
+                )))
+            }
+            Err(e) => Err(e),
         }
     }
 }

@@ -1,0 +1,222 @@
+//! What `yolo9 detect` (and a program doing the same) writes for each image: the
+//! `--save-txt` label line (official format, numbers as Python's `%g`), the per-image count
+//! summary, output names that never overwrite one another, the annotated image's file name and
+//! the `--save-crop` crops. The command line (`crate::cli::detect`) only wires these to its flags.
+use crate::detect::detector::Detection;
+use crate::detect::postprocess::xyxy_to_yolo;
+use anyhow::{Context, Result};
+use std::path::{Path, PathBuf};
+
+/// Formats a number like C/Python `'%g'` (6 significant digits, trailing zeros removed,
+/// exponent form below 1e-4 or from 1e6).
+pub fn fmt_g(x: f64) -> String {
+    if x == 0.0 {
+        return if x.is_sign_negative() { "-0" } else { "0" }.into();
+    }
+    if !x.is_finite() {
+        return if x.is_nan() {
+            "nan".into()
+        } else if x > 0.0 {
+            "inf".into()
+        } else {
+            "-inf".into()
+        };
+    }
+    let e = format!("{x:.5e}");
+    let (mant, exp) = e.split_once('e').unwrap_or((&e, "0"));
+    let exp: i32 = exp.parse().unwrap_or(0);
+    let strip = |s: &str| -> String {
+        if s.contains('.') {
+            s.trim_end_matches('0').trim_end_matches('.').to_string()
+        } else {
+            s.to_string()
+        }
+    };
+    if !(-4..6).contains(&exp) {
+        format!(
+            "{}e{}{:02}",
+            strip(mant),
+            if exp < 0 { '-' } else { '+' },
+            exp.abs()
+        )
+    } else {
+        strip(&format!("{:.*}", (5 - exp) as usize, x))
+    }
+}
+
+/// One label line `cls cx cy w h [conf]` for a detection on a `w x h` image, as the official
+/// `--save-txt`: box rounded to whole pixels, normalized, `%g`.
+pub fn label_line(d: &Detection, w: u32, h: u32, with_conf: bool) -> String {
+    let b = d.bbox.map(|v| v.round_ties_even());
+    let y = xyxy_to_yolo(b, w, h);
+    let mut s = format!("{}", d.class_id);
+    for v in y {
+        s.push(' ');
+        s.push_str(&fmt_g(f64::from(v)));
+    }
+    if with_conf {
+        s.push(' ');
+        s.push_str(&fmt_g(f64::from(d.confidence)));
+    }
+    s
+}
+
+/// `25 RBC, 2 WBC` (counts by class id order) or `(no detections)`.
+pub fn count_summary(dets: &[Detection], names: &[String]) -> String {
+    let mut counts = std::collections::BTreeMap::new();
+    for d in dets {
+        *counts.entry(d.class_id).or_insert(0usize) += 1;
+    }
+    if counts.is_empty() {
+        return "(no detections)".into();
+    }
+    counts
+        .into_iter()
+        .map(|(c, n)| {
+            let name = names.get(c).cloned().unwrap_or_else(|| format!("class{c}"));
+            format!("{n} {name}")
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The annotated image's file name for input `p` saved under the output stem `stem`: the
+/// input's extension when it is jpg/jpeg/png/bmp, else `stem.<ext>.jpg` (`stem.jpg` without an
+/// extension).
+pub fn annotated_name(p: &Path, stem: &str) -> PathBuf {
+    PathBuf::from(match p.extension().and_then(|e| e.to_str()) {
+        Some(e)
+            if matches!(
+                e.to_ascii_lowercase().as_str(),
+                "jpg" | "jpeg" | "png" | "bmp"
+            ) =>
+        {
+            format!("{stem}.{e}")
+        }
+        Some(e) => format!("{stem}.{e}.jpg"),
+        None => format!("{stem}.jpg"),
+    })
+}
+
+/// One output stem per input, unique within the run: the file stem, or `stem_2`, `stem_3`, ...
+/// (the first free one) when an earlier input already uses it, so `a/same.jpg`, `b/same.png` and
+/// `c/same.png` give three label files and three drawn images instead of overwriting each other.
+pub fn unique_stems(files: &[PathBuf]) -> Vec<String> {
+    let mut taken = std::collections::HashSet::new();
+    files
+        .iter()
+        .map(|p| {
+            let base = p
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "image".into());
+            let mut name = base.clone();
+            let mut k = 2;
+            while !taken.insert(name.clone()) {
+                name = format!("{base}_{k}");
+                k += 1;
+            }
+            name
+        })
+        .collect()
+}
+
+/// `--save-crop`: each detection's crop ([`crate::detect::draw::crop_box`]) as
+/// `crops/<class name>/<stem>.jpg`, or `<stem>2.jpg`, `<stem>3.jpg`, ... when taken (the official
+/// `increment_path`).
+pub fn save_crops(
+    save_dir: &Path,
+    img: &image::RgbImage,
+    dets: &[Detection],
+    stem: &str,
+) -> Result<()> {
+    for d in dets {
+        let Some(crop) = crate::detect::draw::crop_box(img, d.bbox) else {
+            continue;
+        };
+        let dir = save_dir.join("crops").join(safe_dir_name(&d.class_name));
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("cannot create {}", dir.display()))?;
+        let p = crate::runs::first_free(&dir, stem, ".jpg");
+        crop.save(&p)
+            .with_context(|| format!("cannot save the crop {}", p.display()))?;
+    }
+    Ok(())
+}
+
+/// A class name as a folder name: path separators and control characters become `_`.
+pub fn safe_dir_name(name: &str) -> String {
+    let s: String = name
+        .chars()
+        .map(|c| {
+            if c == '/' || c == '\\' || c.is_control() {
+                '_'
+            } else {
+                c
+            }
+        })
+        .collect();
+    match s.as_str() {
+        "" | "." | ".." => "_".to_string(),
+        _ => s,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outputs_of_inputs_with_the_same_name_do_not_overwrite_each_other() {
+        use std::path::PathBuf;
+        let files: Vec<PathBuf> = [
+            "a/same.jpg",
+            "b/same.png",
+            "c/same.png",
+            "d/same_2.jpg",
+            "e/x.tif",
+        ]
+        .iter()
+        .map(PathBuf::from)
+        .collect();
+        let stems = super::unique_stems(&files);
+        assert_eq!(stems, ["same", "same_2", "same_3", "same_2_2", "x"]);
+        let names: Vec<PathBuf> = files
+            .iter()
+            .zip(&stems)
+            .map(|(p, s)| super::annotated_name(p, s))
+            .collect();
+        let want: Vec<PathBuf> = [
+            "same.jpg",
+            "same_2.png",
+            "same_3.png",
+            "same_2_2.jpg",
+            "x.tif.jpg",
+        ]
+        .iter()
+        .map(PathBuf::from)
+        .collect();
+        assert_eq!(names, want);
+    }
+
+    #[test]
+    fn g_format_matches_printf() {
+        let cases = [
+            (0.5, "0.5"),
+            (0.123456789, "0.123457"),
+            (1.0, "1"),
+            (100.0, "100"),
+            (123456.0, "123456"),
+            (1234567.0, "1.23457e+06"),
+            (0.0001, "0.0001"),
+            (0.00001234, "1.234e-05"),
+            (0.0, "0"),
+            (2.5e-7, "2.5e-07"),
+            (0.999999, "0.999999"),
+            (0.9999996, "1"),
+        ];
+        for (x, s) in cases {
+            assert_eq!(fmt_g(x), s, "{x}");
+        }
+    }
+}
