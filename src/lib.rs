@@ -20,6 +20,7 @@
 //! `yolo9 = { default-features = false }` and compiles neither clap, indicatif, plotters nor the
 //! training code.
 //! - `cuda` (feature `cuda`): cuDNN convolution forward/backward as candle custom ops.
+#![warn(missing_docs)]
 
 #[cfg(feature = "cli")]
 pub mod cli;

@@ -185,6 +185,8 @@ pub fn load_weights(path: &Path, cfg: Option<&str>) -> Result<crate::Weights> {
     }
 }
 
+/// The weights file of `--weights`, or the shipped default ([`DEFAULT_WEIGHTS`], looked up in the
+/// yolo9 source folder, then in the current folder). Errors name the path and what to pass.
 pub fn resolve_weights(arg: Option<&Path>) -> Result<PathBuf> {
     if let Some(p) = arg {
         if !p.is_file() {

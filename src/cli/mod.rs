@@ -18,6 +18,7 @@ use std::process::ExitCode;
 #[derive(Debug, Parser)]
 #[command(name = "yolo9", version, about, long_about = None)]
 pub struct Cli {
+    /// The subcommand and its arguments.
     #[command(subcommand)]
     pub command: Command,
 }

@@ -33,35 +33,73 @@ pub enum Module {
     /// Identity (official `Silence`, the first layer of the graphs with a second backbone).
     Silence,
     /// `Conv(c1, c2, k, s)`: conv + BN + SiLU, padding `k/2`.
-    Conv { c2: usize, k: usize, s: usize },
+    Conv {
+        /// Output channels.
+        c2: usize,
+        /// Kernel size.
+        k: usize,
+        /// Stride.
+        s: usize,
+    },
     /// `ELAN1(c1, c2, c3, c4)`.
-    Elan1 { c2: usize, c3: usize, c4: usize },
+    Elan1 {
+        /// Output channels.
+        c2: usize,
+        /// Channels of the first 1×1 conv (split in halves).
+        c3: usize,
+        /// Channels of each following 3×3 conv.
+        c4: usize,
+    },
     /// `RepNCSPELAN4(c1, c2, c3, c4, n)`.
     RepNCSPELAN4 {
+        /// Output channels.
         c2: usize,
+        /// Channels of the first 1×1 conv (split in halves).
         c3: usize,
+        /// Channels of each RepNCSP branch.
         c4: usize,
+        /// RepNBottlenecks per RepNCSP.
         n: usize,
     },
     /// `AConv(c1, c2)`: avg-pool 2 (stride 1) + 3×3 stride-2 Conv.
-    AConv { c2: usize },
+    AConv {
+        /// Output channels.
+        c2: usize,
+    },
     /// `ADown(c1, c2)`: avg-pool 2 (stride 1), split in halves: 3×3 stride-2 Conv on one, max-pool
     /// 3 (stride 2) + 1×1 Conv on the other, concatenated.
-    ADown { c2: usize },
+    ADown {
+        /// Output channels.
+        c2: usize,
+    },
     /// `SPPELAN(c1, c2, c3)`.
-    SppElan { c2: usize, c3: usize },
+    SppElan {
+        /// Output channels.
+        c2: usize,
+        /// Channels of the pooled branches.
+        c3: usize,
+    },
     /// `nn.Upsample(None, 2, 'nearest')`.
     Upsample,
     /// `Concat(1)` of all inputs along channels.
     Concat,
     /// `CBLinear(c1, c2s)`: one biased 1×1 conv to `sum(c2s)` channels, split into `c2s`.
-    CBLinear { c2s: Vec<usize> },
+    CBLinear {
+        /// Channels of each output piece.
+        c2s: Vec<usize>,
+    },
     /// `CBFuse(idx)`: piece `idx[j]` of the j-th CBLinear input, resized (nearest) to the last
     /// input's size, summed with the last input.
-    CBFuse { idx: Vec<usize> },
+    CBFuse {
+        /// Which piece of each CBLinear input is taken.
+        idx: Vec<usize>,
+    },
     /// The detection head over its inputs: `DualDDetect` (`dual`: auxiliary levels first, then
     /// the main ones) or `DDetect`.
-    Detect { dual: bool },
+    Detect {
+        /// `DualDDetect` (true) or `DDetect`.
+        dual: bool,
+    },
 }
 
 /// One resolved layer.

@@ -26,6 +26,8 @@ pub enum RepConvN {
 }
 
 impl RepConvN {
+    /// Loads the block's parameters under `prefix` (official state_dict names) with its
+    /// channel arguments, as the official constructor takes them.
     pub fn load(b: &mut Builder, prefix: &str, c1: usize, c2: usize) -> Result<Self> {
         let s3 = ConvSpec::new(c1, c2, 3, 1).no_act();
         let s1 = ConvSpec::new(c1, c2, 1, 1).no_act();
@@ -78,6 +80,8 @@ pub struct RepNBottleneck {
 }
 
 impl RepNBottleneck {
+    /// Loads the block's parameters under `prefix` (official state_dict names) with its
+    /// channel arguments, as the official constructor takes them.
     pub fn load(b: &mut Builder, prefix: &str, c1: usize, c2: usize) -> Result<Self> {
         Ok(Self {
             cv1: RepConvN::load(b, &format!("{prefix}.cv1"), c1, c2)?,
@@ -115,6 +119,8 @@ pub struct RepNCSP {
 }
 
 impl RepNCSP {
+    /// Loads the block's parameters under `prefix` (official state_dict names) with its
+    /// channel arguments, as the official constructor takes them.
     pub fn load(b: &mut Builder, prefix: &str, c1: usize, c2: usize, n: usize) -> Result<Self> {
         let c_ = c2 / 2;
         Ok(Self {
@@ -159,6 +165,8 @@ pub struct RepNCSPELAN4 {
 }
 
 impl RepNCSPELAN4 {
+    /// Loads the block's parameters under `prefix` (official state_dict names) with its
+    /// channel arguments, as the official constructor takes them.
     pub fn load(b: &mut Builder, prefix: &str, [c1, c2, c3, c4, n]: [usize; 5]) -> Result<Self> {
         let r = (|| -> Result<Self> {
             Ok(Self {
@@ -214,6 +222,8 @@ pub struct Elan1 {
 }
 
 impl Elan1 {
+    /// Loads the block's parameters under `prefix` (official state_dict names) with its
+    /// channel arguments, as the official constructor takes them.
     pub fn load(b: &mut Builder, prefix: &str, [c1, c2, c3, c4]: [usize; 4]) -> Result<Self> {
         Ok(Self {
             cv1: Conv::load(b, &format!("{prefix}.cv1"), ConvSpec::new(c1, c3, 1, 1))?,
@@ -250,6 +260,8 @@ pub struct AConv {
 }
 
 impl AConv {
+    /// Loads the block's parameters under `prefix` (official state_dict names) with its
+    /// channel arguments, as the official constructor takes them.
     pub fn load(b: &mut Builder, prefix: &str, c1: usize, c2: usize) -> Result<Self> {
         Ok(Self {
             cv1: Conv::load(b, &format!("{prefix}.cv1"), ConvSpec::new(c1, c2, 3, 2))?,
@@ -278,6 +290,8 @@ pub struct SppElan {
 }
 
 impl SppElan {
+    /// Loads the block's parameters under `prefix` (official state_dict names) with its
+    /// channel arguments, as the official constructor takes them.
     pub fn load(b: &mut Builder, prefix: &str, [c1, c2, c3]: [usize; 3]) -> Result<Self> {
         Ok(Self {
             cv1: Conv::load(b, &format!("{prefix}.cv1"), ConvSpec::new(c1, c3, 1, 1))?,
@@ -313,6 +327,8 @@ pub struct ADown {
 }
 
 impl ADown {
+    /// Loads the block's parameters under `prefix` (official state_dict names) with its
+    /// channel arguments, as the official constructor takes them.
     pub fn load(b: &mut Builder, prefix: &str, c1: usize, c2: usize) -> Result<Self> {
         Ok(Self {
             cv1: Conv::load(
@@ -351,6 +367,8 @@ pub struct CBLinear {
 }
 
 impl CBLinear {
+    /// Loads the block's parameters under `prefix` (official state_dict names) with its
+    /// channel arguments, as the official constructor takes them.
     pub fn load(b: &mut Builder, prefix: &str, c1: usize, c2s: &[usize]) -> Result<Self> {
         let total = c2s.iter().sum();
         Ok(Self {

@@ -218,14 +218,17 @@ impl ConvSpec {
             act: true,
         }
     }
+    /// Grouped convolution with `g` groups.
     pub fn groups(mut self, g: usize) -> Self {
         self.g = g;
         self
     }
+    /// No SiLU after the BatchNorm.
     pub fn no_act(mut self) -> Self {
         self.act = false;
         self
     }
+    /// Padding `p` instead of `k / 2`.
     pub fn pad(mut self, p: usize) -> Self {
         self.p = p;
         self

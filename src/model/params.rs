@@ -269,6 +269,8 @@ impl<'a> Builder<'a> {
         }
     }
 
+    /// A new tensor of `shape` drawn from this builder's seeded generator with `init` (the
+    /// from-scratch initialisation; the draw order is the state_dict order).
     pub fn init_tensor(&mut self, shape: &[usize], init: Init) -> Result<Tensor> {
         let n: usize = shape.iter().product();
         let data: Vec<f32> = match init {
