@@ -62,17 +62,10 @@ fn a_corrupt_image_and_a_bad_option_are_told_apart() {
 #[test]
 fn an_out_of_memory_training_run_is_an_out_of_memory_error() {
     use yolo9::train::guard::Faults;
-    use yolo9::train::trainer::{train, TrainOptions};
+    use yolo9::train::trainer::train;
     let dir = common::tmpdir("liberr-oom");
-    let mut o = TrainOptions::new(common::tiny_dataset(&dir, 2));
+    let mut o = common::tiny_run_options(&dir, "exp");
     o.epochs = 1;
-    o.img = 64;
-    o.batch = 1;
-    o.workers = 1;
-    o.close_mosaic = 0;
-    o.project = dir.join("runs");
-    o.verbose = false;
-    o.noval = true;
     // Every micro-batch (even of one image) runs out of memory after its forward pass: the
     // recovery halves down to 1 and then gives up with the typed error.
     o.faults = Faults {

@@ -18,23 +18,7 @@ use yolo9::train::trainer::{train, train_with, StopFlag, TrainObserver, TrainOpt
 
 /// 2 train images, batch 1 (2 iterations per epoch), 3 epochs, no augmentation.
 fn options(dir: &Path, name: &str) -> TrainOptions {
-    let yaml = if dir.join("data.yaml").is_file() {
-        dir.join("data.yaml")
-    } else {
-        common::tiny_dataset(dir, 2)
-    };
-    let mut o = TrainOptions::new(yaml);
-    o.epochs = 3;
-    o.img = 64;
-    o.batch = 1;
-    o.workers = 1;
-    o.close_mosaic = 0;
-    o.project = dir.join("runs");
-    o.name = name.into();
-    o.hyp = Some(dir.join("hyp.yaml"));
-    o.verbose = false;
-    o.noval = true;
-    o
+    common::tiny_run_options(dir, name)
 }
 
 fn tensors(path: &Path) -> HashMap<String, Tensor> {

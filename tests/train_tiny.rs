@@ -15,17 +15,9 @@ use yolo9::train::trainer::{train, TrainOptions, RESULTS_HEADER};
 fn tiny_training_run_learns_saves_reloads_and_resumes() {
     let tmp = std::env::temp_dir().join(format!("yolo9-train-tiny-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
-    let yaml = common::tiny_dataset(&tmp, 2);
-    let mut o = TrainOptions::new(yaml);
+    let mut o = common::tiny_run_options(&tmp, "exp"); // validates the final epoch only
     o.epochs = 5;
-    o.img = 64;
     o.batch = 2;
-    o.workers = 1;
-    o.close_mosaic = 0;
-    o.project = tmp.join("runs");
-    o.hyp = Some(tmp.join("hyp.yaml"));
-    o.verbose = false;
-    o.noval = true; // validates the final epoch only
     let s = train(&o).unwrap();
     assert_eq!(s.run_dir, tmp.join("runs/exp"));
     assert_eq!(s.epochs.len(), 5);

@@ -1,6 +1,6 @@
 //! `yolo9 convert`: official `.pt` → safetensors.
 use crate::convert::{convert_file, ConvertOptions};
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use clap::Args;
 use std::path::PathBuf;
 
@@ -88,13 +88,11 @@ pub fn run(args: ConvertArgs) -> Result<()> {
         ConvertOptions {
             half: args.half,
             infer: args.infer,
-            cfg: match &args.cfg {
-                Some(c) => Some(std::sync::Arc::new(
-                    crate::model::arch::Arch::from_name_or_path(c)
-                        .with_context(|| format!("--cfg {c}"))?,
-                )),
-                None => None,
-            },
+            cfg: args
+                .cfg
+                .as_deref()
+                .map(crate::model::arch::Arch::from_cfg)
+                .transpose()?,
         },
     )?;
     print!("{report}");

@@ -177,9 +177,8 @@ pub fn load_weights(path: &Path, cfg: Option<&str>) -> Result<crate::Weights> {
     match cfg {
         None => Ok(w),
         Some(c) => {
-            let arch = crate::model::arch::Arch::from_name_or_path(c)
-                .with_context(|| format!("--cfg {c}"))?;
-            w.with_arch(std::sync::Arc::new(arch), &format!("--cfg {c}"))
+            let arch = crate::model::arch::Arch::from_cfg(c)?;
+            w.with_arch(arch, &format!("--cfg {c}"))
                 .with_context(|| format!("--weights {}", path.display()))
         }
     }

@@ -218,6 +218,14 @@ impl Arch {
         Self::from_yaml(&text, &name).with_context(|| format!("{}", path.display()))
     }
 
+    /// [`Arch::from_name_or_path`] for the `--cfg` option of train, detect, val, serve and
+    /// convert: shared, ready to hand to the model, errors prefixed with `--cfg VALUE`.
+    pub fn from_cfg(s: &str) -> Result<std::sync::Arc<Self>> {
+        Ok(std::sync::Arc::new(
+            Self::from_name_or_path(s).with_context(|| format!("--cfg {s}"))?,
+        ))
+    }
+
     /// Parses and resolves a model yaml (official format). `name` names the model.
     ///
     /// Errors name the row (`layer 12 (RepNCSPELAN4)`) and the value: an unknown module, a

@@ -84,13 +84,12 @@ impl NameMap {
     /// Inference-graph names → training-graph names (training from gelan weights): the inverse
     /// of [`NameMap::train_to_infer`].
     pub fn infer_to_train(train: &Arch) -> Self {
-        let (infer, from) = train.main_branch();
-        let n = from.len() - 1;
+        let m = Self::train_to_infer(train);
         Self {
-            layers: from[..n].iter().enumerate().map(|(k, &i)| (k, i)).collect(),
-            head_from: infer.head_index(),
-            head_to: train.head_index(),
-            head: [("cv2.", "cv4."), ("cv3.", "cv5."), ("dfl.", "dfl2.")],
+            layers: m.layers.iter().map(|(&i, &k)| (k, i)).collect(),
+            head_from: m.head_to,
+            head_to: m.head_from,
+            head: m.head.map(|(a, b)| (b, a)),
         }
     }
 

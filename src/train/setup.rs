@@ -225,9 +225,7 @@ pub(crate) fn resolve(
         None => None,
     };
     let arch = match (&opts.cfg, &weights) {
-        (Some(c), _) => std::sync::Arc::new(
-            crate::model::Arch::from_name_or_path(c).with_context(|| format!("--cfg {c}"))?,
-        ),
+        (Some(c), _) => crate::model::Arch::from_cfg(c)?,
         (None, Some(w)) => crate::model::yolov9::training_arch(&w.meta.arch)?,
         (None, None) => crate::model::weights::default_arch(crate::model::weights::Graph::Train),
     };

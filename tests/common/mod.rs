@@ -29,6 +29,29 @@ pub fn case(name: &str) -> PathBuf {
     shared_dir().join("cases").join(name)
 }
 
+/// Options of a tiny CPU training run in `dir` named `name`: the [`tiny_dataset`] of 2 train
+/// images there (made when `dir/data.yaml` is missing), its `hyp.yaml`, 3 epochs of batch 1 at
+/// 64x64 with one loader thread, no close-mosaic, quiet, validating only the final epoch.
+pub fn tiny_run_options(dir: &std::path::Path, name: &str) -> yolo9::train::trainer::TrainOptions {
+    let yaml = if dir.join("data.yaml").is_file() {
+        dir.join("data.yaml")
+    } else {
+        tiny_dataset(dir, 2)
+    };
+    let mut o = yolo9::train::trainer::TrainOptions::new(yaml);
+    o.epochs = 3;
+    o.img = 64;
+    o.batch = 1;
+    o.workers = 1;
+    o.close_mosaic = 0;
+    o.project = dir.join("runs");
+    o.name = name.into();
+    o.hyp = Some(dir.join("hyp.yaml"));
+    o.verbose = false;
+    o.noval = true;
+    o
+}
+
 /// A tiny dataset of the first `n_train` BCCD train images (and 1 val image) in `dir`, with
 /// `dir/hyp.yaml` turning augmentation off and raising the LR so few iterations move the weights.
 pub fn tiny_dataset(dir: &std::path::Path, n_train: usize) -> PathBuf {
