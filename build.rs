@@ -8,7 +8,7 @@ use std::process::Command;
 
 /// Kernels compiled with `-fmad=false`: they follow a CPU computation op for op, and a contracted
 /// multiply-add would round differently.
-const NO_FMA: &[&str] = &["tal_assign"];
+const NO_FMA: &[&str] = &["tal_assign", "nms"];
 
 fn main() {
     println!("cargo:rerun-if-changed=kernels");

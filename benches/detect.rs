@@ -8,10 +8,11 @@
 //!
 //! Measures, on one image letterboxed to 640 (`auto` padding, as `yolo9 detect`):
 //! pre-process (decode excluded: letterbox), forward (input upload + network, device-synchronised,
-//! output left on the device as `yolo9 detect` does), NMS + scaling (candidate filter on the
-//! device, candidates copied to the host, NMS there), and the total, as medians over `--iters`;
+//! output left on the device as `yolo9 detect` does), NMS + scaling (on a GPU the batched NMS
+//! kernel, only kept rows copied), and the total, as medians over `--iters`;
 //! `--half` runs the network in f16 (`yolo9 detect --half`); then
-//! the forward throughput at `--batch` (default 32) on a stacked batch. Prints one line per figure
+//! the forward throughput at `--batch` (default 32) on a stacked batch, and on a GPU the NMS of
+//! that batch's output (val and detect settings) on the device against the host path. Prints one line per figure
 //! as `name value unit` so a script can compare it with `benches/torch_detect.py` run in the same
 //! device command.
 
@@ -180,6 +181,45 @@ fn main() -> Result<()> {
         let ms = forward_ms(&x)?;
         println!("b{batch}_forward_ms {ms:.3}");
         println!("b{batch}_img_per_s {:.1}", batch as f64 * 1e3 / ms);
+        // NMS of the whole batch's output at the val settings (multi-label, conf 0.001, IoU 0.7,
+        // 300 detections) and the detect settings: on the device in one launch (the default off
+        // the CPU) against the candidate copy + host NMS (`YOLO9_GPU_NMS=0`); same rows.
+        if !dev.is_cpu() {
+            use yolo9::detect::device_nms::batch_nms;
+            use yolo9::detect::postprocess::{host_candidates, nms_image, NmsOptions};
+            let y = det.infer_tensor(&x)?;
+            let nc = y.dim(1)? - 4;
+            let val = NmsOptions {
+                conf_thres: 0.001,
+                iou_thres: 0.7,
+                max_det: 300,
+                multi_label: true,
+                ..Default::default()
+            };
+            for (name, o) in [("val", val), ("detect", NmsOptions::default())] {
+                let (mut td, mut th) = (vec![], vec![]);
+                let (mut kd, mut kh) = (vec![], vec![]);
+                for i in 0..iters.max(4) + 3 {
+                    dev.synchronize()?;
+                    let t0 = Instant::now();
+                    kd = batch_nms(&y, &o)?;
+                    let t1 = Instant::now();
+                    kh = host_candidates(&y, o.conf_thres)?
+                        .iter()
+                        .map(|c| nms_image(&c.data, nc, c.len, &o))
+                        .collect::<Vec<_>>();
+                    let t2 = Instant::now();
+                    if i >= 3 {
+                        td.push((t1 - t0).as_secs_f64() * 1e3);
+                        th.push((t2 - t1).as_secs_f64() * 1e3);
+                    }
+                }
+                let kept: usize = kd.iter().map(Vec::len).sum();
+                println!("b{batch}_{name}_nms_device_ms {:.3}", median(td));
+                println!("b{batch}_{name}_nms_host_ms {:.3}", median(th));
+                println!("b{batch}_{name}_nms_kept {kept} same_as_host {}", kd == kh);
+            }
+        }
         // Batch 1, forward only, same timer (the comparison with a CUDA-graphed PyTorch forward).
         let t = forward_ms(&x.narrow(0, 0, 1)?.contiguous()?)?;
         println!("b1_forward_only_ms {t:.3}");

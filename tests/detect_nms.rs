@@ -5,6 +5,7 @@ mod common;
 
 use candle_core::{Device, Tensor};
 use std::collections::HashMap;
+use yolo9::detect::device_nms;
 use yolo9::detect::nms::{batched_nms, nms};
 use yolo9::detect::postprocess::{
     filtered_candidates, host_candidates, nms_image, non_max_suppression, scale_boxes, NmsOptions,
@@ -329,4 +330,89 @@ fn candidate_filter_batch_nan_and_threshold() {
     let d0 = nms_image(&c[0].data, 2, c[0].len, &NmsOptions::default());
     let confs: Vec<f32> = d0.iter().map(|r| r[4]).collect();
     assert_eq!(confs, vec![0.9, 0.7, 0.5]);
+}
+
+/// The anchors (columns) of the kept rows of image 0 of a packed batch-NMS output.
+fn kept_anchors(packed: &Tensor) -> Vec<usize> {
+    device_nms::unpack(packed).unwrap()[0]
+        .iter()
+        .map(|r| r[6] as usize)
+        .collect()
+}
+
+#[test]
+fn batch_op_on_box_lists_equals_torchvision_cases() {
+    let t = load("nms_cases.safetensors");
+    let all = |thr: f64, agnostic: bool| NmsOptions {
+        conf_thres: f32::NEG_INFINITY,
+        iou_thres: thr,
+        agnostic,
+        max_det: 1000,
+        ..Default::default()
+    };
+    let run = |b: &str, s: &str, c: Option<&[usize]>, o: NmsOptions| {
+        let out = common::box_list_output(&boxes(&t[b]), &t[s].to_vec1::<f32>().unwrap(), c);
+        kept_anchors(&device_nms::batch_nms_packed(&out, &o, true).unwrap())
+    };
+    assert_eq!(
+        run("case1_boxes", "case1_scores", None, all(0.5, false)),
+        vec![5, 6, 0, 3, 8, 2, 9]
+    );
+    assert_eq!(
+        run("case1_boxes", "case1_scores", None, all(0.3, false)),
+        idx(&t["case1_keep_thr_0_3"])
+    );
+    for (thr, key) in [(0.45, "case2_keep_iou_0_45"), (0.7, "case2_keep_iou_0_7")] {
+        assert_eq!(
+            run("case2_boxes", "case2_scores", None, all(thr, false)),
+            idx(&t[key])
+        );
+    }
+    let c = idx(&t["case3_idxs"]);
+    assert_eq!(
+        run("case3_boxes", "case3_scores", Some(&c), all(0.6, false)),
+        idx(&t["case3_keep_batched_iou_0_6"])
+    );
+    assert_eq!(
+        run("case3_boxes", "case3_scores", Some(&c), all(0.6, true)),
+        idx(&t["case3_keep_agnostic_iou_0_6"])
+    );
+}
+
+#[test]
+fn batch_op_on_the_cpu_equals_the_host_nms_per_image() {
+    // Two images: the official output and a random one with many ties; three option sets.
+    let (y, t) = y_main();
+    let r = common::random_output(1, 80, y.dim(2).unwrap(), 7);
+    let batch = Tensor::cat(&[&y, &r], 0).unwrap();
+    let val_ml = NmsOptions {
+        conf_thres: 0.001,
+        iou_thres: 0.7,
+        max_det: 300,
+        multi_label: true,
+        ..Default::default()
+    };
+    let filtered = NmsOptions {
+        classes: Some(vec![0, 17, 45]),
+        agnostic: true,
+        max_det: 7,
+        ..Default::default()
+    };
+    for (name, o) in [
+        ("detect", NmsOptions::default()),
+        ("val multi-label", val_ml),
+        ("classes, agnostic, max_det 7", filtered),
+    ] {
+        let got = device_nms::batch_nms(&batch, &o).unwrap();
+        assert_eq!(got.len(), 2);
+        for (i, g) in got.iter().enumerate() {
+            let want = non_max_suppression(&batch.get(i).unwrap().unsqueeze(0).unwrap(), &o)
+                .unwrap()
+                .remove(0);
+            assert_rows_equal(g, &want, &format!("{name}, image {i}"));
+        }
+        if name == "val multi-label" {
+            assert_rows_equal(&got[0], &rows(&t["nms_val_ml_det"]), "nms_val_ml_det");
+        }
+    }
 }

@@ -10,6 +10,7 @@
 //! - [`atan`]: the element-wise arctangent of the CIoU loss term (`kernels/atan.cu`).
 //! - [`tal`]: the TaskAlignedAssigner (`kernels/tal_assign.cu`), dense TAL loss targets from
 //!   foreground rows (`kernels/tal.cu`) and the fused loss terms (`kernels/tal_terms.cu`).
+//! - [`nms`]: batched NMS of a decoded output, one launch per batch (`kernels/nms.cu`).
 //! - [`pool`]: the SPPELAN max pool forward and backward (`kernels/pool.cu`).
 //! - [`optim`]: multi-tensor SGD, gradient-norm and EMA kernels (`kernels/optim.cu`): one launch
 //!   per optimizer phase for all parameters.
@@ -23,6 +24,7 @@ pub mod bias_act;
 pub mod bn_act;
 pub mod conv;
 pub mod graph;
+pub mod nms;
 pub mod optim;
 pub mod pool;
 pub mod tal;

@@ -3,6 +3,7 @@
 //! - [`letterbox`]: official letterbox (resize + stride padding) and the input tensor.
 //! - [`nms`]: torchvision-compatible greedy NMS.
 //! - [`postprocess`]: candidates, official `non_max_suppression`, `scale_boxes`, clipping.
+//! - [`device_nms`]: the NMS of a whole batch as one op on the output's device (a CUDA kernel).
 //! - [`draw`]: annotated images.
 //! - [`source`]: expanding files, directories and globs.
 //! - [`video`]: video files read and written through the `ffmpeg` program.
@@ -10,6 +11,7 @@
 //! - [`detector`]: the public [`detector::Detector`].
 
 pub mod detector;
+pub mod device_nms;
 pub mod draw;
 pub mod letterbox;
 pub mod nms;

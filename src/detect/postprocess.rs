@@ -51,8 +51,16 @@ impl Default for NmsOptions {
 /// `cx, cy, w, h` in input pixels, then class scores 0..1), any device. Returns, per image, the
 /// kept rows sorted by decreasing confidence.
 ///
+/// On the CPU this is [`nms_image`] per image. On another device (CUDA) the whole batch runs
+/// there in one launch ([`super::device_nms::batch_nms`]) and only the kept rows are copied;
+/// `YOLO9_GPU_NMS=0` instead copies the candidates ([`host_candidates`]) and runs the host NMS.
+/// Both give the same rows.
+///
 /// Errors: `pred` not 3-D, fewer than 5 rows, or not convertible to f32.
 pub fn non_max_suppression(pred: &Tensor, opts: &NmsOptions) -> Result<Vec<Vec<Row>>> {
+    if device_nms_enabled(pred.device()) && pred.rank() == 3 && pred.dim(1)? >= 5 {
+        return super::device_nms::batch_nms(pred, opts).context("NMS on the device");
+    }
     let cands = host_candidates(pred, opts.conf_thres)?;
     // host_candidates checked the shape: (B, 4+nc, A) with nc ≥ 1.
     let nc = pred.dim(1)? - 4;
@@ -60,6 +68,12 @@ pub fn non_max_suppression(pred: &Tensor, opts: &NmsOptions) -> Result<Vec<Vec<R
         .iter()
         .map(|c| nms_image(&c.data, nc, c.len, opts))
         .collect())
+}
+
+/// Whether NMS of an output on `device` runs there ([`super::device_nms`]): on every device but
+/// the CPU, unless `YOLO9_GPU_NMS=0`.
+pub fn device_nms_enabled(device: &candle_core::Device) -> bool {
+    !device.is_cpu() && std::env::var("YOLO9_GPU_NMS").map_or(true, |v| v.trim() != "0")
 }
 
 /// The columns of one image's decoded output that can become detections, on the host.
@@ -142,10 +156,29 @@ pub fn filtered_candidates(pred: &Tensor, conf_thres: f32) -> Result<Vec<Candida
 /// NMS for one image. `pred` is the row-major `(4+nc, A)` output of that image (see
 /// [`non_max_suppression`]).
 pub fn nms_image(pred: &[f32], nc: usize, a: usize, opts: &NmsOptions) -> Vec<Row> {
+    nms_image_anchored(pred, nc, a, opts, false)
+        .into_iter()
+        .map(|r| [r[0], r[1], r[2], r[3], r[4], r[5]])
+        .collect()
+}
+
+/// [`nms_image`] with the column (anchor) of each kept row as a seventh value,
+/// `[x1, y1, x2, y2, conf, cls, anchor]`; with `xyxy` the box rows of `pred` are taken as
+/// `x1, y1, x2, y2` (plain box lists, as torchvision's `nms` takes them) instead of `cx, cy, w, h`.
+/// This is the one host definition of the official NMS: [`nms_image`] and the CPU version of
+/// [`super::device_nms::BatchNms`] call it, and the CUDA kernel (`kernels/nms.cu`) follows it
+/// step by step.
+pub fn nms_image_anchored(
+    pred: &[f32],
+    nc: usize,
+    a: usize,
+    opts: &NmsOptions,
+    xyxy: bool,
+) -> Vec<[f32; 7]> {
     let at = |r: usize, j: usize| pred[r * a + j];
     let multi_label = opts.multi_label && nc > 1;
     let thr = opts.conf_thres;
-    let mut x: Vec<Row> = Vec::new();
+    let mut x: Vec<[f32; 7]> = Vec::new();
     for j in 0..a {
         // xc: max class score > conf_thres (strict).
         let mut best = f32::NEG_INFINITY;
@@ -160,17 +193,22 @@ pub fn nms_image(pred: &[f32], nc: usize, a: usize, opts: &NmsOptions) -> Vec<Ro
         if best.is_nan() || best <= thr {
             continue;
         }
-        let (cx, cy, w, h) = (at(0, j), at(1, j), at(2, j), at(3, j));
-        let bx = [cx - w / 2.0, cy - h / 2.0, cx + w / 2.0, cy + h / 2.0];
+        let (p0, p1, p2, p3) = (at(0, j), at(1, j), at(2, j), at(3, j));
+        let bx = if xyxy {
+            [p0, p1, p2, p3]
+        } else {
+            [p0 - p2 / 2.0, p1 - p3 / 2.0, p0 + p2 / 2.0, p1 + p3 / 2.0]
+        };
+        let row = |s: f32, c: usize| [bx[0], bx[1], bx[2], bx[3], s, c as f32, j as f32];
         if multi_label {
             for c in 0..nc {
                 let s = at(4 + c, j);
                 if s > thr {
-                    x.push([bx[0], bx[1], bx[2], bx[3], s, c as f32]);
+                    x.push(row(s, c));
                 }
             }
         } else {
-            x.push([bx[0], bx[1], bx[2], bx[3], best, best_c as f32]);
+            x.push(row(best, best_c));
         }
     }
     if let Some(classes) = &opts.classes {

@@ -14,7 +14,8 @@
 use crate::data::image::load_rgb8;
 use crate::data::scan::SplitScan;
 use crate::detect::letterbox::{apply_letterbox, letterbox_info_scaled};
-use crate::detect::postprocess::{nms_image, NmsOptions};
+use crate::detect::device_nms::batch_nms;
+use crate::detect::postprocess::{device_nms_enabled, nms_image, NmsOptions};
 use crate::loss::DualTalLoss;
 use crate::metrics::ap::{ValMetrics, ValStats};
 use crate::model::yolov9::{YoloV9, YoloV9Train};
@@ -212,6 +213,18 @@ pub fn nms_multilabel(
     nms_image(pred, nc, pred.len() / rows, &opts)
 }
 
+/// The NMS options of validation ([`nms_multilabel`]'s) for `cfg`.
+fn multilabel_options(cfg: &ValConfig) -> NmsOptions {
+    NmsOptions {
+        conf_thres: cfg.conf_thres,
+        iou_thres: cfg.iou_thres as f64,
+        classes: None,
+        agnostic: false,
+        multi_label: true,
+        max_det: cfg.max_det,
+    }
+}
+
 struct Prepared {
     chw: Vec<u8>,
     /// load_image gain (resized / original), as the official `ratio_pad[0][0]`.
@@ -343,19 +356,28 @@ pub fn validate(model: ValModel<'_>, images: &[ValImage], cfg: &ValConfig) -> Re
                     raw.decode()?.1
                 }
             };
-            let y = y.to_device(&Device::Cpu)?.to_dtype(DType::F32)?;
-            let per_image = y.dim(1)? * y.dim(2)?;
-            let all: Vec<f32> = y.flatten_all()?.to_vec1()?;
-            // NMS of the images in parallel, statistics in image order.
-            let dets: Vec<_> = ok
-                .par_iter()
-                .enumerate()
-                .map(|(k, (i, p))| {
-                    let flat = &all[k * per_image..(k + 1) * per_image];
-                    let det = nms_multilabel(flat, nc, cfg.conf_thres, cfg.iou_thres, cfg.max_det);
-                    native_space(&images[*i], &det, p)
-                })
-                .collect();
+            let dets: Vec<_> = if device_nms_enabled(&device) {
+                // The batch's NMS in one launch on the device; only kept rows come back.
+                let kept = batch_nms(&y, &multilabel_options(cfg))?;
+                ok.iter()
+                    .zip(kept)
+                    .map(|((i, p), det)| native_space(&images[*i], &det, p))
+                    .collect()
+            } else {
+                let y = y.to_device(&Device::Cpu)?.to_dtype(DType::F32)?;
+                let per_image = y.dim(1)? * y.dim(2)?;
+                let all: Vec<f32> = y.flatten_all()?.to_vec1()?;
+                // NMS of the images in parallel, statistics in image order.
+                ok.par_iter()
+                    .enumerate()
+                    .map(|(k, (i, p))| {
+                        let flat = &all[k * per_image..(k + 1) * per_image];
+                        let det =
+                            nms_multilabel(flat, nc, cfg.conf_thres, cfg.iou_thres, cfg.max_det);
+                        native_space(&images[*i], &det, p)
+                    })
+                    .collect()
+            };
             for (detn, labels) in dets {
                 stats.add_image(&detn, &labels);
             }

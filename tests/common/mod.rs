@@ -290,3 +290,46 @@ pub fn assigner_batch(
         gt,
     )
 }
+
+/// A torchvision-style box list as a `(1, 4+nc, n)` f32 output for the batched NMS op in its
+/// `xyxy` form: rows x1, y1, x2, y2, then per class the box's score in its class's row and
+/// −∞ elsewhere, so the best class of box j is `classes[j]` (all 0 when `classes` is None).
+pub fn box_list_output(
+    boxes: &[[f32; 4]],
+    scores: &[f32],
+    classes: Option<&[usize]>,
+) -> candle_core::Tensor {
+    let n = boxes.len();
+    let nc = classes.map_or(1, |c| c.iter().max().map_or(1, |&m| m + 1));
+    let mut v = vec![f32::NEG_INFINITY; (4 + nc) * n];
+    for j in 0..n {
+        for r in 0..4 {
+            v[r * n + j] = boxes[j][r];
+        }
+        let c = classes.map_or(0, |c| c[j]);
+        v[(4 + c) * n + j] = scores[j];
+    }
+    candle_core::Tensor::from_vec(v, (1, 4 + nc, n), &candle_core::Device::Cpu).unwrap()
+}
+
+/// A random decoded output `(b, 4+nc, a)` f32 with many score ties: centres in 0..640, sides in
+/// 2..130 px (some boxes nearly equal), scores quantized to 1/64 with most below 0.05.
+pub fn random_output(b: usize, nc: usize, a: usize, seed: u64) -> candle_core::Tensor {
+    let u: Vec<f64> = uniform(&[b * (4 + nc) * a], seed).to_vec1().unwrap();
+    let mut v = vec![0f32; u.len()];
+    for i in 0..b {
+        for r in 0..4 + nc {
+            for j in 0..a {
+                let k = (i * (4 + nc) + r) * a + j;
+                let x = (u[k] + 1.0) / 2.0; // 0..1
+                v[k] = match r {
+                    // Centres on a coarse grid, so that boxes pile up.
+                    0 | 1 => ((x * 40.0).floor() * 16.0) as f32,
+                    2 | 3 => (2.0 + (x * 8.0).floor() * 16.0) as f32,
+                    _ => ((x.powi(6) * 64.0).floor() / 64.0) as f32,
+                };
+            }
+        }
+    }
+    candle_core::Tensor::from_vec(v, (b, 4 + nc, a), &candle_core::Device::Cpu).unwrap()
+}
