@@ -11,6 +11,7 @@
 //! candidate filter ([`super::postprocess::host_candidates`]).
 
 use super::postprocess::{nms_image_anchored, NmsOptions, Row, MAX_NMS};
+use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp1, DType, Error, Layout, Result, Shape, Tensor};
 
 /// Width of one packed row: `[x1, y1, x2, y2, conf, cls, anchor]`.
