@@ -855,7 +855,12 @@ fn mixed_precision_step_of_a_trained_model_follows_f32() {
 
 /// Packed batch-NMS rows `[x1, y1, x2, y2, conf, cls, anchor]` of `pred` on the GPU and on the
 /// CPU, asserted bit-equal; returns the GPU rows.
-fn nms_gpu_equals_cpu(pred: &Tensor, o: &yolo9::detect::postprocess::NmsOptions, xyxy: bool, what: &str) -> Vec<Vec<[f32; 7]>> {
+fn nms_gpu_equals_cpu(
+    pred: &Tensor,
+    o: &yolo9::detect::postprocess::NmsOptions,
+    xyxy: bool,
+    what: &str,
+) -> Vec<Vec<[f32; 7]>> {
     use yolo9::detect::device_nms::{batch_nms_packed, unpack};
     let cpu = unpack(&batch_nms_packed(pred, o, xyxy).unwrap()).unwrap();
     let gpu_in = pred.to_device(&gpu()).unwrap();
@@ -877,11 +882,23 @@ fn nms_gpu_equals_cpu(pred: &Tensor, o: &yolo9::detect::postprocess::NmsOptions,
 fn nms_kernel_equals_host_nms() {
     use yolo9::detect::postprocess::NmsOptions;
     // torchvision's cases as box lists (keep indices = anchors of the kept rows).
-    let t = candle_core::safetensors::load(common::reference("nms_cases.safetensors"), &Device::Cpu).unwrap();
+    let t =
+        candle_core::safetensors::load(common::reference("nms_cases.safetensors"), &Device::Cpu)
+            .unwrap();
     let bx = |k: &str| -> Vec<[f32; 4]> {
-        t[k].to_vec2::<f32>().unwrap().into_iter().map(|r| [r[0], r[1], r[2], r[3]]).collect()
+        t[k].to_vec2::<f32>()
+            .unwrap()
+            .into_iter()
+            .map(|r| [r[0], r[1], r[2], r[3]])
+            .collect()
     };
-    let keep = |k: &str| -> Vec<usize> { t[k].to_vec1::<i64>().unwrap().into_iter().map(|v| v as usize).collect() };
+    let keep = |k: &str| -> Vec<usize> {
+        t[k].to_vec1::<i64>()
+            .unwrap()
+            .into_iter()
+            .map(|v| v as usize)
+            .collect()
+    };
     let all = |thr: f64, agnostic: bool| NmsOptions {
         conf_thres: f32::NEG_INFINITY,
         iou_thres: thr,
@@ -891,12 +908,48 @@ fn nms_kernel_equals_host_nms() {
     };
     let c3 = keep("case3_idxs");
     for (b, s, c, o, want) in [
-        ("case1_boxes", "case1_scores", None, all(0.5, false), "case1_keep"),
-        ("case1_boxes", "case1_scores", None, all(0.3, false), "case1_keep_thr_0_3"),
-        ("case2_boxes", "case2_scores", None, all(0.45, false), "case2_keep_iou_0_45"),
-        ("case2_boxes", "case2_scores", None, all(0.7, false), "case2_keep_iou_0_7"),
-        ("case3_boxes", "case3_scores", Some(&c3[..]), all(0.6, false), "case3_keep_batched_iou_0_6"),
-        ("case3_boxes", "case3_scores", Some(&c3[..]), all(0.6, true), "case3_keep_agnostic_iou_0_6"),
+        (
+            "case1_boxes",
+            "case1_scores",
+            None,
+            all(0.5, false),
+            "case1_keep",
+        ),
+        (
+            "case1_boxes",
+            "case1_scores",
+            None,
+            all(0.3, false),
+            "case1_keep_thr_0_3",
+        ),
+        (
+            "case2_boxes",
+            "case2_scores",
+            None,
+            all(0.45, false),
+            "case2_keep_iou_0_45",
+        ),
+        (
+            "case2_boxes",
+            "case2_scores",
+            None,
+            all(0.7, false),
+            "case2_keep_iou_0_7",
+        ),
+        (
+            "case3_boxes",
+            "case3_scores",
+            Some(&c3[..]),
+            all(0.6, false),
+            "case3_keep_batched_iou_0_6",
+        ),
+        (
+            "case3_boxes",
+            "case3_scores",
+            Some(&c3[..]),
+            all(0.6, true),
+            "case3_keep_agnostic_iou_0_6",
+        ),
     ] {
         let pred = common::box_list_output(&bx(b), &t[s].to_vec1::<f32>().unwrap(), c);
         let got = nms_gpu_equals_cpu(&pred, &o, true, want);
@@ -905,11 +958,28 @@ fn nms_kernel_equals_host_nms() {
     }
     // The official output of horses.jpg at the detect and val settings (the multi-label one
     // has more than 30000 candidates: the max_nms cut), and random batches with many ties.
-    let f = candle_core::safetensors::load(common::reference("forward_horses.safetensors"), &Device::Cpu).unwrap();
+    let f = candle_core::safetensors::load(
+        common::reference("forward_horses.safetensors"),
+        &Device::Cpu,
+    )
+    .unwrap();
     let y = &f["y_main"];
-    let val = NmsOptions { conf_thres: 0.001, iou_thres: 0.7, max_det: 300, ..Default::default() };
-    let val_ml = NmsOptions { multi_label: true, ..val.clone() };
-    let filtered = NmsOptions { classes: Some(vec![0, 17, 45]), agnostic: true, max_det: 7, ..Default::default() };
+    let val = NmsOptions {
+        conf_thres: 0.001,
+        iou_thres: 0.7,
+        max_det: 300,
+        ..Default::default()
+    };
+    let val_ml = NmsOptions {
+        multi_label: true,
+        ..val.clone()
+    };
+    let filtered = NmsOptions {
+        classes: Some(vec![0, 17, 45]),
+        agnostic: true,
+        max_det: 7,
+        ..Default::default()
+    };
     for (o, what) in [
         (NmsOptions::default(), "horses, detect"),
         (val.clone(), "horses, val"),
@@ -919,13 +989,25 @@ fn nms_kernel_equals_host_nms() {
         nms_gpu_equals_cpu(y, &o, false, what);
     }
     let r80 = common::random_output(4, 80, 8400, 11);
-    nms_gpu_equals_cpu(&r80, &val_ml, false, "random 4x84x8400, val multi-label (cut)");
-    nms_gpu_equals_cpu(&r80, &NmsOptions::default(), false, "random 4x84x8400, detect");
+    nms_gpu_equals_cpu(
+        &r80,
+        &val_ml,
+        false,
+        "random 4x84x8400, val multi-label (cut)",
+    );
+    nms_gpu_equals_cpu(
+        &r80,
+        &NmsOptions::default(),
+        false,
+        "random 4x84x8400, detect",
+    );
     let r3 = common::random_output(3, 3, 5880, 12);
     nms_gpu_equals_cpu(&r3, &val_ml, false, "random 3x7x5880, val multi-label");
     nms_gpu_equals_cpu(&r3, &filtered, false, "random 3x7x5880, filtered");
     // Through the public entry point: the same rows as on the CPU.
     let host = yolo9::detect::postprocess::non_max_suppression(y, &val_ml).unwrap();
-    let dev = yolo9::detect::postprocess::non_max_suppression(&y.to_device(&gpu()).unwrap(), &val_ml).unwrap();
+    let dev =
+        yolo9::detect::postprocess::non_max_suppression(&y.to_device(&gpu()).unwrap(), &val_ml)
+            .unwrap();
     assert_eq!(host, dev);
 }

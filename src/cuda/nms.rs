@@ -44,7 +44,10 @@ fn err(msg: impl std::fmt::Display) -> Error {
 /// Runs the kernel on `pred` `(B, 4+nc, A)` f32 (contiguous).
 pub fn nms(s: &CudaStorage, l: &Layout, a: &NmsArgs) -> Result<(CudaStorage, Shape)> {
     if s.dtype() != DType::F32 {
-        return Err(err(format!("dtype {:?}; the output must be f32", s.dtype())));
+        return Err(err(format!(
+            "dtype {:?}; the output must be f32",
+            s.dtype()
+        )));
     }
     let (b, rows, anchors) = l.shape().dims3()?;
     let nc = rows
@@ -55,8 +58,14 @@ pub fn nms(s: &CudaStorage, l: &Layout, a: &NmsArgs) -> Result<(CudaStorage, Sha
         return Err(err("class flags, max_det or max_nms out of range"));
     }
     // Keys hold j*nc + c in 32 bits; anchors travel as f32 (exact below 2^24).
-    if anchors.checked_mul(nc).is_none_or(|v| v >= u32::MAX as usize) || anchors >= 1 << 24 {
-        return Err(err(format!("{anchors} anchors x {nc} classes is too large")));
+    if anchors
+        .checked_mul(nc)
+        .is_none_or(|v| v >= u32::MAX as usize)
+        || anchors >= 1 << 24
+    {
+        return Err(err(format!(
+            "{anchors} anchors x {nc} classes is too large"
+        )));
     }
     let (o0, o1) = l
         .contiguous_offsets()
@@ -71,7 +80,10 @@ pub fn nms(s: &CudaStorage, l: &Layout, a: &NmsArgs) -> Result<(CudaStorage, Sha
     let mut det = unsafe { dev.alloc::<f32>(b * kmax * 12)? };
     let mut out = unsafe { dev.alloc::<f32>(b * out_w)? };
     if b == 0 {
-        return Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from((0, out_w))));
+        return Ok((
+            CudaStorage::wrap_cuda_slice(out, dev),
+            Shape::from((0, out_w)),
+        ));
     }
     let pred = s.as_cuda_slice::<f32>()?.slice(o0..o1);
     let flags = dev.clone_htod(&a.class_ok)?;
@@ -114,5 +126,8 @@ pub fn nms(s: &CudaStorage, l: &Layout, a: &NmsArgs) -> Result<(CudaStorage, Sha
     };
     // SAFETY: argument types and order match `nms_batched`; the buffers have the sizes above.
     unsafe { bld.launch(cfg) }.w()?;
-    Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from((b, out_w))))
+    Ok((
+        CudaStorage::wrap_cuda_slice(out, dev),
+        Shape::from((b, out_w)),
+    ))
 }

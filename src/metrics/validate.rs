@@ -13,8 +13,8 @@
 
 use crate::data::image::load_rgb8;
 use crate::data::scan::SplitScan;
-use crate::detect::letterbox::{apply_letterbox, letterbox_info_scaled};
 use crate::detect::device_nms::batch_nms;
+use crate::detect::letterbox::{apply_letterbox, letterbox_info_scaled};
 use crate::detect::postprocess::{device_nms_enabled, nms_image, NmsOptions};
 use crate::loss::DualTalLoss;
 use crate::metrics::ap::{ValMetrics, ValStats};
