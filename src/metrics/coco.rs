@@ -120,6 +120,10 @@ pub struct CocoEval {
     pub stats: [f64; 12],
 }
 
+/// One image's GTs (input order), detections (by decreasing score, cut to `maxDets[-1]`) and
+/// their IoU matrix `[D][G]` for one category (pycocotools `computeIoU`).
+type PerImage<'a> = (Vec<&'a CocoGt>, Vec<&'a CocoDt>, Vec<Vec<f64>>);
+
 /// Per (image, category) result of the matching (pycocotools `evaluateImg` at `maxDets[-1]`).
 struct ImgEval {
     /// Scores of the kept detections, by decreasing score.
@@ -251,7 +255,7 @@ pub fn evaluate_with(
     let empty_d: Vec<&CocoDt> = Vec::new();
     for (k, &cat) in cats.iter().enumerate() {
         // `computeIoU` per image: detections by decreasing score (stable), cut to max_det.
-        let per_image: Vec<(Vec<&CocoGt>, Vec<&CocoDt>, Vec<Vec<f64>>)> = imgs
+        let per_image: Vec<PerImage> = imgs
             .iter()
             .map(|&img| {
                 let g = g_by.get(&(img, cat)).unwrap_or(&empty_g).clone();
@@ -275,15 +279,15 @@ pub fn evaluate_with(
                 .filter_map(|(g, d, ious)| evaluate_img(g, d, ious, *rng, &params.iou_thrs))
                 .collect();
             for (m, &md) in params.max_dets.iter().enumerate() {
-                accumulate_one(&evals, md, &params, |t, r, p| {
+                let rec = accumulate_one(&evals, md, &params, |t, r, p| {
                     let at = (((t * r_n + r) * k_n + k) * a_n + a) * m_n + m;
                     precision[at] = p;
-                })
-                .map(|rec| {
+                });
+                if let Some(rec) = rec {
                     for (t, v) in rec.into_iter().enumerate() {
                         recall[((t * k_n + k) * a_n + a) * m_n + m] = v;
                     }
-                });
+                }
             }
         }
     }
