@@ -252,3 +252,85 @@ fn class_count_is_bounded() {
     assert_eq!(cfg.nc, yolo9::model::weights::MAX_CLASSES);
     assert_eq!(cfg.names[99_999], "class99999");
 }
+
+/// A Roboflow export: `data.yaml` beside `train/images` and `valid/images`, naming them
+/// `../train/images` and `../valid/images`. Those do not exist relative to the yaml's folder, so
+/// the loader uses them without the `../`, says so in one notice naming the path, and the scan
+/// finds every image with its labels.
+#[test]
+fn roboflow_dot_dot_paths() {
+    let dir = tmpdir("roboflow");
+    let src = common::shared_dir().join("datasets/bccd");
+    let mut names: Vec<_> = std::fs::read_dir(src.join("images/train"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    names.sort();
+    let mut n_boxes = [0usize; 2];
+    for (k, (split, take)) in [("train", &names[..3]), ("valid", &names[3..5])]
+        .into_iter()
+        .enumerate()
+    {
+        std::fs::create_dir_all(dir.join(split).join("images")).unwrap();
+        std::fs::create_dir_all(dir.join(split).join("labels")).unwrap();
+        for n in take {
+            std::fs::copy(
+                src.join("images/train").join(n),
+                dir.join(split).join("images").join(n),
+            )
+            .unwrap();
+            let stem = Path::new(n).with_extension("txt");
+            let text = std::fs::read_to_string(src.join("labels/train").join(&stem)).unwrap();
+            n_boxes[k] += text.lines().filter(|l| !l.trim().is_empty()).count();
+            std::fs::write(dir.join(split).join("labels").join(&stem), text).unwrap();
+        }
+    }
+    std::fs::write(
+        dir.join("data.yaml"),
+        "train: ../train/images\nval: ../valid/images\nnc: 3\nnames: [RBC, WBC, Platelets]\n",
+    )
+    .unwrap();
+    let cfg = DataConfig::load(&dir.join("data.yaml")).unwrap();
+    let root = yolo9::data::yaml::normalize(&dir);
+    assert_eq!(cfg.train, vec![root.join("train/images")]);
+    assert_eq!(cfg.val, vec![root.join("valid/images")]);
+    assert_eq!(cfg.notices.len(), 2, "{:?}", cfg.notices);
+    assert!(
+        cfg.notices[0].contains("../train/images")
+            && cfg.notices[0].contains(&root.join("train/images").display().to_string()),
+        "{}",
+        cfg.notices[0]
+    );
+    assert!(cfg.notices[1].contains(&root.join("valid/images").display().to_string()));
+    let opts = yolo9::data::scan::ScanOptions {
+        use_cache: false,
+        print: false,
+    };
+    for (split, n_img, n_box) in [(Split::Train, 3, n_boxes[0]), (Split::Val, 2, n_boxes[1])] {
+        let scan = yolo9::data::scan::scan_split(&cfg, split, &opts).unwrap();
+        assert_eq!(scan.records.len(), n_img, "{split}");
+        let boxes: usize = scan.records.iter().map(|r| r.boxes.len()).sum();
+        assert_eq!(boxes, n_box, "{split}");
+        assert!(n_box > 0);
+    }
+    // A `../` path that exists as written is used as written, with no notice.
+    let nested = dir.join("nested");
+    std::fs::create_dir_all(&nested).unwrap();
+    std::fs::write(
+        nested.join("data.yaml"),
+        "train: ../train/images\nval: ../valid/images\nnames: [a, b, c]\n",
+    )
+    .unwrap();
+    let cfg = DataConfig::load(&nested.join("data.yaml")).unwrap();
+    assert_eq!(cfg.train, vec![root.join("train/images")]);
+    assert!(cfg.notices.is_empty(), "{:?}", cfg.notices);
+    // Neither exists: the error names the path as written.
+    std::fs::write(
+        dir.join("bad.yaml"),
+        "train: ../nope/images\nval: ../valid/images\nnames: [a, b, c]\n",
+    )
+    .unwrap();
+    let e = format!("{:#}", DataConfig::load(&dir.join("bad.yaml")).unwrap_err());
+    assert!(e.contains("../nope/images"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

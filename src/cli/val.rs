@@ -59,9 +59,15 @@ pub struct ValArgs {
     /// Reuse the run folder if it exists instead of incrementing.
     #[arg(long = "exist-ok")]
     pub exist_ok: bool,
-    /// Draw no plots (and create no run folder).
+    /// Draw no plots (and create no run folder unless --save-json asks for one).
     #[arg(long)]
     pub noplots: bool,
+    /// Write predictions.json (COCO results: image_id = the file stem when every stem is
+    /// numeric, else the image's index in the split; category_id = class index; bbox xywh in
+    /// original pixels) into the run folder and print the COCO (pycocotools) summary evaluated
+    /// against the split's own labels.
+    #[arg(long = "save-json")]
+    pub save_json: bool,
 }
 
 fn parse_budget(s: &str) -> Result<u64, String> {
@@ -130,6 +136,7 @@ pub fn run(a: ValArgs) -> Result<()> {
         max_det: a.max_det,
         progress: true,
         confusion: !a.noplots,
+        collect: a.save_json,
         ..ValConfig::default()
     };
     let r = validate(ValModel::Infer(&model), &images, &vc)?;
@@ -143,18 +150,31 @@ pub fn run(a: ValArgs) -> Result<()> {
         r.seconds,
         r.metrics.seen as f64 / r.seconds.max(1e-9)
     );
+    if a.noplots && !a.save_json {
+        return Ok(());
+    }
+    let dir = crate::runs::claim_run_dir(&a.project, &a.name, a.exist_ok)
+        .with_context(|| format!("cannot create the run folder under {}", a.project.display()))?;
+    if a.save_json {
+        let dets = r.detections.as_deref().unwrap_or_default();
+        let (path, ev) =
+            crate::metrics::coco_json::save_and_evaluate(&dir, &images, dets, &cfg.names)?;
+        println!(
+            "Saved {}; COCO bbox evaluation against the split's labels:",
+            path.display()
+        );
+        for line in ev.summary_lines() {
+            println!("{line}");
+        }
+    }
     if !a.noplots {
-        let dir =
-            crate::runs::claim_run_dir(&a.project, &a.name, a.exist_ok).with_context(|| {
-                format!("cannot create the run folder under {}", a.project.display())
-            })?;
         crate::metrics::plots::plot_validation(
             &dir,
             &r.metrics.per_class,
             r.confusion.as_ref(),
             &cfg.names,
         )?;
-        println!("Results saved to {}", dir.display());
     }
+    println!("Results saved to {}", dir.display());
     Ok(())
 }

@@ -10,6 +10,12 @@
 //! - `names`: a list (`[a, b]`) or an index map (`{0: a, 1: b}`, keys exactly `0..n`).
 //! - `nc` (optional): checked against `names`; with no `names`, names become `class0`, `class1`, ...
 //!
+//! A split path that does not exist but starts with `../` is tried once more without that
+//! `../`, under the root (Roboflow exports write `train: ../train/images` beside a `data.yaml`
+//! that sits in the dataset folder; both upstream trainers do this retry in `check_dataset` /
+//! `check_det_dataset`). When the retry is used, one line saying so is logged (warn level) and
+//! kept in [`DataConfig::notices`].
+//!
 //! Other keys (`download`, ...) are ignored.
 
 use crate::model::weights::MAX_CLASSES;
@@ -67,6 +73,9 @@ pub struct DataConfig {
     pub nc: usize,
     /// Class names, index = class id.
     pub names: Vec<String>,
+    /// Lines about how a path was resolved that the user should see (e.g. a Roboflow
+    /// `../train/images` found as `train/images` under the root); each was also logged.
+    pub notices: Vec<String>,
 }
 
 impl DataConfig {
@@ -123,6 +132,7 @@ impl DataConfig {
             }
         };
 
+        let notices = std::cell::RefCell::new(Vec::new());
         let sources = |split: Split, required: bool| -> Result<Vec<PathBuf>> {
             let key = split.key();
             let Some(v) = get(key) else {
@@ -149,7 +159,23 @@ impl DataConfig {
             }
             let mut out = Vec::new();
             for s in items {
-                let p = normalize(&root.join(&s));
+                let mut p = normalize(&root.join(&s));
+                if !p.exists() {
+                    if let Some(rest) = s.strip_prefix("../").filter(|r| !r.is_empty()) {
+                        let alt = normalize(&root.join(rest));
+                        if alt.exists() {
+                            let note = format!(
+                                "{shown}: `{key}: {s}` does not exist at {}; using {} (the path without \
+                                 the leading `../`, as Roboflow exports expect)",
+                                p.display(),
+                                alt.display()
+                            );
+                            tracing::warn!("{note}");
+                            notices.borrow_mut().push(note);
+                            p = alt;
+                        }
+                    }
+                }
                 let is_txt = p.extension().is_some_and(|e| e.eq_ignore_ascii_case("txt"));
                 if p.is_dir() || (is_txt && p.is_file()) {
                     out.push(p);
@@ -226,6 +252,7 @@ impl DataConfig {
             train,
             val,
             test,
+            notices: notices.into_inner(),
         })
     }
 

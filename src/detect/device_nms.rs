@@ -10,7 +10,9 @@
 //! every device but the CPU; `YOLO9_GPU_NMS=0` falls back to the host NMS after a device-side
 //! candidate filter ([`super::postprocess::host_candidates`]).
 
-use super::postprocess::{nms_image_anchored, NmsOptions, Row, MAX_NMS};
+#[cfg(feature = "cuda")]
+use super::postprocess::MAX_NMS;
+use super::postprocess::{nms_image_anchored, NmsOptions, Row};
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp1, DType, Error, Layout, Result, Shape, Tensor};
 

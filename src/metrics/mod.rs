@@ -1,7 +1,10 @@
 //! Validation metrics: matching and AP as the official `ap_per_class` ([`ap`]), the confusion
-//! matrix ([`confusion`]) and its pictures ([`plots`]), and the validation loop ([`validate`]).
+//! matrix ([`confusion`]) and its pictures ([`plots`]), the validation loop ([`validate`]), and
+//! COCO bbox evaluation as pycocotools ([`coco`]) with its JSON files ([`coco_json`]).
 
 pub mod ap;
+pub mod coco;
+pub mod coco_json;
 pub mod confusion;
 pub mod plots;
 pub mod validate;

@@ -47,6 +47,9 @@ pub struct ValConfig {
     pub progress: bool,
     /// Also fill the confusion matrix ([`ValResult::confusion`]).
     pub confusion: bool,
+    /// Also keep every image's detections and labels in original pixels
+    /// ([`ValResult::detections`]), e.g. for `--save-json`.
+    pub collect: bool,
 }
 
 impl Default for ValConfig {
@@ -61,6 +64,7 @@ impl Default for ValConfig {
             forward_chunk: 4,
             progress: false,
             confusion: false,
+            collect: false,
         }
     }
 }
@@ -133,6 +137,22 @@ pub struct ValResult {
     pub seconds: f64,
     /// The confusion matrix (conf 0.25, IoU 0.45), when [`ValConfig::confusion`] asked for it.
     pub confusion: Option<crate::metrics::confusion::ConfusionMatrix>,
+    /// Per validated image, in the order validated (by aspect ratio, not input order): its
+    /// detections and labels in original pixels, exactly as matched for the table; present when
+    /// [`ValConfig::collect`] asked for them. Skipped images have no entry.
+    pub detections: Option<Vec<ImageDetections>>,
+}
+
+/// One validated image's detections and labels in original-image pixels
+/// ([`ValResult::detections`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ImageDetections {
+    /// Index into the `images` given to [`validate`].
+    pub image: usize,
+    /// Detections `[x1, y1, x2, y2, conf, cls]` (xyxy pixels, clipped), by decreasing conf.
+    pub dets: Vec<[f32; 6]>,
+    /// Labels `[cls, x1, y1, x2, y2]` (xyxy pixels, clipped to the image).
+    pub labels: Vec<[f32; 5]>,
 }
 
 /// Rectangular batches (official `rect=True`): returns the image order (sorted by `h/w`, stable)
@@ -284,6 +304,7 @@ pub fn validate(model: ValModel<'_>, images: &[ValImage], cfg: &ValConfig) -> Re
         ValStats::default()
     };
     let mut skipped = Vec::new();
+    let mut collected: Option<Vec<ImageDetections>> = cfg.collect.then(Vec::new);
     let mut loss_sum = [0f64; 3];
     let mut loss_batches = 0usize;
     let pb = if cfg.progress {
@@ -361,7 +382,7 @@ pub fn validate(model: ValModel<'_>, images: &[ValImage], cfg: &ValConfig) -> Re
                 let kept = batch_nms(&y, &multilabel_options(cfg))?;
                 ok.iter()
                     .zip(kept)
-                    .map(|((i, p), det)| native_space(&images[*i], &det, p))
+                    .map(|((i, p), det)| (*i, native_space(&images[*i], &det, p)))
                     .collect()
             } else {
                 let y = y.to_device(&Device::Cpu)?.to_dtype(DType::F32)?;
@@ -374,12 +395,19 @@ pub fn validate(model: ValModel<'_>, images: &[ValImage], cfg: &ValConfig) -> Re
                         let flat = &all[k * per_image..(k + 1) * per_image];
                         let det =
                             nms_multilabel(flat, nc, cfg.conf_thres, cfg.iou_thres, cfg.max_det);
-                        native_space(&images[*i], &det, p)
+                        (*i, native_space(&images[*i], &det, p))
                     })
                     .collect()
             };
-            for (detn, labels) in dets {
+            for (i, (detn, labels)) in dets {
                 stats.add_image(&detn, &labels);
+                if let Some(c) = collected.as_mut() {
+                    c.push(ImageDetections {
+                        image: i,
+                        dets: detn,
+                        labels,
+                    });
+                }
             }
         }
     }
@@ -400,6 +428,7 @@ pub fn validate(model: ValModel<'_>, images: &[ValImage], cfg: &ValConfig) -> Re
         skipped,
         seconds: t0.elapsed().as_secs_f64(),
         confusion: stats.confusion.take(),
+        detections: collected,
     })
 }
 
