@@ -31,11 +31,27 @@ __device__ void bias_act(const T* __restrict__ x, const T* __restrict__ b, T* __
     }
 }
 
+// The same on a channels-last (N, H, W, C) tensor: one bias per element's channel i % C.
+template <typename T>
+__device__ void bias_act_nhwc(const T* __restrict__ x, const T* __restrict__ b, T* __restrict__ y,
+                              long long total, int C, int silu) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        const float z = ld(x, i) + ld(b, (long long)(i % C));
+        st(y, i, silu ? z / (1.0f + expf(-z)) : z);
+    }
+}
+
 #define BIAS_ACT(T, SUF)                                                                           \
     extern "C" __global__ void bias_act_##SUF(const T* __restrict__ x, const T* __restrict__ b,    \
                                               T* __restrict__ y, int rows, int C, int HW,          \
                                               int silu) {                                          \
         bias_act<T>(x, b, y, rows, C, HW, silu);                                                   \
+    }                                                                                              \
+    extern "C" __global__ void bias_act_nhwc_##SUF(const T* __restrict__ x, const T* __restrict__ b,\
+                                                   T* __restrict__ y, long long total, int C,      \
+                                                   int silu) {                                     \
+        bias_act_nhwc<T>(x, b, y, total, C, silu);                                                 \
     }
 
 BIAS_ACT(float, f32)

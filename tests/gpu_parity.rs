@@ -1011,3 +1011,81 @@ fn nms_kernel_equals_host_nms() {
             .unwrap();
     assert_eq!(host, dev);
 }
+
+/// The channels-last inference forward (`YoloV9::with_channels_last`; on CUDA the default for
+/// one image in f16): on a letterboxed BCCD example and a random batch, against the CPU's f32
+/// forward. Strict
+/// f32 channels-last equals the CPU to f32 rounding; f16 channels-last stays within the bounds
+/// the NCHW f16 forward meets, and both detect the same boxes as the CPU.
+#[test]
+fn channels_last_forward_equals_nchw_and_cpu() {
+    use yolo9::model::yolov9::YoloV9;
+    let dev = gpu();
+    let w =
+        yolo9::Weights::load(std::path::Path::new("weights/yolov9-s-bccd.safetensors")).unwrap();
+    let det = yolo9::Detector::from_weights(&w, Device::Cpu, DType::F32).unwrap();
+    let img =
+        yolo9::data::image::load_rgb8(std::path::Path::new("examples/images/BloodImage_00007.jpg"))
+            .unwrap();
+    let (lb, _) = det.preprocess(&img).unwrap();
+    let real = yolo9::detect::letterbox::to_tensor(&[&lb], &Device::Cpu).unwrap();
+    let random = rand(&[3, 3, 256, 320], 9, 0.5, 0.5);
+    let cpu_model = YoloV9::load(&w, &Device::Cpu).unwrap();
+    let split = |y: &Tensor| {
+        let rows = y.dim(1).unwrap();
+        (
+            y.narrow(1, 0, 4).unwrap(),
+            y.narrow(1, 4, rows - 4).unwrap(),
+        )
+    };
+    for (name, x) in [("BloodImage_00007", &real), ("random 3x256x320", &random)] {
+        let want = cpu_model.forward(x).unwrap();
+        let (wb, ws) = split(&want);
+        let xg = x.to_device(&dev).unwrap();
+        for (dtype, nhwc, box_px, score) in [
+            (DType::F32, true, 2e-3, 1e-5),
+            (DType::F16, true, 2.0, 1e-2),
+            (DType::F16, false, 2.0, 1e-2),
+        ] {
+            let m = YoloV9::load_dtype(&w, &dev, dtype)
+                .unwrap()
+                .with_channels_last(nhwc);
+            assert_eq!(m.channels_last_for(x.dim(0).unwrap()), nhwc);
+            let got = m
+                .forward_launched(&xg)
+                .unwrap()
+                .to_device(&Device::Cpu)
+                .unwrap();
+            let (gb, gs) = split(&got);
+            let (db, ds) = (common::max_abs(&gb, &wb), common::max_abs(&gs, &ws));
+            println!("{name} {dtype:?} nhwc {nhwc}: boxes {db:.3e} px, scores {ds:.3e}");
+            assert!(
+                db <= box_px && ds <= score,
+                "{name} {dtype:?} nhwc {nhwc}: {db} px, {ds}"
+            );
+        }
+    }
+    // The same detections as the CPU on the real image, channels-last f16 (the default for one
+    // image) through the Detector.
+    assert_eq!(
+        YoloV9::load_dtype(&w, &dev, DType::F16)
+            .unwrap()
+            .channels_last_for(1),
+        std::env::var("YOLO9_NHWC").as_deref() != Ok("0")
+    );
+    let gdet = yolo9::Detector::from_weights(&w, dev.clone(), DType::F16).unwrap();
+    let dimg = image::DynamicImage::ImageRgb8(img.clone());
+    let dg = gdet.detect(&dimg).unwrap();
+    let dc = det.detect(&dimg).unwrap();
+    assert_eq!(dg.len(), dc.len(), "detections: GPU f16 NHWC vs CPU f32");
+    for (a, b) in dg.iter().zip(&dc) {
+        assert_eq!(a.class_id, b.class_id);
+        let d = a
+            .bbox
+            .iter()
+            .zip(b.bbox)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max);
+        assert!(d <= 2.0, "box moved {d} px");
+    }
+}

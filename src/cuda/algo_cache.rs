@@ -68,13 +68,23 @@ pub fn default_path() -> Option<PathBuf> {
 }
 
 fn params_field(p: &Conv2dParams) -> String {
-    format!(
+    let f = format!(
         "{},{},{},{},{},{},{},{},{},{}",
         p.batch, p.c_in, p.h, p.w, p.c_out, p.kh, p.kw, p.padding, p.stride, p.groups
-    )
+    );
+    // Channels-last shapes carry an eleventh field; NCHW lines keep the older ten-field form.
+    if p.nhwc {
+        format!("{f},nhwc")
+    } else {
+        f
+    }
 }
 
 fn parse_params(s: &str) -> Option<Conv2dParams> {
+    let (s, nhwc) = match s.strip_suffix(",nhwc") {
+        Some(rest) => (rest, true),
+        None => (s, false),
+    };
     let v: Vec<usize> = s
         .split(',')
         .map(|x| x.trim().parse().ok())
@@ -93,6 +103,7 @@ fn parse_params(s: &str) -> Option<Conv2dParams> {
         padding,
         stride,
         groups,
+        nhwc,
     })
 }
 

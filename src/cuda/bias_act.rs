@@ -36,27 +36,40 @@ fn i32_of(v: usize, what: &str) -> Result<i32> {
     i32::try_from(v).map_err(|_| err(format!("{what} = {v} does not fit in i32")))
 }
 
-/// `y = silu(x + b)` (or `x + b` without `silu`) for `x` (N, C, H, W), `b` (C,).
+/// `y = silu(x + b)` (or `x + b` without `silu`) for `x` (N, C, H, W), or (N, H, W, C) with
+/// `nhwc`, and `b` (C,).
 pub fn bias_act(
     (xs, xl): (&CudaStorage, &Layout),
     (bs, bl): (&CudaStorage, &Layout),
     silu: bool,
+    nhwc: bool,
 ) -> Result<(CudaStorage, Shape)> {
+    let a = ((xs, xl), (bs, bl), silu, nhwc);
     match xs.dtype() {
-        DType::F32 => run::<f32>((xs, xl), (bs, bl), silu, "f32"),
-        DType::F16 => run::<half::f16>((xs, xl), (bs, bl), silu, "f16"),
-        DType::BF16 => run::<half::bf16>((xs, xl), (bs, bl), silu, "bf16"),
+        DType::F32 => run::<f32>(a, "f32"),
+        DType::F16 => run::<half::f16>(a, "f16"),
+        DType::BF16 => run::<half::bf16>(a, "bf16"),
         d => Err(err(format!("dtype {d:?}; f32, f16 and bf16 are supported"))),
     }
 }
 
+type Args<'a> = (
+    (&'a CudaStorage, &'a Layout),
+    (&'a CudaStorage, &'a Layout),
+    bool,
+    bool,
+);
+
 fn run<T: CudaDType + DeviceRepr>(
-    (xs, xl): (&CudaStorage, &Layout),
-    (bs, bl): (&CudaStorage, &Layout),
-    silu: bool,
+    ((xs, xl), (bs, bl), silu, nhwc): Args<'_>,
     suf: &str,
 ) -> Result<(CudaStorage, Shape)> {
-    let (n, c, h, w) = xl.shape().dims4()?;
+    let (n, c, h, w) = if nhwc {
+        let (n, h, w, c) = xl.shape().dims4()?;
+        (n, c, h, w)
+    } else {
+        xl.shape().dims4()?
+    };
     if bl.shape().elem_count() != c || bs.dtype() != xs.dtype() {
         return Err(err(format!(
             "bias {:?} {:?} for x {:?} {:?}",
@@ -74,6 +87,30 @@ fn run<T: CudaDType + DeviceRepr>(
     // SAFETY: every element is written by the kernel before it is read.
     let mut y = unsafe { dev.alloc::<T>(rows * hw)? };
     if rows * hw == 0 {
+        return Ok((CudaStorage::wrap_cuda_slice(y, dev), xl.shape().clone()));
+    }
+    if nhwc {
+        let total = (rows * hw) as i64;
+        let (c_, silu_) = (i32_of(c, "C")?, i32::from(silu));
+        let f = dev.get_or_load_custom_func(&format!("bias_act_nhwc_{suf}"), MODULE, PTX)?;
+        let mut bld = f.builder();
+        bld.arg(&x)
+            .arg(&b)
+            .arg(&mut y)
+            .arg(&total)
+            .arg(&c_)
+            .arg(&silu_);
+        let cfg = LaunchConfig {
+            grid_dim: (
+                (rows * hw).div_ceil(BLOCK as usize).min(65_535 * 8) as u32,
+                1,
+                1,
+            ),
+            block_dim: (BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: x and y hold `total` elements of T, b holds C; the arguments match.
+        unsafe { bld.launch(cfg) }.w()?;
         return Ok((CudaStorage::wrap_cuda_slice(y, dev), xl.shape().clone()));
     }
     let cfg = LaunchConfig {

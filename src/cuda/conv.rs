@@ -227,6 +227,10 @@ pub struct Conv2dParams {
     pub stride: usize,
     /// Groups (`c_in` and `c_out` are multiples of it).
     pub groups: usize,
+    /// Channels-last memory: input `(N, H, W, C_in)`, kernel `(C_out, kh, kw, C_in/groups)`,
+    /// output `(N, H', W', C_out)` (cuDNN's `CUDNN_TENSOR_NHWC`, the layout of its tensor-core
+    /// kernels for half types). Forward only.
+    pub nhwc: bool,
 }
 
 impl Conv2dParams {
@@ -253,6 +257,7 @@ impl Conv2dParams {
             padding,
             stride,
             groups,
+            nhwc: false,
         };
         let bad = |why: String| Err(err(format!("conv2d {x:?} * {k:?}: {why}")));
         if stride == 0 || groups == 0 {
@@ -293,18 +298,34 @@ impl Conv2dParams {
         (self.w + 2 * self.padding - self.kw) / self.stride + 1
     }
 
-    /// Input shape `(N, C_in, H, W)`.
+    /// The same geometry on channels-last tensors (see [`Conv2dParams::nhwc`]).
+    pub fn channels_last(mut self) -> Self {
+        self.nhwc = true;
+        self
+    }
+
+    /// Input shape `(N, C_in, H, W)`, or `(N, H, W, C_in)` channels-last.
     pub fn x_shape(&self) -> Shape {
+        if self.nhwc {
+            return Shape::from((self.batch, self.h, self.w, self.c_in));
+        }
         Shape::from((self.batch, self.c_in, self.h, self.w))
     }
 
-    /// Kernel shape `(C_out, C_in / groups, kh, kw)`.
+    /// Kernel shape `(C_out, C_in / groups, kh, kw)`, or `(C_out, kh, kw, C_in / groups)`
+    /// channels-last.
     pub fn w_shape(&self) -> Shape {
+        if self.nhwc {
+            return Shape::from((self.c_out, self.kh, self.kw, self.c_in / self.groups));
+        }
         Shape::from((self.c_out, self.c_in / self.groups, self.kh, self.kw))
     }
 
-    /// Output shape `(N, C_out, H', W')`.
+    /// Output shape `(N, C_out, H', W')`, or `(N, H', W', C_out)` channels-last.
     pub fn y_shape(&self) -> Shape {
+        if self.nhwc {
+            return Shape::from((self.batch, self.out_h(), self.out_w(), self.c_out));
+        }
         Shape::from((self.batch, self.c_out, self.out_h(), self.out_w()))
     }
 
@@ -496,10 +517,15 @@ fn dims4(a: usize, b: usize, c: usize, d: usize) -> Result<[i32; 4]> {
     Ok([i32_of(a)?, i32_of(b)?, i32_of(c)?, i32_of(d)?])
 }
 
-/// Builds the NCHW tensor/filter descriptors of `p` in dtype `T` and its convolution descriptor
-/// (f32 compute, math type [`math_of`], group count).
+/// Builds the NCHW (or, for [`Conv2dParams::nhwc`], NHWC) tensor/filter descriptors of `p` in
+/// dtype `T` and its convolution descriptor (f32 compute, math type [`math_of`], group count).
+/// cuDNN takes the dimensions in N, C, H, W order for both formats.
 fn descs<T: Elem>(cudnn: &Arc<Cudnn>, p: &Conv2dParams) -> Result<Descs<T>> {
-    let nchw = cudnnTensorFormat_t::CUDNN_TENSOR_NCHW;
+    let nchw = if p.nhwc {
+        cudnnTensorFormat_t::CUDNN_TENSOR_NHWC
+    } else {
+        cudnnTensorFormat_t::CUDNN_TENSOR_NCHW
+    };
     let x = cudnn
         .create_4d_tensor::<T>(nchw, dims4(p.batch, p.c_in, p.h, p.w)?)
         .map_err(|e| cudnn_err("input descriptor", e))?;
@@ -1118,6 +1144,41 @@ pub fn conv2d(
     let x = x.contiguous()?;
     let w = w.contiguous()?;
     x.apply_op2(&w, Conv2dFwd(p))
+}
+
+/// [`conv2d`] on channels-last tensors, forward only: `x (N, H, W, C_in)` and the kernel
+/// `w (C_out, kh, kw, C_in/groups)` (the usual kernel permuted by `(0, 2, 3, 1)`) →
+/// `(N, H', W', C_out)`, on a CUDA device in f32, f16 or bf16 (cuDNN's NHWC format, whose
+/// tensor-core kernels need no layout transposes around them). Not differentiable (inference).
+///
+/// Errors: not a CUDA tensor of those dtypes, mismatched shapes or dtypes, cuDNN failures and
+/// CUDA out of memory.
+pub fn conv2d_nhwc(
+    x: &Tensor,
+    w: &Tensor,
+    padding: usize,
+    stride: usize,
+    groups: usize,
+) -> Result<Tensor> {
+    if !matches!(x.device(), Device::Cuda(_)) || !dtype_supported(x.dtype()) {
+        return Err(err(format!(
+            "conv2d_nhwc: {:?} on {:?}: CUDA f32/f16/bf16 only",
+            x.dtype(),
+            x.device()
+        )));
+    }
+    if x.dtype() != w.dtype() || !x.device().same_device(w.device()) {
+        return Err(err(
+            "conv2d_nhwc: input and kernel differ in dtype or device",
+        ));
+    }
+    let (n, h, wd, c) = x.dims4()?;
+    let (k, kh, kw, cg) = w.dims4()?;
+    let p =
+        Conv2dParams::new((n, c, h, wd), (k, cg, kh, kw), padding, stride, groups)?.channels_last();
+    let x = x.contiguous()?;
+    let w = w.contiguous()?;
+    x.apply_op2_no_bwd(&w, &Conv2dFwd(p))
 }
 
 /// The backward of [`conv2d`] on cuDNN without autograd: for `y = conv2d(x, w)` and the output

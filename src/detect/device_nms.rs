@@ -10,8 +10,6 @@
 //! every device but the CPU; `YOLO9_GPU_NMS=0` falls back to the host NMS after a device-side
 //! candidate filter ([`super::postprocess::host_candidates`]).
 
-#[cfg(feature = "cuda")]
-use super::postprocess::MAX_NMS;
 use super::postprocess::{nms_image_anchored, NmsOptions, Row};
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp1, DType, Error, Layout, Result, Shape, Tensor};
@@ -135,7 +133,7 @@ impl CustomOp1 for BatchNms {
             agnostic: o.agnostic,
             xyxy: self.xyxy,
             max_det: o.max_det,
-            max_nms: MAX_NMS,
+            max_nms: super::postprocess::MAX_NMS,
             class_ok,
         };
         crate::cuda::nms::nms(s, l, &args)

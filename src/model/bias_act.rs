@@ -15,13 +15,21 @@ use candle_core::{CpuStorage, CustomOp2, DType, Error, Layout, Result, Shape, Te
 pub struct BiasAct {
     /// SiLU after the bias (else identity).
     pub silu: bool,
+    /// `x` is channels-last (N, H, W, C).
+    pub nhwc: bool,
 }
 
 /// `silu(x + b)` (or `x + b`) for `x` (N, C, H, W) and `b` (C,) of the same float dtype, made
 /// contiguous first. Errors: other ranks or shapes, mixed dtypes.
 pub fn bias_act(x: &Tensor, b: &Tensor, silu: bool) -> Result<Tensor> {
     x.contiguous()?
-        .apply_op2_no_bwd(&b.contiguous()?, &BiasAct { silu })
+        .apply_op2_no_bwd(&b.contiguous()?, &BiasAct { silu, nhwc: false })
+}
+
+/// [`bias_act`] for a channels-last `x` (N, H, W, C) and `b` (C,).
+pub fn bias_act_nhwc(x: &Tensor, b: &Tensor, silu: bool) -> Result<Tensor> {
+    x.contiguous()?
+        .apply_op2_no_bwd(&b.contiguous()?, &BiasAct { silu, nhwc: true })
 }
 
 fn silu_f32(z: f32) -> f32 {
@@ -40,8 +48,13 @@ impl CustomOp2 for BiasAct {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let (_, c, h, w) = l1.shape().dims4()?;
-        let hw = h * w;
+        // Channel of element i: (i / hw) % c; channels-last: i % c.
+        let (c, hw) = if self.nhwc {
+            (l1.shape().dims4()?.3, 1)
+        } else {
+            let (_, c, h, w) = l1.shape().dims4()?;
+            (c, h * w)
+        };
         let (Some((xa, xb)), Some((ba, bb))) = (l1.contiguous_offsets(), l2.contiguous_offsets())
         else {
             return Err(Error::Msg("bias_act: inputs must be contiguous".into()));
@@ -115,7 +128,7 @@ impl CustomOp2 for BiasAct {
         s2: &candle_core::CudaStorage,
         l2: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        crate::cuda::bias_act::bias_act((s1, l1), (s2, l2), self.silu)
+        crate::cuda::bias_act::bias_act((s1, l1), (s2, l2), self.silu, self.nhwc)
     }
 }
 

@@ -184,6 +184,10 @@ pub struct Conv {
     pub groups: usize,
     /// Apply SiLU after BN.
     pub act: bool,
+    /// The kernel permuted to (C_out, k, k, C_in/groups) in the activations' dtype, for the
+    /// channels-last inference forward ([`Conv::forward_nhwc`]); made on first use. Inference
+    /// models never change their weights after loading, so it cannot go stale there.
+    nhwc_weight: std::sync::OnceLock<Tensor>,
 }
 
 /// Geometry of a convolution.
@@ -355,6 +359,7 @@ impl Conv {
             padding: spec.p,
             groups: spec.g,
             act: spec.act,
+            nhwc_weight: std::sync::OnceLock::new(),
         }
     }
 
@@ -363,7 +368,47 @@ impl Conv {
     pub fn run(&self, x: &Tensor, c: Ctx) -> Result<Tensor> {
         match c.tape {
             Some(t) if c.train => self.forward_taped(x, t),
+            _ if c.nhwc => self.forward_nhwc(x),
             _ => self.forward(x, c.train),
+        }
+    }
+
+    /// The eval-mode forward on channels-last tensors: `x` (B, H, W, C_in) → (B, H', W', C_out),
+    /// cuDNN's NHWC convolution ([`crate::cuda::conv::conv2d_nhwc`]), then the folded bias and
+    /// SiLU in one pass ([`super::bias_act::bias_act_nhwc`]). For inference models (BN folded)
+    /// on CUDA; errors elsewhere.
+    pub fn forward_nhwc(&self, x: &Tensor) -> Result<Tensor> {
+        ensure!(
+            self.bn.is_none(),
+            "channels-last forward: a convolution with an unfolded BatchNorm"
+        );
+        let w = match self.nhwc_weight.get() {
+            Some(w) if w.dtype() == x.dtype() => w.clone(),
+            _ => {
+                let w = self
+                    .weight
+                    .detach()
+                    .to_dtype(x.dtype())?
+                    .permute((0, 2, 3, 1))?
+                    .contiguous()?;
+                let _ = self.nhwc_weight.set(w.clone());
+                w
+            }
+        };
+        #[cfg(feature = "cuda")]
+        let y = crate::cuda::conv::conv2d_nhwc(x, &w, self.padding, self.stride, self.groups)?;
+        #[cfg(not(feature = "cuda"))]
+        let y: Tensor = {
+            let _ = &w;
+            anyhow::bail!("channels-last convolutions need the cuda feature")
+        };
+        match &self.bias {
+            Some(b) => {
+                let b = b.detach().to_dtype(y.dtype())?.flatten_all()?;
+                Ok(super::bias_act::bias_act_nhwc(&y, &b, self.act)?)
+            }
+            None if self.act => Ok(y.silu()?),
+            None => Ok(y),
         }
     }
 

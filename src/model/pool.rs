@@ -99,6 +99,78 @@ pub fn take_even(x: &Tensor) -> Result<Tensor> {
     Ok(y)
 }
 
+/// Channels-last forms of the pools above for the channels-last inference forward
+/// ([`crate::model::tape::Ctx::plain_nhwc`]): `x` is (B, H, W, C) and so is the result; the same
+/// values as the NCHW functions on the transposed tensor (max and nearest copies are exact; the
+/// average adds its four terms in the order of the differentiable NCHW form). Not meant for
+/// autograd.
+pub mod nhwc {
+    use anyhow::Result;
+    use candle_core::Tensor;
+
+    /// [`super::avg_pool_2x2_s1`]: (B, H, W, C) → (B, H−1, W−1, C).
+    pub fn avg_pool_2x2_s1(x: &Tensor) -> Result<Tensor> {
+        let (_, h, w, _) = x.dims4()?;
+        anyhow::ensure!(
+            h >= 2 && w >= 2,
+            "avg_pool 2x2: input {h}x{w} is smaller than the window (input sizes must be multiples of 32)"
+        );
+        let top = x.narrow(1, 0, h - 1)?;
+        let bot = x.narrow(1, 1, h - 1)?;
+        let s = (top.narrow(2, 0, w - 1)? + top.narrow(2, 1, w - 1)?)?;
+        let s = (s + bot.narrow(2, 0, w - 1)?)?;
+        let s = (s + bot.narrow(2, 1, w - 1)?)?;
+        Ok((s * 0.25)?)
+    }
+
+    /// [`super::max_pool_same`]: `MaxPool2d(k, 1, k/2)` for odd `k`, −∞ padding, separable.
+    pub fn max_pool_same(x: &Tensor, k: usize) -> Result<Tensor> {
+        anyhow::ensure!(k % 2 == 1, "max_pool_same: kernel {k} must be odd");
+        let (b, h, w, c) = x.dims4()?;
+        let p = k / 2;
+        let ninf = |shape: (usize, usize, usize, usize)| -> Result<Tensor> {
+            Ok(Tensor::full(f32::NEG_INFINITY, shape, x.device())?.to_dtype(x.dtype())?)
+        };
+        let side = ninf((b, h, p, c))?;
+        let xp = Tensor::cat(&[&side, x, &side], 2)?;
+        let mut r = xp.narrow(2, 0, w)?;
+        for i in 1..k {
+            r = r.maximum(&xp.narrow(2, i, w)?)?;
+        }
+        let tb = ninf((b, p, w, c))?;
+        let rp = Tensor::cat(&[&tb, &r, &tb], 1)?;
+        let mut out = rp.narrow(1, 0, h)?;
+        for i in 1..k {
+            out = out.maximum(&rp.narrow(1, i, h)?)?;
+        }
+        Ok(out)
+    }
+
+    /// [`super::upsample_nearest`]: (B, H, W, C) → (B, fH, fW, C).
+    pub fn upsample_nearest(x: &Tensor, f: usize) -> Result<Tensor> {
+        anyhow::ensure!(f >= 1, "upsample: factor 0");
+        let (b, h, w, c) = x.dims4()?;
+        Ok(x.reshape((b, h, 1, w, 1, c))?
+            .broadcast_as((b, h, f, w, f, c))?
+            .reshape((b, f * h, f * w, c))?)
+    }
+
+    /// [`super::take_even`]: (B, H, W, C) → (B, ⌈H/2⌉, ⌈W/2⌉, C), contiguous.
+    pub fn take_even(x: &Tensor) -> Result<Tensor> {
+        let (b, h, w, c) = x.dims4()?;
+        let (h2, w2) = (h.div_ceil(2), w.div_ceil(2));
+        let xp = x
+            .pad_with_zeros(1, 0, 2 * h2 - h)?
+            .pad_with_zeros(2, 0, 2 * w2 - w)?;
+        Ok(xp
+            .reshape((b, h2, 2, w2, 2, c))?
+            .narrow(2, 0, 1)?
+            .narrow(4, 0, 1)?
+            .reshape((b, h2, w2, c))?
+            .contiguous()?)
+    }
+}
+
 /// `nn.MaxPool2d(k, stride=1, padding=k/2)` for odd `k` ≤ 15 as one op ([`MaxPoolSame`]) on
 /// contiguous NCHW tensors (CPU f32/f64, CUDA f32/bf16 through `kernels/pool.cu`): the same values
 /// as [`max_pool_same`]. Not differentiable; the training graph's tape pairs it with

@@ -207,12 +207,30 @@ pub struct Ctx<'a> {
     pub train: bool,
     /// The tape of a taped forward.
     pub tape: Option<&'a Tape>,
+    /// Channels-last activations (B, H, W, C): the inference forward on tensor-core layouts
+    /// ([`Ctx::plain_nhwc`]). Channel arguments (`dim` 1) of [`Ctx::cat`] and [`Ctx::narrow`]
+    /// then mean the last dimension.
+    pub nhwc: bool,
 }
 
 impl<'a> Ctx<'a> {
     /// A plain (untaped) forward in train or eval mode.
     pub fn plain(train: bool) -> Self {
-        Ctx { train, tape: None }
+        Ctx {
+            train,
+            tape: None,
+            nhwc: false,
+        }
+    }
+
+    /// The plain eval-mode forward on channels-last (B, H, W, C) activations (CUDA inference:
+    /// convolutions through [`crate::model::conv::Conv::run`] on cuDNN's NHWC format).
+    pub fn plain_nhwc() -> Self {
+        Ctx {
+            train: false,
+            tape: None,
+            nhwc: true,
+        }
     }
 
     /// A taped train-mode forward recording on `tape`.
@@ -220,6 +238,16 @@ impl<'a> Ctx<'a> {
         Ctx {
             train: true,
             tape: Some(tape),
+            nhwc: false,
+        }
+    }
+
+    /// The dimension of an NCHW `dim` in this context's layout (channels last: 1 → 3).
+    fn dim(&self, dim: usize) -> usize {
+        if self.nhwc && dim == 1 {
+            3
+        } else {
+            dim
         }
     }
 
@@ -236,6 +264,7 @@ impl<'a> Ctx<'a> {
 
     /// Concatenation along `dim`; the backward hands each input its slice of the gradient.
     pub fn cat(&self, xs: &[&Tensor], dim: usize) -> Result<Tensor> {
+        let dim = self.dim(dim);
         let y = Tensor::cat(xs, dim)?;
         if let Some(t) = self.tape {
             let sizes: Vec<usize> = xs
@@ -261,6 +290,7 @@ impl<'a> Ctx<'a> {
 
     /// `x.narrow(dim, start, len)`; the backward pads the gradient with zeros to x's shape.
     pub fn narrow(&self, x: &Tensor, dim: usize, start: usize, len: usize) -> Result<Tensor> {
+        let dim = self.dim(dim);
         let y = x.narrow(dim, start, len)?;
         if let Some(t) = self.tape {
             let total = x.dim(dim)?;
@@ -321,6 +351,9 @@ impl<'a> Ctx<'a> {
         if f == 1 {
             return Ok(x.clone());
         }
+        if self.nhwc {
+            return super::pool::nhwc::upsample_nearest(x, f);
+        }
         let y = super::pool::upsample_nearest(x, f)?;
         if let Some(t) = self.tape {
             let (b, c, h, w) = x.dims4()?;
@@ -337,6 +370,9 @@ impl<'a> Ctx<'a> {
     /// `max_pool2d(3, stride 2, padding 1)` (official `ADown`): each stride-2 window is the
     /// stride-1 window centred on an even cell. The backward puts each gradient back on its cell.
     pub fn take_even(&self, x: &Tensor) -> Result<Tensor> {
+        if self.nhwc {
+            return super::pool::nhwc::take_even(x);
+        }
         let y = super::pool::take_even(x)?;
         if let Some(t) = self.tape {
             let (b, c, h, w) = x.dims4()?;
@@ -361,6 +397,9 @@ impl<'a> Ctx<'a> {
     /// its 2×2 window: with `g` the gradient padded by one zero row and column on every side,
     /// `dx[i, j] = (g[i, j] + g[i, j+1] + g[i+1, j] + g[i+1, j+1]) / 4`.
     pub fn avg_pool_2x2_s1(&self, x: &Tensor) -> Result<Tensor> {
+        if self.nhwc {
+            return super::pool::nhwc::avg_pool_2x2_s1(x);
+        }
         let Some(t) = self.tape else {
             return super::pool::avg_pool_2x2_s1(x, self.train);
         };
@@ -382,6 +421,9 @@ impl<'a> Ctx<'a> {
     /// ([`super::pool::max_pool_same_op`], [`super::pool::max_pool_same_backward`]: each window's
     /// gradient to its first maximum, as PyTorch; the untaped composite splits ties).
     pub fn max_pool_same(&self, x: &Tensor, k: usize) -> Result<Tensor> {
+        if self.nhwc {
+            return super::pool::nhwc::max_pool_same(x, k);
+        }
         let Some(t) = self.tape else {
             return super::pool::max_pool_same(x, k);
         };
