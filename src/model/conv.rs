@@ -395,13 +395,7 @@ impl Conv {
                 w
             }
         };
-        #[cfg(feature = "cuda")]
-        let y = crate::cuda::conv::conv2d_nhwc(x, &w, self.padding, self.stride, self.groups)?;
-        #[cfg(not(feature = "cuda"))]
-        let y: Tensor = {
-            let _ = &w;
-            anyhow::bail!("channels-last convolutions need the cuda feature")
-        };
+        let y = conv2d_nhwc(x, &w, self.padding, self.stride, self.groups)?;
         match &self.bias {
             Some(b) => {
                 let b = b.detach().to_dtype(y.dtype())?.flatten_all()?;
@@ -524,6 +518,18 @@ impl Conv {
         }
         Ok(y)
     }
+}
+
+/// The channels-last convolution of [`Conv::forward_nhwc`] (cuDNN's NHWC format); builds
+/// without the `cuda` feature have none.
+#[cfg(feature = "cuda")]
+fn conv2d_nhwc(x: &Tensor, w: &Tensor, pad: usize, stride: usize, groups: usize) -> Result<Tensor> {
+    Ok(crate::cuda::conv::conv2d_nhwc(x, w, pad, stride, groups)?)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn conv2d_nhwc(_: &Tensor, _: &Tensor, _: usize, _: usize, _: usize) -> Result<Tensor> {
+    anyhow::bail!("channels-last convolutions need the cuda feature")
 }
 
 /// The one 2-D convolution of the model: `x (N, C_in, H, W) ⊛ w (C_out, C_in/groups, k, k)`,
