@@ -33,6 +33,7 @@ fn scan_with(yaml: &Path, split: Split, use_cache: bool) -> SplitScan {
         &ScanOptions {
             use_cache,
             print: true,
+            ..Default::default()
         },
     )
     .expect("scan")
@@ -411,6 +412,7 @@ fn bccd_real_dataset() {
             &ScanOptions {
                 use_cache: true,
                 print: true,
+                ..Default::default()
             },
         )
         .unwrap();

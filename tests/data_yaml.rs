@@ -305,6 +305,7 @@ fn roboflow_dot_dot_paths() {
     let opts = yolo9::data::scan::ScanOptions {
         use_cache: false,
         print: false,
+        ..Default::default()
     };
     for (split, n_img, n_box) in [(Split::Train, 3, n_boxes[0]), (Split::Val, 2, n_boxes[1])] {
         let scan = yolo9::data::scan::scan_split(&cfg, split, &opts).unwrap();

@@ -125,6 +125,7 @@ fn check_of_a_hostile_tree_ends_with_the_real_images() {
             &ScanOptions {
                 use_cache: false,
                 print: false,
+                ..Default::default()
             },
         )
         .unwrap()

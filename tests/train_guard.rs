@@ -565,3 +565,73 @@ fn resume_after_the_dataset_moved_uses_the_given_data() {
     assert_eq!(done.epochs.last().map(|e| e.epoch), Some(1));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Issue 18 item 4: a stop request is honoured in every phase, not only between batches. During
+/// the scan or the sizing the run ends before its folder exists (nothing trained, nothing to
+/// save); during validation it ends after saving the epoch's end position, and `--resume`
+/// validates that epoch and finishes the run.
+#[test]
+fn a_stop_is_honoured_in_the_scan_the_sizing_and_validation() {
+    use yolo9::train::guard::Phase;
+    let dir = tmpdir("stop_phases");
+    for (phase, budget) in [(Phase::Scan, false), (Phase::Sizing, true)] {
+        let mut o = options(&dir, &format!("{phase:?}"));
+        if budget {
+            o.batch = 0; // auto: sized under the budget
+            o.budget = Some(64 << 30);
+        }
+        o.faults = Faults {
+            stop_in: Some(phase),
+            ..Faults::default()
+        };
+        let t0 = std::time::Instant::now();
+        let s = train(&o).unwrap();
+        assert!(s.interrupted, "{phase:?}");
+        assert!(s.epochs.is_empty() && s.budget.is_none(), "{phase:?}");
+        assert_eq!(s.run_dir, PathBuf::new(), "{phase:?}: no run folder");
+        assert!(!dir.join("runs").join(format!("{phase:?}")).exists());
+        println!("stopped in {phase:?} after {:?}", t0.elapsed());
+    }
+    // Validation: epoch 0's batches run, its validation is cut short.
+    let mut o = options(&dir, "val");
+    o.noval = false;
+    o.epochs = 2;
+    o.faults = Faults {
+        stop_in: Some(Phase::Val),
+        ..Faults::default()
+    };
+    let s = train(&o).unwrap();
+    assert!(s.interrupted);
+    assert!(s.epochs.is_empty(), "the stopped epoch has no report");
+    let st = load_state(&s.run_dir.join("weights/state.safetensors")).unwrap();
+    assert_eq!(st.meta.epoch, 0);
+    let csv = std::fs::read_to_string(s.run_dir.join("results.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 1, "no epoch line yet: {csv}");
+    let mut r = TrainOptions::new(PathBuf::new());
+    r.resume = Some(s.run_dir.clone());
+    r.verbose = false;
+    let done = train(&r).unwrap();
+    assert!(!done.interrupted);
+    assert_eq!(
+        done.epochs.iter().map(|e| e.epoch).collect::<Vec<_>>(),
+        vec![0, 1]
+    );
+    let csv = std::fs::read_to_string(done.run_dir.join("results.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 3, "{csv}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn stop_phases_parse_from_the_fault_variable() {
+    use yolo9::train::guard::Phase;
+    for (s, p) in [
+        ("stop@scan", Phase::Scan),
+        ("stop@sizing", Phase::Sizing),
+        ("stop@val", Phase::Val),
+    ] {
+        assert_eq!(Faults::parse(s).unwrap().stop_in, Some(p));
+    }
+    assert_eq!(Faults::parse("stop@4").unwrap().stop_at, Some(4));
+    let e = format!("{:#}", Faults::parse("stop@later").unwrap_err());
+    assert!(e.contains("stop@later"), "{e}");
+}

@@ -141,6 +141,7 @@ fn bccd_test_split() -> (yolo9::data::yaml::DataConfig, Vec<ValImage>) {
         &yolo9::data::scan::ScanOptions {
             use_cache: false,
             print: false,
+            ..Default::default()
         },
     )
     .unwrap();

@@ -43,6 +43,7 @@ pub fn check(cfg: &DataConfig, use_cache: bool) -> Result<Vec<SplitScan>> {
     let opts = ScanOptions {
         use_cache,
         print: false,
+        ..Default::default()
     };
     [Split::Train, Split::Val, Split::Test]
         .into_iter()

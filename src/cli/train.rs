@@ -154,7 +154,8 @@ pub fn run(a: TrainArgs) -> Result<()> {
         verbose: true,
         faults: Default::default(),
     };
-    // SIGINT/SIGTERM stop the run at the next batch boundary (its state saved).
+    // SIGINT/SIGTERM stop the run within one image, probe step or batch in every phase (its
+    // state saved once training has begun).
     let stop = StopFlag::install()?;
     let s = train_with(&opts, &stop, &mut Console::new())?;
     if s.interrupted {

@@ -115,6 +115,7 @@ pub fn run(a: ValArgs) -> Result<()> {
         &ScanOptions {
             use_cache: true,
             print: false,
+            ..Default::default()
         },
     )?;
     println!("{}", scan.summary(&cfg.names));

@@ -133,13 +133,20 @@ pub struct ScanOptions {
     pub use_cache: bool,
     /// Print the summary, every issue and cache warnings to stderr.
     pub print: bool,
+    /// Asked before each image; a stop request ends the scan with
+    /// [`crate::cancel::Stopped`] (phase [`SCAN_PHASE`]) and writes no cache.
+    pub cancel: crate::cancel::Cancel,
 }
+
+/// The phase name of a scan that was stopped ([`crate::cancel::Stopped::phase`]).
+pub const SCAN_PHASE: &str = "the dataset scan";
 
 impl Default for ScanOptions {
     fn default() -> Self {
         ScanOptions {
             use_cache: true,
             print: true,
+            cancel: crate::cancel::Cancel::never(),
         }
     }
 }
@@ -193,7 +200,7 @@ pub fn scan_split(cfg: &DataConfig, split: Split, opts: &ScanOptions) -> Result<
     let (records, mut issues, mut counts) = match loaded {
         Some(x) => x,
         None => {
-            let (records, issues, counts) = scan_images(&images, cfg.nc);
+            let (records, issues, counts) = scan_images(&images, cfg.nc, &opts.cancel)?;
             if opts.use_cache {
                 cache_status = match &cache_path {
                     None => CacheStatus::Disabled,
@@ -296,9 +303,20 @@ impl SplitScan {
     }
 }
 
-/// Scans every image (in parallel; each worker holds at most one file open at a time).
-fn scan_images(images: &[PathBuf], nc: usize) -> (Vec<ImageRecord>, Vec<Issue>, ScanCounts) {
-    let results: Vec<OneScan> = images.par_iter().map(|img| scan_one(img, nc)).collect();
+/// Scans every image (in parallel; each worker holds at most one file open at a time), asking
+/// `cancel` before each one.
+fn scan_images(
+    images: &[PathBuf],
+    nc: usize,
+    cancel: &crate::cancel::Cancel,
+) -> Result<(Vec<ImageRecord>, Vec<Issue>, ScanCounts), crate::cancel::Stopped> {
+    let results: Vec<OneScan> = images
+        .par_iter()
+        .map(|img| {
+            cancel.check(SCAN_PHASE)?;
+            Ok(scan_one(img, nc))
+        })
+        .collect::<Result<_, crate::cancel::Stopped>>()?;
     let mut counts = ScanCounts {
         images: images.len(),
         per_class: vec![0; nc],
@@ -360,7 +378,7 @@ fn scan_images(images: &[PathBuf], nc: usize) -> (Vec<ImageRecord>, Vec<Issue>, 
             kind: IssueKind::SidecarLabels,
         });
     }
-    (records, issues, counts)
+    Ok((records, issues, counts))
 }
 
 /// What [`scan_one`] found about one image.

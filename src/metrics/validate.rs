@@ -50,7 +50,13 @@ pub struct ValConfig {
     /// Also keep every image's detections and labels in original pixels
     /// ([`ValResult::detections`]), e.g. for `--save-json`.
     pub collect: bool,
+    /// Asked before each batch: a stop request ends validation with
+    /// [`crate::cancel::Stopped`] (phase [`VAL_PHASE`]).
+    pub cancel: crate::cancel::Cancel,
 }
+
+/// The phase name of a validation that was stopped ([`crate::cancel::Stopped::phase`]).
+pub const VAL_PHASE: &str = "validation";
 
 impl Default for ValConfig {
     fn default() -> Self {
@@ -65,6 +71,7 @@ impl Default for ValConfig {
             progress: false,
             confusion: false,
             collect: false,
+            cancel: crate::cancel::Cancel::never(),
         }
     }
 }
@@ -321,6 +328,7 @@ pub fn validate(model: ValModel<'_>, images: &[ValImage], cfg: &ValConfig) -> Re
         None
     };
     for (bi, chunk) in order.chunks(cfg.batch.max(1)).enumerate() {
+        cfg.cancel.check(VAL_PHASE)?;
         let shape = shapes[bi];
         let prepared: Vec<(usize, Result<Prepared>)> = chunk
             .par_iter()

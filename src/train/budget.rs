@@ -250,6 +250,21 @@ fn step_peak(
 /// `req.budget` (see the module docs). Errors: the budget is too small for a micro-batch of 1
 /// (the message gives the measured need and the flags to change), or a non-memory failure.
 pub fn plan(req: &BudgetRequest, device: &Device, probe: &MemoryProbe) -> Result<BudgetDecision> {
+    plan_cancellable(req, device, probe, &crate::cancel::Cancel::never())
+}
+
+/// The phase name of a sizing that was stopped ([`crate::cancel::Stopped::phase`]).
+pub const SIZING_PHASE: &str = "the memory-budget sizing";
+
+/// [`plan`], asking `cancel` before each measured step: a stop request ends the sizing with
+/// [`crate::cancel::Stopped`] (phase [`SIZING_PHASE`]).
+pub fn plan_cancellable(
+    req: &BudgetRequest,
+    device: &Device,
+    probe: &MemoryProbe,
+    cancel: &crate::cancel::Cancel,
+) -> Result<BudgetDecision> {
+    cancel.check(SIZING_PHASE)?;
     let model = YoloV9Train::build(&req.arch, None, req.nc, Vec::new(), device, req.seed)?;
     model.set_amp(req.amp);
     let loss = DualTalLoss::new(req.nc, &STRIDES)?;
@@ -273,7 +288,10 @@ pub fn plan(req: &BudgetRequest, device: &Device, probe: &MemoryProbe) -> Result
         probe,
         "one training image",
         req.img,
-        |b| step_peak(&mut rig, req, b, device, probe),
+        |b| {
+            cancel.check(SIZING_PHASE)?;
+            step_peak(&mut rig, req, b, device, probe)
+        },
     );
     drop(rig);
     device.synchronize()?;

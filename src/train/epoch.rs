@@ -8,7 +8,7 @@ use crate::memory::{fmt_size, halve_on_oom, is_oom};
 use crate::metrics::validate::{validate, ValConfig, ValImage, ValModel};
 use crate::model::yolov9::YoloV9Train;
 use crate::train::checkpoint::EpochProgress;
-use crate::train::guard::StopFlag;
+use crate::train::guard::{Phase, StopFlag};
 use crate::train::observer::TrainObserver;
 use crate::train::report::{append_results_csv, EpochReport};
 use crate::train::state::{copy_atomic, Run, Start};
@@ -89,7 +89,19 @@ pub(crate) fn run_epoch(
     let tv = std::time::Instant::now();
     if (!opts.noval || final_epoch) && !val.images.is_empty() {
         let confusion = final_epoch && !opts.noplots;
-        (metrics, val_loss) = validate_ema(run, val, &mut pr, obs, confusion)?;
+        if run.faults.stop_in == Some(Phase::Val) {
+            stop.request();
+        }
+        match validate_ema(run, val, &mut pr, obs, confusion, stop) {
+            Err(e) if crate::cancel::Stopped::in_chain(&e).is_some() => {
+                // The epoch's batches are done: save at its end position, so that `--resume`
+                // validates it and goes on; the stop is reported by the trainer.
+                pr.train_secs = train_secs;
+                run.save(epoch, run.nb, &pr, obs)?;
+                return Ok(EpochEnd::Stopped);
+            }
+            r => (metrics, val_loss) = r?,
+        }
         validated = true;
     }
     let val_secs = tv.elapsed().as_secs_f64();
@@ -345,6 +357,7 @@ fn validate_ema(
     pr: &mut EpochProgress,
     obs: &mut dyn TrainObserver,
     confusion: bool,
+    stop: &StopFlag,
 ) -> Result<([f64; 4], [f32; 3])> {
     let opts = run.opts;
     // The captured training step holds a training forward's activations: release them
@@ -375,6 +388,7 @@ fn validate_ema(
                     batch: vb,
                     progress: opts.verbose,
                     confusion,
+                    cancel: stop.cancel(),
                     ..ValConfig::default()
                 },
             )

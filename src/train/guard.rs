@@ -10,7 +10,8 @@
 //!   steps in a row the trainer restores it and halves the LR.
 //! - [`Faults`]: `YOLO9_FAULTS="nan@3,oom>2,stop@5"` (or [`Faults`] set in code) replaces the
 //!   loss at iteration 3 by NaN, makes every micro-batch of more than 2 images fail with an
-//!   out-of-memory error after its forward pass, and requests a stop after iteration 5.
+//!   out-of-memory error after its forward pass, and requests a stop after iteration 5;
+//!   `stop@scan`, `stop@sizing` and `stop@val` request one as that phase starts.
 
 use crate::model::yolov9::{BnSnapshot, YoloV9Train};
 use crate::train::ema::Ema;
@@ -66,6 +67,24 @@ impl StopFlag {
     pub fn request(&self) {
         self.local.store(true, Ordering::SeqCst)
     }
+
+    /// This flag as a [`crate::cancel::Cancel`] for the phases that poll one (scan, sizing,
+    /// validation).
+    pub fn cancel(&self) -> crate::cancel::Cancel {
+        let s = self.clone();
+        crate::cancel::Cancel::new(move || s.requested())
+    }
+}
+
+/// A phase of a run at whose start [`Faults::stop_in`] requests a stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// The dataset scan (`stop@scan`).
+    Scan,
+    /// The memory-budget sizing (`stop@sizing`).
+    Sizing,
+    /// The validation after an epoch's batches (`stop@val`).
+    Val,
 }
 
 /// Injected faults for tests (see the module docs). Empty by default.
@@ -77,6 +96,8 @@ pub struct Faults {
     pub oom_above: Option<usize>,
     /// A stop is requested after this iteration.
     pub stop_at: Option<usize>,
+    /// A stop is requested when this phase starts.
+    pub stop_in: Option<Phase>,
 }
 
 impl Faults {
@@ -93,9 +114,17 @@ impl Faults {
             } else if let Some(v) = item.strip_prefix("oom>") {
                 f.oom_above = Some(num(v)?);
             } else if let Some(v) = item.strip_prefix("stop@") {
-                f.stop_at = Some(num(v)?);
+                match v {
+                    "scan" => f.stop_in = Some(Phase::Scan),
+                    "sizing" => f.stop_in = Some(Phase::Sizing),
+                    "val" => f.stop_in = Some(Phase::Val),
+                    _ => f.stop_at = Some(num(v)?),
+                }
             } else {
-                bail!("YOLO9_FAULTS item '{item}': expected nan@N, oom>K or stop@N");
+                bail!(
+                    "YOLO9_FAULTS item '{item}': expected nan@N, oom>K, stop@N or \
+                     stop@scan|sizing|val"
+                );
             }
         }
         Ok(f)

@@ -16,11 +16,11 @@ use crate::metrics::validate::{val_images, ValImage};
 use crate::model::weights::{Weights, STRIDES};
 use crate::model::yolov9::YoloV9Train;
 use crate::runs::increment_path;
-use crate::train::budget::{plan, BudgetDecision, BudgetRequest, AUTO_SHARE};
+use crate::train::budget::{plan_cancellable, BudgetDecision, BudgetRequest, AUTO_SHARE};
 use crate::train::checkpoint::{load_state, TrainState};
 use crate::train::ema::Ema;
 use crate::train::epoch::Val;
-use crate::train::guard::{Faults, GoodState};
+use crate::train::guard::{Faults, GoodState, Phase, StopFlag};
 use crate::train::observer::TrainObserver;
 use crate::train::optimizer::Sgd;
 use crate::train::options::{Hyp, TrainOptions};
@@ -75,8 +75,12 @@ pub(crate) fn select_device(s: &str) -> Result<(Device, Option<String>)> {
 
 /// The run's final options (`opts`, or the arguments of the run `--resume` names, with the
 /// batch sized), checked, and what was read to get them.
+///
+/// The scan and the sizing ask `stop` as they go: a stop request ends them with
+/// [`crate::cancel::Stopped`] in the error chain.
 pub(crate) fn resolve(
     opts: &TrainOptions,
+    stop: &StopFlag,
     obs: &mut dyn TrainObserver,
 ) -> Result<(TrainOptions, Resolved)> {
     let faults = if opts.faults.is_empty() {
@@ -173,9 +177,13 @@ pub(crate) fn resolve(
         obs.note(&n);
     }
     let cfg = DataConfig::load(&opts.data)?;
+    if faults.stop_in == Some(Phase::Scan) {
+        stop.request();
+    }
     let scan_opts = ScanOptions {
         use_cache: true,
         print: false,
+        cancel: stop.cancel(),
     };
     let train_scan = scan_split(&cfg, Split::Train, &scan_opts)?;
     if opts.verbose {
@@ -240,7 +248,10 @@ pub(crate) fn resolve(
                 None => (probe.free_bytes() as f64 * AUTO_SHARE) as u64,
             };
             let max_labels = items.iter().map(|i| i.labels.len()).max().unwrap_or(1);
-            let d = plan(
+            if faults.stop_in == Some(Phase::Sizing) {
+                stop.request();
+            }
+            let d = plan_cancellable(
                 &BudgetRequest {
                     nc: cfg.nc,
                     img: opts.img,
@@ -257,6 +268,7 @@ pub(crate) fn resolve(
                 },
                 &device,
                 &probe,
+                &stop.cancel(),
             )
             .with_context(|| format!("sizing the batch for --budget {}", fmt_size(budget)))?;
             if opts.verbose {

@@ -36,7 +36,8 @@ use std::path::PathBuf;
 /// Result of [`train`].
 #[derive(Debug, Clone)]
 pub struct TrainSummary {
-    /// The run folder.
+    /// The run folder (empty when a stop request came during the scan or the sizing, before it
+    /// was created).
     pub run_dir: PathBuf,
     /// One report per epoch run.
     pub epochs: Vec<EpochReport>,
@@ -46,7 +47,8 @@ pub struct TrainSummary {
     pub last: PathBuf,
     /// `weights/best.safetensors`.
     pub best: PathBuf,
-    /// True when the run stopped early on SIGINT/SIGTERM (state saved for `--resume`).
+    /// True when the run stopped early on SIGINT/SIGTERM (state saved for `--resume` once
+    /// training has begun; nothing is saved for a stop during the scan or the sizing).
     pub interrupted: bool,
     /// The budget decision, if the batch was sized by memory.
     pub budget: Option<BudgetDecision>,
@@ -91,7 +93,25 @@ fn run_training(
     // Before anything runs a convolution (the budget probe included).
     #[cfg(feature = "cuda")]
     crate::cuda::conv::set_strict_fp32(opts.strict_fp32);
-    let (opts, resolved) = resolve(opts, obs)?;
+    let (opts, resolved) = match resolve(opts, stop, obs) {
+        Err(e) => {
+            let Some(s) = crate::cancel::Stopped::in_chain(&e) else {
+                return Err(e);
+            };
+            // Stopped before the run folder exists: nothing was trained, nothing to save.
+            obs.line(&format!("{s}: nothing was trained, so nothing was saved"));
+            return Ok(TrainSummary {
+                run_dir: PathBuf::new(),
+                epochs: Vec::new(),
+                best_fitness: 0.0,
+                last: PathBuf::new(),
+                best: PathBuf::new(),
+                interrupted: true,
+                budget: None,
+            });
+        }
+        Ok(r) => r,
+    };
     let Prepared {
         mut run,
         mut loader,
@@ -102,7 +122,9 @@ fn run_training(
     let mut reports = Vec::new();
     let mut interrupted = false;
     for epoch in start.epoch..opts.epochs {
-        if stop.requested() {
+        // Between epochs the epoch-end checkpoint holds the state; in the first epoch the batch
+        // loop saves it before it stops.
+        if stop.requested() && epoch > start.epoch {
             interrupted = true;
             break;
         }
