@@ -1,12 +1,13 @@
 //! NMS of a whole batch as one op on the output's device: the official `non_max_suppression`
-//! (what [`super::postprocess::nms_image`] does per image on the host) for every image of a decoded output
-//! `(B, 4+nc, A)`, so that on a GPU only the kept rows cross to the host.
+//! (what [`super::postprocess::nms_image`] does per image on the host) for every image of a
+//! decoded output `(B, 4+nc, A)`, so that on a GPU only the kept rows cross to the host.
 //!
 //! On CUDA the op is one kernel launch for the batch (`kernels/nms.cu`, one thread block per
 //! image: candidates, the `max_nms` cut by radix selection, greedy class-offset NMS up to
 //! `max_det`); it gives the host's rows bit for bit (same kept set, order and values). On the
-//! CPU the op runs [`nms_image`] per image, so both devices share the packed output format and
-//! the unpacking. [`non_max_suppression`](super::postprocess::non_max_suppression) uses it on
+//! CPU the op runs [`nms_image_anchored`] per image, so both devices share the packed output
+//! format and the unpacking. [`non_max_suppression`](super::postprocess::non_max_suppression)
+//! uses it on
 //! every device but the CPU; `YOLO9_GPU_NMS=0` falls back to the host NMS after a device-side
 //! candidate filter ([`super::postprocess::host_candidates`]).
 
