@@ -229,26 +229,20 @@ pub fn nms_multilabel(
     if nc == 0 || !pred.len().is_multiple_of(rows) {
         return Vec::new();
     }
-    let opts = NmsOptions {
+    let opts = multilabel_options(conf_thres, iou_thres, max_det);
+    nms_image(pred, nc, pred.len() / rows, &opts)
+}
+
+/// The NMS options of validation: multi-label, class-aware, the given thresholds (the IoU
+/// threshold widened from f32 as the official code passes it) and `max_det`.
+fn multilabel_options(conf_thres: f32, iou_thres: f32, max_det: usize) -> NmsOptions {
+    NmsOptions {
         conf_thres,
         iou_thres: iou_thres as f64,
         classes: None,
         agnostic: false,
         multi_label: true,
         max_det,
-    };
-    nms_image(pred, nc, pred.len() / rows, &opts)
-}
-
-/// The NMS options of validation ([`nms_multilabel`]'s) for `cfg`.
-fn multilabel_options(cfg: &ValConfig) -> NmsOptions {
-    NmsOptions {
-        conf_thres: cfg.conf_thres,
-        iou_thres: cfg.iou_thres as f64,
-        classes: None,
-        agnostic: false,
-        multi_label: true,
-        max_det: cfg.max_det,
     }
 }
 
@@ -387,7 +381,10 @@ pub fn validate(model: ValModel<'_>, images: &[ValImage], cfg: &ValConfig) -> Re
             };
             let dets: Vec<_> = if device_nms_enabled(&device) {
                 // The batch's NMS in one launch on the device; only kept rows come back.
-                let kept = batch_nms(&y, &multilabel_options(cfg))?;
+                let kept = batch_nms(
+                    &y,
+                    &multilabel_options(cfg.conf_thres, cfg.iou_thres, cfg.max_det),
+                )?;
                 ok.iter()
                     .zip(kept)
                     .map(|((i, p), det)| (*i, native_space(&images[*i], &det, p)))
