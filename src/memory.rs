@@ -6,12 +6,19 @@
 //!   `/proc/self/clear_refs`); free = `MemAvailable` of `/proc/meminfo`. Where the reset is refused,
 //!   the peak is the process-lifetime high-water mark (never lower than the truth). Free heap
 //!   that malloc keeps is returned (`malloc_trim`) before a window starts, so it is not counted.
-//! - **CUDA** (`cuda` feature): the device's current stream-ordered memory pool, which candle's
-//!   allocations go through (`cuMemAllocAsync`): the peak is the pool's
-//!   `CU_MEMPOOL_ATTR_USED_MEM_HIGH` (reset by setting it to 0), in use is `USED_MEM_CURRENT`,
-//!   free = `cuMemGetInfo` free + memory the pool holds but does not use. The probe also raises the
-//!   pool's release threshold so freed blocks are reused instead of returned to the driver at
-//!   every synchronization (PyTorch's caching allocator behaves the same way).
+//! - **CUDA** (`cuda` feature): the device memory of the **process**, as `nvidia-smi` shows it —
+//!   what candle allocates goes through the device's current stream-ordered memory pool
+//!   (`cuMemAllocAsync`), and the rest (the CUDA context, loaded kernels, cuBLAS/cuDNN handles)
+//!   is outside it. The peak is the pool's *reserved* high-water mark
+//!   (`CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH`: what it holds from the driver, fragmentation and cache
+//!   included) plus the memory outside the pool (`cuMemGetInfo` total − free − the pool's reserved
+//!   memory, read at the end of the window). Memory that other processes hold on the same GPU
+//!   counts as outside the pool too: on a shared GPU a budget is the more conservative for it.
+//!   In use now is the pool's `USED_MEM_CURRENT`; free = `cuMemGetInfo` free + memory the pool
+//!   holds but does not use. The probe raises the pool's release threshold so freed blocks are
+//!   reused instead of returned to the driver at every synchronization (PyTorch's caching
+//!   allocator behaves the same way); [`MemoryProbe::cap_cache`] lowers it again to keep the
+//!   cache within a budget.
 //!
 //! Used by the memory-budget batch sizing ([`crate::train::budget`]) and the per-epoch peak in
 //! `results.csv`.
@@ -119,7 +126,10 @@ impl MemoryProbe {
         }
     }
 
-    /// Peak bytes in use since the last [`MemoryProbe::reset_peak`] (0 where not measurable).
+    /// Peak bytes of the process since the last [`MemoryProbe::reset_peak`] (0 where not
+    /// measurable): the RSS high-water mark on the CPU; on CUDA the pool's reserved high-water
+    /// mark plus the device memory outside the pool (see the module docs), which is what
+    /// `nvidia-smi` shows for the process.
     pub fn peak_bytes(&self) -> u64 {
         match &self.inner {
             Inner::Cpu => proc_status_kib("VmHWM:").unwrap_or(0) * 1024,
@@ -138,6 +148,33 @@ impl MemoryProbe {
             Inner::Cpu => trim_heap(),
             #[cfg(feature = "cuda")]
             Inner::Cuda(p) => p.trim(),
+            #[cfg(feature = "cuda")]
+            Inner::Unknown => {}
+        }
+    }
+
+    /// Device memory in use outside the allocator's pool, bytes: on CUDA the context, loaded
+    /// kernels and library handles (and other processes' memory on the same GPU); 0 on the CPU,
+    /// where the RSS already counts everything.
+    pub fn outside_bytes(&self) -> u64 {
+        match &self.inner {
+            Inner::Cpu => 0,
+            #[cfg(feature = "cuda")]
+            Inner::Cuda(p) => p.outside(),
+            #[cfg(feature = "cuda")]
+            Inner::Unknown => 0,
+        }
+    }
+
+    /// Keeps the allocator's cache within `bytes`: on CUDA the pool's release threshold, so that
+    /// at each synchronization the pool returns what it holds above `bytes` to the driver (the
+    /// budget of `--budget` holds for the whole run, not only for the measured step); nothing on
+    /// the CPU.
+    pub fn cap_cache(&self, bytes: u64) {
+        match &self.inner {
+            Inner::Cpu => {}
+            #[cfg(feature = "cuda")]
+            Inner::Cuda(p) => p.set_release_threshold(bytes),
             #[cfg(feature = "cuda")]
             Inner::Unknown => {}
         }
@@ -303,17 +340,32 @@ mod cuda {
             }
         }
 
-        pub fn reset_peak(&self) {
+        fn set(&self, attr: sys::CUmemPool_attribute, mut v: u64) {
             let _ = self.ctx.bind_to_thread();
-            let mut zero: u64 = 0;
-            // SAFETY: valid pool; resetting the high-water mark takes a u64 zero.
+            // SAFETY: valid pool; the attributes set here (the release threshold and the two
+            // high-water marks, which only accept 0) take a u64.
             let _ = unsafe {
                 mem_pool::set_attribute(
                     self.pool,
-                    sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
-                    &mut zero as *mut u64 as *mut std::ffi::c_void,
+                    attr,
+                    &mut v as *mut u64 as *mut std::ffi::c_void,
                 )
             };
+        }
+
+        pub fn reset_peak(&self) {
+            self.set(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH, 0);
+            self.set(
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH,
+                0,
+            );
+        }
+
+        pub fn set_release_threshold(&self, bytes: u64) {
+            self.set(
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                bytes,
+            );
         }
 
         pub fn trim(&self) {
@@ -322,8 +374,20 @@ mod cuda {
             let _ = unsafe { mem_pool::trim_to(self.pool, 0) };
         }
 
+        /// The pool's reserved high-water mark plus the memory outside the pool now.
         pub fn peak(&self) -> u64 {
-            self.get(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH)
+            self.get(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH) + self.outside()
+        }
+
+        /// Device memory in use that the pool does not hold: total − free − reserved.
+        pub fn outside(&self) -> u64 {
+            let Ok((free, total)) = self.ctx.mem_get_info() else {
+                return 0;
+            };
+            let reserved = self.get(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT);
+            (total as u64)
+                .saturating_sub(free as u64)
+                .saturating_sub(reserved)
         }
 
         pub fn current(&self) -> u64 {

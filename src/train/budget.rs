@@ -13,8 +13,10 @@
 //! and lowered while it does not fit. The nominal batch (64) is kept by gradient accumulation in
 //! the trainer.
 //!
-//! On CUDA the peak is the memory pool's high-water mark; on the CPU the process RSS
-//! high-water mark (see [`crate::memory`]). An out-of-memory error while measuring ends the
+//! On CUDA the peak is the whole process's device memory (the memory pool's reserved
+//! high-water mark plus the CUDA context, kernels and library handles outside it, as
+//! `nvidia-smi` counts it), and after sizing the pool's cache is kept within the budget; on the
+//! CPU the process RSS high-water mark (see [`crate::memory`]). An out-of-memory error while measuring ends the
 //! measurement at the sizes that worked.
 
 use crate::loss::DualTalLoss;
@@ -31,8 +33,9 @@ use rand::{Rng, RngCore, SeedableRng};
 use serde::{Deserialize, Serialize};
 
 /// Share of the budget kept free for what a synthetic step does not show (loader buffers,
-/// allocator fragmentation, validation).
-pub const MARGIN: f64 = 0.10;
+/// the spread of real batches' target counts). The allocator's fragmentation and cache and, on
+/// CUDA, the context and libraries are in the measured peaks themselves.
+pub const MARGIN: f64 = 0.05;
 
 /// Share of the free device memory used by `--batch auto` without `--budget`.
 pub const AUTO_SHARE: f64 = 0.80;
@@ -115,6 +118,10 @@ pub struct BudgetDecision {
     pub micro: usize,
     /// Measured peak at `micro` (bytes), from the final check.
     pub measured: u64,
+    /// Of each peak, the device memory outside the allocator's pool (bytes; the CUDA context,
+    /// kernels and library handles, read after the final check; 0 on the CPU).
+    #[serde(default)]
+    pub outside: u64,
 }
 
 impl BudgetDecision {
@@ -125,8 +132,16 @@ impl BudgetDecision {
             .iter()
             .map(|p| format!("{} @ batch {}", fmt_size(p.peak), p.batch))
             .collect();
+        let outside = if self.outside > 0 {
+            format!(
+                ", of which {} outside the memory pool",
+                fmt_size(self.outside)
+            )
+        } else {
+            String::new()
+        };
         format!(
-            "memory budget {} ({}): measured {}; fit {} + {}/image; micro-batch {} \
+            "memory budget {} ({}{outside}): measured {}; fit {} + {}/image; micro-batch {} \
              (measured {} <= {} = budget - {:.0}% margin)",
             fmt_size(self.budget),
             self.what,
@@ -212,6 +227,9 @@ fn step_peak(
         len: batch,
         img: s,
     };
+    // The window starts from what is live (the model, optimizer and EMA), not from the cache
+    // the previous step left.
+    probe.release_cached();
     probe.reset_peak();
     let out = step(
         &StepParts {
@@ -296,7 +314,17 @@ pub fn plan_cancellable(
     drop(rig);
     device.synchronize()?;
     probe.release_cached();
-    d
+    let d = d?;
+    keep_cache_within(&d, probe);
+    Ok(d)
+}
+
+/// After sizing: the allocator may keep at most the budget less the margin and the memory
+/// outside its pool cached, so that the whole process stays within the budget for the run, not
+/// only during the measured steps (a resumed run calls it with its saved decision).
+pub fn keep_cache_within(d: &BudgetDecision, probe: &MemoryProbe) {
+    let limit = (d.budget as f64 * (1.0 - MARGIN)) as u64;
+    probe.cap_cache(limit.saturating_sub(d.outside));
 }
 
 /// Sizes an inference batch (`yolo9 val --budget`): the peak of `model`'s forward on
@@ -319,6 +347,7 @@ pub fn plan_inference(
         "one image",
         img,
         |b| -> Result<u64> {
+            probe.release_cached();
             probe.reset_peak();
             let x = Tensor::rand(0f32, 1f32, (b, 3, s, s), &device)?;
             let y = model.forward(&x)?;
@@ -328,7 +357,9 @@ pub fn plan_inference(
         },
     );
     probe.release_cached();
-    d
+    let d = d?;
+    keep_cache_within(&d, probe);
+    Ok(d)
 }
 
 /// The search shared by [`plan`] and [`plan_inference`]: a warm-up, points at 1, 2, 4, ... (up
@@ -433,6 +464,7 @@ fn search(
         fit,
         micro,
         measured,
+        outside: probe.outside_bytes(),
     })
 }
 

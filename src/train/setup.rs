@@ -241,7 +241,12 @@ pub(crate) fn resolve(
     // Batch and micro-batch: from the state, from measured memory, or as given.
     let probe = MemoryProbe::new(&device)?;
     let (micro, budget) = match &state {
-        Some(st) => (st.meta.micro, st.meta.budget.clone()),
+        Some(st) => {
+            if let Some(d) = &st.meta.budget {
+                crate::train::budget::keep_cache_within(d, &probe);
+            }
+            (st.meta.micro, st.meta.budget.clone())
+        }
         None if opts.budget.is_some() || opts.batch == 0 => {
             let budget = match opts.budget {
                 Some(b) => b,
