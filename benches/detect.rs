@@ -1,5 +1,5 @@
 //! Detect latency and throughput: `cargo bench --bench detect -- [--device cpu|N] [--weights W]
-//! [--cfg MODEL] [--image IMG] [--iters N] [--batch B] [--half]`.
+//! [--cfg MODEL] [--image IMG] [--iters N] [--batch B] [--half] [--batch-only]`.
 //!
 //! `--cfg yolov9-c` (any built-in model or model yaml) without `--weights` times that model with
 //! seeded random weights at nc = 80 (the official model summaries' class count), so every size
@@ -35,6 +35,7 @@ fn main() -> Result<()> {
     let mut image = PathBuf::from("examples/images/BloodImage_00007.jpg");
     let mut iters = 20usize;
     let mut batch = 32usize;
+    let mut batch_only = false;
     let mut dtype = candle_core::DType::F32;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -47,6 +48,7 @@ fn main() -> Result<()> {
             "--iters" => iters = val()?.parse()?,
             "--batch" => batch = val()?.parse()?,
             "--half" => dtype = candle_core::DType::F16,
+            "--batch-only" => batch_only = true,
             "--bench" => {}
             _ => {}
         }
@@ -92,72 +94,10 @@ fn main() -> Result<()> {
         image.display()
     );
 
-    let (mut pre, mut fwd, mut post, mut total) = (vec![], vec![], vec![], vec![]);
-    for i in 0..iters + 3 {
-        let t0 = Instant::now();
-        let (lb, info) = det.preprocess(&img)?;
-        let t1 = Instant::now();
-        let y = det.infer(&[&lb])?;
-        let t2 = Instant::now();
-        let d = det.postprocess(&y, &[info])?;
-        let t3 = Instant::now();
-        if i >= 3 {
-            pre.push((t1 - t0).as_secs_f64() * 1e3);
-            fwd.push((t2 - t1).as_secs_f64() * 1e3);
-            post.push((t3 - t2).as_secs_f64() * 1e3);
-            total.push((t3 - t0).as_secs_f64() * 1e3);
-        }
-        if i == 0 {
-            println!("detections {}", d[0].len());
-        }
+    // `--batch-only`: the batch forward alone (a profiler run of the batch).
+    if !batch_only {
+        batch1_and_parity(&det, &img, &dev, &w, iters)?;
     }
-    println!("b1_preprocess_ms {:.3}", median(pre));
-    println!("b1_forward_ms {:.3}", median(fwd));
-    println!("b1_nms_ms {:.3}", median(post));
-    println!("b1_total_ms {:.3}", median(total));
-
-    if !dev.is_cpu() {
-        // GPU vs CPU parity on the same letterboxed input, with strict f32 convolutions (the
-        // timings above allow TF32, as PyTorch does).
-        #[cfg(feature = "cuda")]
-        yolo9::cuda::conv::set_strict_fp32(true);
-        let cpu = Detector::from_weights(&w, candle_core::Device::Cpu, candle_core::DType::F32)?;
-        let (lb, info) = det.preprocess(&img)?;
-        let yg = det.forward_tensor(&to_tensor(&[&lb], &dev)?)?;
-        let yc = cpu.forward_tensor(&to_tensor(&[&lb], &candle_core::Device::Cpu)?)?;
-        let diff = |a: &candle_core::Tensor, b: &candle_core::Tensor| -> Result<f32> {
-            Ok((a - b)?.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()?)
-        };
-        let rows = yg.dim(1)?;
-        println!(
-            "parity_box_px {:.3e}",
-            diff(&yg.narrow(1, 0, 4)?, &yc.narrow(1, 0, 4)?)?
-        );
-        println!(
-            "parity_score {:.3e}",
-            diff(&yg.narrow(1, 4, rows - 4)?, &yc.narrow(1, 4, rows - 4)?)?
-        );
-        let dg = det.postprocess(&yg, &[info])?;
-        let dc = cpu.postprocess(&yc, &[info])?;
-        let same_classes = dg[0].len() == dc[0].len()
-            && dg[0]
-                .iter()
-                .zip(&dc[0])
-                .all(|(a, b)| a.class_id == b.class_id);
-        let max_box = dg[0]
-            .iter()
-            .zip(&dc[0])
-            .flat_map(|(a, b)| a.bbox.iter().zip(b.bbox).map(|(x, y)| (x - y).abs()))
-            .fold(0f32, f32::max);
-        println!(
-            "parity_detections gpu {} cpu {} same_classes {same_classes} max_box_diff_px {max_box:.3e}",
-            dg[0].len(),
-            dc[0].len()
-        );
-        #[cfg(feature = "cuda")]
-        yolo9::cuda::conv::set_strict_fp32(false);
-    }
-
     println!("graphs_captured_replayed {:?}", det.graph_counts());
     if batch > 1 {
         let (lb, _) = det.preprocess(&img)?;
@@ -180,11 +120,21 @@ fn main() -> Result<()> {
         };
         let ms = forward_ms(&x)?;
         println!("b{batch}_forward_ms {ms:.3}");
+        // `YOLO9_PROFILE_ONE=1`: one more forward between cuProfilerStart and cuProfilerStop, for
+        // `ncu --profile-from-start off` (per-kernel times of exactly one batch forward).
+        #[cfg(feature = "cuda")]
+        if std::env::var("YOLO9_PROFILE_ONE").is_ok_and(|v| v == "1") {
+            dev.synchronize()?;
+            profiler_call(c"cuProfilerStart");
+            let _y = det.infer_tensor(&x)?;
+            dev.synchronize()?;
+            profiler_call(c"cuProfilerStop");
+        }
         println!("b{batch}_img_per_s {:.1}", batch as f64 * 1e3 / ms);
         // NMS of the whole batch's output at the val settings (multi-label, conf 0.001, IoU 0.7,
         // 300 detections) and the detect settings: on the device in one launch (the default off
         // the CPU) against the candidate copy + host NMS (`YOLO9_GPU_NMS=0`); same rows.
-        if !dev.is_cpu() {
+        if !dev.is_cpu() && !batch_only {
             use yolo9::detect::device_nms::batch_nms;
             use yolo9::detect::postprocess::{host_candidates, nms_image, NmsOptions};
             let y = det.infer_tensor(&x)?;
@@ -226,4 +176,103 @@ fn main() -> Result<()> {
         println!("graphs_captured_replayed {:?}", det.graph_counts());
     }
     Ok(())
+}
+
+/// Batch-1 pre-process, forward, NMS and total medians, then GPU-vs-CPU parity on a GPU.
+fn batch1_and_parity(
+    det: &Detector,
+    img: &image::RgbImage,
+    dev: &candle_core::Device,
+    w: &yolo9::Weights,
+    iters: usize,
+) -> Result<()> {
+    let (mut pre, mut fwd, mut post, mut total) = (vec![], vec![], vec![], vec![]);
+    for i in 0..iters + 3 {
+        let t0 = Instant::now();
+        let (lb, info) = det.preprocess(img)?;
+        let t1 = Instant::now();
+        let y = det.infer(&[&lb])?;
+        let t2 = Instant::now();
+        let d = det.postprocess(&y, &[info])?;
+        let t3 = Instant::now();
+        if i >= 3 {
+            pre.push((t1 - t0).as_secs_f64() * 1e3);
+            fwd.push((t2 - t1).as_secs_f64() * 1e3);
+            post.push((t3 - t2).as_secs_f64() * 1e3);
+            total.push((t3 - t0).as_secs_f64() * 1e3);
+        }
+        if i == 0 {
+            println!("detections {}", d[0].len());
+        }
+    }
+    println!("b1_preprocess_ms {:.3}", median(pre));
+    println!("b1_forward_ms {:.3}", median(fwd));
+    println!("b1_nms_ms {:.3}", median(post));
+    println!("b1_total_ms {:.3}", median(total));
+
+    if !dev.is_cpu() {
+        // GPU vs CPU parity on the same letterboxed input, with strict f32 convolutions (the
+        // timings above allow TF32, as PyTorch does).
+        #[cfg(feature = "cuda")]
+        yolo9::cuda::conv::set_strict_fp32(true);
+        let cpu = Detector::from_weights(w, candle_core::Device::Cpu, candle_core::DType::F32)?;
+        let (lb, info) = det.preprocess(img)?;
+        let yg = det.forward_tensor(&to_tensor(&[&lb], dev)?)?;
+        let yc = cpu.forward_tensor(&to_tensor(&[&lb], &candle_core::Device::Cpu)?)?;
+        let diff = |a: &candle_core::Tensor, b: &candle_core::Tensor| -> Result<f32> {
+            Ok((a - b)?.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()?)
+        };
+        let rows = yg.dim(1)?;
+        println!(
+            "parity_box_px {:.3e}",
+            diff(&yg.narrow(1, 0, 4)?, &yc.narrow(1, 0, 4)?)?
+        );
+        println!(
+            "parity_score {:.3e}",
+            diff(&yg.narrow(1, 4, rows - 4)?, &yc.narrow(1, 4, rows - 4)?)?
+        );
+        let dg = det.postprocess(&yg, &[info])?;
+        let dc = cpu.postprocess(&yc, &[info])?;
+        let same_classes = dg[0].len() == dc[0].len()
+            && dg[0]
+                .iter()
+                .zip(&dc[0])
+                .all(|(a, b)| a.class_id == b.class_id);
+        let max_box = dg[0]
+            .iter()
+            .zip(&dc[0])
+            .flat_map(|(a, b)| a.bbox.iter().zip(b.bbox).map(|(x, y)| (x - y).abs()))
+            .fold(0f32, f32::max);
+        println!(
+            "parity_detections gpu {} cpu {} same_classes {same_classes} max_box_diff_px {max_box:.3e}",
+            dg[0].len(),
+            dc[0].len()
+        );
+        #[cfg(feature = "cuda")]
+        yolo9::cuda::conv::set_strict_fp32(false);
+    }
+
+    Ok(())
+}
+
+/// Calls the driver's `cuProfilerStart`/`cuProfilerStop` (looked up in libcuda.so.1 at run
+/// time; the link-time stub lacks them). A missing symbol is reported, not fatal.
+#[cfg(feature = "cuda")]
+fn profiler_call(name: &std::ffi::CStr) {
+    // SAFETY: dlopen/dlsym of the already-loaded driver library; the symbol is a C function
+    // `CUresult f(void)` that only marks a profiler range.
+    unsafe {
+        let lib = libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD);
+        let f = if lib.is_null() {
+            std::ptr::null_mut()
+        } else {
+            libc::dlsym(lib, name.as_ptr())
+        };
+        if f.is_null() {
+            eprintln!("{name:?} not found in libcuda.so.1");
+            return;
+        }
+        let f: extern "C" fn() -> i32 = std::mem::transmute(f);
+        println!("{name:?} -> {}", f());
+    }
 }

@@ -42,6 +42,28 @@ __device__ void bias_act_nhwc(const T* __restrict__ x, const T* __restrict__ b, 
     }
 }
 
+// The same, 16 bytes per thread (8 f16/bf16 or 4 f32 of one pixel's channels): for C a multiple
+// of the vector width and 16-byte aligned x and y. Element arithmetic as above.
+template <typename T>
+__device__ void bias_act_nhwc_vec(const T* __restrict__ x, const T* __restrict__ b, T* __restrict__ y,
+                                  long long nvec, int C, int silu) {
+    constexpr int V = 16 / sizeof(T);
+    for (long long v = blockIdx.x * (long long)blockDim.x + threadIdx.x; v < nvec;
+         v += (long long)gridDim.x * blockDim.x) {
+        const uint4 raw = reinterpret_cast<const uint4*>(x)[v];
+        const T* e = reinterpret_cast<const T*>(&raw);
+        const int c0 = (int)((v * V) % C);
+        uint4 out;
+        T* o = reinterpret_cast<T*>(&out);
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+            const float z = ld(e, k) + ld(b, c0 + k);
+            st(o, k, silu ? z / (1.0f + expf(-z)) : z);
+        }
+        reinterpret_cast<uint4*>(y)[v] = out;
+    }
+}
+
 #define BIAS_ACT(T, SUF)                                                                           \
     extern "C" __global__ void bias_act_##SUF(const T* __restrict__ x, const T* __restrict__ b,    \
                                               T* __restrict__ y, int rows, int C, int HW,          \
@@ -52,6 +74,11 @@ __device__ void bias_act_nhwc(const T* __restrict__ x, const T* __restrict__ b, 
                                                    T* __restrict__ y, long long total, int C,      \
                                                    int silu) {                                     \
         bias_act_nhwc<T>(x, b, y, total, C, silu);                                                 \
+    }                                                                                              \
+    extern "C" __global__ void bias_act_nhwc_vec_##SUF(const T* __restrict__ x,                    \
+                                                       const T* __restrict__ b, T* __restrict__ y, \
+                                                       long long nvec, int C, int silu) {          \
+        bias_act_nhwc_vec<T>(x, b, y, nvec, C, silu);                                              \
     }
 
 BIAS_ACT(float, f32)

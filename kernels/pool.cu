@@ -1,12 +1,18 @@
 // Max pooling of SPPELAN: MaxPool2d(k, stride 1, padding k/2) on NCHW planes (P = N*C planes of
 // H x W), forward and backward. Padded cells never win (PyTorch pads with -inf); the window's
 // argmax is its first maximum in row-major order, as PyTorch's max_pool2d.
+// Inference forms (no backward): the same max pool on channels-last (N, H, W, C) tensors, and
+// ADown's avg_pool2d(2, stride 1) on NCHW planes and on NHWC tensors (the four cells summed in
+// f32 in the order (i,j), (i,j+1), (i+1,j), (i+1,j+1), then times 1/4, as PyTorch's kernel).
 // Rust side: src/cuda/pool.rs (launches), src/model/pool.rs (the candle ops and the CPU version
 // these kernels must match).
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 __device__ __forceinline__ float ld(const float* p, long long i) { return p[i]; }
+__device__ __forceinline__ float ld(const __half* p, long long i) { return __half2float(p[i]); }
+__device__ __forceinline__ void st(__half* p, long long i, float v) { p[i] = __float2half(v); }
 __device__ __forceinline__ float ld(const __nv_bfloat16* p, long long i) { return __bfloat162float(p[i]); }
 __device__ __forceinline__ void st(float* p, long long i, float v) { p[i] = v; }
 __device__ __forceinline__ void st(__nv_bfloat16* p, long long i, float v) { p[i] = __float2bfloat16(v); }
@@ -108,3 +114,98 @@ __device__ void pool_bwd(const unsigned char* __restrict__ arg, const T* __restr
 
 POOL_KERNELS(float, f32)
 POOL_KERNELS(__nv_bfloat16, bf16)
+
+// y[n, i, j, c] = max of the k x k window around (i, j) of channel c (channels-last); the
+// value of the first maximum (any maximum has that value).
+template <typename T>
+__device__ void pool_fwd_nhwc(const T* __restrict__ x, T* __restrict__ y, long long total, int H, int W,
+                              int C, int k) {
+    const int r = k / 2;
+    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
+         idx += (long long)gridDim.x * blockDim.x) {
+        const int c = (int)(idx % C);
+        const long long pix = idx / C;
+        const int j = (int)(pix % W);
+        const long long ni = pix / W;
+        const int i = (int)(ni % H);
+        const long long n = ni / H;
+        const T* xn = x + n * H * W * (long long)C + c;
+        float best = 0.0f;
+        long long at = -1;
+        for (int a = i - r; a <= i + r; ++a) {
+            if (a < 0 || a >= H) continue;
+            for (int b = j - r; b <= j + r; ++b) {
+                if (b < 0 || b >= W) continue;
+                const long long o = ((long long)a * W + b) * C;
+                const float v = ld(xn, o);
+                if (at < 0 || v > best) {
+                    best = v;
+                    at = o;
+                }
+            }
+        }
+        y[idx] = xn[at];
+    }
+}
+
+// y[p, i, j] = (x[i,j] + x[i,j+1] + x[i+1,j] + x[i+1,j+1]) / 4 on planes of H x W; y is
+// (H-1) x (W-1) per plane.
+template <typename T>
+__device__ void avg2_nchw(const T* __restrict__ x, T* __restrict__ y, long long planes, int H, int W) {
+    const int Ho = H - 1, Wo = W - 1;
+    const long long total = planes * Ho * Wo;
+    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
+         idx += (long long)gridDim.x * blockDim.x) {
+        const long long plane = idx / ((long long)Ho * Wo);
+        const int rem = (int)(idx - plane * Ho * Wo);
+        const int i = rem / Wo, j = rem - (rem / Wo) * Wo;
+        const long long o = plane * H * W + (long long)i * W + j;
+        float s = ld(x, o) + ld(x, o + 1);
+        s += ld(x, o + W);
+        s += ld(x, o + W + 1);
+        st(y, idx, s * 0.25f);
+    }
+}
+
+// The same on channels-last (N, H, W, C) → (N, H-1, W-1, C).
+template <typename T>
+__device__ void avg2_nhwc(const T* __restrict__ x, T* __restrict__ y, long long total, int H, int W, int C) {
+    const int Wo = W - 1, Ho = H - 1;
+    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
+         idx += (long long)gridDim.x * blockDim.x) {
+        const int c = (int)(idx % C);
+        const long long pix = idx / C;
+        const int j = (int)(pix % Wo);
+        const long long ni = pix / Wo;
+        const int i = (int)(ni % Ho);
+        const long long n = ni / Ho;
+        const long long o = ((n * H + i) * W + j) * C + c;
+        const long long row = (long long)W * C;
+        float s = ld(x, o) + ld(x, o + C);
+        s += ld(x, o + row);
+        s += ld(x, o + row + C);
+        st(y, idx, s * 0.25f);
+    }
+}
+
+#define INFER_POOL_KERNELS(T, SUF)                                                                \
+    extern "C" __global__ void maxpool_same_nhwc_fwd_##SUF(const T* x, T* y, long long total,    \
+                                                           int H, int W, int C, int k) {          \
+        pool_fwd_nhwc<T>(x, y, total, H, W, C, k);                                                \
+    }                                                                                             \
+    extern "C" __global__ void avgpool2_nchw_##SUF(const T* x, T* y, long long planes, int H,    \
+                                                   int W) {                                       \
+        avg2_nchw<T>(x, y, planes, H, W);                                                         \
+    }                                                                                             \
+    extern "C" __global__ void avgpool2_nhwc_##SUF(const T* x, T* y, long long total, int H,     \
+                                                   int W, int C) {                                \
+        avg2_nhwc<T>(x, y, total, H, W, C);                                                       \
+    }
+
+extern "C" __global__ void maxpool_same_fwd_f16(const __half* x, __half* y, long long planes, int H, int W,
+                                                int k) {
+    pool_fwd<__half>(x, y, planes, H, W, k);
+}
+INFER_POOL_KERNELS(float, f32)
+INFER_POOL_KERNELS(__half, f16)
+INFER_POOL_KERNELS(__nv_bfloat16, bf16)

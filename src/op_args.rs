@@ -1,6 +1,6 @@
 //! Arguments of the custom ops that both their CPU implementations (`model`, `loss`) and their
-//! CUDA launches (`cuda`) read: layout checks of NCHW activations and parameter blocks, and the
-//! in-place running-statistics update of train-mode BatchNorm. A module of its own so that
+//! CUDA launches (`cuda`) read: layout checks of NCHW activations and parameter blocks, the
+//! in-place running-statistics update of train-mode BatchNorm, and which inference pool runs. A module of its own so that
 //! `cuda` depends on no higher layer (`model` and `loss` call `cuda`, never the reverse).
 
 use candle_core::{Layout, Result};
@@ -48,4 +48,16 @@ pub struct RunningUpdate {
     pub momentum: f64,
     /// Factor that makes the biased batch variance unbiased.
     pub unbiased: f64,
+}
+
+/// The pools of inference (no backward), on contiguous tensors: the op
+/// [`crate::model::pool::InferPoolOp`] and its CUDA launch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InferPool {
+    /// `MaxPool2d(k, 1, k/2)`, odd `k` ≤ 15, on channels-last (N, H, W, C).
+    MaxSameNhwc(usize),
+    /// `avg_pool2d(2, stride 1)` on NCHW: (N, C, H, W) → (N, C, H−1, W−1).
+    Avg2Nchw,
+    /// `avg_pool2d(2, stride 1)` on channels-last: (N, H, W, C) → (N, H−1, W−1, C).
+    Avg2Nhwc,
 }

@@ -1089,3 +1089,95 @@ fn channels_last_forward_equals_nchw_and_cpu() {
         assert!(d <= 2.0, "box moved {d} px");
     }
 }
+
+/// The inference kernels of the channels-last and NCHW forwards against their CPU forms: the
+/// pools (`InferPoolOp`: exact in f32, the same arithmetic), the head's DFL (strided logits read in
+/// place) and the channels-last bias + SiLU in its 16-byte-vector form (C a multiple of the
+/// width) and its scalar form (C = 5); f16 within f16 rounding.
+#[test]
+fn inference_pools_dfl_and_channels_last_bias_act_equal_cpu() {
+    use yolo9::model::bias_act::{bias_act, bias_act_nhwc};
+    use yolo9::model::pool::infer_pool;
+    use yolo9::op_args::InferPool;
+    let dev = gpu();
+    let cpu = |t: &Tensor| {
+        t.to_dtype(DType::F32)
+            .unwrap()
+            .to_device(&Device::Cpu)
+            .unwrap()
+    };
+    let x = rand(&[2, 16, 9, 11], 5, 3.0, 0.0);
+    let xl = x.permute((0, 2, 3, 1)).unwrap().contiguous().unwrap();
+    for (p, input) in [
+        (InferPool::Avg2Nchw, &x),
+        (InferPool::Avg2Nhwc, &xl),
+        (InferPool::MaxSameNhwc(5), &xl),
+        (InferPool::MaxSameNhwc(3), &xl),
+    ] {
+        let want = infer_pool(input, p).unwrap();
+        let got = cpu(&infer_pool(&input.to_device(&dev).unwrap(), p).unwrap());
+        assert_eq!(common::max_abs(&got, &want), 0.0, "{p:?} f32");
+        let h = input.to_dtype(DType::F16).unwrap();
+        let want_h = infer_pool(&h.to_dtype(DType::F32).unwrap(), p).unwrap();
+        let got_h = cpu(&infer_pool(&h.to_device(&dev).unwrap(), p).unwrap());
+        let r = rel(&got_h, &want_h);
+        println!("{p:?}: f16 rel {r:.2e}");
+        assert!(r < 1e-3, "{p:?} f16 rel {r}");
+    }
+    // DFL of a (B, 64 + 3, A) head output's first 64 rows, read through the narrow's strides.
+    let head = rand(&[2, 67, 50], 9, 6.0, 0.0);
+    let logits = head.narrow(1, 0, 64).unwrap();
+    let want = yolo9::model::head::dfl(&logits).unwrap();
+    let got = cpu(&yolo9::model::head::dfl(
+        &head.to_device(&dev).unwrap().narrow(1, 0, 64).unwrap(),
+    )
+    .unwrap());
+    let r = rel(&got, &want);
+    println!("dfl f32 rel {r:.2e}");
+    assert!(r < 1e-5, "dfl f32 rel {r}");
+    let hh = head.to_dtype(DType::F16).unwrap();
+    let want_h =
+        yolo9::model::head::dfl(&hh.to_dtype(DType::F32).unwrap().narrow(1, 0, 64).unwrap())
+            .unwrap();
+    let got_h = cpu(&yolo9::model::head::dfl(
+        &hh.to_device(&dev).unwrap().narrow(1, 0, 64).unwrap(),
+    )
+    .unwrap());
+    let r = rel(&got_h, &want_h);
+    println!("dfl f16 rel {r:.2e}");
+    assert!(r < 2e-3, "dfl f16 rel {r}");
+    // Channels-last bias + SiLU: vector form (C = 16) and scalar form (C = 5).
+    for c in [16usize, 5] {
+        let x = rand(&[2, 6, 7, c], 11 + c as u64, 4.0, 0.0);
+        let b = rand(&[c], 12, 1.0, 0.0);
+        let xn = x.permute((0, 3, 1, 2)).unwrap().contiguous().unwrap();
+        let want = bias_act(&xn, &b, true)
+            .unwrap()
+            .permute((0, 2, 3, 1))
+            .unwrap()
+            .contiguous()
+            .unwrap();
+        let got = cpu(&bias_act_nhwc(
+            &x.to_device(&dev).unwrap(),
+            &b.to_device(&dev).unwrap(),
+            true,
+        )
+        .unwrap());
+        let r = rel(&got, &want);
+        println!("bias_act_nhwc C {c}: f32 rel {r:.2e}");
+        assert!(r < 1e-6, "C {c} f32 rel {r}");
+        let (xh, bh) = (
+            x.to_dtype(DType::F16).unwrap(),
+            b.to_dtype(DType::F16).unwrap(),
+        );
+        let got_h = cpu(&bias_act_nhwc(
+            &xh.to_device(&dev).unwrap(),
+            &bh.to_device(&dev).unwrap(),
+            true,
+        )
+        .unwrap());
+        let r = rel(&got_h, &want);
+        println!("bias_act_nhwc C {c}: f16 rel {r:.2e}");
+        assert!(r < 3e-3, "C {c} f16 rel {r}");
+    }
+}

@@ -108,7 +108,7 @@ pub fn run(a: ValArgs) -> Result<()> {
         cfg.nc
     );
     let dtype = crate::cli::detect::inference_dtype(a.half, &device);
-    let model = YoloV9::load_dtype(&weights, &device, dtype)?;
+    let model = YoloV9::load_dtype(&weights, &device, dtype)?.for_validation();
     let scan = scan_split(
         &cfg,
         split,

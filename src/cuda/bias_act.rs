@@ -90,26 +90,33 @@ fn run<T: CudaDType + DeviceRepr>(
         return Ok((CudaStorage::wrap_cuda_slice(y, dev), xl.shape().clone()));
     }
     if nhwc {
-        let total = (rows * hw) as i64;
+        // 16 bytes per thread where the channels split into whole vectors and x starts on a
+        // 16-byte boundary (y is a fresh allocation).
+        let vw = 16 / std::mem::size_of::<T>();
+        let x_start = xl.start_offset();
+        let vec = c.is_multiple_of(vw) && x_start.is_multiple_of(vw);
+        let (name, total) = if vec {
+            (format!("bias_act_nhwc_vec_{suf}"), rows * hw / vw)
+        } else {
+            (format!("bias_act_nhwc_{suf}"), rows * hw)
+        };
+        let total_ = total as i64;
         let (c_, silu_) = (i32_of(c, "C")?, i32::from(silu));
-        let f = dev.get_or_load_custom_func(&format!("bias_act_nhwc_{suf}"), MODULE, PTX)?;
+        let f = dev.get_or_load_custom_func(&name, MODULE, PTX)?;
         let mut bld = f.builder();
         bld.arg(&x)
             .arg(&b)
             .arg(&mut y)
-            .arg(&total)
+            .arg(&total_)
             .arg(&c_)
             .arg(&silu_);
         let cfg = LaunchConfig {
-            grid_dim: (
-                (rows * hw).div_ceil(BLOCK as usize).min(65_535 * 8) as u32,
-                1,
-                1,
-            ),
+            grid_dim: (total.div_ceil(BLOCK as usize).min(65_535 * 8) as u32, 1, 1),
             block_dim: (BLOCK, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: x and y hold `total` elements of T, b holds C; the arguments match.
+        // SAFETY: x and y hold rows·hw elements of T (`total` vectors of 16 bytes in the vector
+        // form, whose x view starts 16-byte aligned: candle's allocations are), b holds C.
         unsafe { bld.launch(cfg) }.w()?;
         return Ok((CudaStorage::wrap_cuda_slice(y, dev), xl.shape().clone()));
     }

@@ -11,7 +11,9 @@
 //! - [`tal`]: the TaskAlignedAssigner (`kernels/tal_assign.cu`), dense TAL loss targets from
 //!   foreground rows (`kernels/tal.cu`) and the fused loss terms (`kernels/tal_terms.cu`).
 //! - [`nms`]: batched NMS of a decoded output, one launch per batch (`kernels/nms.cu`).
-//! - [`pool`]: the SPPELAN max pool forward and backward (`kernels/pool.cu`).
+//! - [`pool`]: the SPPELAN max pool forward and backward, and the inference pools on NCHW and
+//!   channels-last tensors (`kernels/pool.cu`).
+//! - [`dfl`]: the head's DFL expectation in one launch (`kernels/dfl.cu`).
 //! - [`optim`]: multi-tensor SGD, gradient-norm and EMA kernels (`kernels/optim.cu`): one launch
 //!   per optimizer phase for all parameters.
 //!
@@ -23,6 +25,7 @@ pub mod atan;
 pub mod bias_act;
 pub mod bn_act;
 pub mod conv;
+pub mod dfl;
 pub mod graph;
 pub mod nms;
 pub mod optim;

@@ -1,10 +1,12 @@
-//! Launches of the SPPELAN max-pool kernels (`kernels/pool.cu`) for the candle ops of
-//! [`crate::model::pool`]: `MaxPool2d(k, 1, k/2)` forward and backward on contiguous NCHW f32 or
-//! bf16 tensors, one launch forward and two backward (the window argmax, then the gather of the
-//! output gradients), where the composite of candle ops took about 170 launches per pool with
-//! its backward.
+//! Launches of the pooling kernels (`kernels/pool.cu`) for the candle ops of
+//! [`crate::model::pool`]: SPPELAN's `MaxPool2d(k, 1, k/2)` forward and backward on contiguous
+//! NCHW f32 or bf16 tensors (forward also f16), one launch forward and two backward (the window
+//! argmax, then the gather of the output gradients), where the composite of candle ops took
+//! about 170 launches per pool with its backward; and the inference forms: the same max pool on
+//! channels-last tensors and ADown's `avg_pool2d(2, 1)` on NCHW and channels-last tensors
+//! (f32, f16, bf16), one launch each.
 
-use crate::op_args::geometry;
+use crate::op_args::{geometry, InferPool};
 use candle_core::backend::BackendStorage;
 use candle_core::cuda::CudaDType;
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
@@ -31,8 +33,9 @@ fn cfg(total: usize) -> LaunchConfig {
 fn suffix(d: DType) -> Result<&'static str> {
     match d {
         DType::F32 => Ok("f32"),
+        DType::F16 => Ok("f16"),
         DType::BF16 => Ok("bf16"),
-        d => Err(err(format!("dtype {d:?}; f32 and bf16 are supported"))),
+        d => Err(err(format!("dtype {d:?}; f32, f16 and bf16 are supported"))),
     }
 }
 
@@ -52,6 +55,7 @@ fn dims(l: &Layout, k: usize) -> Result<(usize, i32, i32, (usize, usize))> {
 pub fn forward(s: &CudaStorage, l: &Layout, k: usize) -> Result<(CudaStorage, Shape)> {
     match s.dtype() {
         DType::BF16 => forward_t::<half::bf16>(s, l, k),
+        DType::F16 => forward_t::<half::f16>(s, l, k),
         _ => forward_t::<f32>(s, l, k),
     }
 }
@@ -91,7 +95,10 @@ pub fn backward(
     }
     match sx.dtype() {
         DType::BF16 => backward_t::<half::bf16>((sx, lx), (sd, ld), k),
-        _ => backward_t::<f32>((sx, lx), (sd, ld), k),
+        DType::F32 => backward_t::<f32>((sx, lx), (sd, ld), k),
+        d => Err(err(format!(
+            "backward in {d:?}; f32 and bf16 are supported"
+        ))),
     }
 }
 
@@ -130,4 +137,99 @@ fn backward_t<T: CudaDType + DeviceRepr>(
         .arg(&k_);
     unsafe { bld.launch(cfg(total)) }.w()?;
     Ok((CudaStorage::wrap_cuda_slice(dx, dev), lx.shape().clone()))
+}
+
+/// Runs the inference pool `p` on the contiguous `x` (f32, f16 or bf16).
+pub fn infer(s: &CudaStorage, l: &Layout, p: InferPool) -> Result<(CudaStorage, Shape)> {
+    match s.dtype() {
+        DType::F32 => infer_t::<f32>(s, l, p),
+        DType::F16 => infer_t::<half::f16>(s, l, p),
+        DType::BF16 => infer_t::<half::bf16>(s, l, p),
+        d => Err(err(format!("dtype {d:?}; f32, f16 and bf16 are supported"))),
+    }
+}
+
+fn infer_t<T: CudaDType + DeviceRepr>(
+    s: &CudaStorage,
+    l: &Layout,
+    p: InferPool,
+) -> Result<(CudaStorage, Shape)> {
+    let suf = suffix(s.dtype())?;
+    let (a, b) = l
+        .contiguous_offsets()
+        .ok_or_else(|| err("x is not contiguous"))?;
+    let (d0, d1, d2, d3) = l.shape().dims4()?;
+    let i32_of = |v: usize, what: &str| -> Result<i32> {
+        i32::try_from(v).map_err(|_| err(format!("{what} = {v} does not fit in i32")))
+    };
+    let dev = s.device().clone();
+    let x = s.as_cuda_slice::<T>()?.slice(a..b);
+    let (shape, name) = match p {
+        InferPool::MaxSameNhwc(k) => {
+            if k == 0 || k.is_multiple_of(2) || k > 15 {
+                return Err(err(format!("kernel {k} must be odd and at most 15")));
+            }
+            (l.shape().clone(), "maxpool_same_nhwc_fwd")
+        }
+        InferPool::Avg2Nchw | InferPool::Avg2Nhwc => {
+            let (h, w) = if p == InferPool::Avg2Nchw {
+                (d2, d3)
+            } else {
+                (d1, d2)
+            };
+            if h < 2 || w < 2 {
+                return Err(err(format!(
+                    "avg pool 2x2: input {h}x{w} is smaller than the window"
+                )));
+            }
+            let shape = if p == InferPool::Avg2Nchw {
+                Shape::from((d0, d1, d2 - 1, d3 - 1))
+            } else {
+                Shape::from((d0, d1 - 1, d2 - 1, d3))
+            };
+            let name = if p == InferPool::Avg2Nchw {
+                "avgpool2_nchw"
+            } else {
+                "avgpool2_nhwc"
+            };
+            (shape, name)
+        }
+    };
+    let total = shape.elem_count();
+    // SAFETY: every element is written by the kernel before it is read.
+    let mut y = unsafe { dev.alloc::<T>(total)? };
+    if total == 0 {
+        return Ok((CudaStorage::wrap_cuda_slice(y, dev), shape));
+    }
+    let f = dev.get_or_load_custom_func(&format!("{name}_{suf}"), MODULE, PTX)?;
+    let mut bld = f.builder();
+    bld.arg(&x).arg(&mut y);
+    let total_ = total as i64;
+    let planes = (d0 * d1) as i64;
+    let (h1, h2, h3) = (
+        i32_of(d1, "dim 1")?,
+        i32_of(d2, "dim 2")?,
+        i32_of(d3, "dim 3")?,
+    );
+    let k_ = match p {
+        InferPool::MaxSameNhwc(k) => k as i32,
+        _ => 0,
+    };
+    match p {
+        // (total, H, W, C, k)
+        InferPool::MaxSameNhwc(_) => {
+            bld.arg(&total_).arg(&h1).arg(&h2).arg(&h3).arg(&k_);
+        }
+        // (planes, H, W)
+        InferPool::Avg2Nchw => {
+            bld.arg(&planes).arg(&h2).arg(&h3);
+        }
+        // (total out, H, W, C)
+        InferPool::Avg2Nhwc => {
+            bld.arg(&total_).arg(&h1).arg(&h2).arg(&h3);
+        }
+    }
+    // SAFETY: x holds the input's elements, y the output's; the arguments match the kernel.
+    unsafe { bld.launch(cfg(total)) }.w()?;
+    Ok((CudaStorage::wrap_cuda_slice(y, dev), shape))
 }

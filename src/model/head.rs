@@ -175,6 +175,9 @@ fn anchor_rows(
 
 /// DFL expectation (official `DFL`): logits (B, 64, A), side-major (side·16 + bin) →
 /// distances (B, 4, A) = Σ_bin softmax(bin logits)·bin, in grid units, sides (l, t, r, b).
+///
+/// On CUDA one launch ([`crate::cuda::dfl`], the logits read in place through their strides;
+/// no backward, so not for a graph that is differentiated); elsewhere softmax, multiply and sum.
 pub fn dfl(box_logits: &Tensor) -> Result<Tensor> {
     let (b, c, a) = box_logits.dims3()?;
     ensure!(
@@ -182,6 +185,12 @@ pub fn dfl(box_logits: &Tensor) -> Result<Tensor> {
         "dfl: expected {} channels, got {c}",
         4 * REG_MAX
     );
+    #[cfg(feature = "cuda")]
+    if box_logits.device().is_cuda()
+        && matches!(box_logits.dtype(), DType::F32 | DType::F16 | DType::BF16)
+    {
+        return Ok(box_logits.apply_op1_no_bwd(&DflOp)?);
+    }
     let x = box_logits.reshape((b, 4, REG_MAX, a))?;
     let p = candle_nn::ops::softmax(&x, 2)?;
     let bins = Tensor::arange(0f32, REG_MAX as f32, x.device())?
@@ -234,4 +243,31 @@ pub fn decode(raw: &[Tensor], strides: &[u32]) -> Result<Tensor> {
     Tensor::cat(&[&dbox, &cls], 1)
         .context("decode: concatenating boxes and scores")
         .and_then(|t| Ok(t.to_dtype(DType::F32)?))
+}
+
+/// The CUDA DFL of [`dfl`] as a candle op (no CPU form: the CPU runs the composite).
+#[cfg(feature = "cuda")]
+struct DflOp;
+
+#[cfg(feature = "cuda")]
+impl candle_core::CustomOp1 for DflOp {
+    fn name(&self) -> &'static str {
+        "dfl"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &candle_core::CpuStorage,
+        _: &candle_core::Layout,
+    ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
+        candle_core::bail!("dfl op: CUDA only (the CPU runs the composite)")
+    }
+
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &candle_core::Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, candle_core::Shape)> {
+        crate::cuda::dfl::dfl(s, l)
+    }
 }

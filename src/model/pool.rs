@@ -7,6 +7,8 @@ use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Shape, Tensor, WithDType};
 use rayon::prelude::*;
 
+use crate::op_args::InferPool;
+
 /// `F.avg_pool2d(x, 2, 1, 0, ceil_mode=False, count_include_pad=True)` (official `AConv`).
 ///
 /// x: (B, C, H, W) f32 → (B, C, H−1, W−1). With `differentiable` the result is the mean of the
@@ -19,6 +21,9 @@ pub fn avg_pool_2x2_s1(x: &Tensor, differentiable: bool) -> Result<Tensor> {
         "avg_pool 2x2: input {h}x{w} is smaller than the window (input sizes must be multiples of 32)"
     );
     if !differentiable {
+        if infer_pool_runs(x) {
+            return infer_pool(x, InferPool::Avg2Nchw);
+        }
         return Ok(x.avg_pool2d_with_stride((2, 2), (1, 1))?);
     }
     let top = x.narrow(2, 0, h - 1)?;
@@ -105,16 +110,21 @@ pub fn take_even(x: &Tensor) -> Result<Tensor> {
 /// average adds its four terms in the order of the differentiable NCHW form). Not meant for
 /// autograd.
 pub mod nhwc {
+    use crate::op_args::InferPool;
     use anyhow::Result;
     use candle_core::Tensor;
 
-    /// [`super::avg_pool_2x2_s1`]: (B, H, W, C) → (B, H−1, W−1, C).
+    /// [`super::avg_pool_2x2_s1`]: (B, H, W, C) → (B, H−1, W−1, C); one op on CUDA
+    /// ([`super::InferPoolOp`]).
     pub fn avg_pool_2x2_s1(x: &Tensor) -> Result<Tensor> {
         let (_, h, w, _) = x.dims4()?;
         anyhow::ensure!(
             h >= 2 && w >= 2,
             "avg_pool 2x2: input {h}x{w} is smaller than the window (input sizes must be multiples of 32)"
         );
+        if super::infer_pool_runs(x) {
+            return super::infer_pool(x, InferPool::Avg2Nhwc);
+        }
         let top = x.narrow(1, 0, h - 1)?;
         let bot = x.narrow(1, 1, h - 1)?;
         let s = (top.narrow(2, 0, w - 1)? + top.narrow(2, 1, w - 1)?)?;
@@ -123,9 +133,13 @@ pub mod nhwc {
         Ok((s * 0.25)?)
     }
 
-    /// [`super::max_pool_same`]: `MaxPool2d(k, 1, k/2)` for odd `k`, −∞ padding, separable.
+    /// [`super::max_pool_same`]: `MaxPool2d(k, 1, k/2)` for odd `k`, −∞ padding, separable
+    /// (one op on CUDA, [`super::InferPoolOp`]).
     pub fn max_pool_same(x: &Tensor, k: usize) -> Result<Tensor> {
         anyhow::ensure!(k % 2 == 1, "max_pool_same: kernel {k} must be odd");
+        if super::infer_pool_runs(x) && k <= 15 {
+            return super::infer_pool(x, InferPool::MaxSameNhwc(k));
+        }
         let (b, h, w, c) = x.dims4()?;
         let p = k / 2;
         let ninf = |shape: (usize, usize, usize, usize)| -> Result<Tensor> {
@@ -345,5 +359,190 @@ impl CustomOp2 for MaxPoolSameGrad {
         l2: &Layout,
     ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
         crate::cuda::pool::backward((s1, l1), (s2, l2), self.k)
+    }
+}
+
+/// Whether the inference pools run as one op ([`InferPoolOp`]) for `x`: on CUDA in f32, f16 or
+/// bf16. Elsewhere the composites of this module run (the op's CPU form exists to test it).
+pub fn infer_pool_runs(x: &Tensor) -> bool {
+    x.device().is_cuda() && matches!(x.dtype(), DType::F32 | DType::F16 | DType::BF16)
+}
+
+/// Runs the inference pool `p` ([`InferPoolOp`]) on `x` (made contiguous first).
+pub fn infer_pool(x: &Tensor, p: InferPool) -> Result<Tensor> {
+    x.dims4()?;
+    Ok(x.contiguous()?.apply_op1_no_bwd(&InferPoolOp(p))?)
+}
+
+/// The pools of inference as one op each, no backward: SPPELAN's max pool on channels-last
+/// tensors and ADown's `avg_pool2d(2, 1)` on NCHW and channels-last tensors
+/// ([`InferPool`]). CUDA: `kernels/pool.cu` (f32, f16, bf16). CPU (f32): the same arithmetic in
+/// loops — the four cells of an average summed in the order (i, j), (i, j+1), (i+1, j),
+/// (i+1, j+1) in f32 and times 1/4, a max pool's value its window's maximum — the reference the
+/// kernels and the composites are tested against.
+#[derive(Debug, Clone, Copy)]
+pub struct InferPoolOp(pub InferPool);
+
+fn cpu_infer_pool(x: &[f32], dims: (usize, usize, usize, usize), p: InferPool) -> Vec<f32> {
+    let (d0, d1, d2, d3) = dims;
+    match p {
+        InferPool::Avg2Nchw => {
+            let (h, w) = (d2, d3);
+            let mut y = Vec::with_capacity(d0 * d1 * (h - 1) * (w - 1));
+            for plane in x.chunks(h * w) {
+                for i in 0..h - 1 {
+                    for j in 0..w - 1 {
+                        let o = i * w + j;
+                        let s = plane[o] + plane[o + 1] + plane[o + w] + plane[o + w + 1];
+                        y.push(s * 0.25);
+                    }
+                }
+            }
+            y
+        }
+        InferPool::Avg2Nhwc => {
+            let (h, w, c) = (d1, d2, d3);
+            let mut y = Vec::with_capacity(d0 * (h - 1) * (w - 1) * c);
+            for img in x.chunks(h * w * c) {
+                for i in 0..h - 1 {
+                    for j in 0..w - 1 {
+                        for ch in 0..c {
+                            let o = (i * w + j) * c + ch;
+                            let r = w * c;
+                            let s = img[o] + img[o + c] + img[o + r] + img[o + r + c];
+                            y.push(s * 0.25);
+                        }
+                    }
+                }
+            }
+            y
+        }
+        InferPool::MaxSameNhwc(k) => {
+            let (h, w, c) = (d1, d2, d3);
+            let r = k / 2;
+            let mut y = Vec::with_capacity(x.len());
+            for img in x.chunks(h * w * c) {
+                for i in 0..h {
+                    for j in 0..w {
+                        for ch in 0..c {
+                            let mut best = f32::NEG_INFINITY;
+                            for a in i.saturating_sub(r)..(i + r + 1).min(h) {
+                                for b in j.saturating_sub(r)..(j + r + 1).min(w) {
+                                    best = best.max(img[(a * w + b) * c + ch]);
+                                }
+                            }
+                            y.push(best);
+                        }
+                    }
+                }
+            }
+            y
+        }
+    }
+}
+
+impl CustomOp1 for InferPoolOp {
+    fn name(&self) -> &'static str {
+        "infer-pool"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let dims = l.shape().dims4()?;
+        let (a, b) = l
+            .contiguous_offsets()
+            .ok_or_else(|| candle_core::Error::Msg("inference pool: x is not contiguous".into()))?;
+        let (d0, d1, d2, d3) = dims;
+        let shape = match self.0 {
+            InferPool::MaxSameNhwc(k) if k % 2 == 1 => l.shape().clone(),
+            InferPool::MaxSameNhwc(k) => candle_core::bail!("max pool: kernel {k} must be odd"),
+            InferPool::Avg2Nchw if d2 >= 2 && d3 >= 2 => Shape::from((d0, d1, d2 - 1, d3 - 1)),
+            InferPool::Avg2Nhwc if d1 >= 2 && d2 >= 2 => Shape::from((d0, d1 - 1, d2 - 1, d3)),
+            _ => candle_core::bail!("avg pool 2x2: input {dims:?} is smaller than the window"),
+        };
+        let CpuStorage::F32(v) = s else {
+            candle_core::bail!(
+                "inference pool: dtype {:?} on the CPU (f32 only)",
+                s.dtype()
+            );
+        };
+        Ok((
+            CpuStorage::F32(cpu_infer_pool(&v[a..b], dims, self.0)),
+            shape,
+        ))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        crate::cuda::pool::infer(s, l, self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    fn seeded(shape: (usize, usize, usize, usize), seed: u64) -> Tensor {
+        let n = shape.0 * shape.1 * shape.2 * shape.3;
+        // A small LCG: values with ties (quantised to 1/8) so that max pools meet equal maxima.
+        let mut s = seed;
+        let v: Vec<f32> = (0..n)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((s >> 40) % 64) as f32 / 8.0 - 4.0
+            })
+            .collect();
+        Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+    }
+
+    #[test]
+    fn inference_pool_op_equals_the_composites_exactly() {
+        let x = seeded((2, 5, 7, 9), 3);
+        // NCHW average: the op's order is the differentiable composite's.
+        let want = avg_pool_2x2_s1(&x, true).unwrap();
+        let got = infer_pool(&x, InferPool::Avg2Nchw).unwrap();
+        assert_eq!(got.dims(), &[2, 5, 6, 8]);
+        assert_eq!(
+            got.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+            want.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+        );
+        // Channels-last: the same values on the transposed tensor.
+        let xl = x.permute((0, 2, 3, 1)).unwrap().contiguous().unwrap();
+        let to_nchw = |t: Tensor| t.permute((0, 3, 1, 2)).unwrap().contiguous().unwrap();
+        let got = to_nchw(infer_pool(&xl, InferPool::Avg2Nhwc).unwrap());
+        assert_eq!(
+            got.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+            want.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+        );
+        for k in [3, 5] {
+            let want = max_pool_same(&x, k).unwrap();
+            let got = to_nchw(infer_pool(&xl, InferPool::MaxSameNhwc(k)).unwrap());
+            assert_eq!(
+                got.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+                want.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+                "k {k}"
+            );
+        }
+        // A hand case: the 2x2 means of [[0, 1, 2], [3, 4, 5]] are 2 and 3.
+        let t = Tensor::from_vec(
+            (0..6).map(|v| v as f32).collect::<Vec<_>>(),
+            (1, 1, 2, 3),
+            &Device::Cpu,
+        )
+        .unwrap();
+        let m = infer_pool(&t, InferPool::Avg2Nchw).unwrap();
+        assert_eq!(
+            m.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+            vec![2.0, 3.0]
+        );
+        // Errors, not panics: an even kernel, a window larger than the input.
+        assert!(infer_pool(&xl, InferPool::MaxSameNhwc(4)).is_err());
+        assert!(infer_pool(&seeded((1, 1, 1, 4), 1), InferPool::Avg2Nchw).is_err());
     }
 }

@@ -425,6 +425,10 @@ impl<'a> Ctx<'a> {
             return super::pool::nhwc::max_pool_same(x, k);
         }
         let Some(t) = self.tape else {
+            // Eval on CUDA: one launch per pool instead of the separable composite.
+            if !self.train && super::pool::infer_pool_runs(x) && k <= 15 {
+                return super::pool::max_pool_same_op(x, k);
+            }
             return super::pool::max_pool_same(x, k);
         };
         if !super::pool::max_pool_op_supported(x) {

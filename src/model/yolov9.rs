@@ -86,11 +86,18 @@ pub enum Layout {
     Nchw,
     /// Channels-last (B, H, W, C) for every batch (CUDA only).
     Nhwc,
-    /// Channels-last for a batch of one image in half precision on CUDA, NCHW otherwise: what
-    /// was faster on the H200 (yolov9-s, 480x640, f16 forward: batch 1 4.47 ms NHWC against
-    /// 5.48 ms NCHW; batch 32 23.0 ms against 22.2 ms; f32 was slower channels-last at both).
+    /// Channels-last in half precision at every batch, and in f32 from [`NHWC_F32_MIN_BATCH`]
+    /// images on; NCHW for smaller f32 batches: what was faster on the H200 (see
+    /// [`NHWC_F32_MIN_BATCH`]).
     Auto,
 }
+
+/// The smallest f32 batch that [`Layout::Auto`] runs channels-last. Measured on the H200
+/// (yolov9-s, 480x640, forward only, `benches/detect.rs`, one device command), channels-last
+/// against NCHW: f16 at batch 1, 2, 4, 8, 32: 2.6/2.5/2.8/4.1/10.0 ms against
+/// 3.4/4.2/4.2/5.4/15.2 ms; f32 at batch 2, 4, 8: 5.7/6.8/9.2 ms against 5.5/6.5/8.3 ms, at
+/// batch 32 15.5 ms against 19.3 ms (batch 16 was not measured).
+pub const NHWC_F32_MIN_BATCH: usize = 16;
 
 /// The default layout of an inference model on `device`: [`Layout::Auto`] on CUDA,
 /// [`Layout::Nchw`] elsewhere. `YOLO9_NHWC=0` forces NCHW and `=1` channels-last.
@@ -167,6 +174,18 @@ impl YoloV9 {
         self
     }
 
+    /// For validation (`yolo9 val`): where the layout is [`Layout::Auto`], an f32 network runs
+    /// NCHW at every batch, the layout (and, with TF32, the arithmetic) of the official
+    /// `val_dual.py`, so that the metrics table equals the official one to the printed digit
+    /// (channels-last batch 32 gave P 0.806 against the official 0.805 on the BCCD test split,
+    /// one device command). Half precision keeps [`Layout::Auto`].
+    pub fn for_validation(mut self) -> Self {
+        if self.layout == Layout::Auto && self.dtype == DType::F32 {
+            self.layout = Layout::Nchw;
+        }
+        self
+    }
+
     /// The layout policy of the network.
     pub fn layout(&self) -> Layout {
         self.layout
@@ -177,7 +196,9 @@ impl YoloV9 {
         match self.layout {
             Layout::Nchw => false,
             Layout::Nhwc => true,
-            Layout::Auto => batch == 1 && matches!(self.dtype, DType::F16 | DType::BF16),
+            Layout::Auto => {
+                matches!(self.dtype, DType::F16 | DType::BF16) || batch >= NHWC_F32_MIN_BATCH
+            }
         }
     }
 
