@@ -23,8 +23,15 @@
 //!   - 32-bit float: clamped to 0..1, times 255, rounded;
 //!   - CMYK JPEG (Adobe APP14): converted to RGB by the JPEG decoder (zune-jpeg), not inverted
 //!     (checked against `shared/cases/cmyk_jpeg/reference`).
-//! * **JPEG pixels as OpenCV decodes them**: complete YCbCr/grey JPEGs go through libjpeg
-//!   (mozjpeg, built from C without SIMD), bit-identical to `cv2.imread`; others through image-rs.
+//! * **JPEG pixels as OpenCV decodes them**: YCbCr/grey/RGB JPEGs go through libjpeg (mozjpeg,
+//!   built from C without SIMD), bit-identical to `cv2.imread`; others through image-rs.
+//! * **Usable means decodable, judged here and only here.** [`decode_rgb8`] is the one judge of
+//!   whether an image can be used: the dataset scan (`check`, `train`, `val`) decodes every image
+//!   with it (`data::scan::probe_image`), as detect, val and the training loader do, so they all
+//!   agree. A JPEG cut off mid-scan is refused (libjpeg's "premature end of data segment": the
+//!   rest of the picture would be grey), while a JPEG whose data is complete but whose final
+//!   end-of-image marker is missing is used, as OpenCV uses it. A PNG without its data's end is
+//!   refused by its decoder.
 //! * **Decoding-bomb guard** ([`size_guard`], also applied by the dataset scan of `check` and
 //!   `train`): at most [`MAX_SIDE`] pixels per side and [`MAX_DECODE_BYTES`] bytes of decoded
 //!   pixels, counted as the decoder's buffer plus the 8-bit RGB copy ([`decoded_need`]: a grey or
@@ -82,7 +89,11 @@ pub fn decode_rgb8(bytes: &[u8]) -> Result<RgbImage> {
              decoded); downscale the image first",
             MAX_DECODE_BYTES / 1_000_000
         ),
-        e => anyhow::Error::new(e).context(format!("cannot read the {format:?} header")),
+        e => anyhow::Error::new(e).context(format!(
+            "{} cut off or corrupt: cannot read its header ({} bytes)",
+            format!("{format:?}").to_uppercase(),
+            bytes.len()
+        )),
     })?;
     let (w, h) = decoder.dimensions();
     size_guard(w, h, decoder.total_bytes())?;
@@ -91,13 +102,18 @@ pub fn decode_rgb8(bytes: &[u8]) -> Result<RgbImage> {
         .orientation()
         .unwrap_or(image::metadata::Orientation::NoTransforms);
     if format == image::ImageFormat::Jpeg {
-        if let Some(mut rgb) = decode_jpeg_libjpeg(bytes, w, h) {
+        if let Some(mut rgb) = decode_jpeg_libjpeg(bytes, w, h)? {
             apply_orientation(&mut rgb, orientation);
             return Ok(rgb);
         }
     }
-    let mut img = DynamicImage::from_decoder(decoder)
-        .with_context(|| format!("corrupt or truncated {format:?} data ({w}x{h})"))?;
+    let mut img = DynamicImage::from_decoder(decoder).with_context(|| {
+        format!(
+            "{} cut off or corrupt ({w}x{h}, {} bytes)",
+            format!("{format:?}").to_uppercase(),
+            bytes.len()
+        )
+    })?;
     if format == image::ImageFormat::Png {
         if let Some(bits) = png_sbit(bytes) {
             img = rescale_low_bit_16(img, bits);
@@ -108,41 +124,98 @@ pub fn decode_rgb8(bytes: &[u8]) -> Result<RgbImage> {
     Ok(rgb)
 }
 
-/// Decodes a complete YCbCr or greyscale JPEG with libjpeg (mozjpeg, a libjpeg-turbo fork: the
-/// library OpenCV's `cv2.imread` uses), giving the same pixels as the official code: islow IDCT
-/// and fancy upsampling, bit for bit (image-rs's decoder differs by a few levels, which moved
-/// BCCD test mAP50-95 by 0.004). Returns `None` — and the caller decodes with image-rs, whose
-/// errors name the problem — for anything else: CMYK/YCCK data, a file without its end-of-image
-/// marker (truncated: libjpeg would silently fill the rest with grey), a libjpeg error, or a size
-/// that disagrees with the header.
-fn decode_jpeg_libjpeg(bytes: &[u8], w: u32, h: u32) -> Option<RgbImage> {
-    let end = bytes.iter().rposition(|&b| b != 0)?;
-    if end < 1 || bytes[end - 1] != 0xFF || bytes[end] != 0xD9 {
-        return None;
-    }
-    // libjpeg reports fatal errors by unwinding out of its error handler.
+/// Decodes a JPEG with libjpeg (mozjpeg, a libjpeg-turbo fork: the library OpenCV's
+/// `cv2.imread` uses), giving the same pixels as the official code for YCbCr, greyscale and RGB
+/// data: islow IDCT and fancy upsampling, bit for bit (image-rs's decoder differs by a few levels,
+/// which moved BCCD test mAP50-95 by 0.004).
+///
+/// This is also where a JPEG's usability is judged, by decoding: a file whose entropy-coded data
+/// ends before the last block (cut off mid-scan; libjpeg would fill the rest with grey) is
+/// `Err`, while a file whose data is complete but whose end-of-image marker is missing decodes
+/// normally (libjpeg supplies the marker, as for OpenCV). CMYK/YCCK data is decoded to CMYK
+/// only to check it is complete, then `Ok(None)` lets image-rs convert it (checked against
+/// `shared/cases/cmyk_jpeg/reference`). `Ok(None)` also for a libjpeg error or a size that
+/// disagrees with the header: the caller decodes with image-rs, whose errors name the problem.
+fn decode_jpeg_libjpeg(bytes: &[u8], w: u32, h: u32) -> Result<Option<RgbImage>> {
+    use mozjpeg::ColorSpace as C;
+    // libjpeg reports fatal errors, and `jpeg_err::message` data that ran out, by unwinding.
     let decoded = std::panic::catch_unwind(|| -> Option<(usize, usize, Vec<u8>)> {
-        let d = mozjpeg::Decompress::new_mem(bytes).ok()?;
-        if !matches!(
-            d.color_space(),
-            mozjpeg::ColorSpace::JCS_YCbCr
-                | mozjpeg::ColorSpace::JCS_GRAYSCALE
-                | mozjpeg::ColorSpace::JCS_RGB
-        ) {
-            return None;
+        let d = mozjpeg::Decompress::with_err(jpeg_err::manager())
+            .from_mem(bytes)
+            .ok()?;
+        match d.color_space() {
+            C::JCS_YCbCr | C::JCS_GRAYSCALE | C::JCS_RGB => {
+                let mut started = d.rgb().ok()?;
+                let (dw, dh) = (started.width(), started.height());
+                let px: Vec<[u8; 3]> = started.read_scanlines().ok()?;
+                started.finish().ok()?;
+                Some((dw, dh, px.into_iter().flatten().collect()))
+            }
+            C::JCS_CMYK | C::JCS_YCCK => {
+                let mut started = d.to_colorspace(C::JCS_CMYK).ok()?;
+                let _: Vec<[u8; 4]> = started.read_scanlines().ok()?;
+                started.finish().ok()?;
+                None
+            }
+            _ => None,
         }
-        let mut started = d.rgb().ok()?;
-        let (dw, dh) = (started.width(), started.height());
-        let px: Vec<[u8; 3]> = started.read_scanlines().ok()?;
-        started.finish().ok()?;
-        Some((dw, dh, px.into_iter().flatten().collect()))
-    })
-    .ok()??;
-    let (dw, dh, data) = decoded;
+    });
+    let decoded = match decoded {
+        Ok(d) => d,
+        Err(payload) => match payload.downcast::<jpeg_err::CutOff>() {
+            Ok(_) => bail!(
+                "JPEG cut off: the image data ends before the last block ({} bytes; part of the                  picture is missing); re-export the file or remove it",
+                bytes.len()
+            ),
+            Err(_) => None,
+        },
+    };
+    let Some((dw, dh, data)) = decoded else {
+        return Ok(None);
+    };
     if (dw as u32, dh as u32) != (w, h) || data.len() != dw * dh * 3 {
-        return None;
+        return Ok(None);
     }
-    RgbImage::from_raw(w, h, data)
+    Ok(RgbImage::from_raw(w, h, data))
+}
+
+/// libjpeg's error manager for [`decode_jpeg_libjpeg`]: fatal errors unwind (as mozjpeg's own
+/// manager does) and the warning "premature end of data segment" (`JWRN_HIT_MARKER`: the
+/// entropy-coded data ran out and libjpeg is about to fill the missing blocks) unwinds with
+/// [`CutOff`]. Other warnings are ignored, as OpenCV's decode ignores them.
+mod jpeg_err {
+    use mozjpeg_sys::{jpeg_common_struct, jpeg_error_mgr, jpeg_std_error, JWRN_HIT_MARKER};
+    use std::os::raw::c_int;
+
+    /// Unwinding payload: the image data ran out before the last block.
+    pub(super) struct CutOff;
+
+    /// Unwinding payload: a libjpeg fatal error.
+    struct Fatal;
+
+    /// A fresh error manager with the two handlers.
+    pub(super) fn manager() -> jpeg_error_mgr {
+        // SAFETY: `jpeg_std_error` fills every field of a zeroed manager (method pointers and
+        // pointers to libjpeg's static message tables); nothing in it points into itself, so
+        // it may be moved afterwards.
+        let mut err: jpeg_error_mgr = unsafe { std::mem::zeroed() };
+        unsafe { jpeg_std_error(&mut err) };
+        err.error_exit = Some(fatal);
+        err.emit_message = Some(message);
+        err
+    }
+
+    extern "C-unwind" fn fatal(_cinfo: &mut jpeg_common_struct) {
+        std::panic::resume_unwind(Box::new(Fatal));
+    }
+
+    extern "C-unwind" fn message(cinfo: &mut jpeg_common_struct, level: c_int) {
+        // SAFETY: libjpeg calls this with its own decompressor, whose `err` is this manager.
+        let code = unsafe { cinfo.err.as_ref() }.map_or(-1, |e| e.msg_code);
+        if level < 0 && code == JWRN_HIT_MARKER {
+            std::panic::resume_unwind(Box::new(CutOff));
+        }
+    }
 }
 
 /// Reads only the header of the image at `path` and returns its stored `(width, height)` (before
