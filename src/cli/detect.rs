@@ -292,6 +292,8 @@ pub fn run_with(
     let saving = !args.nosave || args.save_txt || args.json || args.save_crop;
     let mut save_dir = increment_path(&args.project, &args.name, args.exist_ok);
     if saving {
+        let inputs = files.iter().map(PathBuf::as_path);
+        crate::runs::refuse_reused_dir(&args.project, &args.name, args.exist_ok, inputs)?;
         save_dir = crate::runs::claim_run_dir(&args.project, &args.name, args.exist_ok)
             .with_context(|| format!("cannot create the run folder {}", save_dir.display()))?;
         if args.save_txt {

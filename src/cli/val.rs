@@ -120,6 +120,15 @@ pub fn run(a: ValArgs) -> Result<()> {
     )?;
     println!("{}", scan.summary(&cfg.names));
     let images = val_images(&scan);
+    if !a.noplots || a.save_json {
+        let labels: Vec<PathBuf> = scan.records.iter().filter_map(|r| r.label.clone()).collect();
+        let inputs = [&a.data, &weights_path]
+            .into_iter()
+            .chain(images.iter().map(|i| &i.path))
+            .chain(&labels)
+            .map(PathBuf::as_path);
+        crate::runs::refuse_reused_dir(&a.project, &a.name, a.exist_ok, inputs)?;
+    }
     let batch = match a.budget {
         Some(budget) => {
             let probe = crate::memory::MemoryProbe::new(&device)?;

@@ -325,6 +325,21 @@ pub(crate) fn build<'a>(
         weights,
         arch,
     } = r;
+    if state.is_none() {
+        // `--exist-ok` reuses the folder: it must not hold anything this run reads.
+        let labels: Vec<PathBuf> = items
+            .iter()
+            .map(|i| crate::data::scan::label_path_for(&i.path))
+            .collect();
+        let inputs = [Some(&opts.data), opts.hyp.as_ref(), opts.weights.as_ref()]
+            .into_iter()
+            .flatten()
+            .chain(items.iter().map(|i| &i.path))
+            .chain(&labels)
+            .chain(vimages.iter().map(|i| &i.path))
+            .map(PathBuf::as_path);
+        crate::runs::refuse_reused_dir(&opts.project, &opts.name, opts.exist_ok, inputs)?;
+    }
     // Model, loss, optimizer, EMA.
     let model = YoloV9Train::build(
         &arch,
