@@ -229,6 +229,19 @@ pub fn run(args: DetectArgs) -> Result<()> {
     if args.device == DeviceSpec::Auto {
         eprintln!("{}", crate::device::auto_notice(&device));
     }
+    // The size against the memory before any work: one image at a time.
+    crate::footprint::check_device(
+        &crate::footprint::Request {
+            what: "detect",
+            work: crate::footprint::Work::Infer,
+            img,
+            images: 1,
+            batch_option: None,
+            split_option: None,
+        },
+        &device,
+        args.budget,
+    )?;
     let dtype = inference_dtype(args.half, &device);
     if let Some(budget) = args.budget {
         let w = load_weights(&weights, args.model.cfg.as_deref())?;

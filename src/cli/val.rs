@@ -98,6 +98,19 @@ pub fn run(a: ValArgs) -> Result<()> {
         split.key()
     );
     let device = crate::train::trainer::parse_device(&a.device)?;
+    // The size against the memory before any work (the budget search starts at one image).
+    crate::footprint::check_device(
+        &crate::footprint::Request {
+            what: "validation",
+            work: crate::footprint::Work::Infer,
+            img: a.img,
+            images: if a.budget.is_some() { 1 } else { a.batch },
+            batch_option: Some("--batch"),
+            split_option: None,
+        },
+        &device,
+        a.budget,
+    )?;
     let (weights_path, weights) = a.model.load()?;
     ensure!(
         weights.meta.nc == cfg.nc,

@@ -176,6 +176,28 @@ pub(crate) fn resolve(
     if let Some(n) = notice {
         obs.note(&n);
     }
+    // The size against the memory, before the scan: a step that cannot fit is refused now.
+    // Budget sizing (and `--batch auto`) starts from one image; a resumed run keeps its micro-batch.
+    let (images, batch_option) = match &state {
+        Some(st) => (st.meta.micro, "--micro-batch"),
+        None if opts.budget.is_some() || opts.batch == 0 => (1, "--batch"),
+        None => match opts.micro_batch {
+            Some(m) => (m.min(opts.batch), "--micro-batch"),
+            None => (opts.batch, "--batch"),
+        },
+    };
+    crate::footprint::check_device(
+        &crate::footprint::Request {
+            what: "a training step",
+            work: crate::footprint::Work::Train,
+            img: opts.img,
+            images,
+            batch_option: Some(batch_option),
+            split_option: (batch_option == "--batch").then_some("--micro-batch"),
+        },
+        &device,
+        opts.budget,
+    )?;
     let cfg = DataConfig::load(&opts.data)?;
     if faults.stop_in == Some(Phase::Scan) {
         stop.request();
