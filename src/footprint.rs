@@ -86,6 +86,7 @@ pub fn check(req: &Request<'_>, available: u64, available_what: &str) -> Result<
         return Ok(());
     }
     let per_px = req.work.per_pixel();
+    let budget = available_what.starts_with("--budget");
     let side = |n: usize| -> u64 {
         let px = available / per_px.saturating_mul(n as u64).max(1);
         ((px as f64).sqrt() as u64) / 32 * 32
@@ -111,15 +112,20 @@ pub fn check(req: &Request<'_>, available: u64, available_what: &str) -> Result<
             todo.push(format!("use {opt} 1 with --img at most {}", side(1)));
         }
     }
-    todo.push(if available_what.starts_with("--budget") {
+    todo.push(if budget {
         "raise --budget".to_string()
     } else {
         "free memory".to_string()
     });
     bail!(
-        "--img {}{batch_words}: {} on the CPU needs about {} at this size ({} bytes per pixel \
+        "{}--img {}{batch_words}: {} on the CPU needs about {} at this size ({} bytes per pixel \
          per image × {images} image(s) of {}x{}, measured for yolov9-s; larger models need \
          more), but {} is available ({available_what}); {}",
+        if budget {
+            format!("{available_what} is too small: ")
+        } else {
+            String::new()
+        },
         req.img,
         req.what,
         fmt_size(need),

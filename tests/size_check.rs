@@ -156,7 +156,7 @@ fn detect_over_the_budget_is_refused_before_measuring() {
     assert_refused(
         code,
         &err,
-        &["--img 8192:", "detect", "10.00GiB", "--budget 1.00GiB"],
+        &["--budget 1.00GiB is too small: --img 8192:", "detect", "10.00GiB"],
     );
     // sqrt(1 GiB / 160) = 2590 -> 2560
     assert!(err.contains("at most 2560") && err.contains("raise --budget"), "{err}");
