@@ -103,9 +103,9 @@ pub fn check(req: &Request<'_>, available: u64, available_what: &str) -> Result<
         let fit = available / estimate(req.work, req.img, 1).max(1);
         if images > 1 && fit >= 1 {
             todo.push(match req.split_option {
-                Some(split) => format!(
-                    "lower {opt} to at most {fit} (or keep it and add {split} {fit})"
-                ),
+                Some(split) => {
+                    format!("lower {opt} to at most {fit} (or keep it and add {split} {fit})")
+                }
                 None => format!("lower {opt} to at most {fit}"),
             });
         } else if images > 1 {

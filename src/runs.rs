@@ -137,11 +137,22 @@ mod tests {
         let dotted = root.join("runs/./exp/../exp/weights/best.safetensors");
         let inputs = [other.as_path(), dotted.as_path()];
         assert_eq!(input_within(&run, inputs), Some(dotted.as_path()));
-        assert_eq!(input_within(&w, [w.as_path()]), Some(w.as_path()), "a file is itself");
-        assert_eq!(input_within(&root.join("runs/exp2"), inputs), None, "absent");
+        assert_eq!(
+            input_within(&w, [w.as_path()]),
+            Some(w.as_path()),
+            "a file is itself"
+        );
+        assert_eq!(
+            input_within(&root.join("runs/exp2"), inputs),
+            None,
+            "absent"
+        );
         let e = refuse_reused_dir(&root.join("runs"), "exp", true, inputs).unwrap_err();
         let e = format!("{e:#}");
-        assert!(e.contains("--exist-ok") && e.contains("best.safetensors"), "{e}");
+        assert!(
+            e.contains("--exist-ok") && e.contains("best.safetensors"),
+            "{e}"
+        );
         assert!(refuse_reused_dir(&root.join("runs"), "exp", false, inputs).is_ok());
         assert!(refuse_reused_dir(&root.join("runs"), "exp", true, [other.as_path()]).is_ok());
         assert_eq!(std::fs::read(&w).unwrap(), b"w");

@@ -211,7 +211,10 @@ fn exist_ok_into_the_source_folder_is_refused_and_nothing_is_overwritten() {
     std::fs::copy(&img, src.join("crowd_640x480.jpg")).unwrap();
     std::fs::write(src.join("labels/crowd_640x480.txt"), "0 0.5 0.5 0.1 0.1\n").unwrap();
     let before = |p: &str| std::fs::read(src.join(p)).unwrap();
-    let (jpg, txt) = (before("crowd_640x480.jpg"), before("labels/crowd_640x480.txt"));
+    let (jpg, txt) = (
+        before("crowd_640x480.jpg"),
+        before("labels/crowd_640x480.txt"),
+    );
     let args = |name: &str| {
         vec![
             "detect".to_string(),

@@ -14,7 +14,10 @@ use yolo9::memory::MemoryProbe;
 #[test]
 #[ignore = "slow measurement; run with --ignored"]
 fn inference_needs_at_least_the_stated_bytes_per_pixel() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/weights/yolov9-s-bccd.safetensors");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/weights/yolov9-s-bccd.safetensors"
+    );
     let w = yolo9::model::weights::Weights::load(path).unwrap();
     let dev = Device::Cpu;
     let m = yolo9::model::yolov9::YoloV9::load(&w, &dev).unwrap();
@@ -51,7 +54,10 @@ fn a_training_step_needs_at_least_the_stated_bytes_per_pixel_per_image() {
         };
         let d = yolo9::train::budget::plan(&req, &dev, &probe).unwrap();
         let per_px = d.fit.per_image / (img as f64 * img as f64);
-        println!("training --img {img}: {}; {per_px:.1} B/px/image", d.describe());
+        println!(
+            "training --img {img}: {}; {per_px:.1} B/px/image",
+            d.describe()
+        );
         assert!(per_px >= TRAIN_BYTES_PER_PIXEL as f64, "{img}: {per_px}");
     }
 }

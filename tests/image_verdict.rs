@@ -101,12 +101,20 @@ fn scan_and_detect_agree_on_every_variant() {
             (format!("{kind}_no_eoi.jpg"), without_eoi(&whole), true),
         ];
         for keep in cuts(&whole) {
-            files.push((format!("{kind}_cut{keep}.jpg"), whole[..keep].to_vec(), false));
+            files.push((
+                format!("{kind}_cut{keep}.jpg"),
+                whole[..keep].to_vec(),
+                false,
+            ));
         }
         for (name, bytes, ok) in files {
             let p = images.join(&name);
             std::fs::write(&p, &bytes).unwrap();
-            std::fs::write(labels.join(&name).with_extension("txt"), "0 0.5 0.5 0.2 0.2\n").unwrap();
+            std::fs::write(
+                labels.join(&name).with_extension("txt"),
+                "0 0.5 0.5 0.2 0.2\n",
+            )
+            .unwrap();
             let (probe, load) = (probe_image(&p), load_rgb8(&p));
             assert_eq!(probe.is_ok(), ok, "{name}: scan verdict {probe:?}");
             assert_eq!(load.is_ok(), ok, "{name}: detect verdict");
@@ -126,7 +134,10 @@ fn scan_and_detect_agree_on_every_variant() {
     }
     std::fs::write(
         dir.join("data.yaml"),
-        format!("path: {}\ntrain: images/train\nval: images/train\nnames: [a]\n", dir.display()),
+        format!(
+            "path: {}\ntrain: images/train\nval: images/train\nnames: [a]\n",
+            dir.display()
+        ),
     )
     .unwrap();
     let cfg = DataConfig::load(&dir.join("data.yaml")).unwrap();
@@ -142,7 +153,10 @@ fn scan_and_detect_agree_on_every_variant() {
         .iter()
         .map(|p| yolo9::data::yaml::normalize(p))
         .collect();
-    assert_eq!(kept, expect.iter().map(PathBuf::as_path).collect::<Vec<_>>());
+    assert_eq!(
+        kept,
+        expect.iter().map(PathBuf::as_path).collect::<Vec<_>>()
+    );
     let mut skipped: Vec<String> = s
         .issues
         .iter()

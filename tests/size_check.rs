@@ -24,13 +24,20 @@ fn yolo9_within(secs: u64, args: &[&str]) -> (i32, String) {
         if let Some(status) = child.try_wait().unwrap() {
             let mut err = String::new();
             use std::io::Read;
-            child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+            child
+                .stderr
+                .take()
+                .unwrap()
+                .read_to_string(&mut err)
+                .unwrap();
             return (status.code().unwrap_or(-1), err);
         }
         if t0.elapsed() > Duration::from_secs(secs) {
             let _ = child.kill();
             let _ = child.wait();
-            panic!("yolo9 {args:?} still running after {secs} s: the size was not checked up front");
+            panic!(
+                "yolo9 {args:?} still running after {secs} s: the size was not checked up front"
+            );
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -122,7 +129,11 @@ fn val_with_a_batch_that_cannot_fit_is_refused_before_loading() {
         ],
     );
     // 160 B/px × 8192² × 64 = 640 GiB
-    assert_refused(code, &err, &["--img 8192 --batch 64", "validation", "640.00GiB"]);
+    assert_refused(
+        code,
+        &err,
+        &["--img 8192 --batch 64", "validation", "640.00GiB"],
+    );
     assert!(!project.exists());
     assert!(!dir.join("labels/val.yolo9-cache.json").exists());
     let _ = std::fs::remove_dir_all(&dir);
@@ -156,10 +167,17 @@ fn detect_over_the_budget_is_refused_before_measuring() {
     assert_refused(
         code,
         &err,
-        &["--budget 1.00GiB is too small: --img 8192:", "detect", "10.00GiB"],
+        &[
+            "--budget 1.00GiB is too small: --img 8192:",
+            "detect",
+            "10.00GiB",
+        ],
     );
     // sqrt(1 GiB / 160) = 2590 -> 2560
-    assert!(err.contains("at most 2560") && err.contains("raise --budget"), "{err}");
+    assert!(
+        err.contains("at most 2560") && err.contains("raise --budget"),
+        "{err}"
+    );
     assert!(!project.exists());
     let _ = std::fs::remove_dir_all(&dir);
 }

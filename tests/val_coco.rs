@@ -187,8 +187,14 @@ fn val_exist_ok_never_writes_over_an_input() {
         "--exist-ok",
     ]);
     assert_ne!(code, 0, "{out}\n{err}");
-    assert!(err.contains("--exist-ok") && err.contains("predictions.json"), "{err}");
-    assert!(!out.contains("mAP50-95"), "refused before validating: {out}");
+    assert!(
+        err.contains("--exist-ok") && err.contains("predictions.json"),
+        "{err}"
+    );
+    assert!(
+        !out.contains("mAP50-95"),
+        "refused before validating: {out}"
+    );
     assert_eq!(std::fs::read_to_string(&data).unwrap(), text);
     assert!(!dir.join("ds/confusion_matrix.png").exists());
     let _ = std::fs::remove_dir_all(&dir);

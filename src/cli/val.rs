@@ -134,7 +134,11 @@ pub fn run(a: ValArgs) -> Result<()> {
     println!("{}", scan.summary(&cfg.names));
     let images = val_images(&scan);
     if !a.noplots || a.save_json {
-        let labels: Vec<PathBuf> = scan.records.iter().filter_map(|r| r.label.clone()).collect();
+        let labels: Vec<PathBuf> = scan
+            .records
+            .iter()
+            .filter_map(|r| r.label.clone())
+            .collect();
         let inputs = [&a.data, &weights_path]
             .into_iter()
             .chain(images.iter().map(|i| &i.path))
