@@ -124,6 +124,78 @@ pub fn decode_rgb8(bytes: &[u8]) -> Result<RgbImage> {
     Ok(rgb)
 }
 
+/// Decoded bytes that the decodes of [`decode_rgb8_bounded`] may hold at once, all threads
+/// together: 2 GiB (two of the largest pictures the guard lets through).
+pub const BOUNDED_DECODE_BYTES: u64 = 2 * MAX_DECODE_BYTES;
+
+/// [`decode_rgb8`] for parallel callers (the dataset scan decodes every image on every core):
+/// first waits until this picture's decoded bytes (its header size as 8-bit RGBA plus the RGB copy,
+/// at most [`MAX_DECODE_BYTES`]) fit beside those of the other bounded decodes in progress within
+/// [`BOUNDED_DECODE_BYTES`]; one decode always proceeds alone. The verdict is [`decode_rgb8`]'s.
+pub fn decode_rgb8_bounded(bytes: &[u8]) -> Result<RgbImage> {
+    static GATE: gate::Gate = gate::Gate::new(BOUNDED_DECODE_BYTES);
+    let need = ImageReader::new(Cursor::new(bytes))
+        .with_guessed_format()
+        .ok()
+        .and_then(|r| r.into_dimensions().ok())
+        .map_or(0, |(w, h)| {
+            decoded_need(w, h, 4 * u64::from(w) * u64::from(h)).min(MAX_DECODE_BYTES)
+        });
+    let _held = GATE.acquire(need);
+    decode_rgb8(bytes)
+}
+
+/// A byte budget shared by threads: [`Gate::acquire`] blocks while the bytes held plus the
+/// request exceed the cap (unless nothing is held), and the returned guard gives them back.
+mod gate {
+    use std::sync::{Condvar, Mutex};
+
+    /// The shared budget.
+    pub(super) struct Gate {
+        cap: u64,
+        used: Mutex<u64>,
+        freed: Condvar,
+    }
+
+    /// Bytes held until dropped.
+    pub(super) struct Held<'a> {
+        gate: &'a Gate,
+        bytes: u64,
+    }
+
+    impl Gate {
+        pub(super) const fn new(cap: u64) -> Gate {
+            Gate {
+                cap,
+                used: Mutex::new(0),
+                freed: Condvar::new(),
+            }
+        }
+
+        pub(super) fn acquire(&self, bytes: u64) -> Held<'_> {
+            let mut used = self.used.lock().unwrap_or_else(|e| e.into_inner());
+            while *used > 0 && used.saturating_add(bytes) > self.cap {
+                used = self.freed.wait(used).unwrap_or_else(|e| e.into_inner());
+            }
+            *used += bytes;
+            Held { gate: self, bytes }
+        }
+
+        #[cfg(test)]
+        pub(super) fn used(&self) -> u64 {
+            *self.used.lock().unwrap()
+        }
+    }
+
+    impl Drop for Held<'_> {
+        fn drop(&mut self) {
+            let mut used = self.gate.used.lock().unwrap_or_else(|e| e.into_inner());
+            *used -= self.bytes;
+            self.gate.freed.notify_all();
+        }
+    }
+}
+
 /// Decodes a JPEG with libjpeg (mozjpeg, a libjpeg-turbo fork: the library OpenCV's
 /// `cv2.imread` uses), giving the same pixels as the official code for YCbCr, greyscale and RGB
 /// data: islow IDCT and fancy upsampling, bit for bit (image-rs's decoder differs by a few levels,
@@ -360,6 +432,31 @@ mod tests {
         let out = to_rgb8(rescale_low_bit_16(DynamicImage::ImageLuma16(b), 12));
         assert_eq!(out.get_pixel(0, 0).0, [255, 255, 255]);
         assert_eq!(out.get_pixel(1, 0).0, [0, 0, 0]);
+    }
+
+    #[test]
+    fn the_gate_never_holds_more_than_its_cap_and_lets_a_large_one_through_alone() {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static G: gate::Gate = gate::Gate::new(100);
+        static PEAK: AtomicU64 = AtomicU64::new(0);
+        let threads: Vec<_> = (0..16u64)
+            .map(|i| {
+                std::thread::spawn(move || {
+                    // 30..=75 bytes each, and one of 250 (over the cap: alone)
+                    let need = if i == 7 { 250 } else { 30 + (i % 4) * 15 };
+                    let _h = G.acquire(need);
+                    let now = G.used();
+                    PEAK.fetch_max(if need > 100 { 0 } else { now }, Ordering::SeqCst);
+                    assert!(need > 100 && now == need || now <= 100, "{now}");
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert!(PEAK.load(Ordering::SeqCst) <= 100);
+        assert_eq!(G.used(), 0);
     }
 
     #[test]

@@ -505,7 +505,9 @@ pub struct ImageProbe {
 
 /// Judges an image the way everything else does: by decoding it with
 /// [`super::image::decode_rgb8`], the function detect, val and the training loader use (guard,
-/// EXIF orientation and all), so the scan keeps exactly the images they can use. The format is
+/// EXIF orientation and all), so the scan keeps exactly the images they can use (through
+/// [`super::image::decode_rgb8_bounded`]: the scan's parallel decodes hold at most
+/// [`super::image::BOUNDED_DECODE_BYTES`] of pixels at once). The format is
 /// sniffed from the first bytes, for the note on a content/extension mismatch. `Err` holds the
 /// reason the image cannot be used, e.g. `JPEG cut off: the image data ends before the last
 /// block (12345 bytes; …)`.
@@ -521,7 +523,7 @@ pub fn probe_image(path: &Path) -> std::result::Result<ImageProbe, String> {
         .iter()
         .any(|x| x.eq_ignore_ascii_case(ext)))
     .then(|| format!("content is {format:?} but the extension is .{ext}"));
-    let img = super::image::decode_rgb8(&bytes).map_err(|e| format!("{e:#}"))?;
+    let img = super::image::decode_rgb8_bounded(&bytes).map_err(|e| format!("{e:#}"))?;
     Ok(ImageProbe {
         format,
         width: img.width(),
