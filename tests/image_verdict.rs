@@ -76,6 +76,7 @@ fn cut_off_mid_scan_is_refused_naming_the_cut() {
     for (kind, whole) in sources() {
         for keep in cuts(&whole) {
             let e = format!("{:#}", decode_rgb8(&whole[..keep]).unwrap_err());
+            assert!(!e.contains("  "), "one line of text: {e}");
             assert!(
                 e.contains("cut off") && e.contains(&format!("{keep} bytes")),
                 "{kind} cut at {keep}/{}: {e}",
