@@ -49,7 +49,8 @@ pub struct DetectArgs {
     /// one forward at --img must fit (checked before the first image).
     #[arg(long, value_parser = parse_budget)]
     pub budget: Option<u64>,
-    /// Inference size in pixels (1..=8192), rounded up to a multiple of 32.
+    /// Inference size in pixels (1..=8192), rounded up to a multiple of 32. On the CPU a size
+    /// whose estimated memory exceeds the free memory is refused before any work.
     #[arg(long = "img", visible_aliases = ["imgsz", "img-size"], default_value = "640",
           value_parser = parse_img, allow_negative_numbers = true)]
     pub img: u32,

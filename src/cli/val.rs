@@ -21,7 +21,8 @@ pub struct ValArgs {
     /// Split to validate: val or test.
     #[arg(long, default_value = "val")]
     pub split: String,
-    /// Inference size (long side, pixels, 1..=8192; multiple of 32).
+    /// Inference size (long side, pixels, 1..=8192; multiple of 32). On the CPU a size and
+    /// batch whose estimated memory exceeds the free memory are refused before any work.
     #[arg(long, default_value = "640", value_parser = crate::cli::parse::img)]
     pub img: u32,
     /// Batch size (≥ 1).
