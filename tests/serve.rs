@@ -371,7 +371,7 @@ fn padded_batches_detect_what_unpadded_ones_do() {
 }
 
 /// A request's `img` above the default is checked against the free memory on the CPU
-/// (`yolo9::footprint`): a full batch of 256 at 4096 px (about 640 GiB) is a 400 naming the
+/// (`yolo9::footprint`): a full batch of 256 at 4096 px (about 512 GiB) is a 400 naming the
 /// size, the estimate and what is free, answered before any decoding; the default size works.
 #[test]
 fn a_request_size_that_cannot_fit_in_memory_is_a_400() {
@@ -384,7 +384,7 @@ fn a_request_size_that_cannot_fit_in_memory_is_a_400() {
     let (code, text) = http(svc.addr, "POST", "/v1/detect?img=4096", None, &body);
     assert_eq!(code, 400, "{text}");
     assert!(
-        text.contains("img=4096: a full batch of 256 images needs about 640.00GiB on the CPU")
+        text.contains("img=4096: a full batch of 256 images needs about 512.00GiB on the CPU")
             && text.contains("is free"),
         "{text}"
     );

@@ -128,18 +128,18 @@ fn val_with_a_batch_that_cannot_fit_is_refused_before_loading() {
             project.to_str().unwrap(),
         ],
     );
-    // 160 B/px × 8192² × 64 = 640 GiB
+    // 128 B/px × 8192² × 64 = 512 GiB
     assert_refused(
         code,
         &err,
-        &["--img 8192 --batch 64", "validation", "640.00GiB"],
+        &["--img 8192 --batch 64", "validation", "512.00GiB"],
     );
     assert!(!project.exists());
     assert!(!dir.join("labels/val.yolo9-cache.json").exists());
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// detect's documented maximum `--img 8192` needs about 10 GiB on the CPU; under `--budget 1GiB`
+/// detect's documented maximum `--img 8192` needs more than 8 GiB on the CPU; under `--budget 1GiB`
 /// it is refused at once (before: the budget search ran an 8192×8192 forward to find out).
 #[test]
 fn detect_over_the_budget_is_refused_before_measuring() {
@@ -170,12 +170,12 @@ fn detect_over_the_budget_is_refused_before_measuring() {
         &[
             "--budget 1.00GiB is too small: --img 8192:",
             "detect",
-            "10.00GiB",
+            "8.00GiB",
         ],
     );
-    // sqrt(1 GiB / 160) = 2590 -> 2560
+    // sqrt(1 GiB / 128) = 2896 -> 2880
     assert!(
-        err.contains("at most 2560") && err.contains("raise --budget"),
+        err.contains("at most 2880") && err.contains("raise --budget"),
         "{err}"
     );
     assert!(!project.exists());
