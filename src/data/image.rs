@@ -236,8 +236,8 @@ fn decode_jpeg_libjpeg(bytes: &[u8], w: u32, h: u32) -> Result<Option<RgbImage>>
         Ok(d) => d,
         Err(payload) => match payload.downcast::<jpeg_err::CutOff>() {
             Ok(_) => bail!(
-                "JPEG cut off: the image data ends before the last block ({} bytes; part of the \
-                 picture is missing); re-export the file or remove it",
+                "JPEG cut off or damaged: its image data ends before the last block ({} bytes; \
+                 part of the picture is missing); re-export the file or remove it",
                 bytes.len()
             ),
             Err(_) => None,
