@@ -32,6 +32,7 @@ pub mod data;
 pub mod detect;
 pub mod device;
 pub mod error;
+pub mod footprint;
 #[cfg(unix)]
 pub mod launcher;
 #[cfg(feature = "train")]

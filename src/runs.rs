@@ -1,4 +1,8 @@
-//! Run folders: `runs/detect/exp`, `runs/train/exp2`, ... as the official `increment_path`.
+//! Run folders: `runs/detect/exp`, `runs/train/exp2`, ... as the official `increment_path`, and
+//! the two rules every writer (`train`, `val`, `detect`, `convert`) follows so that it never
+//! clobbers: a new run folder is claimed atomically ([`claim_run_dir`]), and a destination that
+//! is or holds one of the command's inputs is refused before any work starts ([`input_within`],
+//! [`refuse_reused_dir`]).
 
 use std::path::{Path, PathBuf};
 
@@ -53,6 +57,47 @@ pub fn claim_run_dir(project: &Path, name: &str, exist_ok: bool) -> std::io::Res
     }
 }
 
+/// The first of `inputs` that `dest` is or holds, compared by canonical path (so `./x`, `x`, a
+/// symlink to it and `a/../x` all count). `dest` is an output file or a folder the outputs go
+/// into; when it does not exist nothing is in it and the answer is `None`, as for inputs that
+/// cannot be resolved.
+pub fn input_within<'a>(
+    dest: &Path,
+    inputs: impl IntoIterator<Item = &'a Path>,
+) -> Option<&'a Path> {
+    let dest = dest.canonicalize().ok()?;
+    inputs
+        .into_iter()
+        .find(|i| i.canonicalize().is_ok_and(|c| c.starts_with(&dest)))
+}
+
+/// For `--exist-ok`, which reuses `project/name` instead of claiming a fresh folder: refuses
+/// (before any work) a folder that is or holds one of the run's `inputs` (weights, data.yaml, hyp,
+/// images, labels, sources), since the run's outputs (fixed names such as `best.safetensors`,
+/// `hyp.yaml`, `predictions.json`, or `<stem>.jpg`) could replace it. Without `exist_ok` the folder
+/// is new and empty, and nothing is checked.
+pub fn refuse_reused_dir<'a>(
+    project: &Path,
+    name: &str,
+    exist_ok: bool,
+    inputs: impl IntoIterator<Item = &'a Path>,
+) -> anyhow::Result<()> {
+    if !exist_ok {
+        return Ok(());
+    }
+    let dir = project.join(name);
+    if let Some(input) = input_within(&dir, inputs) {
+        anyhow::bail!(
+            "--exist-ok would write this run's outputs into {}, which holds {}, an input of the \
+             run: an output could replace it. Pass another --project/--name, or leave out \
+             --exist-ok",
+            dir.display(),
+            input.display()
+        );
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -77,5 +122,40 @@ mod tests {
             project.join("exp")
         );
         let _ = std::fs::remove_dir_all(&project);
+    }
+
+    #[test]
+    fn a_reused_folder_holding_an_input_is_refused() {
+        let root = std::env::temp_dir().join(format!("yolo9-runs-input-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let run = root.join("runs/exp");
+        std::fs::create_dir_all(run.join("weights")).unwrap();
+        let w = run.join("weights/best.safetensors");
+        std::fs::write(&w, b"w").unwrap();
+        let other = root.join("data.yaml");
+        std::fs::write(&other, b"d").unwrap();
+        let dotted = root.join("runs/./exp/../exp/weights/best.safetensors");
+        let inputs = [other.as_path(), dotted.as_path()];
+        assert_eq!(input_within(&run, inputs), Some(dotted.as_path()));
+        assert_eq!(
+            input_within(&w, [w.as_path()]),
+            Some(w.as_path()),
+            "a file is itself"
+        );
+        assert_eq!(
+            input_within(&root.join("runs/exp2"), inputs),
+            None,
+            "absent"
+        );
+        let e = refuse_reused_dir(&root.join("runs"), "exp", true, inputs).unwrap_err();
+        let e = format!("{e:#}");
+        assert!(
+            e.contains("--exist-ok") && e.contains("best.safetensors"),
+            "{e}"
+        );
+        assert!(refuse_reused_dir(&root.join("runs"), "exp", false, inputs).is_ok());
+        assert!(refuse_reused_dir(&root.join("runs"), "exp", true, [other.as_path()]).is_ok());
+        assert_eq!(std::fs::read(&w).unwrap(), b"w");
+        let _ = std::fs::remove_dir_all(&root);
     }
 }

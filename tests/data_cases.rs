@@ -525,27 +525,37 @@ fn label_cache_read_only_folder_only_warns() {
 
 #[test]
 fn truncation_checks_by_hand() {
-    use yolo9::data::scan::{jpeg_has_eoi, probe_image};
+    use yolo9::data::scan::probe_image;
+    let dir = temp_dir("trunc");
+    std::fs::create_dir_all(&dir).unwrap();
     let jpg = std::fs::read(case_dir("coords_invalid").join("images/train/img_000.jpg")).unwrap();
-    assert_eq!(jpeg_has_eoi(&jpg), Ok(()));
+    let probe_bytes = |name: &str, b: &[u8]| {
+        let p = dir.join(name);
+        std::fs::write(&p, b).unwrap();
+        probe_image(&p)
+    };
+    let whole = probe_bytes("whole.jpg", &jpg).unwrap();
     // data after the EOI marker (some cameras append it) is tolerated
     let mut tail = jpg.clone();
     tail.extend_from_slice(b"\0\0trailing bytes");
-    assert_eq!(jpeg_has_eoi(&tail), Ok(()));
-    for keep in [jpg.len() / 2, jpg.len() - 2, 300] {
-        let e = jpeg_has_eoi(&jpg[..keep]).unwrap_err();
+    assert_eq!(probe_bytes("tail.jpg", &tail), Ok(whole.clone()));
+    // complete data without the final EOI marker decodes: judged by decoding, it is usable
+    assert_eq!(probe_bytes("no_eoi.jpg", &jpg[..jpg.len() - 2]), Ok(whole));
+    for keep in [jpg.len() / 2, 300] {
+        let e = probe_bytes("cut.jpg", &jpg[..keep]).unwrap_err();
         assert!(e.contains("cut off"), "{keep}: {e}");
     }
-    assert!(jpeg_has_eoi(b"GIF89a").is_err());
+    assert!(probe_bytes("gif.jpg", b"GIF89a").is_err());
 
-    let dir = temp_dir("trunc");
-    std::fs::create_dir_all(&dir).unwrap();
     let png =
         std::fs::read(case_dir("extensions_case_and_mismatch").join("images/train/IMG_0003.PNG"))
             .unwrap();
     let p = dir.join("cut.png");
     std::fs::write(&p, &png[..png.len() * 6 / 10]).unwrap();
     let e = probe_image(&p).unwrap_err();
+    assert!(e.contains("PNG cut off"), "{e}");
+    // a PNG without its IEND chunk (its data complete) is refused by the decoder, as detect does
+    let e = probe_bytes("no_iend.png", &png[..png.len() - 12]).unwrap_err();
     assert!(e.contains("PNG cut off"), "{e}");
     std::fs::write(&p, &png).unwrap();
     let ok = probe_image(&p).unwrap();

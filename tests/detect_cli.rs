@@ -197,3 +197,53 @@ fn binary_end_to_end_with_default_weights() {
     }
     let _ = std::fs::remove_dir_all(&tmp);
 }
+
+/// `--exist-ok` into the folder that holds the sources: the annotated `<stem>.jpg` and
+/// `labels/<stem>.txt` would replace the inputs, so detect refuses before any work, naming the
+/// input and the option, and leaves every file as it was. Into a folder holding no input it
+/// still works.
+#[test]
+fn exist_ok_into_the_source_folder_is_refused_and_nothing_is_overwritten() {
+    let tmp = common::tmpdir("cli-exist-ok");
+    let src = tmp.join("imgs");
+    std::fs::create_dir_all(src.join("labels")).unwrap();
+    let img = common::case("cli_args_edges").join("crowd_640x480.jpg");
+    std::fs::copy(&img, src.join("crowd_640x480.jpg")).unwrap();
+    std::fs::write(src.join("labels/crowd_640x480.txt"), "0 0.5 0.5 0.1 0.1\n").unwrap();
+    let before = |p: &str| std::fs::read(src.join(p)).unwrap();
+    let (jpg, txt) = (
+        before("crowd_640x480.jpg"),
+        before("labels/crowd_640x480.txt"),
+    );
+    let args = |name: &str| {
+        vec![
+            "detect".to_string(),
+            src.to_str().unwrap().to_string(),
+            "--save-txt".into(),
+            "--exist-ok".into(),
+            "--img".into(),
+            "320".into(),
+            "--project".into(),
+            tmp.to_str().unwrap().to_string(),
+            "--name".into(),
+            name.to_string(),
+        ]
+    };
+    let a = args("imgs");
+    let (code, out, err) = yolo9(&a.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_ne!(code, 0, "{out}\n{err}");
+    assert!(
+        err.contains("--exist-ok") && err.contains("crowd_640x480.jpg"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(before("crowd_640x480.jpg"), jpg);
+    assert_eq!(before("labels/crowd_640x480.txt"), txt);
+    // A reused folder without inputs is fine.
+    std::fs::create_dir_all(tmp.join("out")).unwrap();
+    let a = args("out");
+    let (code, out, err) = yolo9(&a.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(tmp.join("out/crowd_640x480.jpg").is_file());
+    let _ = std::fs::remove_dir_all(&tmp);
+}

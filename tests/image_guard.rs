@@ -1,7 +1,7 @@
 //! The decoding-bomb guard counts the 8-bit RGB buffer yolo9 builds, not the file's native
 //! pixels (`yolo9::data::image::size_guard`), and the dataset scan (`yolo9 check`, `train`)
-//! applies the same guard as the decoder. The images are PNG headers (`common::png_header`: a
-//! huge IHDR, an empty IDAT, IEND), so nothing large is ever allocated.
+//! applies the same guard as the decoder. The refused images are PNG headers
+//! (`common::png_header`: a huge IHDR, an empty IDAT, IEND), so nothing large is ever allocated.
 
 mod common;
 
@@ -51,9 +51,10 @@ fn small_native_pictures_that_expand_past_the_limit_are_refused_everywhere() {
         assert!(why.contains("decoding-bomb guard"), "scan: {why}");
         assert!(why.contains("MB"), "names the limit: {why}");
     }
-    // A picture that fits as RGB passes the scan's probe (its header is all the probe reads).
+    // A real picture that fits as RGB (8000x8000 grey: 256 MB to decode) passes the scan's probe,
+    // which decodes it as detect does.
     let p = dir.join("fits.png");
-    std::fs::write(&p, png_header(8_000, 8_000, 1, 0)).unwrap();
+    image::GrayImage::new(8_000, 8_000).save(&p).unwrap();
     let probe = probe_image(&p).unwrap();
     assert_eq!((probe.width, probe.height), (8_000, 8_000));
 }

@@ -369,3 +369,27 @@ fn padded_batches_detect_what_unpadded_ones_do() {
         }
     }
 }
+
+/// A request's `img` above the default is checked against the free memory on the CPU
+/// (`yolo9::footprint`): a full batch of 256 at 4096 px (about 512 GiB) is a 400 naming the
+/// size, the estimate and what is free, answered before any decoding; the default size works.
+#[test]
+fn a_request_size_that_cannot_fit_in_memory_is_a_400() {
+    let cfg = ServeConfig {
+        max_batch: 256,
+        ..ServeConfig::default()
+    };
+    let svc = Running::start(slow(0), cfg);
+    let body = std::fs::read(&examples()[0]).unwrap();
+    let (code, text) = http(svc.addr, "POST", "/v1/detect?img=4096", None, &body);
+    assert_eq!(code, 400, "{text}");
+    assert!(
+        text.contains("img=4096: a full batch of 256 images needs about 512.00GiB on the CPU")
+            && text.contains("is free"),
+        "{text}"
+    );
+    let (code, text) = http(svc.addr, "POST", "/v1/detect?img=64", None, &body);
+    assert_eq!(code, 200, "{text}");
+    let s = svc.stop();
+    assert_eq!((s.ok, s.errors), (1, 1));
+}

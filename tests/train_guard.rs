@@ -635,3 +635,36 @@ fn stop_phases_parse_from_the_fault_variable() {
     let e = format!("{:#}", Faults::parse("stop@later").unwrap_err());
     assert!(e.contains("stop@later"), "{e}");
 }
+
+/// `--exist-ok` with the run folder set to the dataset folder, which holds the run's own
+/// `hyp.yaml` and `data.yaml`: the run would write its `hyp.yaml` over the input. Refused before
+/// any work (no `weights/` folder, no results.csv), naming the option and the input; every
+/// input byte is kept.
+#[test]
+fn exist_ok_into_a_folder_holding_an_input_is_refused() {
+    let dir = tmpdir("exist-ok-input");
+    let ds = dir.join("ds");
+    std::fs::create_dir_all(&ds).unwrap();
+    common::tiny_dataset(&ds, 2);
+    let hyp = std::fs::read(ds.join("hyp.yaml")).unwrap();
+    let mut o = options(&ds, "unused");
+    o.project = dir.clone();
+    o.name = "ds".into();
+    o.exist_ok = true;
+    o.epochs = 1;
+    let e = format!("{:#}", train(&o).unwrap_err());
+    assert!(e.contains("--exist-ok") && e.contains("ds"), "{e}");
+    assert!(
+        e.contains("hyp.yaml") || e.contains("data.yaml") || e.contains("BloodImage"),
+        "{e}"
+    );
+    assert_eq!(std::fs::read(ds.join("hyp.yaml")).unwrap(), hyp);
+    assert!(!ds.join("weights").exists() && !ds.join("results.csv").exists());
+    // --exist-ok into a folder without inputs trains as before.
+    std::fs::create_dir_all(dir.join("runs/reuse")).unwrap();
+    o.project = dir.join("runs");
+    o.name = "reuse".into();
+    let s = train(&o).unwrap();
+    assert_eq!(s.run_dir, dir.join("runs/reuse"));
+    let _ = std::fs::remove_dir_all(&dir);
+}

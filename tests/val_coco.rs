@@ -144,3 +144,58 @@ fn val_save_json_writes_and_evaluates_coco_results() {
     assert!(ev.stats[1] > 0.5, "AP50 {}", ev.stats[1]);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `--exist-ok` into the dataset folder whose data file is named `predictions.json` (YAML is a
+/// superset of JSON's syntax, so it loads): `--save-json` would replace the input with the
+/// results. val refuses before validating, naming the option and the input; nothing changes.
+#[test]
+fn val_exist_ok_never_writes_over_an_input() {
+    let dir = common::tmpdir("val-exist-ok");
+    let src = common::shared_dir().join("datasets/bccd");
+    std::fs::create_dir_all(dir.join("ds/images/val")).unwrap();
+    std::fs::create_dir_all(dir.join("ds/labels/val")).unwrap();
+    let n = "BloodImage_00007";
+    std::fs::copy(
+        src.join(format!("images/test/{n}.jpg")),
+        dir.join(format!("ds/images/val/{n}.jpg")),
+    )
+    .unwrap();
+    std::fs::copy(
+        src.join(format!("labels/test/{n}.txt")),
+        dir.join(format!("ds/labels/val/{n}.txt")),
+    )
+    .unwrap();
+    let data = dir.join("ds/predictions.json");
+    let text = "train: images/val\nval: images/val\nnames: [RBC, WBC, Platelets]\n";
+    std::fs::write(&data, text).unwrap();
+    let weights = Path::new(env!("CARGO_MANIFEST_DIR")).join("weights/yolov9-s-bccd.safetensors");
+    let (code, out, err) = yolo9(&[
+        "val",
+        "--data",
+        data.to_str().unwrap(),
+        "--weights",
+        weights.to_str().unwrap(),
+        "--img",
+        "320",
+        "--device",
+        "cpu",
+        "--save-json",
+        "--project",
+        dir.to_str().unwrap(),
+        "--name",
+        "ds",
+        "--exist-ok",
+    ]);
+    assert_ne!(code, 0, "{out}\n{err}");
+    assert!(
+        err.contains("--exist-ok") && err.contains("predictions.json"),
+        "{err}"
+    );
+    assert!(
+        !out.contains("mAP50-95"),
+        "refused before validating: {out}"
+    );
+    assert_eq!(std::fs::read_to_string(&data).unwrap(), text);
+    assert!(!dir.join("ds/confusion_matrix.png").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}

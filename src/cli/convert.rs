@@ -53,15 +53,6 @@ pub fn default_output(input: &std::path::Path, infer: bool, half: bool) -> PathB
     input.with_file_name(format!("{name}.safetensors"))
 }
 
-/// Whether `a` and `b` name the same existing file (by canonical path, so `./x.pt`, `x.pt` and a
-/// symlink to it all count).
-fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
-    match (a.canonicalize(), b.canonicalize()) {
-        (Ok(x), Ok(y)) => x == y,
-        _ => false,
-    }
-}
-
 /// Runs `yolo9 convert`: reads the checkpoint, checks it, writes safetensors atomically and
 /// prints a summary (tensors, parameters, classes, anything ignored).
 pub fn run(args: ConvertArgs) -> Result<()> {
@@ -69,7 +60,7 @@ pub fn run(args: ConvertArgs) -> Result<()> {
         Some(o) => o,
         None => default_output(&args.input, args.infer, args.half),
     };
-    if same_file(&args.input, &output) {
+    if crate::runs::input_within(&output, [args.input.as_path()]).is_some() {
         bail!(
             "{}: -o {} is the input itself; converting would replace it. Pass another -o",
             args.input.display(),

@@ -49,7 +49,8 @@ pub struct DetectArgs {
     /// one forward at --img must fit (checked before the first image).
     #[arg(long, value_parser = parse_budget)]
     pub budget: Option<u64>,
-    /// Inference size in pixels (1..=8192), rounded up to a multiple of 32.
+    /// Inference size in pixels (1..=8192), rounded up to a multiple of 32. On the CPU a size
+    /// whose estimated memory exceeds the free memory is refused before any work.
     #[arg(long = "img", visible_aliases = ["imgsz", "img-size"], default_value = "640",
           value_parser = parse_img, allow_negative_numbers = true)]
     pub img: u32,
@@ -229,6 +230,19 @@ pub fn run(args: DetectArgs) -> Result<()> {
     if args.device == DeviceSpec::Auto {
         eprintln!("{}", crate::device::auto_notice(&device));
     }
+    // The size against the memory before any work: one image at a time.
+    crate::footprint::check_device(
+        &crate::footprint::Request {
+            what: "detect",
+            work: crate::footprint::Work::Infer,
+            img,
+            images: 1,
+            batch_option: None,
+            split_option: None,
+        },
+        &device,
+        args.budget,
+    )?;
     let dtype = inference_dtype(args.half, &device);
     if let Some(budget) = args.budget {
         let w = load_weights(&weights, args.model.cfg.as_deref())?;
@@ -292,6 +306,8 @@ pub fn run_with(
     let saving = !args.nosave || args.save_txt || args.json || args.save_crop;
     let mut save_dir = increment_path(&args.project, &args.name, args.exist_ok);
     if saving {
+        let inputs = files.iter().map(PathBuf::as_path);
+        crate::runs::refuse_reused_dir(&args.project, &args.name, args.exist_ok, inputs)?;
         save_dir = crate::runs::claim_run_dir(&args.project, &args.name, args.exist_ok)
             .with_context(|| format!("cannot create the run folder {}", save_dir.display()))?;
         if args.save_txt {

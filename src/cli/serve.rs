@@ -61,6 +61,19 @@ pub fn run(args: ServeArgs) -> Result<()> {
     if args.device == DeviceSpec::Auto {
         eprintln!("{}", crate::device::auto_notice(&device));
     }
+    // The default size and the largest batch against the memory before serving.
+    crate::footprint::check_device(
+        &crate::footprint::Request {
+            what: "serving a full batch",
+            work: crate::footprint::Work::Infer,
+            img: args.img,
+            images: args.max_batch as usize,
+            batch_option: Some("--max-batch"),
+            split_option: None,
+        },
+        &device,
+        None,
+    )?;
     let dtype = inference_dtype(args.half, &device);
     let detector = Detector::from_weights(&w, device, dtype)
         .with_context(|| format!("building the model from {}", weights.display()))?

@@ -21,7 +21,8 @@ pub struct TrainArgs {
     /// Epochs (default 100; with --resume: extends the run to this many epochs).
     #[arg(long)]
     pub epochs: Option<usize>,
-    /// Train/val image size in pixels (a multiple of 32 in 32..=8192).
+    /// Train/val image size in pixels (a multiple of 32 in 32..=8192). On the CPU a size and
+    /// batch whose estimated memory exceeds the free memory are refused before any work.
     #[arg(long, default_value = "640", value_parser = crate::cli::parse::train_img)]
     pub img: u32,
     /// Batch size the optimizer sees per iteration, or `auto` (the largest the memory budget

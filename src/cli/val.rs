@@ -21,7 +21,8 @@ pub struct ValArgs {
     /// Split to validate: val or test.
     #[arg(long, default_value = "val")]
     pub split: String,
-    /// Inference size (long side, pixels, 1..=8192; multiple of 32).
+    /// Inference size (long side, pixels, 1..=8192; multiple of 32). On the CPU a size and
+    /// batch whose estimated memory exceeds the free memory are refused before any work.
     #[arg(long, default_value = "640", value_parser = crate::cli::parse::img)]
     pub img: u32,
     /// Batch size (≥ 1).
@@ -98,6 +99,19 @@ pub fn run(a: ValArgs) -> Result<()> {
         split.key()
     );
     let device = crate::train::trainer::parse_device(&a.device)?;
+    // The size against the memory before any work (the budget search starts at one image).
+    crate::footprint::check_device(
+        &crate::footprint::Request {
+            what: "validation",
+            work: crate::footprint::Work::Infer,
+            img: a.img,
+            images: if a.budget.is_some() { 1 } else { a.batch },
+            batch_option: Some("--batch"),
+            split_option: None,
+        },
+        &device,
+        a.budget,
+    )?;
     let (weights_path, weights) = a.model.load()?;
     ensure!(
         weights.meta.nc == cfg.nc,
@@ -120,6 +134,19 @@ pub fn run(a: ValArgs) -> Result<()> {
     )?;
     println!("{}", scan.summary(&cfg.names));
     let images = val_images(&scan);
+    if !a.noplots || a.save_json {
+        let labels: Vec<PathBuf> = scan
+            .records
+            .iter()
+            .filter_map(|r| r.label.clone())
+            .collect();
+        let inputs = [&a.data, &weights_path]
+            .into_iter()
+            .chain(images.iter().map(|i| &i.path))
+            .chain(&labels)
+            .map(PathBuf::as_path);
+        crate::runs::refuse_reused_dir(&a.project, &a.name, a.exist_ok, inputs)?;
+    }
     let batch = match a.budget {
         Some(budget) => {
             let probe = crate::memory::MemoryProbe::new(&device)?;

@@ -23,8 +23,15 @@
 //!   - 32-bit float: clamped to 0..1, times 255, rounded;
 //!   - CMYK JPEG (Adobe APP14): converted to RGB by the JPEG decoder (zune-jpeg), not inverted
 //!     (checked against `shared/cases/cmyk_jpeg/reference`).
-//! * **JPEG pixels as OpenCV decodes them**: complete YCbCr/grey JPEGs go through libjpeg
-//!   (mozjpeg, built from C without SIMD), bit-identical to `cv2.imread`; others through image-rs.
+//! * **JPEG pixels as OpenCV decodes them**: YCbCr/grey/RGB JPEGs go through libjpeg (mozjpeg,
+//!   built from C without SIMD), bit-identical to `cv2.imread`; others through image-rs.
+//! * **Usable means decodable, judged here and only here.** [`decode_rgb8`] is the one judge of
+//!   whether an image can be used: the dataset scan (`check`, `train`, `val`) decodes every image
+//!   with it (`data::scan::probe_image`), as detect, val and the training loader do, so they all
+//!   agree. A JPEG cut off mid-scan is refused (libjpeg's "premature end of data segment": the
+//!   rest of the picture would be grey), while a JPEG whose data is complete but whose final
+//!   end-of-image marker is missing is used, as OpenCV uses it. A PNG without its data's end is
+//!   refused by its decoder.
 //! * **Decoding-bomb guard** ([`size_guard`], also applied by the dataset scan of `check` and
 //!   `train`): at most [`MAX_SIDE`] pixels per side and [`MAX_DECODE_BYTES`] bytes of decoded
 //!   pixels, counted as the decoder's buffer plus the 8-bit RGB copy ([`decoded_need`]: a grey or
@@ -82,7 +89,11 @@ pub fn decode_rgb8(bytes: &[u8]) -> Result<RgbImage> {
              decoded); downscale the image first",
             MAX_DECODE_BYTES / 1_000_000
         ),
-        e => anyhow::Error::new(e).context(format!("cannot read the {format:?} header")),
+        e => anyhow::Error::new(e).context(format!(
+            "{} cut off or corrupt: cannot read its header ({} bytes)",
+            format!("{format:?}").to_uppercase(),
+            bytes.len()
+        )),
     })?;
     let (w, h) = decoder.dimensions();
     size_guard(w, h, decoder.total_bytes())?;
@@ -91,13 +102,18 @@ pub fn decode_rgb8(bytes: &[u8]) -> Result<RgbImage> {
         .orientation()
         .unwrap_or(image::metadata::Orientation::NoTransforms);
     if format == image::ImageFormat::Jpeg {
-        if let Some(mut rgb) = decode_jpeg_libjpeg(bytes, w, h) {
+        if let Some(mut rgb) = decode_jpeg_libjpeg(bytes, w, h)? {
             apply_orientation(&mut rgb, orientation);
             return Ok(rgb);
         }
     }
-    let mut img = DynamicImage::from_decoder(decoder)
-        .with_context(|| format!("corrupt or truncated {format:?} data ({w}x{h})"))?;
+    let mut img = DynamicImage::from_decoder(decoder).with_context(|| {
+        format!(
+            "{} cut off or corrupt ({w}x{h}, {} bytes)",
+            format!("{format:?}").to_uppercase(),
+            bytes.len()
+        )
+    })?;
     if format == image::ImageFormat::Png {
         if let Some(bits) = png_sbit(bytes) {
             img = rescale_low_bit_16(img, bits);
@@ -108,41 +124,171 @@ pub fn decode_rgb8(bytes: &[u8]) -> Result<RgbImage> {
     Ok(rgb)
 }
 
-/// Decodes a complete YCbCr or greyscale JPEG with libjpeg (mozjpeg, a libjpeg-turbo fork: the
-/// library OpenCV's `cv2.imread` uses), giving the same pixels as the official code: islow IDCT
-/// and fancy upsampling, bit for bit (image-rs's decoder differs by a few levels, which moved
-/// BCCD test mAP50-95 by 0.004). Returns `None` — and the caller decodes with image-rs, whose
-/// errors name the problem — for anything else: CMYK/YCCK data, a file without its end-of-image
-/// marker (truncated: libjpeg would silently fill the rest with grey), a libjpeg error, or a size
-/// that disagrees with the header.
-fn decode_jpeg_libjpeg(bytes: &[u8], w: u32, h: u32) -> Option<RgbImage> {
-    let end = bytes.iter().rposition(|&b| b != 0)?;
-    if end < 1 || bytes[end - 1] != 0xFF || bytes[end] != 0xD9 {
-        return None;
+/// Decoded bytes that the decodes of [`decode_rgb8_bounded`] may hold at once, all threads
+/// together: 2 GiB (two of the largest pictures the guard lets through).
+pub const BOUNDED_DECODE_BYTES: u64 = 2 * MAX_DECODE_BYTES;
+
+/// [`decode_rgb8`] for parallel callers (the dataset scan decodes every image on every core):
+/// first waits until this picture's decoded bytes (its header size as 8-bit RGBA plus the RGB copy,
+/// at most [`MAX_DECODE_BYTES`]) fit beside those of the other bounded decodes in progress within
+/// [`BOUNDED_DECODE_BYTES`]; one decode always proceeds alone. The verdict is [`decode_rgb8`]'s.
+pub fn decode_rgb8_bounded(bytes: &[u8]) -> Result<RgbImage> {
+    static GATE: gate::Gate = gate::Gate::new(BOUNDED_DECODE_BYTES);
+    let need = ImageReader::new(Cursor::new(bytes))
+        .with_guessed_format()
+        .ok()
+        .and_then(|r| r.into_dimensions().ok())
+        .map_or(0, |(w, h)| {
+            decoded_need(w, h, 4 * u64::from(w) * u64::from(h)).min(MAX_DECODE_BYTES)
+        });
+    let _held = GATE.acquire(need);
+    decode_rgb8(bytes)
+}
+
+/// A byte budget shared by threads: [`Gate::acquire`] blocks while the bytes held plus the
+/// request exceed the cap (unless nothing is held), and the returned guard gives them back.
+mod gate {
+    use std::sync::{Condvar, Mutex};
+
+    /// The shared budget.
+    pub(super) struct Gate {
+        cap: u64,
+        used: Mutex<u64>,
+        freed: Condvar,
     }
-    // libjpeg reports fatal errors by unwinding out of its error handler.
-    let decoded = std::panic::catch_unwind(|| -> Option<(usize, usize, Vec<u8>)> {
-        let d = mozjpeg::Decompress::new_mem(bytes).ok()?;
-        if !matches!(
-            d.color_space(),
-            mozjpeg::ColorSpace::JCS_YCbCr
-                | mozjpeg::ColorSpace::JCS_GRAYSCALE
-                | mozjpeg::ColorSpace::JCS_RGB
-        ) {
-            return None;
+
+    /// Bytes held until dropped.
+    pub(super) struct Held<'a> {
+        gate: &'a Gate,
+        bytes: u64,
+    }
+
+    impl Gate {
+        pub(super) const fn new(cap: u64) -> Gate {
+            Gate {
+                cap,
+                used: Mutex::new(0),
+                freed: Condvar::new(),
+            }
         }
-        let mut started = d.rgb().ok()?;
-        let (dw, dh) = (started.width(), started.height());
-        let px: Vec<[u8; 3]> = started.read_scanlines().ok()?;
-        started.finish().ok()?;
-        Some((dw, dh, px.into_iter().flatten().collect()))
-    })
-    .ok()??;
-    let (dw, dh, data) = decoded;
-    if (dw as u32, dh as u32) != (w, h) || data.len() != dw * dh * 3 {
-        return None;
+
+        pub(super) fn acquire(&self, bytes: u64) -> Held<'_> {
+            let mut used = self.used.lock().unwrap_or_else(|e| e.into_inner());
+            while *used > 0 && used.saturating_add(bytes) > self.cap {
+                used = self.freed.wait(used).unwrap_or_else(|e| e.into_inner());
+            }
+            *used += bytes;
+            Held { gate: self, bytes }
+        }
+
+        #[cfg(test)]
+        pub(super) fn used(&self) -> u64 {
+            *self.used.lock().unwrap()
+        }
     }
-    RgbImage::from_raw(w, h, data)
+
+    impl Drop for Held<'_> {
+        fn drop(&mut self) {
+            let mut used = self.gate.used.lock().unwrap_or_else(|e| e.into_inner());
+            *used -= self.bytes;
+            self.gate.freed.notify_all();
+        }
+    }
+}
+
+/// Decodes a JPEG with libjpeg (mozjpeg, a libjpeg-turbo fork: the library OpenCV's
+/// `cv2.imread` uses), giving the same pixels as the official code for YCbCr, greyscale and RGB
+/// data: islow IDCT and fancy upsampling, bit for bit (image-rs's decoder differs by a few levels,
+/// which moved BCCD test mAP50-95 by 0.004).
+///
+/// This is also where a JPEG's usability is judged, by decoding: a file whose entropy-coded data
+/// ends before the last block (cut off mid-scan; libjpeg would fill the rest with grey) is
+/// `Err`, while a file whose data is complete but whose end-of-image marker is missing decodes
+/// normally (libjpeg supplies the marker, as for OpenCV). CMYK/YCCK data is decoded to CMYK
+/// only to check it is complete, then `Ok(None)` lets image-rs convert it (checked against
+/// `shared/cases/cmyk_jpeg/reference`). `Ok(None)` also for a libjpeg error or a size that
+/// disagrees with the header: the caller decodes with image-rs, whose errors name the problem.
+fn decode_jpeg_libjpeg(bytes: &[u8], w: u32, h: u32) -> Result<Option<RgbImage>> {
+    use mozjpeg::ColorSpace as C;
+    // libjpeg reports fatal errors, and `jpeg_err::message` data that ran out, by unwinding.
+    let decoded = std::panic::catch_unwind(|| -> Option<(usize, usize, Vec<u8>)> {
+        let d = mozjpeg::Decompress::with_err(jpeg_err::manager())
+            .from_mem(bytes)
+            .ok()?;
+        match d.color_space() {
+            C::JCS_YCbCr | C::JCS_GRAYSCALE | C::JCS_RGB => {
+                let mut started = d.rgb().ok()?;
+                let (dw, dh) = (started.width(), started.height());
+                let px: Vec<[u8; 3]> = started.read_scanlines().ok()?;
+                started.finish().ok()?;
+                Some((dw, dh, px.into_iter().flatten().collect()))
+            }
+            C::JCS_CMYK | C::JCS_YCCK => {
+                let mut started = d.to_colorspace(C::JCS_CMYK).ok()?;
+                let _: Vec<[u8; 4]> = started.read_scanlines().ok()?;
+                started.finish().ok()?;
+                None
+            }
+            _ => None,
+        }
+    });
+    let decoded = match decoded {
+        Ok(d) => d,
+        Err(payload) => match payload.downcast::<jpeg_err::CutOff>() {
+            Ok(_) => bail!(
+                "JPEG cut off or damaged: its image data ends before the last block ({} bytes; \
+                 part of the picture is missing); re-export the file or remove it",
+                bytes.len()
+            ),
+            Err(_) => None,
+        },
+    };
+    let Some((dw, dh, data)) = decoded else {
+        return Ok(None);
+    };
+    if (dw as u32, dh as u32) != (w, h) || data.len() != dw * dh * 3 {
+        return Ok(None);
+    }
+    Ok(RgbImage::from_raw(w, h, data))
+}
+
+/// libjpeg's error manager for [`decode_jpeg_libjpeg`]: fatal errors unwind (as mozjpeg's own
+/// manager does) and the warning "premature end of data segment" (`JWRN_HIT_MARKER`: the
+/// entropy-coded data ran out and libjpeg is about to fill the missing blocks) unwinds with
+/// [`CutOff`]. Other warnings are ignored, as OpenCV's decode ignores them.
+mod jpeg_err {
+    use mozjpeg_sys::{jpeg_common_struct, jpeg_error_mgr, jpeg_std_error, JWRN_HIT_MARKER};
+    use std::os::raw::c_int;
+
+    /// Unwinding payload: the image data ran out before the last block.
+    pub(super) struct CutOff;
+
+    /// Unwinding payload: a libjpeg fatal error.
+    struct Fatal;
+
+    /// A fresh error manager with the two handlers.
+    pub(super) fn manager() -> jpeg_error_mgr {
+        // SAFETY: `jpeg_std_error` fills every field of a zeroed manager (method pointers and
+        // pointers to libjpeg's static message tables); nothing in it points into itself, so
+        // it may be moved afterwards.
+        let mut err: jpeg_error_mgr = unsafe { std::mem::zeroed() };
+        unsafe { jpeg_std_error(&mut err) };
+        err.error_exit = Some(fatal);
+        err.emit_message = Some(message);
+        err
+    }
+
+    extern "C-unwind" fn fatal(_cinfo: &mut jpeg_common_struct) {
+        std::panic::resume_unwind(Box::new(Fatal));
+    }
+
+    extern "C-unwind" fn message(cinfo: &mut jpeg_common_struct, level: c_int) {
+        // SAFETY: libjpeg calls this with its own decompressor, whose `err` is this manager.
+        let code = unsafe { cinfo.err.as_ref() }.map_or(-1, |e| e.msg_code);
+        if level < 0 && code == JWRN_HIT_MARKER {
+            std::panic::resume_unwind(Box::new(CutOff));
+        }
+    }
 }
 
 /// Reads only the header of the image at `path` and returns its stored `(width, height)` (before
@@ -287,6 +433,31 @@ mod tests {
         let out = to_rgb8(rescale_low_bit_16(DynamicImage::ImageLuma16(b), 12));
         assert_eq!(out.get_pixel(0, 0).0, [255, 255, 255]);
         assert_eq!(out.get_pixel(1, 0).0, [0, 0, 0]);
+    }
+
+    #[test]
+    fn the_gate_never_holds_more_than_its_cap_and_lets_a_large_one_through_alone() {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static G: gate::Gate = gate::Gate::new(100);
+        static PEAK: AtomicU64 = AtomicU64::new(0);
+        let threads: Vec<_> = (0..16u64)
+            .map(|i| {
+                std::thread::spawn(move || {
+                    // 30..=75 bytes each, and one of 250 (over the cap: alone)
+                    let need = if i == 7 { 250 } else { 30 + (i % 4) * 15 };
+                    let _h = G.acquire(need);
+                    let now = G.used();
+                    PEAK.fetch_max(if need > 100 { 0 } else { now }, Ordering::SeqCst);
+                    assert!(need > 100 && now == need || now <= 100, "{now}");
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert!(PEAK.load(Ordering::SeqCst) <= 100);
+        assert_eq!(G.used(), 0);
     }
 
     #[test]

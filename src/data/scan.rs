@@ -6,13 +6,13 @@
 //!   becomes `.txt` (official `img2label_paths`). When that file does not exist but a `.txt` with the
 //!   image's stem sits beside the image, that one is used and the split reports it once.
 //! - Missing or empty label file: the image is a background image (kept, no boxes).
-//! - Image check (no full decode, to keep the scan cheap on large datasets): the format is sniffed from
-//!   the content (`image::guess_format`), the dimensions come from the header (swapped for EXIF
-//!   rotations of 90°/270°), and JPEG and PNG files are walked structurally to their end marker (EOI /
-//!   `IEND`), which catches truncated files that a header read accepts. An image whose content does not
-//!   match its extension is used, with a note. Unreadable, unknown, truncated or smaller than 10 px
-//!   images are skipped and counted as corrupt. The loader must still handle a decode error on an image
-//!   that passed (a corrupt entropy stream is only found by decoding).
+//! - Image check: every image is decoded with [`super::image::decode_rgb8`], the function detect,
+//!   val and the training loader use, so the scan keeps exactly the images they can use (one judge:
+//!   a JPEG cut off mid-scan is skipped, one whose data is complete but whose end-of-image marker is
+//!   missing is used; images over the decoding-bomb guard are skipped). The format is sniffed from
+//!   the content; an image whose content does not match its extension is used, with a note.
+//!   Unreadable, unknown, undecodable or smaller than 10 px images are skipped and counted as
+//!   corrupt. The cache keeps a rescan from decoding again.
 //! - Label files in a labels folder with no matching image are reported as orphans.
 //! - Cache: `<labels folder>.yolo9-cache.json` beside the labels folder of the first image, keyed by a
 //!   SHA-256 of the scan rules version, `nc`, and every image's and label candidate's path, size and
@@ -26,11 +26,10 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeSet;
-use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 /// Version of the scan rules; part of the cache key so a rule change invalidates old caches.
-pub const SCAN_VERSION: u32 = 1;
+pub const SCAN_VERSION: u32 = 2;
 /// Smallest accepted image side, in pixels (as the official `verify_image_label`).
 pub const MIN_IMAGE_SIDE: u32 = 10;
 
@@ -504,159 +503,33 @@ pub struct ImageProbe {
     pub note: Option<String>,
 }
 
-/// Checks an image without decoding its pixels (see the module documentation): format sniffed from
-/// the first bytes, header dimensions, EXIF orientation, JPEG/PNG end marker. `Err` holds the
-/// reason the image cannot be used, e.g. `JPEG cut off: no end-of-image marker (12345 bytes)`.
+/// Judges an image the way everything else does: by decoding it with
+/// [`super::image::decode_rgb8`], the function detect, val and the training loader use (guard,
+/// EXIF orientation and all), so the scan keeps exactly the images they can use (through
+/// [`super::image::decode_rgb8_bounded`]: the scan's parallel decodes hold at most
+/// [`super::image::BOUNDED_DECODE_BYTES`] of pixels at once). The format is
+/// sniffed from the first bytes, for the note on a content/extension mismatch. `Err` holds the
+/// reason the image cannot be used, e.g. `JPEG cut off: the image data ends before the last
+/// block (12345 bytes; …)`.
 pub fn probe_image(path: &Path) -> std::result::Result<ImageProbe, String> {
     // the format comes from the content only (`with_guessed_format` would fall back to the extension)
-    let mut f = super::fsio::open_regular(path).map_err(|e| format!("cannot open: {e}"))?;
-    let mut head = Vec::with_capacity(64);
-    (&mut f)
-        .take(64)
-        .read_to_end(&mut head)
-        .and_then(|_| f.seek(SeekFrom::Start(0)))
-        .map_err(|e| format!("cannot read: {e}"))?;
-    let format = image::guess_format(&head).map_err(|_| {
+    let bytes = super::fsio::read_regular(path).map_err(|e| format!("cannot read: {e}"))?;
+    let format = image::guess_format(&bytes[..bytes.len().min(64)]).map_err(|_| {
         "unknown image format (content is not JPEG, PNG, BMP, TIFF, WebP or GIF)".to_string()
     })?;
-    let reader = image::ImageReader::with_format(std::io::BufReader::new(f), format);
     let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
     let note = (!format
         .extensions_str()
         .iter()
         .any(|x| x.eq_ignore_ascii_case(ext)))
     .then(|| format!("content is {format:?} but the extension is .{ext}"));
-    let mut decoder = reader
-        .into_decoder()
-        .map_err(|e| format!("cannot read the {format:?} header: {e}"))?;
-    use image::ImageDecoder;
-    let (w, h) = decoder.dimensions();
-    // The decoder's guard, applied here too, so `check` refuses what training would skip.
-    super::image::size_guard(w, h, decoder.total_bytes()).map_err(|e| format!("{e:#}"))?;
-    let orientation = decoder
-        .orientation()
-        .unwrap_or(image::metadata::Orientation::NoTransforms);
-    drop(decoder);
-    use image::metadata::Orientation as O;
-    let (width, height) = match orientation {
-        O::Rotate90 | O::Rotate270 | O::Rotate90FlipH | O::Rotate270FlipH => (h, w),
-        _ => (w, h),
-    };
-    match format {
-        image::ImageFormat::Jpeg => check_jpeg_complete(path)?,
-        image::ImageFormat::Png => check_png_complete(path)?,
-        _ => {}
-    }
+    let img = super::image::decode_rgb8_bounded(&bytes).map_err(|e| format!("{e:#}"))?;
     Ok(ImageProbe {
         format,
-        width,
-        height,
+        width: img.width(),
+        height: img.height(),
         note,
     })
-}
-
-/// JPEG completeness: a file ending in the EOI marker (`FF D9`) is complete; otherwise the marker
-/// segments and entropy-coded scans are walked to find EOI (data after it is tolerated).
-fn check_jpeg_complete(path: &Path) -> std::result::Result<(), String> {
-    let mut f = super::fsio::open_regular(path).map_err(|e| format!("cannot open: {e}"))?;
-    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
-    if len >= 4 {
-        let mut tail = [0u8; 2];
-        if f.seek(SeekFrom::End(-2)).is_ok()
-            && f.read_exact(&mut tail).is_ok()
-            && tail == [0xFF, 0xD9]
-        {
-            return Ok(());
-        }
-    }
-    let mut b = Vec::new();
-    f.seek(SeekFrom::Start(0))
-        .and_then(|_| f.read_to_end(&mut b))
-        .map_err(|e| format!("cannot read: {e}"))?;
-    jpeg_has_eoi(&b)
-}
-
-/// Walks JPEG bytes to the EOI marker. `Err` says why the stream is incomplete.
-pub fn jpeg_has_eoi(b: &[u8]) -> std::result::Result<(), String> {
-    let cut = || format!("JPEG cut off: no end-of-image marker ({} bytes)", b.len());
-    if b.len() < 2 || b[0] != 0xFF || b[1] != 0xD8 {
-        return Err("not a JPEG stream (no start-of-image marker)".to_string());
-    }
-    let mut i = 2;
-    loop {
-        if i >= b.len() {
-            return Err(cut());
-        }
-        if b[i] != 0xFF {
-            return Err(format!("JPEG corrupt: expected a marker at byte {i}"));
-        }
-        while i < b.len() && b[i] == 0xFF {
-            i += 1;
-        }
-        if i >= b.len() {
-            return Err(cut());
-        }
-        let m = b[i];
-        i += 1;
-        match m {
-            0xD9 => return Ok(()),
-            0x01 | 0xD0..=0xD8 => continue,
-            _ => {
-                if i + 2 > b.len() {
-                    return Err(cut());
-                }
-                let seg = u16::from_be_bytes([b[i], b[i + 1]]) as usize;
-                if seg < 2 {
-                    return Err(format!("JPEG corrupt: segment length {seg} at byte {i}"));
-                }
-                i += seg;
-                if i > b.len() {
-                    return Err(cut());
-                }
-                if m == 0xDA {
-                    // entropy-coded data: FF 00 is a stuffed byte, FF D0..D7 a restart marker
-                    loop {
-                        match b[i..].iter().position(|&x| x == 0xFF) {
-                            None => return Err(cut()),
-                            Some(off) => {
-                                let j = i + off;
-                                let mut k = j + 1;
-                                while k < b.len() && b[k] == 0xFF {
-                                    k += 1;
-                                }
-                                if k >= b.len() {
-                                    return Err(cut());
-                                }
-                                if b[k] == 0x00 || (0xD0..=0xD7).contains(&b[k]) {
-                                    i = k + 1;
-                                } else {
-                                    i = k - 1; // at the last FF before the marker
-                                    break;
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// PNG completeness: the chunk list is walked to `IEND`.
-fn check_png_complete(path: &Path) -> std::result::Result<(), String> {
-    let b = super::fsio::read_regular(path).map_err(|e| format!("cannot read: {e}"))?;
-    let cut = || format!("PNG cut off: no IEND chunk ({} bytes)", b.len());
-    let mut i = 8;
-    loop {
-        if i + 8 > b.len() {
-            return Err(cut());
-        }
-        let n = u32::from_be_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]) as usize;
-        if &b[i + 4..i + 8] == b"IEND" {
-            return Ok(());
-        }
-        i = i.saturating_add(12).saturating_add(n);
-    }
 }
 
 /// Label files under the labels folders of the split's images that match no image (same stem).

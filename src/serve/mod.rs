@@ -147,6 +147,8 @@ struct Service {
     nc: usize,
     model: Value,
     cfg: ServeConfig,
+    /// The model runs on the CPU: a request's `img` is checked against the free memory.
+    cpu: bool,
 }
 
 /// Serves `detector` on `listener` until `shutdown` completes, then drains and returns.
@@ -179,6 +181,7 @@ pub async fn serve(
         img: detector.requested_img_size(),
         nms: detector.nms_options().clone(),
     };
+    let cpu = detector.device().is_cpu();
     let (tx, rx) = std::sync::mpsc::sync_channel::<Job>(cfg.queue);
     let ready = Arc::new(AtomicBool::new(false));
     let metrics = Arc::new(Metrics::default());
@@ -197,6 +200,7 @@ pub async fn serve(
         nc: names.len(),
         model,
         cfg: cfg.clone(),
+        cpu,
     });
     let app = router(svc);
     axum::serve(listener, app)
@@ -350,6 +354,24 @@ fn params(svc: &Service, q: &DetectQuery) -> std::result::Result<Params, String>
     if let Some(s) = q.img {
         if !(32..=4096).contains(&s) {
             return Err(format!("img={s} is outside 32..=4096 pixels"));
+        }
+        if svc.cpu && s > svc.defaults.img {
+            // A full batch at this size must fit the free memory (`crate::footprint`).
+            let free = crate::memory::MemoryProbe::new(&candle_core::Device::Cpu)
+                .map(|p| p.free_bytes())
+                .unwrap_or(0);
+            let need =
+                crate::footprint::estimate(crate::footprint::Work::Infer, s, svc.cfg.max_batch);
+            if free > 0 && need > free {
+                return Err(format!(
+                    "img={s}: a full batch of {} images needs about {} on the CPU, but {} is \
+                     free; use a smaller img (the default is {})",
+                    svc.cfg.max_batch,
+                    crate::memory::fmt_size(need),
+                    crate::memory::fmt_size(free),
+                    svc.defaults.img
+                ));
+            }
         }
         p.img = s;
     }

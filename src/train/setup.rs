@@ -176,6 +176,28 @@ pub(crate) fn resolve(
     if let Some(n) = notice {
         obs.note(&n);
     }
+    // The size against the memory, before the scan: a step that cannot fit is refused now.
+    // Budget sizing (and `--batch auto`) starts from one image; a resumed run keeps its micro-batch.
+    let (images, batch_option) = match &state {
+        Some(st) => (st.meta.micro, "--micro-batch"),
+        None if opts.budget.is_some() || opts.batch == 0 => (1, "--batch"),
+        None => match opts.micro_batch {
+            Some(m) => (m.min(opts.batch), "--micro-batch"),
+            None => (opts.batch, "--batch"),
+        },
+    };
+    crate::footprint::check_device(
+        &crate::footprint::Request {
+            what: "a training step",
+            work: crate::footprint::Work::Train,
+            img: opts.img,
+            images,
+            batch_option: Some(batch_option),
+            split_option: (batch_option == "--batch").then_some("--micro-batch"),
+        },
+        &device,
+        opts.budget,
+    )?;
     let cfg = DataConfig::load(&opts.data)?;
     if faults.stop_in == Some(Phase::Scan) {
         stop.request();
@@ -330,6 +352,21 @@ pub(crate) fn build<'a>(
         weights,
         arch,
     } = r;
+    if state.is_none() {
+        // `--exist-ok` reuses the folder: it must not hold anything this run reads.
+        let labels: Vec<PathBuf> = items
+            .iter()
+            .map(|i| crate::data::scan::label_path_for(&i.path))
+            .collect();
+        let inputs = [Some(&opts.data), opts.hyp.as_ref(), opts.weights.as_ref()]
+            .into_iter()
+            .flatten()
+            .chain(items.iter().map(|i| &i.path))
+            .chain(&labels)
+            .chain(vimages.iter().map(|i| &i.path))
+            .map(PathBuf::as_path);
+        crate::runs::refuse_reused_dir(&opts.project, &opts.name, opts.exist_ok, inputs)?;
+    }
     // Model, loss, optimizer, EMA.
     let model = YoloV9Train::build(
         &arch,
