@@ -171,6 +171,7 @@ impl MemoryProbe {
     /// budget of `--budget` holds for the whole run, not only for the measured step); nothing on
     /// the CPU.
     pub fn cap_cache(&self, bytes: u64) {
+        let _ = bytes;
         match &self.inner {
             Inner::Cpu => {}
             #[cfg(feature = "cuda")]
