@@ -33,10 +33,8 @@ __device__ __forceinline__ unsigned long long make_key(float s, unsigned int idx
     return ((unsigned long long)(~order_bits(s)) << 32) | (unsigned long long)idx;
 }
 
-// Block-wide minimum of (key, slot); every thread gets the result.
-__device__ void block_min(unsigned long long key, int slot, unsigned long long* s_key, int* s_slot,
-                          unsigned long long* out_key, int* out_slot) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+// Warp-wide minimum of (key, slot) by shuffles: lane 0 ends with the warp's minimum.
+__device__ __forceinline__ void warp_min(unsigned long long& key, int& slot) {
     for (int o = 16; o > 0; o >>= 1) {
         const unsigned long long k2 = __shfl_down_sync(0xffffffffu, key, o);
         const int s2 = __shfl_down_sync(0xffffffffu, slot, o);
@@ -45,6 +43,13 @@ __device__ void block_min(unsigned long long key, int slot, unsigned long long* 
             slot = s2;
         }
     }
+}
+
+// Block-wide minimum of (key, slot); every thread gets the result.
+__device__ void block_min(unsigned long long key, int slot, unsigned long long* s_key, int* s_slot,
+                          unsigned long long* out_key, int* out_slot) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    warp_min(key, slot);
     if (lane == 0) {
         s_key[warp] = key;
         s_slot[warp] = slot;
@@ -54,14 +59,7 @@ __device__ void block_min(unsigned long long key, int slot, unsigned long long* 
         const int nw = blockDim.x >> 5;
         key = lane < nw ? s_key[lane] : KEY_NONE;
         slot = lane < nw ? s_slot[lane] : -1;
-        for (int o = 16; o > 0; o >>= 1) {
-            const unsigned long long k2 = __shfl_down_sync(0xffffffffu, key, o);
-            const int s2 = __shfl_down_sync(0xffffffffu, slot, o);
-            if (k2 < key) {
-                key = k2;
-                slot = s2;
-            }
-        }
+        warp_min(key, slot);
         if (lane == 0) {
             *out_key = key;
             *out_slot = slot;

@@ -1130,20 +1130,29 @@ pub fn conv2d(
     if !on_cuda || !dtype_supported(x.dtype()) || !cudnn_conv_enabled() {
         return x.conv2d(w, padding, stride, 1, groups);
     }
-    if !x.device().same_device(w.device()) {
-        return Err(err("conv2d: input and kernel are on different devices"));
-    }
-    if x.dtype() != w.dtype() {
-        return Err(err(format!(
-            "conv2d: input dtype {:?} and kernel dtype {:?} differ",
-            x.dtype(),
-            w.dtype()
-        )));
-    }
+    same_device_and_dtype("conv2d", x, w)?;
     let p = Conv2dParams::new(x.dims4()?, w.dims4()?, padding, stride, groups)?;
     let x = x.contiguous()?;
     let w = w.contiguous()?;
     x.apply_op2(&w, Conv2dFwd(p))
+}
+
+/// The check that [`conv2d`] and [`conv2d_nhwc`] share: input and kernel on one device, of one
+/// dtype. Errors name the function and both dtypes.
+fn same_device_and_dtype(what: &str, x: &Tensor, w: &Tensor) -> Result<()> {
+    if !x.device().same_device(w.device()) {
+        return Err(err(format!(
+            "{what}: input and kernel are on different devices"
+        )));
+    }
+    if x.dtype() != w.dtype() {
+        return Err(err(format!(
+            "{what}: input dtype {:?} and kernel dtype {:?} differ",
+            x.dtype(),
+            w.dtype()
+        )));
+    }
+    Ok(())
 }
 
 /// [`conv2d`] on channels-last tensors, forward only: `x (N, H, W, C_in)` and the kernel
@@ -1167,11 +1176,7 @@ pub fn conv2d_nhwc(
             x.device()
         )));
     }
-    if x.dtype() != w.dtype() || !x.device().same_device(w.device()) {
-        return Err(err(
-            "conv2d_nhwc: input and kernel differ in dtype or device",
-        ));
-    }
+    same_device_and_dtype("conv2d_nhwc", x, w)?;
     let (n, h, wd, c) = x.dims4()?;
     let (k, kh, kw, cg) = w.dims4()?;
     let p =
