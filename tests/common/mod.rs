@@ -29,6 +29,36 @@ pub fn case(name: &str) -> PathBuf {
     shared_dir().join("cases").join(name)
 }
 
+/// `shared/cases/<name>`, lexically normalized (the yaml loader reports normalized paths).
+pub fn case_dir(name: &str) -> PathBuf {
+    yolo9::data::yaml::normalize(&case(name))
+}
+
+/// Copies the folder tree `from` to `to`, every copied file and folder writable (the source may
+/// be read-only, as `../shared` is in CI), for tests that need a dataset they may change.
+pub fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let dst = to.join(e.file_name());
+        if e.path().is_dir() {
+            copy_tree(&e.path(), &dst);
+        } else {
+            std::fs::copy(e.path(), &dst).unwrap();
+            set_writable(&dst, true);
+        }
+    }
+    set_writable(to, true);
+}
+
+/// Makes `path` writable or read-only (the owner's write bit).
+pub fn set_writable(path: &std::path::Path, writable: bool) {
+    let mut perm = std::fs::metadata(path).unwrap().permissions();
+    #[allow(clippy::permissions_set_readonly_false)]
+    perm.set_readonly(!writable);
+    std::fs::set_permissions(path, perm).unwrap();
+}
+
 /// Options of a tiny CPU training run in `dir` named `name`: the [`tiny_dataset`] of 2 train
 /// images there (made when `dir/data.yaml` is missing), its `hyp.yaml`, 3 epochs of batch 1 at
 /// 64x64 with one loader thread, no close-mosaic, quiet, validating only the final epoch.
