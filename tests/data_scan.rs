@@ -493,7 +493,10 @@ fn label_cache_read_only_folder_only_warns() {
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
-    let warnings: Vec<&str> = text.lines().filter(|l| l.contains("warning: label cache")).collect();
+    let warnings: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("warning: label cache"))
+        .collect();
     // One warning per split (train and val), each naming the reason.
     assert_eq!(warnings.len(), 2, "{text}");
     assert!(warnings.iter().all(|w| w.contains("read-only")), "{text}");

@@ -20,7 +20,6 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 /// README commands run by [`runnable_readme_commands_succeed`], as the README writes them.
 const RUN: &[&str] = &[
@@ -363,16 +362,8 @@ fn run(command: &str, cwd: &Path) -> (i32, String, String) {
         Some("cargo") => &words[4..], // cargo run --release -- ARGS
         _ => panic!("not a yolo9 command: {command}"),
     };
-    let out = Command::new(env!("CARGO_BIN_EXE_yolo9"))
-        .args(args)
-        .current_dir(cwd)
-        .output()
-        .expect("run yolo9");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    common::yolo9_in(Some(cwd), &args)
 }
 
 /// What each command of [`RUN`] must have done in `root`, beyond exiting with 0.

@@ -242,7 +242,10 @@ mod tests {
                     .filter(|&(x, y)| img.get_pixel(x, y).0 == [31, 119, 180])
                     .count();
                 // A filled circle of radius 3 has about 29 pixels.
-                assert!(n >= 20, "panel ({row}, {col}): {n} pixels of the run's colour");
+                assert!(
+                    n >= 20,
+                    "panel ({row}, {col}): {n} pixels of the run's colour"
+                );
             }
         }
         let _ = std::fs::remove_dir_all(&dir);

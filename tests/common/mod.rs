@@ -182,6 +182,28 @@ pub fn tmpdir(tag: &str) -> PathBuf {
     d
 }
 
+/// Runs the `yolo9` program of this build with `args` in `cwd` (the test's own working
+/// directory when `None`): `(exit code, stdout, stderr)`, the code -1 when a signal ended it.
+pub fn yolo9_in(cwd: Option<&std::path::Path>, args: &[&str]) -> (i32, String, String) {
+    let exe = option_env!("CARGO_BIN_EXE_yolo9").expect("the yolo9 program (feature `cli`)");
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args(args);
+    if let Some(d) = cwd {
+        cmd.current_dir(d);
+    }
+    let out = cmd.output().expect("run yolo9");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// [`yolo9_in`] the test's working directory.
+pub fn yolo9(args: &[&str]) -> (i32, String, String) {
+    yolo9_in(None, args)
+}
+
 /// CRC-32 (ISO-HDLC, PNG's) of `data`.
 pub fn crc32(data: &[u8]) -> u32 {
     let mut c = 0xffff_ffffu32;
