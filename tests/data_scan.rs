@@ -486,13 +486,9 @@ fn label_cache_read_only_folder_only_warns() {
     let t = scan_cached(&dir.join("data.yaml"), Split::Train);
     assert_cache_not_written_readonly(&t);
     assert_eq!(t.counts.labelled, 3);
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_yolo9"))
-        .args(["check", "--data"])
-        .arg(dir.join("data.yaml"))
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text}");
+    let yaml = dir.join("data.yaml");
+    let (code, text, err) = common::yolo9(&["check", "--data", yaml.to_str().unwrap()]);
+    assert_eq!(code, 0, "{text}\n{err}");
     let warnings: Vec<&str> = text
         .lines()
         .filter(|l| l.contains("warning: label cache"))

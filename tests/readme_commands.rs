@@ -319,7 +319,8 @@ fn clone_like(tag: &str) -> PathBuf {
     for d in ["examples/images", "weights", "docs/bccd-run"] {
         common::copy_tree(&repo.join(d), &root.join(d));
     }
-    std::os::unix::fs::symlink(common::shared_dir(), top.join("shared")).unwrap();
+    let shared = common::shared_dir().canonicalize().unwrap();
+    std::os::unix::fs::symlink(shared, top.join("shared")).unwrap();
     common::tiny_dataset(&root, 2);
     std::fs::copy(
         repo.join("weights/yolov9-s-bccd.safetensors"),
@@ -343,11 +344,11 @@ fn clone_like(tag: &str) -> PathBuf {
                     None => PathBuf::from(img.file_name().unwrap()),
                     Some(e) => Path::new(img.file_name().unwrap()).with_extension(e),
                 };
-                std::fs::copy(
-                    bccd.join(sub).join(split).join(&name),
-                    root.join("bccd").join(sub).join(split).join(&name),
-                )
-                .unwrap();
+                let from = bccd.join(sub).join(split).join(&name);
+                if from.is_file() {
+                    std::fs::copy(from, root.join("bccd").join(sub).join(split).join(&name))
+                        .unwrap();
+                }
             }
         }
     }
