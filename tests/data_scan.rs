@@ -6,7 +6,7 @@
 mod common;
 
 use common::case_dir;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use yolo9::data::labels::{parse_labels, IssueKind, LabelBox};
 use yolo9::data::scan::{scan_split, CacheStatus, LabelStatus, ScanOptions, SplitScan};
 use yolo9::data::yaml::{DataConfig, Split};

@@ -130,8 +130,12 @@ struct Found {
     line: usize,
 }
 
+/// `yolo9 SUBCOMMAND ...` (not, say, the Cargo.toml line `yolo9 = { ... }`) or
+/// `cargo run --release -- ...`.
 fn is_command(s: &str) -> bool {
-    s.starts_with("yolo9 ") || s.starts_with("cargo run --release -- ")
+    let sub = s.strip_prefix("yolo9 ").and_then(|r| r.split(' ').next());
+    sub.is_some_and(|w| !w.is_empty() && w.chars().all(|c| c.is_ascii_lowercase()))
+        || s.starts_with("cargo run --release -- ")
 }
 
 fn squash(s: &str) -> String {
@@ -220,6 +224,7 @@ fn readme() -> String {
 #[test]
 fn the_extraction_reads_blocks_continuations_comments_and_inline_spans() {
     let md = "Intro `yolo9 detect a.jpg` and `yolo9 check` and `yolo9 val\n--data d.yaml`.\n\
+              `yolo9 = { default-features = false }`\n\
               ```bash\nyolo9 train --data d.yaml \\\n   --epochs 3   # three\ncargo run --release -- detect x\n\
               cargo test\n```\n```\n$ yolo9 plot a.csv --labels \"a # b\"\n   all  3\n```\n";
     let got: Vec<(String, usize)> = readme_commands(md)
@@ -231,9 +236,9 @@ fn the_extraction_reads_blocks_continuations_comments_and_inline_spans() {
         vec![
             ("yolo9 detect a.jpg".to_string(), 1),
             ("yolo9 val --data d.yaml".to_string(), 1),
-            ("yolo9 train --data d.yaml --epochs 3".to_string(), 4),
-            ("cargo run --release -- detect x".to_string(), 6),
-            ("yolo9 plot a.csv --labels \"a # b\"".to_string(), 10),
+            ("yolo9 train --data d.yaml --epochs 3".to_string(), 5),
+            ("cargo run --release -- detect x".to_string(), 7),
+            ("yolo9 plot a.csv --labels \"a # b\"".to_string(), 11),
         ]
     );
     assert_eq!(
