@@ -197,7 +197,7 @@ fn readme_commands(readme: &str) -> Vec<Found> {
     let text: String = prose.iter().map(|(_, l)| format!("{l}\n")).collect();
     let mut line_of = Vec::with_capacity(text.len());
     for (n, l) in &prose {
-        line_of.extend(std::iter::repeat(*n).take(l.len() + 1));
+        line_of.extend(std::iter::repeat_n(*n, l.len() + 1));
     }
     let mut rest = 0;
     while let Some(open) = text[rest..].find('`').map(|k| rest + k) {

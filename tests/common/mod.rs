@@ -185,8 +185,7 @@ pub fn tmpdir(tag: &str) -> PathBuf {
 /// Runs the `yolo9` program of this build with `args` in `cwd` (the test's own working
 /// directory when `None`): `(exit code, stdout, stderr)`, the code -1 when a signal ended it.
 pub fn yolo9_in(cwd: Option<&std::path::Path>, args: &[&str]) -> (i32, String, String) {
-    let exe = option_env!("CARGO_BIN_EXE_yolo9").expect("the yolo9 program (feature `cli`)");
-    let mut cmd = std::process::Command::new(exe);
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_yolo9"));
     cmd.args(args);
     if let Some(d) = cwd {
         cmd.current_dir(d);
