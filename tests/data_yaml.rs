@@ -2,18 +2,13 @@
 //! `yolo9 check` binary), hand-made yaml variants, label-row rules by hand, and the label path rule.
 mod common;
 
-use common::tmpdir;
+use common::{case_dir, tmpdir};
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use yolo9::data::labels::{parse_labels, IssueKind, LabelBox};
 use yolo9::data::scan::label_path_for;
 use yolo9::data::yaml::{DataConfig, Split};
-
-/// `shared/cases/<name>`, lexically normalized (the yaml loader reports normalized paths).
-fn case_dir(name: &str) -> PathBuf {
-    yolo9::data::yaml::normalize(&common::case(name))
-}
 
 fn yolo9_check(yaml: &Path, cwd: &Path) -> (bool, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_yolo9"))

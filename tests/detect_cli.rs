@@ -2,8 +2,9 @@
 //! parse time naming the flag and the range; the binary exits non-zero without a panic.
 mod common;
 
+use common::yolo9;
+
 use clap::Parser;
-use std::process::Command;
 use yolo9::cli::{Cli, Command as Sub};
 use yolo9::device::DeviceSpec;
 
@@ -102,18 +103,6 @@ fn device_values() {
         assert!(e.contains("--device"), "{bad}: {e}");
         assert!(e.contains(bad), "{bad}: {e}");
     }
-}
-
-fn yolo9(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_yolo9"))
-        .args(args)
-        .output()
-        .expect("run yolo9");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
 }
 
 #[test]

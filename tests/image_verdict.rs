@@ -12,13 +12,6 @@ use yolo9::data::labels::IssueKind;
 use yolo9::data::scan::{probe_image, scan_split, ScanOptions};
 use yolo9::data::yaml::{DataConfig, Split};
 
-fn temp_dir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("yolo9-verdict-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
 /// A progressive JPEG (mozjpeg) of a real picture.
 fn progressive_jpeg() -> Vec<u8> {
     let src = load_rgb8(&bccd_image()).unwrap();
@@ -90,7 +83,7 @@ fn cut_off_mid_scan_is_refused_naming_the_cut() {
 /// the loader) decodes, and its skips name the file and say "cut off".
 #[test]
 fn scan_and_detect_agree_on_every_variant() {
-    let dir = temp_dir("agree");
+    let dir = common::tmpdir("agree");
     let (images, labels) = (dir.join("images/train"), dir.join("labels/train"));
     std::fs::create_dir_all(&images).unwrap();
     std::fs::create_dir_all(&labels).unwrap();

@@ -4,22 +4,11 @@
 //! and the official table is the same with and without --save-json.
 mod common;
 
+use common::yolo9;
+
 use std::path::Path;
-use std::process::Command;
 use yolo9::metrics::coco::{evaluate, CocoDt, CocoGt};
 use yolo9::metrics::coco_json::read_results;
-
-fn yolo9(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_yolo9"))
-        .args(args)
-        .output()
-        .expect("run yolo9");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 /// The official table: the stdout lines from the header to the last class row.
 fn table(out: &str) -> Vec<&str> {

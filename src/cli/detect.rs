@@ -15,6 +15,10 @@
 //!
 //! Memory: each image is decoded, letterboxed, and its full-resolution pixels are dropped at once
 //! (only a ≤ 4096 px drawing copy is kept when saving), so a 108-MP input costs one decoded buffer.
+//!
+//! Why one file (about 615 lines of code, then its unit tests): the arguments of `yolo9 detect`
+//! with their parsers, the weights resolution `val` and `serve` share (`WeightsArgs`), and the per-
+//! source loop; the output writers are in `crate::detect::output`.
 use crate::data::image::load_rgb8;
 use crate::detect::detector::{round_img_size, Detector};
 use crate::detect::draw::{canvas_for, draw_detections, DrawOptions};

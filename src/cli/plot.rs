@@ -61,3 +61,30 @@ pub fn run(a: PlotArgs) -> Result<()> {
     println!("wrote {}", output.display());
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    /// Without `-o` the figure goes beside the first results file (a csv, or a run folder's
+    /// results.csv), never into the working directory.
+    #[test]
+    fn the_default_output_is_beside_the_first_results_file() {
+        let dir = std::env::temp_dir().join(format!("yolo9-plot-cli-{}", std::process::id()));
+        let run = dir.join("runs/exp");
+        std::fs::create_dir_all(&run).unwrap();
+        let row = "0,4.6,5.1,5.3,0.01,0.1,0.002,0.0005,1,2,3,0.1,0.001,0.001,1,2,0,0,0,16";
+        let text = format!("{}\n{row}\n", crate::train::report::RESULTS_HEADER);
+        std::fs::write(run.join("results.csv"), &text).unwrap();
+        std::fs::write(dir.join("other.csv"), &text).unwrap();
+        let args = |results: Vec<std::path::PathBuf>| super::PlotArgs {
+            results,
+            labels: Vec::new(),
+            output: None,
+        };
+        super::run(args(vec![dir.join("other.csv"), run.clone()])).unwrap();
+        assert!(dir.join("results.png").is_file());
+        assert!(!run.join("results.png").exists());
+        super::run(args(vec![run.clone()])).unwrap();
+        assert!(run.join("results.png").is_file());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -132,6 +132,12 @@ pub fn run(a: ValArgs) -> Result<()> {
             ..Default::default()
         },
     )?;
+    if let crate::data::scan::CacheStatus::NotWritten { path, reason } = &scan.cache {
+        eprintln!(
+            "warning: label cache {} not written: {reason} (the labels are scanned again next time)",
+            path.display()
+        );
+    }
     println!("{}", scan.summary(&cfg.names));
     let images = val_images(&scan);
     if !a.noplots || a.save_json {

@@ -25,6 +25,10 @@
 //!
 //! Every failure (cuDNN status, CUDA out of memory, a shape cuDNN cannot describe) is returned as
 //! a candle `Error`; nothing here panics on a runtime path.
+//!
+//! Why one file: the three cuDNN ops (forward, data gradient, filter gradient) share the engine
+//! that is most of its length: the handle, the descriptor cache, the workspace, the algorithm
+//! search and its cache file.
 
 use super::algo_cache::{AlgoCache, Kind as CacheKind};
 use candle_core::backend::BackendStorage;

@@ -21,12 +21,14 @@
 
 use super::labels::{parse_labels, Issue, IssueKind, LabelBox};
 use super::yaml::{DataConfig, Split};
-use anyhow::{Context, Result};
+use anyhow::Result;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
+
+mod cache;
+use cache::{cache_path_for, read_cache, scan_key, write_cache, CacheFile};
 
 /// Version of the scan rules; part of the cache key so a rule change invalidates old caches.
 pub const SCAN_VERSION: u32 = 2;
@@ -559,77 +561,4 @@ fn find_orphans(images: &[PathBuf], records: &[ImageRecord]) -> Vec<PathBuf> {
         );
     }
     out
-}
-
-#[derive(Serialize, Deserialize)]
-struct CacheFile {
-    version: u32,
-    key: String,
-    records: Vec<ImageRecord>,
-    issues: Vec<Issue>,
-    counts: ScanCounts,
-}
-
-/// `<labels folder>.yolo9-cache.json`, beside the folder holding `label`.
-fn cache_path_for(label: &Path) -> Option<PathBuf> {
-    let dir = label.parent()?;
-    let name = dir.file_name()?;
-    let mut n = name.to_os_string();
-    n.push(".yolo9-cache.json");
-    Some(dir.with_file_name(n))
-}
-
-/// SHA-256 over the rules version, nc, and every image's and label candidate's path, size, mtime.
-fn scan_key(images: &[PathBuf], nc: usize) -> String {
-    let mut h = Sha256::new();
-    h.update(SCAN_VERSION.to_le_bytes());
-    h.update((nc as u64).to_le_bytes());
-    let stamp = |h: &mut Sha256, p: &Path| {
-        h.update(p.to_string_lossy().as_bytes());
-        h.update([0]);
-        match std::fs::metadata(p) {
-            Ok(m) => {
-                h.update(m.len().to_le_bytes());
-                let t = m
-                    .modified()
-                    .ok()
-                    .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-                    .map(|d| d.as_nanos())
-                    .unwrap_or(0);
-                h.update(t.to_le_bytes());
-            }
-            Err(_) => h.update(b"absent"),
-        }
-    };
-    for img in images {
-        stamp(&mut h, img);
-        stamp(&mut h, &label_path_for(img));
-        stamp(&mut h, &img.with_extension("txt"));
-    }
-    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn read_cache(path: &Path, key: &str) -> Option<CacheFile> {
-    let text = std::fs::read_to_string(path).ok()?;
-    let c: CacheFile = serde_json::from_str(&text).ok()?;
-    (c.version == SCAN_VERSION && c.key == key).then_some(c)
-}
-
-/// Atomic write (temporary file + rename). `Err` is the reason, for a warning.
-fn write_cache(path: &Path, cache: &CacheFile) -> std::result::Result<(), String> {
-    let dir = path.parent().ok_or("no parent folder")?;
-    let meta = std::fs::metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    if meta.permissions().readonly() {
-        return Err(format!("{} is read-only", dir.display()));
-    }
-    let text = serde_json::to_string(cache).map_err(|e| format!("cannot serialize: {e}"))?;
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    let res = std::fs::write(&tmp, text)
-        .and_then(|_| std::fs::rename(&tmp, path))
-        .with_context(|| format!("cannot write {}", path.display()));
-    if let Err(e) = res {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(format!("{e:#}"));
-    }
-    Ok(())
 }

@@ -19,6 +19,10 @@
 //! anchor index (a stable top-k over the whole masked row, where anchors outside the GT count as
 //! metric 0). This only matters when a GT has fewer than `topk` candidates with a positive metric
 //! and more candidates with metric exactly 0; the oracle cases avoid that situation.
+//!
+//! Why one file: it is one algorithm, the official `TaskAlignedAssigner.forward`, written step by
+//! step in the official order, with the positives-only path next to the reference path it is tested
+//! against.
 
 use anyhow::{bail, ensure, Context, Result};
 use candle_core::{DType, Tensor};

@@ -19,6 +19,11 @@
 //! reads detached host copies of the decoded boxes and the class logits. Each term is a dense
 //! sum over all anchors with the assignment as constant weights (0 for background), so no
 //! gather of foreground anchors (and no scatter in the backward) is needed.
+//!
+//! Why one file: the dual-branch loss, the dense targets it builds for the fused terms, and the
+//! scalar reference functions the tests compare against (`dfl_loss`, `bce_with_logits`,
+//! `bbox2dist`); the fused terms and the device assigner are already in `terms.rs` and
+//! `assign_op.rs`.
 
 use anyhow::{bail, ensure, Context, Result};
 use candle_core::{DType, Device, Tensor};

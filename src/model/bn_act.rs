@@ -18,6 +18,9 @@
 //! arithmetic and parameters; bf16 for mixed-precision training) through the kernels in
 //! `kernels/bn_act.cu` ([`crate::cuda::bn_act`]). [`bn_act_supported`] says where the fused op runs;
 //! the caller keeps a composite path for everything else (e.g. f16, or bf16 on the CPU).
+//!
+//! Why one file: the forward, the closed-form backward, their CPU kernels and the CUDA launches are
+//! one fused op, and the backward's formulas are checked by reading them next to the forward's.
 
 pub use crate::op_args::RunningUpdate;
 use crate::op_args::{geometry, params_range, Geometry};

@@ -1,6 +1,10 @@
 //! `Conv` = Conv2d (no bias) + BatchNorm2d + SiLU (official `models/common.py::Conv`), with BN
 //! folding for inference (official `utils/torch_utils.py::fuse_conv_and_bn`), and the plain
 //! biased `nn.Conv2d` used as the last layer of each head branch.
+//!
+//! Why one file: `Conv`, its BatchNorm, the BN folding and the convolution dispatch it calls (own
+//! CPU im2col + GEMM, cuDNN NCHW and NHWC, 1x1 as one GEMM) are one layer in every mode, and a
+//! backend is added by changing the dispatch beside the layer that uses it.
 
 use super::bn_act;
 use super::params::{BuildMode, Builder, Init, ParamGroup};

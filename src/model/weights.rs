@@ -21,6 +21,10 @@
 //! 0–21 + DDetect at 22); `source` is optional. A safetensors file without this key (a plain
 //! state_dict) is accepted: the graph is inferred from the names, `nc` from the class
 //! convolution, and names default to `class0`, `class1`, ….
+//!
+//! Why one file: the three input formats (yolo9 safetensors, plain state_dict safetensors, official
+//! `.pt`) end in the same checks on one `Weights` (model recognition, class names, NaN/Inf,
+//! metadata); the `.pt` parsing itself is in `crate::pt`.
 
 use super::arch::Arch;
 use super::keys;

@@ -5,6 +5,10 @@
 //! - [`YoloV9Train`]: the training graph (yolov9-*: main and auxiliary branch, `DualDDetect`),
 //!   parameters as candle `Var`s, BN in train (batch statistics) or eval (running statistics)
 //!   mode, `RepConvN` unfused.
+//!
+//! Why one file: the inference graph and the training graph are built from the same `Arch` rows by
+//! the same per-module dispatch, kept side by side so that a module added to one is added to the
+//! other.
 
 use super::arch::{Arch, Src};
 use super::graphs::ForwardGraphs;

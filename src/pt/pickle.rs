@@ -19,6 +19,10 @@
 //! the shared `nn.SiLU` of every official `Conv`) therefore comes back unbuilt; the walk counts
 //! those ([`WalkReport::shared_modules`]) and the caller's key check catches any tensor lost that
 //! way.
+//!
+//! Why one file: the guarded pickle run (allow-list and bounds) and the walk of
+//! the object tree it builds share the `Object` helpers, and whoever audits what a hostile
+//! checkpoint can do needs both in front of them.
 
 use anyhow::{bail, Context, Result};
 use candle_core::pickle::{Object, Stack};

@@ -28,6 +28,10 @@
 //! Shutdown: when the future given to [`serve`] completes (the CLI passes SIGINT/SIGTERM), the
 //! listener stops accepting, requests already received are answered, the worker drains its
 //! queue, and [`serve`] returns.
+//!
+//! Why one file (about 600 lines): the router, the batching worker and the metrics all work on the
+//! private `Service`, `Job` and `Answer` types; split apart, those would have to become crate-
+//! visible while no other module uses them.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -34,12 +34,13 @@ pub fn plot_results(runs: &[Curves], out: &Path) -> Result<()> {
         let areas = root.split_evenly((2, 5));
         for (p, area) in areas.iter().enumerate() {
             let (title, _) = PANELS[p];
-            let mut xmax = 1f64;
+            let (mut xmin, mut xmax) = (f64::INFINITY, f64::NEG_INFINITY);
             let (mut ymin, mut ymax) = (f64::INFINITY, f64::NEG_INFINITY);
             for r in runs {
                 if let Some(s) = &r.series[p] {
                     for (x, y) in r.epochs.iter().zip(s) {
-                        if y.is_finite() {
+                        if y.is_finite() && x.is_finite() {
+                            xmin = xmin.min(*x);
                             xmax = xmax.max(*x);
                             ymin = ymin.min(*y);
                             ymax = ymax.max(*y);
@@ -48,8 +49,11 @@ pub fn plot_results(runs: &[Curves], out: &Path) -> Result<()> {
                 }
             }
             if !ymin.is_finite() {
-                (ymin, ymax) = (0.0, 1.0);
+                (xmin, xmax, ymin, ymax) = (0.0, 1.0, 0.0, 1.0);
             }
+            // Half an epoch either side, so the markers of the first and last epoch (the only
+            // one, in a run of one epoch) are drawn whole inside the panel.
+            let (xmin, xmax) = (xmin.min(0.0) - 0.5, xmax.max(1.0) + 0.5);
             if ymax - ymin < 1e-9 {
                 ymax = ymin + 1.0;
             }
@@ -59,7 +63,7 @@ pub fn plot_results(runs: &[Curves], out: &Path) -> Result<()> {
                 .margin(8)
                 .x_label_area_size(24)
                 .y_label_area_size(48)
-                .build_cartesian_2d(0f64..xmax, (ymin - pad)..(ymax + pad))
+                .build_cartesian_2d(xmin..xmax, (ymin - pad)..(ymax + pad))
                 .map_err(|e| anyhow::anyhow!("plot: {e}"))?;
             chart
                 .configure_mesh()
@@ -208,6 +212,42 @@ mod tests {
             !far(img.get_pixel(20, 100), [255, 255, 255]),
             "an empty grid cell is white"
         );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A run of one epoch has no line to draw: every panel still shows its point.
+    #[test]
+    fn one_epoch_draws_a_point_in_every_panel() {
+        let dir = std::env::temp_dir().join(format!("yolo9-plots-one-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let csv = dir.join("results.csv");
+        std::fs::write(
+            &csv,
+            format!(
+                "{}\n0,4.6,5.1,5.3,0.01,0.1,0.002,0.0005,1,2,3,0.1,0.001,0.001,1,2,0,0,0,16\n",
+                crate::train::report::RESULTS_HEADER
+            ),
+        )
+        .unwrap();
+        let c = read_results_csv(&csv, "one").unwrap();
+        assert_eq!(c.epochs, vec![0.0]);
+        let png = dir.join("results.png");
+        plot_results(&[c], &png).unwrap();
+        let img = image::open(&png).unwrap().to_rgb8();
+        // Panels are 400 x 400 (2 rows of 5); count the run's colour in each.
+        for row in 0..2u32 {
+            for col in 0..5u32 {
+                let n = (0..400u32)
+                    .flat_map(|y| (0..400u32).map(move |x| (col * 400 + x, row * 400 + y)))
+                    .filter(|&(x, y)| img.get_pixel(x, y).0 == [31, 119, 180])
+                    .count();
+                // A filled circle of radius 3 has about 29 pixels.
+                assert!(
+                    n >= 20,
+                    "panel ({row}, {col}): {n} pixels of the run's colour"
+                );
+            }
+        }
         let _ = std::fs::remove_dir_all(&dir);
     }
 

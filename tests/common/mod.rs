@@ -29,6 +29,36 @@ pub fn case(name: &str) -> PathBuf {
     shared_dir().join("cases").join(name)
 }
 
+/// `shared/cases/<name>`, lexically normalized (the yaml loader reports normalized paths).
+pub fn case_dir(name: &str) -> PathBuf {
+    yolo9::data::yaml::normalize(&case(name))
+}
+
+/// Copies the folder tree `from` to `to`, every copied file and folder writable (the source may
+/// be read-only, as `../shared` is in CI), for tests that need a dataset they may change.
+pub fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let dst = to.join(e.file_name());
+        if e.path().is_dir() {
+            copy_tree(&e.path(), &dst);
+        } else {
+            std::fs::copy(e.path(), &dst).unwrap();
+            set_writable(&dst, true);
+        }
+    }
+    set_writable(to, true);
+}
+
+/// Makes `path` writable or read-only (the owner's write bit).
+pub fn set_writable(path: &std::path::Path, writable: bool) {
+    let mut perm = std::fs::metadata(path).unwrap().permissions();
+    #[allow(clippy::permissions_set_readonly_false)]
+    perm.set_readonly(!writable);
+    std::fs::set_permissions(path, perm).unwrap();
+}
+
 /// Options of a tiny CPU training run in `dir` named `name`: the [`tiny_dataset`] of 2 train
 /// images there (made when `dir/data.yaml` is missing), its `hyp.yaml`, 3 epochs of batch 1 at
 /// 64x64 with one loader thread, no close-mosaic, quiet, validating only the final epoch.
@@ -150,6 +180,27 @@ pub fn tmpdir(tag: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d
+}
+
+/// Runs the `yolo9` program of this build with `args` in `cwd` (the test's own working
+/// directory when `None`): `(exit code, stdout, stderr)`, the code -1 when a signal ended it.
+pub fn yolo9_in(cwd: Option<&std::path::Path>, args: &[&str]) -> (i32, String, String) {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_yolo9"));
+    cmd.args(args);
+    if let Some(d) = cwd {
+        cmd.current_dir(d);
+    }
+    let out = cmd.output().expect("run yolo9");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// [`yolo9_in`] the test's working directory.
+pub fn yolo9(args: &[&str]) -> (i32, String, String) {
+    yolo9_in(None, args)
 }
 
 /// CRC-32 (ISO-HDLC, PNG's) of `data`.

@@ -1,17 +1,15 @@
-//! Dataset scan against the bad-input cases of ../shared/cases (each test names its case) and the
-//! real BCCD dataset. The case folders are read-only: every scan here runs with the cache on, and
-//! must leave them untouched (the cache write falls back to a warning).
+//! The dataset scan (`yolo9::data::scan`, what `yolo9 check` and `train` run) against the
+//! bad-input cases of ../shared/cases (each test names its case) and the real BCCD dataset. Scans
+//! of `../shared` run without the label cache and must leave it untouched, whether it is
+//! read-only (CI) or a writable copy (a new user's checkout); the cache, and its fallback on a
+//! read-only dataset, are tested on copies in temporary folders.
 mod common;
 
-use std::path::{Path, PathBuf};
+use common::case_dir;
+use std::path::Path;
 use yolo9::data::labels::{parse_labels, IssueKind, LabelBox};
 use yolo9::data::scan::{scan_split, CacheStatus, LabelStatus, ScanOptions, SplitScan};
 use yolo9::data::yaml::{DataConfig, Split};
-
-/// `shared/cases/<name>`, lexically normalized (the yaml loader reports normalized paths).
-fn case_dir(name: &str) -> PathBuf {
-    yolo9::data::yaml::normalize(&common::case(name))
-}
 
 /// Scans without the label cache: the case folders in `../shared/cases` may be read-only (CI) or a
 /// writable copy (a new user's checkout), and a scan must give the same result in both; the cache
@@ -410,7 +408,7 @@ fn bccd_real_dataset() {
             &cfg,
             split,
             &ScanOptions {
-                use_cache: true,
+                use_cache: false,
                 print: true,
                 ..Default::default()
             },
@@ -440,38 +438,10 @@ fn bccd_real_dataset() {
     );
 }
 
-/// Copies a folder tree (for cache tests that need a writable dataset).
-fn copy_tree(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        let dst = to.join(e.file_name());
-        if e.path().is_dir() {
-            copy_tree(&e.path(), &dst);
-        } else {
-            std::fs::copy(e.path(), &dst).unwrap();
-            let mut perm = std::fs::metadata(&dst).unwrap().permissions();
-            #[allow(clippy::permissions_set_readonly_false)]
-            perm.set_readonly(false);
-            std::fs::set_permissions(&dst, perm).unwrap();
-        }
-    }
-    let mut perm = std::fs::metadata(to).unwrap().permissions();
-    #[allow(clippy::permissions_set_readonly_false)]
-    perm.set_readonly(false);
-    std::fs::set_permissions(to, perm).unwrap();
-}
-
-fn temp_dir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("yolo9-data-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
-}
-
 #[test]
 fn label_cache_round_trip_and_invalidation() {
-    let dir = temp_dir("cache");
-    copy_tree(&case_dir("label_text_hygiene"), &dir);
+    let dir = common::tmpdir("cache");
+    common::copy_tree(&case_dir("label_text_hygiene"), &dir);
     let yaml = dir.join("data.yaml");
     let first = scan_cached(&yaml, Split::Train);
     let cache_file = dir.join("labels/train.yolo9-cache.json");
@@ -505,28 +475,38 @@ fn label_cache_round_trip_and_invalidation() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A read-only dataset (its own read-only copy here): the scan works and reports the cache as
+/// not written, and `yolo9 check` prints one warning and exits 0.
 #[test]
 fn label_cache_read_only_folder_only_warns() {
-    let dir = temp_dir("ro");
-    copy_tree(&case_dir("missing_and_empty_labels"), &dir);
+    let dir = common::tmpdir("ro");
+    common::copy_tree(&case_dir("missing_and_empty_labels"), &dir);
     let labels = dir.join("labels");
-    let mut perm = std::fs::metadata(&labels).unwrap().permissions();
-    perm.set_readonly(true);
-    std::fs::set_permissions(&labels, perm.clone()).unwrap();
+    common::set_writable(&labels, false);
     let t = scan_cached(&dir.join("data.yaml"), Split::Train);
     assert_cache_not_written_readonly(&t);
     assert_eq!(t.counts.labelled, 3);
+    let yaml = dir.join("data.yaml");
+    let (code, text, err) = common::yolo9(&["check", "--data", yaml.to_str().unwrap()]);
+    assert_eq!(code, 0, "{text}\n{err}");
+    let warnings: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("warning: label cache"))
+        .collect();
+    // One warning per split (train and val), each naming the reason.
+    assert_eq!(warnings.len(), 2, "{text}");
+    assert!(warnings.iter().all(|w| w.contains("read-only")), "{text}");
+    assert!(text.contains("train: 7 images: 3 labelled"), "{text}");
     assert!(!labels.join("train.yolo9-cache.json").exists());
-    #[allow(clippy::permissions_set_readonly_false)]
-    perm.set_readonly(false);
-    std::fs::set_permissions(&labels, perm).unwrap();
+    assert!(!labels.join("val.yolo9-cache.json").exists());
+    common::set_writable(&labels, true);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn truncation_checks_by_hand() {
     use yolo9::data::scan::probe_image;
-    let dir = temp_dir("trunc");
+    let dir = common::tmpdir("trunc");
     std::fs::create_dir_all(&dir).unwrap();
     let jpg = std::fs::read(case_dir("coords_invalid").join("images/train/img_000.jpg")).unwrap();
     let probe_bytes = |name: &str, b: &[u8]| {

@@ -1,0 +1,83 @@
+//! The scan's label cache: `<labels folder>.yolo9-cache.json` beside the labels folder, keyed by
+//! a SHA-256 of the scan rules version, `nc`, and every image's and label candidate's path, size
+//! and modification time; written atomically, and only a warning when it cannot be written.
+
+use super::{label_path_for, ImageRecord, ScanCounts, SCAN_VERSION};
+use crate::data::labels::Issue;
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::path::{Path, PathBuf};
+
+#[derive(Serialize, Deserialize)]
+pub(super) struct CacheFile {
+    pub version: u32,
+    pub key: String,
+    pub records: Vec<ImageRecord>,
+    pub issues: Vec<Issue>,
+    pub counts: ScanCounts,
+}
+
+/// `<labels folder>.yolo9-cache.json`, beside the folder holding `label`.
+pub(super) fn cache_path_for(label: &Path) -> Option<PathBuf> {
+    let dir = label.parent()?;
+    let name = dir.file_name()?;
+    let mut n = name.to_os_string();
+    n.push(".yolo9-cache.json");
+    Some(dir.with_file_name(n))
+}
+
+/// SHA-256 over the rules version, nc, and every image's and label candidate's path, size, mtime.
+pub(super) fn scan_key(images: &[PathBuf], nc: usize) -> String {
+    let mut h = Sha256::new();
+    h.update(SCAN_VERSION.to_le_bytes());
+    h.update((nc as u64).to_le_bytes());
+    let stamp = |h: &mut Sha256, p: &Path| {
+        h.update(p.to_string_lossy().as_bytes());
+        h.update([0]);
+        match std::fs::metadata(p) {
+            Ok(m) => {
+                h.update(m.len().to_le_bytes());
+                let t = m
+                    .modified()
+                    .ok()
+                    .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                    .map(|d| d.as_nanos())
+                    .unwrap_or(0);
+                h.update(t.to_le_bytes());
+            }
+            Err(_) => h.update(b"absent"),
+        }
+    };
+    for img in images {
+        stamp(&mut h, img);
+        stamp(&mut h, &label_path_for(img));
+        stamp(&mut h, &img.with_extension("txt"));
+    }
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+pub(super) fn read_cache(path: &Path, key: &str) -> Option<CacheFile> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let c: CacheFile = serde_json::from_str(&text).ok()?;
+    (c.version == SCAN_VERSION && c.key == key).then_some(c)
+}
+
+/// Atomic write (temporary file + rename). `Err` is the reason, for a warning.
+pub(super) fn write_cache(path: &Path, cache: &CacheFile) -> std::result::Result<(), String> {
+    let dir = path.parent().ok_or("no parent folder")?;
+    let meta = std::fs::metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    if meta.permissions().readonly() {
+        return Err(format!("{} is read-only", dir.display()));
+    }
+    let text = serde_json::to_string(cache).map_err(|e| format!("cannot serialize: {e}"))?;
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    let res = std::fs::write(&tmp, text)
+        .and_then(|_| std::fs::rename(&tmp, path))
+        .with_context(|| format!("cannot write {}", path.display()));
+    if let Err(e) = res {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(format!("{e:#}"));
+    }
+    Ok(())
+}
