@@ -8,15 +8,7 @@
 // Grid: y covers the N*C rows (one bias per row, strided if there are more rows than blocks),
 // x covers the HW elements of a row.
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
-__device__ __forceinline__ float ld(const float* p, long long i) { return p[i]; }
-__device__ __forceinline__ float ld(const __half* p, long long i) { return __half2float(p[i]); }
-__device__ __forceinline__ float ld(const __nv_bfloat16* p, long long i) { return __bfloat162float(p[i]); }
-__device__ __forceinline__ void st(float* p, long long i, float v) { p[i] = v; }
-__device__ __forceinline__ void st(__half* p, long long i, float v) { p[i] = __float2half(v); }
-__device__ __forceinline__ void st(__nv_bfloat16* p, long long i, float v) { p[i] = __float2bfloat16(v); }
+#include "elem.cuh"
 
 template <typename T>
 __device__ void bias_act(const T* __restrict__ x, const T* __restrict__ b, T* __restrict__ y,

@@ -16,14 +16,9 @@
 // part[(2*s + k) * C + c]; a second kernel adds the S partials of each channel in order, so the
 // result does not depend on scheduling.
 
-#include <cuda_bf16.h>
-
 #define BLOCK 256
 
-__device__ __forceinline__ float ld(const float* p, long long i) { return p[i]; }
-__device__ __forceinline__ float ld(const __nv_bfloat16* p, long long i) { return __bfloat162float(p[i]); }
-__device__ __forceinline__ void st(float* p, long long i, float v) { p[i] = v; }
-__device__ __forceinline__ void st(__nv_bfloat16* p, long long i, float v) { p[i] = __float2bfloat16(v); }
+#include "elem.cuh"
 
 __device__ __forceinline__ double block_sum(double v, double* shared) {
     for (int off = 16; off > 0; off >>= 1) v += __shfl_down_sync(0xffffffffu, v, off);

@@ -7,15 +7,7 @@
 // threads take consecutive anchors, so every bin's loads are coalesced.
 // Rust side: src/cuda/dfl.rs (launch), src/model/head.rs (`dfl`, the CPU version).
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
-__device__ __forceinline__ float ld(const float* p, long long i) { return p[i]; }
-__device__ __forceinline__ float ld(const __half* p, long long i) { return __half2float(p[i]); }
-__device__ __forceinline__ float ld(const __nv_bfloat16* p, long long i) { return __bfloat162float(p[i]); }
-__device__ __forceinline__ void st(float* p, long long i, float v) { p[i] = v; }
-__device__ __forceinline__ void st(__half* p, long long i, float v) { p[i] = __float2half(v); }
-__device__ __forceinline__ void st(__nv_bfloat16* p, long long i, float v) { p[i] = __float2bfloat16(v); }
+#include "elem.cuh"
 
 #define BINS 16
 

@@ -7,15 +7,7 @@
 // Rust side: src/cuda/pool.rs (launches), src/model/pool.rs (the candle ops and the CPU version
 // these kernels must match).
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
-__device__ __forceinline__ float ld(const float* p, long long i) { return p[i]; }
-__device__ __forceinline__ float ld(const __half* p, long long i) { return __half2float(p[i]); }
-__device__ __forceinline__ void st(__half* p, long long i, float v) { p[i] = __float2half(v); }
-__device__ __forceinline__ float ld(const __nv_bfloat16* p, long long i) { return __bfloat162float(p[i]); }
-__device__ __forceinline__ void st(float* p, long long i, float v) { p[i] = v; }
-__device__ __forceinline__ void st(__nv_bfloat16* p, long long i, float v) { p[i] = __float2bfloat16(v); }
+#include "elem.cuh"
 
 // Offset (dr * k + dc) of the first maximum of the window of output (i, j) in plane `x`.
 template <typename T>
@@ -115,6 +107,17 @@ __device__ void pool_bwd(const unsigned char* __restrict__ arg, const T* __restr
 POOL_KERNELS(float, f32)
 POOL_KERNELS(__nv_bfloat16, bf16)
 
+// (n, i, j, c) of element `idx` of a contiguous (N, H, W, C) tensor.
+__device__ __forceinline__ void nhwc_at(long long idx, int H, int W, int C, long long& n, int& i, int& j,
+                                        int& c) {
+    c = (int)(idx % C);
+    const long long pix = idx / C;
+    j = (int)(pix % W);
+    const long long ni = pix / W;
+    i = (int)(ni % H);
+    n = ni / H;
+}
+
 // y[n, i, j, c] = max of the k x k window around (i, j) of channel c (channels-last); the
 // value of the first maximum (any maximum has that value).
 template <typename T>
@@ -123,12 +126,9 @@ __device__ void pool_fwd_nhwc(const T* __restrict__ x, T* __restrict__ y, long l
     const int r = k / 2;
     for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
          idx += (long long)gridDim.x * blockDim.x) {
-        const int c = (int)(idx % C);
-        const long long pix = idx / C;
-        const int j = (int)(pix % W);
-        const long long ni = pix / W;
-        const int i = (int)(ni % H);
-        const long long n = ni / H;
+        long long n;
+        int i, j, c;
+        nhwc_at(idx, H, W, C, n, i, j, c);
         const T* xn = x + n * H * W * (long long)C + c;
         float best = 0.0f;
         long long at = -1;
@@ -173,12 +173,9 @@ __device__ void avg2_nhwc(const T* __restrict__ x, T* __restrict__ y, long long 
     const int Wo = W - 1, Ho = H - 1;
     for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
          idx += (long long)gridDim.x * blockDim.x) {
-        const int c = (int)(idx % C);
-        const long long pix = idx / C;
-        const int j = (int)(pix % Wo);
-        const long long ni = pix / Wo;
-        const int i = (int)(ni % Ho);
-        const long long n = ni / Ho;
+        long long n;
+        int i, j, c;
+        nhwc_at(idx, Ho, Wo, C, n, i, j, c);
         const long long o = ((n * H + i) * W + j) * C + c;
         const long long row = (long long)W * C;
         float s = ld(x, o) + ld(x, o + C);

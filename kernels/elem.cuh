@@ -1,0 +1,15 @@
+// Element access shared by the kernels that store f32, f16 or bf16 and compute in f32:
+// ld(p, i) reads element i as float, st(p, i, v) rounds v to the element type (round to nearest
+// even, as __float2half / __float2bfloat16) and writes it. Included by bias_act.cu, bn_act.cu,
+// dfl.cu and pool.cu; not compiled on its own (build.rs compiles only *.cu).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+__device__ __forceinline__ float ld(const float* p, long long i) { return p[i]; }
+__device__ __forceinline__ float ld(const __half* p, long long i) { return __half2float(p[i]); }
+__device__ __forceinline__ float ld(const __nv_bfloat16* p, long long i) { return __bfloat162float(p[i]); }
+__device__ __forceinline__ void st(float* p, long long i, float v) { p[i] = v; }
+__device__ __forceinline__ void st(__half* p, long long i, float v) { p[i] = __float2half(v); }
+__device__ __forceinline__ void st(__nv_bfloat16* p, long long i, float v) { p[i] = __float2bfloat16(v); }
