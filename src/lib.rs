@@ -32,6 +32,8 @@ pub mod data;
 pub mod detect;
 pub mod device;
 pub mod error;
+#[cfg(feature = "export")]
+pub mod export;
 pub mod footprint;
 #[cfg(unix)]
 pub mod launcher;

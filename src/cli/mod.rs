@@ -4,6 +4,7 @@
 pub mod check;
 pub mod convert;
 pub mod detect;
+pub mod export;
 pub mod parse;
 pub mod plot;
 #[cfg(feature = "serve")]
@@ -36,6 +37,8 @@ pub enum Command {
     Train(Box<train::TrainArgs>),
     /// Validate weights on a dataset split (official val_dual.py).
     Val(val::ValArgs),
+    /// Export weights as an ONNX model (optionally with NMS inside).
+    Export(export::ExportArgs),
     /// Draw training curves of results.csv files (ours or the official trainer's) in one PNG.
     Plot(plot::PlotArgs),
     /// Serve detection over HTTP (POST /v1/detect), batching requests on one model.
@@ -54,6 +57,7 @@ pub fn main() -> ExitCode {
         Command::Check(a) => check::run(a),
         Command::Train(a) => train::run(*a),
         Command::Val(a) => val::run(a),
+        Command::Export(a) => export::run(a),
         Command::Plot(a) => plot::run(a),
         #[cfg(feature = "serve")]
         Command::Serve(a) => serve::run(a),

@@ -142,13 +142,7 @@ impl RepNCSP {
     pub fn run(&self, x: &Tensor, c: Ctx) -> Result<Tensor> {
         // Inference: a channel half of the enclosing block (a strided view) is copied once for
         // both 1×1 convolutions, not once by each.
-        let xc;
-        let x = if c.tape.is_none() && !c.train {
-            xc = x.contiguous()?;
-            &xc
-        } else {
-            x
-        };
+        let x = &c.contiguous_for_eval(x)?;
         let mut y = self.cv1.run(x, c)?;
         for m in &self.m {
             y = m.run(&y, c)?;

@@ -9,6 +9,7 @@
 use super::bn_act;
 use super::params::{BuildMode, Builder, Init, ParamGroup};
 use super::tape::{self, Ctx, Tape};
+use super::trace::TracedOp;
 use anyhow::{ensure, Context, Result};
 use candle_core::{DType, Tensor, Var};
 
@@ -370,11 +371,26 @@ impl Conv {
     /// [`Self::forward`] under a [`Ctx`]: taped (one tape node for conv + BN + activation, or
     /// conv + bias) when the context has a tape, the plain forward otherwise.
     pub fn run(&self, x: &Tensor, c: Ctx) -> Result<Tensor> {
-        match c.tape {
-            Some(t) if c.train => self.forward_taped(x, t),
-            _ if c.nhwc => self.forward_nhwc(x),
-            _ => self.forward(x, c.train),
-        }
+        ensure!(
+            c.trace.is_none() || self.bn.is_none(),
+            "tracing a convolution with an unfolded BatchNorm (trace an inference model)"
+        );
+        let y = match c.tape {
+            Some(t) if c.train => self.forward_taped(x, t)?,
+            _ if c.nhwc => self.forward_nhwc(x)?,
+            _ => self.forward(x, c.train)?,
+        };
+        c.record(|| TracedOp::Conv {
+            x: x.id(),
+            y: y.id(),
+            weight: self.weight.clone(),
+            bias: self.bias_var.clone(),
+            stride: self.stride,
+            padding: self.padding,
+            groups: self.groups,
+            act: self.act,
+        });
+        Ok(y)
     }
 
     /// The eval-mode forward on channels-last tensors: `x` (B, H, W, C_in) → (B, H', W', C_out),

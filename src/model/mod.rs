@@ -12,6 +12,7 @@
 //!   `ADown`, `SPPELAN`, `CBLinear`.
 //! - [`pool`]: PyTorch-exact, differentiable avg/max pooling and nearest upsampling.
 //! - [`tape`]: the training graph's own reverse mode (one node per layer op) and the forward context [`tape::Ctx`].
+//! - [`trace`]: a recording of the inference forward, op by op, for `yolo9 export`.
 //! - [`head`]: `DDetect` branch, DFL, anchors, decode.
 //! - [`graphs`]: CUDA-graph replay of the inference forward, per input shape.
 //! - [`yolov9`]: the inference graph [`YoloV9`] and the training graph [`YoloV9Train`].
@@ -32,6 +33,7 @@ pub mod net;
 pub mod params;
 pub mod pool;
 pub mod tape;
+pub mod trace;
 pub mod weights;
 pub mod yolov9;
 

@@ -26,6 +26,7 @@
 use anyhow::{ensure, Result};
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Tensor, TensorId, Var};
+use super::trace::{Trace, TracedOp};
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 
@@ -211,6 +212,8 @@ pub struct Ctx<'a> {
     /// ([`Ctx::plain_nhwc`]). Channel arguments (`dim` 1) of [`Ctx::cat`] and [`Ctx::narrow`]
     /// then mean the last dimension.
     pub nhwc: bool,
+    /// The trace of a traced eval forward ([`Ctx::tracing`]).
+    pub trace: Option<&'a Trace>,
 }
 
 impl<'a> Ctx<'a> {
@@ -220,6 +223,7 @@ impl<'a> Ctx<'a> {
             train,
             tape: None,
             nhwc: false,
+            trace: None,
         }
     }
 
@@ -230,6 +234,7 @@ impl<'a> Ctx<'a> {
             train: false,
             tape: None,
             nhwc: true,
+            trace: None,
         }
     }
 
@@ -239,7 +244,37 @@ impl<'a> Ctx<'a> {
             train: true,
             tape: Some(tape),
             nhwc: false,
+            trace: None,
         }
+    }
+
+    /// The plain eval-mode NCHW forward recording every layer op on `trace` (for export; see
+    /// [`super::trace`]).
+    pub fn tracing(trace: &'a Trace) -> Self {
+        Ctx {
+            train: false,
+            tape: None,
+            nhwc: false,
+            trace: Some(trace),
+        }
+    }
+
+    /// Records `op` when tracing.
+    pub fn record(&self, op: impl FnOnce() -> TracedOp) {
+        if let Some(t) = self.trace {
+            t.push(op());
+        }
+    }
+
+    /// `x` in a contiguous layout when the forward is a plain eval one (a copy made once where
+    /// several ops read a strided view); `x` itself otherwise.
+    pub fn contiguous_for_eval(&self, x: &Tensor) -> Result<Tensor> {
+        if self.tape.is_some() || self.train {
+            return Ok(x.clone());
+        }
+        let y = x.contiguous()?;
+        self.record(|| TracedOp::Alias { x: x.id(), y: y.id() });
+        Ok(y)
     }
 
     /// The dimension of an NCHW `dim` in this context's layout (channels last: 1 → 3).
@@ -254,6 +289,11 @@ impl<'a> Ctx<'a> {
     /// `a + b` (same shapes).
     pub fn add(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
         let y = (a + b)?;
+        self.record(|| TracedOp::Add {
+            a: a.id(),
+            b: b.id(),
+            y: y.id(),
+        });
         if let Some(t) = self.tape {
             t.record(&[a, b], &[], &y, |dy, _| {
                 Ok(vec![Some(dy.clone()), Some(dy.clone())])
@@ -266,6 +306,11 @@ impl<'a> Ctx<'a> {
     pub fn cat(&self, xs: &[&Tensor], dim: usize) -> Result<Tensor> {
         let dim = self.dim(dim);
         let y = Tensor::cat(xs, dim)?;
+        self.record(|| TracedOp::Cat {
+            xs: xs.iter().map(|x| x.id()).collect(),
+            y: y.id(),
+            dim,
+        });
         if let Some(t) = self.tape {
             let sizes: Vec<usize> = xs
                 .iter()
@@ -292,6 +337,13 @@ impl<'a> Ctx<'a> {
     pub fn narrow(&self, x: &Tensor, dim: usize, start: usize, len: usize) -> Result<Tensor> {
         let dim = self.dim(dim);
         let y = x.narrow(dim, start, len)?;
+        self.record(|| TracedOp::Narrow {
+            x: x.id(),
+            y: y.id(),
+            dim,
+            start,
+            len,
+        });
         if let Some(t) = self.tape {
             let total = x.dim(dim)?;
             t.record(&[x], &[], &y, move |dy, _| {
@@ -309,6 +361,7 @@ impl<'a> Ctx<'a> {
     /// [`super::bn_act::silu_backward`], where the fused kernels run).
     pub fn silu(&self, x: &Tensor) -> Result<Tensor> {
         let y = x.silu()?;
+        self.record(|| TracedOp::Silu { x: x.id(), y: y.id() });
         if let Some(t) = self.tape {
             let xs = x.clone();
             t.record(&[x], &[], &y, move |dy, _| {
@@ -355,6 +408,11 @@ impl<'a> Ctx<'a> {
             return super::pool::nhwc::upsample_nearest(x, f);
         }
         let y = super::pool::upsample_nearest(x, f)?;
+        self.record(|| TracedOp::Upsample {
+            x: x.id(),
+            y: y.id(),
+            factor: f,
+        });
         if let Some(t) = self.tape {
             let (b, c, h, w) = x.dims4()?;
             t.record(&[x], &[], &y, move |dy, _| {
@@ -374,6 +432,7 @@ impl<'a> Ctx<'a> {
             return super::pool::nhwc::take_even(x);
         }
         let y = super::pool::take_even(x)?;
+        self.record(|| TracedOp::TakeEven { x: x.id(), y: y.id() });
         if let Some(t) = self.tape {
             let (b, c, h, w) = x.dims4()?;
             t.record(&[x], &[], &y, move |dy, _| {
@@ -401,7 +460,9 @@ impl<'a> Ctx<'a> {
             return super::pool::nhwc::avg_pool_2x2_s1(x);
         }
         let Some(t) = self.tape else {
-            return super::pool::avg_pool_2x2_s1(x, self.train);
+            let y = super::pool::avg_pool_2x2_s1(x, self.train)?;
+            self.record(|| TracedOp::AvgPool2x2S1 { x: x.id(), y: y.id() });
+            return Ok(y);
         };
         let y = super::pool::avg_pool_2x2_s1(x, true)?;
         let (_, _, h, w) = x.dims4()?;
@@ -426,10 +487,17 @@ impl<'a> Ctx<'a> {
         }
         let Some(t) = self.tape else {
             // Eval on CUDA: one launch per pool instead of the separable composite.
-            if !self.train && super::pool::infer_pool_runs(x) && k <= 15 {
-                return super::pool::max_pool_same_op(x, k);
-            }
-            return super::pool::max_pool_same(x, k);
+            let y = if !self.train && super::pool::infer_pool_runs(x) && k <= 15 {
+                super::pool::max_pool_same_op(x, k)?
+            } else {
+                super::pool::max_pool_same(x, k)?
+            };
+            self.record(|| TracedOp::MaxPoolSame {
+                x: x.id(),
+                y: y.id(),
+                k,
+            });
+            return Ok(y);
         };
         if !super::pool::max_pool_op_supported(x) {
             let y = super::pool::max_pool_same(x, k)?;

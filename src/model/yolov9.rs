@@ -17,6 +17,7 @@ use super::keys::NameMap;
 use super::net::{dfl_names, load_heads, Net};
 use super::params::{BuildMode, Builder, NamedVar};
 use super::tape::{Ctx, Tape};
+use super::trace::{Trace, TracedOp};
 use crate::model::weights::{Graph, ModelMeta, Weights};
 use anyhow::{bail, ensure, Context, Result};
 use candle_core::{DType, Device, Tensor, Var};
@@ -242,6 +243,24 @@ impl YoloV9 {
                 Ok(t.to_dtype(DType::F32)?)
             })
             .collect()
+    }
+
+    /// The raw head outputs of [`YoloV9::forward_raw`] for `x` (B, 3, H, W) f32 on the model's
+    /// device, computed NCHW with every layer op recorded ([`crate::model::trace`]; what
+    /// `yolo9 export` writes): the ops in execution order, and the raw outputs (whose ids the
+    /// last ops produce). The model must be f32 (an export in half precision casts the f32
+    /// graph's constants).
+    pub fn trace_raw(&self, x: &Tensor) -> Result<(Vec<TracedOp>, Vec<Tensor>)> {
+        check_input(x)?;
+        ensure!(
+            self.dtype == DType::F32 && x.device().same_device(&self.device),
+            "tracing: an f32 model and an input on its device"
+        );
+        let trace = Trace::new();
+        let c = Ctx::tracing(&trace);
+        let feats = self.net.forward(x, c, &self.taps)?;
+        let raw = self.head.run_raw(&feats, c)?;
+        Ok((trace.into_ops(), raw))
     }
 
     /// x: (B, 3, H, W) f32 RGB in 0..1, H and W multiples of 32 → (B, 4+nc, A) f32: rows 0..4 =

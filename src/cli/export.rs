@@ -1,0 +1,125 @@
+//! `yolo9 export`: the detector as an ONNX model ([`crate::export`]).
+
+use super::detect::WeightsArgs;
+use crate::export::{onnx, ExportOptions, NmsExport};
+use anyhow::{bail, Result};
+use clap::{Args, ValueEnum};
+use std::path::PathBuf;
+
+/// Export formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    /// ONNX (default operator set, opset 13–21).
+    Onnx,
+}
+
+/// Arguments of `yolo9 export`.
+#[derive(Debug, Args)]
+pub struct ExportArgs {
+    /// The weights and model.
+    #[command(flatten)]
+    pub weights: WeightsArgs,
+    /// Output format.
+    #[arg(long, value_enum, default_value = "onnx")]
+    pub format: Format,
+    /// Input size in pixels: one number (square) or H W; multiples of 32.
+    #[arg(long, num_args = 1..=2, default_values_t = [640])]
+    pub img: Vec<usize>,
+    /// Batch size of a static model.
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
+    /// Batch, height and width as symbolic dimensions.
+    #[arg(long)]
+    pub dynamic: bool,
+    /// f16 weights and activations (the input stays f32 in 0..1, the output f32).
+    #[arg(long)]
+    pub half: bool,
+    /// An end-to-end model: NMS inside, outputs num_dets, boxes, scores, classes.
+    #[arg(long)]
+    pub nms: bool,
+    /// --nms: confidence threshold.
+    #[arg(long, default_value_t = 0.25)]
+    pub conf: f32,
+    /// --nms: IoU threshold.
+    #[arg(long, default_value_t = 0.45)]
+    pub iou: f32,
+    /// --nms: detections per image at most.
+    #[arg(long, default_value_t = 300)]
+    pub max_det: usize,
+    /// ONNX operator set.
+    #[arg(long, default_value_t = 17)]
+    pub opset: i64,
+    /// Output file [default: the weights' name with .onnx, `-half`/`-nms` added for those
+    /// options].
+    #[arg(short, long)]
+    pub output: Option<PathBuf>,
+}
+
+/// Runs `yolo9 export`: builds the model, writes it atomically, prints what was written.
+pub fn run(args: ExportArgs) -> Result<()> {
+    let (path, weights) = args.weights.load()?;
+    let img = match args.img.as_slice() {
+        [s] => (*s, *s),
+        [h, w] => (*h, *w),
+        _ => bail!("--img takes one size or H W"),
+    };
+    let opts = ExportOptions {
+        img,
+        batch: args.batch,
+        dynamic: args.dynamic,
+        half: args.half,
+        nms: args.nms.then_some(NmsExport {
+            conf: args.conf,
+            iou: args.iou,
+            max_det: args.max_det,
+        }),
+        opset: args.opset,
+    };
+    let output = match args.output {
+        Some(o) => o,
+        None => {
+            let stem = path
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "model".into());
+            let mut name = stem;
+            if args.half {
+                name.push_str("-half");
+            }
+            if args.nms {
+                name.push_str("-nms");
+            }
+            path.with_file_name(format!("{name}.onnx"))
+        }
+    };
+    if output.is_dir() {
+        bail!("-o {}: is a directory; pass -o FILE.onnx", output.display());
+    }
+    let model = onnx::export(&weights, &opts)?;
+    let bytes = crate::export::write(&model, &output)?;
+    let nodes = model.graph.as_ref().map_or(0, |g| g.node.len());
+    let shape = if opts.dynamic {
+        "dynamic batch, height and width".to_string()
+    } else {
+        format!("input {}x3x{}x{}", opts.batch, img.0, img.1)
+    };
+    println!(
+        "exported {} ({}, {} classes) to {}: {:.1} MB, {nodes} nodes, opset {}, {shape}{}{}",
+        path.display(),
+        weights.meta.arch.name,
+        weights.meta.nc,
+        output.display(),
+        bytes as f64 / 1e6,
+        opts.opset,
+        if opts.half { ", f16" } else { "" },
+        if opts.nms.is_some() {
+            format!(
+                ", NMS (conf {}, iou {}, max_det {})",
+                args.conf, args.iou, args.max_det
+            )
+        } else {
+            String::new()
+        }
+    );
+    Ok(())
+}
