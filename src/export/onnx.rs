@@ -67,17 +67,9 @@ pub fn export(weights: &Weights, opts: &ExportOptions) -> Result<ModelProto> {
     }
     let output0 = g.decode(&heads, nc)?;
     let (b, h, w) = if opts.dynamic {
-        (
-            Dim::Sym("batch"),
-            Dim::Sym("height"),
-            Dim::Sym("width"),
-        )
+        (Dim::Sym("batch"), Dim::Sym("height"), Dim::Sym("width"))
     } else {
-        (
-            Dim::N(opts.batch),
-            Dim::N(opts.img.0),
-            Dim::N(opts.img.1),
-        )
+        (Dim::N(opts.batch), Dim::N(opts.img.0), Dim::N(opts.img.1))
     };
     let anchors = if opts.dynamic {
         Dim::Sym("anchors")
@@ -116,7 +108,11 @@ pub fn export(weights: &Weights, opts: &ExportOptions) -> Result<ModelProto> {
         node: g.nodes,
         name: meta.arch.name.clone(),
         initializer: g.inits,
-        input: vec![value_info("images", data_type::FLOAT, &[b, Dim::N(3), h, w])],
+        input: vec![value_info(
+            "images",
+            data_type::FLOAT,
+            &[b, Dim::N(3), h, w],
+        )],
         output: outputs,
         ..Default::default()
     };
@@ -367,7 +363,14 @@ impl Graph {
     }
 
     /// `x[axis][start..end]` (several axes at once; `steps` 1 unless given).
-    fn slice(&mut self, x: &str, axes: &[i64], starts: &[i64], ends: &[i64], steps: Option<&[i64]>) -> String {
+    fn slice(
+        &mut self,
+        x: &str,
+        axes: &[i64],
+        starts: &[i64],
+        ends: &[i64],
+        steps: Option<&[i64]>,
+    ) -> String {
         let s = self.i64s(starts);
         let e = self.i64s(ends);
         let a = self.i64s(axes);
@@ -449,7 +452,10 @@ impl Graph {
             TracedOp::Cat { xs, y, dim } => {
                 let xs: Vec<String> = xs.iter().map(|i| get(names, i)).collect::<Result<_>>()?;
                 let refs: Vec<&str> = xs.iter().map(String::as_str).collect();
-                (y, self.node("Concat", &refs, vec![attr_i("axis", *dim as i64)]))
+                (
+                    y,
+                    self.node("Concat", &refs, vec![attr_i("axis", *dim as i64)]),
+                )
             }
             TracedOp::Narrow {
                 x,
@@ -532,7 +538,11 @@ impl Graph {
     /// returns the (B, 4+nc, A) f32 value.
     fn decode(&mut self, heads: &[String], nc: usize) -> Result<String> {
         if heads.len() != STRIDES.len() {
-            bail!("export: {} head outputs, expected {}", heads.len(), STRIDES.len());
+            bail!(
+                "export: {} head outputs, expected {}",
+                heads.len(),
+                STRIDES.len()
+            );
         }
         let no = (4 * REG_MAX + nc) as i64;
         let mut flat = Vec::new();
@@ -569,8 +579,17 @@ impl Graph {
             let n = self.node("Mul", &[&hh, &ww], vec![]);
             let ones = self.i64s(&[1, 1]);
             let st_shape = self.node("Concat", &[&ones, &n], vec![attr_i("axis", 0)]);
-            let value = tensor("value", data_type::FLOAT, &[1], (s as f32).to_le_bytes().to_vec());
-            sts.push(self.node("ConstantOfShape", &[&st_shape], vec![attr_t("value", value)]));
+            let value = tensor(
+                "value",
+                data_type::FLOAT,
+                &[1],
+                (s as f32).to_le_bytes().to_vec(),
+            );
+            sts.push(self.node(
+                "ConstantOfShape",
+                &[&st_shape],
+                vec![attr_t("value", value)],
+            ));
         }
         let cat2 = |g: &mut Self, v: &[String]| {
             let r: Vec<&str> = v.iter().map(String::as_str).collect();
@@ -622,7 +641,7 @@ impl Graph {
         let x2y2 = self.node("Add", &[&cxy, &half_wh], vec![]);
         let xyxy = self.node("Concat", &[&x1y1, &x2y2], vec![attr_i("axis", 1)]);
         let boxes = self.node("Transpose", &[&xyxy], vec![attr_ints("perm", &[0, 2, 1])]); // (B, A, 4)
-        // Best class per anchor, and the scores with every other class zeroed.
+                                                                                           // Best class per anchor, and the scores with every other class zeroed.
         let best = if self.opset >= 18 {
             let axis = self.i64s(&[1]);
             self.node("ReduceMax", &[&scores, &axis], vec![attr_i("keepdims", 1)])
@@ -633,7 +652,11 @@ impl Graph {
                 vec![attr_ints("axes", &[1]), attr_i("keepdims", 1)],
             )
         };
-        let cls = self.node("ArgMax", &[&scores], vec![attr_i("axis", 1), attr_i("keepdims", 1)]); // (B,1,A) i64
+        let cls = self.node(
+            "ArgMax",
+            &[&scores],
+            vec![attr_i("axis", 1), attr_i("keepdims", 1)],
+        ); // (B,1,A) i64
         let ids: Vec<i64> = (0..nc as i64).collect();
         let ids = self.i64s(&ids);
         let ids = self.reshape(&ids, &[1, -1, 1]);
@@ -656,7 +679,7 @@ impl Graph {
         let kept = self.node("GatherND", &[&best2, &ba], vec![]); // (N,)
         let zeros = self.node("Mul", &[&best2, &zero], vec![]);
         let dense = self.node("ScatterND", &[&zeros, &ba, &kept], vec![]); // (B, A)
-        // K = min(max_det, A).
+                                                                           // K = min(max_det, A).
         let shape = self.node("Shape", &[&dense], vec![]);
         let a = self.shape_at(&shape, 1);
         let md = self.i64s(&[n.max_det as i64]);

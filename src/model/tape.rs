@@ -23,10 +23,10 @@
 //! against candle's autograd on the CPU; `tests/gpu_parity.rs` does the same on
 //! CUDA.
 
+use super::trace::{Trace, TracedOp};
 use anyhow::{ensure, Result};
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Tensor, TensorId, Var};
-use super::trace::{Trace, TracedOp};
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 
@@ -273,7 +273,10 @@ impl<'a> Ctx<'a> {
             return Ok(x.clone());
         }
         let y = x.contiguous()?;
-        self.record(|| TracedOp::Alias { x: x.id(), y: y.id() });
+        self.record(|| TracedOp::Alias {
+            x: x.id(),
+            y: y.id(),
+        });
         Ok(y)
     }
 
@@ -361,7 +364,10 @@ impl<'a> Ctx<'a> {
     /// [`super::bn_act::silu_backward`], where the fused kernels run).
     pub fn silu(&self, x: &Tensor) -> Result<Tensor> {
         let y = x.silu()?;
-        self.record(|| TracedOp::Silu { x: x.id(), y: y.id() });
+        self.record(|| TracedOp::Silu {
+            x: x.id(),
+            y: y.id(),
+        });
         if let Some(t) = self.tape {
             let xs = x.clone();
             t.record(&[x], &[], &y, move |dy, _| {
@@ -432,7 +438,10 @@ impl<'a> Ctx<'a> {
             return super::pool::nhwc::take_even(x);
         }
         let y = super::pool::take_even(x)?;
-        self.record(|| TracedOp::TakeEven { x: x.id(), y: y.id() });
+        self.record(|| TracedOp::TakeEven {
+            x: x.id(),
+            y: y.id(),
+        });
         if let Some(t) = self.tape {
             let (b, c, h, w) = x.dims4()?;
             t.record(&[x], &[], &y, move |dy, _| {
@@ -461,7 +470,10 @@ impl<'a> Ctx<'a> {
         }
         let Some(t) = self.tape else {
             let y = super::pool::avg_pool_2x2_s1(x, self.train)?;
-            self.record(|| TracedOp::AvgPool2x2S1 { x: x.id(), y: y.id() });
+            self.record(|| TracedOp::AvgPool2x2S1 {
+                x: x.id(),
+                y: y.id(),
+            });
             return Ok(y);
         };
         let y = super::pool::avg_pool_2x2_s1(x, true)?;
