@@ -138,6 +138,9 @@ pub fn run(a: ValArgs) -> Result<()> {
             path.display()
         );
     }
+    if let Some(c) = &cfg.coco {
+        println!("{}", c.mapping_line(&cfg.names));
+    }
     println!("{}", scan.summary(&cfg.names));
     let images = val_images(&scan);
     if !a.noplots || a.save_json {

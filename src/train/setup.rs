@@ -207,6 +207,9 @@ pub(crate) fn resolve(
         print: false,
         cancel: stop.cancel(),
     };
+    if let (Some(c), true) = (&cfg.coco, opts.verbose) {
+        obs.line(&c.mapping_line(&cfg.names));
+    }
     let train_scan = scan_split(&cfg, Split::Train, &scan_opts)?;
     if opts.verbose {
         obs.text(&train_scan.report(&cfg.root, &cfg.names));
