@@ -337,3 +337,67 @@ fn bad_coco_json_records_are_reported_and_skipped() {
     assert!(e.contains("no `images` list"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `yolo9 val` on a COCO JSON split with the official BCCD weights (4 images, 320 px, CPU):
+/// `predictions.json` carries the JSON's own category ids (1..3, not the class indices 0..2),
+/// `--save-txt --save-conf` writes one `cls cx cy w h conf` line per prediction (as many lines as
+/// predictions.json has entries, every value normalized), and the val_batch pictures are drawn.
+#[test]
+fn val_on_a_coco_json_split_writes_original_ids_labels_and_pictures() {
+    let yolo = DataConfig::load(&common::shared_dir().join("datasets/bccd/data.yaml")).unwrap();
+    let yval = scan(&yolo, Split::Val);
+    let dir = tmpdir("val");
+    coco_split(&yval, &dir, "valid", &yolo.names, 4);
+    std::fs::write(
+        dir.join("data.yaml"),
+        "train: valid/_annotations.coco.json\nval: valid/_annotations.coco.json\n",
+    )
+    .unwrap();
+    let weights = common::reference("bccd-official-best.pt");
+    let (code, out, err) = common::yolo9(&[
+        "val",
+        "--data",
+        dir.join("data.yaml").to_str().unwrap(),
+        "--weights",
+        weights.to_str().unwrap(),
+        "--img",
+        "320",
+        "--batch",
+        "4",
+        "--device",
+        "cpu",
+        "--save-json",
+        "--save-txt",
+        "--save-conf",
+        "--project",
+        dir.join("runs").to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("COCO categories → classes: 0: RBC (id 1)"), "{out}");
+    let run = dir.join("runs/exp");
+    let preds: Vec<serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(run.join("predictions.json")).unwrap())
+            .unwrap();
+    assert!(preds.len() > 20, "{}", preds.len());
+    let ids: std::collections::BTreeSet<u64> = preds
+        .iter()
+        .map(|p| p["category_id"].as_u64().unwrap())
+        .collect();
+    assert!(ids.iter().all(|i| (1..=3).contains(i)), "{ids:?}");
+    assert!(ids.contains(&1), "RBC is category 1: {ids:?}");
+    let mut lines = 0;
+    for e in std::fs::read_dir(run.join("labels")).unwrap() {
+        let text = std::fs::read_to_string(e.unwrap().path()).unwrap();
+        for l in text.lines() {
+            let v: Vec<f64> = l.split(' ').map(|x| x.parse().unwrap()).collect();
+            assert_eq!(v.len(), 6, "{l}");
+            assert!(v[0] < 3.0 && v[1..].iter().all(|x| (0.0..=1.0).contains(x)), "{l}");
+            lines += 1;
+        }
+    }
+    assert_eq!(lines, preds.len(), "one label line per prediction");
+    for f in ["val_batch0_labels.jpg", "val_batch0_pred.jpg", "confusion_matrix.png"] {
+        assert!(run.join(f).is_file(), "{f} missing");
+    }
+    assert!(!run.join("val_batch1_labels.jpg").exists(), "one batch of 4 images");
+}

@@ -528,12 +528,13 @@ pub fn plot_labels(boxes: &[(u32, [f32; 4])], names: &[String], out: &Path) -> R
             .margin(16)
             .x_label_area_size(if nc > 12 { 110 } else { 40 })
             .y_label_area_size(70)
-            .build_cartesian_2d((0..nc).into_segmented(), 0f64..top)
+            .build_cartesian_2d((0..nc.max(2) - 1).into_segmented(), 0f64..top)
             .map_err(|x| e(&x))?;
         let label_names = names.to_vec();
         chart
             .configure_mesh()
             .disable_x_mesh()
+            .light_line_style(WHITE.mix(0.0))
             .x_labels(nc.min(40))
             .x_label_formatter(&|v| match v {
                 SegmentValue::CenterOf(i) => label_names.get(*i).cloned().unwrap_or_default(),
