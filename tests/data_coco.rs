@@ -46,7 +46,11 @@ fn roboflow_split(scan: &SplitScan, dir: &Path, split: &str, take: usize) {
         let name = r.image.file_name().unwrap();
         std::fs::copy(&r.image, dir.join(split).join("images").join(name)).unwrap();
         if let Some(l) = &r.label {
-            std::fs::copy(l, dir.join(split).join("labels").join(l.file_name().unwrap())).unwrap();
+            std::fs::copy(
+                l,
+                dir.join(split).join("labels").join(l.file_name().unwrap()),
+            )
+            .unwrap();
         }
     }
 }
@@ -96,17 +100,21 @@ fn hyp(dir: &Path) {
     .unwrap();
 }
 
-/// One CPU epoch at 64 px on the dataset in `dir` (its data.yaml), validating at the end.
-fn one_epoch(dir: &Path) {
+/// One CPU epoch at 64 px on the dataset in `dir` (its data.yaml), validating at the end; with
+/// `plots`, `labels.jpg` and the final validation's val_batch pictures are drawn.
+fn one_epoch(dir: &Path, plots: bool) {
     hyp(dir);
     let mut o = common::tiny_run_options(dir, "exp");
     o.epochs = 1;
-    o.noplots = true;
+    o.noplots = !plots;
     let s = yolo9::train::trainer::train(&o).unwrap();
     assert_eq!(s.epochs.len(), 1);
     assert!(s.epochs[0].validated);
     assert!(s.epochs[0].train_loss.iter().all(|v| v.is_finite()));
     assert!(s.run_dir.join("weights/last.safetensors").is_file());
+    for f in ["labels.jpg", "val_batch0_labels.jpg", "val_batch0_pred.jpg"] {
+        assert_eq!(s.run_dir.join(f).is_file(), plots, "{f}");
+    }
 }
 
 #[test]
@@ -141,7 +149,11 @@ fn roboflow_and_coco_json_copies_scan_like_the_yolo_layout_and_train() {
     let ccfg = DataConfig::load(&co.join("data.yaml")).unwrap();
     assert_eq!(ccfg.names, yolo.names, "names from the categories");
     let classes = ccfg.coco.as_ref().unwrap();
-    assert_eq!(classes.ids, vec![1, 2, 3], "the parent `cells` (id 0) is not a class");
+    assert_eq!(
+        classes.ids,
+        vec![1, 2, 3],
+        "the parent `cells` (id 0) is not a class"
+    );
     assert!(
         ccfg.notices.iter().any(|n| n.contains("\"cells\" (id 0)")),
         "{:?}",
@@ -151,7 +163,11 @@ fn roboflow_and_coco_json_copies_scan_like_the_yolo_layout_and_train() {
     for (split, y) in [(Split::Train, &ytrain), (Split::Val, &yval)] {
         let r = scan(&rcfg, split);
         let c = scan(&ccfg, split);
-        assert_eq!(key_counts(&r.counts), key_counts(&y.counts), "roboflow {split}");
+        assert_eq!(
+            key_counts(&r.counts),
+            key_counts(&y.counts),
+            "roboflow {split}"
+        );
         assert_eq!(key_counts(&c.counts), key_counts(&y.counts), "coco {split}");
         assert_eq!(c.counts.rows_dropped, 0, "{:?}", c.issues);
         // the same boxes, image by image (file names are the same; COCO → normalized in f64)
@@ -168,18 +184,24 @@ fn roboflow_and_coco_json_copies_scan_like_the_yolo_layout_and_train() {
     }
 
     // `yolo9 check` accepts the COCO copy: the mapping line, and the summary the YOLO scan gives.
-    let (code, out, err) = common::yolo9(&["check", "--data", co.join("data.yaml").to_str().unwrap()]);
+    let (code, out, err) =
+        common::yolo9(&["check", "--data", co.join("data.yaml").to_str().unwrap()]);
     assert_eq!(code, 0, "{out}\n{err}");
     assert!(
-        out.contains("COCO categories → classes: 0: RBC (id 1), 1: WBC (id 2), 2: Platelets (id 3)"),
+        out.contains(
+            "COCO categories → classes: 0: RBC (id 1), 1: WBC (id 2), 2: Platelets (id 3)"
+        ),
         "{out}"
     );
     let head = |s: &str| s.split("; ").take(2).collect::<Vec<_>>().join("; ");
     let want = head(&ytrain.summary(&yolo.names));
     assert!(out.lines().any(|l| head(l) == want), "{want}\n{out}");
     // the cache sits beside the JSON and gives the same scan the second time
-    assert!(co.join("train/_annotations.coco.yolo9-cache.json").is_file());
-    let (code, out2, _) = common::yolo9(&["check", "--data", co.join("data.yaml").to_str().unwrap()]);
+    assert!(co
+        .join("train/_annotations.coco.yolo9-cache.json")
+        .is_file());
+    let (code, out2, _) =
+        common::yolo9(&["check", "--data", co.join("data.yaml").to_str().unwrap()]);
     assert_eq!(code, 0);
     assert!(out2.contains("labels read from cache"), "{out2}");
     assert!(out2.lines().any(|l| head(l) == want), "{out2}");
@@ -194,7 +216,7 @@ fn roboflow_and_coco_json_copies_scan_like_the_yolo_layout_and_train() {
         "train: ../train/images\nval: ../valid/images\nnames: [RBC, WBC, Platelets]\n",
     )
     .unwrap();
-    one_epoch(&small_rf);
+    one_epoch(&small_rf, false);
     let small_co = tmp.join("small_coco");
     coco_split(&ytrain, &small_co, "train", &yolo.names, 3);
     coco_split(&yval, &small_co, "valid", &yolo.names, 1);
@@ -203,7 +225,7 @@ fn roboflow_and_coco_json_copies_scan_like_the_yolo_layout_and_train() {
         "train: train/_annotations.coco.json\nval: valid/_annotations.coco.json\n",
     )
     .unwrap();
-    one_epoch(&small_co);
+    one_epoch(&small_co, true);
     eprintln!("total: {:.1} s", t0.elapsed().as_secs_f64());
     let _ = std::fs::remove_dir_all(&tmp);
 }
@@ -271,24 +293,62 @@ fn bad_coco_json_records_are_reported_and_skipped() {
         )
     };
     let f = "annotations/instances_train.json: ";
-    has(&[f, "images[2] (id 3): file_name \"gone.jpg\" not found", "image skipped"]);
-    has(&[f, "images[3] (id \"x\"): id \"x\" is not a non-negative integer"]);
-    has(&[f, "annotations[1] (id 11): bbox [10,20,-30,40] has width -30", "annotation skipped"]);
-    has(&[f, "annotations[2] (id 12): category_id 99 is not a category (known ids [5, 7])"]);
-    has(&[f, "annotations[4] (id 14): image_id 3 is not a usable image"]);
-    has(&[f, "annotations[5] (id 15): bbox [1,2,\"3\"] is not four numbers"]);
+    has(&[
+        f,
+        "images[2] (id 3): file_name \"gone.jpg\" not found",
+        "image skipped",
+    ]);
+    has(&[
+        f,
+        "images[3] (id \"x\"): id \"x\" is not a non-negative integer",
+    ]);
+    has(&[
+        f,
+        "annotations[1] (id 11): bbox [10,20,-30,40] has width -30",
+        "annotation skipped",
+    ]);
+    has(&[
+        f,
+        "annotations[2] (id 12): category_id 99 is not a category (known ids [5, 7])",
+    ]);
+    has(&[
+        f,
+        "annotations[4] (id 14): image_id 3 is not a usable image",
+    ]);
+    has(&[
+        f,
+        "annotations[5] (id 15): bbox [1,2,\"3\"] is not four numbers",
+    ]);
     has(&[f, "annotations[6]: not an object"]);
     has(&[f, "1 crowd annotations (iscrowd: 1)", "ignored"]);
-    has(&[f, "annotations[7] (id 16): bbox [-10, 0, 20, 10] crosses the edge", "clipped"]);
+    has(&[
+        f,
+        "annotations[7] (id 16): bbox [-10, 0, 20, 10] crosses the edge",
+        "clipped",
+    ]);
     let c = &s.counts;
-    assert_eq!((c.images, c.corrupt), (4, 2), "two images[] records skipped");
-    assert_eq!((c.labelled, c.empty), (1, 1), "image 2 has no annotation: background");
+    assert_eq!(
+        (c.images, c.corrupt),
+        (4, 2),
+        "two images[] records skipped"
+    );
+    assert_eq!(
+        (c.labelled, c.empty),
+        (1, 1),
+        "image 2 has no annotation: background"
+    );
     assert_eq!(c.boxes, 2, "annotations 10 and 16");
     assert_eq!(c.per_class, vec![1, 1]);
-    assert_eq!(c.rows_dropped, 5, "annotations 11, 12, 14, 15 and the number");
+    assert_eq!(
+        c.rows_dropped, 5,
+        "annotations 11, 12, 14, 15 and the number"
+    );
     assert_eq!(c.rows_clipped, 1);
     assert_eq!(
-        s.issues.iter().filter(|i| i.kind == IssueKind::CrowdIgnored).count(),
+        s.issues
+            .iter()
+            .filter(|i| i.kind == IssueKind::CrowdIgnored)
+            .count(),
         1
     );
     let r = &s.records[0];
@@ -296,9 +356,13 @@ fn bad_coco_json_records_are_reported_and_skipped() {
     assert!((r.boxes[0].cx - 25.0 / w as f32).abs() < 1e-6);
     assert!((r.boxes[0].h - 40.0 / h as f32).abs() < 1e-6);
     // `yolo9 check` prints the same and succeeds (one image has a box)
-    let (code, out, err) = common::yolo9(&["check", "--data", dir.join("data.yaml").to_str().unwrap()]);
+    let (code, out, err) =
+        common::yolo9(&["check", "--data", dir.join("data.yaml").to_str().unwrap()]);
     assert_eq!(code, 0, "{out}\n{err}");
-    assert!(out.contains("annotations[1] (id 11): bbox [10,20,-30,40]"), "{out}");
+    assert!(
+        out.contains("annotations[1] (id 11): bbox [10,20,-30,40]"),
+        "{out}"
+    );
 
     // names of the same count that disagree: used, with a notice; another count: an error
     std::fs::write(
@@ -309,7 +373,9 @@ fn bad_coco_json_records_are_reported_and_skipped() {
     let n = DataConfig::load(&dir.join("named.yaml")).unwrap();
     assert_eq!(n.names, ["a", "b"]);
     assert!(
-        n.notices.iter().any(|l| l.contains("disagrees with the COCO category names")),
+        n.notices
+            .iter()
+            .any(|l| l.contains("disagrees with the COCO category names")),
         "{:?}",
         n.notices
     );
@@ -318,22 +384,40 @@ fn bad_coco_json_records_are_reported_and_skipped() {
         "train: annotations/instances_train.json\nval: annotations/instances_train.json\nnames: [a, b, c]\n",
     )
     .unwrap();
-    let e = format!("{:#}", DataConfig::load(&dir.join("three.yaml")).unwrap_err());
-    assert!(e.contains("`names` has 3 entries but the COCO JSON split has 2"), "{e}");
+    let e = format!(
+        "{:#}",
+        DataConfig::load(&dir.join("three.yaml")).unwrap_err()
+    );
+    assert!(
+        e.contains("`names` has 3 entries but the COCO JSON split has 2"),
+        "{e}"
+    );
 
     // truncated: an error naming the file and the position
     std::fs::write(&j, &text[..text.len() / 2]).unwrap();
-    let e = format!("{:#}", DataConfig::load(&dir.join("data.yaml")).unwrap_err());
+    let e = format!(
+        "{:#}",
+        DataConfig::load(&dir.join("data.yaml")).unwrap_err()
+    );
     assert!(e.contains("instances_train.json:"), "{e}");
     assert!(e.contains("the file is truncated"), "{e}");
     let line = text[..text.len() / 2].matches('\n').count() + 1;
-    assert!(e.contains(&format!("instances_train.json:{line}:")), "line {line}: {e}");
+    assert!(
+        e.contains(&format!("instances_train.json:{line}:")),
+        "line {line}: {e}"
+    );
     // not an annotations file (a results list)
     std::fs::write(&j, "[{\"image_id\": 1}]").unwrap();
-    let e = format!("{:#}", DataConfig::load(&dir.join("data.yaml")).unwrap_err());
+    let e = format!(
+        "{:#}",
+        DataConfig::load(&dir.join("data.yaml")).unwrap_err()
+    );
     assert!(e.contains("instances_train.json:1:"), "{e}");
     std::fs::write(&j, "{\"annotations\": []}").unwrap();
-    let e = format!("{:#}", DataConfig::load(&dir.join("data.yaml")).unwrap_err());
+    let e = format!(
+        "{:#}",
+        DataConfig::load(&dir.join("data.yaml")).unwrap_err()
+    );
     assert!(e.contains("no `images` list"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -373,7 +457,10 @@ fn val_on_a_coco_json_split_writes_original_ids_labels_and_pictures() {
         dir.join("runs").to_str().unwrap(),
     ]);
     assert_eq!(code, 0, "{out}\n{err}");
-    assert!(out.contains("COCO categories → classes: 0: RBC (id 1)"), "{out}");
+    assert!(
+        out.contains("COCO categories → classes: 0: RBC (id 1)"),
+        "{out}"
+    );
     let run = dir.join("runs/exp");
     let preds: Vec<serde_json::Value> =
         serde_json::from_str(&std::fs::read_to_string(run.join("predictions.json")).unwrap())
@@ -391,13 +478,23 @@ fn val_on_a_coco_json_split_writes_original_ids_labels_and_pictures() {
         for l in text.lines() {
             let v: Vec<f64> = l.split(' ').map(|x| x.parse().unwrap()).collect();
             assert_eq!(v.len(), 6, "{l}");
-            assert!(v[0] < 3.0 && v[1..].iter().all(|x| (0.0..=1.0).contains(x)), "{l}");
+            assert!(
+                v[0] < 3.0 && v[1..].iter().all(|x| (0.0..=1.0).contains(x)),
+                "{l}"
+            );
             lines += 1;
         }
     }
     assert_eq!(lines, preds.len(), "one label line per prediction");
-    for f in ["val_batch0_labels.jpg", "val_batch0_pred.jpg", "confusion_matrix.png"] {
+    for f in [
+        "val_batch0_labels.jpg",
+        "val_batch0_pred.jpg",
+        "confusion_matrix.png",
+    ] {
         assert!(run.join(f).is_file(), "{f} missing");
     }
-    assert!(!run.join("val_batch1_labels.jpg").exists(), "one batch of 4 images");
+    assert!(
+        !run.join("val_batch1_labels.jpg").exists(),
+        "one batch of 4 images"
+    );
 }

@@ -221,10 +221,7 @@ pub fn run(a: ValArgs) -> Result<()> {
     if a.save_txt {
         let dets = r.detections.as_deref().unwrap_or_default();
         let n = save_txt(&dir, &images, dets, a.save_conf)?;
-        println!(
-            "{n} label files saved to {}",
-            dir.join("labels").display()
-        );
+        println!("{n} label files saved to {}", dir.join("labels").display());
     }
     if !a.noplots {
         crate::metrics::plots::plot_validation(

@@ -37,7 +37,8 @@ use std::path::{Path, PathBuf};
 
 /// True when `p` names a COCO JSON file (extension `.json`, any case).
 pub fn is_coco_json(p: &Path) -> bool {
-    p.extension().is_some_and(|e| e.eq_ignore_ascii_case("json"))
+    p.extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("json"))
 }
 
 /// The classes of the COCO JSON files of a dataset: class `i` is category `ids[i]`.
@@ -265,7 +266,7 @@ pub fn read_classes(files: &[PathBuf]) -> Result<CocoClasses> {
     let mut ids = Vec::new();
     let mut names = Vec::new();
     for (id, (name, f)) in cats {
-        if !used.contains(&id) && parents.iter().any(|p| *p == name) {
+        if !used.contains(&id) && parents.contains(&name) {
             notices.push(format!(
                 "{}: category {name:?} (id {id}) is only the supercategory of others and has no \
                  annotation → not a class (as in Roboflow exports)",
@@ -305,7 +306,9 @@ pub fn image_candidates(json: &Path, file_name: &str) -> Vec<PathBuf> {
             out.push(up.join("images").join(split).join(file_name));
         }
     }
-    out.into_iter().map(|p| super::yaml::normalize(&p)).collect()
+    out.into_iter()
+        .map(|p| super::yaml::normalize(&p))
+        .collect()
 }
 
 /// Reads the images and boxes of one COCO JSON split file with the dataset's `classes`. Errors
@@ -630,7 +633,11 @@ mod tests {
         assert!((b[1].cy - 0.95).abs() < 1e-6 && (b[1].h - 0.1).abs() < 1e-6);
         assert_eq!(iss.len(), 2, "{iss:?}");
         assert_eq!(iss[0].kind, IssueKind::RowClipped);
-        assert!(iss[1].value.starts_with("annotations[2]"), "{}", iss[1].value);
+        assert!(
+            iss[1].value.starts_with("annotations[2]"),
+            "{}",
+            iss[1].value
+        );
         // the JSON's size differs from the decoded one: a note, boxes on the JSON's size
         let (_, iss) = normalize_boxes(&img, (100, 200));
         assert_eq!(iss[0].kind, IssueKind::ImageNote);

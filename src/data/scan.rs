@@ -567,7 +567,10 @@ fn scan_one(img: &Path, nc: usize, coco: Option<&CocoImage>) -> OneScan {
         boxes,
         status,
     };
-    let sidecar = rec.label.as_ref().is_some_and(|l| *l != label_path_for(img));
+    let sidecar = rec
+        .label
+        .as_ref()
+        .is_some_and(|l| *l != label_path_for(img));
     OneScan {
         rec: Some(rec),
         issues,

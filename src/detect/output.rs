@@ -56,7 +56,14 @@ pub fn label_line(d: &Detection, w: u32, h: u32, with_conf: bool) -> String {
 /// `xyxy` (original-image pixels) of a `w x h` image, normalized, each number as `%g` (the
 /// official `('%g ' * len(line)).rstrip() % line`). `yolo9 val --save-txt` passes its boxes
 /// unrounded, as the official `val_dual.py save_one_txt`.
-pub fn yolo_line(class_id: usize, xyxy: [f32; 4], conf: f32, w: u32, h: u32, with_conf: bool) -> String {
+pub fn yolo_line(
+    class_id: usize,
+    xyxy: [f32; 4],
+    conf: f32,
+    w: u32,
+    h: u32,
+    with_conf: bool,
+) -> String {
     let y = xyxy_to_yolo(xyxy, w, h);
     let mut s = format!("{class_id}");
     for v in y {

@@ -23,16 +23,86 @@ use std::path::Path;
 
 /// The 80 class names of COCO (`data/coco.yaml`), in class order.
 pub const COCO80_NAMES: [&str; 80] = [
-    "person", "bicycle", "car", "motorcycle", "airplane", "bus", "train", "truck", "boat",
-    "traffic light", "fire hydrant", "stop sign", "parking meter", "bench", "bird", "cat", "dog",
-    "horse", "sheep", "cow", "elephant", "bear", "zebra", "giraffe", "backpack", "umbrella",
-    "handbag", "tie", "suitcase", "frisbee", "skis", "snowboard", "sports ball", "kite",
-    "baseball bat", "baseball glove", "skateboard", "surfboard", "tennis racket", "bottle",
-    "wine glass", "cup", "fork", "knife", "spoon", "bowl", "banana", "apple", "sandwich", "orange",
-    "broccoli", "carrot", "hot dog", "pizza", "donut", "cake", "chair", "couch", "potted plant",
-    "bed", "dining table", "toilet", "tv", "laptop", "mouse", "remote", "keyboard", "cell phone",
-    "microwave", "oven", "toaster", "sink", "refrigerator", "book", "clock", "vase", "scissors",
-    "teddy bear", "hair drier", "toothbrush",
+    "person",
+    "bicycle",
+    "car",
+    "motorcycle",
+    "airplane",
+    "bus",
+    "train",
+    "truck",
+    "boat",
+    "traffic light",
+    "fire hydrant",
+    "stop sign",
+    "parking meter",
+    "bench",
+    "bird",
+    "cat",
+    "dog",
+    "horse",
+    "sheep",
+    "cow",
+    "elephant",
+    "bear",
+    "zebra",
+    "giraffe",
+    "backpack",
+    "umbrella",
+    "handbag",
+    "tie",
+    "suitcase",
+    "frisbee",
+    "skis",
+    "snowboard",
+    "sports ball",
+    "kite",
+    "baseball bat",
+    "baseball glove",
+    "skateboard",
+    "surfboard",
+    "tennis racket",
+    "bottle",
+    "wine glass",
+    "cup",
+    "fork",
+    "knife",
+    "spoon",
+    "bowl",
+    "banana",
+    "apple",
+    "sandwich",
+    "orange",
+    "broccoli",
+    "carrot",
+    "hot dog",
+    "pizza",
+    "donut",
+    "cake",
+    "chair",
+    "couch",
+    "potted plant",
+    "bed",
+    "dining table",
+    "toilet",
+    "tv",
+    "laptop",
+    "mouse",
+    "remote",
+    "keyboard",
+    "cell phone",
+    "microwave",
+    "oven",
+    "toaster",
+    "sink",
+    "refrigerator",
+    "book",
+    "clock",
+    "vase",
+    "scissors",
+    "teddy bear",
+    "hair drier",
+    "toothbrush",
 ];
 
 /// COCO's category id of each of the 80 classes: the ids 1..=90 that `instances_*.json` uses,
@@ -390,7 +460,11 @@ mod tests {
         assert_eq!(COCO80_TO_91, official);
         let coco: Vec<String> = COCO80_NAMES.iter().map(|s| s.to_string()).collect();
         let cats = category_ids(&coco, None);
-        assert_eq!((cats[0], cats[11], cats[79]), (1, 13, 90), "person, stop sign, toothbrush");
+        assert_eq!(
+            (cats[0], cats[11], cats[79]),
+            (1, 13, 90),
+            "person, stop sign, toothbrush"
+        );
         // 80 classes with other names: class indices
         let mut other = coco.clone();
         other[5] = "coach".into();
@@ -409,6 +483,9 @@ mod tests {
         assert_eq!(val_results(&dets, &ids, &cats)[0].category_id, 7);
         let gt = val_ground_truth(&imgs, &dets, &ids, &names, &cats);
         assert_eq!(gt.annotations[0].category_id, 5);
-        assert_eq!(gt.categories.iter().map(|c| c.id).collect::<Vec<_>>(), vec![5, 7]);
+        assert_eq!(
+            gt.categories.iter().map(|c| c.id).collect::<Vec<_>>(),
+            vec![5, 7]
+        );
     }
 }

@@ -524,7 +524,10 @@ pub fn plot_labels(boxes: &[(u32, [f32; 4])], names: &[String], out: &Path) -> R
         let nc = names.len().max(1);
         let top = stats.per_class.iter().copied().max().unwrap_or(0).max(1) as f64 * 1.05;
         let mut chart = ChartBuilder::on(&areas[0])
-            .caption(format!("{} boxes per class", stats.boxes), ("sans-serif", 24))
+            .caption(
+                format!("{} boxes per class", stats.boxes),
+                ("sans-serif", 24),
+            )
             .margin(16)
             .x_label_area_size(if nc > 12 { 110 } else { 40 })
             .y_label_area_size(70)
@@ -616,17 +619,20 @@ pub fn plot_labels(boxes: &[(u32, [f32; 4])], names: &[String], out: &Path) -> R
             let step = 1.0 / LABEL_BINS as f64;
             chart
                 .draw_series(hist.iter().enumerate().flat_map(|(r, row)| {
-                    row.iter().enumerate().filter(|(_, &v)| v > 0).map(move |(c, &v)| {
-                        // square root: the few crowded bins do not wash out the rest
-                        let t = 0.15 + 0.85 * (v as f64 / peak).sqrt();
-                        Rectangle::new(
-                            [
-                                (c as f64 * step, r as f64 * step),
-                                ((c + 1) as f64 * step, (r + 1) as f64 * step),
-                            ],
-                            blues(t).filled(),
-                        )
-                    })
+                    row.iter()
+                        .enumerate()
+                        .filter(|(_, &v)| v > 0)
+                        .map(move |(c, &v)| {
+                            // square root: the few crowded bins do not wash out the rest
+                            let t = 0.15 + 0.85 * (v as f64 / peak).sqrt();
+                            Rectangle::new(
+                                [
+                                    (c as f64 * step, r as f64 * step),
+                                    ((c + 1) as f64 * step, (r + 1) as f64 * step),
+                                ],
+                                blues(t).filled(),
+                            )
+                        })
                 }))
                 .map_err(|x| e(&x))?;
         }
@@ -723,9 +729,13 @@ mod tests {
             ]
         );
         // two images in a 2 x 2 grid of full-size cells; one image: a single cell
-        let b0 = image::open(d.join("val_batch0_pred.jpg")).unwrap().to_rgb8();
+        let b0 = image::open(d.join("val_batch0_pred.jpg"))
+            .unwrap()
+            .to_rgb8();
         assert_eq!(b0.dimensions(), (2 * w, 2 * h));
-        let b2 = image::open(d.join("val_batch2_labels.jpg")).unwrap().to_rgb8();
+        let b2 = image::open(d.join("val_batch2_labels.jpg"))
+            .unwrap()
+            .to_rgb8();
         assert_eq!(b2.dimensions(), (w, h));
         // the confident prediction's outline (class 0 colour) on the pred picture at x = 10,
         // the 0.2 one not drawn (its left edge at x = 300, y = 50 is the photo's colour)
@@ -737,7 +747,9 @@ mod tests {
         assert!(near(b0.get_pixel(10, 120), c0));
         assert!(!near(b0.get_pixel(300, 60), c1));
         // the label (class 1) outline on the labels picture at x = 300
-        let l0 = image::open(d.join("val_batch0_labels.jpg")).unwrap().to_rgb8();
+        let l0 = image::open(d.join("val_batch0_labels.jpg"))
+            .unwrap()
+            .to_rgb8();
         assert!(near(l0.get_pixel(300, 300), c1));
     }
 }

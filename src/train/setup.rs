@@ -467,8 +467,10 @@ pub(crate) fn build<'a>(
         create_results_csv(&run_dir)?;
         if !opts.noplots {
             // labels.jpg: the training labels at a glance (official `plot_labels`).
-            let boxes: Vec<(u32, [f32; 4])> =
-                items.iter().flat_map(|i| i.labels.iter().copied()).collect();
+            let boxes: Vec<(u32, [f32; 4])> = items
+                .iter()
+                .flat_map(|i| i.labels.iter().copied())
+                .collect();
             let p = run_dir.join("labels.jpg");
             if let Err(e) = crate::metrics::plots::plot_labels(&boxes, &cfg.names, &p) {
                 obs.line(&format!("warning: labels.jpg not drawn: {e:#}"));
