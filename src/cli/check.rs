@@ -31,6 +31,9 @@ pub fn run(args: CheckArgs) -> Result<()> {
         cfg.nc,
         cfg.names
     );
+    if let Some(c) = &cfg.coco {
+        println!("{}", c.mapping_line(&cfg.names));
+    }
     let scans = check(&cfg, !args.no_cache)?;
     for s in &scans {
         print!("{}", s.report(&cfg.root, &cfg.names));

@@ -64,11 +64,20 @@ pub struct ValArgs {
     #[arg(long)]
     pub noplots: bool,
     /// Write predictions.json (COCO results: image_id = the file stem when every stem is
-    /// numeric, else the image's index in the split; category_id = class index; bbox xywh in
-    /// original pixels) into the run folder and print the COCO (pycocotools) summary evaluated
-    /// against the split's own labels.
+    /// numeric, else the image's index in the split; category_id = the original category id
+    /// for a COCO JSON split, COCO's 91-category id for the 80 COCO classes, else the class
+    /// index; bbox xywh in original pixels) into the run folder and print the COCO
+    /// (pycocotools) summary evaluated against the split's own labels.
     #[arg(long = "save-json")]
     pub save_json: bool,
+    /// Write each image's detections to labels/<stem>.txt in the run folder (`cls cx cy w h`,
+    /// normalized to the original image, as detect --save-txt; images without detections get
+    /// no file).
+    #[arg(long = "save-txt")]
+    pub save_txt: bool,
+    /// Add the confidence to --save-txt lines.
+    #[arg(long = "save-conf")]
+    pub save_conf: bool,
 }
 
 fn parse_budget(s: &str) -> Result<u64, String> {
@@ -138,9 +147,13 @@ pub fn run(a: ValArgs) -> Result<()> {
             path.display()
         );
     }
+    if let Some(c) = &cfg.coco {
+        println!("{}", c.mapping_line(&cfg.names));
+    }
     println!("{}", scan.summary(&cfg.names));
     let images = val_images(&scan);
-    if !a.noplots || a.save_json {
+    let saving = a.save_json || a.save_txt;
+    if !a.noplots || saving {
         let labels: Vec<PathBuf> = scan
             .records
             .iter()
@@ -170,7 +183,7 @@ pub fn run(a: ValArgs) -> Result<()> {
         max_det: a.max_det,
         progress: true,
         confusion: !a.noplots,
-        collect: a.save_json,
+        collect: saving || !a.noplots,
         ..ValConfig::default()
     };
     let r = validate(ValModel::Infer(&model), &images, &vc)?;
@@ -184,15 +197,19 @@ pub fn run(a: ValArgs) -> Result<()> {
         r.seconds,
         r.metrics.seen as f64 / r.seconds.max(1e-9)
     );
-    if a.noplots && !a.save_json {
+    if a.noplots && !saving {
         return Ok(());
     }
     let dir = crate::runs::claim_run_dir(&a.project, &a.name, a.exist_ok)
         .with_context(|| format!("cannot create the run folder under {}", a.project.display()))?;
     if a.save_json {
         let dets = r.detections.as_deref().unwrap_or_default();
+        let cats = crate::metrics::coco_json::category_ids(
+            &cfg.names,
+            cfg.coco.as_ref().map(|c| c.ids.as_slice()),
+        );
         let (path, ev) =
-            crate::metrics::coco_json::save_and_evaluate(&dir, &images, dets, &cfg.names)?;
+            crate::metrics::coco_json::save_and_evaluate(&dir, &images, dets, &cfg.names, &cats)?;
         println!(
             "Saved {}; COCO bbox evaluation against the split's labels:",
             path.display()
@@ -201,6 +218,11 @@ pub fn run(a: ValArgs) -> Result<()> {
             println!("{line}");
         }
     }
+    if a.save_txt {
+        let dets = r.detections.as_deref().unwrap_or_default();
+        let n = save_txt(&dir, &images, dets, a.save_conf)?;
+        println!("{n} label files saved to {}", dir.join("labels").display());
+    }
     if !a.noplots {
         crate::metrics::plots::plot_validation(
             &dir,
@@ -208,7 +230,47 @@ pub fn run(a: ValArgs) -> Result<()> {
             r.confusion.as_ref(),
             &cfg.names,
         )?;
+        if let Some(dets) = &r.detections {
+            crate::metrics::plots::plot_val_batches(&dir, &images, dets, batch, &cfg.names)?;
+        }
     }
     println!("Results saved to {}", dir.display());
     Ok(())
+}
+
+/// `--save-txt`: `dir/labels/<stem>.txt` for every validated image with at least one detection,
+/// one [`crate::detect::output::yolo_line`] per detection (the official `save_one_txt`: boxes as
+/// scaled, unrounded; `--save-conf` adds the confidence). Stems are made unique as detect's
+/// ([`crate::detect::output::unique_stems`]). Returns the number of files written.
+pub fn save_txt(
+    dir: &std::path::Path,
+    images: &[crate::metrics::validate::ValImage],
+    dets: &[crate::metrics::validate::ImageDetections],
+    with_conf: bool,
+) -> Result<usize> {
+    use crate::detect::output::{unique_stems, yolo_line};
+    let labels = dir.join("labels");
+    std::fs::create_dir_all(&labels)
+        .with_context(|| format!("cannot create {}", labels.display()))?;
+    let paths: Vec<PathBuf> = images.iter().map(|i| i.path.clone()).collect();
+    let stems = unique_stems(&paths);
+    let mut n = 0;
+    for im in dets {
+        let (Some(vi), Some(stem)) = (images.get(im.image), stems.get(im.image)) else {
+            continue;
+        };
+        if im.dets.is_empty() {
+            continue;
+        }
+        let mut text = String::new();
+        for d in &im.dets {
+            let b = [d[0], d[1], d[2], d[3]];
+            text += &yolo_line(d[5] as usize, b, d[4], vi.width, vi.height, with_conf);
+            text.push('\n');
+        }
+        let p = labels.join(format!("{stem}.txt"));
+        std::fs::write(&p, text).with_context(|| format!("cannot write {}", p.display()))?;
+        n += 1;
+    }
+    Ok(n)
 }

@@ -72,6 +72,9 @@ pub enum IssueKind {
     SidecarLabels,
     /// A label file exists but cannot be read; the image is treated as unlabelled.
     LabelUnreadable,
+    /// Crowd annotations (`iscrowd: 1`) of a COCO JSON file were ignored
+    /// ([`super::coco_json`]).
+    CrowdIgnored,
 }
 
 /// One reported problem: `path[:line]: value → action`.

@@ -1,6 +1,7 @@
 //! Data: image decoding, dataset description, labels, augmentation, loading.
 
 pub mod augment;
+pub mod coco_json;
 pub mod fsio;
 pub mod image;
 pub mod labels;

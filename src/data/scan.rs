@@ -14,11 +14,19 @@
 //!   Unreadable, unknown, undecodable or smaller than 10 px images are skipped and counted as
 //!   corrupt. The cache keeps a rescan from decoding again.
 //! - Label files in a labels folder with no matching image are reported as orphans.
+//! - COCO JSON splits ([`super::coco_json`]): the images and boxes of each JSON file named by the
+//!   split join the listed images (sorted by path; an image also listed by a folder or `.txt` is
+//!   taken from the JSON); each is decoded and counted like the others, its boxes normalized to the
+//!   image (an image with no annotation is an `empty` background image). The JSON's bad records
+//!   are issues: a skipped `images[]` record counts as a listed, skipped (corrupt) image, a skipped
+//!   annotation as a dropped row. The cache of such a split sits beside the first JSON file
+//!   (`<stem>.yolo9-cache.json`) and its key also covers the JSON files and the class mapping.
 //! - Cache: `<labels folder>.yolo9-cache.json` beside the labels folder of the first image, keyed by a
 //!   SHA-256 of the scan rules version, `nc`, and every image's and label candidate's path, size and
 //!   modification time. A read-only folder (by permission bits, honoured even for root) or a failed
 //!   write only warns. The user's files are never modified.
 
+use super::coco_json::CocoImage;
 use super::labels::{parse_labels, Issue, IssueKind, LabelBox};
 use super::yaml::{DataConfig, Split};
 use anyhow::Result;
@@ -31,7 +39,7 @@ mod cache;
 use cache::{cache_path_for, read_cache, scan_key, write_cache, CacheFile};
 
 /// Version of the scan rules; part of the cache key so a rule change invalidates old caches.
-pub const SCAN_VERSION: u32 = 2;
+pub const SCAN_VERSION: u32 = 3;
 /// Smallest accepted image side, in pixels (as the official `verify_image_label`).
 pub const MIN_IMAGE_SIDE: u32 = 10;
 
@@ -51,7 +59,7 @@ pub enum LabelStatus {
 pub struct ImageRecord {
     /// The image file (absolute).
     pub image: PathBuf,
-    /// The label file read, if any.
+    /// The label file read, if any (the JSON file for an image of a COCO JSON split).
     pub label: Option<PathBuf>,
     /// Width in pixels after EXIF orientation.
     pub width: u32,
@@ -182,11 +190,46 @@ pub fn label_path_for(image: &Path) -> PathBuf {
 /// or writes the label cache. Errors only when the split cannot be listed (a `.txt` list or folder
 /// that cannot be read); every per-file problem is an [`Issue`] instead.
 pub fn scan_split(cfg: &DataConfig, split: Split, opts: &ScanOptions) -> Result<SplitScan> {
-    let images = cfg.list_images(split)?;
-    let cache_path = images
-        .first()
-        .and_then(|img| cache_path_for(&label_path_for(img)));
-    let key = scan_key(&images, cfg.nc);
+    let listed = cfg.list_images(split)?;
+    // COCO JSON splits: their images (with boxes) and the records they skipped.
+    let jsons = cfg.coco_sources(split);
+    let mut coco_images: Vec<CocoImage> = Vec::new();
+    let mut json_issues = Vec::new();
+    let (mut json_images_skipped, mut json_rows_skipped) = (0, 0);
+    if let Some(classes) = &cfg.coco {
+        for j in &jsons {
+            let s = super::coco_json::read_split(j, classes)?;
+            coco_images.extend(s.images);
+            json_issues.extend(s.issues);
+            json_images_skipped += s.images_skipped;
+            json_rows_skipped += s.annotations_skipped;
+        }
+    }
+    let mut items: Vec<(PathBuf, Option<CocoImage>)> = Vec::new();
+    {
+        let mut from_json = std::collections::HashMap::new();
+        for c in coco_images {
+            if !from_json.contains_key(&c.image) {
+                from_json.insert(c.image.clone(), c);
+            }
+        }
+        for p in &listed {
+            if !from_json.contains_key(p) {
+                items.push((p.clone(), None));
+            }
+        }
+        items.extend(from_json.into_iter().map(|(p, c)| (p, Some(c))));
+        items.sort_by(|a, b| a.0.cmp(&b.0));
+    }
+    let images: Vec<PathBuf> = items.iter().map(|i| i.0.clone()).collect();
+    let cache_path = match jsons.first() {
+        Some(j) => Some(j.with_extension("yolo9-cache.json")),
+        None => images
+            .first()
+            .and_then(|img| cache_path_for(&label_path_for(img))),
+    };
+    let class_ids = cfg.coco.as_ref().map(|c| c.ids.as_slice()).unwrap_or(&[]);
+    let key = scan_key(&images, cfg.nc, &jsons, class_ids);
 
     let mut cache_status = CacheStatus::Disabled;
     let mut loaded = None;
@@ -198,10 +241,10 @@ pub fn scan_split(cfg: &DataConfig, split: Split, opts: &ScanOptions) -> Result<
             }
         }
     }
-    let (records, mut issues, mut counts) = match loaded {
+    let (records, issues, mut counts) = match loaded {
         Some(x) => x,
         None => {
-            let (records, issues, counts) = scan_images(&images, cfg.nc, &opts.cancel)?;
+            let (records, issues, counts) = scan_images(&items, cfg.nc, &opts.cancel)?;
             if opts.use_cache {
                 cache_status = match &cache_path {
                     None => CacheStatus::Disabled,
@@ -227,8 +270,21 @@ pub fn scan_split(cfg: &DataConfig, split: Split, opts: &ScanOptions) -> Result<
         }
     };
 
+    // the JSON files' own records: read fresh every time (the files are parsed anyway)
+    counts.images += json_images_skipped;
+    counts.corrupt += json_images_skipped;
+    counts.rows_dropped += json_rows_skipped;
+    let mut issues = {
+        json_issues.extend(issues);
+        json_issues
+    };
     // orphans: never cached (a readdir is cheap, and a new stray file must show up)
-    let orphans = find_orphans(&images, &records);
+    let plain: Vec<PathBuf> = items
+        .iter()
+        .filter(|i| i.1.is_none())
+        .map(|i| i.0.clone())
+        .collect();
+    let orphans = find_orphans(&plain, &records);
     counts.orphans = orphans.len();
     issues.extend(orphans.into_iter().map(|p| Issue {
         path: p,
@@ -307,15 +363,15 @@ impl SplitScan {
 /// Scans every image (in parallel; each worker holds at most one file open at a time), asking
 /// `cancel` before each one.
 fn scan_images(
-    images: &[PathBuf],
+    images: &[(PathBuf, Option<CocoImage>)],
     nc: usize,
     cancel: &crate::cancel::Cancel,
 ) -> Result<(Vec<ImageRecord>, Vec<Issue>, ScanCounts), crate::cancel::Stopped> {
     let results: Vec<OneScan> = images
         .par_iter()
-        .map(|img| {
+        .map(|(img, coco)| {
             cancel.check(SCAN_PHASE)?;
-            Ok(scan_one(img, nc))
+            Ok(scan_one(img, nc, coco.as_ref()))
         })
         .collect::<Result<_, crate::cancel::Stopped>>()?;
     let mut counts = ScanCounts {
@@ -331,6 +387,7 @@ fn scan_images(
         issues: iss,
         polygons,
         duplicates,
+        sidecar,
     } in results
     {
         counts.polygons += polygons;
@@ -347,12 +404,10 @@ fn scan_images(
             counts.corrupt += 1;
             continue;
         };
-        if let Some(l) = &rec.label {
-            if *l != label_path_for(&rec.image) {
-                counts.sidecar += 1;
-                if let Some(d) = rec.image.parent() {
-                    sidecar_dirs.insert(d.to_path_buf());
-                }
+        if sidecar {
+            counts.sidecar += 1;
+            if let Some(d) = rec.image.parent() {
+                sidecar_dirs.insert(d.to_path_buf());
             }
         }
         match rec.status {
@@ -389,10 +444,13 @@ struct OneScan {
     issues: Vec<Issue>,
     polygons: usize,
     duplicates: usize,
+    /// The labels came from a `.txt` beside the image.
+    sidecar: bool,
 }
 
-/// One image: header check, label lookup and parse.
-fn scan_one(img: &Path, nc: usize) -> OneScan {
+/// One image: header check, label lookup and parse (or, for an image of a COCO JSON split, its
+/// boxes from `coco` normalized to it).
+fn scan_one(img: &Path, nc: usize, coco: Option<&CocoImage>) -> OneScan {
     let mut issues = Vec::new();
     let skip = |value: String, issues: &mut Vec<Issue>| {
         issues.push(Issue {
@@ -412,6 +470,7 @@ fn scan_one(img: &Path, nc: usize) -> OneScan {
                 issues,
                 polygons: 0,
                 duplicates: 0,
+                sidecar: false,
             };
         }
     };
@@ -437,6 +496,30 @@ fn scan_one(img: &Path, nc: usize) -> OneScan {
             issues,
             polygons: 0,
             duplicates: 0,
+            sidecar: false,
+        };
+    }
+    if let Some(c) = coco {
+        let (boxes, iss) = super::coco_json::normalize_boxes(c, (probe.width, probe.height));
+        issues.extend(iss);
+        let status = if boxes.is_empty() {
+            LabelStatus::Empty
+        } else {
+            LabelStatus::Labelled
+        };
+        return OneScan {
+            rec: Some(ImageRecord {
+                image: img.to_path_buf(),
+                label: Some(c.json.clone()),
+                width: probe.width,
+                height: probe.height,
+                boxes,
+                status,
+            }),
+            issues,
+            polygons: 0,
+            duplicates: 0,
+            sidecar: false,
         };
     }
     let rule = label_path_for(img);
@@ -484,11 +567,16 @@ fn scan_one(img: &Path, nc: usize) -> OneScan {
         boxes,
         status,
     };
+    let sidecar = rec
+        .label
+        .as_ref()
+        .is_some_and(|l| *l != label_path_for(img));
     OneScan {
         rec: Some(rec),
         issues,
         polygons,
         duplicates,
+        sidecar,
     }
 }
 

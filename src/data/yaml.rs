@@ -5,10 +5,17 @@
 //! Keys read:
 //! - `path` (optional): dataset root. Relative → joined to the yaml's folder. Absent → the yaml's folder.
 //! - `train`, `val` (required), `test` (optional): each a directory of images (searched recursively),
-//!   a `.txt` file listing image paths (relative entries resolve against the `.txt`'s folder), or a
-//!   YAML list of those. Relative values join to the root.
+//!   a `.txt` file listing image paths (relative entries resolve against the `.txt`'s folder), a
+//!   COCO JSON annotations file (`.json`, read by [`super::coco_json`]), or a YAML list of those.
+//!   Relative values join to the root.
 //! - `names`: a list (`[a, b]`) or an index map (`{0: a, 1: b}`, keys exactly `0..n`).
 //! - `nc` (optional): checked against `names`; with no `names`, names become `class0`, `class1`, ...
+//!
+//! When a split names a COCO JSON file, the classes are its categories sorted by id
+//! ([`super::coco_json::read_classes`], kept in [`DataConfig::coco`]) and printed as a notice;
+//! with no `names` key their names are the category names. A `names` list of another length is
+//! an error; one of the same length with other names is used, with a notice saying that they
+//! disagree and how the category ids map to it.
 //!
 //! A split path that does not exist but starts with `../` is tried once more without that
 //! `../`, under the root (Roboflow exports write `train: ../train/images` beside a `data.yaml`
@@ -74,8 +81,11 @@ pub struct DataConfig {
     /// Class names, index = class id.
     pub names: Vec<String>,
     /// Lines about how a path was resolved that the user should see (e.g. a Roboflow
-    /// `../train/images` found as `train/images` under the root); each was also logged.
+    /// `../train/images` found as `train/images` under the root, or the classes of a COCO JSON
+    /// split); each was also logged.
     pub notices: Vec<String>,
+    /// The class ↔ category id mapping when a split is a COCO JSON file.
+    pub coco: Option<super::coco_json::CocoClasses>,
 }
 
 impl DataConfig {
@@ -177,11 +187,12 @@ impl DataConfig {
                     }
                 }
                 let is_txt = p.extension().is_some_and(|e| e.eq_ignore_ascii_case("txt"));
-                if p.is_dir() || (is_txt && p.is_file()) {
+                let is_json = super::coco_json::is_coco_json(&p);
+                if p.is_dir() || ((is_txt || is_json) && p.is_file()) {
                     out.push(p);
                 } else if p.exists() {
                     bail!(
-                        "{shown}: key `{key}` ({s:?}) resolves to {}, which is neither a directory nor a .txt list of images",
+                        "{shown}: key `{key}` ({s:?}) resolves to {}, which is neither a directory, a .txt list of images nor a COCO .json file",
                         p.display()
                     );
                 } else {
@@ -211,15 +222,59 @@ impl DataConfig {
         if let Some(n) = nc_key.filter(|&n| n > MAX_CLASSES) {
             bail!("{shown}: `nc: {n}` is over the limit of {MAX_CLASSES} classes");
         }
-        let names = match get("names") {
-            None => match nc_key {
+        let jsons: Vec<PathBuf> = train
+            .iter()
+            .chain(&val)
+            .chain(&test)
+            .filter(|p| super::coco_json::is_coco_json(p))
+            .cloned()
+            .collect();
+        let coco = if jsons.is_empty() {
+            None
+        } else {
+            let c = super::coco_json::read_classes(&jsons)
+                .with_context(|| format!("{shown}: reading the classes of its COCO JSON split"))?;
+            let mut n = notices.borrow_mut();
+            for note in &c.notices {
+                tracing::warn!("{note}");
+                n.push(note.clone());
+            }
+            n.push(format!(
+                "{shown}: {} classes from the COCO categories (sorted by id): {}",
+                c.ids.len(),
+                c.describe()
+            ));
+            Some(c)
+        };
+        let names = match (get("names"), &coco) {
+            (None, Some(c)) => c.names.clone(),
+            (None, None) => match nc_key {
                 Some(n) => (0..n).map(|i| format!("class{i}")).collect(),
                 None => {
                     bail!("{shown}: neither `names` nor `nc` is given (add `names: [a, b, ...]`)")
                 }
             },
-            Some(v) => parse_names(v).with_context(|| format!("{shown}: key `names`"))?,
+            (Some(v), _) => parse_names(v).with_context(|| format!("{shown}: key `names`"))?,
         };
+        if let Some(c) = &coco {
+            if names.len() != c.names.len() {
+                bail!(
+                    "{shown}: `names` has {} entries but the COCO JSON split has {} categories                      ({}); remove `names` to use the categories' names, or fix it",
+                    names.len(),
+                    c.names.len(),
+                    c.describe()
+                );
+            }
+            if names != c.names {
+                let note = format!(
+                    "{shown}: `names` {names:?} disagrees with the COCO category names {:?};                      using `names` (class i = the i-th category by id: {})",
+                    c.names,
+                    c.describe()
+                );
+                tracing::warn!("{note}");
+                notices.borrow_mut().push(note);
+            }
+        }
         if names.is_empty() {
             bail!("{shown}: key `names` is empty (expected at least one class name)");
         }
@@ -253,6 +308,7 @@ impl DataConfig {
             val,
             test,
             notices: notices.into_inner(),
+            coco,
         })
     }
 
@@ -265,7 +321,16 @@ impl DataConfig {
         }
     }
 
-    /// Lists the image files of `split`: directories are walked recursively (entries whose extension
+    /// The COCO JSON files among the sources of `split`.
+    pub fn coco_sources(&self, split: Split) -> Vec<&PathBuf> {
+        self.sources(split)
+            .iter()
+            .filter(|p| super::coco_json::is_coco_json(p))
+            .collect()
+    }
+
+    /// Lists the image files of `split` that are not in a COCO JSON file (those are read by
+    /// [`super::coco_json::read_split`]): directories are walked recursively (entries whose extension
     /// is one of [`IMAGE_EXTENSIONS`], case-insensitively; each real folder and file once, FIFOs
     /// and other non-regular files skipped, with one warning line), `.txt` lists are read line by line
     /// (blank lines skipped; relative entries resolve against the list's folder). Sorted, duplicates
@@ -273,6 +338,9 @@ impl DataConfig {
     pub fn list_images(&self, split: Split) -> Result<Vec<PathBuf>> {
         let mut out = Vec::new();
         for src in self.sources(split) {
+            if super::coco_json::is_coco_json(src) {
+                continue;
+            }
             if src.is_dir() {
                 let skipped = walk_images(src, &mut out).with_context(|| {
                     format!(

@@ -45,18 +45,34 @@ pub fn fmt_g(x: f64) -> String {
 }
 
 /// One label line `cls cx cy w h [conf]` for a detection on a `w x h` image, as the official
-/// `--save-txt`: box rounded to whole pixels, normalized, `%g`.
+/// detect `--save-txt`: box rounded to whole pixels (detect.py rounds the scaled boxes), then
+/// [`yolo_line`].
 pub fn label_line(d: &Detection, w: u32, h: u32, with_conf: bool) -> String {
     let b = d.bbox.map(|v| v.round_ties_even());
-    let y = xyxy_to_yolo(b, w, h);
-    let mut s = format!("{}", d.class_id);
+    yolo_line(d.class_id, b, d.confidence, w, h, with_conf)
+}
+
+/// The label-line writer of `--save-txt` (detect and val): `cls cx cy w h [conf]` for box
+/// `xyxy` (original-image pixels) of a `w x h` image, normalized, each number as `%g` (the
+/// official `('%g ' * len(line)).rstrip() % line`). `yolo9 val --save-txt` passes its boxes
+/// unrounded, as the official `val_dual.py save_one_txt`.
+pub fn yolo_line(
+    class_id: usize,
+    xyxy: [f32; 4],
+    conf: f32,
+    w: u32,
+    h: u32,
+    with_conf: bool,
+) -> String {
+    let y = xyxy_to_yolo(xyxy, w, h);
+    let mut s = format!("{class_id}");
     for v in y {
         s.push(' ');
         s.push_str(&fmt_g(f64::from(v)));
     }
     if with_conf {
         s.push(' ');
-        s.push_str(&fmt_g(f64::from(d.confidence)));
+        s.push_str(&fmt_g(f64::from(conf)));
     }
     s
 }

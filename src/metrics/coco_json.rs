@@ -9,15 +9,140 @@
 //!   image's 0-based position in the scanned split (sorted paths), for every image — stable for a
 //!   given split, never a mix of the two. (The official code writes a non-numeric stem as a
 //!   string id; this format keeps ids numeric.)
-//! - `category_id`: the class index (0-based), as the official val does for every dataset but
-//!   COCO itself (it maps COCO's 80 classes to the 91 ids only when `val` ends in
-//!   `coco/val2017.txt`; that mapping is not done here).
+//! - `category_id` ([`category_ids`]): for a dataset whose split is a COCO JSON file, the
+//!   original category id of the class (so the file can be scored against that JSON); for a
+//!   dataset of COCO's 80 classes (the names of [`COCO80_NAMES`], in order), COCO's 91-category
+//!   id ([`COCO80_TO_91`], the official `coco80_to_91_class_map`; the official val maps only when
+//!   `val` ends in `coco/val2017.txt`); else the class index (0-based), as the official val does.
 
 use crate::metrics::coco::{evaluate, CocoDt, CocoEval, CocoGt};
 use crate::metrics::validate::{ImageDetections, ValImage};
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
+
+/// The 80 class names of COCO (`data/coco.yaml`), in class order.
+pub const COCO80_NAMES: [&str; 80] = [
+    "person",
+    "bicycle",
+    "car",
+    "motorcycle",
+    "airplane",
+    "bus",
+    "train",
+    "truck",
+    "boat",
+    "traffic light",
+    "fire hydrant",
+    "stop sign",
+    "parking meter",
+    "bench",
+    "bird",
+    "cat",
+    "dog",
+    "horse",
+    "sheep",
+    "cow",
+    "elephant",
+    "bear",
+    "zebra",
+    "giraffe",
+    "backpack",
+    "umbrella",
+    "handbag",
+    "tie",
+    "suitcase",
+    "frisbee",
+    "skis",
+    "snowboard",
+    "sports ball",
+    "kite",
+    "baseball bat",
+    "baseball glove",
+    "skateboard",
+    "surfboard",
+    "tennis racket",
+    "bottle",
+    "wine glass",
+    "cup",
+    "fork",
+    "knife",
+    "spoon",
+    "bowl",
+    "banana",
+    "apple",
+    "sandwich",
+    "orange",
+    "broccoli",
+    "carrot",
+    "hot dog",
+    "pizza",
+    "donut",
+    "cake",
+    "chair",
+    "couch",
+    "potted plant",
+    "bed",
+    "dining table",
+    "toilet",
+    "tv",
+    "laptop",
+    "mouse",
+    "remote",
+    "keyboard",
+    "cell phone",
+    "microwave",
+    "oven",
+    "toaster",
+    "sink",
+    "refrigerator",
+    "book",
+    "clock",
+    "vase",
+    "scissors",
+    "teddy bear",
+    "hair drier",
+    "toothbrush",
+];
+
+/// COCO's category id of each of the 80 classes: the ids 1..=90 that `instances_*.json` uses,
+/// i.e. all but the ten ids of categories COCO never annotated (12 street sign, 26 hat, 29 shoe,
+/// 30 eye glasses, 45 plate, 66 mirror, 68 window, 69 desk, 71 door, 83 blender) — the
+/// official `coco80_to_91_class_map`.
+pub const COCO80_TO_91: [u64; 80] = {
+    const UNUSED: [u64; 10] = [12, 26, 29, 30, 45, 66, 68, 69, 71, 83];
+    let mut out = [0u64; 80];
+    let (mut id, mut k) = (1u64, 0usize);
+    while k < 80 {
+        let mut skip = false;
+        let mut j = 0;
+        while j < UNUSED.len() {
+            if UNUSED[j] == id {
+                skip = true;
+            }
+            j += 1;
+        }
+        if !skip {
+            out[k] = id;
+            k += 1;
+        }
+        id += 1;
+    }
+    out
+};
+
+/// The `category_id` written for each class (see the module doc): `coco` (the class → category
+/// ids of a COCO JSON dataset, [`crate::data::coco_json::CocoClasses::ids`]) when given; else
+/// [`COCO80_TO_91`] when `names` are COCO's 80 names in order; else `0..names.len()`.
+pub fn category_ids(names: &[String], coco: Option<&[u64]>) -> Vec<u64> {
+    if let Some(ids) = coco.filter(|ids| ids.len() == names.len()) {
+        return ids.to_vec();
+    }
+    if names.len() == 80 && names.iter().zip(COCO80_NAMES).all(|(a, b)| a == b) {
+        return COCO80_TO_91.to_vec();
+    }
+    (0..names.len() as u64).collect()
+}
 
 /// One entry of a COCO results file (`predictions.json`).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -172,8 +297,9 @@ pub fn val_image_ids(images: &[ValImage]) -> Vec<u64> {
 /// COCO results of validated images (official `save_one_json`): each detection
 /// `[x1, y1, x2, y2, conf, cls]` (original pixels) becomes `bbox` = `[x1', y1', w, h]` computed
 /// in f32 as `xyxy2xywh` then `xy -= wh / 2`, each rounded to 3 decimals, `score` = conf rounded
-/// to 5 decimals, `category_id` = class index, `image_id` = `ids[image]`. In the order of `dets`.
-pub fn val_results(dets: &[ImageDetections], ids: &[u64]) -> Vec<CocoResult> {
+/// to 5 decimals, `category_id` = `cats[class]` ([`category_ids`]; the class index when `cats`
+/// has no entry for it), `image_id` = `ids[image]`. In the order of `dets`.
+pub fn val_results(dets: &[ImageDetections], ids: &[u64], cats: &[u64]) -> Vec<CocoResult> {
     let mut out = Vec::new();
     for im in dets {
         let Some(&image_id) = ids.get(im.image) else {
@@ -185,7 +311,7 @@ pub fn val_results(dets: &[ImageDetections], ids: &[u64]) -> Vec<CocoResult> {
             let b = [cx - w / 2.0, cy - h / 2.0, w, h];
             out.push(CocoResult {
                 image_id,
-                category_id: d[5] as u64,
+                category_id: cats.get(d[5] as usize).copied().unwrap_or(d[5] as u64),
                 bbox: b.map(|v| py_round(v as f64, 3)),
                 score: py_round(d[4] as f64, 5),
             });
@@ -197,19 +323,21 @@ pub fn val_results(dets: &[ImageDetections], ids: &[u64]) -> Vec<CocoResult> {
 /// The dataset's own labels of the validated images as COCO ground truth: one image per entry of
 /// `dets` (skipped images are left out, as in the official table), labels `[cls, x1, y1, x2, y2]`
 /// (original pixels, as matched for the table) → `bbox` xywh, `area` = `w · h` in pixels,
-/// `iscrowd` 0, annotation ids from 1; categories = class indices `0..names.len()`.
+/// `iscrowd` 0, annotation ids from 1; category of class `i` = `cats[i]` (as [`val_results`]).
 pub fn val_ground_truth(
     images: &[ValImage],
     dets: &[ImageDetections],
     ids: &[u64],
     names: &[String],
+    cats: &[u64],
 ) -> CocoDataset {
+    let cat = |c: usize| cats.get(c).copied().unwrap_or(c as u64);
     let mut ds = CocoDataset {
         categories: names
             .iter()
             .enumerate()
             .map(|(i, n)| CocoCategory {
-                id: i as u64,
+                id: cat(i),
                 name: n.clone(),
             })
             .collect(),
@@ -235,7 +363,7 @@ pub fn val_ground_truth(
             ds.annotations.push(CocoAnnotation {
                 id: ds.annotations.len() as u64 + 1,
                 image_id: id,
-                category_id: l[0] as u64,
+                category_id: cat(l[0] as usize),
                 bbox: [l[1] as f64, l[2] as f64, w, h],
                 area: w * h,
                 iscrowd: 0,
@@ -247,19 +375,21 @@ pub fn val_ground_truth(
 
 /// `--save-json`: writes `dir/predictions.json` from the collected validation output, evaluates
 /// it (as read back from the file) against the labels converted by [`val_ground_truth`], and
-/// returns the file's path and the evaluation.
+/// returns the file's path and the evaluation. `cats`: the category id of each class
+/// ([`category_ids`]).
 pub fn save_and_evaluate(
     dir: &Path,
     images: &[ValImage],
     dets: &[ImageDetections],
     names: &[String],
+    cats: &[u64],
 ) -> Result<(std::path::PathBuf, CocoEval)> {
     let ids = val_image_ids(images);
-    let results = val_results(dets, &ids);
+    let results = val_results(dets, &ids, cats);
     let path = dir.join("predictions.json");
     write_results(&path, &results)?;
     let back = read_results(&path)?;
-    let gt = val_ground_truth(images, dets, &ids, names);
+    let gt = val_ground_truth(images, dets, &ids, names, cats);
     let ev = gt
         .evaluate(&back)
         .with_context(|| format!("evaluating {}", path.display()))?;
@@ -298,14 +428,16 @@ mod tests {
             labels: vec![[1.0, 240.0, 120.0, 400.0, 360.0]],
         }];
         let ids = val_image_ids(&imgs);
-        let r = val_results(&dets, &ids);
+        let names = vec!["a".to_string(), "b".to_string(), "c".to_string()];
+        let cats = category_ids(&names, None);
+        assert_eq!(cats, vec![0, 1, 2]);
+        let r = val_results(&dets, &ids, &cats);
         assert_eq!(r.len(), 1);
         assert_eq!(r[0].image_id, 9);
         assert_eq!(r[0].category_id, 2);
         assert_eq!(r[0].bbox, [10.123, 20.0, 40.377, 60.25]);
         assert_eq!(r[0].score, 0.87654);
-        let names = vec!["a".to_string(), "b".to_string(), "c".to_string()];
-        let gt = val_ground_truth(&imgs, &dets, &ids, &names);
+        let gt = val_ground_truth(&imgs, &dets, &ids, &names, &cats);
         assert_eq!(gt.images.len(), 1, "only validated images");
         assert_eq!(gt.images[0].id, 9);
         assert_eq!(gt.categories.len(), 3);
@@ -314,5 +446,46 @@ mod tests {
         assert_eq!(gt.annotations[0].id, 1);
         assert_eq!(py_round(0.125, 2), 0.12);
         assert_eq!(py_round(2.675, 2), 2.67);
+    }
+
+    #[test]
+    fn category_ids_coco91_and_original_ids() {
+        // The official coco80_to_91_class_map, spelled out.
+        let official: [u64; 80] = [
+            1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25,
+            27, 28, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 46, 47, 48, 49, 50, 51,
+            52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63, 64, 65, 67, 70, 72, 73, 74, 75, 76, 77,
+            78, 79, 80, 81, 82, 84, 85, 86, 87, 88, 89, 90,
+        ];
+        assert_eq!(COCO80_TO_91, official);
+        let coco: Vec<String> = COCO80_NAMES.iter().map(|s| s.to_string()).collect();
+        let cats = category_ids(&coco, None);
+        assert_eq!(
+            (cats[0], cats[11], cats[79]),
+            (1, 13, 90),
+            "person, stop sign, toothbrush"
+        );
+        // 80 classes with other names: class indices
+        let mut other = coco.clone();
+        other[5] = "coach".into();
+        assert_eq!(category_ids(&other, None)[79], 79);
+        // a COCO JSON dataset: its own ids, written back and used for the ground truth
+        let names = vec!["RBC".to_string(), "WBC".to_string()];
+        let cats = category_ids(&names, Some(&[5, 7]));
+        assert_eq!(cats, vec![5, 7]);
+        let imgs = [image("3.jpg")];
+        let dets = [ImageDetections {
+            image: 0,
+            dets: vec![[1.0, 2.0, 3.0, 4.0, 0.5, 1.0]],
+            labels: vec![[0.0, 1.0, 2.0, 3.0, 4.0]],
+        }];
+        let ids = val_image_ids(&imgs);
+        assert_eq!(val_results(&dets, &ids, &cats)[0].category_id, 7);
+        let gt = val_ground_truth(&imgs, &dets, &ids, &names, &cats);
+        assert_eq!(gt.annotations[0].category_id, 5);
+        assert_eq!(
+            gt.categories.iter().map(|c| c.id).collect::<Vec<_>>(),
+            vec![5, 7]
+        );
     }
 }

@@ -374,7 +374,7 @@ fn validate_ema(
     } else {
         (run.micro * 2).max(1)
     };
-    let (r, _, halvings) = halve_on_oom(
+    let (r, vb, halvings) = halve_on_oom(
         start,
         |vb| {
             validate(
@@ -388,6 +388,7 @@ fn validate_ema(
                     batch: vb,
                     progress: opts.verbose,
                     confusion,
+                    collect: confusion,
                     cancel: stop.cancel(),
                     ..ValConfig::default()
                 },
@@ -413,6 +414,18 @@ fn validate_ema(
         );
         if let Err(e) = drawn {
             obs.note(&format!("warning: the validation plots: {e:#}"));
+        }
+        if let Some(dets) = &r.detections {
+            let drawn = crate::metrics::plots::plot_val_batches(
+                &run.run_dir,
+                &val.images,
+                dets,
+                vb,
+                &val.names,
+            );
+            if let Err(e) = drawn {
+                obs.note(&format!("warning: the val_batch pictures: {e:#}"));
+            }
         }
     }
     let metrics = [

@@ -6,7 +6,7 @@
 //! official trainer's, whose column names differ) into one figure for comparison.
 
 pub use crate::train::report::{read_results_csv, Curves, PANELS};
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use plotters::prelude::*;
 use std::path::Path;
 
@@ -125,59 +125,41 @@ pub fn plot_train_batch(
     names: &[String],
     out: &Path,
 ) -> Result<()> {
-    use crate::detect::draw::{draw_detections, DrawOptions};
     let n = len.min(16);
     if n == 0 || size == 0 {
         bail!("plot: an empty batch");
     }
     let s = size as usize;
-    let grid = (n as f64).sqrt().ceil() as u32;
-    let scale = (1920.0 / (grid * size) as f64).min(1.0);
-    let tile = ((size as f64 * scale).round() as u32).max(1);
-    let mut canvas = image::RgbImage::from_pixel(grid * tile, grid * tile, image::Rgb([255; 3]));
-    let opts = DrawOptions {
-        line_thickness: 2,
-        hide_labels: false,
-        hide_conf: true,
-    };
-    for k in 0..n {
-        let px = &images[k * 3 * s * s..(k + 1) * 3 * s * s];
-        let img = image::RgbImage::from_fn(size, size, |x, y| {
-            let i = y as usize * s + x as usize;
-            image::Rgb([px[i], px[s * s + i], px[2 * s * s + i]])
-        });
-        let mut t = if tile == size {
-            img
-        } else {
-            image::imageops::resize(&img, tile, tile, image::imageops::FilterType::Triangle)
-        };
-        let dets: Vec<crate::detect::detector::Detection> = targets
-            .iter()
-            .filter(|r| r[0] as usize == k)
-            .map(|r| {
-                let c = r[1] as usize;
-                let f = tile as f32;
-                crate::detect::detector::Detection {
-                    class_id: c,
-                    class_name: names.get(c).cloned().unwrap_or_else(|| format!("{c}")),
-                    confidence: 1.0,
-                    bbox: [
-                        (r[2] - r[4] / 2.0) * f,
-                        (r[3] - r[5] / 2.0) * f,
-                        (r[2] + r[4] / 2.0) * f,
-                        (r[3] + r[5] / 2.0) * f,
-                    ],
-                }
-            })
-            .collect();
-        draw_detections(&mut t, &dets, 1.0, &opts)?;
-        let (gx, gy) = ((k as u32 % grid) * tile, (k as u32 / grid) * tile);
-        image::imageops::replace(&mut canvas, &t, gx as i64, gy as i64);
-    }
-    canvas
-        .save(out)
-        .with_context(|| format!("{}: cannot write the plot", out.display()))?;
-    Ok(())
+    let f = size as f32;
+    let tiles: Vec<_> = (0..n)
+        .map(|k| {
+            let px = &images[k * 3 * s * s..(k + 1) * 3 * s * s];
+            let img = image::RgbImage::from_fn(size, size, |x, y| {
+                let i = y as usize * s + x as usize;
+                image::Rgb([px[i], px[s * s + i], px[2 * s * s + i]])
+            });
+            let dets: Vec<crate::detect::detector::Detection> = targets
+                .iter()
+                .filter(|r| r[0] as usize == k)
+                .map(|r| {
+                    let c = r[1] as usize;
+                    crate::detect::detector::Detection {
+                        class_id: c,
+                        class_name: names.get(c).cloned().unwrap_or_else(|| format!("{c}")),
+                        confidence: 1.0,
+                        bbox: [
+                            (r[2] - r[4] / 2.0) * f,
+                            (r[3] - r[5] / 2.0) * f,
+                            (r[2] + r[4] / 2.0) * f,
+                            (r[3] + r[5] / 2.0) * f,
+                        ],
+                    }
+                })
+                .collect();
+            (img, dets)
+        })
+        .collect();
+    crate::metrics::plots::plot_mosaic(&tiles, true, out)
 }
 
 #[cfg(test)]

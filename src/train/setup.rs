@@ -207,6 +207,9 @@ pub(crate) fn resolve(
         print: false,
         cancel: stop.cancel(),
     };
+    if let (Some(c), true) = (&cfg.coco, opts.verbose) {
+        obs.line(&c.mapping_line(&cfg.names));
+    }
     let train_scan = scan_split(&cfg, Split::Train, &scan_opts)?;
     if opts.verbose {
         obs.text(&train_scan.report(&cfg.root, &cfg.names));
@@ -462,6 +465,17 @@ pub(crate) fn build<'a>(
         std::fs::write(run_dir.join("hyp.yaml"), serde_yaml_ng::to_string(&hyp)?)
             .with_context(|| format!("{}: cannot write hyp.yaml", run_dir.display()))?;
         create_results_csv(&run_dir)?;
+        if !opts.noplots {
+            // labels.jpg: the training labels at a glance (official `plot_labels`).
+            let boxes: Vec<(u32, [f32; 4])> = items
+                .iter()
+                .flat_map(|i| i.labels.iter().copied())
+                .collect();
+            let p = run_dir.join("labels.jpg");
+            if let Err(e) = crate::metrics::plots::plot_labels(&boxes, &cfg.names, &p) {
+                obs.line(&format!("warning: labels.jpg not drawn: {e:#}"));
+            }
+        }
     }
 
     // Loader.

@@ -1,6 +1,6 @@
 //! The scan's label cache: `<labels folder>.yolo9-cache.json` beside the labels folder, keyed by
-//! a SHA-256 of the scan rules version, `nc`, and every image's and label candidate's path, size
-//! and modification time; written atomically, and only a warning when it cannot be written.
+//! a SHA-256 of the scan rules version, `nc`, every image's and label candidate's path, size
+//! and modification time (and a COCO JSON split's files and class mapping); written atomically, and only a warning when it cannot be written.
 
 use super::{label_path_for, ImageRecord, ScanCounts, SCAN_VERSION};
 use crate::data::labels::Issue;
@@ -27,11 +27,15 @@ pub(super) fn cache_path_for(label: &Path) -> Option<PathBuf> {
     Some(dir.with_file_name(n))
 }
 
-/// SHA-256 over the rules version, nc, and every image's and label candidate's path, size, mtime.
-pub(super) fn scan_key(images: &[PathBuf], nc: usize) -> String {
+/// SHA-256 over the rules version, nc, and every image's and label candidate's path, size, mtime;
+/// for a COCO JSON split also each JSON file's path, size, mtime and the class → category ids.
+pub(super) fn scan_key(images: &[PathBuf], nc: usize, jsons: &[&PathBuf], ids: &[u64]) -> String {
     let mut h = Sha256::new();
     h.update(SCAN_VERSION.to_le_bytes());
     h.update((nc as u64).to_le_bytes());
+    for id in ids {
+        h.update(id.to_le_bytes());
+    }
     let stamp = |h: &mut Sha256, p: &Path| {
         h.update(p.to_string_lossy().as_bytes());
         h.update([0]);
@@ -49,6 +53,9 @@ pub(super) fn scan_key(images: &[PathBuf], nc: usize) -> String {
             Err(_) => h.update(b"absent"),
         }
     };
+    for j in jsons {
+        stamp(&mut h, j);
+    }
     for img in images {
         stamp(&mut h, img);
         stamp(&mut h, &label_path_for(img));

@@ -1,0 +1,660 @@
+//! COCO JSON annotations as a dataset split: a `train:`/`val:`/`test:` entry of `data.yaml` may
+//! name a COCO annotations file (`{images, annotations, categories}`: a Roboflow COCO export's
+//! `train/_annotations.coco.json`, or COCO's `annotations/instances_train2017.json`). The scan
+//! ([`super::scan`]) reads its images and boxes from here instead of from `labels/*.txt`, then
+//! judges every image exactly as for a YOLO layout (decode check, counts, label cache).
+//!
+//! Rules:
+//! - **Classes**: the categories of every COCO JSON file named in the yaml, merged by id, sorted
+//!   by id, become the contiguous classes `0..nc` ([`CocoClasses`]; the same id with two names is
+//!   an error). A category that is only a parent (another category names it as its
+//!   `supercategory`) and has no annotation in any file is left out, with a notice: Roboflow
+//!   exports write such a category (id 0, e.g. `cells`) above the real ones.
+//! - **Images**: `file_name` is resolved against the JSON's folder, then `images/` beside the
+//!   JSON, then `../images/` and `../images/<json stem without "instances_">/` (COCO's
+//!   `annotations/instances_val2017.json` beside `images/val2017/`); the first that exists is used.
+//!   An image listed with no (non-crowd) annotation is a background image.
+//! - **Boxes**: `bbox` `[x, y, w, h]` in pixels (top-left corner) → normalized centre format,
+//!   relative to the `width`/`height` the JSON gives for the image (the decoded size when it gives
+//!   none); a box crossing the image edge is clipped, one left without area is dropped (as label
+//!   rows, [`super::labels`]). `iscrowd: 1` boxes are ignored, as COCO training does (one notice
+//!   per file with the count).
+//! - **Bad records** never stop the scan: each is an [`Issue`] naming the file, the record
+//!   (`annotations[17] (id 42)`) and the value, and is skipped and counted: an image that is not
+//!   found or has no usable `id`/`file_name` (counted as a skipped image), an annotation with a
+//!   bbox that is not four finite numbers or has a zero or negative width or height, an unknown
+//!   `category_id` or `image_id` (counted as dropped rows).
+//! - **Whole-file errors** (the split cannot be used): the file cannot be read, is not JSON or is
+//!   truncated (the error names the file, line and column), or its top level is not an object with
+//!   an `images` list.
+
+use super::labels::{Issue, IssueKind, LabelBox, EDGE_TOL};
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+use serde_json::Value;
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+/// True when `p` names a COCO JSON file (extension `.json`, any case).
+pub fn is_coco_json(p: &Path) -> bool {
+    p.extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("json"))
+}
+
+/// The classes of the COCO JSON files of a dataset: class `i` is category `ids[i]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CocoClasses {
+    /// Category id of each class, ascending (index = class).
+    pub ids: Vec<u64>,
+    /// Category name of each class.
+    pub names: Vec<String>,
+    /// What the user should see about the mapping (left-out parent categories, skipped
+    /// category records).
+    pub notices: Vec<String>,
+}
+
+impl CocoClasses {
+    /// The class of category `id`, if it is one of the classes.
+    pub fn class_of(&self, id: u64) -> Option<u32> {
+        self.ids.binary_search(&id).ok().map(|i| i as u32)
+    }
+
+    /// `COCO categories → classes: 0: RBC (id 1), 1: WBC (id 2)` with the dataset's `names`
+    /// (which may differ from the categories', see [`super::yaml`]).
+    pub fn mapping_line(&self, names: &[String]) -> String {
+        let pairs: Vec<String> = self
+            .ids
+            .iter()
+            .zip(&self.names)
+            .enumerate()
+            .map(|(c, (id, n))| match names.get(c) {
+                Some(m) if m != n => format!("{c}: {m} (id {id} {n:?})"),
+                _ => format!("{c}: {n} (id {id})"),
+            })
+            .collect();
+        format!("COCO categories → classes: {}", pairs.join(", "))
+    }
+
+    /// `0: RBC (id 1), 1: WBC (id 2)`: the mapping as one line.
+    pub fn describe(&self) -> String {
+        self.ids
+            .iter()
+            .zip(&self.names)
+            .enumerate()
+            .map(|(c, (id, n))| format!("{c}: {n} (id {id})"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// One annotation kept for an image: class and `[x, y, w, h]` in pixels (`w, h > 0`, finite).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PixelBox {
+    /// Class index.
+    pub cls: u32,
+    /// `[x, y, w, h]`, top-left corner and size, in pixels.
+    pub xywh: [f64; 4],
+    /// The record, e.g. `annotations[17] (id 42)`, for reports.
+    pub record: String,
+}
+
+/// One image of a COCO JSON file, resolved to a file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CocoImage {
+    /// The image file (absolute).
+    pub image: PathBuf,
+    /// The JSON file that lists it.
+    pub json: PathBuf,
+    /// Its `images[]` record, e.g. `images[3] (id 7)`.
+    pub record: String,
+    /// `(width, height)` as the JSON gives them, when it does.
+    pub size: Option<(u32, u32)>,
+    /// Its annotations (crowd ones left out).
+    pub boxes: Vec<PixelBox>,
+}
+
+/// What one COCO JSON file holds for the scan.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct CocoSplit {
+    /// The usable images, in file order.
+    pub images: Vec<CocoImage>,
+    /// Bad records (each skipped) and notices.
+    pub issues: Vec<Issue>,
+    /// `images[]` records skipped (image not found, no id or file name, repeated).
+    pub images_skipped: usize,
+    /// `annotations[]` records skipped as bad (not counting crowd ones).
+    pub annotations_skipped: usize,
+    /// Crowd annotations ignored.
+    pub crowd: usize,
+}
+
+#[derive(Deserialize)]
+struct RawFile {
+    images: Option<Vec<Value>>,
+    #[serde(default)]
+    annotations: Vec<RawAnnotation>,
+    #[serde(default)]
+    categories: Vec<Value>,
+}
+
+/// An `annotations[]` entry: only the keys used are kept (a large `segmentation` is skipped by
+/// the parser, not stored). A record that is not an object becomes `Other`.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum RawAnnotation {
+    Object {
+        id: Option<Value>,
+        image_id: Option<Value>,
+        category_id: Option<Value>,
+        bbox: Option<Value>,
+        iscrowd: Option<Value>,
+    },
+    Other(serde::de::IgnoredAny),
+}
+
+/// Reads and parses `path`. Errors name the file, and the line and column for bad JSON.
+fn read_file(path: &Path) -> Result<RawFile> {
+    let bytes = super::fsio::read_regular(path)
+        .with_context(|| format!("cannot read COCO annotations {}", path.display()))?;
+    let raw: RawFile = serde_json::from_slice(&bytes).map_err(|e| {
+        let what = if e.is_eof() {
+            "the file is truncated"
+        } else {
+            "it is not a valid COCO annotations file"
+        };
+        anyhow::anyhow!(
+            "{}:{}:{}: {e} ({what}; export or download it again)",
+            path.display(),
+            e.line(),
+            e.column()
+        )
+    })?;
+    if raw.images.is_none() {
+        bail!(
+            "{}: no `images` list (a COCO annotations file has `images`, `annotations` and \
+             `categories`; a results file, a plain list, cannot be a dataset split)",
+            path.display()
+        );
+    }
+    Ok(raw)
+}
+
+/// A JSON value as a non-negative integer id (`7`, `7.0`; strings are not ids).
+fn as_id(v: Option<&Value>) -> Option<u64> {
+    let v = v?;
+    v.as_u64().or_else(|| {
+        v.as_f64()
+            .filter(|f| *f >= 0.0 && f.fract() == 0.0 && *f < 9.0e15)
+            .map(|f| f as u64)
+    })
+}
+
+/// A short text of a JSON value for reports (at most 80 characters).
+fn show(v: Option<&Value>) -> String {
+    match v {
+        None => "missing".into(),
+        Some(v) => {
+            let s = v.to_string();
+            if s.chars().count() > 80 {
+                format!("{}…", s.chars().take(80).collect::<String>())
+            } else {
+                s
+            }
+        }
+    }
+}
+
+/// `images[3] (id 7)` / `annotations[17]`.
+fn record(list: &str, i: usize, id: Option<&Value>) -> String {
+    match id {
+        Some(v) if !v.is_null() => format!("{list}[{i}] (id {v})"),
+        _ => format!("{list}[{i}]"),
+    }
+}
+
+/// The classes of the COCO JSON files `files` (see the module doc). Errors: a file cannot be
+/// read or parsed, the same category id has two names, or no category is left.
+pub fn read_classes(files: &[PathBuf]) -> Result<CocoClasses> {
+    let mut cats: BTreeMap<u64, (String, PathBuf)> = BTreeMap::new();
+    let mut parents: Vec<String> = Vec::new();
+    let mut used: std::collections::HashSet<u64> = Default::default();
+    let mut notices = Vec::new();
+    for f in files {
+        let raw = read_file(f)?;
+        for (i, c) in raw.categories.iter().enumerate() {
+            let rec = record("categories", i, c.get("id"));
+            let Some(id) = as_id(c.get("id")) else {
+                notices.push(format!(
+                    "{}: {rec}: id {} is not a non-negative integer → category skipped",
+                    f.display(),
+                    show(c.get("id"))
+                ));
+                continue;
+            };
+            let Some(name) = c.get("name").and_then(Value::as_str) else {
+                notices.push(format!(
+                    "{}: {rec}: name {} is not a string → category skipped",
+                    f.display(),
+                    show(c.get("name"))
+                ));
+                continue;
+            };
+            if let Some(sup) = c.get("supercategory").and_then(Value::as_str) {
+                parents.push(sup.to_string());
+            }
+            match cats.get(&id) {
+                Some((n, other)) if n != name => bail!(
+                    "category id {id} is {n:?} in {} but {name:?} in {} (the COCO JSON files of \
+                     one dataset must agree on their categories)",
+                    other.display(),
+                    f.display()
+                ),
+                Some(_) => {}
+                None => {
+                    cats.insert(id, (name.to_string(), f.clone()));
+                }
+            }
+        }
+        for a in &raw.annotations {
+            if let RawAnnotation::Object { category_id, .. } = a {
+                if let Some(id) = as_id(category_id.as_ref()) {
+                    used.insert(id);
+                }
+            }
+        }
+    }
+    let mut ids = Vec::new();
+    let mut names = Vec::new();
+    for (id, (name, f)) in cats {
+        if !used.contains(&id) && parents.contains(&name) {
+            notices.push(format!(
+                "{}: category {name:?} (id {id}) is only the supercategory of others and has no \
+                 annotation → not a class (as in Roboflow exports)",
+                f.display()
+            ));
+            continue;
+        }
+        ids.push(id);
+        names.push(name);
+    }
+    if ids.is_empty() {
+        bail!(
+            "{}: no usable category in `categories` (a COCO annotations file lists its classes \
+             as {{\"id\": 1, \"name\": \"...\"}})",
+            files
+                .iter()
+                .map(|f| f.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    Ok(CocoClasses {
+        ids,
+        names,
+        notices,
+    })
+}
+
+/// Where `file_name` of an image listed in `json` may be (see the module doc), in the order tried.
+pub fn image_candidates(json: &Path, file_name: &str) -> Vec<PathBuf> {
+    let dir = json.parent().unwrap_or(Path::new("/"));
+    let mut out = vec![dir.join(file_name), dir.join("images").join(file_name)];
+    if let Some(up) = dir.parent() {
+        out.push(up.join("images").join(file_name));
+        if let Some(stem) = json.file_stem().and_then(|s| s.to_str()) {
+            let split = stem.strip_prefix("instances_").unwrap_or(stem);
+            out.push(up.join("images").join(split).join(file_name));
+        }
+    }
+    out.into_iter()
+        .map(|p| super::yaml::normalize(&p))
+        .collect()
+}
+
+/// Reads the images and boxes of one COCO JSON split file with the dataset's `classes`. Errors
+/// only for whole-file problems (see the module doc); every bad record is an issue.
+pub fn read_split(json: &Path, classes: &CocoClasses) -> Result<CocoSplit> {
+    let raw = read_file(json)?;
+    let mut out = CocoSplit::default();
+    let issue = |value: String, action: &str, kind| Issue {
+        path: json.to_path_buf(),
+        line: None,
+        value,
+        action: action.to_string(),
+        kind,
+    };
+    // image id → index in out.images
+    let mut by_id: HashMap<u64, usize> = HashMap::new();
+    let mut seen_files: HashMap<PathBuf, String> = HashMap::new();
+    let images = raw.images.unwrap_or_default();
+    for (i, im) in images.iter().enumerate() {
+        let rec = record("images", i, im.get("id"));
+        let mut skip = |value: String| {
+            out.issues
+                .push(issue(value, "image skipped", IssueKind::ImageSkipped));
+            out.images_skipped += 1;
+        };
+        let Some(id) = as_id(im.get("id")) else {
+            skip(format!(
+                "{rec}: id {} is not a non-negative integer",
+                show(im.get("id"))
+            ));
+            continue;
+        };
+        if by_id.contains_key(&id) {
+            skip(format!("{rec}: id {id} repeats an earlier image's id"));
+            continue;
+        }
+        let Some(name) = im
+            .get("file_name")
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
+        else {
+            skip(format!(
+                "{rec}: file_name {} is not a file name",
+                show(im.get("file_name"))
+            ));
+            continue;
+        };
+        let tried = image_candidates(json, name);
+        let Some(path) = tried.iter().find(|p| p.is_file()).cloned() else {
+            skip(format!(
+                "{rec}: file_name {name:?} not found (tried {})",
+                tried
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+            continue;
+        };
+        if let Some(first) = seen_files.get(&path) {
+            skip(format!(
+                "{rec}: file_name {name:?} is the same file as {first}"
+            ));
+            continue;
+        }
+        seen_files.insert(path.clone(), rec.clone());
+        let dim = |k: &str| as_id(im.get(k)).filter(|v| *v > 0 && *v <= u32::MAX as u64);
+        let size = match (dim("width"), dim("height")) {
+            (Some(w), Some(h)) => Some((w as u32, h as u32)),
+            _ => None,
+        };
+        by_id.insert(id, out.images.len());
+        out.images.push(CocoImage {
+            image: path,
+            json: json.to_path_buf(),
+            record: rec,
+            size,
+            boxes: Vec::new(),
+        });
+    }
+    for (i, a) in raw.annotations.iter().enumerate() {
+        let RawAnnotation::Object {
+            id,
+            image_id,
+            category_id,
+            bbox,
+            iscrowd,
+        } = a
+        else {
+            out.issues.push(issue(
+                format!("annotations[{i}]: not an object"),
+                "annotation skipped",
+                IssueKind::RowDropped,
+            ));
+            out.annotations_skipped += 1;
+            continue;
+        };
+        let rec = record("annotations", i, id.as_ref());
+        let mut drop = |value: String| {
+            out.issues
+                .push(issue(value, "annotation skipped", IssueKind::RowDropped));
+            out.annotations_skipped += 1;
+        };
+        let crowd = match iscrowd {
+            None | Some(Value::Null) => false,
+            Some(v) => v.as_f64().is_some_and(|x| x != 0.0) || v.as_bool() == Some(true),
+        };
+        if crowd {
+            out.crowd += 1;
+            continue;
+        }
+        let Some(img) = as_id(image_id.as_ref()) else {
+            drop(format!(
+                "{rec}: image_id {} is not a non-negative integer",
+                show(image_id.as_ref())
+            ));
+            continue;
+        };
+        let Some(&k) = by_id.get(&img) else {
+            drop(format!(
+                "{rec}: image_id {img} is not a usable image of `images`"
+            ));
+            continue;
+        };
+        let cls = match as_id(category_id.as_ref()) {
+            None => {
+                drop(format!(
+                    "{rec}: category_id {} is not a non-negative integer",
+                    show(category_id.as_ref())
+                ));
+                continue;
+            }
+            Some(c) => match classes.class_of(c) {
+                Some(cls) => cls,
+                None => {
+                    drop(format!(
+                        "{rec}: category_id {c} is not a category (known ids {:?})",
+                        classes.ids
+                    ));
+                    continue;
+                }
+            },
+        };
+        let b: Option<Vec<f64>> = bbox
+            .as_ref()
+            .and_then(Value::as_array)
+            .filter(|a| a.len() == 4)
+            .and_then(|a| a.iter().map(Value::as_f64).collect());
+        let Some(b) = b.filter(|b| b.iter().all(|v| v.is_finite())) else {
+            drop(format!(
+                "{rec}: bbox {} is not four numbers [x, y, w, h]",
+                show(bbox.as_ref())
+            ));
+            continue;
+        };
+        if b[2] <= 0.0 || b[3] <= 0.0 {
+            drop(format!(
+                "{rec}: bbox {} has width {} and height {} (both must be positive)",
+                show(bbox.as_ref()),
+                b[2],
+                b[3]
+            ));
+            continue;
+        }
+        out.images[k].boxes.push(PixelBox {
+            cls,
+            xywh: [b[0], b[1], b[2], b[3]],
+            record: rec,
+        });
+    }
+    if out.crowd > 0 {
+        out.issues.push(issue(
+            format!("{} crowd annotations (iscrowd: 1)", out.crowd),
+            "ignored, as COCO training does",
+            IssueKind::CrowdIgnored,
+        ));
+    }
+    Ok(out)
+}
+
+/// The boxes of `img` normalized to centre format on a `w × h` image (the JSON's size when it
+/// gives one, else the decoded `decoded` size): clipped to the image, a box left without area
+/// dropped, each clip or drop an issue naming the annotation. Also a note when the JSON's size
+/// differs from the decoded one.
+pub fn normalize_boxes(img: &CocoImage, decoded: (u32, u32)) -> (Vec<LabelBox>, Vec<Issue>) {
+    let mut issues = Vec::new();
+    let issue = |value: String, action: &str, kind| Issue {
+        path: img.json.clone(),
+        line: None,
+        value,
+        action: action.to_string(),
+        kind,
+    };
+    let (w, h) = match img.size {
+        Some(s) => {
+            if s != decoded {
+                issues.push(issue(
+                    format!(
+                        "{}: width x height {}x{} but {} decodes to {}x{}",
+                        img.record,
+                        s.0,
+                        s.1,
+                        img.image.display(),
+                        decoded.0,
+                        decoded.1
+                    ),
+                    "boxes normalized to the JSON's size",
+                    IssueKind::ImageNote,
+                ));
+            }
+            s
+        }
+        None => decoded,
+    };
+    let (w, h) = (w as f64, h as f64);
+    let mut out = Vec::new();
+    for b in &img.boxes {
+        let [x, y, bw, bh] = b.xywh;
+        let raw = [x / w, y / h, (x + bw) / w, (y + bh) / h];
+        let c = raw.map(|v| v.clamp(0.0, 1.0));
+        if c[2] - c[0] <= 0.0 || c[3] - c[1] <= 0.0 {
+            issues.push(issue(
+                format!(
+                    "{}: bbox [{x}, {y}, {bw}, {bh}] lies outside the {w}x{h} image",
+                    b.record
+                ),
+                "annotation skipped",
+                IssueKind::RowDropped,
+            ));
+            continue;
+        }
+        if raw.iter().zip(&c).any(|(r, c)| (r - c).abs() > 1e-6) {
+            let far = raw.iter().zip(&c).any(|(r, c)| (r - c).abs() > EDGE_TOL);
+            if far {
+                issues.push(issue(
+                    format!(
+                        "{}: bbox [{x}, {y}, {bw}, {bh}] crosses the edge of the {w}x{h} image",
+                        b.record
+                    ),
+                    "clipped to the image",
+                    IssueKind::RowClipped,
+                ));
+            }
+        }
+        out.push(LabelBox {
+            cls: b.cls,
+            cx: ((c[0] + c[2]) / 2.0) as f32,
+            cy: ((c[1] + c[3]) / 2.0) as f32,
+            w: (c[2] - c[0]) as f32,
+            h: (c[3] - c[1]) as f32,
+        });
+    }
+    (out, issues)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tmp(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("yolo9-cocojson-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn classes_sorted_by_id_roboflow_parent_left_out() {
+        let d = tmp("classes");
+        let j = d.join("_annotations.coco.json");
+        std::fs::write(
+            &j,
+            r#"{"images": [], "annotations": [{"id": 1, "image_id": 0, "category_id": 7, "bbox": [0,0,1,1]}],
+                "categories": [{"id": 7, "name": "WBC", "supercategory": "cells"},
+                               {"id": 0, "name": "cells", "supercategory": "none"},
+                               {"id": 3, "name": "RBC", "supercategory": "cells"},
+                               {"id": "x", "name": "bad"}]}"#,
+        )
+        .unwrap();
+        let c = read_classes(std::slice::from_ref(&j)).unwrap();
+        assert_eq!(c.ids, vec![3, 7]);
+        assert_eq!(c.names, vec!["RBC", "WBC"]);
+        assert_eq!(c.class_of(7), Some(1));
+        assert_eq!(c.class_of(0), None);
+        assert_eq!(c.notices.len(), 2, "{:?}", c.notices);
+        assert!(c.notices.iter().any(|n| n.contains("categories[3]")));
+        assert!(c.notices.iter().any(|n| n.contains("\"cells\" (id 0)")));
+    }
+
+    #[test]
+    fn boxes_normalized_clipped_and_dropped() {
+        let img = CocoImage {
+            image: PathBuf::from("/d/a.jpg"),
+            json: PathBuf::from("/d/a.json"),
+            record: "images[0] (id 1)".into(),
+            size: Some((200, 100)),
+            boxes: vec![
+                PixelBox {
+                    cls: 2,
+                    xywh: [20.0, 10.0, 40.0, 50.0],
+                    record: "annotations[0]".into(),
+                },
+                PixelBox {
+                    cls: 0,
+                    xywh: [-10.0, 90.0, 30.0, 20.0],
+                    record: "annotations[1]".into(),
+                },
+                PixelBox {
+                    cls: 0,
+                    xywh: [300.0, 10.0, 5.0, 5.0],
+                    record: "annotations[2]".into(),
+                },
+            ],
+        };
+        let (b, iss) = normalize_boxes(&img, (200, 100));
+        assert_eq!(b.len(), 2);
+        assert_eq!(b[0].cls, 2);
+        assert!((b[0].cx - 0.2).abs() < 1e-6 && (b[0].cy - 0.35).abs() < 1e-6);
+        assert!((b[0].w - 0.2).abs() < 1e-6 && (b[0].h - 0.5).abs() < 1e-6);
+        // clipped to x 0..20, y 90..100
+        assert!((b[1].cx - 0.05).abs() < 1e-6 && (b[1].w - 0.1).abs() < 1e-6);
+        assert!((b[1].cy - 0.95).abs() < 1e-6 && (b[1].h - 0.1).abs() < 1e-6);
+        assert_eq!(iss.len(), 2, "{iss:?}");
+        assert_eq!(iss[0].kind, IssueKind::RowClipped);
+        assert!(
+            iss[1].value.starts_with("annotations[2]"),
+            "{}",
+            iss[1].value
+        );
+        // the JSON's size differs from the decoded one: a note, boxes on the JSON's size
+        let (_, iss) = normalize_boxes(&img, (100, 200));
+        assert_eq!(iss[0].kind, IssueKind::ImageNote);
+    }
+
+    #[test]
+    fn candidates_in_order() {
+        let c = image_candidates(Path::new("/c/annotations/instances_val2017.json"), "1.jpg");
+        let c: Vec<String> = c.iter().map(|p| p.display().to_string()).collect();
+        assert_eq!(
+            c,
+            [
+                "/c/annotations/1.jpg",
+                "/c/annotations/images/1.jpg",
+                "/c/images/1.jpg",
+                "/c/images/val2017/1.jpg"
+            ]
+        );
+    }
+}
