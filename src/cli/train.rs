@@ -245,7 +245,7 @@ mod tests {
         let mut v = vec!["yolo9", "train", "--data", "d.yaml"];
         v.extend_from_slice(args);
         Cli::try_parse_from(v).map(|c| match c.command {
-            Command::Train(a) => a,
+            Command::Train(a) => *a,
             _ => unreachable!("parsed as train"),
         })
     }
