@@ -136,7 +136,8 @@ impl DualTalLoss {
 
     /// The same loss with label smoothing `eps` (`--label-smoothing`) on the class targets, the
     /// official `smooth_BCE(eps)` targets `cp = 1 − eps/2` for 1 and `cn = eps/2` for 0,
-    /// applied to the soft TAL target scores linearly: `t' = t·(cp − cn) + cn = t·(1 − eps) + eps/2`.
+    /// applied to the soft TAL target scores linearly:
+    /// `t' = t·(cp − cn) + cn = t·(1 − eps) + eps/2`.
     /// Only the class BCE sees `t'`; the normaliser `S` and the box/DFL weights keep the raw
     /// scores. As the BCE is linear in its target, the branch's class loss becomes
     /// `(1 − eps)·cls + eps·Σ BCE(x, 1/2) / S` over all anchors and classes. (The official

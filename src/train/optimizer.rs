@@ -276,10 +276,11 @@ impl Optimizer {
     /// One optimizer step with the gradients in `grads`. Parameters without a gradient (e.g.
     /// the frozen DFL conv) are skipped, as PyTorch does.
     ///
-    /// SGD: on a CUDA device (contiguous f32 parameters and gradients) every parameter is updated by
+    /// SGD: on a CUDA device (contiguous f32 parameters and gradients) every parameter is updated
+    /// by
     /// one multi-tensor kernel in place ([`crate::cuda::optim::sgd_nesterov`], the same rounding
     /// as the ops below); elsewhere by candle ops per parameter.
-    /// Adam and AdamW run as candle ops on every device ([`Optimizer::step_adam`]).
+    /// Adam and AdamW run as candle ops on every device (no fused kernel).
     pub fn step(&mut self, grads: &GradStore) -> Result<()> {
         if self.kind != OptimizerKind::Sgd {
             return self.step_adam(grads);
@@ -509,7 +510,8 @@ impl Optimizer {
                 (None, None, None) => {}
                 (Some(m), Some(v), Some(t)) => self.adam[i] = Some(AdamSlot { m, v, t }),
                 _ => anyhow::bail!(
-                    "optimizer state of {} is incomplete (Adam needs {EXP_AVG}, {EXP_AVG_SQ} and {STEP})",
+                    "optimizer state of {} is incomplete (Adam needs {EXP_AVG}, {EXP_AVG_SQ} \
+                     and {STEP})",
                     self.params[i].name
                 ),
             }

@@ -3,15 +3,17 @@
 //! One iteration of the official loop is: forward of both branches in train mode, the dual TAL
 //! loss (`(box + cls + dfl) · batch`), backward, gradients accumulated until the nominal batch of
 //! 64 images is reached (`accumulate = round(64 / batch)` iterations), then an optimizer step:
-//! gradient-norm clip at [`MAX_GRAD_NORM`] (10), the optimizer step (SGD Nesterov by default, three groups), EMA update.
+//! gradient-norm clip at [`MAX_GRAD_NORM`] (10), the optimizer step (SGD Nesterov by default,
+//! three groups), EMA update.
 //!
 //! Here that is two functions:
 //! - [`step`] trains one loader batch as micro-batches (u8 images → `f32 / 255`, each
 //!   micro-batch's target rows re-indexed from 0, `forward(x, true)`, the loss, a check that the
 //!   loss items are finite, backward) and returns the parameter gradients summed over the
 //!   micro-batches with the mean loss items ([`BatchOutcome`]);
-//! - [`optimizer_step`] clips the gradient norm, steps the optimizer and updates the EMA, and returns the
-//!   norm (a non-finite norm skips the optimizer and the EMA; the caller's NaN guard counts it).
+//! - [`optimizer_step`] clips the gradient norm, steps the optimizer and updates the EMA, and
+//!   returns the norm (a non-finite norm skips the optimizer and the EMA; the caller's NaN guard
+//!   counts it).
 //!
 //! Both are called by the trainer ([`crate::train::trainer`], which adds the batch gradients over
 //! the accumulation window with [`add_param_grads`]) **and** by the memory-budget probe
@@ -299,8 +301,8 @@ pub fn train_backward(
 
 /// The optimizer step of the official loop: clips the global gradient norm of `grads` to
 /// [`MAX_GRAD_NORM`], steps `opt`, then updates `ema` from the model's float state. Returns
-/// the norm before clipping; when it is not finite, the optimizer and the EMA are skipped (the gradients are
-/// left as they are) and the caller's NaN guard decides.
+/// the norm before clipping; when it is not finite, the optimizer and the EMA are skipped (the
+/// gradients are left as they are) and the caller's NaN guard decides.
 pub fn optimizer_step(
     model: &YoloV9Train,
     opt: &mut Optimizer,
