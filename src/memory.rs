@@ -229,6 +229,12 @@ fn proc_status_kib(key: &str) -> Option<u64> {
     field_kib(&std::fs::read_to_string("/proc/self/status").ok()?, key)
 }
 
+/// Memory the system could still give this process (`MemAvailable` of `/proc/meminfo`), in
+/// bytes; `None` where that is not known.
+pub fn available_bytes() -> Option<u64> {
+    meminfo_kib("MemAvailable:").map(|k| k * 1024)
+}
+
 fn meminfo_kib(key: &str) -> Option<u64> {
     field_kib(&std::fs::read_to_string("/proc/meminfo").ok()?, key)
 }

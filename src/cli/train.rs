@@ -1,5 +1,6 @@
 //! `yolo9 train`: the official `train_dual.py` recipe (see [`crate::train::trainer`]).
 
+use crate::train::options::{ImageCache, OptimizerKind};
 use crate::train::trainer::{train_with, Console, StopFlag, TrainOptions};
 use anyhow::Result;
 use clap::Args;
@@ -98,6 +99,54 @@ pub struct TrainArgs {
     /// Resume a run: its folder or its weights/state.safetensors.
     #[arg(long)]
     pub resume: Option<PathBuf>,
+    /// Train multi-class data as a single class (`item`, nc 1).
+    #[arg(long)]
+    pub single_cls: bool,
+    /// Freeze layers: one number N freezes model.0 … model.N-1 (e.g. 10 = the backbone of
+    /// yolov9-c); several numbers freeze exactly those layers (e.g. --freeze 0 1 2).
+    #[arg(long, num_args = 1.., value_name = "N")]
+    pub freeze: Vec<usize>,
+    /// Optimizer: SGD (default), Adam or AdamW, with the official parameter groups and
+    /// betas (momentum, 0.999).
+    #[arg(long, default_value = "SGD", value_parser = parse_optimizer)]
+    pub optimizer: OptimizerKind,
+    /// Cache decoded training images: `ram` (also the value of a bare --cache). Skipped with a
+    /// warning when the images would not fit in the available memory (with a 10% margin).
+    #[arg(long, num_args = 0..=1, default_missing_value = "ram", value_parser = parse_cache)]
+    pub cache: Option<ImageCache>,
+    /// Wall-time limit in hours: the epoch count is re-estimated after each epoch so that
+    /// training ends on time (overrides --epochs); it stops at an epoch boundary, saved.
+    #[arg(long, value_parser = parse_hours)]
+    pub time: Option<f64>,
+    /// Label smoothing epsilon in [0, 1): class targets t become t*(1-eps) + eps/2.
+    #[arg(long, default_value_t = 0.0, value_parser = parse_smoothing)]
+    pub label_smoothing: f64,
+}
+
+fn parse_optimizer(s: &str) -> Result<OptimizerKind, String> {
+    s.parse()
+}
+
+fn parse_cache(s: &str) -> Result<ImageCache, String> {
+    s.parse()
+}
+
+fn parse_hours(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(h) if h.is_finite() && h > 0.0 => Ok(h),
+        _ => Err(format!(
+            "invalid --time '{s}': expected a positive number of hours (e.g. 1.5)"
+        )),
+    }
+}
+
+fn parse_smoothing(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(e) if (0.0..1.0).contains(&e) => Ok(e),
+        _ => Err(format!(
+            "invalid --label-smoothing '{s}': expected a number in [0, 1) (e.g. 0.1)"
+        )),
+    }
 }
 
 fn parse_batch(s: &str) -> Result<usize, String> {
@@ -152,6 +201,12 @@ pub fn run(a: TrainArgs) -> Result<()> {
         hyp: a.hyp,
         extend_epochs: if a.resume.is_some() { a.epochs } else { None },
         resume: a.resume,
+        single_cls: a.single_cls,
+        freeze: a.freeze,
+        optimizer: a.optimizer,
+        cache: a.cache.unwrap_or_default(),
+        time: a.time,
+        label_smoothing: a.label_smoothing,
         verbose: true,
         faults: Default::default(),
     };
@@ -183,6 +238,68 @@ mod tests {
         match Cli::try_parse_from(v).unwrap().command {
             Command::Train(a) => a.amp,
             _ => unreachable!("parsed as train"),
+        }
+    }
+
+    fn train_args(args: &[&str]) -> Result<super::TrainArgs, clap::Error> {
+        let mut v = vec!["yolo9", "train", "--data", "d.yaml"];
+        v.extend_from_slice(args);
+        Cli::try_parse_from(v).map(|c| match c.command {
+            Command::Train(a) => *a,
+            _ => unreachable!("parsed as train"),
+        })
+    }
+
+    /// The training options of issue 15 parse as the official flags do, and bad values are
+    /// refused with the flag named.
+    #[test]
+    fn training_option_flags_parse() {
+        use crate::train::options::{ImageCache, OptimizerKind};
+        let a = train_args(&[]).unwrap();
+        assert!(!a.single_cls && a.freeze.is_empty() && a.cache.is_none() && a.time.is_none());
+        assert_eq!((a.optimizer, a.label_smoothing), (OptimizerKind::Sgd, 0.0));
+        let a = train_args(&[
+            "--single-cls",
+            "--freeze",
+            "10",
+            "--optimizer",
+            "AdamW",
+            "--cache",
+            "--time",
+            "0.5",
+            "--label-smoothing",
+            "0.1",
+        ])
+        .unwrap();
+        assert!(a.single_cls);
+        assert_eq!(a.freeze, vec![10]);
+        assert_eq!(a.optimizer, OptimizerKind::AdamW);
+        assert_eq!(a.cache, Some(ImageCache::Ram));
+        assert_eq!((a.time, a.label_smoothing), (Some(0.5), 0.1));
+        let a = train_args(&[
+            "--freeze",
+            "0",
+            "1",
+            "2",
+            "--cache",
+            "ram",
+            "--optimizer",
+            "adam",
+        ])
+        .unwrap();
+        assert_eq!(a.freeze, vec![0, 1, 2]);
+        assert_eq!(
+            (a.cache, a.optimizer),
+            (Some(ImageCache::Ram), OptimizerKind::Adam)
+        );
+        for (bad, needle) in [
+            (vec!["--optimizer", "LION"], "SGD, Adam or AdamW"),
+            (vec!["--cache", "disk"], "--cache disk is not supported"),
+            (vec!["--time", "0"], "positive number of hours"),
+            (vec!["--label-smoothing", "1.5"], "[0, 1)"),
+        ] {
+            let e = train_args(&bad).unwrap_err().to_string();
+            assert!(e.contains(needle), "{bad:?}: {e}");
         }
     }
 

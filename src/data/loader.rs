@@ -119,6 +119,8 @@ pub struct Loader {
     decode: Arc<DecodeFn>,
     cfg: LoaderConfig,
     pool: Arc<rayon::ThreadPool>,
+    /// `decode` gives images already resized to the long side `img_size` (a RAM cache).
+    resized: bool,
 }
 
 /// The batches of one epoch, produced in the background. Dropping it stops the producer.
@@ -163,7 +165,16 @@ impl Loader {
             decode,
             cfg,
             pool: Arc::new(pool),
+            resized: false,
         })
+    }
+
+    /// The same loader for a `decode` that returns images already resized so their long side
+    /// is `img_size` (as [`resize_long_side`] does; e.g. the RAM cache of `--cache ram`): they
+    /// are used as they are, so the batches equal those of the uncached loader byte for byte.
+    pub fn with_resized_source(mut self) -> Self {
+        self.resized = true;
+        self
     }
 
     /// Number of items.
@@ -188,7 +199,8 @@ impl Loader {
 
     /// Builds one sample: position `pos` of the epoch, dataset index `index`.
     fn sample(&self, epoch: usize, pos: usize, index: usize) -> SampleResult {
-        build_sample(&self.items, &self.decode, &self.cfg, epoch, pos, index)
+        let decode = (&self.decode, self.resized);
+        build_sample(&self.items, decode, &self.cfg, epoch, pos, index)
     }
 
     /// Builds batch `b` of `epoch` synchronously (used by the producer and by tests).
@@ -206,6 +218,7 @@ impl Loader {
             decode: self.decode.clone(),
             cfg: self.cfg.clone(),
             pool: self.pool.clone(),
+            resized: self.resized,
         };
         let handle = std::thread::spawn(move || {
             let order = epoch_order(this.items.len(), this.cfg.seed, epoch, this.cfg.shuffle);
@@ -226,7 +239,7 @@ impl Loader {
 
 fn build_sample(
     items: &Arc<Vec<TrainItem>>,
-    decode: &Arc<DecodeFn>,
+    (decode, resized): (&Arc<DecodeFn>, bool),
     cfg: &LoaderConfig,
     epoch: usize,
     pos: usize,
@@ -238,7 +251,11 @@ fn build_sample(
         let it = &items[i];
         match decode(&it.path) {
             Ok(img) => Some(SourceImage {
-                image: resize_long_side(&img, cfg.img_size),
+                image: if resized {
+                    img
+                } else {
+                    resize_long_side(&img, cfg.img_size)
+                },
                 labels: it.labels.clone(),
             }),
             Err(e) => {

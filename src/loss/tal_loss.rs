@@ -87,6 +87,8 @@ pub struct DualTalLoss {
     fused: bool,
     /// On CUDA, assign on the device ([`super::assign_op`]) instead of on host copies.
     device_assign: bool,
+    /// Label smoothing epsilon of the class targets (0 = off).
+    label_smoothing: f64,
 }
 
 impl DualTalLoss {
@@ -112,6 +114,7 @@ impl DualTalLoss {
             assigner: TaskAlignedAssigner::new(nc),
             fused: fused_terms(),
             device_assign: device_assigner(),
+            label_smoothing: 0.0,
         })
     }
 
@@ -129,6 +132,31 @@ impl DualTalLoss {
     pub fn with_device_assigner(mut self, on: bool) -> Self {
         self.device_assign = on;
         self
+    }
+
+    /// The same loss with label smoothing `eps` (`--label-smoothing`) on the class targets, the
+    /// official `smooth_BCE(eps)` targets `cp = 1 − eps/2` for 1 and `cn = eps/2` for 0,
+    /// applied to the soft TAL target scores linearly:
+    /// `t' = t·(cp − cn) + cn = t·(1 − eps) + eps/2`.
+    /// Only the class BCE sees `t'`; the normaliser `S` and the box/DFL weights keep the raw
+    /// scores. As the BCE is linear in its target, the branch's class loss becomes
+    /// `(1 − eps)·cls + eps·Σ BCE(x, 1/2) / S` over all anchors and classes. (The official
+    /// `ComputeLoss` of `loss_tal_dual.py` computes `cp, cn` but does not use them; this applies
+    /// them.) `eps = 0` (the default) leaves the loss exactly as without smoothing.
+    ///
+    /// Errors: `eps` not in `[0, 1)`.
+    pub fn with_label_smoothing(mut self, eps: f64) -> Result<Self> {
+        ensure!(
+            eps.is_finite() && (0.0..1.0).contains(&eps),
+            "--label-smoothing {eps}: must be in [0, 1)"
+        );
+        self.label_smoothing = eps;
+        Ok(self)
+    }
+
+    /// The label smoothing epsilon (0 = off).
+    pub fn label_smoothing(&self) -> f64 {
+        self.label_smoothing
     }
 
     /// Number of classes.
@@ -249,6 +277,11 @@ impl DualTalLoss {
             given.map(|g| g[1]),
         )?;
 
+        let (mut t_aux, mut t_main) = (t_aux, t_main);
+        if self.label_smoothing > 0.0 {
+            t_aux[1] = self.smoothed_cls(&t_aux[1], &flat_aux, &tss_aux)?;
+            t_main[1] = self.smoothed_cls(&t_main[1], &flat_main, &tss_main)?;
+        }
         let aw = AUX_WEIGHT as f64;
         let mut parts = Vec::with_capacity(3);
         for i in 0..3 {
@@ -292,6 +325,20 @@ impl DualTalLoss {
             aux: aux_r,
             main: main_r,
         })
+    }
+
+    /// The class loss `cls` of a branch with label smoothing (see
+    /// [`DualTalLoss::with_label_smoothing`]): `(1 − eps)·cls + eps·Σ BCE(x, 1/2) / S`, with `x`
+    /// the branch's class logits in `flat` and `S` its `tss`.
+    fn smoothed_cls(&self, cls: &Tensor, flat: &Tensor, tss: &Tensor) -> Result<Tensor> {
+        let eps = self.label_smoothing;
+        let x = flat.narrow(1, 4 * REG_MAX, self.nc)?;
+        let half = (bce_with_logits_zero_target(&x)? - (&x * 0.5)?)?
+            .to_dtype(DType::F64)?
+            .sum_all()?
+            .to_dtype(cls.dtype())?
+            .broadcast_div(&tss.to_dtype(cls.dtype())?)?;
+        Ok(((cls * (1.0 - eps))? + (half * eps)?.reshape(cls.shape())?)?)
     }
 
     /// Check the levels of one branch and concatenate them to `(B, 64 + nc, A)` f32.

@@ -63,6 +63,10 @@ pub struct Builder<'a> {
     pub(crate) buffers: Vec<(String, Var, Var)>,
     /// Names that were not found in the source (or had another shape) and were initialized.
     pub(crate) initialized: Vec<String>,
+    /// Of `initialized`, those the source holds with another shape: (name, the source's shape,
+    /// the model's shape) — the tensors the official `intersect_dicts` drops, e.g. the class
+    /// convs of weights for another class count.
+    pub(crate) reshaped: Vec<(String, Vec<usize>, Vec<usize>)>,
     /// Shared `num_batches_tracked` counter of all BN layers (they always move together).
     pub(crate) batches_tracked: Arc<AtomicI64>,
     rng: u64,
@@ -91,6 +95,7 @@ impl<'a> Builder<'a> {
             vars: Vec::new(),
             buffers: Vec::new(),
             initialized: Vec::new(),
+            reshaped: Vec::new(),
             batches_tracked: Arc::new(AtomicI64::new(0)),
             rng: seed ^ 0x9E37_79B9_7F4A_7C15,
             fused_dtype: DType::F32,
@@ -229,7 +234,7 @@ impl<'a> Builder<'a> {
                 let t = match t {
                     Some(t) => t,
                     None => {
-                        self.initialized.push(name.to_string());
+                        self.note_initialized(name, shape);
                         self.init_tensor(shape, init)?
                     }
                 };
@@ -263,8 +268,24 @@ impl<'a> Builder<'a> {
                 self.source_name(name).unwrap_or_else(|| name.to_string())
             ),
             (None, BuildMode::Train) => {
-                self.initialized.push(name.to_string());
+                self.note_initialized(name, shape);
                 self.init_tensor(shape, init)
+            }
+        }
+    }
+
+    /// Records that `name` (of `shape`) is initialized rather than loaded, and, when the source
+    /// has it with another shape, that shape.
+    fn note_initialized(&mut self, name: &str, shape: &[usize]) {
+        self.initialized.push(name.to_string());
+        let src = match (self.tensors, self.source_name(name)) {
+            (Some(t), Some(n)) => t.get(&n),
+            _ => None,
+        };
+        if let Some(t) = src {
+            if t.dims() != shape {
+                self.reshaped
+                    .push((name.to_string(), t.dims().to_vec(), shape.to_vec()));
             }
         }
     }

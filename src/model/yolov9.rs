@@ -344,6 +344,7 @@ pub struct YoloV9Train {
     buffers: Vec<(String, Var, Var)>,
     batches_tracked: Arc<AtomicI64>,
     initialized: Vec<String>,
+    reshaped: Vec<(String, Vec<usize>, Vec<usize>)>,
     meta: ModelMeta,
     device: Device,
     /// Mixed precision for train-mode forwards (see [`YoloV9Train::set_amp`]).
@@ -441,6 +442,7 @@ impl YoloV9Train {
             buffers: b.buffers,
             batches_tracked: b.batches_tracked,
             initialized: b.initialized,
+            reshaped: b.reshaped,
             meta: ModelMeta {
                 nc,
                 names,
@@ -562,6 +564,13 @@ impl YoloV9Train {
     /// Names that were initialized rather than loaded (empty when all came from the weights).
     pub fn initialized(&self) -> &[String] {
         &self.initialized
+    }
+
+    /// Of [`YoloV9Train::initialized`], the tensors the weights hold with another shape, as
+    /// `(name, shape in the weights, shape here)`: re-initialised as the official
+    /// `intersect_dicts` drops them (e.g. the last class convs of weights for another `nc`).
+    pub fn reshaped(&self) -> &[(String, Vec<usize>, Vec<usize>)] {
+        &self.reshaped
     }
 
     /// Metadata (nc, names, strides, `Graph::Train`).

@@ -25,7 +25,7 @@ use crate::model::weights::STRIDES;
 use crate::model::yolov9::{YoloV9, YoloV9Train};
 use crate::train::ema::Ema;
 use crate::train::guard::Faults;
-use crate::train::optimizer::Sgd;
+use crate::train::optimizer::Optimizer;
 use crate::train::step::{optimizer_step, step, StepInput, StepParts, StepTimes};
 use anyhow::{bail, ensure, Result};
 use candle_core::{Device, Tensor};
@@ -182,7 +182,7 @@ pub struct BudgetRequest {
 struct Rig {
     model: YoloV9Train,
     loss: DualTalLoss,
-    opt: Sgd,
+    opt: Optimizer,
     ema: Ema,
 }
 
@@ -291,7 +291,7 @@ pub fn plan_cancellable(
         .iter()
         .map(|v| (v.name.clone(), v.var.clone()))
         .collect();
-    let opt = Sgd::new(params, 0.0, 0.9, 0.0);
+    let opt = Optimizer::new(params, 0.0, 0.9, 0.0);
     let ema = Ema::new(&model.float_state()?)?;
     let mut rig = Rig {
         model,

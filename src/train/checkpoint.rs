@@ -8,7 +8,9 @@
 //! previous file intact.
 //!
 //! Layout: tensors `model/<name>` (the training graph's state_dict, f32, BN running stats
-//! included), `ema/<i>/<name>` (the EMA state in order), `optim/<name>` (momentum buffers),
+//! included), `ema/<i>/<name>` (the EMA state in order), `optim/<name>` (SGD momentum buffers; for
+//! `--optimizer Adam|AdamW` `optim/<name>#exp_avg`, `#exp_avg_sq` and `#step`, see
+//! [`crate::train::optimizer::Optimizer::state`]),
 //! `acc/<name>` (accumulated gradients, only mid-accumulation); metadata key
 //! `yolo9-train-state` holds [`CheckpointMeta`] as JSON. The official equivalent is the `last.pt`
 //! dict of `train_dual.py` (`epoch`, `best_fitness`, `model`, `ema`, `updates`, `optimizer`, `opt`).
@@ -96,7 +98,8 @@ pub struct TrainState {
     pub model: HashMap<String, Tensor>,
     /// EMA state by official name, in the saved order (CPU).
     pub ema: Vec<(String, Tensor)>,
-    /// SGD momentum buffers by parameter name (CPU).
+    /// Optimizer state by parameter name (CPU): SGD momentum buffers, or Adam's moments and
+    /// step counts ([`crate::train::optimizer::Optimizer::state`]).
     pub optim: Vec<(String, Tensor)>,
     /// Gradients accumulated since the last optimizer step, by parameter name (CPU).
     pub acc: Vec<(String, Tensor)>,

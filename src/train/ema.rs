@@ -4,6 +4,10 @@
 //! statistics — with the ramped decay `d(u) = decay · (1 − e^(−u/tau))`, `decay = 0.9999`,
 //! `tau = 2000`, where `u` is the number of updates so far (counted from 1):
 //! `ema = d · ema + (1 − d) · model`. The EMA weights are the ones validated and saved.
+//!
+//! Entries marked frozen ([`Ema::freeze`], the parameters of `--freeze` layers) keep their
+//! value: the model's copy never changes, and `d · x + (1 − d) · x` need not round back to `x`
+//! in f32, so averaging them could still move them by an ulp.
 
 use anyhow::{Context, Result};
 use candle_core::Tensor;
@@ -19,6 +23,8 @@ pub struct Ema {
     pub decay: f64,
     /// Ramp constant in updates (2000).
     pub tau: f64,
+    /// Per entry of `state`: true when it is frozen (never averaged).
+    frozen: Vec<bool>,
 }
 
 impl Ema {
@@ -29,11 +35,24 @@ impl Ema {
             .map(|(n, t)| Ok((n.clone(), t.detach().copy()?)))
             .collect::<Result<Vec<_>>>()?;
         Ok(Ema {
+            frozen: vec![false; state.len()],
             state,
             updates: 0,
             decay: 0.9999,
             tau: 2000.0,
         })
+    }
+
+    /// Marks the entries named in `names` as frozen: [`Ema::update`] leaves them as they are.
+    /// Returns how many entries were marked.
+    pub fn freeze(&mut self, names: &[String]) -> usize {
+        let set: std::collections::HashSet<&str> = names.iter().map(String::as_str).collect();
+        self.frozen = self
+            .state
+            .iter()
+            .map(|(n, _)| set.contains(n.as_str()))
+            .collect();
+        self.frozen.iter().filter(|&&f| f).count()
     }
 
     /// The decay used for update number `u` (1-based).
@@ -57,8 +76,12 @@ impl Ema {
         }
         #[cfg(feature = "cuda")]
         {
-            let e: Vec<&Tensor> = self.state.iter().map(|(_, t)| t).collect();
-            let m: Vec<&Tensor> = model.iter().map(|(_, t)| t).collect();
+            let live = |i: &usize| !self.frozen.get(*i).copied().unwrap_or(false);
+            let e: Vec<&Tensor> = (0..self.state.len())
+                .filter(live)
+                .map(|i| &self.state[i].1)
+                .collect();
+            let m: Vec<&Tensor> = (0..model.len()).filter(live).map(|i| &model[i].1).collect();
             if crate::cuda::optim::applies(&e) && crate::cuda::optim::applies(&m) {
                 // One multi-tensor kernel, in place (the EMA owns its tensors: `new` and the
                 // restore paths copy), with the rounding of the ops below.
@@ -67,7 +90,10 @@ impl Ema {
                 return Ok(());
             }
         }
-        for ((name, e), (_, m)) in self.state.iter_mut().zip(model) {
+        for (i, ((name, e), (_, m))) in self.state.iter_mut().zip(model).enumerate() {
+            if self.frozen.get(i).copied().unwrap_or(false) {
+                continue;
+            }
             let next = ((&*e * d)? + (m.detach() * (1.0 - d))?)
                 .with_context(|| format!("EMA update of {name}"))?;
             *e = next;

@@ -61,9 +61,10 @@ pub(crate) fn run_epoch(
     let opts = run.opts;
     // Official: mosaic off at `epoch == epochs - close_mosaic` (never when close_mosaic > epochs);
     // `>=` so that a resumed run past that epoch also has it off.
+    let epochs = run.sched.epochs;
     if opts.close_mosaic > 0
-        && opts.epochs >= opts.close_mosaic
-        && epoch >= opts.epochs - opts.close_mosaic
+        && epochs >= opts.close_mosaic
+        && epoch >= epochs - opts.close_mosaic
         && loader.config().augment.mosaic > 0.0
     {
         if opts.verbose {
@@ -77,7 +78,7 @@ pub(crate) fn run_epoch(
         return Ok(EpochEnd::Stopped);
     };
     let lr = run.opt.lr;
-    let final_epoch = epoch + 1 == opts.epochs;
+    let final_epoch = epoch + 1 == epochs;
     // The two phases' peaks apart, so that a warning names the one above the budget.
     let train_peak = run.probe.peak_bytes();
     run.probe.reset_peak();
@@ -150,7 +151,7 @@ pub(crate) fn run_epoch(
     };
     append_results_csv(&run.run_dir, &report)?;
     if opts.verbose {
-        obs.line(&report.summary(opts.epochs, train_secs, val_secs, run.probe.what(), fi));
+        obs.line(&report.summary(epochs, train_secs, val_secs, run.probe.what(), fi));
     }
     if !opts.noplots {
         let csv = run.run_dir.join("results.csv");
@@ -161,6 +162,9 @@ pub(crate) fn run_epoch(
             obs.line(&format!("warning: results.png not drawn: {e:#}"));
         }
     }
+
+    // `--time`: the epoch count re-estimated (and kept in the state saved next).
+    let time_up = run.retime(epoch, obs);
 
     // Save (last, best, periodic, state).
     if run.save(epoch + 1, 0, &EpochProgress::default(), obs)? {
@@ -173,7 +177,7 @@ pub(crate) fn run_epoch(
         }
     }
 
-    let mut early_stop = false;
+    let mut early_stop = time_up;
     if let Some(be) = run.counters.best_epoch {
         if epoch >= be + opts.patience {
             obs.line(&format!(
@@ -320,7 +324,7 @@ fn train_batches(
         if opts.verbose {
             obs.batch_done(&format!(
                 "{:>10}{:>10}{:>10.4}{:>10.4}{:>10.4}{:>10}{:>10}",
-                format!("{}/{}", epoch + 1, opts.epochs),
+                format!("{}/{}", epoch + 1, run.sched.epochs),
                 fmt_mem(run.probe.current_bytes()),
                 pr.mloss[0],
                 pr.mloss[1],

@@ -15,7 +15,7 @@
 
 use crate::model::yolov9::{BnSnapshot, YoloV9Train};
 use crate::train::ema::Ema;
-use crate::train::optimizer::Sgd;
+use crate::train::optimizer::Optimizer;
 use anyhow::{bail, Context, Result};
 use candle_core::Tensor;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -172,7 +172,12 @@ pub struct GoodState {
 
 impl GoodState {
     /// Copies the current state.
-    pub fn take(model: &YoloV9Train, opt: &Sgd, ema: &Ema, label: String) -> Result<GoodState> {
+    pub fn take(
+        model: &YoloV9Train,
+        opt: &Optimizer,
+        ema: &Ema,
+        label: String,
+    ) -> Result<GoodState> {
         Ok(GoodState {
             vars: model
                 .vars()
@@ -197,7 +202,7 @@ impl GoodState {
     }
 
     /// Puts the copied state back.
-    pub fn restore(&self, model: &YoloV9Train, opt: &mut Sgd, ema: &mut Ema) -> Result<()> {
+    pub fn restore(&self, model: &YoloV9Train, opt: &mut Optimizer, ema: &mut Ema) -> Result<()> {
         for (v, t) in model.vars().iter().zip(&self.vars) {
             v.var.set(t)?;
         }

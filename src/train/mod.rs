@@ -2,6 +2,7 @@
 //! the loop ([`trainer::train`]) and its parts (setup, epoch, run state, report, observer).
 
 pub mod budget;
+pub mod cache;
 pub mod checkpoint;
 pub mod ema;
 mod epoch;

@@ -5,6 +5,7 @@
 use crate::data::augment::AugmentConfig;
 use crate::loss::tal_loss::GAINS;
 use crate::train::guard::Faults;
+pub use crate::train::optimizer::OptimizerKind;
 use anyhow::{ensure, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -82,6 +83,33 @@ pub struct TrainOptions {
     pub resume: Option<PathBuf>,
     /// Show progress bars and per-epoch lines.
     pub verbose: bool,
+    /// Train multi-class data as one class (`--single-cls`, official `single_cls`): every label
+    /// becomes class 0 and the model has `nc = 1`, named `item` (the dataset's own name when it
+    /// has exactly one class).
+    #[serde(default)]
+    pub single_cls: bool,
+    /// Layers to freeze (`--freeze`, official semantics): one number `N` freezes layers
+    /// `model.0` … `model.N-1`; several numbers freeze exactly those layers; empty or `[0]`
+    /// freezes nothing. Frozen parameters get no optimizer update, no weight decay and no EMA
+    /// averaging.
+    #[serde(default)]
+    pub freeze: Vec<usize>,
+    /// The optimizer (`--optimizer SGD|Adam|AdamW`, official `smart_optimizer`).
+    #[serde(default)]
+    pub optimizer: OptimizerKind,
+    /// Keep the decoded training images in memory (`--cache ram`), when they fit (see
+    /// [`crate::train::cache`]).
+    #[serde(default)]
+    pub cache: ImageCache,
+    /// Wall-time limit in hours (`--time`, Ultralytics semantics): after each epoch the epoch
+    /// count is re-estimated from the mean epoch time so that the schedule ends on time, and
+    /// training stops at the epoch boundary where the time is used up (checkpoints saved).
+    #[serde(default)]
+    pub time: Option<f64>,
+    /// Label smoothing epsilon (`--label-smoothing`, official `smooth_BCE`): class targets
+    /// become `t·(1 − eps) + eps/2` in the classification BCE (0 = off).
+    #[serde(default)]
+    pub label_smoothing: f64,
     /// With `resume`: train until this many epochs instead of the stored number (extends a
     /// finished run).
     #[serde(skip)]
@@ -89,6 +117,43 @@ pub struct TrainOptions {
     /// Injected faults (tests); empty = read `YOLO9_FAULTS`.
     #[serde(skip)]
     pub faults: Faults,
+}
+
+/// Where training images are cached (`--cache`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ImageCache {
+    /// Decode every image when it is used (the default).
+    #[default]
+    None,
+    /// Decoded, resized images kept in memory (`--cache ram`).
+    Ram,
+}
+
+impl std::str::FromStr for ImageCache {
+    type Err = String;
+    /// `ram` (or `none`/`false`); `disk` is the official trainer's other choice, not offered.
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "ram" | "true" => Ok(ImageCache::Ram),
+            "none" | "false" | "" => Ok(ImageCache::None),
+            "disk" => Err(
+                "--cache disk is not supported; use --cache ram (decoded images in memory)".into(),
+            ),
+            _ => Err(format!("invalid --cache '{s}': expected ram")),
+        }
+    }
+}
+
+/// The names of the layers `--freeze` names (official `train_dual.py`): `[N]` gives
+/// `model.0.` … `model.{N-1}.`, a longer list exactly those layers, `[]` or `[0]` none.
+pub fn freeze_prefixes(freeze: &[usize]) -> Vec<String> {
+    let layers: Vec<usize> = match freeze {
+        [] => Vec::new(),
+        [n] => (0..*n).collect(),
+        list => list.to_vec(),
+    };
+    layers.iter().map(|i| format!("model.{i}.")).collect()
 }
 
 fn default_save_interval() -> f64 {
@@ -134,6 +199,12 @@ impl TrainOptions {
             noplots: false,
             hyp: None,
             resume: None,
+            single_cls: false,
+            freeze: Vec::new(),
+            optimizer: OptimizerKind::Sgd,
+            cache: ImageCache::None,
+            time: None,
+            label_smoothing: 0.0,
             verbose: true,
             extend_epochs: None,
             faults: Faults::default(),

@@ -135,3 +135,49 @@ impl Schedule {
         }
     }
 }
+
+/// The epoch count of a `--time HOURS` run after epoch `epoch` (0-based) ended (Ultralytics
+/// semantics): `elapsed_s` seconds were spent on the epochs `start_epoch..=epoch` of this
+/// session, so with their mean time `m` the run gets `start_epoch + ceil(hours · 3600 / m)`
+/// epochs (never fewer than the `epoch + 1` done). Returns that count and whether training
+/// stops now: the time is used up, or the count says this was the last epoch.
+pub fn epochs_for_time(
+    hours: f64,
+    elapsed_s: f64,
+    start_epoch: usize,
+    epoch: usize,
+) -> (usize, bool) {
+    let limit = hours * 3600.0;
+    let done = (epoch + 1).saturating_sub(start_epoch).max(1);
+    let mean = (elapsed_s / done as f64).max(1e-9);
+    let fit = (limit / mean).ceil();
+    let total = if fit.is_finite() && fit < 1e9 {
+        start_epoch + fit as usize
+    } else {
+        usize::MAX / 2
+    };
+    let total = total.max(epoch + 1);
+    (total, elapsed_s >= limit || epoch + 1 >= total)
+}
+
+#[cfg(test)]
+mod time_tests {
+    use super::epochs_for_time;
+
+    /// Hand-computed `--time` estimates.
+    #[test]
+    fn time_limit_re_estimates_the_epochs() {
+        // 1 h, the first epoch took 10 min: 6 epochs in all, go on.
+        assert_eq!(epochs_for_time(1.0, 600.0, 0, 0), (6, false));
+        // 3 epochs in 33 min (11 min each): ceil(60 / 11) = 6.
+        assert_eq!(epochs_for_time(1.0, 1980.0, 0, 2), (6, false));
+        // Resumed at epoch 4, one epoch of 20 min: 4 + 3.
+        assert_eq!(epochs_for_time(1.0, 1200.0, 4, 4), (7, false));
+        // 10 h at 10 min an epoch: 60 epochs, whatever --epochs said.
+        assert_eq!(epochs_for_time(10.0, 600.0, 0, 0), (60, false));
+        // Time used up: stop; the count is what was done.
+        assert_eq!(epochs_for_time(1.0, 3700.0, 0, 4), (5, true));
+        // A tiny limit stops after the first epoch.
+        assert_eq!(epochs_for_time(1e-6, 2.0, 0, 0), (1, true));
+    }
+}

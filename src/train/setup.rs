@@ -17,13 +17,14 @@ use crate::model::weights::{Weights, STRIDES};
 use crate::model::yolov9::YoloV9Train;
 use crate::runs::increment_path;
 use crate::train::budget::{plan_cancellable, BudgetDecision, BudgetRequest, AUTO_SHARE};
+use crate::train::cache::{cache_bytes, check_fits, RamCache};
 use crate::train::checkpoint::{load_state, TrainState};
 use crate::train::ema::Ema;
 use crate::train::epoch::Val;
 use crate::train::guard::{Faults, GoodState, Phase, StopFlag};
 use crate::train::observer::TrainObserver;
-use crate::train::optimizer::Sgd;
-use crate::train::options::{Hyp, TrainOptions};
+use crate::train::optimizer::{Optimizer, OptimizerKind, ADAM_BETA2};
+use crate::train::options::{freeze_prefixes, Hyp, ImageCache, TrainOptions};
 use crate::train::report::create_results_csv;
 use crate::train::schedule::Schedule;
 use crate::train::state::{restore, Resumed, Run, Start};
@@ -41,6 +42,8 @@ pub(crate) struct Resolved {
     device: Device,
     cfg: DataConfig,
     items: Vec<TrainItem>,
+    /// Width and height of each of `items` (from the scan), for the `--cache ram` estimate.
+    item_dims: Vec<(u32, u32)>,
     vimages: Vec<ValImage>,
     probe: MemoryProbe,
     micro: usize,
@@ -198,7 +201,7 @@ pub(crate) fn resolve(
         &device,
         opts.budget,
     )?;
-    let cfg = DataConfig::load(&opts.data)?;
+    let mut cfg = DataConfig::load(&opts.data)?;
     if faults.stop_in == Some(Phase::Scan) {
         stop.request();
     }
@@ -223,6 +226,28 @@ pub(crate) fn resolve(
         }
         Some(s)
     };
+    // `--single-cls` (official): one class, `item` unless the dataset has one name already.
+    let class_of = |c: u32| if opts.single_cls { 0 } else { c };
+    if opts.single_cls {
+        if cfg.names.len() != 1 {
+            cfg.names = vec!["item".to_string()];
+        }
+        if opts.verbose {
+            obs.line(&format!(
+                "--single-cls: training the {} classes of {} as one class `{}`",
+                cfg.nc,
+                cfg.yaml_path.display(),
+                cfg.names[0]
+            ));
+        }
+        cfg.nc = 1;
+    }
+    let item_dims: Vec<(u32, u32)> = train_scan
+        .records
+        .iter()
+        .filter(|r| r.boxes.len() >= opts.min_items)
+        .map(|r| (r.width, r.height))
+        .collect();
     let items: Vec<TrainItem> = train_scan
         .records
         .iter()
@@ -232,7 +257,7 @@ pub(crate) fn resolve(
             labels: r
                 .boxes
                 .iter()
-                .map(|b| (b.cls, [b.cx, b.cy, b.w, b.h]))
+                .map(|b| (class_of(b.cls), [b.cx, b.cy, b.w, b.h]))
                 .collect(),
         })
         .collect();
@@ -243,7 +268,12 @@ pub(crate) fn resolve(
         opts.min_items,
         cfg.yaml_path.display()
     );
-    let vimages = val_scan.as_ref().map(val_images).unwrap_or_default();
+    let mut vimages = val_scan.as_ref().map(val_images).unwrap_or_default();
+    if opts.single_cls {
+        for l in vimages.iter_mut().flat_map(|v| v.labels.iter_mut()) {
+            l.0 = 0;
+        }
+    }
     if vimages.is_empty() && opts.verbose {
         obs.line(&format!(
             "warning: the validation split of {} has no usable image: no metrics will be computed, \
@@ -322,6 +352,7 @@ pub(crate) fn resolve(
             device,
             cfg,
             items,
+            item_dims,
             vimages,
             probe,
             micro,
@@ -335,9 +366,13 @@ pub(crate) fn resolve(
 
 /// Builds the run of the final options `opts`: model, loss, optimizer and EMA (restored from the
 /// saved state on `--resume`), the run folder, the loader.
+///
+/// `--cache ram` asks `stop` while it fills: a request ends it with [`crate::cancel::Stopped`]
+/// in the error chain.
 pub(crate) fn build<'a>(
     opts: &'a TrainOptions,
     r: Resolved,
+    stop: &StopFlag,
     obs: &mut dyn TrainObserver,
 ) -> Result<Prepared<'a>> {
     let Resolved {
@@ -347,6 +382,7 @@ pub(crate) fn build<'a>(
         device,
         cfg,
         items,
+        item_dims,
         vimages,
         probe,
         micro,
@@ -382,24 +418,11 @@ pub(crate) fn build<'a>(
     // AMP is the default and applies on CUDA only; the run's header line says when it is on.
     model.set_amp(opts.amp);
     if let (Some(w), None) = (&opts.weights, &state) {
-        let n = model.vars().len();
-        let init = model.initialized().len();
-        obs.line(&format!(
-            "transferred {}/{} tensors from {} ({} initialized: {})",
-            n.saturating_sub(init),
-            n,
-            w.display(),
-            init,
-            model
-                .initialized()
-                .iter()
-                .take(6)
-                .cloned()
-                .collect::<Vec<_>>()
-                .join(", ")
-        ));
+        for l in transfer_lines(&model, w, weights.as_ref().map(|w| w.meta.nc)) {
+            obs.line(&l);
+        }
     }
-    let loss = DualTalLoss::new(cfg.nc, &STRIDES)?;
+    let loss = DualTalLoss::new(cfg.nc, &STRIDES)?.with_label_smoothing(opts.label_smoothing)?;
     let sched = Schedule {
         epochs: opts.epochs,
         lr0: hyp.lr0,
@@ -412,13 +435,44 @@ pub(crate) fn build<'a>(
         nbs: 64,
     };
     let wd = sched.scaled_weight_decay(hyp.weight_decay, opts.batch);
-    let params = model
+    // `--freeze`: the parameters of the frozen layers stay out of the optimizer (no update, no
+    // weight decay) and out of the EMA averaging.
+    let prefixes = freeze_prefixes(&opts.freeze);
+    let (frozen, params): (Vec<_>, Vec<_>) = model
         .vars()
         .iter()
         .map(|v| (v.name.clone(), v.var.clone()))
-        .collect();
-    let mut opt = Sgd::new(params, hyp.lr0, hyp.momentum, wd);
+        .partition(|(n, _)| prefixes.iter().any(|p| n.starts_with(p.as_str())));
+    if !prefixes.is_empty() {
+        let count: usize = frozen.iter().map(|(_, v)| v.elem_count()).sum();
+        let layers = frozen_layers(&frozen);
+        obs.line(&format!(
+            "--freeze: {} parameter tensors ({count} values) of {} layers frozen: {}",
+            frozen.len(),
+            layers.len(),
+            if layers.is_empty() {
+                "none (no layer of the model has those indices)".to_string()
+            } else {
+                layers.join(", ")
+            }
+        ));
+    }
+    let frozen_names: Vec<String> = frozen.into_iter().map(|(n, _)| n).collect();
+    let mut opt = Optimizer::with_kind(opts.optimizer, params, hyp.lr0, hyp.momentum, wd);
+    if opts.optimizer != OptimizerKind::Sgd && opts.verbose {
+        obs.line(&format!(
+            "optimizer: {}(lr={}, betas=({}, {ADAM_BETA2})) with parameter groups {} bias, {} \
+             weight (decay {wd:.3e}), {} BatchNorm weight",
+            opts.optimizer.name(),
+            hyp.lr0,
+            hyp.momentum,
+            opt.group_sizes()[0],
+            opt.group_sizes()[1],
+            opt.group_sizes()[2],
+        ));
+    }
     let mut ema = Ema::new(&model.float_state()?)?;
+    ema.freeze(&frozen_names);
     let resumed = match &state {
         Some(st) => {
             let r = restore(st, &model, &mut opt, &mut ema, &device)?;
@@ -485,6 +539,15 @@ pub(crate) fn build<'a>(
         opts.workers
     };
     let decode: Arc<DecodeFn> = Arc::new(|p: &Path| load_rgb8(p));
+    let (decode, cached) = match opts.cache {
+        ImageCache::Ram => {
+            match ram_cache(&items, &item_dims, &decode, opts, workers, stop, obs)? {
+                Some(c) => (c.decode_fn(decode, opts.img), true),
+                None => (decode, false),
+            }
+        }
+        ImageCache::None => (decode, false),
+    };
     let loader = Loader::new(
         items,
         decode,
@@ -498,6 +561,11 @@ pub(crate) fn build<'a>(
             shuffle: true,
         },
     )?;
+    let loader = if cached {
+        loader.with_resized_source()
+    } else {
+        loader
+    };
     let nb = batches_per_epoch(loader.len(), opts.batch);
     if opts.verbose {
         obs.line(&format!(
@@ -546,6 +614,8 @@ pub(crate) fn build<'a>(
         acc,
         good,
         graphs: Default::default(),
+        clock: std::time::Instant::now(),
+        start_epoch: start.epoch,
     };
     // CUDA-graph replay of the step (`train::graphed`) holds the captured step's memory in the
     // graphs' own pool, beside what the ordinary phases keep: with a memory budget the step runs
@@ -576,4 +646,106 @@ pub(crate) fn build<'a>(
         },
         start,
     })
+}
+
+/// The lines that say what `--weights` gave the model (official `Transferred N/M items`, after
+/// `intersect_dicts`): how many tensors came from the file, which ones were re-initialised
+/// because the file has them with another shape (with both shapes; for other class counts
+/// the class convs of the head), and how many the file lacks.
+fn transfer_lines(model: &YoloV9Train, w: &Path, weights_nc: Option<usize>) -> Vec<String> {
+    let n = model.state_dict().map(|sd| sd.len()).unwrap_or(0);
+    let init = model.initialized();
+    let mut out = vec![format!(
+        "transferred {}/{} tensors from {} (those whose name and shape match)",
+        n.saturating_sub(init.len()),
+        n,
+        w.display()
+    )];
+    let reshaped = model.reshaped();
+    if !reshaped.is_empty() {
+        let why = match weights_nc {
+            Some(wnc) if wnc != model.meta().nc => format!(
+                "the weights have {wnc} classes, this model {}",
+                model.meta().nc
+            ),
+            _ => "their shapes differ".to_string(),
+        };
+        let list: Vec<String> = reshaped
+            .iter()
+            .map(|(n, from, to)| format!("{n} {from:?} -> {to:?}"))
+            .collect();
+        out.push(format!(
+            "re-initialised {} tensors because {why}: {}",
+            reshaped.len(),
+            list.join(", ")
+        ));
+    }
+    let absent: Vec<&String> = init
+        .iter()
+        .filter(|n| !reshaped.iter().any(|(r, _, _)| r == *n))
+        .collect();
+    if !absent.is_empty() {
+        out.push(format!(
+            "initialised {} tensors absent from the weights: {}{}",
+            absent.len(),
+            absent
+                .iter()
+                .take(6)
+                .map(|s| s.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+            if absent.len() > 6 { ", ..." } else { "" }
+        ));
+    }
+    out
+}
+
+/// The layers (`model.N`) that the frozen parameters belong to, in order.
+fn frozen_layers(frozen: &[(String, candle_core::Var)]) -> Vec<String> {
+    let mut layers: Vec<String> = Vec::new();
+    for (n, _) in frozen {
+        let layer: String = n.splitn(3, '.').take(2).collect::<Vec<_>>().join(".");
+        if !layers.contains(&layer) {
+            layers.push(layer);
+        }
+    }
+    layers
+}
+
+/// `--cache ram`: the memory check, then the fill; `None` (with the warning line) when the
+/// images would not fit in the available memory.
+fn ram_cache(
+    items: &[TrainItem],
+    dims: &[(u32, u32)],
+    decode: &Arc<DecodeFn>,
+    opts: &TrainOptions,
+    workers: usize,
+    stop: &StopFlag,
+    obs: &mut dyn TrainObserver,
+) -> Result<Option<RamCache>> {
+    let needed = cache_bytes(dims, opts.img);
+    let Some(available) = crate::memory::available_bytes() else {
+        obs.line(
+            "warning: --cache ram: the available memory is not known on this system: not caching \
+             images (training decodes them as without --cache)",
+        );
+        return Ok(None);
+    };
+    if let Err(why) = check_fits(needed, available) {
+        obs.line(&why);
+        return Ok(None);
+    }
+    let t = std::time::Instant::now();
+    let paths: Vec<PathBuf> = items.iter().map(|i| i.path.clone()).collect();
+    let cache = RamCache::fill(&paths, decode.as_ref(), opts.img, workers, &stop.cancel())?;
+    if opts.verbose {
+        obs.line(&format!(
+            "--cache ram: {} of {} training images cached ({}) in {:.1} s",
+            cache.len(),
+            items.len(),
+            fmt_size(cache.bytes()),
+            t.elapsed().as_secs_f64()
+        ));
+    }
+    Ok(Some(cache))
 }

@@ -12,7 +12,7 @@ use crate::train::checkpoint::{save_state, CheckpointMeta, EpochProgress, TrainS
 use crate::train::ema::Ema;
 use crate::train::guard::{all_finite, Faults, GoodState};
 use crate::train::observer::TrainObserver;
-use crate::train::optimizer::Sgd;
+use crate::train::optimizer::Optimizer;
 use crate::train::options::TrainOptions;
 use crate::train::schedule::Schedule;
 use anyhow::{ensure, Context, Result};
@@ -92,7 +92,7 @@ pub(crate) struct Run<'a> {
     pub device: Device,
     pub model: YoloV9Train,
     pub loss: DualTalLoss,
-    pub opt: Sgd,
+    pub opt: Optimizer,
     pub ema: Ema,
     pub sched: Schedule,
     pub probe: MemoryProbe,
@@ -112,6 +112,10 @@ pub(crate) struct Run<'a> {
     pub good: GoodState,
     /// CUDA-graph replay of the training micro-step (see [`crate::train::graphed`]).
     pub graphs: std::cell::RefCell<crate::train::graphed::StepGraphs>,
+    /// When this session's first epoch started (for `--time`).
+    pub clock: std::time::Instant,
+    /// This session's first epoch (for `--time`).
+    pub start_epoch: usize,
 }
 
 impl Run<'_> {
@@ -211,6 +215,39 @@ impl Run<'_> {
         Ok(true)
     }
 
+    /// `--time`: after epoch `epoch` (0-based) re-estimates the run's epoch count from the mean
+    /// epoch time of this session ([`crate::train::schedule::epochs_for_time`]), sets it in the
+    /// schedule and in the arguments the checkpoints keep, and returns true when training stops
+    /// here (the time is used up), with a line saying so. Nothing happens without `--time`.
+    pub fn retime(&mut self, epoch: usize, obs: &mut dyn TrainObserver) -> bool {
+        let Some(hours) = self.opts.time else {
+            return false;
+        };
+        let elapsed = self.clock.elapsed().as_secs_f64();
+        let (total, stop) =
+            crate::train::schedule::epochs_for_time(hours, elapsed, self.start_epoch, epoch);
+        if total != self.sched.epochs && !stop && self.opts.verbose {
+            obs.line(&format!(
+                "--time {hours} h: {:.1} s per epoch, so {total} epochs in all (was {})",
+                elapsed / (epoch + 1 - self.start_epoch.min(epoch)) as f64,
+                self.sched.epochs
+            ));
+        }
+        self.sched.epochs = total;
+        if let Some(e) = self.args_json.get_mut("epochs") {
+            *e = serde_json::Value::from(total);
+        }
+        if stop {
+            obs.line(&format!(
+                "stopping: the --time limit of {hours} h is reached after epoch {} ({:.1} s of \
+                 training); last.safetensors and the training state are saved",
+                epoch + 1,
+                elapsed
+            ));
+        }
+        stop
+    }
+
     /// The command that continues this run.
     pub fn resume_command(&self) -> String {
         format!("yolo9 train --resume {}", self.run_dir.display())
@@ -222,7 +259,7 @@ impl Run<'_> {
 pub(crate) fn restore(
     st: &TrainState,
     model: &YoloV9Train,
-    opt: &mut Sgd,
+    opt: &mut Optimizer,
     ema: &mut Ema,
     device: &Device,
 ) -> Result<Resumed> {

@@ -3,15 +3,17 @@
 //! One iteration of the official loop is: forward of both branches in train mode, the dual TAL
 //! loss (`(box + cls + dfl) · batch`), backward, gradients accumulated until the nominal batch of
 //! 64 images is reached (`accumulate = round(64 / batch)` iterations), then an optimizer step:
-//! gradient-norm clip at [`MAX_GRAD_NORM`] (10), SGD (Nesterov, three groups), EMA update.
+//! gradient-norm clip at [`MAX_GRAD_NORM`] (10), the optimizer step (SGD Nesterov by default,
+//! three groups), EMA update.
 //!
 //! Here that is two functions:
 //! - [`step`] trains one loader batch as micro-batches (u8 images → `f32 / 255`, each
 //!   micro-batch's target rows re-indexed from 0, `forward(x, true)`, the loss, a check that the
 //!   loss items are finite, backward) and returns the parameter gradients summed over the
 //!   micro-batches with the mean loss items ([`BatchOutcome`]);
-//! - [`optimizer_step`] clips the gradient norm, steps SGD and updates the EMA, and returns the
-//!   norm (a non-finite norm skips SGD and EMA; the caller's NaN guard counts it).
+//! - [`optimizer_step`] clips the gradient norm, steps the optimizer and updates the EMA, and
+//!   returns the norm (a non-finite norm skips the optimizer and the EMA; the caller's NaN guard
+//!   counts it).
 //!
 //! Both are called by the trainer ([`crate::train::trainer`], which adds the batch gradients over
 //! the accumulation window with [`add_param_grads`]) **and** by the memory-budget probe
@@ -24,7 +26,7 @@ use crate::loss::DualTalLoss;
 use crate::model::yolov9::YoloV9Train;
 use crate::train::ema::Ema;
 use crate::train::guard::Faults;
-use crate::train::optimizer::Sgd;
+use crate::train::optimizer::Optimizer;
 use anyhow::Result;
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Tensor};
@@ -136,7 +138,7 @@ pub struct StepParts<'a> {
     /// The dual TAL loss.
     pub loss: &'a DualTalLoss,
     /// The optimizer; its parameters are the gradients kept.
-    pub opt: &'a Sgd,
+    pub opt: &'a Optimizer,
     /// The device of the model.
     pub device: &'a Device,
     /// CUDA-graph replay of the micro-step ([`crate::train::graphed`]); `None` runs every
@@ -299,11 +301,11 @@ pub fn train_backward(
 
 /// The optimizer step of the official loop: clips the global gradient norm of `grads` to
 /// [`MAX_GRAD_NORM`], steps `opt`, then updates `ema` from the model's float state. Returns
-/// the norm before clipping; when it is not finite, SGD and EMA are skipped (the gradients are
-/// left as they are) and the caller's NaN guard decides.
+/// the norm before clipping; when it is not finite, the optimizer and the EMA are skipped (the
+/// gradients are left as they are) and the caller's NaN guard decides.
 pub fn optimizer_step(
     model: &YoloV9Train,
-    opt: &mut Sgd,
+    opt: &mut Optimizer,
     ema: &mut Ema,
     grads: &mut GradStore,
 ) -> Result<f64> {
@@ -316,12 +318,16 @@ pub fn optimizer_step(
 }
 
 /// Moves the parameter gradients of `g` into `acc` (summing), leaving everything else behind.
-pub fn add_param_grads(acc: &mut Option<GradStore>, g: &mut GradStore, opt: &Sgd) -> Result<()> {
+pub fn add_param_grads(
+    acc: &mut Option<GradStore>,
+    g: &mut GradStore,
+    opt: &Optimizer,
+) -> Result<()> {
     let a = acc.get_or_insert_with(GradStore::default);
     for p in opt.params() {
         if let Some(t) = g.remove(p.var.as_tensor()) {
             // Detached: a variable's gradient can still reference the step's forward graph
-            // (see `Sgd::step`); holding it across micro-batches would keep every graph alive.
+            // (see `Optimizer::step`); holding it across micro-batches would keep every graph alive.
             let t = t.detach();
             let sum = match a.remove(p.var.as_tensor()) {
                 Some(prev) => (prev + t)?,

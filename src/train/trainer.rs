@@ -117,11 +117,32 @@ fn run_training(
         mut loader,
         val,
         start,
-    } = build(&opts, resolved, obs)?;
+    } = match build(&opts, resolved, stop, obs) {
+        Err(e) => {
+            let Some(s) = crate::cancel::Stopped::in_chain(&e) else {
+                return Err(e);
+            };
+            // Stopped while caching the images: nothing was trained, nothing to save.
+            obs.line(&format!("{s}: nothing was trained, so nothing was saved"));
+            return Ok(TrainSummary {
+                run_dir: PathBuf::new(),
+                epochs: Vec::new(),
+                best_fitness: 0.0,
+                last: PathBuf::new(),
+                best: PathBuf::new(),
+                interrupted: true,
+                budget: None,
+            });
+        }
+        Ok(p) => p,
+    };
 
     let mut reports = Vec::new();
     let mut interrupted = false;
-    for epoch in start.epoch..opts.epochs {
+    run.clock = std::time::Instant::now();
+    let mut epoch = start.epoch;
+    // The epoch count is the schedule's: `--time` re-estimates it after each epoch.
+    while epoch < run.sched.epochs {
         // Between epochs the epoch-end checkpoint holds the state; in the first epoch the batch
         // loop saves it before it stops.
         if stop.requested() && epoch > start.epoch {
@@ -142,6 +163,7 @@ fn run_training(
                 }
             }
         }
+        epoch += 1;
     }
     if interrupted {
         obs.line(&format!(
