@@ -26,7 +26,7 @@ fn main() -> Result<()> {
     let device = yolo9::device::select(yolo9::device::DeviceSpec::Auto)?;
     let det = Detector::load(&weights, device)?.conf(0.25);
     // What to do with one frame's detections: here, print them.
-    let mut on_frame = |n: u64, img: &image::RgbImage| -> Result<()> {
+    let on_frame = |n: u64, img: &image::RgbImage| -> Result<()> {
         let dets = det.detect_rgb(img)?;
         let names: Vec<String> = dets
             .iter()

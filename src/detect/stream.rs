@@ -72,7 +72,7 @@ impl StreamSource {
             StreamSource::Url(u) => {
                 let path = u.split(['?', '#']).next().unwrap_or(u);
                 let after_host = path.splitn(4, '/').nth(3).unwrap_or("");
-                !(!after_host.is_empty() && super::video::is_video(Path::new(after_host)))
+                after_host.is_empty() || !super::video::is_video(Path::new(after_host))
             }
         }
     }
@@ -683,7 +683,7 @@ fn pump(sh: &Shared, out: std::process::ChildStdout, live: bool, opts: &StreamOp
                 st.stats.read += 1;
                 st.activity = Instant::now();
                 let frame = st.stats.read;
-                if (frame - 1) % opts.vid_stride as u64 != 0 {
+                if !(frame - 1).is_multiple_of(opts.vid_stride as u64) {
                     st.stats.strided += 1;
                     continue;
                 }
