@@ -1,5 +1,5 @@
-//! `yolo9 detect`: detection on images, directories and globs, with the flags of the official
-//! `detect_dual.py`.
+//! `yolo9 detect`: detection on images, directories, globs, videos, webcams and streams, with the
+//! flags of the official `detect_dual.py`.
 //!
 //! Per image it prints `image 1/3 path: 448x640 25 RBC, 2 WBC, 12.3ms pre, 80.1ms infer, 0.4ms
 //! nms` (the size is the letterboxed network input, H x W). Files that cannot be decoded are
@@ -16,9 +16,11 @@
 //! Memory: each image is decoded, letterboxed, and its full-resolution pixels are dropped at once
 //! (only a ≤ 4096 px drawing copy is kept when saving), so a 108-MP input costs one decoded buffer.
 //!
-//! Why one file (about 615 lines of code, then its unit tests): the arguments of `yolo9 detect`
+//! Why one file (about 875 lines of code, then its unit tests): the arguments of `yolo9 detect`
 //! with their parsers, the weights resolution `val` and `serve` share (`WeightsArgs`), and the per-
-//! source loop; the output writers are in `crate::detect::output`.
+//! source loops (images, video files, webcams/streams, sharing the per-frame writer
+//! `frame_outputs`); the output writers are in `crate::detect::output`, the frame readers in
+//! `crate::detect::video` and `crate::detect::stream`.
 use crate::data::image::load_rgb8;
 use crate::detect::detector::{round_img_size, Detector};
 use crate::detect::draw::{canvas_for, draw_detections, DrawOptions};
