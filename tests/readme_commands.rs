@@ -100,6 +100,15 @@ const SKIPPED: &[(&str, &str)] = &[
     ),
     ("yolo9 serve --device 0", GPU),
     (
+        "yolo9 detect 0",
+        "needs a webcam (and runs until Ctrl-C); tests/detect_stream.rs checks that a missing \
+         one is named",
+    ),
+    (
+        "yolo9 detect rtsp://192.168.1.10:554/stream1 --vid-stride 2 --json",
+        "needs a camera's RTSP stream; tests/detect_stream.rs serves a stream on loopback",
+    ),
+    (
         "yolo9 train --data bccd/data.yaml --device 0 --batch 16 --epochs 50 --amp true|false --close-mosaic 10 --workers 8 --seed 0 --noplots",
         GPU,
     ),

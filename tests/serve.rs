@@ -1,7 +1,8 @@
 //! `yolo9::serve` (the `yolo9 serve` service) on loopback, in-process: the detections of the
 //! shipped images equal `Detector::detect`'s, bad requests get a 4xx with a message, a burst
 //! larger than the queue gets 503s and every request an answer, and shutdown answers what was
-//! queued. Requests are plain HTTP/1.1 over a `TcpStream` (no client library).
+//! queued; the page of `GET /` draws the boxes in a real headless Chromium (driven through
+//! chromedriver). Requests are plain HTTP/1.1 over a `TcpStream` (no client library).
 #![cfg(feature = "serve")]
 
 mod common;
@@ -392,4 +393,277 @@ fn a_request_size_that_cannot_fit_in_memory_is_a_400() {
     assert_eq!(code, 200, "{text}");
     let s = svc.stop();
     assert_eq!((s.ok, s.errors), (1, 1));
+}
+
+/// `chromium` and `chromedriver` on PATH, or `None` (then the page test is skipped with a
+/// printed reason, except in CI (`CI=true`), where it fails: `.ci/run` installs both).
+fn chromium() -> Option<(PathBuf, PathBuf)> {
+    let find = |name: &str| {
+        std::env::var_os("PATH").and_then(|p| {
+            std::env::split_paths(&p)
+                .map(|d| d.join(name))
+                .find(|c| c.is_file())
+        })
+    };
+    let found = find("chromium").zip(find("chromedriver"));
+    if found.is_none() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI=true and chromium or chromedriver is not on PATH: .ci/run installs them \
+             (apt-get install chromium chromium-driver)"
+        );
+        eprintln!(
+            "SKIPPED the_page_draws_the_boxes_in_a_browser: chromium or chromedriver is not \
+             installed (Debian: apt-get install chromium chromium-driver); CI runs this test"
+        );
+    }
+    found
+}
+
+/// One WebDriver command to chromedriver at `addr`: the JSON `value` of its answer. The answer
+/// is read by its `Content-Length` (chromedriver keeps the connection open).
+fn webdriver(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<serde_json::Value>,
+) -> serde_json::Value {
+    let body = body.map(|b| b.to_string()).unwrap_or_default();
+    let mut s = TcpStream::connect(addr).expect("connect to chromedriver");
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).unwrap();
+    let mut r = std::io::BufReader::new(s);
+    let mut head = String::new();
+    let mut len = 0usize;
+    loop {
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut r, &mut line).unwrap();
+        if line.trim().is_empty() {
+            break;
+        }
+        if let Some((k, v)) = line.split_once(':') {
+            if k.eq_ignore_ascii_case("content-length") {
+                len = v.trim().parse().unwrap();
+            }
+        }
+        head.push_str(&line);
+    }
+    let mut buf = vec![0u8; len];
+    r.read_exact(&mut buf).unwrap();
+    let text = String::from_utf8_lossy(&buf);
+    let v: serde_json::Value = serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("{method} {path}: {head} {text:?}: {e}"));
+    assert!(
+        head.starts_with("HTTP/1.1 200"),
+        "{method} {path}: {head}{text}"
+    );
+    v["value"].clone()
+}
+
+/// A WebDriver session, deleted when dropped (so no browser outlives the test).
+struct Session {
+    wd: SocketAddr,
+    id: String,
+}
+
+impl Session {
+    fn path(&self, p: &str) -> String {
+        format!("/session/{}{p}", self.id)
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        let _ = std::panic::catch_unwind(|| {
+            webdriver(self.wd, "DELETE", &format!("/session/{}", self.id), None)
+        });
+    }
+}
+
+/// Standard base64 (the WebDriver screenshot).
+fn base64(s: &str) -> Vec<u8> {
+    let val = |c: u8| match c {
+        b'A'..=b'Z' => c - b'A',
+        b'a'..=b'z' => c - b'a' + 26,
+        b'0'..=b'9' => c - b'0' + 52,
+        b'+' => 62,
+        b'/' => 63,
+        _ => panic!("not base64: {c}"),
+    };
+    let bytes: Vec<u8> = s
+        .bytes()
+        .filter(|&c| c != b'=' && !c.is_ascii_whitespace())
+        .collect();
+    let mut out = Vec::with_capacity(bytes.len() * 3 / 4);
+    for chunk in bytes.chunks(4) {
+        let mut n = 0u32;
+        for (i, &c) in chunk.iter().enumerate() {
+            n |= (val(c) as u32) << (18 - 6 * i);
+        }
+        out.extend(&n.to_be_bytes()[1..chunk.len()]);
+    }
+    out
+}
+
+/// A child process killed when dropped (chromedriver, also when an assertion fails).
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The page of `GET /` in a real headless Chromium, driven through chromedriver (WebDriver over
+/// HTTP): an example image is chosen in its file input as a user would; the page posts it to
+/// `/v1/detect` and draws the answer. The page then reports as many boxes as `Detector::detect`
+/// finds, and its screenshot shows the RBC colour of `draw::class_color` (box outlines and label
+/// backgrounds) in thousands of pixels, where the image itself has almost none.
+#[test]
+fn the_page_draws_the_boxes_in_a_browser() {
+    let Some((chromium, driver)) = chromium() else {
+        return;
+    };
+    let path = examples()[0].clone();
+    let img = yolo9::data::image::load_rgb8(&path).unwrap();
+    let det = Detector::load(shipped(), Device::Cpu).unwrap();
+    let want = det.detect_rgb(&img).unwrap();
+    assert!(want.iter().any(|d| d.class_id == 0));
+    let svc = Running::start(det, ServeConfig::default());
+    let (code, page) = http(svc.addr, "GET", "/", None, b"");
+    assert_eq!(code, 200);
+    assert!(page.contains("<canvas") && page.contains("/v1/detect"));
+    // Self-contained: no external script, style, image or font.
+    for bad in [
+        "src=\"http",
+        "href=\"http",
+        "url(http",
+        "@import",
+        "src=\"//",
+    ] {
+        assert!(
+            !page.contains(bad),
+            "the page loads an external resource: {bad}"
+        );
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let _driver = Killed(
+        std::process::Command::new(&driver)
+            .arg(format!("--port={port}"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start chromedriver"),
+    );
+    let wd: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let t = std::time::Instant::now();
+    while TcpStream::connect(wd).is_err() {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "chromedriver does not listen"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let profile = common::tmpdir("serve_page_profile");
+    let args = serde_json::json!([
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        format!("--user-data-dir={}", profile.display()),
+        "--window-size=900,800",
+    ]);
+    let caps = serde_json::json!({"capabilities": {"alwaysMatch": {
+        "browserName": "chrome",
+        "goog:chromeOptions": {"binary": chromium, "args": args},
+    }}});
+    let session = webdriver(wd, "POST", "/session", Some(caps));
+    let session = Session {
+        wd,
+        id: session["sessionId"].as_str().unwrap().to_string(),
+    };
+    let s = |p: &str| session.path(p);
+    let url = format!("http://{}/", svc.addr);
+    webdriver(
+        wd,
+        "POST",
+        &s("/url"),
+        Some(serde_json::json!({ "url": url })),
+    );
+    let input = webdriver(
+        wd,
+        "POST",
+        &s("/element"),
+        Some(serde_json::json!({"using": "css selector", "value": "#file"})),
+    );
+    let eid = input.as_object().unwrap().values().next().unwrap();
+    let file = path.canonicalize().unwrap();
+    webdriver(
+        wd,
+        "POST",
+        &s(&format!("/element/{}/value", eid.as_str().unwrap())),
+        Some(serde_json::json!({ "text": file.to_str().unwrap() })),
+    );
+    let script = serde_json::json!({
+        "script": "return [document.body.dataset.state, document.body.dataset.boxes, \
+                   document.getElementById('summary').textContent, \
+                   document.getElementById('error').textContent]",
+        "args": [],
+    });
+    let t = std::time::Instant::now();
+    let state = loop {
+        let v = webdriver(wd, "POST", &s("/execute/sync"), Some(script.clone()));
+        if v[0] == "done" || v[0] == "error" {
+            break v;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "the page is still {v}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(state[0], "done", "{state}");
+    assert_eq!(state[1], want.len().to_string(), "{state}");
+    let summary = format!("{} detections: ", want.len());
+    assert!(state[2].as_str().unwrap().starts_with(&summary), "{state}");
+    let shot = webdriver(wd, "GET", &s("/screenshot"), None);
+    let png = image::load_from_memory(&base64(shot.as_str().unwrap()))
+        .unwrap()
+        .to_rgb8();
+    let file = common::tmpdir("serve_page").join("page.png");
+    png.save(&file).unwrap();
+    drop(session);
+    let rbc = yolo9::detect::draw::class_color(0).0;
+    let near = |p: &image::Rgb<u8>| (0..3).all(|k| (p[k] as i32 - rbc[k] as i32).abs() <= 6);
+    let in_shot = png.pixels().filter(|p| near(p)).count();
+    let in_image = img.pixels().filter(|p| near(p)).count();
+    assert!(
+        in_image < 50,
+        "the image itself has {in_image} pixels of the RBC colour"
+    );
+    assert!(
+        in_shot > 2000,
+        "{in_shot} pixels of the RBC colour {rbc:?} in {}",
+        file.display()
+    );
+    eprintln!(
+        "screenshot: {} ({in_shot} RBC-coloured pixels)",
+        file.display()
+    );
+    let s = svc.stop();
+    assert_eq!((s.ok, s.errors), (1, 0));
 }

@@ -1,5 +1,5 @@
-//! `yolo9 detect`: detection on images, directories and globs, with the flags of the official
-//! `detect_dual.py`.
+//! `yolo9 detect`: detection on images, directories, globs, videos, webcams and streams, with the
+//! flags of the official `detect_dual.py`.
 //!
 //! Per image it prints `image 1/3 path: 448x640 25 RBC, 2 WBC, 12.3ms pre, 80.1ms infer, 0.4ms
 //! nms` (the size is the letterboxed network input, H x W). Files that cannot be decoded are
@@ -16,16 +16,19 @@
 //! Memory: each image is decoded, letterboxed, and its full-resolution pixels are dropped at once
 //! (only a ≤ 4096 px drawing copy is kept when saving), so a 108-MP input costs one decoded buffer.
 //!
-//! Why one file (about 615 lines of code, then its unit tests): the arguments of `yolo9 detect`
+//! Why one file (about 875 lines of code, then its unit tests): the arguments of `yolo9 detect`
 //! with their parsers, the weights resolution `val` and `serve` share (`WeightsArgs`), and the per-
-//! source loop; the output writers are in `crate::detect::output`.
+//! source loops (images, video files, webcams/streams, sharing the per-frame writer
+//! `frame_outputs`); the output writers are in `crate::detect::output`, the frame readers in
+//! `crate::detect::video` and `crate::detect::stream`.
 use crate::data::image::load_rgb8;
 use crate::detect::detector::{round_img_size, Detector};
 use crate::detect::draw::{canvas_for, draw_detections, DrawOptions};
 pub use crate::detect::output::{
     annotated_name, count_summary, fmt_g, label_line, save_crops, unique_stems,
 };
-use crate::detect::source::expand_sources;
+use crate::detect::source::{expand_sources, Sources};
+use crate::detect::stream::{LiveReader, StreamOptions, StreamSource};
 use crate::device::{parse_device, DeviceSpec};
 use crate::runs::increment_path;
 use anyhow::{bail, Context, Result};
@@ -43,9 +46,13 @@ pub const MAX_IMG: u32 = super::parse::MAX_IMG;
 /// Arguments of `yolo9 detect`.
 #[derive(Debug, Clone, Args)]
 pub struct DetectArgs {
-    /// Image files, directories (not recursive) or glob patterns ("imgs/**/*.jpg").
-    #[arg(required = true)]
+    /// Image files, directories (not recursive), glob patterns ("imgs/**/*.jpg"), videos,
+    /// webcam indices (0, 1, ...) or stream URLs (rtsp://, rtmp://, http(s)://).
+    #[arg(required_unless_present = "source_flag")]
     pub source: Vec<PathBuf>,
+    /// Sources, as the official --source (added to the positional ones).
+    #[arg(long = "source", value_name = "SOURCE", num_args = 1..)]
+    pub source_flag: Vec<PathBuf>,
     /// The weights and, optionally, the model they are.
     #[command(flatten)]
     pub model: WeightsArgs,
@@ -119,10 +126,40 @@ pub struct DetectArgs {
     /// box widened by 2% + 10 px; repeated names get 2, 3, ...).
     #[arg(long = "save-crop")]
     pub save_crop: bool,
-    /// Videos: detect every N-th frame (the annotated video keeps the source's frame rate).
+    /// Videos and streams: detect every N-th frame (the annotated video of a file keeps the
+    /// source's frame rate).
     #[arg(long = "vid-stride", default_value = "1",
           value_parser = clap::value_parser!(u32).range(1..))]
     pub vid_stride: u32,
+    /// Webcams and streams: times a broken stream is reopened in a row (waiting 0.5, 1, 2, 4,
+    /// 8 s) before it counts as ended; 0 ends it at the first break.
+    #[arg(long = "stream-retries", default_value = "5",
+          value_parser = clap::value_parser!(u32).range(0..=1000))]
+    pub stream_retries: u32,
+}
+
+impl DetectArgs {
+    /// The sources: the positional ones, then those of `--source`.
+    pub fn sources(&self) -> Vec<PathBuf> {
+        self.source
+            .iter()
+            .chain(&self.source_flag)
+            .cloned()
+            .collect()
+    }
+}
+
+/// Splits `sources` into webcams/stream URLs ([`StreamSource::parse`]) and paths.
+pub fn split_streams(sources: &[PathBuf]) -> (Vec<StreamSource>, Vec<PathBuf>) {
+    let mut streams = Vec::new();
+    let mut paths = Vec::new();
+    for s in sources {
+        match s.to_str().and_then(StreamSource::parse) {
+            Some(st) => streams.push(st),
+            None => paths.push(s.clone()),
+        }
+    }
+    (streams, paths)
 }
 
 /// `--img` parser ([`super::parse::img`]).
@@ -228,7 +265,16 @@ pub fn run(args: DetectArgs) -> Result<()> {
     if let Some(n) = note {
         eprintln!("{n}");
     }
-    let sources = expand_sources(&args.source)?;
+    let (streams, paths) = split_streams(&args.sources());
+    let sources = if paths.is_empty() {
+        Sources::default()
+    } else {
+        expand_sources(&paths)?
+    };
+    // A missing webcam is named before the model loads.
+    for st in &streams {
+        st.input_args()?;
+    }
     let weights = args.model.path()?;
     let device = crate::device::select(args.device)?;
     if args.device == DeviceSpec::Auto {
@@ -260,6 +306,17 @@ pub fn run(args: DetectArgs) -> Result<()> {
             d.what
         );
     }
+    // Ctrl-C (or SIGTERM) ends a video or stream cleanly: the annotated video is finished; a
+    // second one exits at once.
+    let has_video = sources
+        .files
+        .iter()
+        .any(|p| crate::detect::video::is_video(p));
+    let cancel = if streams.is_empty() && !has_video {
+        crate::cancel::Cancel::never()
+    } else {
+        crate::train::guard::StopFlag::install()?.cancel()
+    };
     let w = load_weights(&weights, args.model.cfg.as_deref())?;
     let detector = Detector::from_weights(&w, device, dtype)
         .with_context(|| format!("building the model from {}", weights.display()))?
@@ -269,7 +326,14 @@ pub fn run(args: DetectArgs) -> Result<()> {
         .max_det(args.max_det as usize)
         .classes(args.classes.clone())
         .agnostic(args.agnostic_nms);
-    run_with(&detector, &args, &sources.files, &sources.skipped)
+    run_with_streams(
+        &detector,
+        &args,
+        &sources.files,
+        &sources.skipped,
+        &streams,
+        &cancel,
+    )
 }
 
 /// The network dtype for `--half` on `device`: f16 on a GPU; on the CPU f32, with a notice (as
@@ -292,6 +356,26 @@ pub fn run_with(
     args: &DetectArgs,
     files: &[PathBuf],
     skipped: &[(PathBuf, String)],
+) -> Result<()> {
+    run_with_streams(
+        detector,
+        args,
+        files,
+        skipped,
+        &[],
+        &crate::cancel::Cancel::never(),
+    )
+}
+
+/// [`run_with`], then the webcams and streams `streams` (one after the other, each until it
+/// ends or `cancel` asks to stop; a stop also ends a video file early and skips what follows).
+pub fn run_with_streams(
+    detector: &Detector,
+    args: &DetectArgs,
+    files: &[PathBuf],
+    skipped: &[(PathBuf, String)],
+    streams: &[StreamSource],
+    cancel: &crate::cancel::Cancel,
 ) -> Result<()> {
     let names = detector.names().to_vec();
     if let Some(cs) = &args.classes {
@@ -338,9 +422,13 @@ pub fn run_with(
     let mut n_labels = 0usize;
     // Images only (videos print their own per-frame times).
     let mut n_img = 0usize;
-    let total = files.len();
+    let total = files.len() + streams.len();
     let stems = unique_stems(files);
     for (k, path) in files.iter().enumerate() {
+        if cancel.requested() {
+            eprintln!("stopped on request: the remaining sources are not read");
+            break;
+        }
         let stem = &stems[k];
         let own = path.file_stem().map(|s| s.to_string_lossy().into_owned());
         if own.as_deref() != Some(stem.as_str()) && (args.save_txt || !args.nosave) {
@@ -355,7 +443,7 @@ pub fn run_with(
                 jsonl: jsonl.as_mut(),
                 draw: &draw_opts,
             };
-            match detect_video(detector, args, path, stem, sinks, (k + 1, total)) {
+            match detect_video(detector, args, path, stem, sinks, (k + 1, total), cancel) {
                 Ok(v) => {
                     n_ok += 1;
                     n_labels += v.labels;
@@ -478,6 +566,36 @@ pub fn run_with(
                 .with_context(|| format!("cannot save the annotated image {}", op.display()))?;
         }
     }
+    let mut used = std::collections::HashSet::new();
+    for (j, st) in streams.iter().enumerate() {
+        if cancel.requested() {
+            break;
+        }
+        // Two streams of one host get `<stem>`, `<stem>_2`, ...
+        let base = st.stem();
+        let mut stem = base.clone();
+        let mut n = 1;
+        while stems.contains(&stem) || !used.insert(stem.clone()) {
+            n += 1;
+            stem = format!("{base}_{n}");
+        }
+        let sinks = Sinks {
+            save_dir: &save_dir,
+            jsonl: jsonl.as_mut(),
+            draw: &draw_opts,
+        };
+        let at = (files.len() + j + 1, total);
+        match detect_stream(detector, args, st, &stem, sinks, at, cancel) {
+            Ok(v) => {
+                n_ok += 1;
+                n_labels += v.labels;
+            }
+            Err(e) => {
+                eprintln!("skipped {}: {e:#}", st.name());
+                n_bad += 1;
+            }
+        }
+    }
     if let Some(mut out) = jsonl {
         out.flush().context("writing predictions.jsonl")?;
     }
@@ -501,7 +619,11 @@ pub fn run_with(
         }
         println!("{s}");
     }
-    println!("{n_ok} images processed, {n_bad} skipped");
+    if streams.is_empty() {
+        println!("{n_ok} images processed, {n_bad} skipped");
+    } else {
+        println!("{n_ok} sources processed, {n_bad} skipped");
+    }
     if n_ok == 0 {
         bail!("no image could be processed ({n_bad} skipped, reasons above)");
     }
@@ -520,10 +642,62 @@ struct VideoDone {
     labels: usize,
 }
 
+/// Writes one detected frame of a video or stream: `labels/<stem>_<frame>.txt` with
+/// `--save-txt` (returns whether one was written), `predictions.jsonl` lines with a `frame`
+/// field (`image` is the source's name) with `--json`, crops with `--save-crop`, and the
+/// annotated frame to `writer`.
+fn frame_outputs(
+    args: &DetectArgs,
+    sinks: &mut Sinks<'_>,
+    (source, stem, frame): (&str, &str, u64),
+    img: image::RgbImage,
+    dets: &[crate::Detection],
+    writer: Option<&mut crate::detect::video::FrameWriter>,
+) -> Result<bool> {
+    let (w, h) = img.dimensions();
+    let mut label = false;
+    if args.save_txt && !dets.is_empty() {
+        let lp = sinks
+            .save_dir
+            .join("labels")
+            .join(format!("{stem}_{frame}.txt"));
+        let text: String = dets
+            .iter()
+            .map(|d| label_line(d, w, h, args.save_conf) + "\n")
+            .collect();
+        std::fs::write(&lp, text).with_context(|| format!("cannot write {}", lp.display()))?;
+        label = true;
+    }
+    if let Some(out) = sinks.jsonl.as_mut() {
+        for d in dets {
+            let line = serde_json::json!({
+                "image": source,
+                "frame": frame,
+                "class_id": d.class_id,
+                "class_name": d.class_name,
+                "confidence": d.confidence,
+                "xyxy": d.bbox,
+            });
+            writeln!(out, "{line}").context("writing predictions.jsonl")?;
+        }
+        // A stream may run until it is stopped: each frame's lines are on disk at once.
+        out.flush().context("writing predictions.jsonl")?;
+    }
+    if args.save_crop {
+        save_crops(sinks.save_dir, &img, dets, stem)?;
+    }
+    if let Some(wr) = writer {
+        let mut canvas = img;
+        draw_detections(&mut canvas, dets, 1.0, sinks.draw)?;
+        wr.write(&canvas)?;
+    }
+    Ok(label)
+}
+
 /// Detection on every `--vid-stride`-th frame of a video (frames numbered from 1, as the
-/// official `LoadImages`): per frame a progress line, `labels/<stem>_<frame>.txt` with
-/// `--save-txt`, `predictions.jsonl` lines with a `frame` field with `--json`, and the annotated
-/// frames as `<stem>.mp4` in the run folder (the source's frame rate) unless `--nosave`.
+/// official `LoadImages`): per frame a progress line and [`frame_outputs`], the annotated frames
+/// as `<stem>.mp4` in the run folder (the source's frame rate) unless `--nosave`. A stop request
+/// ends the video at the current frame, with a finished file.
 fn detect_video(
     detector: &Detector,
     args: &DetectArgs,
@@ -531,6 +705,7 @@ fn detect_video(
     stem: &str,
     mut sinks: Sinks<'_>,
     (k, total): (usize, usize),
+    cancel: &crate::cancel::Cancel,
 ) -> Result<VideoDone> {
     use crate::detect::video::{probe, FrameReader, FrameWriter};
     let info = probe(path)?;
@@ -549,8 +724,16 @@ fn detect_video(
         .frames
         .map(|n| n.to_string())
         .unwrap_or_else(|| "?".into());
+    let source = path.to_string_lossy();
     let (mut frame, mut labels, mut detected) = (0u64, 0usize, 0u64);
     while let Some(img) = reader.next_frame()? {
+        if cancel.requested() {
+            eprintln!(
+                "stopped on request: {} ends at frame {frame}",
+                path.display()
+            );
+            break;
+        }
         frame += 1;
         if (frame - 1) % args.vid_stride as u64 != 0 {
             continue;
@@ -566,43 +749,15 @@ fn detect_video(
             count_summary(&dets, names),
             t0.elapsed().as_secs_f64() * 1e3
         );
-        let (w, h) = img.dimensions();
-        if args.save_txt && !dets.is_empty() {
-            let lp = sinks
-                .save_dir
-                .join("labels")
-                .join(format!("{stem}_{frame}.txt"));
-            let text: String = dets
-                .iter()
-                .map(|d| label_line(d, w, h, args.save_conf) + "\n")
-                .collect();
-            std::fs::write(&lp, text).with_context(|| format!("cannot write {}", lp.display()))?;
+        let wr = writer.as_mut().map(|(w, _)| w);
+        if frame_outputs(args, &mut sinks, (&source, stem, frame), img, &dets, wr)? {
             labels += 1;
-        }
-        if let Some(out) = sinks.jsonl.as_mut() {
-            for d in &dets {
-                let line = serde_json::json!({
-                    "image": path.to_string_lossy(),
-                    "frame": frame,
-                    "class_id": d.class_id,
-                    "class_name": d.class_name,
-                    "confidence": d.confidence,
-                    "xyxy": d.bbox,
-                });
-                writeln!(out, "{line}").context("writing predictions.jsonl")?;
-            }
-        }
-        if args.save_crop {
-            save_crops(sinks.save_dir, &img, &dets, stem)?;
-        }
-        if let Some((wr, _)) = writer.as_mut() {
-            let mut canvas = img;
-            draw_detections(&mut canvas, &dets, 1.0, sinks.draw)?;
-            wr.write(&canvas)?;
         }
     }
     if let Some(msg) = reader.finish() {
-        eprintln!("note: {}: ffmpeg reported: {msg}", path.display());
+        if !cancel.requested() {
+            eprintln!("note: {}: ffmpeg reported: {msg}", path.display());
+        }
     }
     if let Some((wr, out)) = writer {
         wr.finish()?;
@@ -614,6 +769,110 @@ fn detect_video(
     }
     if frame == 0 {
         bail!("no frame could be decoded");
+    }
+    Ok(VideoDone { labels })
+}
+
+/// Detection on a webcam or stream ([`LiveReader`]: the newest frame each time, so a slow
+/// detector skips frames rather than lag behind), until it ends (after `--stream-retries`
+/// reopenings) or a stop request: per detected frame a progress line with the frame number and
+/// the frames dropped so far, [`frame_outputs`], and the annotated frames as `<stem>.mp4`
+/// (stamped with the wall clock; at the first frame's size: frames of another size are left out
+/// of it, counted) unless `--nosave`; at the end a summary of frames read, detected, dropped,
+/// skipped by `--vid-stride`, damaged and reopenings.
+fn detect_stream(
+    detector: &Detector,
+    args: &DetectArgs,
+    src: &StreamSource,
+    stem: &str,
+    mut sinks: Sinks<'_>,
+    (k, total): (usize, usize),
+    cancel: &crate::cancel::Cancel,
+) -> Result<VideoDone> {
+    use crate::detect::video::FrameWriter;
+    let name = src.name();
+    let opts = StreamOptions {
+        vid_stride: args.vid_stride,
+        retries: args.stream_retries,
+        ..StreamOptions::default()
+    };
+    let mut reader = LiveReader::open(src.clone(), opts)?;
+    eprintln!(
+        "reading {name} ({}); Ctrl-C stops and finishes the outputs",
+        if reader.is_live() {
+            "live: the newest frame is detected, frames that arrive meanwhile are dropped"
+        } else {
+            "a video file: every frame"
+        }
+    );
+    let names = detector.names();
+    let out = sinks.save_dir.join(format!("{stem}.mp4"));
+    let mut writer: Option<FrameWriter> = None;
+    let (mut labels, mut off_size) = (0usize, 0u64);
+    let result = (|| -> Result<()> {
+        while let Some(f) = reader.next(cancel)? {
+            let t0 = Instant::now();
+            let dets = detector
+                .detect_rgb(&f.image)
+                .with_context(|| format!("frame {}", f.frame))?;
+            let stats = reader.stats();
+            println!(
+                "stream {k}/{total} (frame {}, {} dropped) {name}: {}, {:.1}ms",
+                f.frame,
+                stats.dropped,
+                count_summary(&dets, names),
+                t0.elapsed().as_secs_f64() * 1e3
+            );
+            if !args.nosave && writer.is_none() {
+                let (w, h) = f.image.dimensions();
+                writer = Some(FrameWriter::create_live(&out, w, h)?);
+            }
+            // The video keeps its first frame size (a stream that changes size mid-way).
+            let wr = match writer.as_mut() {
+                Some(w) if w.size() == f.image.dimensions() => Some(w),
+                Some(_) => {
+                    off_size += 1;
+                    None
+                }
+                None => None,
+            };
+            if frame_outputs(args, &mut sinks, (&name, stem, f.frame), f.image, &dets, wr)? {
+                labels += 1;
+            }
+        }
+        Ok(())
+    })();
+    let stopped = cancel.requested();
+    reader.stop();
+    let s = reader.stats();
+    let finished = writer.map(|w| w.finish());
+    let mut summary = format!(
+        "{name}: {} of {} frames detected, {} dropped (detection slower than the stream), {} \
+         skipped by --vid-stride, {} damaged, {} reopenings",
+        s.delivered, s.read, s.dropped, s.strided, s.corrupt, s.reconnects
+    );
+    if off_size > 0 {
+        summary.push_str(&format!(
+            "; {off_size} frames of another size than the first are not in the video"
+        ));
+    }
+    if stopped {
+        summary.push_str("; stopped on request");
+    } else if let Some(why) = reader.end_reason() {
+        summary.push_str(&format!("; ended: {why}"));
+    }
+    match &finished {
+        Some(Ok(())) => summary.push_str(&format!(", saved to {}", out.display())),
+        Some(Err(e)) => summary.push_str(&format!(", the annotated video failed: {e:#}")),
+        None => {}
+    }
+    println!("{summary}");
+    result?;
+    if let Some(r) = finished {
+        r?;
+    }
+    if s.delivered == 0 {
+        bail!("no frame was detected");
     }
     Ok(VideoDone { labels })
 }

@@ -95,11 +95,12 @@ pub fn run(args: ServeArgs) -> Result<()> {
         let listener = tokio::net::TcpListener::bind(args.addr)
             .await
             .with_context(|| format!("serve: cannot listen on {} (--addr)", args.addr))?;
+        let addr = listener.local_addr()?;
         eprintln!(
-            "serving {} on http://{} (POST /v1/detect; GET /healthz /readyz /v1/model /metrics); \
-             Ctrl-C or SIGTERM stops after answering what is queued",
+            "serving {} on http://{addr} (a page to try it: http://{addr}/; POST /v1/detect; GET \
+             /healthz /readyz /v1/model /metrics); Ctrl-C or SIGTERM stops after answering what \
+             is queued",
             weights.display(),
-            listener.local_addr()?
         );
         let s = crate::serve::serve(listener, detector, cfg, stop_signal()).await?;
         eprintln!(

@@ -7,6 +7,7 @@
 //! - [`draw`]: annotated images.
 //! - [`source`]: expanding files, directories and globs.
 //! - [`video`]: video files read and written through the `ffmpeg` program.
+//! - [`stream`]: webcams and network streams (the newest frame, reopened when they break).
 //! - [`output`]: what detection writes per image (label lines, names, crops).
 //! - [`detector`]: the public [`detector::Detector`].
 
@@ -18,4 +19,5 @@ pub mod nms;
 pub mod output;
 pub mod postprocess;
 pub mod source;
+pub mod stream;
 pub mod video;

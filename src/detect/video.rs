@@ -6,8 +6,12 @@
 //!   `VID_FORMATS`).
 //! - [`probe`]: size, frame rate and (when the container says) frame count, from `ffprobe`.
 //! - [`FrameReader`]: decoded frames in order, upright RGB8 at the probed size.
-//! - [`FrameWriter`]: an H.264 MP4 at the source's frame rate (`yuv420p`, the width and height
-//!   padded to even numbers as the encoder needs).
+//! - [`FrameWriter`]: an H.264 MP4 at the source's frame rate, or stamped with the wall clock for
+//!   a live source ([`FrameWriter::create_live`]) (`yuv420p`, the width and height padded to even
+//!   numbers as the encoder needs).
+//!
+//! Both ffmpeg programs run in a process group of their own, so a Ctrl-C reaches yolo9 alone and
+//! it finishes the annotated video (webcams and streams: `super::stream`).
 //!
 //! Errors name the file and, when `ffmpeg` is missing, say how to get it. A stream that ends in
 //! the middle of a frame (a truncated file) ends the video there, with a note.
@@ -63,9 +67,22 @@ fn tool(name: &str) -> Command {
     c
 }
 
+/// Starts the child in a process group of its own (Unix), so a Ctrl-C in the terminal reaches
+/// yolo9 only: yolo9 then ends the video cleanly (the encoder finishes the file) instead of both
+/// ffmpeg programs dying mid-file.
+pub(crate) fn own_process_group(cmd: &mut Command) {
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::CommandExt;
+        cmd.process_group(0);
+    }
+    #[cfg(not(unix))]
+    let _ = cmd;
+}
+
 /// Reads a child's stderr on a thread of its own (a full pipe would stall the child), for the
 /// error message.
-fn drain(err: Option<std::process::ChildStderr>) -> std::thread::JoinHandle<String> {
+pub(crate) fn drain(err: Option<std::process::ChildStderr>) -> std::thread::JoinHandle<String> {
     std::thread::spawn(move || {
         let mut s = String::new();
         if let Some(mut e) = err {
@@ -75,7 +92,7 @@ fn drain(err: Option<std::process::ChildStderr>) -> std::thread::JoinHandle<Stri
     })
 }
 
-fn missing(name: &str, e: std::io::Error) -> anyhow::Error {
+pub(crate) fn missing(name: &str, e: std::io::Error) -> anyhow::Error {
     if e.kind() == std::io::ErrorKind::NotFound {
         anyhow::anyhow!(
             "videos are read and written with the `{name}` program, which is not installed (or \
@@ -170,14 +187,14 @@ impl FrameReader {
     ///
     /// Errors: ffmpeg missing or failing to start.
     pub fn open(path: &Path, info: &VideoInfo) -> Result<Self> {
-        let mut child = tool("ffmpeg")
-            .args(["-nostdin", "-v", "error", "-i"])
+        let mut cmd = tool("ffmpeg");
+        cmd.args(["-nostdin", "-v", "error", "-i"])
             .arg(path)
             .args(["-map", "0:v:0", "-f", "rawvideo", "-pix_fmt", "rgb24", "-"])
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| missing("ffmpeg", e))?;
+            .stderr(Stdio::piped());
+        own_process_group(&mut cmd);
+        let mut child = cmd.spawn().map_err(|e| missing("ffmpeg", e))?;
         let out = child.stdout.take().context("ffmpeg stdout")?;
         let err = drain(child.stderr.take());
         Ok(FrameReader {
@@ -251,27 +268,55 @@ impl FrameWriter {
         } else {
             format!("{}/{}", fps.0, fps.1)
         };
-        let mut child = tool("ffmpeg")
-            .args([
-                "-nostdin", "-v", "error", "-y", "-f", "rawvideo", "-pix_fmt", "rgb24",
-            ])
-            .args(["-s", &format!("{width}x{height}"), "-r", &rate, "-i", "-"])
-            .args([
-                "-vf",
-                "pad=ceil(iw/2)*2:ceil(ih/2)*2",
-                "-c:v",
-                "libx264",
-                "-pix_fmt",
-                "yuv420p",
-                "-movflags",
-                "+faststart",
-            ])
-            .arg(path)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| missing("ffmpeg", e))?;
+        Self::spawn(path, width, height, &["-r", &rate], &[])
+    }
+
+    /// Starts encoding `path` (overwritten) for frames `width x height` of a live source: each
+    /// frame is stamped with the wall-clock time it is written (a variable frame rate), so the
+    /// video plays at the pace the frames were detected, gaps of dropped frames included.
+    ///
+    /// Errors: ffmpeg missing or failing to start.
+    pub fn create_live(path: &Path, width: u32, height: u32) -> Result<Self> {
+        Self::spawn(
+            path,
+            width,
+            height,
+            &["-use_wallclock_as_timestamps", "1"],
+            &["-vsync", "vfr"],
+        )
+    }
+
+    fn spawn(
+        path: &Path,
+        width: u32,
+        height: u32,
+        input_rate: &[&str],
+        output_rate: &[&str],
+    ) -> Result<Self> {
+        let mut cmd = tool("ffmpeg");
+        cmd.args([
+            "-nostdin", "-v", "error", "-y", "-f", "rawvideo", "-pix_fmt", "rgb24",
+        ])
+        .args(["-s", &format!("{width}x{height}")])
+        .args(input_rate)
+        .args(["-i", "-"])
+        .args(output_rate)
+        .args([
+            "-vf",
+            "pad=ceil(iw/2)*2:ceil(ih/2)*2",
+            "-c:v",
+            "libx264",
+            "-pix_fmt",
+            "yuv420p",
+            "-movflags",
+            "+faststart",
+        ])
+        .arg(path)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+        own_process_group(&mut cmd);
+        let mut child = cmd.spawn().map_err(|e| missing("ffmpeg", e))?;
         let stdin = child.stdin.take();
         let err = Some(drain(child.stderr.take()));
         Ok(FrameWriter {
@@ -282,6 +327,11 @@ impl FrameWriter {
             height,
             path: path.display().to_string(),
         })
+    }
+
+    /// The frame size, `(width, height)`.
+    pub fn size(&self) -> (u32, u32) {
+        (self.width, self.height)
     }
 
     /// Appends one frame (its size must be the writer's).

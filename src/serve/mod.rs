@@ -20,6 +20,10 @@
 //!   answer `{"error": message}`: 400 (not an image, bad parameter), 413 (body over
 //!   [`ServeConfig::max_body`]), 503 (queue full, or shutting down), 504 (no answer within
 //!   [`ServeConfig::timeout`]), 500 (the forward failed).
+//! - `GET /`: a self-contained page (no external resources, [`PAGE`]) to choose an image, send it
+//!   to `/v1/detect` and see the boxes drawn with their labels on a canvas. Its body gets
+//!   `data-state="done"` and `data-boxes="N"` once drawn (`tests/serve.rs` drives it in a headless
+//!   Chromium).
 //! - `GET /healthz` (the process answers), `GET /readyz` (200 once the weights are loaded and a
 //!   warm-up forward ran, 503 before), `GET /v1/model` (names, classes, input size, strides,
 //!   device, dtype, batching settings), `GET /metrics` (Prometheus text: requests by outcome,
@@ -155,6 +159,9 @@ struct Service {
     cpu: bool,
 }
 
+/// The page of `GET /` (HTML with its script and style inline).
+pub const PAGE: &str = include_str!("page.html");
+
 /// Serves `detector` on `listener` until `shutdown` completes, then drains and returns.
 ///
 /// Errors: a configuration out of range (`max_batch` or `queue` 0), the listener failing.
@@ -239,6 +246,7 @@ fn router(svc: Arc<Service>) -> Router {
     // Multipart bodies obey the same limit (the raw body is read with it explicitly).
     let limit = svc.cfg.max_body;
     Router::new()
+        .route("/", get(|| async { axum::response::Html(PAGE) }))
         .route("/v1/detect", post(detect))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
