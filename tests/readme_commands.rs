@@ -31,6 +31,8 @@ const RUN: &[&str] = &[
     "yolo9 val --data bccd/data.yaml --split test",
     "yolo9 val --data bccd/data.yaml --weights weights/yolov9-s-bccd.safetensors --split test --device cpu --save-json",
     "yolo9 check --data data.yaml",
+    "yolo9 export",
+    "yolo9 export --nms --half -o bccd-nms-half.onnx",
     "yolo9 plot docs/bccd-run/yolo9-results.csv ../shared/reference/bccd-official-results.csv --labels \"yolo9 (50 epochs, --budget 8GiB)\" \"official train_dual.py (50 epochs)\" -o docs/bccd-curves.png",
 ];
 
@@ -43,6 +45,14 @@ const FRAGMENT: &str = "a fragment of a sentence whose data and weights the pros
 /// README commands that are not run here, with the reason.
 const SKIPPED: &[(&str, &str)] = &[
     ("yolo9 train --data data.yaml", TRAINING),
+    (
+        "yolo9 export --weights yolov9-c.pt --dynamic",
+        "needs the official yolov9-c.pt (not shipped); tests/export_onnx.rs exports dynamic models",
+    ),
+    (
+        "yolo9 export [--weights W] [--cfg M] [--img 640 | --img H W] [--batch 1 | --dynamic] [--half] [--nms [--conf 0.25] [--iou 0.45] [--max-det 300]] [--opset 17] [-o model.onnx]",
+        SYNOPSIS,
+    ),
     ("yolo9 train --budget 8GiB", FRAGMENT),
     ("yolo9 val --split test", FRAGMENT),
     ("yolo9 val --save-json", FRAGMENT),
@@ -446,6 +456,16 @@ fn check_outputs(command: &str, root: &Path, out: &str, err: &str) {
         ("check", _) => {
             assert!(out.contains("train: 2 images"), "{command}\n{both}");
             assert!(out.contains("val: 1 images"), "{command}\n{both}");
+        }
+        ("export", _) => {
+            let f = if command.contains("-o ") {
+                "bccd-nms-half.onnx"
+            } else {
+                "weights/yolov9-s-bccd.onnx"
+            };
+            is_file(f);
+            assert!(out.contains("exported "), "{out}");
+            assert!(std::fs::metadata(root.join(f)).unwrap().len() > 10_000_000);
         }
         ("plot", _) => {
             is_file("docs/bccd-curves.png");
