@@ -338,3 +338,32 @@ fn bad_options_name_the_option() {
         assert!(e.contains(want), "{e}");
     }
 }
+
+/// Every block kind of the model descriptions exports: yolov9-t (AConv, ELAN1) and yolov9-c
+/// (ADown: the average pool, the strided max pool, the channel halves), seeded random weights,
+/// each equal to its forward in tract.
+#[test]
+fn every_block_kind_exports() {
+    use yolo9::model::{Arch, YoloV9Train};
+    for name in ["yolov9-t", "yolov9-c"] {
+        let arch = Arch::builtin(name).unwrap();
+        let w = YoloV9Train::build(&arch, None, 2, vec![], &Device::Cpu, 3)
+            .unwrap()
+            .to_weights()
+            .unwrap();
+        let bytes = encode(
+            &w,
+            &ExportOptions {
+                dynamic: true,
+                ..Default::default()
+            },
+        );
+        let x = common::uniform(&[1, 3, 64, 96], 5)
+            .to_dtype(candle_core::DType::F32)
+            .unwrap();
+        let ours = YoloV9::load(&w, &Device::Cpu).unwrap().forward(&x).unwrap();
+        let outs = run_tract(&bytes, &x);
+        let rel = max_rel(&outs[0].1, &flat(&ours), 6, ours.dim(2).unwrap());
+        assert!(rel <= 1e-4, "{name}: {rel:e}");
+    }
+}

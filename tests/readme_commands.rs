@@ -461,7 +461,7 @@ fn check_outputs(command: &str, root: &Path, out: &str, err: &str) {
             let f = if command.contains("-o ") {
                 "bccd-nms-half.onnx"
             } else {
-                "weights/yolov9-s-bccd.onnx"
+                "yolov9-s-bccd.onnx"
             };
             is_file(f);
             assert!(out.contains("exported "), "{out}");

@@ -49,8 +49,8 @@ pub struct ExportArgs {
     /// ONNX operator set.
     #[arg(long, default_value_t = 17)]
     pub opset: i64,
-    /// Output file [default: the weights' name with .onnx, `-half`/`-nms` added for those
-    /// options].
+    /// Output file [default: the weights' file name with .onnx (`-half`/`-nms` added for those
+    /// options), in the current folder].
     #[arg(short, long)]
     pub output: Option<PathBuf>,
 }
@@ -89,7 +89,7 @@ pub fn run(args: ExportArgs) -> Result<()> {
             if args.nms {
                 name.push_str("-nms");
             }
-            path.with_file_name(format!("{name}.onnx"))
+            PathBuf::from(format!("{name}.onnx"))
         }
     };
     if output.is_dir() {

@@ -230,6 +230,10 @@ mod imp {
         seeds: Vec<(Tensor, Tensor)>,
         /// (parameter, its gradient in the backward graph's memory).
         grads: Vec<(Tensor, Tensor)>,
+        /// The backward graph's other outputs (the gradients of parameters the optimizer does
+        /// not step: `--freeze` layers): never read, but the graph writes them on every replay,
+        /// so their memory must live as long as the graph.
+        unread: Vec<Tensor>,
         /// Replays so far.
         replays: usize,
     }
@@ -440,6 +444,10 @@ mod imp {
                 .iter()
                 .filter_map(|p| pg.remove(p).map(|g| (p.clone(), g)))
                 .collect();
+            let unread: Vec<Tensor> = pg
+                .get_ids()
+                .filter_map(|id| pg.get_id(*id).cloned())
+                .collect();
             drop(pg);
             bwd.launch()
                 .map_err(|e| Graph(anyhow!("backward replay: {e:?}")))?;
@@ -452,6 +460,7 @@ mod imp {
                 raw,
                 seeds,
                 grads,
+                unread,
                 replays: 0,
             };
             Ok((
