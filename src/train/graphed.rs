@@ -233,7 +233,7 @@ mod imp {
         /// The backward graph's other outputs (the gradients of parameters the optimizer does
         /// not step: `--freeze` layers): never read, but the graph writes them on every replay,
         /// so their memory must live as long as the graph.
-        unread: Vec<Tensor>,
+        _unread: Vec<Tensor>,
         /// Replays so far.
         replays: usize,
     }
@@ -460,7 +460,7 @@ mod imp {
                 raw,
                 seeds,
                 grads,
-                unread,
+                _unread: unread,
                 replays: 0,
             };
             Ok((
