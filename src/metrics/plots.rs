@@ -689,8 +689,11 @@ mod tests {
     fn val_batches_draw_labels_and_confident_predictions() {
         use super::super::validate::{ImageDetections, ValImage};
         let d = tmp("valbatch");
-        let shared = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../shared/datasets/bccd/images/val/BloodImage_00000.jpg");
+        // An image of its own (a unit test does not read ../shared, which CI may keep elsewhere).
+        let shared = d.join("BloodImage_00000.jpg");
+        image::RgbImage::from_pixel(640, 480, image::Rgb([200, 120, 120]))
+            .save(&shared)
+            .unwrap();
         let (w, h) = image::image_dimensions(&shared).unwrap();
         let images: Vec<ValImage> = (0..5)
             .map(|_| ValImage {
