@@ -94,22 +94,8 @@ fn run_training(
     #[cfg(feature = "cuda")]
     crate::cuda::conv::set_strict_fp32(opts.strict_fp32);
     let (opts, resolved) = match resolve(opts, stop, obs) {
-        Err(e) => {
-            let Some(s) = crate::cancel::Stopped::in_chain(&e) else {
-                return Err(e);
-            };
-            // Stopped before the run folder exists: nothing was trained, nothing to save.
-            obs.line(&format!("{s}: nothing was trained, so nothing was saved"));
-            return Ok(TrainSummary {
-                run_dir: PathBuf::new(),
-                epochs: Vec::new(),
-                best_fitness: 0.0,
-                last: PathBuf::new(),
-                best: PathBuf::new(),
-                interrupted: true,
-                budget: None,
-            });
-        }
+        // Stopped before the run folder exists: nothing was trained, nothing to save.
+        Err(e) => return stopped_before_training(e, obs),
         Ok(r) => r,
     };
     let Prepared {
@@ -118,22 +104,8 @@ fn run_training(
         val,
         start,
     } = match build(&opts, resolved, stop, obs) {
-        Err(e) => {
-            let Some(s) = crate::cancel::Stopped::in_chain(&e) else {
-                return Err(e);
-            };
-            // Stopped while caching the images: nothing was trained, nothing to save.
-            obs.line(&format!("{s}: nothing was trained, so nothing was saved"));
-            return Ok(TrainSummary {
-                run_dir: PathBuf::new(),
-                epochs: Vec::new(),
-                best_fitness: 0.0,
-                last: PathBuf::new(),
-                best: PathBuf::new(),
-                interrupted: true,
-                budget: None,
-            });
-        }
+        // Stopped while caching the images: nothing was trained, nothing to save.
+        Err(e) => return stopped_before_training(e, obs),
         Ok(p) => p,
     };
 
@@ -181,5 +153,24 @@ fn run_training(
         best: run.best.clone(),
         interrupted,
         budget: run.budget.clone(),
+    })
+}
+
+/// A setup error `e`: when it is a stop request ([`crate::cancel::Stopped`]) the run ends as
+/// interrupted before anything was trained (the observer is told nothing was saved); any other
+/// error is returned as it is.
+fn stopped_before_training(e: anyhow::Error, obs: &mut dyn TrainObserver) -> Result<TrainSummary> {
+    let Some(s) = crate::cancel::Stopped::in_chain(&e) else {
+        return Err(e);
+    };
+    obs.line(&format!("{s}: nothing was trained, so nothing was saved"));
+    Ok(TrainSummary {
+        run_dir: PathBuf::new(),
+        epochs: Vec::new(),
+        best_fitness: 0.0,
+        last: PathBuf::new(),
+        best: PathBuf::new(),
+        interrupted: true,
+        budget: None,
     })
 }
