@@ -20,19 +20,6 @@ use std::time::{Duration, Instant};
 use yolo9::cancel::Cancel;
 use yolo9::detect::stream::{LiveReader, StreamOptions, StreamSource};
 
-fn ffmpeg(args: &[&str]) {
-    let out = Command::new("ffmpeg")
-        .args(["-v", "error", "-y"])
-        .args(args)
-        .output()
-        .expect("tests/detect_stream.rs needs ffmpeg on PATH (.ci/run installs it)");
-    assert!(
-        out.status.success(),
-        "ffmpeg {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// `seconds` of one example image at 320x240, 10 fps, H.264 lossless (every decoded frame is
 /// the same picture), keyframe every second, as MPEG-TS.
 fn make_stream(dir: &Path, seconds: u32) -> PathBuf {
@@ -41,7 +28,7 @@ fn make_stream(dir: &Path, seconds: u32) -> PathBuf {
         "/examples/images/BloodImage_00007.jpg"
     );
     let ts = dir.join(format!("cells{seconds}.ts"));
-    ffmpeg(&[
+    common::ffmpeg(&[
         "-loop",
         "1",
         "-i",
@@ -179,7 +166,7 @@ fn a_stream_is_detected_frame_by_frame_like_images() {
     }
     // Every detected frame equals the same decoded frame detected as an image.
     let png = dir.join("frame.png");
-    ffmpeg(&[
+    common::ffmpeg(&[
         "-i",
         ts.to_str().unwrap(),
         "-frames:v",

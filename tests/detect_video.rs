@@ -9,19 +9,6 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-fn ffmpeg(args: &[&str]) {
-    let out = Command::new("ffmpeg")
-        .args(["-v", "error", "-y"])
-        .args(args)
-        .output()
-        .expect("tests/detect_video.rs needs ffmpeg on PATH (.ci/run installs it: apt-get install ffmpeg)");
-    assert!(
-        out.status.success(),
-        "ffmpeg {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// A 6-frame, 5 fps H.264 video of the three example images, each shown twice.
 fn make_video(dir: &Path) -> PathBuf {
     let mut ex: Vec<PathBuf> =
@@ -36,7 +23,7 @@ fn make_video(dir: &Path) -> PathBuf {
     }
     let v = dir.join("cells.mp4");
     let pattern = dir.join("src%d.jpg");
-    ffmpeg(&[
+    common::ffmpeg(&[
         "-framerate",
         "5",
         "-i",
@@ -110,7 +97,7 @@ fn video_frames_are_detected_like_images() {
     let frames = dir.join("frames");
     std::fs::create_dir_all(&frames).unwrap();
     let pat = frames.join("f%d.png");
-    ffmpeg(&["-i", video.to_str().unwrap(), pat.to_str().unwrap()]);
+    common::ffmpeg(&["-i", video.to_str().unwrap(), pat.to_str().unwrap()]);
     let det = yolo9::Detector::load(
         Path::new(concat!(
             env!("CARGO_MANIFEST_DIR"),
@@ -166,7 +153,7 @@ fn video_frames_are_detected_like_images() {
     // A phone-style video with a quarter-turn rotation: frames come upright (480 x 640), and so
     // does the annotated video.
     let rot = dir.join("rotated.mp4");
-    ffmpeg(&[
+    common::ffmpeg(&[
         "-i",
         video.to_str().unwrap(),
         "-c",

@@ -384,3 +384,19 @@ pub fn random_output(b: usize, nc: usize, a: usize, seed: u64) -> candle_core::T
     }
     candle_core::Tensor::from_vec(v, (b, 4 + nc, a), &candle_core::Device::Cpu).unwrap()
 }
+
+/// Runs the `ffmpeg` program quietly with `args` (`-v error -y` first) and asserts it succeeded,
+/// naming its arguments and stderr. The video and stream tests need it on PATH (`.ci/run`
+/// installs it with apt).
+pub fn ffmpeg(args: &[&str]) {
+    let out = std::process::Command::new("ffmpeg")
+        .args(["-v", "error", "-y"])
+        .args(args)
+        .output()
+        .expect("ffmpeg not on PATH (.ci/run installs it: apt-get install ffmpeg)");
+    assert!(
+        out.status.success(),
+        "ffmpeg {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
