@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use axum::{body::Bytes, extract::State, http::StatusCode, routing::post, Json, Router};
-use yolo9::{Detection, Detector};
+use yolo9::{Detection, Detector, DetectorConfig};
 
 async fn detect(
     State(det): State<Arc<Detector>>,
@@ -41,7 +41,14 @@ async fn main() -> anyhow::Result<()> {
         .unwrap_or("weights/yolov9-s-bccd.safetensors".into());
     let addr = args.next().unwrap_or("127.0.0.1:8080".into());
     let device = yolo9::device::select(yolo9::device::DeviceSpec::Auto)?;
-    let det = Arc::new(Detector::load(&weights, device)?.conf(0.25));
+    // The detector's options from the service's own configuration (here one JSON value in an
+    // environment variable, e.g. DETECTOR='{"conf": 0.4, "imgsz": 512}'; unknown keys refused,
+    // missing ones the official defaults), checked once, here.
+    let config: DetectorConfig = match std::env::var("DETECTOR") {
+        Ok(json) => serde_json::from_str(&json)?,
+        Err(_) => DetectorConfig::default(),
+    };
+    let det = Arc::new(Detector::new(&weights, device, config)?);
     let app = Router::new().route("/detect", post(detect)).with_state(det);
     let listener = tokio::net::TcpListener::bind(&addr).await?;
     println!("POST images to http://{addr}/detect");

@@ -20,12 +20,17 @@ fn main() -> Result<()> {
         anyhow::bail!("usage: detect WEIGHTS IMAGE [IMAGE ...] (no image given)");
     }
     // One detector shared by threads: Detector is Send + Sync.
-    let detector = Arc::new(
-        yolo9::Detector::load(&weights, candle_core::Device::Cpu)?
-            .conf(0.25)
-            .iou(0.45)
-            .img_size(640),
-    );
+    let config = yolo9::DetectorConfig {
+        conf: 0.25,
+        iou: 0.45,
+        img_size: 640,
+        ..Default::default()
+    };
+    let detector = Arc::new(yolo9::Detector::new(
+        &weights,
+        candle_core::Device::Cpu,
+        config,
+    )?);
     let handles: Vec<_> = images
         .into_iter()
         .map(|path| {

@@ -24,7 +24,7 @@ fn main() -> Result<()> {
         .next()
         .unwrap_or("weights/yolov9-s-bccd.safetensors".into());
     let device = yolo9::device::select(yolo9::device::DeviceSpec::Auto)?;
-    let det = Detector::load(&weights, device)?.conf(0.25);
+    let det = Detector::load(&weights, device)?;
     // What to do with one frame's detections: here, print them.
     let on_frame = |n: u64, img: &image::RgbImage| -> Result<()> {
         let dets = det.detect_rgb(img)?;

@@ -20,6 +20,47 @@ pub enum DeviceSpec {
     Cuda(usize),
 }
 
+impl Default for DeviceSpec {
+    /// [`DeviceSpec::Auto`], the default of every subcommand's `--device`.
+    fn default() -> Self {
+        DeviceSpec::Auto
+    }
+}
+
+impl std::str::FromStr for DeviceSpec {
+    type Err = String;
+    /// [`parse_device`].
+    fn from_str(s: &str) -> Result<Self, String> {
+        parse_device(s)
+    }
+}
+
+/// Written as its [`Display`](std::fmt::Display) form (`auto`, `cpu`, `cuda:N`), so `args.yaml`
+/// and a config file read as the flag does.
+impl serde::Serialize for DeviceSpec {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+/// Read with [`parse_device`]: `cpu`, `0`, `cuda:0`, `auto`; also a bare integer (`device: 0` in
+/// YAML), as the runs of earlier versions wrote it.
+impl<'de> serde::Deserialize<'de> for DeviceSpec {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(serde::Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Index(u64),
+            Text(String),
+        }
+        let text = match Raw::deserialize(d)? {
+            Raw::Index(i) => i.to_string(),
+            Raw::Text(t) => t,
+        };
+        parse_device(&text).map_err(serde::de::Error::custom)
+    }
+}
+
 impl std::fmt::Display for DeviceSpec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -119,6 +160,14 @@ pub fn available_devices() -> Vec<String> {
     v
 }
 
+/// [`select`], and for [`DeviceSpec::Auto`] the line saying which device it picked
+/// ([`auto_notice`]), for the caller to show: how every subcommand opens its `--device`.
+pub fn open(spec: DeviceSpec) -> std::result::Result<(Device, Option<String>), crate::Error> {
+    let d = select(spec)?;
+    let notice = (spec == DeviceSpec::Auto).then(|| auto_notice(&d));
+    Ok((d, notice))
+}
+
 /// Opens the device. Errors: a CUDA device in a build without the `cuda` feature (the message
 /// says how to rebuild), or a CUDA ordinal that does not exist (the message lists the available
 /// devices); both are [`crate::Error::Device`].
@@ -192,6 +241,27 @@ fn single_stream(d: &Device) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn device_spec_reads_as_the_flag_and_round_trips() {
+        for (text, spec) in [
+            ("\"auto\"", DeviceSpec::Auto),
+            ("\"cpu\"", DeviceSpec::Cpu),
+            ("\"0\"", DeviceSpec::Cuda(0)),
+            ("1", DeviceSpec::Cuda(1)),
+            ("\"cuda:2\"", DeviceSpec::Cuda(2)),
+        ] {
+            let got: DeviceSpec = serde_json::from_str(text).unwrap();
+            assert_eq!(got, spec, "{text}");
+            let back: DeviceSpec =
+                serde_json::from_str(&serde_json::to_string(&got).unwrap()).unwrap();
+            assert_eq!(back, spec);
+        }
+        assert_eq!(serde_json::to_string(&DeviceSpec::Cuda(3)).unwrap(), "\"cuda:3\"");
+        let e = serde_json::from_str::<DeviceSpec>("\"gpu9x\"").unwrap_err();
+        assert!(e.to_string().contains("invalid device 'gpu9x'"), "{e}");
+        assert_eq!(DeviceSpec::default(), DeviceSpec::Auto);
+    }
 
     #[test]
     fn error_head_drops_a_backtrace() {

@@ -44,6 +44,7 @@ pub mod memory;
 pub mod metrics;
 pub mod model;
 pub mod op_args;
+pub mod parse;
 pub mod pt;
 pub mod runs;
 #[cfg(feature = "serve")]
@@ -51,6 +52,7 @@ pub mod serve;
 #[cfg(feature = "train")]
 pub mod train;
 
+pub use detect::config::DetectorConfig;
 pub use detect::detector::{Detection, Detector};
 pub use error::Error;
 pub use model::weights::{Graph, ModelMeta, Weights};

@@ -23,10 +23,12 @@ fn parse(args: &[&str]) -> Result<yolo9::cli::detect::DetectArgs, String> {
 #[test]
 fn defaults_like_detect_dual() {
     let a = parse(&[]).unwrap();
-    assert_eq!(a.img, 640);
-    assert_eq!(a.conf_thres, 0.25);
-    assert_eq!(a.iou_thres, 0.45);
-    assert_eq!(a.max_det, 1000);
+    // The flags are the library's options: their defaults are `DetectorConfig::default()`.
+    assert_eq!(a.config, yolo9::DetectorConfig::default());
+    assert_eq!(a.config.img_size, 640);
+    assert_eq!(a.config.conf, 0.25);
+    assert_eq!(a.config.iou, 0.45);
+    assert_eq!(a.config.max_det, 1000);
     // The official default `--device ''`: the first CUDA GPU when there is one, else the CPU.
     assert_eq!(a.device, DeviceSpec::Auto);
     #[cfg(not(feature = "cuda"))]
@@ -39,8 +41,8 @@ fn defaults_like_detect_dual() {
     assert_eq!(a.project, std::path::PathBuf::from("runs/detect"));
     assert_eq!(a.name, "exp");
     assert_eq!(a.line_thickness, 3);
-    assert!(!a.half);
-    assert!(parse(&["--half"]).unwrap().half);
+    assert!(!a.config.half);
+    assert!(parse(&["--half"]).unwrap().config.half);
     // --half is f32 on the CPU (as the official detect), f16 on a GPU.
     let cpu = candle_core::Device::Cpu;
     assert_eq!(
@@ -61,14 +63,14 @@ fn defaults_like_detect_dual() {
         "cuda:1",
     ])
     .unwrap();
-    assert_eq!((a.conf_thres, a.iou_thres, a.img), (0.5, 0.6, 320));
-    assert_eq!(a.classes, Some(vec![0, 2]));
+    assert_eq!((a.config.conf, a.config.iou, a.config.img_size), (0.5, 0.6, 320));
+    assert_eq!(a.config.classes, Some(vec![0, 2]));
     assert_eq!(a.device, DeviceSpec::Cuda(1));
 }
 
 #[test]
 fn img_values() {
-    assert_eq!(parse(&["--img", "650"]).unwrap().img, 650);
+    assert_eq!(parse(&["--img", "650"]).unwrap().config.img_size, 650);
     assert_eq!(yolo9::cli::detect::effective_img(650).0, 672);
     assert_eq!(yolo9::cli::detect::effective_img(31).0, 32);
     for bad in ["0", "-5", "abc", "99999"] {
@@ -80,10 +82,10 @@ fn img_values() {
 
 #[test]
 fn thresholds_in_unit_range() {
-    assert_eq!(parse(&["--conf", "0"]).unwrap().conf_thres, 0.0);
-    assert_eq!(parse(&["--conf", "1"]).unwrap().conf_thres, 1.0);
-    assert_eq!(parse(&["--iou", "0"]).unwrap().iou_thres, 0.0);
-    assert_eq!(parse(&["--iou", "1"]).unwrap().iou_thres, 1.0);
+    assert_eq!(parse(&["--conf", "0"]).unwrap().config.conf, 0.0);
+    assert_eq!(parse(&["--conf", "1"]).unwrap().config.conf, 1.0);
+    assert_eq!(parse(&["--iou", "0"]).unwrap().config.iou, 0.0);
+    assert_eq!(parse(&["--iou", "1"]).unwrap().config.iou, 1.0);
     for (flag, v) in [
         ("--conf", "1.5"),
         ("--conf", "-0.1"),

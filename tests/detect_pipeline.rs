@@ -9,7 +9,7 @@ use candle_core::{Device, Tensor};
 use clap::Parser;
 use std::path::PathBuf;
 use yolo9::detect::detector::{Detector, InferenceModel};
-use yolo9::{Graph, ModelMeta};
+use yolo9::{DetectorConfig, Graph, ModelMeta};
 
 const _: () = {
     const fn assert_send_sync<T: Send + Sync>() {}
@@ -105,7 +105,13 @@ fn horses_detections_equal_oracle_orig() {
     let batch = det.detect_batch(&[img.clone(), img.clone()]).unwrap();
     assert_eq!(batch, vec![got.clone(), got.clone()]);
     // Options: a class filter and a higher threshold.
-    let det = det.classes(Some(vec![45])).conf(0.3);
+    let det = det
+        .with_config(DetectorConfig {
+            classes: Some(vec![45]),
+            conf: 0.3,
+            ..Default::default()
+        })
+        .unwrap();
     let only = det.detect(&img).unwrap();
     let expect: Vec<_> = got
         .iter()
@@ -113,16 +119,27 @@ fn horses_detections_equal_oracle_orig() {
         .cloned()
         .collect();
     assert_eq!(only, expect);
-    // Invalid options are errors, not panics.
-    let det = det.classes(Some(vec![80]));
-    assert!(det.detect(&img).is_err());
-    let det = det.classes(None).conf(1.5);
-    assert!(det.detect(&img).is_err());
+    // Invalid options are errors when the detector is configured, not panics.
+    let bad_class = DetectorConfig {
+        classes: Some(vec![80]),
+        ..Default::default()
+    };
+    let det = Detector::from_model(Fake::new(), Device::Cpu);
+    assert!(matches!(
+        det.with_config(bad_class),
+        Err(yolo9::Error::InvalidOption(m)) if m.contains("class filter contains 80")
+    ));
+    let det = Detector::from_model(Fake::new(), Device::Cpu);
+    let bad_conf = DetectorConfig {
+        conf: 1.5,
+        ..Default::default()
+    };
+    assert!(det.with_config(bad_conf).is_err());
 }
 
 #[test]
 fn boxes_stay_inside_odd_sized_images() {
-    let det = Detector::from_model(Fake::new(), Device::Cpu).conf(0.5);
+    let det = conf(Detector::from_model(Fake::new(), Device::Cpu), 0.5);
     for (w, h) in [
         (1u32, 1u32),
         (9, 9),
@@ -146,6 +163,15 @@ fn boxes_stay_inside_odd_sized_images() {
     // Grey and 16-bit inputs go through the same colour rule.
     let g = image::DynamicImage::ImageLuma16(image::ImageBuffer::new(50, 40));
     assert!(!det.detect(&g).unwrap().is_empty());
+}
+
+/// `det` with confidence threshold `c`.
+fn conf(det: Detector, c: f32) -> Detector {
+    det.with_config(DetectorConfig {
+        conf: c,
+        ..Default::default()
+    })
+    .unwrap()
 }
 
 fn parse(args: &[&str]) -> yolo9::cli::detect::DetectArgs {
@@ -174,7 +200,7 @@ fn detect_loop_on_mixed_directory_writes_outputs() {
         "0.5",
     ]);
     let s = yolo9::detect::source::expand_sources(&args.source).unwrap();
-    let det = Detector::from_model(Fake::new(), Device::Cpu).conf(0.5);
+    let det = conf(Detector::from_model(Fake::new(), Device::Cpu), 0.5);
     yolo9::cli::detect::run_with(&det, &args, &s.files, &s.skipped).unwrap();
     let run = tmp.join("exp");
     assert!(run.join("a.jpg").is_file());

@@ -173,15 +173,18 @@ fn a_stream_is_detected_frame_by_frame_like_images() {
         "1",
         png.to_str().unwrap(),
     ]);
-    let det = yolo9::Detector::load(
+    let det = yolo9::Detector::new(
         concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/weights/yolov9-s-bccd.safetensors"
         ),
         candle_core::Device::Cpu,
+        yolo9::DetectorConfig {
+            img_size: 320,
+            ..Default::default()
+        },
     )
-    .unwrap()
-    .img_size(320);
+    .unwrap();
     let want = det
         .detect_rgb(&yolo9::data::image::load_rgb8(&png).unwrap())
         .unwrap();

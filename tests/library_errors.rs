@@ -47,11 +47,21 @@ fn a_corrupt_image_and_a_bad_option_are_told_apart() {
     }
     let good = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("examples/images/BloodImage_00007.jpg");
-    let det = det.conf(1.5);
-    match det.detect_file(&good) {
+    // A bad option is refused when the detector is configured, once, not at each image.
+    let bad = yolo9::DetectorConfig {
+        conf: 1.5,
+        ..Default::default()
+    };
+    match det.with_config(bad.clone()) {
         Err(Error::InvalidOption(m)) => assert!(m.contains("1.5"), "{m}"),
         other => panic!("expected Error::InvalidOption, got {other:?}"),
     }
+    match Detector::new(shipped(), Device::Cpu, bad) {
+        Err(Error::InvalidOption(m)) => assert!(m.contains("1.5"), "{m}"),
+        other => panic!("expected Error::InvalidOption, got {other:?}"),
+    }
+    let det = Detector::load(shipped(), Device::Cpu).unwrap();
+    assert!(!det.detect_file(&good).unwrap().is_empty());
     #[cfg(not(feature = "cuda"))]
     match yolo9::device::select(yolo9::device::DeviceSpec::Cuda(0)) {
         Err(Error::Device(m)) => assert!(m.contains("--features cuda"), "{m}"),

@@ -146,7 +146,11 @@ fn slow(ms: u64) -> Detector {
         },
         Device::Cpu,
     )
-    .img_size(64)
+    .with_config(yolo9::DetectorConfig {
+        img_size: 64,
+        ..Default::default()
+    })
+    .unwrap()
 }
 
 #[test]

@@ -216,7 +216,7 @@ fn an_observer_records_the_run_and_the_callers_stop_flag_stops_it() {
     let dir = tmpdir("observer");
     let mut o = options(&dir, "observed");
     o.verbose = true;
-    o.device = "cpu".into();
+    o.device = yolo9::device::DeviceSpec::Cpu;
     let stop = StopFlag::install().unwrap();
     let mut rec = Recorder {
         events: Vec::new(),

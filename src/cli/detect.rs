@@ -22,6 +22,7 @@
 //! `frame_outputs`); the output writers are in `crate::detect::output`, the frame readers in
 //! `crate::detect::video` and `crate::detect::stream`.
 use crate::data::image::load_rgb8;
+use crate::detect::config::DetectorConfig;
 use crate::detect::detector::{round_img_size, Detector};
 use crate::detect::draw::{canvas_for, draw_detections, DrawOptions};
 pub use crate::detect::output::{
@@ -40,9 +41,6 @@ use std::time::Instant;
 /// Default weights, relative to the crate root (then to the current directory).
 pub const DEFAULT_WEIGHTS: &str = "weights/yolov9-s-bccd.safetensors";
 
-/// Largest accepted `--img`.
-pub const MAX_IMG: u32 = super::parse::MAX_IMG;
-
 /// Arguments of `yolo9 detect`.
 #[derive(Debug, Clone, Args)]
 pub struct DetectArgs {
@@ -58,39 +56,15 @@ pub struct DetectArgs {
     pub model: WeightsArgs,
     /// Memory budget, e.g. 2GiB: images are detected one at a time, and the measured peak of
     /// one forward at --img must fit (checked before the first image).
-    #[arg(long, value_parser = parse_budget)]
+    #[arg(long, value_parser = crate::parse::budget)]
     pub budget: Option<u64>,
-    /// Inference size in pixels (1..=8192), rounded up to a multiple of 32. On the CPU a size
-    /// whose estimated memory exceeds the free memory is refused before any work.
-    #[arg(long = "img", visible_aliases = ["imgsz", "img-size"], default_value = "640",
-          value_parser = parse_img, allow_negative_numbers = true)]
-    pub img: u32,
-    /// Confidence threshold in [0, 1]; a box needs a score strictly above it.
-    #[arg(long = "conf-thres", visible_alias = "conf", default_value = "0.25",
-          value_parser = parse_unit, allow_negative_numbers = true)]
-    pub conf_thres: f64,
-    /// NMS IoU threshold in [0, 1]; an overlap strictly above it suppresses.
-    #[arg(long = "iou-thres", visible_alias = "iou", default_value = "0.45",
-          value_parser = parse_unit, allow_negative_numbers = true)]
-    pub iou_thres: f64,
-    /// Maximum detections per image (≥ 1).
-    #[arg(long = "max-det", default_value = "1000",
-          value_parser = clap::value_parser!(u32).range(1..))]
-    pub max_det: u32,
-    /// Keep only these class ids, e.g. --classes 0 2.
-    #[arg(long, num_args = 1..)]
-    pub classes: Option<Vec<usize>>,
-    /// Class-agnostic NMS.
-    #[arg(long = "agnostic-nms")]
-    pub agnostic_nms: bool,
+    /// Inference size, thresholds, class filter and precision (the detector's options).
+    #[command(flatten)]
+    pub config: DetectorConfig,
     /// Device: auto (the default: the first CUDA GPU if this build has CUDA and one is present,
     /// else the CPU), cpu, or a CUDA index such as 0 (cuda:0).
     #[arg(long, default_value = "auto", value_parser = parse_device, allow_negative_numbers = true)]
     pub device: DeviceSpec,
-    /// Half-precision (f16) inference on a CUDA device, as the official --half. On the CPU it is
-    /// ignored with a notice (f32 is used; half precision is slower there).
-    #[arg(long)]
-    pub half: bool,
     /// Save YOLO label files (labels/<stem>.txt).
     #[arg(long = "save-txt")]
     pub save_txt: bool,
@@ -160,16 +134,6 @@ pub fn split_streams(sources: &[PathBuf]) -> (Vec<StreamSource>, Vec<PathBuf>) {
         }
     }
     (streams, paths)
-}
-
-/// `--img` parser ([`super::parse::img`]).
-pub fn parse_img(s: &str) -> Result<u32, String> {
-    super::parse::img(s)
-}
-
-/// `--conf`/`--iou` parser ([`super::parse::unit`]).
-pub fn parse_unit(s: &str) -> Result<f64, String> {
-    super::parse::unit(s)
 }
 
 /// The `--img` actually used (next multiple of 32) and the notice to print when it changed.
@@ -255,13 +219,9 @@ pub fn resolve_weights(arg: Option<&Path>) -> Result<PathBuf> {
     )
 }
 
-fn parse_budget(s: &str) -> Result<u64, String> {
-    crate::memory::parse_size(s).map_err(|e| format!("{e:#}"))
-}
-
 /// Runs `yolo9 detect`.
 pub fn run(args: DetectArgs) -> Result<()> {
-    let (img, note) = effective_img(args.img);
+    let (img, note) = effective_img(args.config.img_size);
     if let Some(n) = note {
         eprintln!("{n}");
     }
@@ -276,9 +236,9 @@ pub fn run(args: DetectArgs) -> Result<()> {
         st.input_args()?;
     }
     let weights = args.model.path()?;
-    let device = crate::device::select(args.device)?;
-    if args.device == DeviceSpec::Auto {
-        eprintln!("{}", crate::device::auto_notice(&device));
+    let (device, notice) = crate::device::open(args.device)?;
+    if let Some(n) = notice {
+        eprintln!("{n}");
     }
     // The size against the memory before any work: one image at a time.
     crate::footprint::check_device(
@@ -293,7 +253,7 @@ pub fn run(args: DetectArgs) -> Result<()> {
         &device,
         args.budget,
     )?;
-    let dtype = inference_dtype(args.half, &device);
+    let dtype = inference_dtype(args.config.half, &device);
     if let Some(budget) = args.budget {
         let w = load_weights(&weights, args.model.cfg.as_deref())?;
         let m = crate::model::yolov9::YoloV9::load_dtype(&w, &device, dtype)?;
@@ -318,14 +278,13 @@ pub fn run(args: DetectArgs) -> Result<()> {
         crate::train::guard::StopFlag::install()?.cancel()
     };
     let w = load_weights(&weights, args.model.cfg.as_deref())?;
-    let detector = Detector::from_weights(&w, device, dtype)
-        .with_context(|| format!("building the model from {}", weights.display()))?
-        .img_size(img)
-        .conf(args.conf_thres as f32)
-        .iou(args.iou_thres)
-        .max_det(args.max_det as usize)
-        .classes(args.classes.clone())
-        .agnostic(args.agnostic_nms);
+    check_classes(args.config.classes.as_deref(), &w.meta.names)?;
+    let config = DetectorConfig {
+        img_size: img,
+        ..args.config.clone()
+    };
+    let detector = Detector::with_weights(&w, device, config)
+        .with_context(|| format!("building the model from {}", weights.display()))?;
     run_with_streams(
         &detector,
         &args,
@@ -336,17 +295,27 @@ pub fn run(args: DetectArgs) -> Result<()> {
     )
 }
 
-/// The network dtype for `--half` on `device`: f16 on a GPU; on the CPU f32, with a notice (as
-/// the official `half &= device.type != 'cpu'`).
-pub fn inference_dtype(half: bool, device: &candle_core::Device) -> candle_core::DType {
-    if !half {
-        candle_core::DType::F32
-    } else if device.is_cpu() {
-        eprintln!("--half has no effect on the CPU: the network runs in f32");
-        candle_core::DType::F32
-    } else {
-        candle_core::DType::F16
+/// `--classes` against the model's classes `names`: a class id the model lacks is refused before
+/// any work, with the model's classes listed.
+fn check_classes(classes: Option<&[usize]>, names: &[String]) -> Result<()> {
+    if let Some(bad) = classes.and_then(|cs| cs.iter().find(|&&c| c >= names.len())) {
+        bail!(
+            "--classes {bad}: the model has {} classes (0..={}: {})",
+            names.len(),
+            names.len().saturating_sub(1),
+            names.join(", ")
+        );
     }
+    Ok(())
+}
+
+/// The network dtype for `--half` on `device` ([`crate::detect::config::inference_dtype`]), with
+/// a notice when `--half` has no effect (on the CPU).
+pub fn inference_dtype(half: bool, device: &candle_core::Device) -> candle_core::DType {
+    if half && device.is_cpu() {
+        eprintln!("--half has no effect on the CPU: the network runs in f32");
+    }
+    crate::detect::config::inference_dtype(half, device)
 }
 
 /// The detect loop with an already built detector (used by `run` and by tests with a stand-in
@@ -378,16 +347,6 @@ pub fn run_with_streams(
     cancel: &crate::cancel::Cancel,
 ) -> Result<()> {
     let names = detector.names().to_vec();
-    if let Some(cs) = &args.classes {
-        if let Some(bad) = cs.iter().find(|&&c| c >= names.len()) {
-            bail!(
-                "--classes {bad}: the model has {} classes (0..={}: {})",
-                names.len(),
-                names.len().saturating_sub(1),
-                names.join(", ")
-            );
-        }
-    }
     for (p, why) in skipped {
         eprintln!("skipped {}: {why}", p.display());
     }
@@ -416,7 +375,7 @@ pub fn run_with_streams(
         hide_labels: args.hide_labels,
         hide_conf: args.hide_conf,
     };
-    let max_det = args.max_det as usize;
+    let max_det = detector.config().max_det;
     let (mut n_ok, mut n_bad) = (0usize, skipped.len());
     let (mut t_pre, mut t_inf, mut t_nms) = (0f64, 0f64, 0f64);
     let mut n_labels = 0usize;
@@ -887,12 +846,5 @@ mod tests {
         assert_eq!(effective_img(650).0, 672);
         assert_eq!(effective_img(31).0, 32);
         assert!(effective_img(31).1.unwrap().contains("32"));
-        assert!(parse_img("0").unwrap_err().contains("1..=8192"));
-        assert!(parse_img("-5").is_err());
-        assert!(parse_img("abc").is_err());
-        assert!(parse_unit("1.5").unwrap_err().contains("[0, 1]"));
-        assert!(parse_unit("-0.1").is_err());
-        assert_eq!(parse_unit("0"), Ok(0.0));
-        assert_eq!(parse_unit("1"), Ok(1.0));
     }
 }

@@ -5,7 +5,6 @@ pub mod check;
 pub mod convert;
 pub mod detect;
 pub mod export;
-pub mod parse;
 pub mod plot;
 #[cfg(feature = "serve")]
 pub mod serve;
@@ -78,4 +77,34 @@ fn init_tracing() {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .try_init();
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_subcommands_refuse_bad_options_at_parse_time() {
+        use crate::cli::Cli;
+        use clap::Parser;
+        let bad: &[&[&str]] = &[
+            &["yolo9", "val", "--data", "d.yaml", "--conf-thres", "2"],
+            &["yolo9", "val", "--data", "d.yaml", "--conf-thres", "nan"],
+            &["yolo9", "val", "--data", "d.yaml", "--iou-thres", "5"],
+            &["yolo9", "val", "--data", "d.yaml", "--max-det", "0"],
+            &["yolo9", "val", "--data", "d.yaml", "--batch", "0"],
+            &["yolo9", "val", "--data", "d.yaml", "--img", "100000"],
+            &["yolo9", "train", "--data", "d.yaml", "--img", "100000"],
+            &["yolo9", "train", "--data", "d.yaml", "--micro-batch", "0"],
+            &["yolo9", "train", "--data", "d.yaml", "--workers", "1000"],
+        ];
+        for args in bad {
+            assert!(Cli::try_parse_from(*args).is_err(), "accepted {args:?}");
+        }
+        assert!(
+            Cli::try_parse_from(["yolo9", "val", "--data", "d.yaml", "--conf-thres", "0.1"])
+                .is_ok()
+        );
+        assert!(
+            Cli::try_parse_from(["yolo9", "train", "--data", "d.yaml", "--img", "320"]).is_ok()
+        );
+    }
 }

@@ -7,7 +7,8 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Args;
 
-use super::detect::{inference_dtype, parse_img, parse_unit};
+use super::detect::inference_dtype;
+use crate::detect::config::DetectorConfig;
 use crate::detect::detector::Detector;
 use crate::device::{parse_device, DeviceSpec};
 use crate::serve::ServeConfig;
@@ -24,19 +25,9 @@ pub struct ServeArgs {
     /// Address to listen on (loopback by default; 0.0.0.0:PORT to accept other hosts).
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub addr: SocketAddr,
-    /// Default inference size in pixels (a request may pass `img`).
-    #[arg(long = "img", visible_aliases = ["imgsz", "img-size"], default_value = "640",
-          value_parser = parse_img)]
-    pub img: u32,
-    /// Default confidence threshold (a request may pass `conf`).
-    #[arg(long = "conf-thres", visible_alias = "conf", default_value = "0.25", value_parser = parse_unit)]
-    pub conf_thres: f64,
-    /// Default NMS IoU threshold (a request may pass `iou`).
-    #[arg(long = "iou-thres", visible_alias = "iou", default_value = "0.45", value_parser = parse_unit)]
-    pub iou_thres: f64,
-    /// Half-precision (f16) inference on a CUDA device.
-    #[arg(long)]
-    pub half: bool,
+    /// The default options of a request (a request may pass `img`, `conf`, `iou`).
+    #[command(flatten)]
+    pub config: DetectorConfig,
     /// Most requests in one forward.
     #[arg(long = "max-batch", default_value = "8", value_parser = clap::value_parser!(u32).range(1..=256))]
     pub max_batch: u32,
@@ -57,16 +48,16 @@ pub struct ServeArgs {
 /// Runs `yolo9 serve`.
 pub fn run(args: ServeArgs) -> Result<()> {
     let (weights, w) = args.model.load()?;
-    let device = crate::device::select(args.device)?;
-    if args.device == DeviceSpec::Auto {
-        eprintln!("{}", crate::device::auto_notice(&device));
+    let (device, notice) = crate::device::open(args.device)?;
+    if let Some(n) = notice {
+        eprintln!("{n}");
     }
     // The default size and the largest batch against the memory before serving.
     crate::footprint::check_device(
         &crate::footprint::Request {
             what: "serving a full batch",
             work: crate::footprint::Work::Infer,
-            img: args.img,
+            img: args.config.img_size,
             images: args.max_batch as usize,
             batch_option: Some("--max-batch"),
             split_option: None,
@@ -74,12 +65,10 @@ pub fn run(args: ServeArgs) -> Result<()> {
         &device,
         None,
     )?;
-    let dtype = inference_dtype(args.half, &device);
-    let detector = Detector::from_weights(&w, device, dtype)
-        .with_context(|| format!("building the model from {}", weights.display()))?
-        .img_size(args.img)
-        .conf(args.conf_thres as f32)
-        .iou(args.iou_thres);
+    // The notice of --half on the CPU; the detector picks the same dtype.
+    let _ = inference_dtype(args.config.half, &device);
+    let detector = Detector::with_weights(&w, device, args.config.clone())
+        .with_context(|| format!("building the model from {}", weights.display()))?;
     let cfg = ServeConfig {
         max_batch: args.max_batch as usize,
         max_delay: Duration::from_millis(args.max_delay_ms),

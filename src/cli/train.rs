@@ -1,214 +1,37 @@
 //! `yolo9 train`: the official `train_dual.py` recipe (see [`crate::train::trainer`]).
 
-use crate::train::options::{ImageCache, OptimizerKind};
 use crate::train::trainer::{train_with, Console, StopFlag, TrainOptions};
 use anyhow::Result;
 use clap::Args;
 use std::path::PathBuf;
 
-/// Arguments of `yolo9 train`.
+/// Arguments of `yolo9 train`: `--data` and `--epochs`, whose meaning depends on `--resume`,
+/// and every other flag derived from [`TrainOptions`] (one definition, one default).
 #[derive(Debug, Args)]
 pub struct TrainArgs {
-    /// Dataset description (data.yaml).
+    /// Dataset description (data.yaml); with --resume, only when the dataset moved.
     #[arg(long)]
     pub data: Option<PathBuf>,
-    /// Initial weights (yolo9 safetensors or official .pt); omitted = from scratch.
-    #[arg(long)]
-    pub weights: Option<PathBuf>,
-    /// Model to train: yolov9-t, yolov9-s, yolov9-m, yolov9-c, yolov9-e, or a model yaml in the
-    /// official format (a DualDDetect graph). Default: the model of --weights, else yolov9-s.
-    #[arg(long)]
-    pub cfg: Option<String>,
     /// Epochs (default 100; with --resume: extends the run to this many epochs).
     #[arg(long)]
     pub epochs: Option<usize>,
-    /// Train/val image size in pixels (a multiple of 32 in 32..=8192). On the CPU a size and
-    /// batch whose estimated memory exceeds the free memory are refused before any work.
-    #[arg(long, default_value = "640", value_parser = crate::cli::parse::train_img)]
-    pub img: u32,
-    /// Batch size the optimizer sees per iteration, or `auto` (the largest the memory budget
-    /// allows, at most 64). Nominal batch 64 is kept by gradient accumulation.
-    #[arg(long, default_value = "16", value_parser = parse_batch)]
-    pub batch: usize,
-    /// Images per forward/backward, ≥ 1 (default: the whole batch, or what --budget picks).
-    #[arg(long, value_parser = crate::cli::parse::positive)]
-    pub micro_batch: Option<usize>,
-    /// Memory budget, e.g. 8GiB: the micro-batch is sized from measured training steps so that
-    /// peak memory (device memory on CUDA, RSS on the CPU) stays within it.
-    #[arg(long, value_parser = parse_budget)]
-    pub budget: Option<u64>,
-    /// Minutes between mid-epoch checkpoints (0 = after every batch).
-    #[arg(long, default_value_t = 10.0)]
-    pub save_interval: f64,
-    /// Non-finite steps in a row before the last good state is restored and the LR halved.
-    #[arg(long, default_value_t = 5)]
-    pub nan_patience: usize,
-    /// Mixed-precision (bf16) training on a CUDA device, on by default as in the official
-    /// trainer (`--amp false` trains in f32, with TF32 convolutions unless `--strict-fp32`). No
-    /// effect on the CPU, which always trains in f32.
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
-    pub amp: bool,
-    /// Strict f32 convolutions on CUDA: no TF32 tensor cores (PyTorch's
-    /// `torch.backends.cudnn.allow_tf32 = False`). By default f32 convolutions may use TF32, as
-    /// PyTorch's do. No effect on the CPU.
-    #[arg(long)]
-    pub strict_fp32: bool,
-    /// Device: auto (the default: the first CUDA GPU if there is one, else the CPU), cpu, or a
-    /// CUDA ordinal.
-    #[arg(long, default_value = "auto")]
-    pub device: String,
-    /// Loader threads, 0..=256 (0, the default: available cores - 1).
-    #[arg(long, default_value = "0", value_parser = crate::cli::parse::workers)]
-    pub workers: usize,
-    /// Seed.
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
-    /// Disable mosaic for the final N epochs.
-    #[arg(long, default_value_t = 10)]
-    pub close_mosaic: usize,
-    /// Leave out train images with fewer boxes.
-    #[arg(long, default_value_t = 0)]
-    pub min_items: usize,
-    /// Runs folder.
-    #[arg(long, default_value = "runs/train")]
-    pub project: PathBuf,
-    /// Run name.
-    #[arg(long, default_value = "exp")]
-    pub name: String,
-    /// Reuse an existing run folder.
-    #[arg(long)]
-    pub exist_ok: bool,
-    /// Save a checkpoint every N epochs (-1 = never).
-    #[arg(long, default_value_t = -1, allow_negative_numbers = true)]
-    pub save_period: i64,
-    /// Early-stopping patience in epochs.
-    #[arg(long, default_value_t = 100)]
-    pub patience: usize,
-    /// Cosine LR schedule.
-    #[arg(long)]
-    pub cos_lr: bool,
-    /// Validate only the final epoch.
-    #[arg(long)]
-    pub noval: bool,
-    /// Do not write plots.
-    #[arg(long)]
-    pub noplots: bool,
-    /// Hyper-parameter yaml (default: hyp.scratch-high values).
-    #[arg(long)]
-    pub hyp: Option<PathBuf>,
-    /// Resume a run: its folder or its weights/state.safetensors.
-    #[arg(long)]
-    pub resume: Option<PathBuf>,
-    /// Train multi-class data as a single class (`item`, nc 1).
-    #[arg(long)]
-    pub single_cls: bool,
-    /// Freeze layers: one number N freezes model.0 … model.N-1 (e.g. 10 = the backbone of
-    /// yolov9-c); several numbers freeze exactly those layers (e.g. --freeze 0 1 2).
-    #[arg(long, num_args = 1.., value_name = "N")]
-    pub freeze: Vec<usize>,
-    /// Optimizer: SGD (default), Adam or AdamW, with the official parameter groups and
-    /// betas (momentum, 0.999).
-    #[arg(long, default_value = "SGD", value_parser = parse_optimizer)]
-    pub optimizer: OptimizerKind,
-    /// Cache decoded training images: `ram` (also the value of a bare --cache). Skipped with a
-    /// warning when the images would not fit in the available memory (with a 10% margin).
-    #[arg(long, num_args = 0..=1, default_missing_value = "ram", value_parser = parse_cache)]
-    pub cache: Option<ImageCache>,
-    /// Wall-time limit in hours: the epoch count is re-estimated after each epoch so that
-    /// training ends on time (overrides --epochs); it stops at an epoch boundary, saved.
-    #[arg(long, value_parser = parse_hours)]
-    pub time: Option<f64>,
-    /// Label smoothing epsilon in [0, 1): class targets t become t*(1-eps) + eps/2.
-    #[arg(long, default_value_t = 0.0, value_parser = parse_smoothing)]
-    pub label_smoothing: f64,
-}
-
-fn parse_optimizer(s: &str) -> Result<OptimizerKind, String> {
-    s.parse()
-}
-
-fn parse_cache(s: &str) -> Result<ImageCache, String> {
-    s.parse()
-}
-
-fn parse_hours(s: &str) -> Result<f64, String> {
-    match s.trim().parse::<f64>() {
-        Ok(h) if h.is_finite() && h > 0.0 => Ok(h),
-        _ => Err(format!(
-            "invalid --time '{s}': expected a positive number of hours (e.g. 1.5)"
-        )),
-    }
-}
-
-fn parse_smoothing(s: &str) -> Result<f64, String> {
-    match s.trim().parse::<f64>() {
-        Ok(e) if (0.0..1.0).contains(&e) => Ok(e),
-        _ => Err(format!(
-            "invalid --label-smoothing '{s}': expected a number in [0, 1) (e.g. 0.1)"
-        )),
-    }
-}
-
-fn parse_batch(s: &str) -> Result<usize, String> {
-    if s.trim().eq_ignore_ascii_case("auto") {
-        return Ok(0);
-    }
-    match s.trim().parse::<usize>() {
-        Ok(n) if n >= 1 => Ok(n),
-        _ => Err(format!(
-            "invalid batch '{s}': expected a positive number or 'auto'"
-        )),
-    }
-}
-
-fn parse_budget(s: &str) -> Result<u64, String> {
-    crate::memory::parse_size(s).map_err(|e| format!("{e:#}"))
+    /// The run's options.
+    #[command(flatten)]
+    pub opts: TrainOptions,
 }
 
 /// Runs `yolo9 train`.
 pub fn run(a: TrainArgs) -> Result<()> {
-    let data = match (&a.data, &a.resume) {
+    let data = match (&a.data, &a.opts.resume) {
         (Some(d), _) => d.clone(),
         (None, Some(_)) => PathBuf::new(),
         (None, None) => anyhow::bail!("--data is required (or --resume RUN)"),
     };
     let opts = TrainOptions {
         data,
-        weights: a.weights,
-        cfg: a.cfg,
-        epochs: a.epochs.unwrap_or(100),
-        img: a.img,
-        batch: a.batch,
-        micro_batch: a.micro_batch,
-        budget: a.budget,
-        save_interval: a.save_interval,
-        nan_patience: a.nan_patience,
-        amp: a.amp,
-        strict_fp32: a.strict_fp32,
-        device: a.device,
-        workers: a.workers,
-        seed: a.seed,
-        close_mosaic: a.close_mosaic,
-        min_items: a.min_items,
-        project: a.project,
-        name: a.name,
-        exist_ok: a.exist_ok,
-        save_period: a.save_period,
-        patience: a.patience,
-        cos_lr: a.cos_lr,
-        noval: a.noval,
-        noplots: a.noplots,
-        hyp: a.hyp,
-        extend_epochs: if a.resume.is_some() { a.epochs } else { None },
-        resume: a.resume,
-        single_cls: a.single_cls,
-        freeze: a.freeze,
-        optimizer: a.optimizer,
-        cache: a.cache.unwrap_or_default(),
-        time: a.time,
-        label_smoothing: a.label_smoothing,
-        verbose: true,
-        faults: Default::default(),
+        epochs: a.epochs.unwrap_or(a.opts.epochs),
+        extend_epochs: a.opts.resume.is_some().then_some(a.epochs).flatten(),
+        ..a.opts
     };
     // SIGINT/SIGTERM stop the run within one image, probe step or batch in every phase (its
     // state saved once training has begun).
@@ -230,13 +53,14 @@ pub fn run(a: TrainArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use crate::cli::{Cli, Command};
+    use crate::train::options::{ImageCache, OptimizerKind};
     use clap::Parser;
 
     fn amp_of(args: &[&str]) -> bool {
         let mut v = vec!["yolo9", "train", "--data", "d.yaml"];
         v.extend_from_slice(args);
         match Cli::try_parse_from(v).unwrap().command {
-            Command::Train(a) => a.amp,
+            Command::Train(a) => a.opts.amp,
             _ => unreachable!("parsed as train"),
         }
     }
@@ -254,9 +78,9 @@ mod tests {
     /// refused with the flag named.
     #[test]
     fn training_option_flags_parse() {
-        use crate::train::options::{ImageCache, OptimizerKind};
-        let a = train_args(&[]).unwrap();
-        assert!(!a.single_cls && a.freeze.is_empty() && a.cache.is_none() && a.time.is_none());
+                let a = train_args(&[]).unwrap().opts;
+        assert!(!a.single_cls && a.freeze.is_empty() && a.time.is_none());
+        assert_eq!(a.cache, ImageCache::None);
         assert_eq!((a.optimizer, a.label_smoothing), (OptimizerKind::Sgd, 0.0));
         let a = train_args(&[
             "--single-cls",
@@ -270,11 +94,12 @@ mod tests {
             "--label-smoothing",
             "0.1",
         ])
-        .unwrap();
+        .unwrap()
+        .opts;
         assert!(a.single_cls);
         assert_eq!(a.freeze, vec![10]);
         assert_eq!(a.optimizer, OptimizerKind::AdamW);
-        assert_eq!(a.cache, Some(ImageCache::Ram));
+        assert_eq!(a.cache, ImageCache::Ram);
         assert_eq!((a.time, a.label_smoothing), (Some(0.5), 0.1));
         let a = train_args(&[
             "--freeze",
@@ -286,11 +111,12 @@ mod tests {
             "--optimizer",
             "adam",
         ])
-        .unwrap();
+        .unwrap()
+        .opts;
         assert_eq!(a.freeze, vec![0, 1, 2]);
         assert_eq!(
             (a.cache, a.optimizer),
-            (Some(ImageCache::Ram), OptimizerKind::Adam)
+            (ImageCache::Ram, OptimizerKind::Adam)
         );
         for (bad, needle) in [
             (vec!["--optimizer", "LION"], "SGD, Adam or AdamW"),
@@ -312,5 +138,42 @@ mod tests {
         assert!(!amp_of(&["--amp", "false"]));
         let o = crate::train::trainer::TrainOptions::new("d.yaml".into());
         assert!(o.amp);
+    }
+
+    /// `yolo9 train --data D` runs exactly `TrainOptions::new(D)`: the flags are derived from
+    /// the options struct and take their defaults from the same constants, so no default can
+    /// differ between the command line and the library (the class of d666a8b's `--amp` bug, and
+    /// of `--device`, once `auto` on the command line and `cpu` in the library).
+    #[test]
+    fn command_line_defaults_are_the_library_defaults() {
+        use crate::train::trainer::TrainOptions;
+        let a = train_args(&[]).unwrap();
+        let o = TrainOptions {
+            data: a.data.unwrap(),
+            epochs: a.epochs.unwrap_or(a.opts.epochs),
+            ..a.opts
+        };
+        let lib = TrainOptions::new("d.yaml".into());
+        assert_eq!(
+            serde_json::to_value(&o).unwrap(),
+            serde_json::to_value(&lib).unwrap()
+        );
+        assert_eq!((o.verbose, o.extend_epochs), (lib.verbose, lib.extend_epochs));
+        // A run saved without the newer keys reads them as the same defaults.
+        let mut v = serde_json::to_value(&lib).unwrap();
+        let m = v.as_object_mut().unwrap();
+        for k in ["save_interval", "nan_patience", "amp", "cfg", "micro_batch", "budget"] {
+            m.remove(k);
+        }
+        let old: TrainOptions = serde_json::from_value(v).unwrap();
+        assert_eq!(
+            serde_json::to_value(&old).unwrap(),
+            serde_json::to_value(&lib).unwrap()
+        );
+        // args.yaml of earlier versions wrote the device as a string or an index.
+        let mut v = serde_json::to_value(&lib).unwrap();
+        v["device"] = serde_json::json!("0");
+        let o: TrainOptions = serde_json::from_value(v).unwrap();
+        assert_eq!(o.device, crate::device::DeviceSpec::Cuda(0));
     }
 }

@@ -4,6 +4,7 @@
 use crate::data::scan::{scan_split, ScanOptions};
 use crate::data::yaml::{DataConfig, Split};
 use crate::metrics::validate::{val_images, validate, ValConfig, ValModel};
+use crate::device::{parse_device, DeviceSpec};
 use crate::model::yolov9::YoloV9;
 use anyhow::{bail, ensure, Context, Result};
 use clap::Args;
@@ -23,29 +24,30 @@ pub struct ValArgs {
     pub split: String,
     /// Inference size (long side, pixels, 1..=8192; multiple of 32). On the CPU a size and
     /// batch whose estimated memory exceeds the free memory are refused before any work.
-    #[arg(long, default_value = "640", value_parser = crate::cli::parse::img)]
+    #[arg(long, default_value = "640", value_parser = crate::parse::img)]
     pub img: u32,
     /// Batch size (≥ 1).
-    #[arg(long, default_value = "32", value_parser = crate::cli::parse::positive)]
+    #[arg(long, default_value = "32", value_parser = crate::parse::positive)]
     pub batch: usize,
     /// Confidence threshold in [0, 1].
-    #[arg(long, default_value = "0.001", value_parser = crate::cli::parse::unit,
+    #[arg(long, default_value = "0.001", value_parser = crate::parse::unit,
           allow_negative_numbers = true)]
     pub conf_thres: f64,
     /// NMS IoU threshold in [0, 1].
-    #[arg(long, default_value = "0.7", value_parser = crate::cli::parse::unit,
+    #[arg(long, default_value = "0.7", value_parser = crate::parse::unit,
           allow_negative_numbers = true)]
     pub iou_thres: f64,
     /// Maximum detections per image (≥ 1).
-    #[arg(long, default_value = "300", value_parser = crate::cli::parse::positive)]
+    #[arg(long, default_value = "300", value_parser = crate::parse::positive)]
     pub max_det: usize,
     /// Device: auto (the default: the first CUDA GPU if there is one, else the CPU), cpu, or a
-    /// CUDA ordinal.
-    #[arg(long, default_value = "auto")]
-    pub device: String,
+    /// CUDA index such as 0 (cuda:0).
+    #[arg(long, default_value_t = DeviceSpec::Auto, value_parser = parse_device,
+          allow_negative_numbers = true)]
+    pub device: DeviceSpec,
     /// Memory budget, e.g. 4GiB: the batch is the largest (up to --batch) whose measured forward
     /// peak fits.
-    #[arg(long, value_parser = parse_budget)]
+    #[arg(long, value_parser = crate::parse::budget)]
     pub budget: Option<u64>,
     /// Half-precision (f16) network on a CUDA device, as the official val.py --half; ignored
     /// with a notice on the CPU.
@@ -80,10 +82,6 @@ pub struct ValArgs {
     pub save_conf: bool,
 }
 
-fn parse_budget(s: &str) -> Result<u64, String> {
-    crate::memory::parse_size(s).map_err(|e| format!("{e:#}"))
-}
-
 /// Parses `--split`.
 pub fn parse_split(s: &str) -> Result<Split> {
     match s {
@@ -107,7 +105,10 @@ pub fn run(a: ValArgs) -> Result<()> {
         split.key(),
         split.key()
     );
-    let device = crate::train::trainer::parse_device(&a.device)?;
+    let (device, notice) = crate::device::open(a.device)?;
+    if let Some(n) = notice {
+        eprintln!("{n}");
+    }
     // The size against the memory before any work (the budget search starts at one image).
     crate::footprint::check_device(
         &crate::footprint::Request {

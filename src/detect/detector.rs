@@ -5,15 +5,15 @@
 //! pixels (clipped).
 //!
 //! ```no_run
-//! use yolo9::Detector;
-//! let det = Detector::load("weights/yolov9-s-bccd.safetensors", candle_core::Device::Cpu)?
-//!     .conf(0.3)
-//!     .iou(0.5);
+//! use yolo9::{Detector, DetectorConfig};
+//! let config = DetectorConfig { conf: 0.3, iou: 0.5, ..Default::default() };
+//! let det = Detector::new("weights/yolov9-s-bccd.safetensors", candle_core::Device::Cpu, config)?;
 //! for d in det.detect_file("a.jpg")? {
 //!     println!("{} {:.2} {:?}", d.class_name, d.confidence, d.bbox);
 //! }
 //! # Ok::<(), yolo9::Error>(())
 //! ```
+use crate::detect::config::DetectorConfig;
 use crate::detect::letterbox::{apply_letterbox, letterbox_info, to_tensor, LetterboxInfo};
 use crate::detect::postprocess::{non_max_suppression, scale_rows, NmsOptions, Row};
 use crate::model::weights::ModelMeta;
@@ -67,7 +67,8 @@ pub const STRIDE: u32 = 32;
 pub struct Detector {
     model: Box<dyn InferenceModel>,
     device: Device,
-    img_size: u32,
+    config: DetectorConfig,
+    /// `config.nms()`, kept for the calls.
     nms: NmsOptions,
 }
 
@@ -75,8 +76,7 @@ impl std::fmt::Debug for Detector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Detector")
             .field("device", &self.device)
-            .field("img_size", &self.img_size)
-            .field("nms", &self.nms)
+            .field("config", &self.config)
             .field("names", &self.model.meta().names)
             .finish()
     }
@@ -91,31 +91,32 @@ pub fn round_img_size(size: u32) -> Option<u32> {
     size.checked_add(STRIDE - 1).map(|s| s / STRIDE * STRIDE)
 }
 
-/// [`round_img_size`] within 1..=16384 pixels.
-fn effective_size(img_size: u32) -> Out<u32> {
-    round_img_size(img_size)
-        .filter(|&s| s <= 16_384)
-        .ok_or_else(|| {
-            Error::InvalidOption(format!(
-                "image size {img_size} is out of range (1..=16384 pixels)"
-            ))
-        })
-}
-
 impl Detector {
     /// Loads weights (yolo9 safetensors, plain state_dict safetensors or an official `.pt`; see
-    /// [`crate::Weights::load`]) and builds the inference model on `device`.
-    /// Defaults: `--img 640`, conf 0.25, IoU 0.45, max_det 1000, all classes, per-class NMS.
+    /// [`crate::Weights::load`]) and builds the inference model on `device` with the options
+    /// `config`, checked here once ([`DetectorConfig::validate`]); the network runs in
+    /// [`DetectorConfig::dtype`].
     ///
     /// Errors: [`Error::Weights`] for a missing, unreadable or incompatible file (naming it and
-    /// what is wrong), [`Error::OutOfMemory`] when the model does not fit on `device`.
-    pub fn load(path: impl AsRef<Path>, device: Device) -> Out<Self> {
-        Self::load_dtype(path, device, DType::F32)
+    /// what is wrong), [`Error::InvalidOption`] for an option out of range,
+    /// [`Error::OutOfMemory`] when the model does not fit on `device`.
+    pub fn new(path: impl AsRef<Path>, device: Device, config: DetectorConfig) -> Out<Self> {
+        let path = path.as_ref();
+        let weights = crate::model::weights::Weights::load(path)?;
+        let dtype = config.dtype(&device);
+        let model = out(load_model(&weights, &device, dtype)
+            .with_context(|| format!("building the model from {}", path.display())))?;
+        Self::from_boxed(model, device).with_config(config)
     }
 
-    /// [`Detector::load`] running the network in `dtype` (f32, or f16/bf16 half precision as
-    /// `yolo9 detect --half`; see [`crate::model::yolov9::YoloV9::load_dtype`]). Outputs, boxes
-    /// and NMS stay f32.
+    /// [`Detector::new`] with the default options ([`DetectorConfig::default`]: 640 px, conf
+    /// 0.25, IoU 0.45, max_det 1000, every class, per-class NMS, f32).
+    pub fn load(path: impl AsRef<Path>, device: Device) -> Out<Self> {
+        Self::new(path, device, DetectorConfig::default())
+    }
+
+    /// [`Detector::load`] running the network in `dtype` (f32, or f16/bf16 half precision; see
+    /// [`crate::model::yolov9::YoloV9::load_dtype`]). Outputs, boxes and NMS stay f32.
     ///
     /// Errors: those of [`Detector::load`], or a non-float `dtype`.
     pub fn load_dtype(path: impl AsRef<Path>, device: Device, dtype: DType) -> Out<Self> {
@@ -126,8 +127,21 @@ impl Detector {
         Ok(Self::from_boxed(model, device))
     }
 
-    /// Builds the inference model of already loaded `weights` on `device`, running in `dtype`
-    /// (as [`Detector::load_dtype`]; a training graph runs its main branch).
+    /// Builds the inference model of already loaded `weights` on `device` with the options
+    /// `config` (as [`Detector::new`]; a training graph runs its main branch).
+    ///
+    /// Errors: an option out of range, or weights the model cannot be built from.
+    pub fn with_weights(
+        weights: &crate::model::weights::Weights,
+        device: Device,
+        config: DetectorConfig,
+    ) -> Out<Self> {
+        let model = out(load_model(weights, &device, config.dtype(&device)))?;
+        Self::from_boxed(model, device).with_config(config)
+    }
+
+    /// Builds the inference model of already loaded `weights` on `device`, running in `dtype`,
+    /// with the default options.
     ///
     /// Errors: a non-float `dtype`, or weights the model cannot be built from.
     pub fn from_weights(
@@ -139,54 +153,37 @@ impl Detector {
         Ok(Self::from_boxed(model, device))
     }
 
-    /// Wraps an already built model (e.g. a `YoloV9`, or a test double).
+    /// Wraps an already built model (e.g. a `YoloV9`, or a test double), with the default
+    /// options.
     pub fn from_model(model: impl InferenceModel + 'static, device: Device) -> Self {
         Self::from_boxed(Box::new(model), device)
     }
 
     fn from_boxed(model: Box<dyn InferenceModel>, device: Device) -> Self {
+        let config = DetectorConfig::default();
         Self {
             model,
             device,
-            img_size: 640,
-            nms: NmsOptions::default(),
+            nms: config.nms(),
+            config,
         }
     }
 
-    /// Confidence threshold (0..1, strict `>`). Checked when detecting.
-    pub fn conf(mut self, conf: f32) -> Self {
-        self.nms.conf_thres = conf;
-        self
+    /// The same model with the options `config`, checked here once
+    /// ([`DetectorConfig::validate`] against the model's classes). The network's precision was
+    /// fixed when the model was built: `config.half` is not read here.
+    ///
+    /// Errors: [`Error::InvalidOption`] naming the option and its value.
+    pub fn with_config(mut self, config: DetectorConfig) -> Out<Self> {
+        config.validate(self.names().len())?;
+        self.nms = config.nms();
+        self.config = config;
+        Ok(self)
     }
-    /// NMS IoU threshold (0..1, strict `>` suppresses). Checked when detecting.
-    pub fn iou(mut self, iou: f64) -> Self {
-        self.nms.iou_thres = iou;
-        self
-    }
-    /// Inference size in pixels (longer side of the letterbox); rounded up to a multiple of 32.
-    pub fn img_size(mut self, size: u32) -> Self {
-        self.img_size = size;
-        self
-    }
-    /// Maximum detections per image.
-    pub fn max_det(mut self, max_det: usize) -> Self {
-        self.nms.max_det = max_det;
-        self
-    }
-    /// Keep only these class ids (`None`: all).
-    pub fn classes(mut self, classes: Option<Vec<usize>>) -> Self {
-        self.nms.classes = classes;
-        self
-    }
-    /// Class-agnostic NMS.
-    pub fn agnostic(mut self, agnostic: bool) -> Self {
-        self.nms.agnostic = agnostic;
-        self
-    }
-    /// Multi-label candidates (one per box and class above the threshold), as validation does.
-    pub fn multi_label(mut self, multi_label: bool) -> Self {
-        self.nms.multi_label = multi_label;
-        self
+
+    /// The options in use.
+    pub fn config(&self) -> &DetectorConfig {
+        &self.config
     }
 
     /// Model metadata (class names, strides).
@@ -203,54 +200,41 @@ impl Detector {
     }
     /// The effective inference size (multiple of 32).
     pub fn effective_img_size(&self) -> Out<u32> {
-        effective_size(self.img_size)
+        self.config.effective_img_size()
     }
-    /// The inference size set with [`Detector::img_size`] (before rounding to a multiple of 32).
+    /// The inference size of the options (before rounding to a multiple of 32).
     pub fn requested_img_size(&self) -> u32 {
-        self.img_size
+        self.config.img_size
     }
     /// The NMS options in use.
     pub fn nms_options(&self) -> &NmsOptions {
         &self.nms
     }
 
-    fn validate(&self) -> Out<()> {
-        self.validate_with(self.img_size, &self.nms)
-    }
-
-    /// Checks per-call options: thresholds in `[0, 1]`, classes of the model, a valid size
-    /// ([`Error::InvalidOption`] naming the value).
-    fn validate_with(&self, img_size: u32, o: &NmsOptions) -> Out<()> {
-        let bad = |m: String| Err(Error::InvalidOption(m));
-        if !(0.0..=1.0).contains(&o.conf_thres) {
-            return bad(format!(
-                "confidence threshold {} is outside [0, 1]",
-                o.conf_thres
-            ));
+    /// Checks the options of one call ([`Detector::detect_batch_with`]) as
+    /// [`Detector::with_config`] checks the detector's own.
+    fn validate_call(&self, img_size: u32, o: &NmsOptions) -> Out<()> {
+        DetectorConfig {
+            img_size,
+            conf: o.conf_thres,
+            iou: o.iou_thres,
+            max_det: o.max_det,
+            classes: o.classes.clone(),
+            agnostic: o.agnostic,
+            multi_label: o.multi_label,
+            half: false,
         }
-        if !(0.0..=1.0).contains(&o.iou_thres) {
-            return bad(format!("IoU threshold {} is outside [0, 1]", o.iou_thres));
-        }
-        if let Some(cs) = &o.classes {
-            let nc = self.names().len();
-            if let Some(c) = cs.iter().find(|&&c| c >= nc) {
-                return bad(format!(
-                    "class filter contains {c}, but the model has {nc} classes (0..{})",
-                    nc.saturating_sub(1)
-                ));
-            }
-        }
-        effective_size(img_size).map(|_| ())
+        .validate(self.names().len())
     }
 
     /// Step 1: letterbox an upright RGB image. Returns the network-input image and its geometry.
     pub fn preprocess(&self, img: &RgbImage) -> Out<(RgbImage, LetterboxInfo)> {
-        out(self.preprocess_at(img, self.img_size))
+        out(self.preprocess_at(img, self.config.img_size))
     }
 
     /// [`Detector::preprocess`] at another inference size (rounded up to a multiple of 32).
     fn preprocess_at(&self, img: &RgbImage, img_size: u32) -> Result<(RgbImage, LetterboxInfo)> {
-        let s = effective_size(img_size)?;
+        let s = crate::detect::config::effective_img_size(img_size)?;
         let info = letterbox_info(img.width(), img.height(), s, s, STRIDE, true)?;
         Ok((apply_letterbox(img, &info), info))
     }
@@ -338,7 +322,6 @@ impl Detector {
         infos: &[LetterboxInfo],
         nms: &NmsOptions,
     ) -> Result<Vec<Vec<Detection>>> {
-        self.validate_with(self.img_size, nms)?;
         let (b, rows, _) = pred.dims3()?;
         if b != infos.len() || rows < 5 {
             bail!(
@@ -381,7 +364,6 @@ impl Detector {
     /// [`Error::InvalidOption`] for options out of range, [`Error::OutOfMemory`].
     pub fn detect_file(&self, path: impl AsRef<Path>) -> Out<Vec<Detection>> {
         let path = path.as_ref();
-        self.validate()?;
         let img = crate::data::image::load_rgb8(path).map_err(|e| Error::image(path, &e))?;
         self.detect_rgb(&img)
     }
@@ -389,8 +371,7 @@ impl Detector {
     /// Detects objects in an upright RGB image; boxes in its pixels.
     pub fn detect_rgb(&self, img: &RgbImage) -> Out<Vec<Detection>> {
         out((|| -> Result<Vec<Detection>> {
-            self.validate()?;
-            let (lb, info) = self.preprocess(img)?;
+                let (lb, info) = self.preprocess(img)?;
             let y = self.infer(&[&lb])?;
             Ok(self.postprocess(&y, &[info])?.pop().unwrap_or_default())
         })())
@@ -410,12 +391,12 @@ impl Detector {
     /// Detects objects in several images. Images whose letterboxes have the same size run as one
     /// batch; results are identical to calling [`Detector::detect`] on each, in input order.
     pub fn detect_batch(&self, imgs: &[DynamicImage]) -> Out<Vec<Vec<Detection>>> {
-        self.detect_batch_with(imgs, self.img_size, &self.nms)
+        self.detect_batch_with(imgs, self.config.img_size, &self.nms)
     }
 
     /// [`Detector::detect_batch`] with another inference size and NMS options than the
     /// detector's own, for one call (a service's per-request parameters). Equal to a detector
-    /// built with [`Detector::img_size`] `img_size` and these options.
+    /// built with these options ([`Detector::with_config`]).
     ///
     /// Errors: options out of range (as when detecting with them), a failed forward.
     pub fn detect_batch_with(
@@ -441,7 +422,7 @@ impl Detector {
         pad_to: usize,
     ) -> Out<Vec<Vec<Detection>>> {
         out((|| -> Result<Vec<Vec<Detection>>> {
-            self.validate_with(img_size, nms)?;
+            self.validate_call(img_size, nms)?;
             let mut prepared = Vec::with_capacity(imgs.len());
             for (i, img) in imgs.iter().enumerate() {
                 let p = match img.as_rgb8() {

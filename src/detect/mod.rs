@@ -9,8 +9,9 @@
 //! - [`video`]: video files read and written through the `ffmpeg` program.
 //! - [`stream`]: webcams and network streams (the newest frame, reopened when they break).
 //! - [`output`]: what detection writes per image (label lines, names, crops).
-//! - [`detector`]: the public [`detector::Detector`].
+//! - [`detector`]: the public [`detector::Detector`]; [`config`]: its options.
 
+pub mod config;
 pub mod detector;
 pub mod device_nms;
 pub mod draw;

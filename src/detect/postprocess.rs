@@ -4,6 +4,7 @@
 //!
 //! A detection row is `[x1, y1, x2, y2, conf, cls]` (`cls` as f32, like the official tensor), in
 //! **letterbox-input pixels** after NMS and in **original-image pixels** after [`scale_boxes`].
+use super::config::defaults;
 use super::letterbox::LetterboxInfo;
 use super::nms::{nms, MAX_WH};
 use anyhow::{bail, Context, Result};
@@ -34,15 +35,16 @@ pub struct NmsOptions {
     pub max_det: usize,
 }
 
+/// The official defaults ([`crate::detect::config::defaults`]).
 impl Default for NmsOptions {
     fn default() -> Self {
         Self {
-            conf_thres: 0.25,
-            iou_thres: 0.45,
+            conf_thres: defaults::CONF,
+            iou_thres: defaults::IOU,
             classes: None,
             agnostic: false,
             multi_label: false,
-            max_det: 1000,
+            max_det: defaults::MAX_DET,
         }
     }
 }

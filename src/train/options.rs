@@ -3,6 +3,7 @@
 //! defaults. Re-exported as `crate::train::trainer::{TrainOptions, Hyp}`.
 
 use crate::data::augment::AugmentConfig;
+use crate::device::DeviceSpec;
 use crate::loss::tal_loss::GAINS;
 use crate::train::guard::Faults;
 pub use crate::train::optimizer::OptimizerKind;
@@ -10,112 +11,197 @@ use anyhow::{ensure, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
-/// Options of a training run (the `yolo9 train` flags; written to `args.yaml`).
+/// The defaults of [`TrainOptions`], written once: [`TrainOptions::new`], the `yolo9 train`
+/// flags (derived from the struct) and the values a saved run without the key reads all use these.
+pub mod defaults {
+    /// `--epochs`.
+    pub const EPOCHS: usize = 100;
+    /// `--img`, pixels.
+    pub const IMG: u32 = 640;
+    /// `--batch`.
+    pub const BATCH: usize = 16;
+    /// `--save-interval`, minutes.
+    pub const SAVE_INTERVAL: f64 = 10.0;
+    /// `--nan-patience`, steps.
+    pub const NAN_PATIENCE: usize = 5;
+    /// `--amp`.
+    pub const AMP: bool = true;
+    /// `--close-mosaic`, epochs.
+    pub const CLOSE_MOSAIC: usize = 10;
+    /// `--project`.
+    pub const PROJECT: &str = "runs/train";
+    /// `--name`.
+    pub const NAME: &str = "exp";
+    /// `--save-period` (−1 = never).
+    pub const SAVE_PERIOD: i64 = -1;
+    /// `--patience`, epochs.
+    pub const PATIENCE: usize = 100;
+}
+
+/// Options of a training run: the `yolo9 train` flags (with the `cli` feature the flags are
+/// derived from this struct, so each default exists once, in [`defaults`]), written to
+/// `args.yaml` and restored by `--resume`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
 pub struct TrainOptions {
-    /// Dataset yaml.
+    /// Dataset yaml (the command line's `--data`, optional with `--resume`).
+    #[cfg_attr(feature = "cli", arg(skip))]
     pub data: PathBuf,
-    /// Initial weights (yolo9 safetensors or official .pt); `None` = from scratch.
+    /// Initial weights (yolo9 safetensors or official .pt); omitted = from scratch.
+    #[cfg_attr(feature = "cli", arg(long))]
     pub weights: Option<PathBuf>,
-    /// The model to train (`--cfg`): a built-in name (`yolov9-t/s/m/c/e`) or a model yaml in the
-    /// official format; `None` = the model of `weights`, or yolov9-s.
+    /// Model to train: yolov9-t, yolov9-s, yolov9-m, yolov9-c, yolov9-e, or a model yaml in the
+    /// official format (a DualDDetect graph). Default: the model of --weights, else yolov9-s.
     #[serde(default)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub cfg: Option<String>,
-    /// Epochs.
+    /// Epochs (the command line's `--epochs`, which with `--resume` extends the run).
+    #[cfg_attr(feature = "cli", arg(skip = defaults::EPOCHS))]
     pub epochs: usize,
-    /// Square training size in pixels (multiple of 32).
+    /// Train/val image size in pixels (a multiple of 32 in 32..=8192). On the CPU a size and
+    /// batch whose estimated memory exceeds the free memory are refused before any work.
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = defaults::IMG,
+        value_parser = crate::parse::train_img))]
     pub img: u32,
-    /// Batch size the optimizer sees per iteration (0 = auto: the largest micro-batch the memory
-    /// budget allows, at most 64). Written to args.yaml as the size in effect.
+    /// Batch size the optimizer sees per iteration, or `auto` (0 in the struct: the largest the
+    /// memory budget allows, at most 64). Nominal batch 64 is kept by gradient accumulation.
+    /// Written to args.yaml as the size in effect.
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = defaults::BATCH,
+        value_parser = crate::parse::batch))]
     pub batch: usize,
-    /// Images per forward/backward (`None` = the whole batch, or the budget's choice); the
+    /// Images per forward/backward, ≥ 1 (default: the whole batch, or what --budget picks); the
     /// gradients of a batch's micro-batches are summed.
     #[serde(default)]
+    #[cfg_attr(feature = "cli", arg(long, value_parser = crate::parse::positive))]
     pub micro_batch: Option<usize>,
-    /// Memory budget in bytes (`--budget 8GiB`); `None` = no sizing unless `batch` is 0, which
-    /// uses 80% of the free memory.
+    /// Memory budget, e.g. 8GiB (bytes in the struct): the micro-batch is sized from measured
+    /// training steps so that peak memory (device memory on CUDA, RSS on the CPU) stays within
+    /// it. Without it there is no sizing unless the batch is `auto`, which uses 80% of the free
+    /// memory.
     #[serde(default)]
+    #[cfg_attr(feature = "cli", arg(long, value_parser = crate::parse::budget))]
     pub budget: Option<u64>,
     /// Minutes between mid-epoch checkpoints (0 = after every batch).
-    #[serde(default = "default_save_interval")]
+    #[serde(default = "save_interval")]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = defaults::SAVE_INTERVAL))]
     pub save_interval: f64,
     /// Non-finite steps in a row before the last good state is restored and the LR halved.
-    #[serde(default = "default_nan_patience")]
+    #[serde(default = "nan_patience")]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = defaults::NAN_PATIENCE))]
     pub nan_patience: usize,
-    /// Mixed precision (bf16) training on CUDA
-    /// ([`crate::model::yolov9::YoloV9Train::set_amp`]); on by default (as the official trainer),
-    /// no effect on the CPU.
-    #[serde(default = "default_amp")]
+    /// Mixed-precision (bf16) training on a CUDA device, on by default as in the official
+    /// trainer (`--amp false` trains in f32, with TF32 convolutions unless `--strict-fp32`; see
+    /// [`crate::model::yolov9::YoloV9Train::set_amp`]). No effect on the CPU, which always trains
+    /// in f32.
+    #[serde(default = "amp")]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = defaults::AMP,
+        action = clap::ArgAction::Set))]
     pub amp: bool,
-    /// Strict f32 convolutions on CUDA (no TF32 tensor cores; for parity runs). Off by default:
-    /// f32 convolutions may use TF32, as PyTorch's do. No effect on the CPU.
+    /// Strict f32 convolutions on CUDA: no TF32 tensor cores (PyTorch's
+    /// `torch.backends.cudnn.allow_tf32 = False`; for parity runs). By default f32 convolutions
+    /// may use TF32, as PyTorch's do. No effect on the CPU.
     #[serde(default)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub strict_fp32: bool,
-    /// `cpu` or a CUDA ordinal.
-    pub device: String,
-    /// Loader threads (0 = available cores − 1).
+    /// Device: auto (the default: the first CUDA GPU if there is one, else the CPU), cpu, or a
+    /// CUDA index such as 0 (cuda:0).
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = DeviceSpec::Auto,
+        value_parser = crate::device::parse_device, allow_negative_numbers = true))]
+    pub device: DeviceSpec,
+    /// Loader threads, 0..=256 (0, the default: available cores - 1).
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 0,
+        value_parser = crate::parse::workers))]
     pub workers: usize,
     /// Seed of initialization, shuffling and augmentation.
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 0))]
     pub seed: u64,
-    /// Epochs at the end without mosaic.
+    /// Disable mosaic for the final N epochs.
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = defaults::CLOSE_MOSAIC))]
     pub close_mosaic: usize,
-    /// Train images with fewer boxes are left out.
+    /// Leave out train images with fewer boxes.
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 0))]
     pub min_items: usize,
     /// Runs folder.
+    #[cfg_attr(feature = "cli", arg(long, default_value = defaults::PROJECT))]
     pub project: PathBuf,
-    /// Run name (`exp`, then `exp2`, ... unless `exist_ok`).
+    /// Run name (`exp`, then `exp2`, ... unless --exist-ok).
+    #[cfg_attr(feature = "cli", arg(long, default_value = defaults::NAME))]
     pub name: String,
     /// Reuse an existing run folder.
+    #[cfg_attr(feature = "cli", arg(long))]
     pub exist_ok: bool,
-    /// Save `epoch{N}.safetensors` every N epochs (−1 = never).
+    /// Save `epoch{N}.safetensors` every N epochs (-1 = never).
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = defaults::SAVE_PERIOD,
+        allow_negative_numbers = true))]
     pub save_period: i64,
-    /// Stop after this many epochs without fitness improvement.
+    /// Early-stopping patience: stop after this many epochs without fitness improvement.
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = defaults::PATIENCE))]
     pub patience: usize,
     /// Cosine LR schedule.
+    #[cfg_attr(feature = "cli", arg(long))]
     pub cos_lr: bool,
-    /// Validate only after the final epoch.
+    /// Validate only the final epoch.
+    #[cfg_attr(feature = "cli", arg(long))]
     pub noval: bool,
-    /// Do not draw `results.png`.
+    /// Do not write plots.
+    #[cfg_attr(feature = "cli", arg(long))]
     pub noplots: bool,
-    /// Hyper-parameter yaml (official `hyp.scratch-high.yaml` format); `None` = its values.
+    /// Hyper-parameter yaml (official `hyp.scratch-high.yaml` format; default: its values).
+    #[cfg_attr(feature = "cli", arg(long))]
     pub hyp: Option<PathBuf>,
-    /// Resume from a run folder or a `state.safetensors`.
+    /// Resume a run: its folder or its weights/state.safetensors.
+    #[cfg_attr(feature = "cli", arg(long))]
     pub resume: Option<PathBuf>,
-    /// Show progress bars and per-epoch lines.
+    /// Show progress bars and per-epoch lines (always on for `yolo9 train`).
+    #[cfg_attr(feature = "cli", arg(skip = true))]
     pub verbose: bool,
-    /// Train multi-class data as one class (`--single-cls`, official `single_cls`): every label
-    /// becomes class 0 and the model has `nc = 1`, named `item` (the dataset's own name when it
-    /// has exactly one class).
+    /// Train multi-class data as a single class (official `single_cls`): every label becomes
+    /// class 0 and the model has `nc = 1`, named `item` (the dataset's own name when it has
+    /// exactly one class).
     #[serde(default)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub single_cls: bool,
-    /// Layers to freeze (`--freeze`, official semantics): one number `N` freezes layers
-    /// `model.0` … `model.N-1`; several numbers freeze exactly those layers; empty or `[0]`
-    /// freezes nothing. Frozen parameters get no optimizer update, no weight decay and no EMA
-    /// averaging.
+    /// Freeze layers (official semantics): one number N freezes model.0 … model.N-1 (e.g. 10 =
+    /// the backbone of yolov9-c); several numbers freeze exactly those layers (e.g. --freeze 0 1
+    /// 2); none or 0 freezes nothing. Frozen parameters get no optimizer update, no weight decay
+    /// and no EMA averaging.
     #[serde(default)]
+    #[cfg_attr(feature = "cli", arg(long, num_args = 1.., value_name = "N"))]
     pub freeze: Vec<usize>,
-    /// The optimizer (`--optimizer SGD|Adam|AdamW`, official `smart_optimizer`).
+    /// Optimizer: SGD (default), Adam or AdamW, with the official parameter groups and betas
+    /// (momentum, 0.999) (official `smart_optimizer`).
     #[serde(default)]
+    #[cfg_attr(feature = "cli", arg(long, default_value = "SGD",
+        value_parser = <OptimizerKind as std::str::FromStr>::from_str))]
     pub optimizer: OptimizerKind,
-    /// Keep the decoded training images in memory (`--cache ram`), when they fit (see
+    /// Cache decoded training images: `ram` (also the value of a bare --cache). Skipped with a
+    /// warning when the images would not fit in the available memory (with a 10% margin; see
     /// [`crate::train::cache`]).
     #[serde(default)]
+    #[cfg_attr(feature = "cli", arg(long, num_args = 0..=1, default_value = "none",
+        default_missing_value = "ram", hide_default_value = true,
+        value_parser = <ImageCache as std::str::FromStr>::from_str))]
     pub cache: ImageCache,
-    /// Wall-time limit in hours (`--time`, Ultralytics semantics): after each epoch the epoch
-    /// count is re-estimated from the mean epoch time so that the schedule ends on time, and
-    /// training stops at the epoch boundary where the time is used up (checkpoints saved).
+    /// Wall-time limit in hours (Ultralytics semantics): after each epoch the epoch count is
+    /// re-estimated from the mean epoch time so that training ends on time (overrides
+    /// --epochs); it stops at an epoch boundary, saved.
     #[serde(default)]
+    #[cfg_attr(feature = "cli", arg(long, value_parser = crate::parse::hours))]
     pub time: Option<f64>,
-    /// Label smoothing epsilon (`--label-smoothing`, official `smooth_BCE`): class targets
-    /// become `t·(1 − eps) + eps/2` in the classification BCE (0 = off).
+    /// Label smoothing epsilon in [0, 1) (official `smooth_BCE`): class targets t become
+    /// t·(1 − eps) + eps/2 in the classification BCE (0 = off).
     #[serde(default)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 0.0,
+        value_parser = crate::parse::smoothing))]
     pub label_smoothing: f64,
     /// With `resume`: train until this many epochs instead of the stored number (extends a
     /// finished run).
     #[serde(skip)]
+    #[cfg_attr(feature = "cli", arg(skip))]
     pub extend_epochs: Option<usize>,
     /// Injected faults (tests); empty = read `YOLO9_FAULTS`.
     #[serde(skip)]
+    #[cfg_attr(feature = "cli", arg(skip))]
     pub faults: Faults,
 }
 
@@ -156,44 +242,44 @@ pub fn freeze_prefixes(freeze: &[usize]) -> Vec<String> {
     layers.iter().map(|i| format!("model.{i}.")).collect()
 }
 
-fn default_save_interval() -> f64 {
-    10.0
+fn save_interval() -> f64 {
+    defaults::SAVE_INTERVAL
 }
 
-fn default_amp() -> bool {
-    true
+fn amp() -> bool {
+    defaults::AMP
 }
 
-fn default_nan_patience() -> usize {
-    5
+fn nan_patience() -> usize {
+    defaults::NAN_PATIENCE
 }
 
 impl TrainOptions {
-    /// The official defaults for `data`.
+    /// The official defaults ([`defaults`]) for `data`: what `yolo9 train --data DATA` runs.
     pub fn new(data: PathBuf) -> Self {
         TrainOptions {
             data,
             weights: None,
             cfg: None,
-            epochs: 100,
-            img: 640,
-            batch: 16,
+            epochs: defaults::EPOCHS,
+            img: defaults::IMG,
+            batch: defaults::BATCH,
             micro_batch: None,
             budget: None,
-            save_interval: default_save_interval(),
-            nan_patience: default_nan_patience(),
-            amp: default_amp(),
+            save_interval: defaults::SAVE_INTERVAL,
+            nan_patience: defaults::NAN_PATIENCE,
+            amp: defaults::AMP,
             strict_fp32: false,
-            device: "cpu".into(),
+            device: DeviceSpec::Auto,
             workers: 0,
             seed: 0,
-            close_mosaic: 10,
+            close_mosaic: defaults::CLOSE_MOSAIC,
             min_items: 0,
-            project: PathBuf::from("runs/train"),
-            name: "exp".into(),
+            project: PathBuf::from(defaults::PROJECT),
+            name: defaults::NAME.into(),
             exist_ok: false,
-            save_period: -1,
-            patience: 100,
+            save_period: defaults::SAVE_PERIOD,
+            patience: defaults::PATIENCE,
             cos_lr: false,
             noval: false,
             noplots: false,

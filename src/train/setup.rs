@@ -67,15 +67,6 @@ pub(crate) struct Prepared<'a> {
     pub start: Start,
 }
 
-/// The device `s` names (as [`crate::train::trainer::parse_device`]) and, for `auto`, the line
-/// saying which one it is.
-pub(crate) fn select_device(s: &str) -> Result<(Device, Option<String>)> {
-    let spec = crate::device::parse_device(s).map_err(|e| anyhow::anyhow!("--device {s}: {e}"))?;
-    let d = crate::device::select(spec)?;
-    let notice = (spec == crate::device::DeviceSpec::Auto).then(|| crate::device::auto_notice(&d));
-    Ok((d, notice))
-}
-
 /// The run's final options (`opts`, or the arguments of the run `--resume` names, with the
 /// batch sized), checked, and what was read to get them.
 ///
@@ -175,7 +166,7 @@ pub(crate) fn resolve(
             ));
         }
     }
-    let (device, notice) = select_device(&opts.device)?;
+    let (device, notice) = crate::device::open(opts.device)?;
     if let Some(n) = notice {
         obs.note(&n);
     }

@@ -27,10 +27,9 @@ pub use crate::train::guard::StopFlag;
 pub use crate::train::observer::{Console, TrainObserver};
 pub use crate::train::options::{Hyp, TrainOptions};
 pub use crate::train::report::{EpochReport, RESULTS_HEADER};
-use crate::train::setup::{build, resolve, select_device, Prepared};
+use crate::train::setup::{build, resolve, Prepared};
 pub use crate::train::step::{MAX_GRAD_NORM, STEP_TIMES_ENV};
 use anyhow::{bail, Result};
-use candle_core::Device;
 use std::path::PathBuf;
 
 /// Result of [`train`].
@@ -52,15 +51,6 @@ pub struct TrainSummary {
     pub interrupted: bool,
     /// The budget decision, if the batch was sized by memory.
     pub budget: Option<BudgetDecision>,
-}
-
-/// `cpu` → CPU; `N` → CUDA device N (needs the `cuda` feature).
-pub fn parse_device(s: &str) -> Result<Device> {
-    let (d, notice) = select_device(s)?;
-    if let Some(n) = notice {
-        eprintln!("{n}");
-    }
-    Ok(d)
 }
 
 /// Runs training with `opts` and returns the per-epoch reports. Outputs go to

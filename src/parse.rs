@@ -1,6 +1,8 @@
-//! Value parsers shared by the subcommands, so that an option means the same and is checked the
-//! same everywhere: a bad value is refused when the command line is parsed, with the valid range,
-//! before any work starts.
+//! Parsers of option values, shared by the library's option types ([`crate::train::options`],
+//! [`crate::detect::config`]) and the subcommands that derive their flags from them, so that an
+//! option means the same and is checked the same everywhere: a bad value is refused when the
+//! command line is parsed, with the valid range, before any work starts. Each returns the error
+//! text clap prints after the flag's name.
 
 /// Largest `--img` of any subcommand, pixels.
 pub const MAX_IMG: u32 = 8192;
@@ -51,6 +53,11 @@ pub fn unit(s: &str) -> Result<f64, String> {
     Ok(v)
 }
 
+/// [`unit`] as an f32 (the confidence threshold of detection).
+pub fn unit_f32(s: &str) -> Result<f32, String> {
+    unit(s).map(|v| v as f32)
+}
+
 /// A count that must be at least 1 (`--max-det`, `--micro-batch`, val's `--batch`).
 pub fn positive(s: &str) -> Result<usize, String> {
     let v = int(s, "the value", "1 or more")?;
@@ -68,6 +75,45 @@ pub fn workers(s: &str) -> Result<usize, String> {
         return Err(format!("{v} is out of range; --workers must be in {range}"));
     }
     Ok(v as usize)
+}
+
+/// `--batch` of train: a positive number, or `auto` (returned as 0: sized by the memory budget).
+pub fn batch(s: &str) -> Result<usize, String> {
+    if s.trim().eq_ignore_ascii_case("auto") {
+        return Ok(0);
+    }
+    match s.trim().parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!(
+            "invalid batch '{s}': expected a positive number or 'auto'"
+        )),
+    }
+}
+
+/// `--budget`: a memory size such as `8GiB`, `512MiB` or a byte count
+/// ([`crate::memory::parse_size`]), in bytes.
+pub fn budget(s: &str) -> Result<u64, String> {
+    crate::memory::parse_size(s).map_err(|e| format!("{e:#}"))
+}
+
+/// `--time`: a positive, finite number of hours.
+pub fn hours(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(h) if h.is_finite() && h > 0.0 => Ok(h),
+        _ => Err(format!(
+            "invalid --time '{s}': expected a positive number of hours (e.g. 1.5)"
+        )),
+    }
+}
+
+/// `--label-smoothing`: epsilon in [0, 1).
+pub fn smoothing(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(e) if (0.0..1.0).contains(&e) => Ok(e),
+        _ => Err(format!(
+            "invalid --label-smoothing '{s}': expected a number in [0, 1) (e.g. 0.1)"
+        )),
+    }
 }
 
 #[cfg(test)]
@@ -92,32 +138,15 @@ mod tests {
         assert!(positive("-2").is_err());
         assert_eq!(workers("0"), Ok(0));
         assert!(workers("1000").unwrap_err().contains("0..=256"));
-    }
-
-    #[test]
-    fn the_subcommands_refuse_bad_options_at_parse_time() {
-        use crate::cli::Cli;
-        use clap::Parser;
-        let bad: &[&[&str]] = &[
-            &["yolo9", "val", "--data", "d.yaml", "--conf-thres", "2"],
-            &["yolo9", "val", "--data", "d.yaml", "--conf-thres", "nan"],
-            &["yolo9", "val", "--data", "d.yaml", "--iou-thres", "5"],
-            &["yolo9", "val", "--data", "d.yaml", "--max-det", "0"],
-            &["yolo9", "val", "--data", "d.yaml", "--batch", "0"],
-            &["yolo9", "val", "--data", "d.yaml", "--img", "100000"],
-            &["yolo9", "train", "--data", "d.yaml", "--img", "100000"],
-            &["yolo9", "train", "--data", "d.yaml", "--micro-batch", "0"],
-            &["yolo9", "train", "--data", "d.yaml", "--workers", "1000"],
-        ];
-        for args in bad {
-            assert!(Cli::try_parse_from(*args).is_err(), "accepted {args:?}");
+        assert_eq!((batch("auto"), batch(" 8 ")), (Ok(0), Ok(8)));
+        assert!(batch("0").unwrap_err().contains("'auto'"));
+        assert_eq!(budget("1GiB"), Ok(1 << 30));
+        assert!(budget("lots").is_err());
+        assert_eq!(hours("0.5"), Ok(0.5));
+        for bad in ["0", "-1", "inf", "x"] {
+            assert!(hours(bad).is_err(), "{bad}");
         }
-        assert!(
-            Cli::try_parse_from(["yolo9", "val", "--data", "d.yaml", "--conf-thres", "0.1"])
-                .is_ok()
-        );
-        assert!(
-            Cli::try_parse_from(["yolo9", "train", "--data", "d.yaml", "--img", "320"]).is_ok()
-        );
+        assert_eq!(smoothing("0.1"), Ok(0.1));
+        assert!(smoothing("1").is_err());
     }
 }
