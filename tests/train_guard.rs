@@ -118,7 +118,10 @@ fn nan_losses_skip_steps_are_counted_and_roll_back_with_half_the_lr() {
     assert!((r.epochs[1].lr[1] - reference.epochs[1].lr[1]).abs() < 1e-15);
     assert!(all_finite(&r.last) && all_finite(&r.run_dir.join("weights/state.safetensors")));
     let st = load_state(&r.run_dir.join("weights/state.safetensors")).unwrap();
-    assert_eq!((st.meta.nan_rollbacks, st.meta.lr_scale), (1, 0.5));
+    assert_eq!(
+        (st.meta.counters.nan_rollbacks, st.meta.counters.lr_scale),
+        (1, 0.5)
+    );
     // The skipped steps changed the result.
     assert!(max_diff(&r.last, &reference.last) > 1e-6);
     let _ = std::fs::remove_dir_all(&dir);

@@ -44,6 +44,37 @@ pub struct EpochProgress {
     pub train_secs: f64,
 }
 
+/// The scalars a run carries from checkpoint to checkpoint besides its position, micro-batch and
+/// budget decision: saved in [`CheckpointMeta`] and restored from it on `--resume` as one value.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Counters {
+    /// Best fitness so far (`0.1·mAP50 + 0.9·mAP50-95`).
+    pub best_fitness: f64,
+    /// Epoch of the best fitness.
+    pub best_epoch: Option<usize>,
+    /// Iteration of the last optimizer step (−1 = none yet).
+    pub last_opt_step: i64,
+    /// Factor on the scheduled LR (halved by each NaN rollback).
+    #[serde(default = "one")]
+    pub lr_scale: f64,
+    /// NaN rollbacks so far.
+    #[serde(default)]
+    pub nan_rollbacks: usize,
+}
+
+impl Default for Counters {
+    /// The counters of a new run.
+    fn default() -> Counters {
+        Counters {
+            best_fitness: 0.0,
+            best_epoch: None,
+            last_opt_step: -1,
+            lr_scale: 1.0,
+            nan_rollbacks: 0,
+        }
+    }
+}
+
 /// Scalars of the training state.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct CheckpointMeta {
@@ -57,27 +88,19 @@ pub struct CheckpointMeta {
     /// Running sums of `epoch` when it is in progress.
     #[serde(default)]
     pub progress: EpochProgress,
-    /// Best fitness so far (`0.1·mAP50 + 0.9·mAP50-95`).
-    pub best_fitness: f64,
-    /// Epoch of the best fitness.
-    pub best_epoch: Option<usize>,
     /// EMA update count.
     pub ema_updates: u64,
     /// Iterations (batches) since training start.
     pub iterations: usize,
-    /// Iteration of the last optimizer step (−1 = none yet).
-    pub last_opt_step: i64,
     /// `num_batches_tracked` of the BN layers.
     pub batches_tracked: i64,
-    /// Factor on the scheduled LR (halved by each NaN rollback).
-    #[serde(default = "one")]
-    pub lr_scale: f64,
     /// Micro-batch in use (images per forward/backward; lowered by OOM recovery).
     #[serde(default)]
     pub micro: usize,
-    /// NaN rollbacks so far.
-    #[serde(default)]
-    pub nan_rollbacks: usize,
+    /// Best fitness, the LR scale and the other scalars the run carries (flattened: the keys
+    /// are at this level of the JSON, as before they were grouped).
+    #[serde(flatten)]
+    pub counters: Counters,
     /// The budget decision, if the run was sized by `--budget`/`--batch auto`.
     #[serde(default)]
     pub budget: Option<crate::train::budget::BudgetDecision>,
@@ -197,4 +220,56 @@ pub fn load_state(path: &Path) -> Result<TrainState> {
         optim,
         acc,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The counters sit at the top level of the metadata JSON, so states written before they
+    /// were one struct read the same; keys added later read their defaults.
+    #[test]
+    fn metadata_json_keeps_its_flat_keys() {
+        let meta = CheckpointMeta {
+            version: 2,
+            epoch: 3,
+            next_batch: 7,
+            progress: EpochProgress::default(),
+            counters: Counters {
+                best_fitness: 0.5,
+                best_epoch: Some(2),
+                last_opt_step: 41,
+                lr_scale: 0.25,
+                nan_rollbacks: 2,
+            },
+            ema_updates: 10,
+            iterations: 40,
+            batches_tracked: 40,
+            micro: 4,
+            budget: None,
+            args: serde_json::json!({"epochs": 5}),
+        };
+        let v = serde_json::to_value(&meta).unwrap();
+        assert_eq!(v["best_fitness"], 0.5);
+        assert_eq!(v["lr_scale"], 0.25);
+        assert_eq!(v["last_opt_step"], 41);
+        assert!(v.get("counters").is_none());
+        assert_eq!(serde_json::from_value::<CheckpointMeta>(v).unwrap(), meta);
+        // A version-1 state: no next_batch, progress, lr_scale, micro or nan_rollbacks.
+        let old = r#"{"version": 1, "epoch": 4, "best_fitness": 0.1, "best_epoch": null,
+            "ema_updates": 3, "iterations": 9, "last_opt_step": 8, "batches_tracked": 9,
+            "args": {}}"#;
+        let m: CheckpointMeta = serde_json::from_str(old).unwrap();
+        assert_eq!(
+            m.counters,
+            Counters {
+                best_fitness: 0.1,
+                best_epoch: None,
+                last_opt_step: 8,
+                lr_scale: 1.0,
+                nan_rollbacks: 0,
+            }
+        );
+        assert_eq!((m.next_batch, m.micro), (0, 0));
+    }
 }

@@ -8,6 +8,7 @@ use crate::memory::MemoryProbe;
 use crate::model::weights::Weights;
 use crate::model::yolov9::YoloV9Train;
 use crate::train::budget::BudgetDecision;
+pub(crate) use crate::train::checkpoint::Counters;
 use crate::train::checkpoint::{save_state, CheckpointMeta, EpochProgress, TrainState};
 use crate::train::ema::Ema;
 use crate::train::guard::{all_finite, Faults, GoodState};
@@ -19,48 +20,6 @@ use anyhow::{ensure, Context, Result};
 use candle_core::backprop::GradStore;
 use candle_core::{Device, Tensor};
 use std::path::{Path, PathBuf};
-
-/// The scalars a run carries from checkpoint to checkpoint (besides its position, micro-batch
-/// and budget decision): saved in [`CheckpointMeta`], restored from it on `--resume`.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Counters {
-    /// Best fitness so far (`0.1·mAP50 + 0.9·mAP50-95`).
-    pub best_fitness: f64,
-    /// Epoch of the best fitness.
-    pub best_epoch: Option<usize>,
-    /// Iteration of the last optimizer step (−1 = none yet).
-    pub last_opt_step: i64,
-    /// Factor on the scheduled LR (halved by each NaN rollback).
-    pub lr_scale: f64,
-    /// NaN rollbacks so far.
-    pub nan_rollbacks: usize,
-}
-
-impl Default for Counters {
-    /// The counters of a new run.
-    fn default() -> Counters {
-        Counters {
-            best_fitness: 0.0,
-            best_epoch: None,
-            last_opt_step: -1,
-            lr_scale: 1.0,
-            nan_rollbacks: 0,
-        }
-    }
-}
-
-impl Counters {
-    /// The counters saved in `meta`.
-    fn of(meta: &CheckpointMeta) -> Counters {
-        Counters {
-            best_fitness: meta.best_fitness,
-            best_epoch: meta.best_epoch,
-            last_opt_step: meta.last_opt_step,
-            lr_scale: meta.lr_scale,
-            nan_rollbacks: meta.nan_rollbacks,
-        }
-    }
-}
 
 /// Where a run starts: a new run at the start of epoch 0, a resumed one where its state was
 /// saved.
@@ -186,15 +145,11 @@ impl Run<'_> {
             epoch,
             next_batch,
             progress: progress.clone(),
-            best_fitness: self.counters.best_fitness,
-            best_epoch: self.counters.best_epoch,
+            counters: self.counters.clone(),
             ema_updates: self.ema.updates,
             iterations: self.nb * epoch + next_batch,
-            last_opt_step: self.counters.last_opt_step,
             batches_tracked: self.model.batches_tracked(),
-            lr_scale: self.counters.lr_scale,
             micro: self.micro,
-            nan_rollbacks: self.counters.nan_rollbacks,
             budget: self.budget.clone(),
             args: self.args_json.clone(),
         };
@@ -296,7 +251,7 @@ pub(crate) fn restore(
             batch: st.meta.next_batch,
             progress: st.meta.progress.clone(),
         },
-        counters: Counters::of(&st.meta),
+        counters: st.meta.counters.clone(),
         acc,
     })
 }
