@@ -257,7 +257,10 @@ mod tests {
                 serde_json::from_str(&serde_json::to_string(&got).unwrap()).unwrap();
             assert_eq!(back, spec);
         }
-        assert_eq!(serde_json::to_string(&DeviceSpec::Cuda(3)).unwrap(), "\"cuda:3\"");
+        assert_eq!(
+            serde_json::to_string(&DeviceSpec::Cuda(3)).unwrap(),
+            "\"cuda:3\""
+        );
         let e = serde_json::from_str::<DeviceSpec>("\"gpu9x\"").unwrap_err();
         assert!(e.to_string().contains("invalid device 'gpu9x'"), "{e}");
         assert_eq!(DeviceSpec::default(), DeviceSpec::Auto);

@@ -90,7 +90,7 @@ impl MemoryProbe {
             Device::Cuda(d) => match cuda::Pool::new(d) {
                 Ok(p) => Inner::Cuda(p),
                 Err(e) => {
-                    eprintln!("warning: device memory cannot be measured: {e:#}");
+                    tracing::warn!("device memory cannot be measured: {e:#}");
                     Inner::Unknown
                 }
             },
@@ -282,6 +282,11 @@ pub fn halve_on_oom<T>(
             Ok(v) => return Ok((v, size, halvings)),
             Err(e) if is_oom(&e) && size > 1 => {
                 let new = size / 2;
+                tracing::warn!(
+                    from = size,
+                    to = new,
+                    "out of memory; retrying at half the size"
+                );
                 before_retry(size, new)?;
                 size = new;
                 halvings += 1;

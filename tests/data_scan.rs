@@ -503,6 +503,39 @@ fn label_cache_read_only_folder_only_warns() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `yolo9 val` on a dataset whose label folder is read-only validates, and says once that the
+/// label cache was not written and why.
+#[test]
+fn val_warns_once_when_the_label_cache_cannot_be_written() {
+    let dir = common::tmpdir("ro-val");
+    let yaml = common::tiny_dataset(&dir, 1);
+    let labels = dir.join("labels");
+    common::set_writable(&labels, false);
+    let (code, text, err) = common::yolo9(&[
+        "val",
+        "--data",
+        yaml.to_str().unwrap(),
+        "--img",
+        "64",
+        "--batch",
+        "1",
+        "--device",
+        "cpu",
+        "--noplots",
+    ]);
+    common::set_writable(&labels, true);
+    assert_eq!(code, 0, "{text}\n{err}");
+    let warnings: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("warning: label cache") && l.contains("not written"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{err}");
+    assert!(warnings[0].contains("read-only"), "{err}");
+    assert!(text.contains("mAP50-95"), "{text}");
+    assert!(!labels.join("val.yolo9-cache.json").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn truncation_checks_by_hand() {
     use yolo9::data::scan::probe_image;

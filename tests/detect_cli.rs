@@ -63,7 +63,10 @@ fn defaults_like_detect_dual() {
         "cuda:1",
     ])
     .unwrap();
-    assert_eq!((a.config.conf, a.config.iou, a.config.img_size), (0.5, 0.6, 320));
+    assert_eq!(
+        (a.config.conf, a.config.iou, a.config.img_size),
+        (0.5, 0.6, 320)
+    );
     assert_eq!(a.config.classes, Some(vec![0, 2]));
     assert_eq!(a.device, DeviceSpec::Cuda(1));
 }

@@ -78,7 +78,7 @@ mod tests {
     /// refused with the flag named.
     #[test]
     fn training_option_flags_parse() {
-                let a = train_args(&[]).unwrap().opts;
+        let a = train_args(&[]).unwrap().opts;
         assert!(!a.single_cls && a.freeze.is_empty() && a.time.is_none());
         assert_eq!(a.cache, ImageCache::None);
         assert_eq!((a.optimizer, a.label_smoothing), (OptimizerKind::Sgd, 0.0));
@@ -158,11 +158,21 @@ mod tests {
             serde_json::to_value(&o).unwrap(),
             serde_json::to_value(&lib).unwrap()
         );
-        assert_eq!((o.verbose, o.extend_epochs), (lib.verbose, lib.extend_epochs));
+        assert_eq!(
+            (o.verbose, o.extend_epochs),
+            (lib.verbose, lib.extend_epochs)
+        );
         // A run saved without the newer keys reads them as the same defaults.
         let mut v = serde_json::to_value(&lib).unwrap();
         let m = v.as_object_mut().unwrap();
-        for k in ["save_interval", "nan_patience", "amp", "cfg", "micro_batch", "budget"] {
+        for k in [
+            "save_interval",
+            "nan_patience",
+            "amp",
+            "cfg",
+            "micro_batch",
+            "budget",
+        ] {
             m.remove(k);
         }
         let old: TrainOptions = serde_json::from_value(v).unwrap();

@@ -3,8 +3,8 @@
 
 use crate::data::scan::{scan_split, ScanOptions};
 use crate::data::yaml::{DataConfig, Split};
-use crate::metrics::validate::{val_images, validate, ValConfig, ValModel};
 use crate::device::{parse_device, DeviceSpec};
+use crate::metrics::validate::{val_images, validate, ValConfig, ValModel};
 use crate::model::yolov9::YoloV9;
 use anyhow::{bail, ensure, Context, Result};
 use clap::Args;

@@ -184,19 +184,64 @@ mod tests {
         let c: DetectorConfig =
             serde_json::from_str(r#"{"imgsz": 320, "agnostic_nms": true, "classes": [1]}"#)
                 .unwrap();
-        assert_eq!((c.img_size, c.agnostic, c.classes), (320, true, Some(vec![1])));
+        assert_eq!(
+            (c.img_size, c.agnostic, c.classes),
+            (320, true, Some(vec![1]))
+        );
         let e = serde_json::from_str::<DetectorConfig>(r#"{"confidence": 0.3}"#).unwrap_err();
         assert!(e.to_string().contains("unknown field `confidence`"), "{e}");
         let ok = DetectorConfig::default();
         assert!(ok.validate(3).is_ok());
         for (c, needle) in [
-            (DetectorConfig { conf: 1.5, ..ok.clone() }, "confidence threshold 1.5"),
-            (DetectorConfig { conf: f32::NAN, ..ok.clone() }, "confidence threshold NaN"),
-            (DetectorConfig { iou: -0.1, ..ok.clone() }, "IoU threshold -0.1"),
-            (DetectorConfig { max_det: 0, ..ok.clone() }, "max_det 0"),
-            (DetectorConfig { classes: Some(vec![0, 3]), ..ok.clone() }, "contains 3"),
-            (DetectorConfig { img_size: 0, ..ok.clone() }, "image size 0"),
-            (DetectorConfig { img_size: 20_000, ..ok.clone() }, "image size 20000"),
+            (
+                DetectorConfig {
+                    conf: 1.5,
+                    ..ok.clone()
+                },
+                "confidence threshold 1.5",
+            ),
+            (
+                DetectorConfig {
+                    conf: f32::NAN,
+                    ..ok.clone()
+                },
+                "confidence threshold NaN",
+            ),
+            (
+                DetectorConfig {
+                    iou: -0.1,
+                    ..ok.clone()
+                },
+                "IoU threshold -0.1",
+            ),
+            (
+                DetectorConfig {
+                    max_det: 0,
+                    ..ok.clone()
+                },
+                "max_det 0",
+            ),
+            (
+                DetectorConfig {
+                    classes: Some(vec![0, 3]),
+                    ..ok.clone()
+                },
+                "contains 3",
+            ),
+            (
+                DetectorConfig {
+                    img_size: 0,
+                    ..ok.clone()
+                },
+                "image size 0",
+            ),
+            (
+                DetectorConfig {
+                    img_size: 20_000,
+                    ..ok.clone()
+                },
+                "image size 20000",
+            ),
         ] {
             match c.validate(3) {
                 Err(Error::InvalidOption(m)) => assert!(m.contains(needle), "{m}"),
@@ -204,10 +249,18 @@ mod tests {
             }
         }
         assert_eq!(
-            DetectorConfig { img_size: 650, ..ok.clone() }.effective_img_size().unwrap(),
+            DetectorConfig {
+                img_size: 650,
+                ..ok.clone()
+            }
+            .effective_img_size()
+            .unwrap(),
             672
         );
         assert_eq!(ok.nms(), NmsOptions::default());
-        assert_eq!(DetectorConfig { half: true, ..ok }.dtype(&Device::Cpu), DType::F32);
+        assert_eq!(
+            DetectorConfig { half: true, ..ok }.dtype(&Device::Cpu),
+            DType::F32
+        );
     }
 }

@@ -176,6 +176,7 @@ impl Detector {
     /// Errors: [`Error::InvalidOption`] naming the option and its value.
     pub fn with_config(mut self, config: DetectorConfig) -> Out<Self> {
         config.validate(self.names().len())?;
+        tracing::debug!(device = ?self.device.location(), ?config, "detector configured");
         self.nms = config.nms();
         self.config = config;
         Ok(self)
@@ -371,7 +372,7 @@ impl Detector {
     /// Detects objects in an upright RGB image; boxes in its pixels.
     pub fn detect_rgb(&self, img: &RgbImage) -> Out<Vec<Detection>> {
         out((|| -> Result<Vec<Detection>> {
-                let (lb, info) = self.preprocess(img)?;
+            let (lb, info) = self.preprocess(img)?;
             let y = self.infer(&[&lb])?;
             Ok(self.postprocess(&y, &[info])?.pop().unwrap_or_default())
         })())

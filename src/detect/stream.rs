@@ -617,8 +617,8 @@ fn read_loop(sh: &Shared, name: &str, input: &[String], live: bool, opts: &Strea
             .backoff
             .saturating_mul(1u32 << (attempt - 1).min(16))
             .min(Duration::from_secs(8));
-        eprintln!(
-            "warning: {name}: {reason}; reopening in {:.1} s (attempt {attempt}/{})",
+        tracing::warn!(
+            "{name}: {reason}; reopening in {:.1} s (attempt {attempt}/{})",
             wait.as_secs_f64(),
             opts.retries
         );

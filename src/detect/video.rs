@@ -226,8 +226,8 @@ impl FrameReader {
             return Ok(None);
         }
         if got < n {
-            eprintln!(
-                "note: {}: the last frame is incomplete ({got} of {n} bytes); the video ends there",
+            tracing::warn!(
+                "{}: the last frame is incomplete ({got} of {n} bytes); the video ends there",
                 self.path
             );
             return Ok(None);

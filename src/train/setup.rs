@@ -334,6 +334,14 @@ pub(crate) fn resolve(
     };
     ensure!(opts.batch >= 1, "--batch must be at least 1 (or auto)");
     let micro = micro.clamp(1, opts.batch);
+    tracing::info!(
+        device = %crate::device::name_of(&device),
+        batch = opts.batch,
+        micro,
+        img = opts.img,
+        resumed = state.is_some(),
+        "training run resolved"
+    );
     Ok((
         opts,
         Resolved {

@@ -93,6 +93,12 @@ impl Run<'_> {
         self.nan_streak = 0;
         self.counters.nan_rollbacks += 1;
         self.counters.lr_scale *= 0.5;
+        tracing::warn!(
+            why,
+            restored = %self.good.label,
+            lr_scale = self.counters.lr_scale,
+            "NaN guard: rolled back"
+        );
         self.log(
             obs,
             format!(
@@ -161,6 +167,12 @@ impl Run<'_> {
             &self.opt.state(),
             &acc,
         )?;
+        tracing::debug!(
+            path = %self.state_path.display(),
+            epoch,
+            next_batch,
+            "training state saved"
+        );
         self.good = GoodState::take(
             &self.model,
             &self.opt,
