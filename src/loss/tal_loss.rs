@@ -34,8 +34,7 @@ use super::assign_op::{assign_dense, ScoreLayout};
 use super::assigner::{inside_gt, AssignerInput, Assignment, GtBatch, Scores, TaskAlignedAssigner};
 use super::iou::ciou_tensor;
 
-/// DFL bins per box side (`reg_max` of the official head).
-pub const REG_MAX: usize = 16;
+pub use crate::model::head::REG_MAX;
 /// Weight of the auxiliary branch in every loss item.
 pub const AUX_WEIGHT: f32 = 0.25;
 /// Hard-coded official gains of the (box, cls, dfl) items.

@@ -154,8 +154,7 @@ struct MetaJson {
 
 /// The metadata key of yolo9 safetensors files.
 pub const META_KEY: &str = "yolo9";
-/// The strides every YOLOv9-s head uses.
-pub const STRIDES: [u32; 3] = [8, 16, 32];
+pub use crate::model::head::STRIDES;
 /// Makes class names safe to print: every control character (an ANSI escape sequence, a
 /// carriage return, a NUL) is replaced by its escaped text (`\u{1b}`), so a hostile name in a
 /// checkpoint or a `data.yaml` cannot drive the terminal. Returns the indices of the names

@@ -25,8 +25,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
-/// Head strides in pixels (P3, P4, P5), the same for every supported model.
-pub const STRIDES: [u32; 3] = [8, 16, 32];
+pub use super::head::STRIDES;
 
 /// Checks a network input: (B, 3, H, W) f32 with B ≥ 1 and H, W positive multiples of 32.
 pub fn check_input(x: &Tensor) -> Result<()> {
