@@ -22,6 +22,7 @@
 //! - `cuda` (feature `cuda`): cuDNN convolution forward/backward as candle custom ops.
 #![warn(missing_docs)]
 
+pub mod budget;
 pub mod cancel;
 #[cfg(feature = "cli")]
 pub mod cli;

@@ -26,10 +26,10 @@ fn a_binding_cpu_budget_picks_the_largest_micro_batch_that_fits() {
     eprintln!("measured: {:?}", wide.points);
     assert!(peak(1) < peak(2) && peak(2) < peak(4), "{:?}", wide.points);
     let limit = peak(2) as f64 + 0.4 * (peak(4) - peak(2)) as f64;
-    let budget = (limit / (1.0 - yolo9::train::budget::MARGIN)) as u64;
+    let budget = (limit / (1.0 - yolo9::budget::MARGIN)) as u64;
     let d = plan(&req(budget), &Device::Cpu, &probe).unwrap();
     eprintln!("{}", d.describe());
-    let limit = budget as f64 * (1.0 - yolo9::train::budget::MARGIN);
+    let limit = budget as f64 * (1.0 - yolo9::budget::MARGIN);
     assert_eq!(d.micro, 2, "{d:?}");
     assert!(d.measured as f64 <= limit, "{d:?}");
     // The next size up is predicted (and for 4, measured) above the limit.

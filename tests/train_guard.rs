@@ -474,8 +474,8 @@ fn a_torn_or_foreign_state_file_is_a_clear_error() {
 
 #[test]
 fn inference_budget_sizes_the_val_batch_and_detect_refuses_a_tiny_budget() {
+    use yolo9::budget::plan_inference;
     use yolo9::model::yolov9::YoloV9;
-    use yolo9::train::budget::plan_inference;
     let wpath = Path::new(env!("CARGO_MANIFEST_DIR")).join("weights/yolov9-s-bccd.safetensors");
     let w = yolo9::Weights::load(&wpath).unwrap();
     let m = YoloV9::load(&w, &Device::Cpu).unwrap();

@@ -258,7 +258,7 @@ pub fn run(args: DetectArgs) -> Result<()> {
         let w = load_weights(&weights, args.model.cfg.as_deref())?;
         let m = crate::model::yolov9::YoloV9::load_dtype(&w, &device, dtype)?;
         let probe = crate::memory::MemoryProbe::new(&device)?;
-        let d = crate::train::budget::plan_inference(&m, img, 1, budget, &probe)?;
+        let d = crate::budget::plan_inference(&m, img, 1, budget, &probe)?;
         println!(
             "memory budget {}: one image at --img {img} peaks at {} ({}); images are processed one at a time",
             crate::memory::fmt_size(budget),

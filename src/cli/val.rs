@@ -170,7 +170,7 @@ pub fn run(a: ValArgs) -> Result<()> {
     let batch = match a.budget {
         Some(budget) => {
             let probe = crate::memory::MemoryProbe::new(&device)?;
-            let d = crate::train::budget::plan_inference(&model, a.img, a.batch, budget, &probe)?;
+            let d = crate::budget::plan_inference(&model, a.img, a.batch, budget, &probe)?;
             println!("{}", d.describe().replace("micro-batch", "batch"));
             d.micro
         }

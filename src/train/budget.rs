@@ -1,5 +1,5 @@
-//! Memory-budget batch sizing (`yolo9 train --budget 8GiB`, `--batch auto`, `yolo9 val --budget`,
-//! `yolo9 detect --budget`): the (micro-)batch is
+//! The training step's memory probe for budget sizing (`yolo9 train --budget 8GiB`, `--batch
+//! auto`; the search, the fit and the decision are [`crate::budget`]'s): the micro-batch is
 //! chosen from the **measured** peak memory of real training steps, not from a guess.
 //!
 //! Method: on the actual device, image size and model, run complete training steps — the
@@ -9,7 +9,7 @@
 //! most labels of any train image), backward, gradient clipping, the SGD step and the EMA update
 //! — at a few micro-batch sizes, reading the peak of each with [`MemoryProbe`]. A least-squares
 //! line `peak(b) = base + b · per_image` through the points gives the largest `b` whose predicted
-//! peak fits the budget minus a safety margin ([`MARGIN`]); that size is then measured once more
+//! peak fits the budget minus a safety margin ([`crate::budget::MARGIN`]); that size is then measured once more
 //! and lowered while it does not fit. The nominal batch (64) is kept by gradient accumulation in
 //! the trainer.
 //!
@@ -19,142 +19,18 @@
 //! CPU the process RSS high-water mark (see [`crate::memory`]). An out-of-memory error while measuring ends the
 //! measurement at the sizes that worked.
 
+use crate::budget::{keep_cache_within, search, BudgetDecision};
 use crate::loss::DualTalLoss;
-use crate::memory::{fmt_size, is_oom, MemoryProbe};
+use crate::memory::MemoryProbe;
 use crate::model::weights::STRIDES;
-use crate::model::yolov9::{YoloV9, YoloV9Train};
+use crate::model::yolov9::YoloV9Train;
 use crate::train::ema::Ema;
 use crate::train::guard::Faults;
 use crate::train::optimizer::Optimizer;
 use crate::train::step::{optimizer_step, step, StepInput, StepParts, StepTimes};
 use anyhow::{bail, ensure, Result};
-use candle_core::{Device, Tensor};
+use candle_core::Device;
 use rand::{Rng, RngCore, SeedableRng};
-use serde::{Deserialize, Serialize};
-
-/// Share of the budget kept free for what a synthetic step does not show (loader buffers,
-/// the spread of real batches' target counts). The allocator's fragmentation and cache and, on
-/// CUDA, the context and libraries are in the measured peaks themselves.
-pub const MARGIN: f64 = 0.05;
-
-/// Share of the free device memory used by `--batch auto` without `--budget`.
-pub const AUTO_SHARE: f64 = 0.80;
-
-/// One measured point: a training step at `batch` images peaked at `peak` bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct BudgetPoint {
-    /// Micro-batch size (images).
-    pub batch: usize,
-    /// Peak memory of the step in bytes (device memory on CUDA, process RSS on the CPU).
-    pub peak: u64,
-}
-
-/// The line `peak(b) = base + b · per_image` (bytes) fitted through measured points.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct MemoryFit {
-    /// Memory that does not grow with the batch (model, optimizer, EMA, workspaces), bytes.
-    pub base: f64,
-    /// Memory per image of the micro-batch, bytes.
-    pub per_image: f64,
-}
-
-impl MemoryFit {
-    /// Least-squares fit through `points` (at least one; a single point gives `base = 0`).
-    /// The slope is kept positive (at least 1 byte per image) so the inversion is defined.
-    pub fn fit(points: &[BudgetPoint]) -> MemoryFit {
-        let n = points.len() as f64;
-        if points.len() < 2 {
-            let p = points
-                .first()
-                .map(|p| p.peak as f64 / p.batch.max(1) as f64);
-            return MemoryFit {
-                base: 0.0,
-                per_image: p.unwrap_or(1.0).max(1.0),
-            };
-        }
-        let mx = points.iter().map(|p| p.batch as f64).sum::<f64>() / n;
-        let my = points.iter().map(|p| p.peak as f64).sum::<f64>() / n;
-        let sxy: f64 = points
-            .iter()
-            .map(|p| (p.batch as f64 - mx) * (p.peak as f64 - my))
-            .sum();
-        let sxx: f64 = points.iter().map(|p| (p.batch as f64 - mx).powi(2)).sum();
-        let per_image = if sxx > 0.0 { sxy / sxx } else { my / mx };
-        let per_image = per_image.max(1.0);
-        MemoryFit {
-            base: my - per_image * mx,
-            per_image,
-        }
-    }
-
-    /// Predicted peak at `batch` images, bytes.
-    pub fn predict(&self, batch: usize) -> f64 {
-        self.base + self.per_image * batch as f64
-    }
-
-    /// The largest batch (≥ 0) whose predicted peak is at most `limit` bytes.
-    pub fn largest_within(&self, limit: f64) -> usize {
-        let b = ((limit - self.base) / self.per_image).floor();
-        if b.is_finite() && b > 0.0 {
-            b as usize
-        } else {
-            0
-        }
-    }
-}
-
-/// The outcome of budget sizing: what was measured, the fit and the chosen micro-batch.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct BudgetDecision {
-    /// The budget in bytes.
-    pub budget: u64,
-    /// What the budget counts (`device memory` or `process RSS`).
-    pub what: String,
-    /// Measured points, by increasing batch.
-    pub points: Vec<BudgetPoint>,
-    /// The fitted line.
-    pub fit: MemoryFit,
-    /// The chosen micro-batch (images per forward/backward).
-    pub micro: usize,
-    /// Measured peak at `micro` (bytes), from the final check.
-    pub measured: u64,
-    /// Of each peak, the device memory outside the allocator's pool (bytes; the CUDA context,
-    /// kernels and library handles, read after the final check; 0 on the CPU).
-    #[serde(default)]
-    pub outside: u64,
-}
-
-impl BudgetDecision {
-    /// Human-readable summary (the measured points, the fit and the choice).
-    pub fn describe(&self) -> String {
-        let pts: Vec<String> = self
-            .points
-            .iter()
-            .map(|p| format!("{} @ batch {}", fmt_size(p.peak), p.batch))
-            .collect();
-        let outside = if self.outside > 0 {
-            format!(
-                ", of which {} outside the memory pool",
-                fmt_size(self.outside)
-            )
-        } else {
-            String::new()
-        };
-        format!(
-            "memory budget {} ({}{outside}): measured {}; fit {} + {}/image; micro-batch {} \
-             (measured {} <= {} = budget - {:.0}% margin)",
-            fmt_size(self.budget),
-            self.what,
-            pts.join(", "),
-            fmt_size(self.fit.base.max(0.0) as u64),
-            fmt_size(self.fit.per_image as u64),
-            self.micro,
-            fmt_size(self.measured),
-            fmt_size((self.budget as f64 * (1.0 - MARGIN)) as u64),
-            MARGIN * 100.0
-        )
-    }
-}
 
 /// What to size: model classes, image size, targets per image and the largest micro-batch
 /// worth considering.
@@ -317,200 +193,4 @@ pub fn plan_cancellable(
     let d = d?;
     keep_cache_within(&d, probe);
     Ok(d)
-}
-
-/// After sizing: the allocator may keep at most the budget less the margin and the memory
-/// outside its pool cached, so that the whole process stays within the budget for the run, not
-/// only during the measured steps (a resumed run calls it with its saved decision).
-pub fn keep_cache_within(d: &BudgetDecision, probe: &MemoryProbe) {
-    let limit = (d.budget as f64 * (1.0 - MARGIN)) as u64;
-    probe.cap_cache(limit.saturating_sub(d.outside));
-}
-
-/// Sizes an inference batch (`yolo9 val --budget`): the peak of `model`'s forward on
-/// `img`×`img` inputs is measured at batches 1, 2, 4, ... and the largest batch up to
-/// `max_batch` that fits `budget` minus the margin is chosen, as [`plan`] does for training.
-pub fn plan_inference(
-    model: &YoloV9,
-    img: u32,
-    max_batch: usize,
-    budget: u64,
-    probe: &MemoryProbe,
-) -> Result<BudgetDecision> {
-    let device = model.device().clone();
-    let s = img as usize;
-    let d = search(
-        budget,
-        max_batch,
-        &device,
-        probe,
-        "one image",
-        img,
-        |b| -> Result<u64> {
-            probe.release_cached();
-            probe.reset_peak();
-            let x = Tensor::rand(0f32, 1f32, (b, 3, s, s), &device)?;
-            let y = model.forward(&x)?;
-            let _ = y.sum_all()?.to_vec0::<f32>()?;
-            device.synchronize()?;
-            Ok(probe.peak_bytes())
-        },
-    );
-    probe.release_cached();
-    let d = d?;
-    keep_cache_within(&d, probe);
-    Ok(d)
-}
-
-/// The search shared by [`plan`] and [`plan_inference`]: a warm-up, points at 1, 2, 4, ... (up
-/// to 4 on the CPU, 16 on a GPU, stopping before a size that the line through the points so far
-/// predicts above the limit, and at the first that exceeds it or runs out of memory), the fitted
-/// line, and a final measured check of the choice.
-fn search(
-    budget: u64,
-    max_batch: usize,
-    device: &Device,
-    probe: &MemoryProbe,
-    unit: &str,
-    img: u32,
-    mut step: impl FnMut(usize) -> Result<u64>,
-) -> Result<BudgetDecision> {
-    let limit = budget as f64 * (1.0 - MARGIN);
-    let mut measure = |b: usize| -> Result<Option<u64>> {
-        match step(b) {
-            Ok(p) => Ok(Some(p)),
-            Err(e) if is_oom(&e) => Ok(None),
-            Err(e) => Err(e),
-        }
-    };
-    // Warm-up (first-use allocations, kernel loading), then the points.
-    let _ = measure(1)?;
-    let mut points = Vec::new();
-    let mut b = 1;
-    while b <= max_batch.max(1) {
-        // Never probe a size the points so far predict above the limit: the probe itself
-        // keeps to the budget (the final check below measures the chosen size).
-        if points.len() >= 2 && MemoryFit::fit(&points).predict(b) > limit {
-            break;
-        }
-        match measure(b)? {
-            Some(peak) => {
-                points.push(BudgetPoint { batch: b, peak });
-                if peak as f64 > limit {
-                    break;
-                }
-            }
-            None => break,
-        }
-        // CPU steps are slow: three points (1, 2, 4) suffice for the line there.
-        if b >= 4 && matches!(device, Device::Cpu) {
-            break;
-        }
-        if b >= 16 {
-            break;
-        }
-        b *= 2;
-    }
-    match points.first().map(|p| p.peak) {
-        None => bail!(
-            "--budget {}: out of memory already with {unit} at --img {img}; \
-             lower --img or free {} on this device",
-            fmt_size(budget),
-            probe.what()
-        ),
-        Some(p) if p as f64 > limit => bail!(
-            "--budget {} is too small: {unit} at --img {img} needs {} ({}), \
-             and {:.0}% of the budget is kept as margin; raise --budget to at least {} or lower --img",
-            fmt_size(budget),
-            fmt_size(p),
-            probe.what(),
-            MARGIN * 100.0,
-            fmt_size((p as f64 / (1.0 - MARGIN)).ceil() as u64)
-        ),
-        _ => {}
-    }
-    let fit = MemoryFit::fit(&points);
-    let mut micro = fit.largest_within(limit).clamp(1, max_batch.max(1));
-    // Check the choice with a real measurement, lowering it while it does not fit.
-    let mut measured = 0;
-    for _ in 0..4 {
-        if let Some(p) = points.iter().find(|p| p.batch == micro) {
-            if p.peak as f64 <= limit {
-                measured = p.peak;
-                break;
-            }
-        } else if let Some(p) = measure(micro)? {
-            points.push(BudgetPoint {
-                batch: micro,
-                peak: p,
-            });
-            if p as f64 <= limit {
-                measured = p;
-                break;
-            }
-        }
-        micro = ((micro as f64 * 0.85).floor() as usize).max(1);
-        if micro == 1 {
-            measured = points[0].peak;
-            break;
-        }
-    }
-    points.sort_by_key(|p| p.batch);
-    points.dedup_by_key(|p| p.batch);
-    Ok(BudgetDecision {
-        budget,
-        what: probe.what().to_string(),
-        points,
-        fit,
-        micro,
-        measured,
-        outside: probe.outside_bytes(),
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn fit_is_exact_on_a_line_and_inverts() {
-        let pts: Vec<BudgetPoint> = [1usize, 2, 4, 8]
-            .iter()
-            .map(|&b| BudgetPoint {
-                batch: b,
-                peak: 1_000 + 300 * b as u64,
-            })
-            .collect();
-        let f = MemoryFit::fit(&pts);
-        assert!((f.base - 1000.0).abs() < 1e-6 && (f.per_image - 300.0).abs() < 1e-6);
-        assert_eq!(f.predict(10), 4000.0);
-        // (4000 - 1000) / 300 = 10 exactly; one byte less gives 9.
-        assert_eq!(f.largest_within(4000.0), 10);
-        assert_eq!(f.largest_within(3999.0), 9);
-        assert_eq!(f.largest_within(500.0), 0);
-    }
-
-    #[test]
-    fn search_never_probes_a_size_predicted_over_the_limit() {
-        // peak(b) = 100 + 100·b; budget 500 → limit 450. Points 1 (200) and 2 (300) predict
-        // 500 at 4, above the limit: 4 is never run; 3 (400) is chosen and measured.
-        let probe = MemoryProbe::new(&Device::Cpu).unwrap();
-        let mut calls = Vec::new();
-        let d = search(500, 64, &Device::Cpu, &probe, "one image", 64, |b| {
-            calls.push(b);
-            Ok(100 + 100 * b as u64)
-        })
-        .unwrap();
-        assert_eq!(calls, vec![1, 1, 2, 3], "warm-up, 1, 2, then the choice");
-        assert_eq!((d.micro, d.measured), (3, 400));
-    }
-
-    #[test]
-    fn fit_of_one_point_goes_through_the_origin() {
-        let f = MemoryFit::fit(&[BudgetPoint {
-            batch: 2,
-            peak: 800,
-        }]);
-        assert_eq!((f.base, f.per_image), (0.0, 400.0));
-    }
 }

@@ -103,7 +103,7 @@ pub struct CheckpointMeta {
     pub counters: Counters,
     /// The budget decision, if the run was sized by `--budget`/`--batch auto`.
     #[serde(default)]
-    pub budget: Option<crate::train::budget::BudgetDecision>,
+    pub budget: Option<crate::budget::BudgetDecision>,
     /// The run arguments (as written to args.yaml), JSON.
     pub args: serde_json::Value,
 }

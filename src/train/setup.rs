@@ -3,6 +3,7 @@
 //! micro-batch (from the state, from measured memory or as given), then model, loss, optimizer
 //! and EMA (restored on `--resume`), the run folder and its files, and the loader.
 
+use crate::budget::{BudgetDecision, AUTO_SHARE};
 use crate::data::image::load_rgb8;
 use crate::data::loader::{
     batches_per_epoch, default_workers, DecodeFn, Loader, LoaderConfig, TrainItem,
@@ -16,7 +17,7 @@ use crate::metrics::validate::{val_images, ValImage};
 use crate::model::weights::{Weights, STRIDES};
 use crate::model::yolov9::YoloV9Train;
 use crate::runs::increment_path;
-use crate::train::budget::{plan_cancellable, BudgetDecision, BudgetRequest, AUTO_SHARE};
+use crate::train::budget::{plan_cancellable, BudgetRequest};
 use crate::train::cache::{cache_bytes, check_fits, RamCache};
 use crate::train::checkpoint::{load_state, TrainState};
 use crate::train::ema::Ema;
@@ -289,7 +290,7 @@ pub(crate) fn resolve(
     let (micro, budget) = match &state {
         Some(st) => {
             if let Some(d) = &st.meta.budget {
-                crate::train::budget::keep_cache_within(d, &probe);
+                crate::budget::keep_cache_within(d, &probe);
             }
             (st.meta.micro, st.meta.budget.clone())
         }

@@ -3,11 +3,11 @@
 //! `weights/state.safetensors`, see [`crate::train::checkpoint`]), the NaN guard's rollback to the
 //! last good state, and [`restore`] of a saved state on `--resume`.
 
+use crate::budget::BudgetDecision;
 use crate::loss::DualTalLoss;
 use crate::memory::MemoryProbe;
 use crate::model::weights::Weights;
 use crate::model::yolov9::YoloV9Train;
-use crate::train::budget::BudgetDecision;
 pub(crate) use crate::train::checkpoint::Counters;
 use crate::train::checkpoint::{save_state, CheckpointMeta, EpochProgress, TrainState};
 use crate::train::ema::Ema;

@@ -21,7 +21,7 @@
 //! [`crate::train::report`]; progress output through a [`TrainObserver`]
 //! ([`crate::train::observer`]).
 
-use crate::train::budget::BudgetDecision;
+use crate::budget::BudgetDecision;
 use crate::train::epoch::{run_epoch, EpochEnd};
 pub use crate::train::guard::StopFlag;
 pub use crate::train::observer::{Console, TrainObserver};
