@@ -16,25 +16,24 @@
 //! Memory: each image is decoded, letterboxed, and its full-resolution pixels are dropped at once
 //! (only a ≤ 4096 px drawing copy is kept when saving), so a 108-MP input costs one decoded buffer.
 //!
-//! Why one file (about 875 lines of code, then its unit tests): the arguments of `yolo9 detect`
-//! with their parsers, the weights resolution `val` and `serve` share (`WeightsArgs`), and the per-
-//! source loops (images, video files, webcams/streams, sharing the per-frame writer
-//! `frame_outputs`); the output writers are in `crate::detect::output`, the frame readers in
-//! `crate::detect::video` and `crate::detect::stream`.
+//! Why one file (about 720 lines): the arguments of `yolo9 detect` (the detector's options, the
+//! outputs and the drawing are the library's `DetectorConfig`, `SinkOptions` and `DrawOptions`,
+//! flattened), the weights resolution `val` and `serve` share (`WeightsArgs`), and the per-source
+//! loops with their progress lines (images, video files, webcams/streams); the outputs are
+//! written by `crate::detect::output::Sinks`, the frames read by `crate::detect::video` and
+//! `crate::detect::stream`.
 use crate::data::image::load_rgb8;
 use crate::detect::config::DetectorConfig;
 use crate::detect::detector::{round_img_size, Detector};
-use crate::detect::draw::{canvas_for, draw_detections, DrawOptions};
-pub use crate::detect::output::{
-    annotated_name, count_summary, fmt_g, label_line, save_crops, unique_stems,
-};
+use crate::detect::draw::{canvas_for, draw_detections};
+pub use crate::detect::output::{annotated_name, count_summary, fmt_g, label_line, unique_stems};
+use crate::detect::output::{Item, SinkOptions, Sinks};
 use crate::detect::source::{expand_sources, Sources};
 use crate::detect::stream::{LiveReader, StreamOptions, StreamSource};
 use crate::device::{parse_device, DeviceSpec};
 use crate::runs::increment_path;
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -65,15 +64,9 @@ pub struct DetectArgs {
     /// else the CPU), cpu, or a CUDA index such as 0 (cuda:0).
     #[arg(long, default_value = "auto", value_parser = parse_device, allow_negative_numbers = true)]
     pub device: DeviceSpec,
-    /// Save YOLO label files (labels/<stem>.txt).
-    #[arg(long = "save-txt")]
-    pub save_txt: bool,
-    /// Add the confidence to --save-txt lines.
-    #[arg(long = "save-conf")]
-    pub save_conf: bool,
-    /// Write predictions.jsonl (one detection per line, original pixels).
-    #[arg(long)]
-    pub json: bool,
+    /// What is written into the run folder.
+    #[command(flatten)]
+    pub output: SinkOptions,
     /// Parent folder of the run folder.
     #[arg(long, default_value = "runs/detect")]
     pub project: PathBuf,
@@ -83,23 +76,6 @@ pub struct DetectArgs {
     /// Reuse the run folder if it exists instead of incrementing.
     #[arg(long = "exist-ok")]
     pub exist_ok: bool,
-    /// Box line thickness in pixels (≥ 1).
-    #[arg(long = "line-thickness", default_value = "3",
-          value_parser = clap::value_parser!(u32).range(1..=100))]
-    pub line_thickness: u32,
-    /// Do not draw labels.
-    #[arg(long = "hide-labels")]
-    pub hide_labels: bool,
-    /// Do not draw confidences.
-    #[arg(long = "hide-conf")]
-    pub hide_conf: bool,
-    /// Do not save annotated images.
-    #[arg(long)]
-    pub nosave: bool,
-    /// Save each detection's crop as crops/<class name>/<stem>.jpg (official --save-crop: the
-    /// box widened by 2% + 10 px; repeated names get 2, 3, ...).
-    #[arg(long = "save-crop")]
-    pub save_crop: bool,
     /// Videos and streams: detect every N-th frame (the annotated video of a file keeps the
     /// source's frame rate).
     #[arg(long = "vid-stride", default_value = "1",
@@ -350,35 +326,19 @@ pub fn run_with_streams(
     for (p, why) in skipped {
         eprintln!("skipped {}: {why}", p.display());
     }
-    let saving = !args.nosave || args.save_txt || args.json || args.save_crop;
+    let out = &args.output;
+    let saving = out.saving();
     let mut save_dir = increment_path(&args.project, &args.name, args.exist_ok);
     if saving {
         let inputs = files.iter().map(PathBuf::as_path);
         crate::runs::refuse_reused_dir(&args.project, &args.name, args.exist_ok, inputs)?;
         save_dir = crate::runs::claim_run_dir(&args.project, &args.name, args.exist_ok)
             .with_context(|| format!("cannot create the run folder {}", save_dir.display()))?;
-        if args.save_txt {
-            std::fs::create_dir_all(save_dir.join("labels"))
-                .with_context(|| format!("cannot create {}", save_dir.join("labels").display()))?;
-        }
     }
-    let mut jsonl = if args.json {
-        let p = save_dir.join("predictions.jsonl");
-        Some(std::io::BufWriter::new(
-            std::fs::File::create(&p).with_context(|| format!("cannot create {}", p.display()))?,
-        ))
-    } else {
-        None
-    };
-    let draw_opts = DrawOptions {
-        line_thickness: args.line_thickness,
-        hide_labels: args.hide_labels,
-        hide_conf: args.hide_conf,
-    };
+    let mut sinks = Sinks::open(&save_dir, out.clone())?;
     let max_det = detector.config().max_det;
     let (mut n_ok, mut n_bad) = (0usize, skipped.len());
     let (mut t_pre, mut t_inf, mut t_nms) = (0f64, 0f64, 0f64);
-    let mut n_labels = 0usize;
     // Images only (videos print their own per-frame times).
     let mut n_img = 0usize;
     let total = files.len() + streams.len();
@@ -390,23 +350,23 @@ pub fn run_with_streams(
         }
         let stem = &stems[k];
         let own = path.file_stem().map(|s| s.to_string_lossy().into_owned());
-        if own.as_deref() != Some(stem.as_str()) && (args.save_txt || !args.nosave) {
+        if own.as_deref() != Some(stem.as_str()) && (out.save_txt || !out.nosave) {
             eprintln!(
                 "note: {} is saved as {stem} (an earlier input has the same name)",
                 path.display()
             );
         }
         if crate::detect::video::is_video(path) {
-            let sinks = Sinks {
-                save_dir: &save_dir,
-                jsonl: jsonl.as_mut(),
-                draw: &draw_opts,
-            };
-            match detect_video(detector, args, path, stem, sinks, (k + 1, total), cancel) {
-                Ok(v) => {
-                    n_ok += 1;
-                    n_labels += v.labels;
-                }
+            match detect_video(
+                detector,
+                args,
+                path,
+                stem,
+                &mut sinks,
+                (k + 1, total),
+                cancel,
+            ) {
+                Ok(()) => n_ok += 1,
                 Err(e) => {
                     eprintln!("skipped {}: {e:#}", path.display());
                     n_bad += 1;
@@ -443,9 +403,9 @@ pub fn run_with_streams(
         // copy for drawing.
         let mut full = None;
         let mut canvas = None;
-        if args.save_crop {
+        if out.save_crop {
             full = Some(img);
-        } else if !args.nosave {
+        } else if !out.nosave {
             canvas = Some(canvas_for(img));
         } else {
             drop(img);
@@ -481,36 +441,21 @@ pub fn run_with_streams(
                 dets.len()
             );
         }
+        let source = path.to_string_lossy();
+        let item = Item {
+            source: &source,
+            stem,
+            frame: None,
+            size: (w, h),
+        };
+        sinks.write(item, &dets, full.as_ref())?;
         if let Some(img) = full {
-            save_crops(&save_dir, &img, &dets, stem)?;
-            if !args.nosave {
+            if !out.nosave {
                 canvas = Some(canvas_for(img));
             }
         }
-        if args.save_txt && !dets.is_empty() {
-            let lp = save_dir.join("labels").join(format!("{stem}.txt"));
-            let mut text = String::new();
-            for d in &dets {
-                text.push_str(&label_line(d, w, h, args.save_conf));
-                text.push('\n');
-            }
-            std::fs::write(&lp, text).with_context(|| format!("cannot write {}", lp.display()))?;
-            n_labels += 1;
-        }
-        if let Some(out) = jsonl.as_mut() {
-            for d in &dets {
-                let line = serde_json::json!({
-                    "image": path.to_string_lossy(),
-                    "class_id": d.class_id,
-                    "class_name": d.class_name,
-                    "confidence": d.confidence,
-                    "xyxy": d.bbox,
-                });
-                writeln!(out, "{line}").context("writing predictions.jsonl")?;
-            }
-        }
         if let Some((mut canvas, scale)) = canvas {
-            draw_detections(&mut canvas, &dets, scale, &draw_opts)?;
+            draw_detections(&mut canvas, &dets, scale, &out.draw)?;
             let op = save_dir.join(annotated_name(path, stem));
             if scale < 1.0 {
                 eprintln!(
@@ -538,26 +483,16 @@ pub fn run_with_streams(
             n += 1;
             stem = format!("{base}_{n}");
         }
-        let sinks = Sinks {
-            save_dir: &save_dir,
-            jsonl: jsonl.as_mut(),
-            draw: &draw_opts,
-        };
         let at = (files.len() + j + 1, total);
-        match detect_stream(detector, args, st, &stem, sinks, at, cancel) {
-            Ok(v) => {
-                n_ok += 1;
-                n_labels += v.labels;
-            }
+        match detect_stream(detector, args, st, &stem, &mut sinks, at, cancel) {
+            Ok(()) => n_ok += 1,
             Err(e) => {
                 eprintln!("skipped {}: {e:#}", st.name());
                 n_bad += 1;
             }
         }
     }
-    if let Some(mut out) = jsonl {
-        out.flush().context("writing predictions.jsonl")?;
-    }
+    let n_labels = sinks.finish()?;
     if n_img > 0 {
         let d = n_img as f64;
         println!(
@@ -570,7 +505,7 @@ pub fn run_with_streams(
     }
     if saving {
         let mut s = format!("Results saved to {}", save_dir.display());
-        if args.save_txt {
+        if out.save_txt {
             s.push_str(&format!(
                 "\n{n_labels} labels saved to {}",
                 save_dir.join("labels").display()
@@ -589,68 +524,29 @@ pub fn run_with_streams(
     Ok(())
 }
 
-/// Where one source's results go.
-struct Sinks<'a> {
-    save_dir: &'a Path,
-    jsonl: Option<&'a mut std::io::BufWriter<std::fs::File>>,
-    draw: &'a DrawOptions,
-}
-
-/// What [`detect_video`] wrote.
-struct VideoDone {
-    labels: usize,
-}
-
-/// Writes one detected frame of a video or stream: `labels/<stem>_<frame>.txt` with
-/// `--save-txt` (returns whether one was written), `predictions.jsonl` lines with a `frame`
-/// field (`image` is the source's name) with `--json`, crops with `--save-crop`, and the
+/// Writes one detected frame of a video or stream ([`Sinks::write`]: labels
+/// `<stem>_<frame>.txt`, `predictions.jsonl` lines with a `frame` field, crops) and the
 /// annotated frame to `writer`.
 fn frame_outputs(
-    args: &DetectArgs,
-    sinks: &mut Sinks<'_>,
+    sinks: &mut Sinks,
     (source, stem, frame): (&str, &str, u64),
     img: image::RgbImage,
     dets: &[crate::Detection],
     writer: Option<&mut crate::detect::video::FrameWriter>,
-) -> Result<bool> {
-    let (w, h) = img.dimensions();
-    let mut label = false;
-    if args.save_txt && !dets.is_empty() {
-        let lp = sinks
-            .save_dir
-            .join("labels")
-            .join(format!("{stem}_{frame}.txt"));
-        let text: String = dets
-            .iter()
-            .map(|d| label_line(d, w, h, args.save_conf) + "\n")
-            .collect();
-        std::fs::write(&lp, text).with_context(|| format!("cannot write {}", lp.display()))?;
-        label = true;
-    }
-    if let Some(out) = sinks.jsonl.as_mut() {
-        for d in dets {
-            let line = serde_json::json!({
-                "image": source,
-                "frame": frame,
-                "class_id": d.class_id,
-                "class_name": d.class_name,
-                "confidence": d.confidence,
-                "xyxy": d.bbox,
-            });
-            writeln!(out, "{line}").context("writing predictions.jsonl")?;
-        }
-        // A stream may run until it is stopped: each frame's lines are on disk at once.
-        out.flush().context("writing predictions.jsonl")?;
-    }
-    if args.save_crop {
-        save_crops(sinks.save_dir, &img, dets, stem)?;
-    }
+) -> Result<()> {
+    let item = Item {
+        source,
+        stem,
+        frame: Some(frame),
+        size: img.dimensions(),
+    };
+    sinks.write(item, dets, Some(&img))?;
     if let Some(wr) = writer {
         let mut canvas = img;
-        draw_detections(&mut canvas, dets, 1.0, sinks.draw)?;
+        draw_detections(&mut canvas, dets, 1.0, &sinks.options().draw)?;
         wr.write(&canvas)?;
     }
-    Ok(label)
+    Ok(())
 }
 
 /// Detection on every `--vid-stride`-th frame of a video (frames numbered from 1, as the
@@ -662,18 +558,18 @@ fn detect_video(
     args: &DetectArgs,
     path: &Path,
     stem: &str,
-    mut sinks: Sinks<'_>,
+    sinks: &mut Sinks,
     (k, total): (usize, usize),
     cancel: &crate::cancel::Cancel,
-) -> Result<VideoDone> {
+) -> Result<()> {
     use crate::detect::video::{probe, FrameReader, FrameWriter};
     let info = probe(path)?;
     let names = detector.names();
     let mut reader = FrameReader::open(path, &info)?;
-    let mut writer = if args.nosave {
+    let mut writer = if sinks.options().nosave {
         None
     } else {
-        let out = sinks.save_dir.join(format!("{stem}.mp4"));
+        let out = sinks.dir().join(format!("{stem}.mp4"));
         Some((
             FrameWriter::create(&out, info.width, info.height, info.fps)?,
             out,
@@ -684,7 +580,7 @@ fn detect_video(
         .map(|n| n.to_string())
         .unwrap_or_else(|| "?".into());
     let source = path.to_string_lossy();
-    let (mut frame, mut labels, mut detected) = (0u64, 0usize, 0u64);
+    let (mut frame, mut detected) = (0u64, 0u64);
     while let Some(img) = reader.next_frame()? {
         if cancel.requested() {
             eprintln!(
@@ -709,9 +605,7 @@ fn detect_video(
             t0.elapsed().as_secs_f64() * 1e3
         );
         let wr = writer.as_mut().map(|(w, _)| w);
-        if frame_outputs(args, &mut sinks, (&source, stem, frame), img, &dets, wr)? {
-            labels += 1;
-        }
+        frame_outputs(sinks, (&source, stem, frame), img, &dets, wr)?;
     }
     if let Some(msg) = reader.finish() {
         if !cancel.requested() {
@@ -729,7 +623,7 @@ fn detect_video(
     if frame == 0 {
         bail!("no frame could be decoded");
     }
-    Ok(VideoDone { labels })
+    Ok(())
 }
 
 /// Detection on a webcam or stream ([`LiveReader`]: the newest frame each time, so a slow
@@ -744,10 +638,10 @@ fn detect_stream(
     args: &DetectArgs,
     src: &StreamSource,
     stem: &str,
-    mut sinks: Sinks<'_>,
+    sinks: &mut Sinks,
     (k, total): (usize, usize),
     cancel: &crate::cancel::Cancel,
-) -> Result<VideoDone> {
+) -> Result<()> {
     use crate::detect::video::FrameWriter;
     let name = src.name();
     let opts = StreamOptions {
@@ -765,9 +659,9 @@ fn detect_stream(
         }
     );
     let names = detector.names();
-    let out = sinks.save_dir.join(format!("{stem}.mp4"));
+    let out = sinks.dir().join(format!("{stem}.mp4"));
     let mut writer: Option<FrameWriter> = None;
-    let (mut labels, mut off_size) = (0usize, 0u64);
+    let mut off_size = 0u64;
     let result = (|| -> Result<()> {
         while let Some(f) = reader.next(cancel)? {
             let t0 = Instant::now();
@@ -782,7 +676,7 @@ fn detect_stream(
                 count_summary(&dets, names),
                 t0.elapsed().as_secs_f64() * 1e3
             );
-            if !args.nosave && writer.is_none() {
+            if !sinks.options().nosave && writer.is_none() {
                 let (w, h) = f.image.dimensions();
                 writer = Some(FrameWriter::create_live(&out, w, h)?);
             }
@@ -795,9 +689,7 @@ fn detect_stream(
                 }
                 None => None,
             };
-            if frame_outputs(args, &mut sinks, (&name, stem, f.frame), f.image, &dets, wr)? {
-                labels += 1;
-            }
+            frame_outputs(sinks, (&name, stem, f.frame), f.image, &dets, wr)?;
         }
         Ok(())
     })();
@@ -833,7 +725,7 @@ fn detect_stream(
     if s.delivered == 0 {
         bail!("no frame was detected");
     }
-    Ok(VideoDone { labels })
+    Ok(())
 }
 
 #[cfg(test)]

@@ -19,21 +19,31 @@ static FONT_BYTES: &[u8] = include_bytes!("../../assets/fonts/DejaVuSansMono-Bol
 /// Longest side of a saved annotated image; larger inputs are drawn on a downscaled copy.
 pub const DRAW_MAX_SIDE: u32 = 4096;
 
-/// Drawing options (official `--line-thickness`, `--hide-labels`, `--hide-conf`).
+/// Box outline width of the official detect, pixels.
+pub const DEFAULT_LINE_THICKNESS: u32 = 3;
+
+/// Drawing options (official `--line-thickness`, `--hide-labels`, `--hide-conf`; `yolo9 detect`
+/// derives these flags from this struct).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
 pub struct DrawOptions {
-    /// Box outline width in pixels (≥ 1). Default 3, as the official detect.
+    /// Box line thickness in pixels (1..=100).
+    #[cfg_attr(feature = "cli", arg(long = "line-thickness",
+        default_value_t = DEFAULT_LINE_THICKNESS,
+        value_parser = clap::value_parser!(u32).range(1..=100)))]
     pub line_thickness: u32,
-    /// Draw only boxes, no label.
+    /// Do not draw labels (boxes only).
+    #[cfg_attr(feature = "cli", arg(long = "hide-labels"))]
     pub hide_labels: bool,
-    /// Label without the confidence.
+    /// Do not draw confidences.
+    #[cfg_attr(feature = "cli", arg(long = "hide-conf"))]
     pub hide_conf: bool,
 }
 
 impl Default for DrawOptions {
     fn default() -> Self {
         Self {
-            line_thickness: 3,
+            line_thickness: DEFAULT_LINE_THICKNESS,
             hide_labels: false,
             hide_conf: false,
         }

@@ -1,11 +1,179 @@
-//! What `yolo9 detect` (and a program doing the same) writes for each image: the
-//! `--save-txt` label line (official format, numbers as Python's `%g`), the per-image count
-//! summary, output names that never overwrite one another, the annotated image's file name and
-//! the `--save-crop` crops. The command line (`crate::cli::detect`) only wires these to its flags.
+//! What `yolo9 detect` (and a program doing the same) writes for each image or frame: the
+//! [`Sinks`] of a run folder (`labels/<stem>.txt`, `predictions.jsonl`, `crops/`), chosen by
+//! [`SinkOptions`]; the `--save-txt` label line (official format, numbers as Python's `%g`), the
+//! per-image count summary, output names that never overwrite one another, the annotated image's
+//! file name and the `--save-crop` crops. The command line (`crate::cli::detect`) derives its
+//! output flags from [`SinkOptions`] and runs the sources through one [`Sinks`].
 use crate::detect::detector::Detection;
+use crate::detect::draw::DrawOptions;
 use crate::detect::postprocess::xyxy_to_yolo;
 use anyhow::{Context, Result};
+use std::io::Write;
 use std::path::{Path, PathBuf};
+
+/// Which outputs a detection run writes into its run folder (the output flags of `yolo9
+/// detect`, derived from this struct). All off by default except the annotated images.
+#[derive(Debug, Clone, Default, PartialEq)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+pub struct SinkOptions {
+    /// Save YOLO label files (labels/<stem>.txt).
+    #[cfg_attr(feature = "cli", arg(long = "save-txt"))]
+    pub save_txt: bool,
+    /// Add the confidence to --save-txt lines.
+    #[cfg_attr(feature = "cli", arg(long = "save-conf"))]
+    pub save_conf: bool,
+    /// Write predictions.jsonl (one detection per line, original pixels).
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub json: bool,
+    /// Save each detection's crop as crops/<class name>/<stem>.jpg (official --save-crop: the
+    /// box widened by 2% + 10 px; repeated names get 2, 3, ...).
+    #[cfg_attr(feature = "cli", arg(long = "save-crop"))]
+    pub save_crop: bool,
+    /// Do not save annotated images (or videos).
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub nosave: bool,
+    /// How the annotated images are drawn.
+    #[cfg_attr(feature = "cli", command(flatten))]
+    pub draw: DrawOptions,
+}
+
+impl SinkOptions {
+    /// Whether anything is written (and so a run folder is needed).
+    pub fn saving(&self) -> bool {
+        !self.nosave || self.save_txt || self.json || self.save_crop
+    }
+}
+
+/// One image or frame handed to [`Sinks::write`].
+#[derive(Debug, Clone, Copy)]
+pub struct Item<'a> {
+    /// The source as written in `predictions.jsonl` (`image`): the file path, or the name of a
+    /// video or stream.
+    pub source: &'a str,
+    /// The output stem ([`unique_stems`]): labels go to `labels/<stem>.txt` (a frame's to
+    /// `labels/<stem>_<frame>.txt`), crops to `crops/<class>/<stem>.jpg`.
+    pub stem: &'a str,
+    /// The frame number of a video or stream (from 1); `None` for an image. Written as `frame`
+    /// in `predictions.jsonl`, whose lines are then flushed at once (a stream may run until it
+    /// is stopped).
+    pub frame: Option<u64>,
+    /// The image's size in original pixels `(w, h)` (the label lines are normalized by it).
+    pub size: (u32, u32),
+}
+
+/// The writers of one run folder: `labels/<stem>.txt` (`--save-txt`), `predictions.jsonl`
+/// (`--json`) and `crops/` (`--save-crop`), shared by the images, videos and streams of a run.
+/// The annotated images and videos are the caller's (they differ by source kind).
+pub struct Sinks {
+    dir: PathBuf,
+    opts: SinkOptions,
+    jsonl: Option<std::io::BufWriter<std::fs::File>>,
+    labels: usize,
+}
+
+impl Sinks {
+    /// Sinks writing into the run folder `dir` (which exists when `opts` saves anything):
+    /// creates `labels/` and `predictions.jsonl` as `opts` asks.
+    ///
+    /// Errors: a folder or file that cannot be created, named.
+    pub fn open(dir: &Path, opts: SinkOptions) -> Result<Sinks> {
+        if opts.save_txt {
+            let labels = dir.join("labels");
+            std::fs::create_dir_all(&labels)
+                .with_context(|| format!("cannot create {}", labels.display()))?;
+        }
+        let jsonl = if opts.json {
+            let p = dir.join("predictions.jsonl");
+            let f = std::fs::File::create(&p)
+                .with_context(|| format!("cannot create {}", p.display()))?;
+            Some(std::io::BufWriter::new(f))
+        } else {
+            None
+        };
+        Ok(Sinks {
+            dir: dir.to_path_buf(),
+            opts,
+            jsonl,
+            labels: 0,
+        })
+    }
+
+    /// The run folder.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The options.
+    pub fn options(&self) -> &SinkOptions {
+        &self.opts
+    }
+
+    /// Writes `dets` of `item`: its label file (when there are detections), its
+    /// `predictions.jsonl` lines, and with `--save-crop` the crops of `full` (the original
+    /// pixels; needed only then, so a caller may drop them early otherwise).
+    ///
+    /// Errors: a file that cannot be written, named.
+    pub fn write(
+        &mut self,
+        item: Item<'_>,
+        dets: &[Detection],
+        full: Option<&image::RgbImage>,
+    ) -> Result<()> {
+        let (w, h) = item.size;
+        if self.opts.save_txt && !dets.is_empty() {
+            let name = match item.frame {
+                Some(f) => format!("{}_{f}.txt", item.stem),
+                None => format!("{}.txt", item.stem),
+            };
+            let lp = self.dir.join("labels").join(name);
+            let text: String = dets
+                .iter()
+                .map(|d| label_line(d, w, h, self.opts.save_conf) + "\n")
+                .collect();
+            std::fs::write(&lp, text).with_context(|| format!("cannot write {}", lp.display()))?;
+            self.labels += 1;
+        }
+        if let Some(out) = self.jsonl.as_mut() {
+            for d in dets {
+                let mut line = serde_json::json!({
+                    "image": item.source,
+                    "class_id": d.class_id,
+                    "class_name": d.class_name,
+                    "confidence": d.confidence,
+                    "xyxy": d.bbox,
+                });
+                if let Some(f) = item.frame {
+                    line["frame"] = f.into();
+                }
+                writeln!(out, "{line}").context("writing predictions.jsonl")?;
+            }
+            if item.frame.is_some() {
+                out.flush().context("writing predictions.jsonl")?;
+            }
+        }
+        if self.opts.save_crop {
+            if let Some(img) = full {
+                save_crops(&self.dir, img, dets, item.stem)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Label files written so far.
+    pub fn labels_written(&self) -> usize {
+        self.labels
+    }
+
+    /// Flushes `predictions.jsonl`; returns the number of label files written.
+    ///
+    /// Errors: the flush failed.
+    pub fn finish(mut self) -> Result<usize> {
+        if let Some(out) = self.jsonl.as_mut() {
+            out.flush().context("writing predictions.jsonl")?;
+        }
+        Ok(self.labels)
+    }
+}
 
 /// Formats a number like C/Python `'%g'` (6 significant digits, trailing zeros removed,
 /// exponent form below 1e-4 or from 1e6).
