@@ -570,7 +570,7 @@ pub(crate) fn build<'a>(
     if opts.verbose {
         obs.line(&format!(
             "training {} images ({} batches of {}, micro-batch {}, accumulate {} for nominal batch 64) \
-             at {}x{} for {} epochs on {:?}{}; run folder {}",
+             at {}x{} for {} epochs on {}{}; run folder {}",
             loader.len(),
             nb,
             opts.batch,
@@ -579,7 +579,7 @@ pub(crate) fn build<'a>(
             opts.img,
             opts.img,
             opts.epochs,
-            device,
+            crate::device::name_of(&device),
             if model.amp() { " with mixed precision (bf16)" } else { "" },
             run_dir.display()
         ));
