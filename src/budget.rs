@@ -3,7 +3,7 @@
 //! detection (`yolo9 detect --budget`): a batch is chosen from the **measured** peak memory of
 //! real work at a few sizes, not from a guess.
 //!
-//! Method ([`search`]): a warm-up, then the work at 1, 2, 4, ... images, reading the peak of each
+//! Method (`search`): a warm-up, then the work at 1, 2, 4, ... images, reading the peak of each
 //! with [`MemoryProbe`]. A least-squares line `peak(b) = base + b · per_image` through the points
 //! ([`MemoryFit`]) gives the largest `b` whose predicted peak fits the budget minus a safety
 //! margin ([`MARGIN`]); that size is then measured once more and lowered while it does not fit.

@@ -13,6 +13,9 @@
 //! The metadata carries what Ultralytics-reading runtimes look for: `names` (a Python dict
 //! literal, `{0: 'RBC', …}`), `stride`, `imgsz`, `batch`, `task`, plus `description`,
 //! `author`, `version`, `date`.
+//!
+//! Why one file (about 710 lines): the traced ops' ONNX nodes, the in-graph decode and NMS and the
+//! model's metadata write one `ModelProto`; the protobuf messages are `onnx_pb.rs`.
 
 use super::onnx_pb::{
     attribute_type, data_type, dimension, AttributeProto, Dimension, GraphProto, ModelProto,

@@ -4,6 +4,9 @@
 //! the predicted class, columns the true class, "background" last; `PR_curve.png`
 //! (`plot_pr_curve`) and `F1_curve.png`, `P_curve.png`, `R_curve.png` (`plot_mc_curve`) from the
 //! curves of [`super::ap::ap_per_class`].
+//!
+//! Why one file (about 640 lines of code, then its unit tests): every picture of a validation run
+//! shares the plotters set-up, the colours and the file writing.
 
 use anyhow::{Context, Result};
 use plotters::prelude::*;

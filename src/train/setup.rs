@@ -2,6 +2,11 @@
 //! earlier run), option checks and hyperparameters, the device, the dataset scan, the batch and
 //! micro-batch (from the state, from measured memory or as given), then model, loss, optimizer
 //! and EMA (restored on `--resume`), the run folder and its files, and the loader.
+//!
+//! Why one file (about 750 lines): the two phases before training, [`resolve`] (what the run is:
+//! options, resume state, device, scan, batch sizing) and [`build`] (what it runs on: model, loss,
+//! optimizer, EMA, run folder, loader), share the `Resolved` hand-over and are read in order; the
+//! training engine's other parts (`step`, `epoch`, `state`, `report`) are their own files.
 
 use crate::budget::{BudgetDecision, AUTO_SHARE};
 use crate::data::image::load_rgb8;
