@@ -42,7 +42,7 @@ pub struct DetectorConfig {
     /// the letterbox. On the CPU a size whose estimated memory exceeds the free memory is
     /// refused before any work.
     #[serde(alias = "imgsz")]
-    #[cfg_attr(feature = "cli", arg(long = "img", visible_aliases = ["imgsz", "img-size"],
+    #[cfg_attr(feature = "cli", arg(long = "img", value_name = "IMG", visible_aliases = ["imgsz", "img-size"],
         default_value_t = defaults::IMG, value_parser = crate::parse::img,
         allow_negative_numbers = true))]
     pub img_size: u32,

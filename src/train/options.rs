@@ -63,9 +63,9 @@ pub struct TrainOptions {
     #[cfg_attr(feature = "cli", arg(long, default_value_t = defaults::IMG,
         value_parser = crate::parse::train_img))]
     pub img: u32,
-    /// Batch size the optimizer sees per iteration, or `auto` (0 in the struct: the largest the
-    /// memory budget allows, at most 64). Nominal batch 64 is kept by gradient accumulation.
-    /// Written to args.yaml as the size in effect.
+    /// Batch size the optimizer sees per iteration, or `auto` (stored as 0): the largest the
+    /// memory budget allows, at most 64. Nominal batch 64 is kept by gradient accumulation;
+    /// args.yaml records the size in effect.
     #[cfg_attr(feature = "cli", arg(long, default_value_t = defaults::BATCH,
         value_parser = crate::parse::batch))]
     pub batch: usize,
@@ -74,7 +74,7 @@ pub struct TrainOptions {
     #[serde(default)]
     #[cfg_attr(feature = "cli", arg(long, value_parser = crate::parse::positive))]
     pub micro_batch: Option<usize>,
-    /// Memory budget, e.g. 8GiB (bytes in the struct): the micro-batch is sized from measured
+    /// Memory budget, e.g. 8GiB (stored in bytes): the micro-batch is sized from measured
     /// training steps so that peak memory (device memory on CUDA, RSS on the CPU) stays within
     /// it. Without it there is no sizing unless the batch is `auto`, which uses 80% of the free
     /// memory.
@@ -90,9 +90,8 @@ pub struct TrainOptions {
     #[cfg_attr(feature = "cli", arg(long, default_value_t = defaults::NAN_PATIENCE))]
     pub nan_patience: usize,
     /// Mixed-precision (bf16) training on a CUDA device, on by default as in the official
-    /// trainer (`--amp false` trains in f32, with TF32 convolutions unless `--strict-fp32`; see
-    /// [`crate::model::yolov9::YoloV9Train::set_amp`]). No effect on the CPU, which always trains
-    /// in f32.
+    /// trainer (`--amp false` trains in f32, with TF32 convolutions unless `--strict-fp32`). No
+    /// effect on the CPU, which always trains in f32.
     #[serde(default = "amp")]
     #[cfg_attr(feature = "cli", arg(long, default_value_t = defaults::AMP,
         action = clap::ArgAction::Set))]
@@ -175,8 +174,7 @@ pub struct TrainOptions {
         value_parser = <OptimizerKind as std::str::FromStr>::from_str))]
     pub optimizer: OptimizerKind,
     /// Cache decoded training images: `ram` (also the value of a bare --cache). Skipped with a
-    /// warning when the images would not fit in the available memory (with a 10% margin; see
-    /// [`crate::train::cache`]).
+    /// warning when the images would not fit in the available memory (with a 10% margin).
     #[serde(default)]
     #[cfg_attr(feature = "cli", arg(long, num_args = 0..=1, default_value = "none",
         default_missing_value = "ram", hide_default_value = true,
