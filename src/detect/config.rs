@@ -42,9 +42,9 @@ pub struct DetectorConfig {
     /// the letterbox. On the CPU a size whose estimated memory exceeds the free memory is
     /// refused before any work.
     #[serde(alias = "imgsz")]
-    #[cfg_attr(feature = "cli", arg(long = "img", value_name = "IMG", visible_aliases = ["imgsz", "img-size"],
-        default_value_t = defaults::IMG, value_parser = crate::parse::img,
-        allow_negative_numbers = true))]
+    #[cfg_attr(feature = "cli", arg(long = "img", value_name = "IMG",
+        visible_aliases = ["imgsz", "img-size"], default_value_t = defaults::IMG,
+        value_parser = crate::parse::img, allow_negative_numbers = true))]
     pub img_size: u32,
     /// Confidence threshold in [0, 1]; a box needs a score strictly above it.
     #[cfg_attr(feature = "cli", arg(long = "conf-thres", visible_alias = "conf",
