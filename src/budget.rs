@@ -1,5 +1,5 @@
 //! Memory-budget sizing, shared by training (`yolo9 train --budget 8GiB`, `--batch auto`; the
-//! training step's probe is [`crate::train::budget`]), validation (`yolo9 val --budget`) and
+//! training step's probe is `crate::train::budget`), validation (`yolo9 val --budget`) and
 //! detection (`yolo9 detect --budget`): a batch is chosen from the **measured** peak memory of
 //! real work at a few sizes, not from a guess.
 //!
@@ -154,7 +154,7 @@ pub fn keep_cache_within(d: &BudgetDecision, probe: &MemoryProbe) {
 
 /// Sizes an inference batch (`yolo9 val --budget`): the peak of `model`'s forward on
 /// `img`×`img` inputs is measured at batches 1, 2, 4, ... and the largest batch up to
-/// `max_batch` that fits `budget` minus the margin is chosen, as [`crate::train::budget::plan`] does for training.
+/// `max_batch` that fits `budget` minus the margin is chosen, as `crate::train::budget::plan` does for training.
 pub fn plan_inference(
     model: &YoloV9,
     img: u32,
@@ -187,7 +187,7 @@ pub fn plan_inference(
     Ok(d)
 }
 
-/// The search shared by [`crate::train::budget::plan`] and [`plan_inference`]: a warm-up, points at 1, 2, 4, ... (up
+/// The search shared by `crate::train::budget::plan` and [`plan_inference`]: a warm-up, points at 1, 2, 4, ... (up
 /// to 4 on the CPU, 16 on a GPU, stopping before a size that the line through the points so far
 /// predicts above the limit, and at the first that exceeds it or runs out of memory), the fitted
 /// line, and a final measured check of the choice.

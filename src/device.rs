@@ -1,4 +1,4 @@
-//! Device selection (`--device cpu|N`), shared by `detect`, `train` and `val`.
+//! Device selection (`--device cpu|N`), shared by `detect`, `train`, `val` and `serve`.
 //!
 //! Accepted spellings (case-insensitive, surrounding spaces ignored): `cpu`, a CUDA index `0`,
 //! `cuda:0` or `cuda` (= `cuda:0`), `auto` or an empty value (the default: the first CUDA GPU
@@ -71,6 +71,10 @@ impl std::fmt::Display for DeviceSpec {
     }
 }
 
+/// The help of every subcommand's `--device` (one text, as the flag is one parser).
+pub const DEVICE_HELP: &str = "Device: auto (the first CUDA GPU when this build has CUDA and \
+one is present, else the CPU), cpu, or a CUDA index such as 0 (or cuda:0)";
+
 const SYNTAX: &str =
     "expected 'cpu', a CUDA device index such as 0 (or cuda:0), or a list like 0,1";
 
@@ -79,11 +83,14 @@ pub fn parse_device(s: &str) -> Result<DeviceSpec, String> {
     let t = s.trim().to_ascii_lowercase();
     if t.contains(',') {
         return Err(format!(
-            "'{s}' is a list; this command runs on one device ({SYNTAX})"
+            "'{s}' is a list; this command runs on one device: 'cpu' or a CUDA device index such \
+             as 0 (or cuda:0)"
         ));
     }
     parse_one(&t).ok_or_else(|| {
-        format!("invalid device '{s}': expected 'cpu' or a CUDA device index such as 0 (or cuda:0)")
+        format!(
+            "'{s}' is not a device: expected 'cpu' or a CUDA device index such as 0 (or cuda:0)"
+        )
     })
 }
 
@@ -262,7 +269,7 @@ mod tests {
             "\"cuda:3\""
         );
         let e = serde_json::from_str::<DeviceSpec>("\"gpu9x\"").unwrap_err();
-        assert!(e.to_string().contains("invalid device 'gpu9x'"), "{e}");
+        assert!(e.to_string().contains("'gpu9x' is not a device"), "{e}");
         assert_eq!(DeviceSpec::default(), DeviceSpec::Auto);
     }
 

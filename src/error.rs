@@ -42,7 +42,7 @@ pub enum Error {
     OutOfMemory(OutOfMemory),
     /// A device that is not available or failed to start (`--device 1` on a one-GPU machine, a
     /// CUDA device on a CPU-only build).
-    #[error("device: {0}")]
+    #[error("{0}")]
     Device(String),
     /// Reading or writing `path` failed.
     #[error("{}: {source}", .path.display())]

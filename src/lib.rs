@@ -1,25 +1,34 @@
 //! # yolo9 — YOLOv9 object detection and training in pure Rust on Candle
 //!
-//! One model definition (the official YOLOv9-s, WongKinYiu/yolov9 `models/detect/yolov9-s.yaml`)
-//! serves three users: the `yolo9` command line (`detect`, `train`, `val`, `convert`, `check`),
-//! and Rust programs embedding [`Detector`].
+//! One model definition (the official model descriptions of WongKinYiu/yolov9: yolov9-t/s/m/c/e
+//! and gelan-t/s/m/c/e) serves three users: the `yolo9` command line (`detect`, `train`, `val`,
+//! `check`, `convert`, `export`, `plot`, `serve`), Rust programs embedding [`Detector`] (configured
+//! by a [`DetectorConfig`]), and services built on `yolo9::serve`.
 //!
 //! Module map (the pipeline, one concept per module):
-//! - [`model`]: layers, the YOLOv9-s graph (training and inference), head, weights I/O.
-//! - [`convert`]: official PyTorch `.pt` checkpoints → safetensors, parsed without Python.
+//! - [`model`]: layers, the YOLOv9 graphs (training and inference), head, weights I/O.
+//! - [`pt`] and [`convert`]: official PyTorch `.pt` checkpoints → safetensors, parsed without
+//!   Python.
 //! - [`data`]: image decoding (EXIF, colour modes), dataset yaml, labels, augmentation, loader.
-//! - [`detect`]: letterbox, NMS, post-processing, drawing, the public [`Detector`].
-//! - [`loss`]: IoU/CIoU, the TaskAlignedAssigner, the dual-branch TAL loss.
-//! - [`metrics`]: mAP (official `ap_per_class`), validation reports.
-//! - [`train`]: optimizer, EMA, schedules, memory budget, checkpoints, the training loop.
+//! - [`detect`]: letterbox, NMS, post-processing, drawing, output sinks, the public [`Detector`]
+//!   and its options.
+//! - [`device`] and [`parse`]: `--device` and the other option values, parsed the same way by
+//!   every subcommand.
+//! - [`budget`], [`footprint`], [`memory`]: memory-budget sizing from measured peaks, the up-front
+//!   estimate, the probes.
+//! - `loss`: IoU/CIoU, the TaskAlignedAssigner, the dual-branch TAL loss.
+//! - `metrics`: mAP (official `ap_per_class`), validation, COCO evaluation, plots.
+//! - `train`: options, optimizer, EMA, schedules, the training step, checkpoints, the loop.
+//! - `export` (feature `export`): the inference graph as ONNX.
 //! - `serve` (feature `serve`, on by default): the HTTP detection service of `yolo9 serve`.
-//! - [`cli`]: the `yolo9` subcommands (thin wrappers around the library).
+//! - `cli`: the `yolo9` subcommands (thin wrappers around the library).
 //!
-//! Features: `cli` (the command line; implies `train`) and `serve` are on by default; `train`
-//! holds [`train`], [`loss`] and [`metrics`]. An embedder of [`Detector`] alone depends on
+//! Features: `cli` (the command line; implies `train` and `export`) and `serve` are on by default;
+//! `train` holds `train`, `loss` and `metrics`. An embedder of [`Detector`] alone depends on
 //! `yolo9 = { default-features = false }` and compiles neither clap, indicatif, plotters nor the
 //! training code.
-//! - `cuda` (feature `cuda`): cuDNN convolution forward/backward as candle custom ops.
+//! - `cuda` (feature `cuda`): cuDNN convolutions, CUDA kernels and CUDA-graph replay as candle
+//!   custom ops.
 #![warn(missing_docs)]
 
 pub mod budget;

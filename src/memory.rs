@@ -20,7 +20,7 @@
 //!   allocator behaves the same way); [`MemoryProbe::cap_cache`] lowers it again to keep the
 //!   cache within a budget.
 //!
-//! Used by the memory-budget batch sizing ([`crate::train::budget`]) and the per-epoch peak in
+//! Used by the memory-budget batch sizing ([`crate::budget`]) and the per-epoch peak in
 //! `results.csv`.
 
 use anyhow::{bail, Context, Result};

@@ -93,7 +93,7 @@ pub fn batch(s: &str) -> Result<usize, String> {
 /// `--budget`: a memory size such as `8GiB`, `512MiB` or a byte count
 /// ([`crate::memory::parse_size`]), in bytes.
 pub fn budget(s: &str) -> Result<u64, String> {
-    crate::memory::parse_size(s).map_err(|e| format!("{e:#}"))
+    crate::memory::parse_size(s).map_err(|e| format!("{e}"))
 }
 
 /// `--time`: a positive, finite number of hours.

@@ -169,7 +169,7 @@ fn binary_end_to_end_with_default_weights() {
     assert_eq!(code, 0, "{out}\n{err}");
     assert!(err.contains("using --img 672"), "{err}");
     assert!(out.contains(": 512x672 "), "{out}");
-    assert!(out.contains("1 images processed, 0 skipped"), "{out}");
+    assert!(out.contains("1 image processed, 0 skipped"), "{out}");
     let run = tmp.join("exp");
     assert!(run.join("crowd_640x480.jpg").is_file());
     let jsonl = std::fs::read_to_string(run.join("predictions.jsonl")).unwrap();

@@ -60,9 +60,9 @@ pub struct DetectArgs {
     /// Inference size, thresholds, class filter and precision (the detector's options).
     #[command(flatten)]
     pub config: DetectorConfig,
-    /// Device: auto (the default: the first CUDA GPU if this build has CUDA and one is present,
-    /// else the CPU), cpu, or a CUDA index such as 0 (cuda:0).
-    #[arg(long, default_value = "auto", value_parser = parse_device, allow_negative_numbers = true)]
+    /// The device ([`crate::device::DEVICE_HELP`]).
+    #[arg(long, default_value_t = DeviceSpec::Auto, value_parser = parse_device,
+          allow_negative_numbers = true, help = crate::device::DEVICE_HELP)]
     pub device: DeviceSpec,
     /// What is written into the run folder.
     #[command(flatten)]
@@ -273,7 +273,7 @@ pub fn run(args: DetectArgs) -> Result<()> {
 
 /// `--classes` against the model's classes `names`: a class id the model lacks is refused before
 /// any work, with the model's classes listed.
-fn check_classes(classes: Option<&[usize]>, names: &[String]) -> Result<()> {
+pub(crate) fn check_classes(classes: Option<&[usize]>, names: &[String]) -> Result<()> {
     if let Some(bad) = classes.and_then(|cs| cs.iter().find(|&&c| c >= names.len())) {
         bail!(
             "--classes {bad}: the model has {} classes (0..={}: {})",
@@ -514,7 +514,8 @@ pub fn run_with_streams(
         println!("{s}");
     }
     if streams.is_empty() {
-        println!("{n_ok} images processed, {n_bad} skipped");
+        let noun = if n_ok == 1 { "image" } else { "images" };
+        println!("{n_ok} {noun} processed, {n_bad} skipped");
     } else {
         println!("{n_ok} sources processed, {n_bad} skipped");
     }

@@ -23,7 +23,7 @@ pub struct ExportArgs {
     #[arg(long, value_enum, default_value = "onnx")]
     pub format: Format,
     /// Input size in pixels: one number (square) or H W; multiples of 32.
-    #[arg(long, num_args = 1..=2, default_values_t = [640])]
+    #[arg(long, visible_aliases = ["imgsz", "img-size"], num_args = 1..=2, default_values_t = [640])]
     pub img: Vec<usize>,
     /// Batch size of a static model.
     #[arg(long, default_value_t = 1)]
@@ -37,11 +37,13 @@ pub struct ExportArgs {
     /// An end-to-end model: NMS inside, outputs num_dets, boxes, scores, classes.
     #[arg(long)]
     pub nms: bool,
-    /// --nms: confidence threshold.
-    #[arg(long, default_value_t = 0.25)]
+    /// --nms: confidence threshold in (0, 1).
+    #[arg(long = "conf-thres", visible_alias = "conf", value_name = "CONF", default_value_t = 0.25,
+          value_parser = crate::parse::unit_f32, allow_negative_numbers = true)]
     pub conf: f32,
-    /// --nms: IoU threshold.
-    #[arg(long, default_value_t = 0.45)]
+    /// --nms: IoU threshold in [0, 1].
+    #[arg(long = "iou-thres", visible_alias = "iou", value_name = "IOU", default_value_t = 0.45,
+          value_parser = crate::parse::unit_f32, allow_negative_numbers = true)]
     pub iou: f32,
     /// --nms: detections per image at most.
     #[arg(long, default_value_t = 300)]

@@ -32,7 +32,7 @@ pub enum Command {
     Convert(convert::ConvertArgs),
     /// Scan a dataset (data.yaml) and report every problem, without training.
     Check(check::CheckArgs),
-    /// Train YOLOv9-s on a dataset (official train_dual.py recipe).
+    /// Train a YOLOv9 model on a dataset (official train_dual.py recipe).
     Train(Box<train::TrainArgs>),
     /// Validate weights on a dataset split (official val_dual.py).
     Val(val::ValArgs),

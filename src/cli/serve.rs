@@ -19,8 +19,9 @@ pub struct ServeArgs {
     /// The weights and, optionally, the model they are.
     #[command(flatten)]
     pub model: super::detect::WeightsArgs,
-    /// Device: auto (the first CUDA GPU if there is one, else the CPU), cpu, or a CUDA index.
-    #[arg(long, default_value = "auto", value_parser = parse_device, allow_negative_numbers = true)]
+    /// The device ([`crate::device::DEVICE_HELP`]).
+    #[arg(long, default_value_t = DeviceSpec::Auto, value_parser = parse_device,
+          allow_negative_numbers = true, help = crate::device::DEVICE_HELP)]
     pub device: DeviceSpec,
     /// Address to listen on (loopback by default; 0.0.0.0:PORT to accept other hosts).
     #[arg(long, default_value = "127.0.0.1:8080")]
@@ -67,6 +68,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     )?;
     // The notice of --half on the CPU; the detector picks the same dtype.
     let _ = inference_dtype(args.config.half, &device);
+    super::detect::check_classes(args.config.classes.as_deref(), &w.meta.names)?;
     let detector = Detector::with_weights(&w, device, args.config.clone())
         .with_context(|| format!("building the model from {}", weights.display()))?;
     let cfg = ServeConfig {

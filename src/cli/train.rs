@@ -12,7 +12,7 @@ pub struct TrainArgs {
     /// Dataset description (data.yaml); with --resume, only when the dataset moved.
     #[arg(long)]
     pub data: Option<PathBuf>,
-    /// Epochs (default 100; with --resume: extends the run to this many epochs).
+    /// Epochs; with --resume: extends the run to this many epochs [default: 100].
     #[arg(long)]
     pub epochs: Option<usize>,
     /// The run's options.

@@ -22,28 +22,30 @@ pub struct ValArgs {
     /// Split to validate: val or test.
     #[arg(long, default_value = "val")]
     pub split: String,
-    /// Inference size (long side, pixels, 1..=8192; multiple of 32). On the CPU a size and
+    /// Inference size (long side, pixels, 1..=8192), rounded up to a multiple of 32. On the CPU a size and
     /// batch whose estimated memory exceeds the free memory are refused before any work.
-    #[arg(long, default_value = "640", value_parser = crate::parse::img)]
+    #[arg(long, value_name = "IMG", visible_aliases = ["imgsz", "img-size"], default_value = "640",
+          value_parser = crate::parse::img, allow_negative_numbers = true)]
     pub img: u32,
     /// Batch size (≥ 1).
-    #[arg(long, default_value = "32", value_parser = crate::parse::positive)]
+    #[arg(long, default_value = "32", value_parser = crate::parse::positive,
+          allow_negative_numbers = true)]
     pub batch: usize,
     /// Confidence threshold in [0, 1].
-    #[arg(long, default_value = "0.001", value_parser = crate::parse::unit,
-          allow_negative_numbers = true)]
+    #[arg(long = "conf-thres", visible_alias = "conf", value_name = "CONF",
+          default_value = "0.001", value_parser = crate::parse::unit, allow_negative_numbers = true)]
     pub conf_thres: f64,
     /// NMS IoU threshold in [0, 1].
-    #[arg(long, default_value = "0.7", value_parser = crate::parse::unit,
-          allow_negative_numbers = true)]
+    #[arg(long = "iou-thres", visible_alias = "iou", value_name = "IOU", default_value = "0.7",
+          value_parser = crate::parse::unit, allow_negative_numbers = true)]
     pub iou_thres: f64,
     /// Maximum detections per image (≥ 1).
-    #[arg(long, default_value = "300", value_parser = crate::parse::positive)]
-    pub max_det: usize,
-    /// Device: auto (the default: the first CUDA GPU if there is one, else the CPU), cpu, or a
-    /// CUDA index such as 0 (cuda:0).
-    #[arg(long, default_value_t = DeviceSpec::Auto, value_parser = parse_device,
+    #[arg(long, default_value = "300", value_parser = crate::parse::positive,
           allow_negative_numbers = true)]
+    pub max_det: usize,
+    /// The device ([`crate::device::DEVICE_HELP`]).
+    #[arg(long, default_value_t = DeviceSpec::Auto, value_parser = parse_device,
+          allow_negative_numbers = true, help = crate::device::DEVICE_HELP)]
     pub device: DeviceSpec,
     /// Memory budget, e.g. 4GiB: the batch is the largest (up to --batch) whose measured forward
     /// peak fits.
@@ -93,8 +95,14 @@ pub fn parse_split(s: &str) -> Result<Split> {
 }
 
 /// Runs `yolo9 val`.
-pub fn run(a: ValArgs) -> Result<()> {
+pub fn run(mut a: ValArgs) -> Result<()> {
     let split = parse_split(&a.split)?;
+    // As the official `check_img_size`: the size is rounded up to a multiple of the stride.
+    let (img, note) = crate::cli::detect::effective_img(a.img);
+    if let Some(n) = note {
+        eprintln!("{n}");
+    }
+    a.img = img;
     ensure!(a.batch >= 1, "--batch must be at least 1");
     let cfg = DataConfig::load(&a.data)?;
     ensure!(

@@ -58,7 +58,7 @@ pub struct DetectorConfig {
     pub iou: f64,
     /// Maximum detections per image (≥ 1).
     #[cfg_attr(feature = "cli", arg(long = "max-det", default_value_t = defaults::MAX_DET,
-        value_parser = crate::parse::positive))]
+        value_parser = crate::parse::positive, allow_negative_numbers = true))]
     pub max_det: usize,
     /// Keep only these class ids, e.g. --classes 0 2 (default: every class).
     #[cfg_attr(feature = "cli", arg(long, num_args = 1..))]
@@ -115,7 +115,7 @@ impl DetectorConfig {
         if let Some(cs) = &self.classes {
             if let Some(c) = cs.iter().find(|&&c| c >= nc) {
                 return bad(format!(
-                    "class filter contains {c}, but the model has {nc} classes (0..{})",
+                    "class filter contains {c}, but the model has {nc} classes (0..={})",
                     nc.saturating_sub(1)
                 ));
             }

@@ -51,7 +51,7 @@ pub struct TrainOptions {
     #[cfg_attr(feature = "cli", arg(long))]
     pub weights: Option<PathBuf>,
     /// Model to train: yolov9-t, yolov9-s, yolov9-m, yolov9-c, yolov9-e, or a model yaml in the
-    /// official format (a DualDDetect graph). Default: the model of --weights, else yolov9-s.
+    /// official format (a DualDDetect graph) [default: the model of --weights, else yolov9-s].
     #[serde(default)]
     #[cfg_attr(feature = "cli", arg(long))]
     pub cfg: Option<String>,
@@ -60,21 +60,23 @@ pub struct TrainOptions {
     pub epochs: usize,
     /// Train/val image size in pixels (a multiple of 32 in 32..=8192). On the CPU a size and
     /// batch whose estimated memory exceeds the free memory are refused before any work.
-    #[cfg_attr(feature = "cli", arg(long, default_value_t = defaults::IMG,
-        value_parser = crate::parse::train_img))]
+    #[cfg_attr(feature = "cli", arg(long, visible_aliases = ["imgsz", "img-size"],
+        default_value_t = defaults::IMG, value_parser = crate::parse::train_img,
+        allow_negative_numbers = true))]
     pub img: u32,
-    /// Batch size the optimizer sees per iteration, or `auto` (stored as 0): the largest the
-    /// memory budget allows, at most 64. Nominal batch 64 is kept by gradient accumulation;
-    /// args.yaml records the size in effect.
+    /// Batch size the optimizer sees per iteration, or `auto`: the largest the memory budget
+    /// allows, at most 64 (`auto` is 0 here; args.yaml records the size in effect). Nominal batch
+    /// 64 is kept by gradient accumulation.
     #[cfg_attr(feature = "cli", arg(long, default_value_t = defaults::BATCH,
-        value_parser = crate::parse::batch))]
+        value_parser = crate::parse::batch, allow_negative_numbers = true))]
     pub batch: usize,
     /// Images per forward/backward, ≥ 1 (default: the whole batch, or what --budget picks); the
     /// gradients of a batch's micro-batches are summed.
     #[serde(default)]
-    #[cfg_attr(feature = "cli", arg(long, value_parser = crate::parse::positive))]
+    #[cfg_attr(feature = "cli", arg(long, value_parser = crate::parse::positive,
+        allow_negative_numbers = true))]
     pub micro_batch: Option<usize>,
-    /// Memory budget, e.g. 8GiB (stored in bytes): the micro-batch is sized from measured
+    /// Memory budget, e.g. 8GiB: the micro-batch is sized from measured
     /// training steps so that peak memory (device memory on CUDA, RSS on the CPU) stays within
     /// it. Without it there is no sizing unless the batch is `auto`, which uses 80% of the free
     /// memory.
@@ -102,14 +104,15 @@ pub struct TrainOptions {
     #[serde(default)]
     #[cfg_attr(feature = "cli", arg(long))]
     pub strict_fp32: bool,
-    /// Device: auto (the default: the first CUDA GPU if there is one, else the CPU), cpu, or a
-    /// CUDA index such as 0 (cuda:0).
+    /// The device: auto (the first CUDA GPU when this build has CUDA and one is present, else
+    /// the CPU), cpu, or a CUDA index such as 0 (or cuda:0).
     #[cfg_attr(feature = "cli", arg(long, default_value_t = DeviceSpec::Auto,
-        value_parser = crate::device::parse_device, allow_negative_numbers = true))]
+        value_parser = crate::device::parse_device, allow_negative_numbers = true,
+        help = crate::device::DEVICE_HELP))]
     pub device: DeviceSpec,
-    /// Loader threads, 0..=256 (0, the default: available cores - 1).
+    /// Loader threads, 0..=256 (0: available cores - 1).
     #[cfg_attr(feature = "cli", arg(long, default_value_t = 0,
-        value_parser = crate::parse::workers))]
+        value_parser = crate::parse::workers, allow_negative_numbers = true))]
     pub workers: usize,
     /// Seed of initialization, shuffling and augmentation.
     #[cfg_attr(feature = "cli", arg(long, default_value_t = 0))]
@@ -167,8 +170,8 @@ pub struct TrainOptions {
     #[serde(default)]
     #[cfg_attr(feature = "cli", arg(long, num_args = 1.., value_name = "N"))]
     pub freeze: Vec<usize>,
-    /// Optimizer: SGD (default), Adam or AdamW, with the official parameter groups and betas
-    /// (momentum, 0.999) (official `smart_optimizer`).
+    /// Optimizer: SGD, Adam or AdamW, with the official parameter groups and betas (momentum,
+    /// 0.999) (official `smart_optimizer`).
     #[serde(default)]
     #[cfg_attr(feature = "cli", arg(long, default_value = "SGD",
         value_parser = <OptimizerKind as std::str::FromStr>::from_str))]
