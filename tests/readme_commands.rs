@@ -411,8 +411,9 @@ fn check_outputs(command: &str, root: &Path, out: &str, err: &str) {
                     "BloodImage_00033.jpg",
                 ]
             };
+            let noun = if images.len() == 1 { "image" } else { "images" };
             assert!(
-                both.contains(&format!("{} images processed, 0 skipped", images.len())),
+                both.contains(&format!("{} {noun} processed, 0 skipped", images.len())),
                 "{command}\n{both}"
             );
             for i in images {
