@@ -282,7 +282,8 @@ pub fn halve_on_oom<T>(
             Ok(v) => return Ok((v, size, halvings)),
             Err(e) if is_oom(&e) && size > 1 => {
                 let new = size / 2;
-                tracing::warn!(
+                // `info`: the callers tell their user (the trainer's observer, val's line).
+                tracing::info!(
                     from = size,
                     to = new,
                     "out of memory; retrying at half the size"

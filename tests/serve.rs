@@ -352,7 +352,7 @@ fn padded_batches_detect_what_unpadded_ones_do() {
     let det = Detector::load(shipped(), Device::Cpu).unwrap();
     let img =
         image::DynamicImage::ImageRgb8(yolo9::data::image::load_rgb8(&examples()[1]).unwrap());
-    let nms = det.nms_options().clone();
+    let nms = det.nms_options();
     let want = det
         .detect_batch_with(std::slice::from_ref(&img), 640, &nms)
         .unwrap();

@@ -20,19 +20,29 @@ pub struct TrainArgs {
     pub opts: TrainOptions,
 }
 
+impl TrainArgs {
+    /// The run's options: `--data` (optional with `--resume`) and `--epochs` (with `--resume`,
+    /// the number to extend the run to) put into the flattened options.
+    ///
+    /// Errors: neither `--data` nor `--resume`.
+    pub fn into_options(self) -> Result<TrainOptions> {
+        let data = match (self.data, &self.opts.resume) {
+            (Some(d), _) => d,
+            (None, Some(_)) => PathBuf::new(),
+            (None, None) => anyhow::bail!("--data is required (or --resume RUN)"),
+        };
+        Ok(TrainOptions {
+            data,
+            epochs: self.epochs.unwrap_or(self.opts.epochs),
+            extend_epochs: self.opts.resume.is_some().then_some(self.epochs).flatten(),
+            ..self.opts
+        })
+    }
+}
+
 /// Runs `yolo9 train`.
 pub fn run(a: TrainArgs) -> Result<()> {
-    let data = match (&a.data, &a.opts.resume) {
-        (Some(d), _) => d.clone(),
-        (None, Some(_)) => PathBuf::new(),
-        (None, None) => anyhow::bail!("--data is required (or --resume RUN)"),
-    };
-    let opts = TrainOptions {
-        data,
-        epochs: a.epochs.unwrap_or(a.opts.epochs),
-        extend_epochs: a.opts.resume.is_some().then_some(a.epochs).flatten(),
-        ..a.opts
-    };
+    let opts = a.into_options()?;
     // SIGINT/SIGTERM stop the run within one image, probe step or batch in every phase (its
     // state saved once training has begun).
     let stop = StopFlag::install()?;
@@ -147,12 +157,7 @@ mod tests {
     #[test]
     fn command_line_defaults_are_the_library_defaults() {
         use crate::train::trainer::TrainOptions;
-        let a = train_args(&[]).unwrap();
-        let o = TrainOptions {
-            data: a.data.unwrap(),
-            epochs: a.epochs.unwrap_or(a.opts.epochs),
-            ..a.opts
-        };
+        let o = train_args(&[]).unwrap().into_options().unwrap();
         let lib = TrainOptions::new("d.yaml".into());
         assert_eq!(
             serde_json::to_value(&o).unwrap(),

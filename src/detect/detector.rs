@@ -68,8 +68,6 @@ pub struct Detector {
     model: Box<dyn InferenceModel>,
     device: Device,
     config: DetectorConfig,
-    /// `config.nms()`, kept for the calls.
-    nms: NmsOptions,
 }
 
 impl std::fmt::Debug for Detector {
@@ -101,12 +99,8 @@ impl Detector {
     /// what is wrong), [`Error::InvalidOption`] for an option out of range,
     /// [`Error::OutOfMemory`] when the model does not fit on `device`.
     pub fn new(path: impl AsRef<Path>, device: Device, config: DetectorConfig) -> Out<Self> {
-        let path = path.as_ref();
-        let weights = crate::model::weights::Weights::load(path)?;
         let dtype = config.dtype(&device);
-        let model = out(load_model(&weights, &device, dtype)
-            .with_context(|| format!("building the model from {}", path.display())))?;
-        Self::from_boxed(model, device).with_config(config)
+        Self::load_dtype(path, device, dtype)?.with_config(config)
     }
 
     /// [`Detector::new`] with the default options ([`DetectorConfig::default`]: 640 px, conf
@@ -160,12 +154,10 @@ impl Detector {
     }
 
     fn from_boxed(model: Box<dyn InferenceModel>, device: Device) -> Self {
-        let config = DetectorConfig::default();
         Self {
             model,
             device,
-            nms: config.nms(),
-            config,
+            config: DetectorConfig::default(),
         }
     }
 
@@ -177,7 +169,6 @@ impl Detector {
     pub fn with_config(mut self, config: DetectorConfig) -> Out<Self> {
         config.validate(self.names().len())?;
         tracing::debug!(device = ?self.device.location(), ?config, "detector configured");
-        self.nms = config.nms();
         self.config = config;
         Ok(self)
     }
@@ -207,9 +198,9 @@ impl Detector {
     pub fn requested_img_size(&self) -> u32 {
         self.config.img_size
     }
-    /// The NMS options in use.
-    pub fn nms_options(&self) -> &NmsOptions {
-        &self.nms
+    /// The NMS options in use ([`DetectorConfig::nms`]).
+    pub fn nms_options(&self) -> NmsOptions {
+        self.config.nms()
     }
 
     /// Checks the options of one call ([`Detector::detect_batch_with`]) as
@@ -314,7 +305,7 @@ impl Detector {
     /// Step 3: NMS on a `(B, 4+nc, A)` output (any device; see [`crate::detect::postprocess::host_candidates`]) and scaling
     /// to original pixels (`infos[b]`).
     pub fn postprocess(&self, pred: &Tensor, infos: &[LetterboxInfo]) -> Out<Vec<Vec<Detection>>> {
-        out(self.postprocess_with(pred, infos, &self.nms))
+        out(self.postprocess_with(pred, infos, &self.config.nms()))
     }
 
     fn postprocess_with(
@@ -392,7 +383,7 @@ impl Detector {
     /// Detects objects in several images. Images whose letterboxes have the same size run as one
     /// batch; results are identical to calling [`Detector::detect`] on each, in input order.
     pub fn detect_batch(&self, imgs: &[DynamicImage]) -> Out<Vec<Vec<Detection>>> {
-        self.detect_batch_with(imgs, self.config.img_size, &self.nms)
+        self.detect_batch_with(imgs, self.config.img_size, &self.config.nms())
     }
 
     /// [`Detector::detect_batch`] with another inference size and NMS options than the

@@ -190,7 +190,7 @@ pub async fn serve(
     });
     let defaults = Params {
         img: detector.requested_img_size(),
-        nms: detector.nms_options().clone(),
+        nms: detector.nms_options(),
     };
     let cpu = detector.device().is_cpu();
     let (tx, rx) = std::sync::mpsc::sync_channel::<Job>(cfg.queue);

@@ -93,7 +93,8 @@ impl Run<'_> {
         self.nan_streak = 0;
         self.counters.nan_rollbacks += 1;
         self.counters.lr_scale *= 0.5;
-        tracing::warn!(
+        // `info`: the observer shows the rollback (with --verbose); this is for embedders' logs.
+        tracing::info!(
             why,
             restored = %self.good.label,
             lr_scale = self.counters.lr_scale,
