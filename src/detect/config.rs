@@ -21,6 +21,9 @@ pub mod defaults {
     pub const MAX_DET: usize = 1000;
 }
 
+/// Most CPU threads a detector accepts ([`DetectorConfig::threads`]).
+pub const MAX_THREADS: usize = 1024;
+
 /// Largest inference size a detector accepts, pixels (after rounding to a multiple of 32). The
 /// command line stops at [`crate::parse::MAX_IMG`].
 pub const MAX_IMG_SIZE: u32 = 16_384;
@@ -75,6 +78,10 @@ pub struct DetectorConfig {
     /// NMS stay f32). On the CPU it is ignored (f32 is used; half precision is slower there).
     #[cfg_attr(feature = "cli", arg(long))]
     pub half: bool,
+    /// CPU threads of the network (the detector's own pool, [`crate::model::cpu`]); 0: every
+    /// CPU this process may use (or `YOLO9_THREADS`). Ignored on a GPU.
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 0, value_name = "N"))]
+    pub threads: usize,
 }
 
 impl Default for DetectorConfig {
@@ -88,6 +95,7 @@ impl Default for DetectorConfig {
             agnostic: false,
             multi_label: false,
             half: false,
+            threads: 0,
         }
     }
 }
@@ -119,6 +127,12 @@ impl DetectorConfig {
                     nc.saturating_sub(1)
                 ));
             }
+        }
+        if self.threads > MAX_THREADS {
+            return bad(format!(
+                "threads {} is more than {MAX_THREADS}; use 0 for every CPU",
+                self.threads
+            ));
         }
         self.effective_img_size().map(|_| ())
     }

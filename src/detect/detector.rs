@@ -49,6 +49,9 @@ pub trait InferenceModel: Send + Sync {
     fn graph_counts(&self) -> (usize, usize) {
         (0, 0)
     }
+    /// Runs the network on `threads` CPU threads from now on (0: the default); a model without
+    /// a thread setting ignores it.
+    fn set_threads(&mut self, _threads: usize) {}
 }
 
 /// What the public methods return: [`crate::Error`], so that a service can match on the kind.
@@ -168,6 +171,9 @@ impl Detector {
     /// Errors: [`Error::InvalidOption`] naming the option and its value.
     pub fn with_config(mut self, config: DetectorConfig) -> Out<Self> {
         config.validate(self.names().len())?;
+        if config.threads != self.config.threads {
+            self.model.set_threads(config.threads);
+        }
         tracing::debug!(device = ?self.device.location(), ?config, "detector configured");
         self.config = config;
         Ok(self)
@@ -214,7 +220,7 @@ impl Detector {
             classes: o.classes.clone(),
             agnostic: o.agnostic,
             multi_label: o.multi_label,
-            half: false,
+            ..DetectorConfig::default()
         }
         .validate(self.names().len())
     }
@@ -460,6 +466,9 @@ impl InferenceModel for crate::model::yolov9::YoloV9 {
     }
     fn graph_counts(&self) -> (usize, usize) {
         crate::model::yolov9::YoloV9::graph_counts(self)
+    }
+    fn set_threads(&mut self, threads: usize) {
+        self.set_threads(threads);
     }
 }
 

@@ -7,7 +7,9 @@
 //! - [`conv`]: `Conv` (conv + BN + SiLU), BN folding, train/eval BatchNorm.
 //! - [`bn_act`]: train-mode BatchNorm fused with SiLU (custom op with closed-form backward).
 //! - [`bias_act`]: the folded-BN inference epilogue `act(x + b)` as one op.
-//! - [`cpu_conv`]: the CPU inference convolution (im2col + one GEMM).
+//! - [`cpu`]: the CPU inference engine (planned, NHWC, fused, multi-threaded) that runs
+//!   [`YoloV9::forward`] on the CPU.
+//! - [`cpu_conv`]: the CPU convolution of candle-op forwards (im2col + one GEMM).
 //! - [`blocks`]: `RepConvN`, `RepNBottleneck`, `RepNCSP`, `RepNCSPELAN4`, `ELAN1`, `AConv`,
 //!   `ADown`, `SPPELAN`, `CBLinear`.
 //! - [`pool`]: PyTorch-exact, differentiable avg/max pooling and nearest upsampling.
@@ -25,6 +27,7 @@ pub mod bias_act;
 pub mod blocks;
 pub mod bn_act;
 pub mod conv;
+pub mod cpu;
 pub mod cpu_conv;
 pub mod graphs;
 pub mod head;

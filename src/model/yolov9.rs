@@ -11,6 +11,7 @@
 //! other.
 
 use super::arch::{Arch, Src};
+use super::cpu::CpuEngine;
 use super::graphs::ForwardGraphs;
 use super::head::{decode, DetectHead, REG_MAX};
 use super::keys::NameMap;
@@ -81,6 +82,11 @@ pub struct YoloV9 {
     graphs: ForwardGraphs,
     /// The activation layout of the network ([`YoloV9::with_channels_last`]).
     layout: Layout,
+    /// Threads of the CPU engine (0: [`super::cpu::default_threads`]).
+    threads: usize,
+    /// The CPU engine ([`super::cpu`]) of an f32 model on the CPU, compiled on the first
+    /// forward; `Err` (the reason, logged once) when it cannot run this graph.
+    cpu: std::sync::OnceLock<std::result::Result<Arc<CpuEngine>, String>>,
 }
 
 /// The memory layout an inference model runs its activations in.
@@ -161,6 +167,8 @@ impl YoloV9 {
             dtype,
             graphs: ForwardGraphs::new(),
             layout: default_layout(device),
+            threads: 0,
+            cpu: std::sync::OnceLock::new(),
         })
     }
 
@@ -188,6 +196,45 @@ impl YoloV9 {
             self.layout = Layout::Nchw;
         }
         self
+    }
+
+    /// The same model with its CPU forward run on `threads` threads (0: the default,
+    /// [`super::cpu::default_threads`]). No effect on a GPU.
+    pub fn with_threads(mut self, threads: usize) -> Self {
+        self.set_threads(threads);
+        self
+    }
+
+    /// [`YoloV9::with_threads`] in place (the CPU engine is compiled again on the next forward).
+    pub fn set_threads(&mut self, threads: usize) {
+        if threads != self.threads {
+            self.threads = threads;
+            self.cpu = std::sync::OnceLock::new();
+        }
+    }
+
+    /// The CPU engine that runs [`YoloV9::forward`] for an f32 model on the CPU (compiled on
+    /// the first call), or `None`: on a GPU, in half precision, with `YOLO9_CPU_ENGINE=0`, or
+    /// when it cannot compile the graph (then the reason is logged once and candle's ops run).
+    pub fn cpu_engine(&self) -> Option<&CpuEngine> {
+        if !matches!(self.device, Device::Cpu) || self.dtype != DType::F32 {
+            return None;
+        }
+        if std::env::var("YOLO9_CPU_ENGINE").is_ok_and(|v| v.trim() == "0") {
+            return None;
+        }
+        let e = self.cpu.get_or_init(|| {
+            CpuEngine::new(self, self.threads)
+                .map(Arc::new)
+                .map_err(|e| {
+                    let e = format!("{e:#}");
+                    tracing::warn!(
+                        "the CPU engine cannot run this model ({e}); using candle's ops"
+                    );
+                    e
+                })
+        });
+        e.as_ref().ok().map(|e| e.as_ref())
     }
 
     /// The layout policy of the network.
@@ -270,6 +317,9 @@ impl YoloV9 {
     /// ([`crate::model::graphs`]; same values, one launch); [`YoloV9::forward_launched`] never is.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         check_input(x)?;
+        if let Some(e) = self.cpu_engine() {
+            return e.forward(&x.to_device(&Device::Cpu)?);
+        }
         let x = x.to_device(&self.device)?;
         self.graphs.run(&x, &|x| self.forward_launched(x))
     }

@@ -1,0 +1,489 @@
+//! The CPU engine's kernels on NHWC activations: the convolution (GEMM on tiles of output
+//! pixels with the bias, SiLU and residual applied to each tile while it is in cache), pooling,
+//! upsampling, additions, copies into concatenation slots, and the head decode. Every kernel
+//! splits its work over the engine's thread pool.
+//!
+//! An activation is an [`Act`]: a base pointer and a row stride `ld` (floats between two
+//! pixels), so a value that lives in a channel slice of a wider buffer (a concatenation's
+//! storage) is read and written in place.
+
+use super::gemm;
+use super::math;
+use anyhow::{ensure, Result};
+use candle_core::Tensor;
+use rayon::prelude::*;
+use rayon::ThreadPool;
+
+/// A convolution's folded weights, repacked once for the GEMM: per group the
+/// `(k·k·C_in/g) × (C_out/g)` matrix whose row `(ky·k + kx)·C_in/g + ci` holds the kernel taps
+/// of input channel `ci` at `(ky, kx)` (the column order of the im2col rows), in the panels of
+/// [`gemm::pack`]; and the bias.
+#[derive(Debug)]
+pub(crate) struct ConvWeights {
+    pub k: usize,
+    pub stride: usize,
+    pub pad: usize,
+    pub groups: usize,
+    /// Input channels per group.
+    pub cig: usize,
+    /// Output channels per group.
+    pub cog: usize,
+    /// Output channels.
+    pub co: usize,
+    pub act: bool,
+    /// Per group [`gemm::packed_len`]`(K, cog)` floats, K = k·k·cig.
+    pub w: Vec<f32>,
+    pub bias: Vec<f32>,
+}
+
+impl ConvWeights {
+    /// Packs a folded kernel `(C_out, C_in/groups, k, k)` f32 and bias `(C_out,)` (zeros when
+    /// absent). Errors: a non-square kernel, or shapes that disagree.
+    pub fn pack(
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+        stride: usize,
+        pad: usize,
+        groups: usize,
+        act: bool,
+    ) -> Result<Self> {
+        let (co, cig, kh, kw) = weight.dims4()?;
+        ensure!(
+            kh == kw,
+            "cpu engine: a {kh}x{kw} kernel (only square ones)"
+        );
+        ensure!(
+            groups > 0 && co % groups == 0 && stride > 0,
+            "cpu engine: {co} output channels in {groups} groups, stride {stride}"
+        );
+        let k = kh;
+        let cog = co / groups;
+        let src = weight
+            .to_dtype(candle_core::DType::F32)?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
+        let kk = k * k * cig;
+        let per = gemm::packed_len(kk, cog);
+        let mut w = vec![0f32; groups * per];
+        for g in 0..groups {
+            // Row (ky·k + kx)·cig + ci, column j of group g's matrix.
+            gemm::pack(kk, cog, &mut w[g * per..(g + 1) * per], |row, j| {
+                let (tap, ci) = (row / cig, row % cig);
+                let (ky, kx) = (tap / k, tap % k);
+                src[(((g * cog + j) * cig + ci) * k + ky) * k + kx]
+            });
+        }
+        let bias = match bias {
+            Some(b) => {
+                let b = b
+                    .to_dtype(candle_core::DType::F32)?
+                    .flatten_all()?
+                    .to_vec1::<f32>()?;
+                ensure!(
+                    b.len() == co,
+                    "cpu engine: bias of {} for {co} channels",
+                    b.len()
+                );
+                b
+            }
+            None => vec![0.0; co],
+        };
+        Ok(Self {
+            k,
+            stride,
+            pad,
+            groups,
+            cig,
+            cog,
+            co,
+            act,
+            w,
+            bias,
+        })
+    }
+
+    /// Input channels.
+    pub fn ci(&self) -> usize {
+        self.cig * self.groups
+    }
+
+    /// Output size for an input of `h × w`.
+    pub fn out_hw(&self, h: usize, w: usize) -> (usize, usize) {
+        let o = |n: usize| (n + 2 * self.pad).saturating_sub(self.k) / self.stride + 1;
+        (o(h), o(w))
+    }
+
+    /// A 1×1, stride-1, unpadded conv: a plain GEMM on the NHWC rows (no im2col).
+    fn pointwise(&self) -> bool {
+        self.k == 1 && self.stride == 1 && self.pad == 0
+    }
+
+    /// Floats of im2col scratch one task needs (0 for a pointwise conv).
+    pub fn scratch(&self) -> usize {
+        if self.pointwise() {
+            0
+        } else {
+            let kk = self.k * self.k * self.cig;
+            tile_rows(kk) * kk
+        }
+    }
+}
+
+/// Output pixels per task of a conv whose GEMM depth is `kk`: the tile's rows of A stay near
+/// 512 KiB (in L2), a multiple of the micro-kernel's rows, between 24 and 480.
+fn tile_rows(kk: usize) -> usize {
+    ((131_072 / kk.max(1)) / gemm::MR * gemm::MR).clamp(2 * gemm::MR, 480)
+}
+
+/// An NHWC activation: `b × h × w` pixels of `c` channels, pixel `(n, y, x)` at
+/// `ptr + ((n·h + y)·w + x)·ld`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Act {
+    pub ptr: *mut f32,
+    pub ld: usize,
+    pub b: usize,
+    pub h: usize,
+    pub w: usize,
+    pub c: usize,
+}
+
+// SAFETY: an Act is a view into the engine's arena; the plan gives concurrently running tasks
+// disjoint pixels or channels to write, and nothing frees the arena while a forward runs.
+unsafe impl Send for Act {}
+unsafe impl Sync for Act {}
+
+impl Act {
+    /// The float `i` floats past the base (a method, so that closures capture the whole Act).
+    fn at(&self, i: usize) -> *mut f32 {
+        self.ptr.wrapping_add(i)
+    }
+    fn pixels(&self) -> usize {
+        self.b * self.h * self.w
+    }
+    /// The channels of flat pixel `p`.
+    ///
+    /// SAFETY: `p` < pixels, and the caller holds the only writer of these floats.
+    #[inline(always)]
+    unsafe fn px(&self, p: usize) -> &mut [f32] {
+        std::slice::from_raw_parts_mut(self.ptr.add(p * self.ld), self.c)
+    }
+}
+
+/// Per-thread scratch: `per` floats for each pool thread.
+#[derive(Clone, Copy)]
+pub(crate) struct Scratch {
+    pub ptr: *mut f32,
+    pub per: usize,
+}
+// SAFETY: each thread uses only its own `per`-sized slice (by its pool index).
+unsafe impl Send for Scratch {}
+unsafe impl Sync for Scratch {}
+
+impl Scratch {
+    /// The slice of the running thread: its index in the engine's pool when `parallel`, else
+    /// the first slice.
+    ///
+    /// SAFETY: with `parallel`, called from a thread of the pool the scratch was sized for.
+    unsafe fn mine(&self, parallel: bool) -> &mut [f32] {
+        let t = if parallel {
+            rayon::current_thread_index().unwrap_or(0)
+        } else {
+            0
+        };
+        std::slice::from_raw_parts_mut(self.ptr.add(t * self.per), self.per)
+    }
+}
+
+/// `y = act(conv(x) + bias) (+ res)` (see [`ConvWeights`]); `y` is `x`'s output shape.
+pub(crate) fn conv(
+    pool: &ThreadPool,
+    x: Act,
+    y: Act,
+    res: Option<Act>,
+    cw: &ConvWeights,
+    scratch: Scratch,
+) {
+    let kk = cw.k * cw.k * cw.cig;
+    let pixels = y.pixels();
+    let threads = pool.current_num_threads();
+    // Rows per task: smaller than the tile when there are too few tiles for the threads.
+    let mt = tile_rows(kk).min(pixels.div_ceil(2 * threads).next_multiple_of(gemm::MR));
+    let tiles = pixels.div_ceil(mt);
+    // Column blocks (whole panels) when the rows alone leave threads idle.
+    let panels = cw.cog.div_ceil(gemm::NR);
+    let nb = if tiles >= 2 * threads {
+        1
+    } else {
+        (2 * threads).div_ceil(tiles).min(panels).max(1)
+    };
+    let bw = panels.div_ceil(nb) * gemm::NR;
+    let nb = cw.cog.div_ceil(bw);
+    let tasks = tiles * nb;
+    let parallel = threads > 1 && tasks > 1;
+    let run = |task: usize| {
+        let (t, jb) = (task / nb, task % nb);
+        let p0 = t * mt;
+        let m = mt.min(pixels - p0);
+        let j0 = jb * bw;
+        let n = bw.min(cw.cog - j0);
+        for g in 0..cw.groups {
+            let per = gemm::packed_len(kk, cw.cog);
+            // Group g's panels from the one holding column j0.
+            let wg = cw.w[g * per + j0 * kk..].as_ptr();
+            // SAFETY: pointers stay within the activations and weights described by the plan;
+            // this task alone writes output pixels p0..p0+m, channels g·cog + j0 .. + n.
+            unsafe {
+                let dst = y.ptr.add(p0 * y.ld + g * cw.cog + j0);
+                if cw.pointwise() {
+                    let lhs = x.ptr.add(p0 * x.ld + g * cw.cig);
+                    gemm::gemm(m, n, kk, lhs, x.ld, wg, dst, y.ld);
+                } else {
+                    let col = scratch.mine(parallel);
+                    im2col(x, y, cw, g, p0, m, col);
+                    gemm::gemm(m, n, kk, col.as_ptr(), kk, wg, dst, y.ld);
+                }
+                let bias = &cw.bias[g * cw.cog + j0..g * cw.cog + j0 + n];
+                for r in 0..m {
+                    let p = p0 + r;
+                    let row = std::slice::from_raw_parts_mut(dst.add(r * y.ld), n);
+                    let res = res.map(|a| {
+                        std::slice::from_raw_parts(a.ptr.add(p * a.ld + g * cw.cog + j0), n)
+                    });
+                    math::epilogue(row, bias, cw.act, res);
+                }
+            }
+        }
+    };
+    if !parallel {
+        (0..tasks).for_each(run);
+    } else {
+        pool.install(|| (0..tasks).into_par_iter().for_each(run));
+    }
+}
+
+/// The im2col rows of output pixels `p0..p0+m` of group `g` into `col` (`m × k·k·cig`),
+/// zeros where a tap falls in the padding.
+///
+/// SAFETY: as [`conv`]'s.
+unsafe fn im2col(x: Act, y: Act, cw: &ConvWeights, g: usize, p0: usize, m: usize, col: &mut [f32]) {
+    let (k, s, pad, cig) = (cw.k, cw.stride, cw.pad, cw.cig);
+    let kk = k * k * cig;
+    let dense = x.ld == cig; // the k taps of one kernel row are one run of k·cig floats
+    for r in 0..m {
+        let p = p0 + r;
+        let ox = p % y.w;
+        let oy = (p / y.w) % y.h;
+        let n = p / (y.w * y.h);
+        let row = col.as_mut_ptr().add(r * kk);
+        let ix0 = (ox * s) as isize - pad as isize;
+        let inside_x = ix0 >= 0 && ix0 + k as isize <= x.w as isize;
+        for ky in 0..k {
+            let iy = (oy * s + ky) as isize - pad as isize;
+            let d = row.add(ky * k * cig);
+            if iy < 0 || iy >= x.h as isize {
+                std::ptr::write_bytes(d, 0, k * cig);
+                continue;
+            }
+            let q = (n * x.h + iy as usize) * x.w;
+            if inside_x && dense {
+                let src = x.ptr.add((q + ix0 as usize) * x.ld + g * cig);
+                std::ptr::copy_nonoverlapping(src, d, k * cig);
+                continue;
+            }
+            for kx in 0..k {
+                let ix = ix0 + kx as isize;
+                let d = d.add(kx * cig);
+                if ix < 0 || ix >= x.w as isize {
+                    std::ptr::write_bytes(d, 0, cig);
+                } else {
+                    let src = x.ptr.add((q + ix as usize) * x.ld + g * cig);
+                    std::ptr::copy_nonoverlapping(src, d, cig);
+                }
+            }
+        }
+    }
+}
+
+/// Runs `f(p)` for every output pixel, in parallel chunks of whole rows.
+fn for_pixels(pool: &ThreadPool, y: Act, f: impl Fn(usize) + Sync) {
+    let rows = y.b * y.h;
+    let threads = pool.current_num_threads();
+    // A few rows per task; one task when the whole op is small.
+    let per = (rows / (4 * threads)).max(1);
+    let chunks = rows.div_ceil(per);
+    let run = |c: usize| {
+        for r in c * per..((c + 1) * per).min(rows) {
+            for x in 0..y.w {
+                f(r * y.w + x);
+            }
+        }
+    };
+    if threads == 1 || y.pixels() * y.c < 16384 {
+        (0..chunks).for_each(run);
+    } else {
+        pool.install(|| (0..chunks).into_par_iter().for_each(run));
+    }
+}
+
+/// `y = a + b`.
+pub(crate) fn add(pool: &ThreadPool, a: Act, b: Act, y: Act) {
+    // SAFETY: each pixel is written by one call of the closure.
+    for_pixels(pool, y, |p| unsafe {
+        math::add_into(a.px(p), b.px(p), y.px(p))
+    });
+}
+
+/// `y = x·σ(x)`.
+pub(crate) fn silu(pool: &ThreadPool, x: Act, y: Act) {
+    // SAFETY: as [`add`].
+    for_pixels(pool, y, |p| unsafe { math::silu_into(x.px(p), y.px(p)) });
+}
+
+/// `y = x` (a concatenation slot).
+pub(crate) fn copy(pool: &ThreadPool, x: Act, y: Act) {
+    // SAFETY: as [`add`].
+    for_pixels(pool, y, |p| unsafe { y.px(p).copy_from_slice(x.px(p)) });
+}
+
+/// Nearest upsampling by `f`.
+pub(crate) fn upsample(pool: &ThreadPool, x: Act, y: Act, f: usize) {
+    for_pixels(pool, y, |p| {
+        let (ox, oy, n) = (p % y.w, (p / y.w) % y.h, p / (y.w * y.h));
+        let q = (n * x.h + oy / f) * x.w + ox / f;
+        // SAFETY: as [`add`].
+        unsafe { y.px(p).copy_from_slice(x.px(q)) }
+    });
+}
+
+/// The even rows and columns.
+pub(crate) fn take_even(pool: &ThreadPool, x: Act, y: Act) {
+    for_pixels(pool, y, |p| {
+        let (ox, oy, n) = (p % y.w, (p / y.w) % y.h, p / (y.w * y.h));
+        let q = (n * x.h + 2 * oy) * x.w + 2 * ox;
+        // SAFETY: as [`add`].
+        unsafe { y.px(p).copy_from_slice(x.px(q)) }
+    });
+}
+
+/// `avg_pool2d(2, stride 1)`: `((a + b) + c + d) / 4` in the order of the reference forward.
+pub(crate) fn avg_pool2(pool: &ThreadPool, x: Act, y: Act) {
+    for_pixels(pool, y, |p| {
+        let (ox, oy, n) = (p % y.w, (p / y.w) % y.h, p / (y.w * y.h));
+        let q = (n * x.h + oy) * x.w + ox;
+        // SAFETY: as [`add`].
+        unsafe {
+            let (a, b) = (x.px(q), x.px(q + 1));
+            let (c, d) = (x.px(q + x.w), x.px(q + x.w + 1));
+            let o = y.px(p);
+            for j in 0..o.len() {
+                o[j] = (((a[j] + b[j]) + c[j]) + d[j]) * 0.25;
+            }
+        }
+    });
+}
+
+/// `max_pool2d(k, stride, padding k/2)` (padding never wins).
+pub(crate) fn max_pool(pool: &ThreadPool, x: Act, y: Act, k: usize, stride: usize) {
+    let r = k / 2;
+    for_pixels(pool, y, |p| {
+        let (ox, oy, n) = (p % y.w, (p / y.w) % y.h, p / (y.w * y.h));
+        let (cy, cx) = (oy * stride, ox * stride);
+        let (y0, y1) = (cy.saturating_sub(r), (cy + r + 1).min(x.h));
+        let (x0, x1) = (cx.saturating_sub(r), (cx + r + 1).min(x.w));
+        // SAFETY: as [`add`].
+        unsafe {
+            let o = y.px(p);
+            o.copy_from_slice(x.px((n * x.h + cy) * x.w + cx));
+            for iy in y0..y1 {
+                for ix in x0..x1 {
+                    math::max_into(x.px((n * x.h + iy) * x.w + ix), o);
+                }
+            }
+        }
+    });
+}
+
+/// The input `(B, 3, H, W)` (NCHW, `src` flat) into the NHWC activation `y`.
+pub(crate) fn from_nchw(pool: &ThreadPool, src: &[f32], y: Act) {
+    let hw = y.h * y.w;
+    for_pixels(pool, y, |p| {
+        let (n, i) = (p / hw, p % hw);
+        // SAFETY: as [`add`].
+        let o = unsafe { y.px(p) };
+        for (c, v) in o.iter_mut().enumerate() {
+            *v = src[(n * y.c + c) * hw + i];
+        }
+    });
+}
+
+/// DFL bins per box side.
+const BINS: usize = crate::model::head::REG_MAX;
+
+/// The decode of [`crate::model::head::decode`] from NHWC raw outputs: `levels[i]` is level
+/// i's `(B, H_i, W_i, 64 + nc)` raw output with stride `strides[i]`; writes `out`, the
+/// `(B, 4 + nc, A)` f32 result (cx, cy, w, h in input pixels, then sigmoid scores).
+pub(crate) fn decode(pool: &ThreadPool, levels: &[Act], strides: &[u32], out: &mut [f32]) {
+    let b = levels[0].b;
+    let no = levels[0].c;
+    let nc = no - 4 * BINS;
+    let a_total: usize = levels.iter().map(|l| l.h * l.w).sum();
+    let rows = 4 + nc;
+    let out = Act {
+        ptr: out.as_mut_ptr(),
+        ld: 1,
+        b: 1,
+        h: 1,
+        w: out.len(),
+        c: 1,
+    };
+    // Tasks: (image, level, row of anchors).
+    let mut tasks = Vec::new();
+    let mut a0 = 0;
+    for (l, lv) in levels.iter().enumerate() {
+        for n in 0..b {
+            for gy in 0..lv.h {
+                tasks.push((n, l, gy, a0 + gy * lv.w));
+            }
+        }
+        a0 += lv.h * lv.w;
+    }
+    let run = |&(n, l, gy, a_row): &(usize, usize, usize, usize)| {
+        let lv = levels[l];
+        let s = strides[l] as f32;
+        for gx in 0..lv.w {
+            // SAFETY: pixel (n, gy, gx) of the level; each anchor's output column is written by
+            // this task alone.
+            unsafe {
+                let raw = lv.px((n * lv.h + gy) * lv.w + gx);
+                let mut d = [0f32; 4];
+                for (side, dv) in d.iter_mut().enumerate() {
+                    let bins = &raw[side * BINS..(side + 1) * BINS];
+                    let m = bins.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    let (mut num, mut den) = (0f32, 0f32);
+                    for (i, &v) in bins.iter().enumerate() {
+                        let e = math::exp(v - m);
+                        num += e * i as f32;
+                        den += e;
+                    }
+                    *dv = num / den;
+                }
+                let (ax, ay) = (gx as f32 + 0.5, gy as f32 + 0.5);
+                let (x1, y1, x2, y2) = (ax - d[0], ay - d[1], ax + d[2], ay + d[3]);
+                let a = a_row + gx;
+                let base = out.at(n * rows * a_total + a);
+                *base = (x1 + x2) / 2.0 * s;
+                *base.add(a_total) = (y1 + y2) / 2.0 * s;
+                *base.add(2 * a_total) = (x2 - x1) * s;
+                *base.add(3 * a_total) = (y2 - y1) * s;
+                for c in 0..nc {
+                    *base.add((4 + c) * a_total) = math::sigmoid(raw[4 * BINS + c]);
+                }
+            }
+        }
+    };
+    if pool.current_num_threads() == 1 {
+        tasks.iter().for_each(run);
+    } else {
+        pool.install(|| tasks.par_iter().for_each(run));
+    }
+}

@@ -1,0 +1,335 @@
+//! The CPU inference engine: the inference graph of a [`crate::model::YoloV9`] run on NHWC
+//! activations with its own kernels instead of candle's generic CPU ops.
+//!
+//! How it is built (each part in its own file):
+//! - [`graph`]: the traced forward ([`crate::model::trace`], the same ops `yolo9 export`
+//!   writes) as nodes over values, convolution weights repacked once for the GEMM, the residual
+//!   add and the stride-2 max pool fused, and each concatenation done by its producers writing
+//!   straight into their slice of its storage.
+//! - [`plan`]: per input shape `(B, H, W)`, every value's size and place in one arena; made once
+//!   and kept, so a forward allocates only its output (a service's memory stays flat).
+//! - [`kernels`]: the convolution as a GEMM (the `gemm` crate, which picks AVX-512/AVX2 at run
+//!   time) on cache-sized tiles of output pixels, im2col per tile for k > 1, with the bias, SiLU
+//!   and residual applied to each tile while it is in cache; pools, upsampling, copies and the
+//!   DFL/box decode, all split over the engine's threads.
+//! - [`math`]: the vectorised `exp`, SiLU and sigmoid.
+//!
+//! The engine owns its thread pool ([`CpuEngine::new`]'s `threads`), so a process embedding
+//! several detectors decides how many cores each takes and none competes with rayon's global
+//! pool. Results equal the candle forward to f32 rounding (different summation order; the
+//! parity tests hold both to the official features within 1e-4 relative).
+
+mod gemm;
+mod graph;
+mod kernels;
+mod math;
+mod plan;
+
+use self::graph::{Graph, Kind};
+use self::kernels::Scratch;
+use self::plan::Plan;
+use crate::model::head::STRIDES;
+use anyhow::{ensure, Context, Result};
+use candle_core::{DType, Device, Tensor};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// Plans kept per engine (input shapes); the oldest is dropped past this.
+const MAX_PLANS: usize = 16;
+/// Spare arenas kept per plan (one per forward running at once).
+const MAX_SPARE_ARENAS: usize = 4;
+
+/// The number of threads a CPU engine uses when none is set: `YOLO9_THREADS`, else the
+/// number of CPUs this process may run on.
+pub fn default_threads() -> usize {
+    std::env::var("YOLO9_THREADS")
+        .ok()
+        .and_then(|s| s.trim().parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
+struct Planned {
+    plan: Arc<Plan>,
+    spare: Vec<Vec<f32>>,
+    used: u64,
+}
+
+/// A model's inference graph compiled for the CPU (see the module docs). `Send + Sync`:
+/// forwards from several threads run at once, each in an arena of its own.
+pub struct CpuEngine {
+    graph: Graph,
+    pool: rayon::ThreadPool,
+    plans: Mutex<HashMap<(usize, usize, usize), Planned>>,
+    calls: std::sync::atomic::AtomicU64,
+}
+
+impl std::fmt::Debug for CpuEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CpuEngine")
+            .field("nodes", &self.graph.nodes.len())
+            .field("threads", &self.threads())
+            .finish()
+    }
+}
+
+impl CpuEngine {
+    /// Compiles `model` (an f32 inference model on the CPU) for `threads` threads (0: the
+    /// [`default_threads`]). The model is traced once on a small input to read its graph.
+    ///
+    /// Errors: a half-precision or non-CPU model, an op the engine does not run, a thread pool
+    /// that cannot start.
+    pub fn new(model: &crate::model::YoloV9, threads: usize) -> Result<Self> {
+        ensure!(
+            model.dtype() == DType::F32 && matches!(model.device(), Device::Cpu),
+            "the CPU engine runs f32 models on the CPU"
+        );
+        let t0 = Instant::now();
+        let x = Tensor::zeros((1, 3, 64, 64), DType::F32, &Device::Cpu)?;
+        let (ops, raw) = model
+            .trace_raw(&x)
+            .context("tracing the model for the CPU engine")?;
+        let graph = Graph::from_trace(ops, x.id(), &raw)?;
+        ensure!(
+            graph.outputs.len() == STRIDES.len(),
+            "cpu engine: the head has {} levels, expected {}",
+            graph.outputs.len(),
+            STRIDES.len()
+        );
+        let threads = if threads == 0 {
+            default_threads()
+        } else {
+            threads
+        };
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("yolo9-cpu-{i}"))
+            .build()
+            .context("starting the CPU engine's threads")?;
+        tracing::debug!(
+            nodes = graph.nodes.len(),
+            threads,
+            ms = t0.elapsed().as_secs_f64() * 1e3,
+            "cpu engine compiled"
+        );
+        Ok(Self {
+            graph,
+            pool,
+            plans: Mutex::new(HashMap::new()),
+            calls: Default::default(),
+        })
+    }
+
+    /// Threads of the engine's pool.
+    pub fn threads(&self) -> usize {
+        self.pool.current_num_threads()
+    }
+
+    /// Nodes in the compiled graph (after fusion; concatenations that copy nothing included).
+    pub fn nodes(&self) -> usize {
+        self.graph.nodes.len()
+    }
+
+    /// The decoded forward: `x` `(B, 3, H, W)` f32 RGB 0..1 on the CPU, H and W multiples of 32
+    /// → `(B, 4 + nc, A)` f32: rows cx, cy, w, h in input pixels, then sigmoid class scores,
+    /// anchors P3, P4, P5 row-major (as [`crate::model::YoloV9::forward`]).
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let (b, c, h, w) = x.dims4()?;
+        ensure!(c == 3, "cpu engine: input has {c} channels, expected 3");
+        let src = x
+            .to_dtype(DType::F32)?
+            .flatten_all()?
+            .to_vec1::<f32>()
+            .context("reading the input")?;
+        let (plan, mut arena) = self.checkout(b, h, w)?;
+        let out = self.run(&plan, &mut arena, &src, None);
+        self.checkin((b, h, w), arena);
+        let rows = 4 + self.graph.chans[self.graph.outputs[0]] - 4 * crate::model::head::REG_MAX;
+        Ok(Tensor::from_vec(
+            out,
+            (b, rows, plan.anchors),
+            &Device::Cpu,
+        )?)
+    }
+
+    /// Time per node of one forward of `x` (as [`CpuEngine::forward`]), summed by kind of op:
+    /// `(label, milliseconds, share of the GFLOP)` sorted by time, then `("total", ms, GFLOP)`.
+    /// Labels name the op and, for convolutions, kernel and stride (`conv3x3/s1`).
+    pub fn profile(&self, x: &Tensor) -> Result<Vec<(String, f64, f64)>> {
+        let (b, _, h, w) = x.dims4()?;
+        let src = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+        let (plan, mut arena) = self.checkout(b, h, w)?;
+        let mut times = vec![0f64; self.graph.nodes.len() + 2];
+        self.run(&plan, &mut arena, &src, Some(&mut times));
+        self.checkin((b, h, w), arena);
+        let mut by: HashMap<String, (f64, f64)> = HashMap::new();
+        let mut total = (0.0, 0.0);
+        for (i, n) in self.graph.nodes.iter().enumerate() {
+            let (label, flop) = match &n.kind {
+                Kind::Conv { w, residual } => {
+                    let (oh, ow) = plan.hw[n.y];
+                    let f = 2.0 * (b * oh * ow * w.co * w.k * w.k * w.cig) as f64 / 1e9;
+                    let r = if residual.is_some() { "+res" } else { "" };
+                    if std::env::var("YOLO9_CPU_PROFILE_SHAPES").is_ok() {
+                        (
+                            format!(
+                                "conv{}x{}/s{}{r} {}->{} g{} {oh}x{ow} #{i}",
+                                w.k,
+                                w.k,
+                                w.stride,
+                                w.ci(),
+                                w.co,
+                                w.groups
+                            ),
+                            f,
+                        )
+                    } else {
+                        (format!("conv{}x{}/s{}{r}", w.k, w.k, w.stride), f)
+                    }
+                }
+                Kind::Cat { copy, .. } if copy.iter().all(|c| !c) => ("cat (in place)".into(), 0.0),
+                Kind::Cat { .. } => ("cat (copy)".into(), 0.0),
+                k => (
+                    format!("{k:?}")
+                        .split([' ', '{'])
+                        .next()
+                        .unwrap_or("")
+                        .to_lowercase(),
+                    0.0,
+                ),
+            };
+            let e = by.entry(label).or_default();
+            e.0 += times[i];
+            e.1 += flop;
+            total.0 += times[i];
+            total.1 += flop;
+        }
+        for (label, t) in [
+            ("input", times[self.graph.nodes.len()]),
+            ("decode", times[self.graph.nodes.len() + 1]),
+        ] {
+            by.insert(label.into(), (t, 0.0));
+            total.0 += t;
+        }
+        let mut v: Vec<_> = by.into_iter().map(|(k, (t, f))| (k, t, f)).collect();
+        v.sort_by(|a, b| b.1.total_cmp(&a.1));
+        v.push(("total".into(), total.0, total.1));
+        Ok(v)
+    }
+
+    /// The plan for `(b, h, w)` and an arena for it (a spare one, or new).
+    fn checkout(&self, b: usize, h: usize, w: usize) -> Result<(Arc<Plan>, Vec<f32>)> {
+        let n = self
+            .calls
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
+        if !plans.contains_key(&(b, h, w)) {
+            let t0 = Instant::now();
+            let plan = Plan::new(&self.graph, b, h, w, self.threads())?;
+            tracing::debug!(
+                batch = b,
+                height = h,
+                width = w,
+                arena_mib = plan.len as f64 * 4.0 / (1 << 20) as f64,
+                ms = t0.elapsed().as_secs_f64() * 1e3,
+                "cpu engine: plan built"
+            );
+            if plans.len() >= MAX_PLANS {
+                if let Some(old) = plans.iter().min_by_key(|(_, p)| p.used).map(|(k, _)| *k) {
+                    plans.remove(&old);
+                }
+            }
+            plans.insert(
+                (b, h, w),
+                Planned {
+                    plan: Arc::new(plan),
+                    spare: Vec::new(),
+                    used: n,
+                },
+            );
+        }
+        let p = plans.get_mut(&(b, h, w)).expect("inserted above");
+        p.used = n;
+        let plan = p.plan.clone();
+        let arena = p.spare.pop().unwrap_or_else(|| vec![0f32; plan.len]);
+        Ok((plan, arena))
+    }
+
+    fn checkin(&self, key: (usize, usize, usize), arena: Vec<f32>) {
+        let mut plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = plans.get_mut(&key) {
+            if p.spare.len() < MAX_SPARE_ARENAS && arena.len() == p.plan.len {
+                p.spare.push(arena);
+            }
+        }
+    }
+
+    /// One forward of `plan` in `arena` on the NCHW input `src`; returns the decoded output.
+    /// With `times` (nodes + 2 entries), each node's milliseconds, then the input conversion's
+    /// and the decode's.
+    fn run(
+        &self,
+        plan: &Plan,
+        arena: &mut [f32],
+        src: &[f32],
+        mut times: Option<&mut Vec<f64>>,
+    ) -> Vec<f32> {
+        let mut t = Instant::now();
+        let mut lap = |i: usize, times: &mut Option<&mut Vec<f64>>| {
+            if let Some(ts) = times {
+                ts[i] += t.elapsed().as_secs_f64() * 1e3;
+                t = Instant::now();
+            }
+        };
+        let g = &self.graph;
+        let pool = &self.pool;
+        let base = arena.as_mut_ptr();
+        let act = |o| plan.act(g, base, o);
+        let whole = |v: usize| graph::Operand {
+            v,
+            start: 0,
+            len: g.chans[v],
+        };
+        kernels::from_nchw(pool, src, act(whole(0)));
+        lap(g.nodes.len(), &mut times);
+        let scratch = Scratch {
+            ptr: base.wrapping_add(plan.scratch_at),
+            per: plan.scratch_per,
+        };
+        for (i, n) in g.nodes.iter().enumerate() {
+            let x = act(n.x);
+            let y = act(whole(n.y));
+            match &n.kind {
+                Kind::Conv { w, residual } => {
+                    kernels::conv(pool, x, y, residual.map(act), w, scratch)
+                }
+                Kind::Add { b } => kernels::add(pool, x, act(*b), y),
+                Kind::Silu => kernels::silu(pool, x, y),
+                Kind::Upsample { f } => kernels::upsample(pool, x, y, *f),
+                Kind::TakeEven => kernels::take_even(pool, x, y),
+                Kind::AvgPool2 => kernels::avg_pool2(pool, x, y),
+                Kind::MaxPool { k, stride } => kernels::max_pool(pool, x, y, *k, *stride),
+                Kind::Cat { parts, copy } => {
+                    let mut off = 0;
+                    for (p, &c) in parts.iter().zip(copy) {
+                        if c {
+                            let mut slot = y;
+                            slot.ptr = y.ptr.wrapping_add(off);
+                            slot.c = p.len;
+                            kernels::copy(pool, act(*p), slot);
+                        }
+                        off += p.len;
+                    }
+                }
+            }
+            lap(i, &mut times);
+        }
+        let levels: Vec<_> = g.outputs.iter().map(|&o| act(whole(o))).collect();
+        let nc = g.chans[g.outputs[0]] - 4 * crate::model::head::REG_MAX;
+        let mut out = vec![0f32; plan.b * (4 + nc) * plan.anchors];
+        kernels::decode(pool, &levels, &STRIDES, &mut out);
+        lap(g.nodes.len() + 1, &mut times);
+        out
+    }
+}
