@@ -66,10 +66,29 @@ pub(crate) unsafe fn gemm(
     c: *mut f32,
     ldc: usize,
 ) {
+    gemm_on(avx512(), m, n, k, a, lda, bp, c, ldc)
+}
+
+/// [`gemm`] on the AVX-512 kernel (`wide`, which the CPU must have) or the `gemm` crate.
+///
+/// SAFETY: as [`gemm`]'s, and AVX-512F present when `wide`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_on(
+    wide: bool,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: *const f32,
+    lda: usize,
+    bp: *const f32,
+    c: *mut f32,
+    ldc: usize,
+) {
     #[cfg(target_arch = "x86_64")]
-    if avx512() {
+    if wide {
         return avx512::gemm(m, n, k, a, lda, bp, c, ldc);
     }
+    let _ = wide;
     for p in 0..n.div_ceil(NR) {
         let cols = NR.min(n - p * NR);
         gemm::gemm(
@@ -208,13 +227,22 @@ mod tests {
     /// Both kernels against a plain triple loop, on shapes with ragged rows, columns and depth.
     #[test]
     fn gemm_matches_naive() {
-        for &(m, n, k) in &[
+        let shapes = [
             (1, 3, 5),
             (13, 32, 300),
             (25, 45, 257),
             (12, 64, 27),
             (7, 17, 512),
-        ] {
+        ];
+        for wide in [false, avx512()] {
+            for &(m, n, k) in &shapes {
+                check(wide, m, n, k);
+            }
+        }
+    }
+
+    fn check(wide: bool, m: usize, n: usize, k: usize) {
+        {
             let lda = k + 3;
             let ldc = n + 5;
             let a: Vec<f32> = (0..m * lda)
@@ -226,7 +254,19 @@ mod tests {
             let mut bp = vec![0f32; packed_len(k, n)];
             pack(k, n, &mut bp, |kk, j| bm[kk * n + j]);
             let mut c = vec![7f32; m * ldc];
-            unsafe { gemm(m, n, k, a.as_ptr(), lda, bp.as_ptr(), c.as_mut_ptr(), ldc) };
+            unsafe {
+                gemm_on(
+                    wide,
+                    m,
+                    n,
+                    k,
+                    a.as_ptr(),
+                    lda,
+                    bp.as_ptr(),
+                    c.as_mut_ptr(),
+                    ldc,
+                )
+            };
             for i in 0..m {
                 for j in 0..ldc {
                     let got = c[i * ldc + j];

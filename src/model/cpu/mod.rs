@@ -63,6 +63,7 @@ pub struct CpuEngine {
     pool: rayon::ThreadPool,
     plans: Mutex<HashMap<(usize, usize, usize), Planned>>,
     calls: std::sync::atomic::AtomicU64,
+    arenas_made: std::sync::atomic::AtomicUsize,
 }
 
 impl std::fmt::Debug for CpuEngine {
@@ -118,12 +119,29 @@ impl CpuEngine {
             pool,
             plans: Mutex::new(HashMap::new()),
             calls: Default::default(),
+            arenas_made: Default::default(),
         })
     }
 
     /// Threads of the engine's pool.
     pub fn threads(&self) -> usize {
         self.pool.current_num_threads()
+    }
+
+    /// (plans kept, arenas allocated so far): one arena per input shape for forwards that
+    /// run one at a time, so a loop of calls allocates no activations after its first.
+    pub fn stats(&self) -> (usize, usize) {
+        let plans = self.plans.lock().unwrap_or_else(|e| e.into_inner()).len();
+        (
+            plans,
+            self.arenas_made.load(std::sync::atomic::Ordering::Relaxed),
+        )
+    }
+
+    /// Floats in the arena of the plan for `(b, h, w)` (activations and scratch), if planned.
+    pub fn arena_len(&self, b: usize, h: usize, w: usize) -> Option<usize> {
+        let plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
+        plans.get(&(b, h, w)).map(|p| p.plan.len)
     }
 
     /// Nodes in the compiled graph (after fusion; concatenations that copy nothing included).
@@ -137,6 +155,10 @@ impl CpuEngine {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let (b, c, h, w) = x.dims4()?;
         ensure!(c == 3, "cpu engine: input has {c} channels, expected 3");
+        ensure!(
+            b > 0 && h > 0 && w > 0 && h % 32 == 0 && w % 32 == 0,
+            "cpu engine: input {b}x{c}x{h}x{w}: batch ≥ 1, and H and W multiples of 32"
+        );
         let src = x
             .to_dtype(DType::F32)?
             .flatten_all()?
@@ -252,7 +274,11 @@ impl CpuEngine {
         let p = plans.get_mut(&(b, h, w)).expect("inserted above");
         p.used = n;
         let plan = p.plan.clone();
-        let arena = p.spare.pop().unwrap_or_else(|| vec![0f32; plan.len]);
+        let arena = p.spare.pop().unwrap_or_else(|| {
+            self.arenas_made
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            vec![0f32; plan.len]
+        });
         Ok((plan, arena))
     }
 
