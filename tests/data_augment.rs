@@ -176,3 +176,208 @@ fn letterbox_square_centres() {
     assert_eq!(img.get_pixel(5, 5).0, [PAD_GREY; 3]);
     assert_eq!(img.get_pixel(5, 30).0, [9, 9, 9]);
 }
+
+/// A deterministic textured image: gradients, hard edges and noise (every grey level occurs).
+fn textured(w: u32, h: u32, seed: u64) -> RgbImage {
+    use rand::Rng;
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    RgbImage::from_fn(w, h, |x, y| {
+        let n: u8 = rng.random();
+        let edge = if (x / 7 + y / 5) % 2 == 0 { 255 } else { 0 };
+        Rgb([
+            ((x * 255) / w.max(1)) as u8,
+            edge,
+            n.wrapping_add((y * 3) as u8),
+        ])
+    })
+}
+
+fn labelled(w: u32, h: u32, seed: u64) -> SourceImage {
+    SourceImage {
+        image: textured(w, h, seed),
+        labels: vec![
+            (seed as u32 % 3, [0.5, 0.5, 0.4, 0.3]),
+            (1, [0.2, 0.7, 0.1, 0.2]),
+            (2, [0.9, 0.1, 0.15, 0.15]),
+        ],
+    }
+}
+
+/// Largest per-byte difference and the number of differing bytes.
+fn diff(a: &RgbImage, b: &RgbImage) -> (u8, usize) {
+    assert_eq!(a.dimensions(), b.dimensions());
+    let mut max = 0;
+    let mut n = 0;
+    for (x, y) in a.as_raw().iter().zip(b.as_raw()) {
+        let d = x.abs_diff(*y);
+        max = max.max(d);
+        n += (d > 0) as usize;
+    }
+    (max, n)
+}
+
+/// The one-pass warp (`warp_tiles`) against the f64 reference (`mosaic4` canvas +
+/// `warp_affine`) on fixed seeds: tiles of mixed sizes (grey gaps and seams), scales from 0.1
+/// to 1.9, translations, and rotation/shear: at most 1 grey level everywhere.
+#[test]
+fn fast_mosaic_warp_matches_f64_reference() {
+    use rand::Rng;
+    use yolo9::data::warp::{mosaic_placements, warp_tiles, CanvasTile};
+    let s = 96u32;
+    let mut worst = 0u8;
+    let (mut differing, mut total) = (0usize, 0usize);
+    for seed in 0..40u64 {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let sizes = [(96, 72), (60, 96), (96, 96), (33, 17)];
+        let imgs: Vec<SourceImage> = (0..4)
+            .map(|k| {
+                let (w, h) = sizes[(k + seed as usize) % 4];
+                labelled(w, h, seed * 4 + k as u64)
+            })
+            .collect();
+        let refs = [&imgs[0], &imgs[1], &imgs[2], &imgs[3]];
+        let centre = (
+            rng.random_range(48..144) as i64,
+            rng.random_range(48..144) as i64,
+        );
+        let cfg = AugmentConfig {
+            degrees: if seed % 3 == 0 { 30.0 } else { 0.0 },
+            shear: if seed % 5 == 0 { 10.0 } else { 0.0 },
+            ..Default::default()
+        };
+        let (m, _) = random_affine(&cfg, 2 * s, 2 * s, -(s as i64) / 2, &mut rng);
+        let (canvas, _) = mosaic4(refs, s, centre);
+        let reference = warp_affine(&canvas, &m, s, s);
+        let places = mosaic_placements(refs.map(|i| i.image.dimensions()), s, centre);
+        let tiles: [CanvasTile; 4] = std::array::from_fn(|k| CanvasTile {
+            image: &refs[k].image,
+            place: places[k],
+        });
+        let mut fast = RgbImage::new(s, s);
+        warp_tiles(&tiles, &m, &mut fast);
+        let (d, n) = diff(&fast, &reference);
+        worst = worst.max(d);
+        differing += n;
+        total += fast.as_raw().len();
+        assert!(d <= 1, "seed {seed}: max difference {d} grey levels");
+    }
+    // Most bytes are identical; the rest differ by the fixed-point rounding only.
+    assert!(differing * 20 < total, "{differing} of {total} bytes differ");
+    eprintln!("fast warp vs f64: max {worst} level, {differing}/{total} bytes differ");
+}
+
+/// Near-degenerate and degenerate affines: the fixed-point range guard falls back to f64 and
+/// matches the reference; a singular matrix gives grey; nothing panics.
+#[test]
+fn fast_warp_degenerate_affines() {
+    use yolo9::data::warp::{warp_tiles, CanvasTile, Placement};
+    let img = textured(40, 30, 3);
+    let tile = CanvasTile {
+        image: &img,
+        place: Placement {
+            canvas: [5, 5, 45, 35],
+            src: [0, 0],
+        },
+    };
+    for m in [
+        [[1e-7, 0.0, 10.0], [0.0, 1e-7, 10.0]],
+        [[0.0, 0.0, 3.0], [0.0, 0.0, 1.0]],
+        [[-1.0, 0.0, 40.0], [0.0, -1.0, 40.0]],
+    ] {
+        let mut canvas = RgbImage::from_pixel(60, 60, Rgb([PAD_GREY; 3]));
+        image::imageops::overlay(&mut canvas, &img, 5, 5);
+        let reference = warp_affine(&canvas, &m, 50, 50);
+        let mut fast = RgbImage::new(50, 50);
+        warp_tiles(&[tile], &m, &mut fast);
+        assert!(diff(&fast, &reference).0 <= 1, "{m:?}");
+    }
+    // A non-finite matrix gives grey (the reference turns NaN into 0s).
+    let mut out = RgbImage::new(50, 50);
+    warp_tiles(&[tile], &[[1.0, 0.0, f64::NAN], [0.0, 1.0, 0.0]], &mut out);
+    assert!(out.as_raw().iter().all(|&v| v == PAD_GREY));
+    // A placement reaching outside its image is clipped, not read out of bounds.
+    let bad = CanvasTile {
+        image: &img,
+        place: Placement {
+            canvas: [-100, -100, 500, 500],
+            src: [7, 7],
+        },
+    };
+    let mut out = RgbImage::new(32, 32);
+    warp_tiles(&[bad], &[[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]], &mut out);
+}
+
+/// The integer HSV conversions equal the f64 ones for every input.
+#[test]
+fn integer_hsv_equals_f64_everywhere() {
+    for r in 0..=255u8 {
+        for g in 0..=255u8 {
+            for b in 0..=255u8 {
+                let p = [r, g, b];
+                assert_eq!(rgb_to_hsv8_int(p), rgb_to_hsv8(p), "{p:?}");
+            }
+        }
+    }
+    for h in 0..=255u8 {
+        for s in 0..=255u8 {
+            for v in 0..=255u8 {
+                let p = [h, s, v];
+                assert_eq!(hsv8_to_rgb_int(p), hsv8_to_rgb(p), "{p:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn lut_hsv_equals_reference() {
+    for seed in 0..5 {
+        let img = textured(64, 48, seed);
+        let (mut a, mut b) = (img.clone(), img);
+        augment_hsv(&mut a, 0.015, 0.7, 0.4, &mut ChaCha8Rng::seed_from_u64(seed));
+        augment_hsv_reference(&mut b, 0.015, 0.7, 0.4, &mut ChaCha8Rng::seed_from_u64(seed));
+        assert_eq!(a, b);
+    }
+}
+
+/// Whole samples (mosaic, mixup, letterbox, flips) against the reference path on fixed seeds:
+/// the same labels exactly; without HSV every pixel within 1 grey level; with HSV (which maps a
+/// 1-level input difference through the 8-bit HSV round trip) nearly all bytes equal.
+#[test]
+fn augment_sample_matches_reference() {
+    let s = 64;
+    let data: Vec<SourceImage> = (0..6)
+        .map(|i| {
+            let (w, h) = [(64, 48), (48, 64), (64, 64)][i % 3];
+            labelled(w, h, i as u64)
+        })
+        .collect();
+    let load = |i: usize| data.get(i).cloned();
+    for (mosaic, hsv) in [(1.0, false), (0.0, false), (1.0, true), (0.0, true)] {
+        let cfg = AugmentConfig {
+            mosaic,
+            mixup: 0.5,
+            hsv_h: if hsv { 0.015 } else { 0.0 },
+            hsv_s: if hsv { 0.7 } else { 0.0 },
+            hsv_v: if hsv { 0.4 } else { 0.0 },
+            ..Default::default()
+        };
+        let (mut differing, mut total, mut worst) = (0, 0, 0);
+        for seed in 0..24u64 {
+            let i = seed as usize % data.len();
+            let mut r1 = ChaCha8Rng::seed_from_u64(seed);
+            let mut r2 = ChaCha8Rng::seed_from_u64(seed);
+            let a = augment_sample(&cfg, s, i, data.len(), &load, &mut r1).unwrap();
+            let b = augment_sample_reference(&cfg, s, i, data.len(), &load, &mut r2).unwrap();
+            assert_eq!(a.labels, b.labels, "seed {seed}");
+            let (d, n) = diff(&a.image, &b.image);
+            if !hsv {
+                assert!(d <= 1, "seed {seed} mosaic {mosaic}: {d} levels");
+            }
+            worst = worst.max(d);
+            differing += n;
+            total += a.image.as_raw().len();
+        }
+        assert!(differing * 20 < total, "{differing} of {total} bytes differ");
+        eprintln!("mosaic {mosaic} hsv {hsv}: max {worst}, {differing}/{total} bytes differ");
+    }
+}

@@ -18,6 +18,7 @@
 //! final labels are normalized `cx, cy, w, h` ([`Augmented::labels`]). All randomness comes from
 //! the caller's RNG, so a sample is reproducible from its seed whatever thread runs it.
 
+use crate::data::warp::{mosaic_placements, warp_tiles, CanvasTile, Placement};
 use image::{imageops, Rgb, RgbImage};
 use rand::Rng;
 use rand_distr::{Beta, Distribution};
@@ -112,6 +113,16 @@ pub fn resize_long_side(img: &RgbImage, img_size: u32) -> RgbImage {
     imageops::resize(img, nw, nh, imageops::FilterType::Triangle)
 }
 
+/// [`resize_long_side`] taking the image: returned as it is (no copy) when its long side is
+/// already `img_size`.
+pub fn resize_long_side_owned(img: RgbImage, img_size: u32) -> RgbImage {
+    let (w, h) = img.dimensions();
+    if w.max(h) == img_size {
+        return img;
+    }
+    resize_long_side(&img, img_size)
+}
+
 /// Normalized `cx cy w h` → pixel `xyxy` for an image of `w × h` placed at offset `(padw, padh)`
 /// (official `xywhn2xyxy`).
 pub fn xywhn_to_xyxy(l: &[f32; 4], w: f32, h: f32, padw: f32, padh: f32) -> [f32; 4] {
@@ -151,29 +162,16 @@ pub fn box_candidates(before: &[f32; 4], after: &[f32; 4], area_thr: f32) -> boo
 }
 
 /// Builds the 4-image mosaic of official `load_mosaic` on a `2s × 2s` grey canvas. `images` are
-/// already resized to long side `s`; `centre` is `(xc, yc)` in `[s/2, 3s/2)`.
+/// already resized to long side `s`; `centre` is `(xc, yc)` in `[s/2, 3s/2)`. Returns the canvas
+/// and the boxes in canvas pixels (xyxy). This is the f64 reference path: training renders the
+/// same mosaic without the canvas ([`crate::data::warp::warp_tiles`]).
 pub fn mosaic4(images: [&SourceImage; 4], s: u32, centre: (i64, i64)) -> (RgbImage, Vec<PixelBox>) {
-    let s2 = 2 * s as i64;
-    let mut canvas = RgbImage::from_pixel(s2 as u32, s2 as u32, Rgb([PAD_GREY; 3]));
-    let (xc, yc) = centre;
-    let mut boxes = Vec::new();
-    for (i, src) in images.iter().enumerate() {
-        let (w, h) = (src.image.width() as i64, src.image.height() as i64);
-        let (x1a, y1a, x2a, y2a, x1b, y1b) = match i {
-            0 => {
-                let (x1a, y1a) = ((xc - w).max(0), (yc - h).max(0));
-                (x1a, y1a, xc, yc, w - (xc - x1a), h - (yc - y1a))
-            }
-            1 => {
-                let (y1a, x2a) = ((yc - h).max(0), (xc + w).min(s2));
-                (xc, y1a, x2a, yc, 0, h - (yc - y1a))
-            }
-            2 => {
-                let (x1a, y2a) = ((xc - w).max(0), (yc + h).min(s2));
-                (x1a, yc, xc, y2a, w - (xc - x1a), 0)
-            }
-            _ => (xc, yc, (xc + w).min(s2), (yc + h).min(s2), 0, 0),
-        };
+    let s2 = 2 * s;
+    let mut canvas = RgbImage::from_pixel(s2, s2, Rgb([PAD_GREY; 3]));
+    let places = mosaic_placements(images.map(|i| i.image.dimensions()), s, centre);
+    for (src, p) in images.iter().zip(&places) {
+        let [x1a, y1a, x2a, y2a] = p.canvas;
+        let [x1b, y1b] = p.src;
         let (cw, ch) = (x2a - x1a, y2a - y1a);
         if cw > 0 && ch > 0 {
             for y in 0..ch {
@@ -183,16 +181,28 @@ pub fn mosaic4(images: [&SourceImage; 4], s: u32, centre: (i64, i64)) -> (RgbIma
                 }
             }
         }
-        let (padw, padh) = ((x1a - x1b) as f32, (y1a - y1b) as f32);
+    }
+    let boxes = mosaic_boxes(images, &places, s);
+    (canvas, boxes)
+}
+
+/// The labels of four mosaic tiles moved onto the `2s × 2s` canvas (official `load_mosaic`:
+/// `xywhn2xyxy(labels, w, h, padw, padh)` then `np.clip(..., 0, 2s)`), in canvas pixels (xyxy).
+pub fn mosaic_boxes(images: [&SourceImage; 4], places: &[Placement; 4], s: u32) -> Vec<PixelBox> {
+    let s2 = 2.0 * s as f32;
+    let mut boxes = Vec::new();
+    for (src, p) in images.iter().zip(places) {
+        let (w, h) = (src.image.width() as f32, src.image.height() as f32);
+        let (padw, padh) = p.offset();
         for (cls, l) in &src.labels {
-            let mut b = xywhn_to_xyxy(l, w as f32, h as f32, padw, padh);
+            let mut b = xywhn_to_xyxy(l, w, h, padw as f32, padh as f32);
             for v in &mut b {
-                *v = v.clamp(0.0, s2 as f32);
+                *v = v.clamp(0.0, s2);
             }
             boxes.push(PixelBox { cls: *cls, xyxy: b });
         }
     }
-    (canvas, boxes)
+    boxes
 }
 
 /// A 2×3 affine matrix `[a b c; d e f]` mapping source pixels to output pixels.
@@ -328,17 +338,18 @@ pub fn warp_boxes(boxes: &[PixelBox], m: &Affine, s: f64, out_w: u32, out_h: u32
     kept
 }
 
-/// Official `augment_hsv` on 8-bit RGB: random gains `1 + U(-1, 1)·(h, s, v)` applied through
-/// lookup tables in OpenCV's 8-bit HSV space (hue 0..180 wraps, saturation and value clip).
-pub fn augment_hsv<R: Rng>(img: &mut RgbImage, hgain: f32, sgain: f32, vgain: f32, rng: &mut R) {
+/// The three official `augment_hsv` lookup tables for random gains `1 + U(-1, 1)·(h, s, v)`:
+/// `lut_hue = (x·r₀) % 180`, `lut_sat = clip(x·r₁, 0, 255)`, `lut_val = clip(x·r₂, 0, 255)`.
+/// `None` when every gain is 0 (official: the function is skipped and draws nothing).
+fn hsv_luts<R: Rng>(hgain: f32, sgain: f32, vgain: f32, rng: &mut R) -> Option<[[u8; 256]; 3]> {
     if hgain == 0.0 && sgain == 0.0 && vgain == 0.0 {
-        return;
+        return None;
     }
     let mut r = [0f64; 3];
     for (ri, g) in r.iter_mut().zip([hgain, sgain, vgain]) {
         *ri = rng.random_range(-1.0..1.0) * g as f64 + 1.0;
     }
-    let lut = |k: usize| -> [u8; 256] {
+    Some(std::array::from_fn(|k| {
         let mut t = [0u8; 256];
         for (x, v) in t.iter_mut().enumerate() {
             let y = x as f64 * r[k];
@@ -349,12 +360,104 @@ pub fn augment_hsv<R: Rng>(img: &mut RgbImage, hgain: f32, sgain: f32, vgain: f3
             };
         }
         t
+    }))
+}
+
+/// Official `augment_hsv` on 8-bit RGB: random gains `1 + U(-1, 1)·(h, s, v)` applied through
+/// per-image lookup tables in OpenCV's 8-bit HSV space (hue 0..180 wraps, saturation and value
+/// clip). The colour conversions are integer ([`rgb_to_hsv8_int`], [`hsv8_to_rgb_int`]), so
+/// the result equals [`augment_hsv_reference`] byte for byte.
+pub fn augment_hsv<R: Rng>(img: &mut RgbImage, hgain: f32, sgain: f32, vgain: f32, rng: &mut R) {
+    let Some([lh, ls, lv]) = hsv_luts(hgain, sgain, vgain, rng) else {
+        return;
     };
-    let (lh, ls, lv) = (lut(0), lut(1), lut(2));
+    let raw: &mut [u8] = img;
+    for p in raw.chunks_exact_mut(3) {
+        let [h, s, v] = rgb_to_hsv8_int([p[0], p[1], p[2]]);
+        let o = hsv8_to_rgb_int([lh[h as usize], ls[s as usize], lv[v as usize]]);
+        p.copy_from_slice(&o);
+    }
+}
+
+/// [`augment_hsv`] with the f64 colour conversions ([`rgb_to_hsv8`], [`hsv8_to_rgb`]) per
+/// pixel: the reference the fast path is tested against. Draws the same random numbers.
+pub fn augment_hsv_reference<R: Rng>(
+    img: &mut RgbImage,
+    hgain: f32,
+    sgain: f32,
+    vgain: f32,
+    rng: &mut R,
+) {
+    let Some([lh, ls, lv]) = hsv_luts(hgain, sgain, vgain, rng) else {
+        return;
+    };
     for p in img.pixels_mut() {
         let [h, s, v] = rgb_to_hsv8(p.0);
         p.0 = hsv8_to_rgb([lh[h as usize], ls[s as usize], lv[v as usize]]);
     }
+}
+
+/// `RECIP[d] = ceil(2³² / d)`: `(n · RECIP[d]) >> 32 = floor(n / d)` exactly for `n < 2¹⁷` and
+/// `1 ≤ d ≤ 511` (the error term `n · (RECIP[d]·d − 2³²) < 2²⁶` stays below `2³²`).
+const RECIP: [u64; 512] = {
+    let mut t = [0u64; 512];
+    let mut d = 1;
+    while d < 512 {
+        t[d] = ((1u64 << 32) + d as u64 - 1) / d as u64;
+        d += 1;
+    }
+    t
+};
+
+/// `floor(n / d)` for `n < 2¹⁷`, `1 ≤ d ≤ 511`, by multiplication.
+#[inline(always)]
+fn div_small(n: u32, d: u32) -> u32 {
+    ((n as u64 * RECIP[(d & 511) as usize]) >> 32) as u32
+}
+
+/// [`rgb_to_hsv8`] in integer arithmetic (the same rounding: half up), equal to it for every
+/// input: `h ∈ [0, 180)`, `s, v ∈ [0, 255]`.
+#[inline]
+pub fn rgb_to_hsv8_int(rgb: [u8; 3]) -> [u8; 3] {
+    let [r, g, b] = rgb.map(i32::from);
+    let v = r.max(g).max(b);
+    let diff = v - r.min(g).min(b);
+    if diff == 0 {
+        return [0, 0, v as u8];
+    }
+    // s = round(255·diff / v); v ≥ diff > 0.
+    let s = div_small((510 * diff + v) as u32, 2 * v as u32);
+    // h/2 = base + 30·n/diff, rounded half up: base + floor((60n + diff) / 2diff), shifted by
+    // +30 so the numerator is never negative.
+    let (n, base) = if v == r {
+        (g - b, if g < b { 180 } else { 0 })
+    } else if v == g {
+        (b - r, 60)
+    } else {
+        (r - g, 120)
+    };
+    let q = div_small((60 * (n + diff) + diff) as u32, 2 * diff as u32) as i32 - 30;
+    let h = (base + q) % 180;
+    [h as u8, s as u8, v as u8]
+}
+
+/// [`hsv8_to_rgb`] in integer arithmetic, equal to it for every input: the channels are `v`,
+/// `round(v·(255 − s)/255)` and `round(v·(7650 − s·(30 − f))/7650)` with
+/// `f = 30 − |h mod 60 − 30|`, placed by the hue sector. At an exact half (where the f64
+/// reference's rounding depends on its representation error) it defers to the reference.
+#[inline]
+pub fn hsv8_to_rgb_int(hsv: [u8; 3]) -> [u8; 3] {
+    let [h, s, v] = hsv.map(u32::from);
+    let sector = (h / 30) % 6;
+    let f = 30 - (h % 60).abs_diff(30);
+    let m = (2 * v * (255 - s) + 255) / 510;
+    let xn = v * (7650 - s * (30 - f));
+    if xn % 7650 == 3825 {
+        return hsv8_to_rgb(hsv);
+    }
+    let x = (2 * xn + 7650) / 15300;
+    let (r, g, b) = hue_sector(sector, v, x, m);
+    [r as u8, g as u8, b as u8]
 }
 
 /// OpenCV `COLOR_RGB2HSV` for 8-bit images: `h ∈ [0, 180)`, `s, v ∈ [0, 255]`.
@@ -419,33 +522,37 @@ pub fn mixup<R: Rng>(
 ) -> (RgbImage, Vec<PixelBox>) {
     let r: f64 = Beta::new(32.0, 32.0).map(|d| d.sample(rng)).unwrap_or(0.5);
     let (mut img, mut boxes) = a;
-    for (p, q) in img.pixels_mut().zip(b.0.pixels()) {
-        for ch in 0..3 {
-            p.0[ch] = (p.0[ch] as f64 * r + q.0[ch] as f64 * (1.0 - r)) as u8;
-        }
+    let dst: &mut [u8] = &mut img;
+    for (p, &q) in dst.iter_mut().zip(b.0.as_raw()) {
+        *p = (*p as f64 * r + q as f64 * (1.0 - r)) as u8;
     }
     boxes.extend(b.1);
     (img, boxes)
 }
 
-/// Letterboxes to exactly `s × s` (official `letterbox(..., auto=False, scaleup=True)`),
-/// returning the image and the boxes moved into it.
-pub fn letterbox_square(src: &SourceImage, s: u32) -> (RgbImage, Vec<PixelBox>) {
-    let (w, h) = src.image.dimensions();
-    let r = (s as f64 / h as f64).min(s as f64 / w as f64);
+/// The letterbox geometry of official `letterbox(..., auto=False, scaleup=True)` for a `w × h`
+/// image into `s × s`: the resized size `(nw, nh)` and the top-left offset `(left, top)`, pixels.
+fn letterbox_geometry(w: u32, h: u32, s: u32) -> (u32, u32, i64, i64) {
+    let r = (s as f64 / h.max(1) as f64).min(s as f64 / w.max(1) as f64);
     let nw = ((w as f64 * r).round() as u32).clamp(1, s);
     let nh = ((h as f64 * r).round() as u32).clamp(1, s);
-    let resized = if (nw, nh) != (w, h) {
-        imageops::resize(&src.image, nw, nh, imageops::FilterType::Triangle)
-    } else {
-        src.image.clone()
-    };
     let dw = (s - nw) as f64 / 2.0;
     let dh = (s - nh) as f64 / 2.0;
-    let left = (dw - 0.1).round() as i64;
-    let top = (dh - 0.1).round() as i64;
-    let mut out = RgbImage::from_pixel(s, s, Rgb([PAD_GREY; 3]));
-    imageops::overlay(&mut out, &resized, left, top);
+    (nw, nh, (dw - 0.1).round() as i64, (dh - 0.1).round() as i64)
+}
+
+/// The letterboxed image as a tile on an `s × s` canvas without drawing it: the source resized
+/// only when its size changes (never for an image already at long side `s`), its placement, and
+/// its boxes in output pixels (xyxy).
+fn letterbox_tile(src: &SourceImage, s: u32) -> (Option<RgbImage>, Placement, Vec<PixelBox>) {
+    let (w, h) = src.image.dimensions();
+    let (nw, nh, left, top) = letterbox_geometry(w, h, s);
+    let resized = ((nw, nh) != (w, h))
+        .then(|| imageops::resize(&src.image, nw, nh, imageops::FilterType::Triangle));
+    let place = Placement {
+        canvas: [left, top, left + nw as i64, top + nh as i64],
+        src: [0, 0],
+    };
     let boxes = src
         .labels
         .iter()
@@ -454,6 +561,20 @@ pub fn letterbox_square(src: &SourceImage, s: u32) -> (RgbImage, Vec<PixelBox>) 
             xyxy: xywhn_to_xyxy(l, nw as f32, nh as f32, left as f32, top as f32),
         })
         .collect();
+    (resized, place, boxes)
+}
+
+/// Letterboxes to exactly `s × s` (official `letterbox(..., auto=False, scaleup=True)`),
+/// returning the image and the boxes moved into it (output pixels, xyxy).
+pub fn letterbox_square(src: &SourceImage, s: u32) -> (RgbImage, Vec<PixelBox>) {
+    let (resized, place, boxes) = letterbox_tile(src, s);
+    let mut out = RgbImage::from_pixel(s, s, Rgb([PAD_GREY; 3]));
+    imageops::overlay(
+        &mut out,
+        resized.as_ref().unwrap_or(&src.image),
+        place.canvas[0],
+        place.canvas[1],
+    );
     (out, boxes)
 }
 
@@ -462,6 +583,10 @@ pub fn letterbox_square(src: &SourceImage, s: u32) -> (RgbImage, Vec<PixelBox>) 
 /// `load(i)` returns dataset image `i` already resized to long side `s` (see
 /// [`resize_long_side`]); `n` is the dataset size; `index` the sample. Returns `None` only if
 /// `load` fails for the sample itself (the caller skips and counts it).
+///
+/// The mosaic (or letterbox) and the random affine are rendered as one inverse warp
+/// ([`crate::data::warp::warp_tiles`]) and HSV by integer lookups ([`augment_hsv`]): the labels
+/// equal [`augment_sample_reference`]'s exactly and each pixel is within 1 grey level of it.
 pub fn augment_sample<R, F>(
     cfg: &AugmentConfig,
     s: u32,
@@ -474,12 +599,46 @@ where
     R: Rng,
     F: Fn(usize) -> Option<SourceImage>,
 {
+    augment_impl(cfg, s, index, n, load, rng, true)
+}
+
+/// [`augment_sample`] the straightforward way, in f64: the `2s × 2s` mosaic canvas
+/// ([`mosaic4`]), [`warp_affine`] and [`augment_hsv_reference`]. Draws the same random numbers;
+/// kept as the reference for tests and benchmarks.
+pub fn augment_sample_reference<R, F>(
+    cfg: &AugmentConfig,
+    s: u32,
+    index: usize,
+    n: usize,
+    load: &F,
+    rng: &mut R,
+) -> Option<Augmented>
+where
+    R: Rng,
+    F: Fn(usize) -> Option<SourceImage>,
+{
+    augment_impl(cfg, s, index, n, load, rng, false)
+}
+
+fn augment_impl<R, F>(
+    cfg: &AugmentConfig,
+    s: u32,
+    index: usize,
+    n: usize,
+    load: &F,
+    rng: &mut R,
+    fast: bool,
+) -> Option<Augmented>
+where
+    R: Rng,
+    F: Fn(usize) -> Option<SourceImage>,
+{
     let use_mosaic = rng.random::<f32>() < cfg.mosaic;
     let (mut img, boxes) = if use_mosaic {
-        let first = build_mosaic(cfg, s, index, n, load, rng)?;
+        let first = build_mosaic(cfg, s, index, n, load, rng, fast)?;
         if rng.random::<f32>() < cfg.mixup {
             let j = rng.random_range(0..n);
-            match build_mosaic(cfg, s, j, n, load, rng) {
+            match build_mosaic(cfg, s, j, n, load, rng, fast) {
                 Some(second) => mixup(first, second, rng),
                 None => first,
             }
@@ -488,11 +647,27 @@ where
         }
     } else {
         let src = load(index)?;
-        let (lb, boxes) = letterbox_square(&src, s);
-        let (m, sc) = random_affine(cfg, s, s, 0, rng);
-        (warp_affine(&lb, &m, s, s), warp_boxes(&boxes, &m, sc, s, s))
+        if fast {
+            let (resized, place, boxes) = letterbox_tile(&src, s);
+            let (m, sc) = random_affine(cfg, s, s, 0, rng);
+            let tile = CanvasTile {
+                image: resized.as_ref().unwrap_or(&src.image),
+                place,
+            };
+            let mut out = RgbImage::new(s, s);
+            warp_tiles(&[tile], &m, &mut out);
+            (out, warp_boxes(&boxes, &m, sc, s, s))
+        } else {
+            let (lb, boxes) = letterbox_square(&src, s);
+            let (m, sc) = random_affine(cfg, s, s, 0, rng);
+            (warp_affine(&lb, &m, s, s), warp_boxes(&boxes, &m, sc, s, s))
+        }
     };
-    augment_hsv(&mut img, cfg.hsv_h, cfg.hsv_s, cfg.hsv_v, rng);
+    if fast {
+        augment_hsv(&mut img, cfg.hsv_h, cfg.hsv_s, cfg.hsv_v, rng);
+    } else {
+        augment_hsv_reference(&mut img, cfg.hsv_h, cfg.hsv_s, cfg.hsv_v, rng);
+    }
     let (w, h) = (img.width() as f32, img.height() as f32);
     let mut labels: Vec<(u32, [f32; 4])> = boxes
         .iter()
@@ -520,6 +695,7 @@ fn build_mosaic<R, F>(
     n: usize,
     load: &F,
     rng: &mut R,
+    fast: bool,
 ) -> Option<(RgbImage, Vec<PixelBox>)>
 where
     R: Rng,
@@ -540,18 +716,28 @@ where
         idx.swap(i, j);
     }
     let main = load(index)?;
-    let mut tiles = Vec::with_capacity(4);
-    for &i in &idx {
-        // A tile other than the sample itself that fails to load is replaced by the sample.
-        tiles.push(if i == index {
-            main.clone()
-        } else {
-            load(i).unwrap_or_else(|| main.clone())
-        });
-    }
-    let (canvas, boxes) = mosaic4([&tiles[0], &tiles[1], &tiles[2], &tiles[3]], s, (xc, yc));
-    let (m, sc) = random_affine(cfg, 2 * s, 2 * s, border, rng);
-    let img = warp_affine(&canvas, &m, s, s);
-    let boxes = warp_boxes(&boxes, &m, sc, s, s);
-    Some((img, boxes))
+    // A tile other than the sample itself that fails to load is replaced by the sample.
+    let others: Vec<Option<SourceImage>> = idx
+        .iter()
+        .map(|&i| if i == index { None } else { load(i) })
+        .collect();
+    let tiles: [&SourceImage; 4] = std::array::from_fn(|k| others[k].as_ref().unwrap_or(&main));
+    let (m, sc) = if fast {
+        // Drawn after the mosaic is laid out, as in the reference.
+        random_affine(cfg, 2 * s, 2 * s, border, rng)
+    } else {
+        let (canvas, boxes) = mosaic4(tiles, s, (xc, yc));
+        let (m, sc) = random_affine(cfg, 2 * s, 2 * s, border, rng);
+        let img = warp_affine(&canvas, &m, s, s);
+        return Some((img, warp_boxes(&boxes, &m, sc, s, s)));
+    };
+    let places = mosaic_placements(tiles.map(|t| t.image.dimensions()), s, (xc, yc));
+    let boxes = mosaic_boxes(tiles, &places, s);
+    let canvas_tiles: [CanvasTile; 4] = std::array::from_fn(|k| CanvasTile {
+        image: &tiles[k].image,
+        place: places[k],
+    });
+    let mut img = RgbImage::new(s, s);
+    warp_tiles(&canvas_tiles, &m, &mut img);
+    Some((img, warp_boxes(&boxes, &m, sc, s, s)))
 }

@@ -7,4 +7,5 @@ pub mod image;
 pub mod labels;
 pub mod loader;
 pub mod scan;
+pub mod warp;
 pub mod yaml;
