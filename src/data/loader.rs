@@ -12,7 +12,7 @@
 //! Batches follow the official `collate_fn`: images `(B, 3, S, S)` u8 RGB, targets `(N, 6)`
 //! rows `[image_index_in_batch, cls, cx, cy, w, h]` normalized.
 
-use crate::data::augment::{augment_sample, resize_long_side, AugmentConfig, SourceImage};
+use crate::data::augment::{augment_sample, resize_long_side_owned, AugmentConfig, SourceImage};
 use image::RgbImage;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
@@ -170,7 +170,7 @@ impl Loader {
     }
 
     /// The same loader for a `decode` that returns images already resized so their long side
-    /// is `img_size` (as [`resize_long_side`] does; e.g. the RAM cache of `--cache ram`): they
+    /// is `img_size` (as [`crate::data::augment::resize_long_side`] does; e.g. the RAM cache of `--cache ram`): they
     /// are used as they are, so the batches equal those of the uncached loader byte for byte.
     pub fn with_resized_source(mut self) -> Self {
         self.resized = true;
@@ -254,7 +254,7 @@ fn build_sample(
                 image: if resized {
                     img
                 } else {
-                    resize_long_side(&img, cfg.img_size)
+                    resize_long_side_owned(img, cfg.img_size)
                 },
                 labels: it.labels.clone(),
             }),
@@ -293,29 +293,47 @@ fn make_batch(loader: &Loader, order: &[usize], epoch: usize, b: usize) -> Batch
     let s = loader.cfg.img_size as usize;
     let mut batch = Batch {
         index: b,
-        images: Vec::with_capacity(results.len() * 3 * s * s),
+        images: Vec::new(),
         len: 0,
         size: loader.cfg.img_size,
         targets: Vec::new(),
         paths: Vec::new(),
         skipped: Vec::new(),
     };
+    let mut images = Vec::with_capacity(results.len());
     for (p, (sample, skipped)) in results {
         batch.skipped.extend(skipped);
         let Some((img, labels)) = sample else {
             continue;
         };
         let i = batch.len as f32;
-        // HWC RGB → CHW.
-        let raw = img.as_raw();
-        for c in 0..3 {
-            batch.images.extend(raw.iter().skip(c).step_by(3));
-        }
         for (cls, l) in labels {
             batch.targets.push([i, cls as f32, l[0], l[1], l[2], l[3]]);
         }
         batch.paths.push(loader.items[order[p]].path.clone());
         batch.len += 1;
+        images.push(img);
     }
+    // HWC RGB → CHW, each image by a worker straight into its slot of the batch.
+    let plane = s * s;
+    batch.images = vec![0u8; images.len() * 3 * plane];
+    loader.pool.install(|| {
+        batch
+            .images
+            .par_chunks_mut(3 * plane)
+            .zip(images.into_par_iter())
+            .for_each(|(dst, img)| hwc_to_chw(img.as_raw(), dst, plane));
+    });
     batch
+}
+
+/// Splits interleaved RGB (`plane` pixels) into three planes `R…G…B…` of `dst`.
+fn hwc_to_chw(src: &[u8], dst: &mut [u8], plane: usize) {
+    let (r, rest) = dst.split_at_mut(plane.min(dst.len()));
+    let (g, b) = rest.split_at_mut(plane.min(rest.len()));
+    for (((p, r), g), b) in src.chunks_exact(3).zip(r).zip(g).zip(b) {
+        *r = p[0];
+        *g = p[1];
+        *b = p[2];
+    }
 }
