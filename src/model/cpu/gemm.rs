@@ -33,6 +33,18 @@ pub(crate) fn pack(k: usize, n: usize, dst: &mut [f32], at: impl Fn(usize, usize
     }
 }
 
+/// What is applied to each output row once its sums are complete: `row[j] = act(row[j] +
+/// bias[j]) (+ res[j])`, with `res` rows at a stride of their own (a residual connection).
+#[derive(Clone, Copy)]
+pub(crate) struct Epilogue<'a> {
+    /// One bias per column of C (`n` floats).
+    pub bias: &'a [f32],
+    /// SiLU after the bias.
+    pub act: bool,
+    /// Residual rows added last: pointer to row 0, row stride.
+    pub res: Option<(*const f32, usize)>,
+}
+
 /// Whether the AVX-512 kernel runs (`YOLO9_CPU_GEMM=generic` forces the `gemm` crate).
 pub(crate) fn avx512() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -65,8 +77,9 @@ pub(crate) unsafe fn gemm(
     bp: *const f32,
     c: *mut f32,
     ldc: usize,
+    epi: Epilogue,
 ) {
-    gemm_on(avx512(), m, n, k, a, lda, bp, c, ldc)
+    gemm_on(avx512(), m, n, k, a, lda, bp, c, ldc, epi)
 }
 
 /// [`gemm`] on the AVX-512 kernel (`wide`, which the CPU must have) or the `gemm` crate.
@@ -83,10 +96,16 @@ unsafe fn gemm_on(
     bp: *const f32,
     c: *mut f32,
     ldc: usize,
+    epi: Epilogue,
 ) {
+    assert!(
+        epi.bias.len() >= n,
+        "epilogue: {} biases for {n} columns",
+        epi.bias.len()
+    );
     #[cfg(target_arch = "x86_64")]
     if wide {
-        return avx512::gemm(m, n, k, a, lda, bp, c, ldc);
+        return avx512::gemm(m, n, k, a, lda, bp, c, ldc, epi);
     }
     let _ = wide;
     for p in 0..n.div_ceil(NR) {
@@ -113,11 +132,19 @@ unsafe fn gemm_on(
             gemm::Parallelism::None,
         );
     }
+    for r in 0..m {
+        let row = std::slice::from_raw_parts_mut(c.add(r * ldc), n);
+        let res = epi
+            .res
+            .map(|(p, ld)| std::slice::from_raw_parts(p.add(r * ld), n));
+        super::math::epilogue(row, epi.bias, epi.act, res);
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{KC, MR, NR};
+    use super::{Epilogue, KC, MR, NR};
+    use crate::model::cpu::math::avx512::silu;
     use std::arch::x86_64::*;
 
     /// See [`super::gemm`].
@@ -132,6 +159,7 @@ mod avx512 {
         bp: *const f32,
         c: *mut f32,
         ldc: usize,
+        epi: Epilogue,
     ) {
         let mut kb = 0;
         while kb < k {
@@ -145,72 +173,109 @@ mod avx512 {
                 };
                 let b = bp.add((p * k + kb) * NR);
                 let cp = c.add(p * NR);
-                let acc = kb > 0;
+                let st = Step {
+                    lda,
+                    ldc,
+                    kc,
+                    acc: kb > 0,
+                    mask,
+                    // The epilogue once the sums are complete (last k block).
+                    epi: (kb + kc == k).then(|| Epi {
+                        bias: epi.bias.as_ptr().add(p * NR),
+                        act: epi.act,
+                        res: epi.res.map(|(q, ld)| (q.add(p * NR), ld)),
+                    }),
+                };
                 let mut r = 0;
                 while r + MR <= m {
-                    kern::<MR>(
-                        a.add(r * lda + kb),
-                        lda,
-                        b,
-                        cp.add(r * ldc),
-                        ldc,
-                        kc,
-                        acc,
-                        mask,
-                    );
+                    kern::<MR>(a.add(r * lda + kb), b, cp.add(r * ldc), r, &st);
                     r += MR;
                 }
                 let (a, cp) = (a.add(r * lda + kb), cp.add(r * ldc));
                 match m - r {
                     0 => {}
-                    1 => kern::<1>(a, lda, b, cp, ldc, kc, acc, mask),
-                    2 => kern::<2>(a, lda, b, cp, ldc, kc, acc, mask),
-                    3 => kern::<3>(a, lda, b, cp, ldc, kc, acc, mask),
-                    4 => kern::<4>(a, lda, b, cp, ldc, kc, acc, mask),
-                    5 => kern::<5>(a, lda, b, cp, ldc, kc, acc, mask),
-                    6 => kern::<6>(a, lda, b, cp, ldc, kc, acc, mask),
-                    7 => kern::<7>(a, lda, b, cp, ldc, kc, acc, mask),
-                    8 => kern::<8>(a, lda, b, cp, ldc, kc, acc, mask),
-                    9 => kern::<9>(a, lda, b, cp, ldc, kc, acc, mask),
-                    10 => kern::<10>(a, lda, b, cp, ldc, kc, acc, mask),
-                    _ => kern::<11>(a, lda, b, cp, ldc, kc, acc, mask),
+                    1 => kern::<1>(a, b, cp, r, &st),
+                    2 => kern::<2>(a, b, cp, r, &st),
+                    3 => kern::<3>(a, b, cp, r, &st),
+                    4 => kern::<4>(a, b, cp, r, &st),
+                    5 => kern::<5>(a, b, cp, r, &st),
+                    6 => kern::<6>(a, b, cp, r, &st),
+                    7 => kern::<7>(a, b, cp, r, &st),
+                    8 => kern::<8>(a, b, cp, r, &st),
+                    9 => kern::<9>(a, b, cp, r, &st),
+                    10 => kern::<10>(a, b, cp, r, &st),
+                    _ => kern::<11>(a, b, cp, r, &st),
                 }
             }
             kb += kc;
         }
     }
 
-    /// `R` rows × 32 columns (`mask` selects the columns stored) over depth `kc`; adds to C
-    /// when `acc`.
-    #[target_feature(enable = "avx512f")]
-    #[inline]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn kern<const R: usize>(
-        a: *const f32,
+    /// The epilogue of one panel: its 32 biases, SiLU, residual rows (pointer to the panel's
+    /// column 0 of row 0 of the tile, stride).
+    struct Epi {
+        bias: *const f32,
+        act: bool,
+        res: Option<(*const f32, usize)>,
+    }
+
+    /// What the micro-kernel calls of one (k block, panel) share.
+    struct Step {
         lda: usize,
-        b: *const f32,
-        c: *mut f32,
         ldc: usize,
         kc: usize,
+        /// Add to C (a later k block) instead of overwriting it.
         acc: bool,
+        /// Columns of the panel stored.
         mask: u32,
+        epi: Option<Epi>,
+    }
+
+    /// `R` rows × 32 columns over depth `kc` (see [`Step`]); rows `r0..r0+R` of the tile, for
+    /// the residual.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn kern<const R: usize>(
+        a: *const f32,
+        b: *const f32,
+        c: *mut f32,
+        r0: usize,
+        st: &Step,
     ) {
-        let (m0, m1) = (mask as __mmask16, (mask >> 16) as __mmask16);
+        let (lda, ldc) = (st.lda, st.ldc);
+        let (m0, m1) = (st.mask as __mmask16, (st.mask >> 16) as __mmask16);
         let mut c0 = [_mm512_setzero_ps(); R];
         let mut c1 = [_mm512_setzero_ps(); R];
-        if acc {
+        if st.acc {
             for r in 0..R {
                 c0[r] = _mm512_maskz_loadu_ps(m0, c.add(r * ldc));
                 c1[r] = _mm512_maskz_loadu_ps(m1, c.add(r * ldc + 16));
             }
         }
-        for kk in 0..kc {
+        for kk in 0..st.kc {
             let b0 = _mm512_loadu_ps(b.add(kk * NR));
             let b1 = _mm512_loadu_ps(b.add(kk * NR + 16));
             for r in 0..R {
                 let av = _mm512_set1_ps(*a.add(r * lda + kk));
                 c0[r] = _mm512_fmadd_ps(av, b0, c0[r]);
                 c1[r] = _mm512_fmadd_ps(av, b1, c1[r]);
+            }
+        }
+        if let Some(e) = &st.epi {
+            let bias0 = _mm512_maskz_loadu_ps(m0, e.bias);
+            let bias1 = _mm512_maskz_loadu_ps(m1, e.bias.add(16));
+            for r in 0..R {
+                c0[r] = _mm512_add_ps(c0[r], bias0);
+                c1[r] = _mm512_add_ps(c1[r], bias1);
+                if e.act {
+                    c0[r] = silu(c0[r]);
+                    c1[r] = silu(c1[r]);
+                }
+                if let Some((q, ld)) = e.res {
+                    let q = q.add((r0 + r) * ld);
+                    c0[r] = _mm512_add_ps(c0[r], _mm512_maskz_loadu_ps(m0, q));
+                    c1[r] = _mm512_add_ps(c1[r], _mm512_maskz_loadu_ps(m1, q.add(16)));
+                }
             }
         }
         for r in 0..R {
@@ -254,19 +319,15 @@ mod tests {
             let mut bp = vec![0f32; packed_len(k, n)];
             pack(k, n, &mut bp, |kk, j| bm[kk * n + j]);
             let mut c = vec![7f32; m * ldc];
-            unsafe {
-                gemm_on(
-                    wide,
-                    m,
-                    n,
-                    k,
-                    a.as_ptr(),
-                    lda,
-                    bp.as_ptr(),
-                    c.as_mut_ptr(),
-                    ldc,
-                )
+            let bias: Vec<f32> = (0..n).map(|j| j as f32 * 0.01).collect();
+            let res: Vec<f32> = (0..m * (n + 1)).map(|i| (i % 13) as f32 * 0.1).collect();
+            let epi = Epilogue {
+                bias: &bias,
+                act: true,
+                res: Some((res.as_ptr(), n + 1)),
             };
+            let (ap, bpp, cp) = (a.as_ptr(), bp.as_ptr(), c.as_mut_ptr());
+            unsafe { gemm_on(wide, m, n, k, ap, lda, bpp, cp, ldc, epi) };
             for i in 0..m {
                 for j in 0..ldc {
                     let got = c[i * ldc + j];
@@ -274,9 +335,11 @@ mod tests {
                         assert_eq!(got, 7.0, "column {j} past n written");
                         continue;
                     }
-                    let want: f64 = (0..k)
+                    let sum: f64 = (0..k)
                         .map(|kk| a[i * lda + kk] as f64 * bm[kk * n + j] as f64)
                         .sum();
+                    let v = sum + bias[j] as f64;
+                    let want = v / (1.0 + (-v).exp()) + res[i * (n + 1) + j] as f64;
                     assert!(
                         (got as f64 - want).abs() < 1e-4 * (1.0 + want.abs()),
                         "({m},{n},{k}) [{i},{j}] {got} vs {want}"
@@ -306,7 +369,13 @@ mod rate {
             let reps = (2e9 / (2.0 * (m * n * k) as f64)) as usize;
             let t = std::time::Instant::now();
             for _ in 0..reps {
-                unsafe { gemm(m, n, k, a.as_ptr(), k, bp.as_ptr(), c.as_mut_ptr(), n) };
+                let bias = vec![0f32; n];
+                let epi = Epilogue {
+                    bias: &bias,
+                    act: true,
+                    res: None,
+                };
+                unsafe { gemm(m, n, k, a.as_ptr(), k, bp.as_ptr(), c.as_mut_ptr(), n, epi) };
             }
             let s = t.elapsed().as_secs_f64();
             println!(

@@ -230,26 +230,23 @@ pub(crate) fn conv(
             let per = gemm::packed_len(kk, cw.cog);
             // Group g's panels from the one holding column j0.
             let wg = cw.w[g * per + j0 * kk..].as_ptr();
+            let bias = &cw.bias[g * cw.cog + j0..g * cw.cog + j0 + n];
             // SAFETY: pointers stay within the activations and weights described by the plan;
             // this task alone writes output pixels p0..p0+m, channels g·cog + j0 .. + n.
             unsafe {
                 let dst = y.ptr.add(p0 * y.ld + g * cw.cog + j0);
+                let epi = gemm::Epilogue {
+                    bias,
+                    act: cw.act,
+                    res: res.map(|a| (a.ptr.add(p0 * a.ld + g * cw.cog + j0) as *const f32, a.ld)),
+                };
                 if cw.pointwise() {
                     let lhs = x.ptr.add(p0 * x.ld + g * cw.cig);
-                    gemm::gemm(m, n, kk, lhs, x.ld, wg, dst, y.ld);
+                    gemm::gemm(m, n, kk, lhs, x.ld, wg, dst, y.ld, epi);
                 } else {
                     let col = scratch.mine(parallel);
                     im2col(x, y, cw, g, p0, m, col);
-                    gemm::gemm(m, n, kk, col.as_ptr(), kk, wg, dst, y.ld);
-                }
-                let bias = &cw.bias[g * cw.cog + j0..g * cw.cog + j0 + n];
-                for r in 0..m {
-                    let p = p0 + r;
-                    let row = std::slice::from_raw_parts_mut(dst.add(r * y.ld), n);
-                    let res = res.map(|a| {
-                        std::slice::from_raw_parts(a.ptr.add(p * a.ld + g * cw.cog + j0), n)
-                    });
-                    math::epilogue(row, bias, cw.act, res);
+                    gemm::gemm(m, n, kk, col.as_ptr(), kk, wg, dst, y.ld, epi);
                 }
             }
         }
@@ -485,5 +482,70 @@ pub(crate) fn decode(pool: &ThreadPool, levels: &[Act], strides: &[u32], out: &m
         tasks.iter().for_each(run);
     } else {
         pool.install(|| tasks.par_iter().for_each(run));
+    }
+}
+
+#[cfg(test)]
+mod rate {
+    use super::*;
+
+    /// `cargo test --release --lib conv_rate -- --ignored --nocapture`: GFLOP/s of single convs.
+    #[test]
+    #[ignore]
+    fn conv_rate() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        for &(ci, co, k, s, h, w) in &[
+            (64usize, 64usize, 1usize, 1usize, 120usize, 160usize),
+            (64, 64, 1, 1, 20, 24),
+            (64, 64, 1, 1, 40, 48),
+            (128, 64, 1, 1, 120, 160),
+            (32, 32, 3, 1, 120, 160),
+            (128, 128, 3, 1, 60, 80),
+            (3, 32, 3, 2, 480, 640),
+            (64, 64, 3, 1, 60, 80),
+        ] {
+            let wt = Tensor::rand(-0.1f32, 0.1, (co, ci, k, k), &candle_core::Device::Cpu).unwrap();
+            let cw = ConvWeights::pack(&wt, None, s, k / 2, 1, true).unwrap();
+            let (ho, wo) = cw.out_hw(h, w);
+            let mut xb = vec![0.5f32; h * w * ci];
+            let mut yb = vec![0f32; ho * wo * co];
+            let mut sc = vec![0f32; cw.scratch().max(1)];
+            let x = Act {
+                ptr: xb.as_mut_ptr(),
+                ld: ci,
+                b: 1,
+                h,
+                w,
+                c: ci,
+            };
+            let y = Act {
+                ptr: yb.as_mut_ptr(),
+                ld: co,
+                b: 1,
+                h: ho,
+                w: wo,
+                c: co,
+            };
+            let scratch = Scratch {
+                ptr: sc.as_mut_ptr(),
+                per: sc.len(),
+            };
+            let flop = 2.0 * (ho * wo * co * ci * k * k) as f64;
+            let reps = (3e9 / flop).ceil() as usize;
+            conv(&pool, x, y, None, &cw, scratch);
+            let t = std::time::Instant::now();
+            for _ in 0..reps {
+                conv(&pool, x, y, None, &cw, scratch);
+            }
+            let sec = t.elapsed().as_secs_f64() / reps as f64;
+            println!(
+                "{ci}->{co} k{k} s{s} {h}x{w}: {:.2} ms {:.1} GFLOP/s",
+                sec * 1e3,
+                flop / sec / 1e9
+            );
+        }
     }
 }

@@ -140,7 +140,7 @@ dispatch! {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx512 {
+pub(crate) mod avx512 {
     use std::arch::x86_64::*;
 
     /// [`super::exp`] on 16 lanes; 2^n by `vscalefps`.
@@ -173,7 +173,7 @@ mod avx512 {
     /// `v / (1 + e^−v)`.
     #[target_feature(enable = "avx512f")]
     #[inline]
-    unsafe fn silu(v: __m512) -> __m512 {
+    pub(crate) unsafe fn silu(v: __m512) -> __m512 {
         let d = _mm512_add_ps(
             exp(_mm512_sub_ps(_mm512_setzero_ps(), v)),
             _mm512_set1_ps(1.0),

@@ -138,10 +138,11 @@ impl CpuEngine {
         )
     }
 
-    /// Floats in the arena of the plan for `(b, h, w)` (activations and scratch), if planned.
-    pub fn arena_len(&self, b: usize, h: usize, w: usize) -> Option<usize> {
+    /// Floats in the arena of the plan for `(b, h, w)` (activations and scratch), and what the
+    /// activations would take if no two shared space; `None` if that shape is not planned.
+    pub fn arena_len(&self, b: usize, h: usize, w: usize) -> Option<(usize, usize)> {
         let plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
-        plans.get(&(b, h, w)).map(|p| p.plan.len)
+        plans.get(&(b, h, w)).map(|p| (p.plan.len, p.plan.unshared))
     }
 
     /// Nodes in the compiled graph (after fusion; concatenations that copy nothing included).
@@ -164,9 +165,17 @@ impl CpuEngine {
             .flatten_all()?
             .to_vec1::<f32>()
             .context("reading the input")?;
-        let (plan, mut arena) = self.checkout(b, h, w)?;
-        let out = self.run(&plan, &mut arena, &src, None);
-        self.checkin((b, h, w), arena);
+        // One image at a time through the plan for one image: the arena stays the size of one
+        // image's activations (a validation batch of 32 needs no more memory than 1), and the
+        // activations of a layer stay in cache while the next one reads them.
+        let (plan, mut arena) = self.checkout(1, h, w)?;
+        let per_in = 3 * h * w;
+        let mut out = Vec::with_capacity(b);
+        for i in 0..b {
+            out.push(self.run(&plan, &mut arena, &src[i * per_in..(i + 1) * per_in], None));
+        }
+        self.checkin((1, h, w), arena);
+        let out = out.concat();
         let rows = 4 + self.graph.chans[self.graph.outputs[0]] - 4 * crate::model::head::REG_MAX;
         Ok(Tensor::from_vec(
             out,
@@ -175,12 +184,18 @@ impl CpuEngine {
         )?)
     }
 
-    /// Time per node of one forward of `x` (as [`CpuEngine::forward`]), summed by kind of op:
+    /// Time per node of one forward of `x`'s first image (as [`CpuEngine::forward`]), summed by
+    /// kind of op (by layer with `YOLO9_CPU_PROFILE_SHAPES=1`):
     /// `(label, milliseconds, share of the GFLOP)` sorted by time, then `("total", ms, GFLOP)`.
     /// Labels name the op and, for convolutions, kernel and stride (`conv3x3/s1`).
     pub fn profile(&self, x: &Tensor) -> Result<Vec<(String, f64, f64)>> {
-        let (b, _, h, w) = x.dims4()?;
-        let src = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+        let (_, _, h, w) = x.dims4()?;
+        let b = 1;
+        let src = x
+            .get(0)?
+            .to_dtype(DType::F32)?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
         let (plan, mut arena) = self.checkout(b, h, w)?;
         let mut times = vec![0f64; self.graph.nodes.len() + 2];
         self.run(&plan, &mut arena, &src, Some(&mut times));

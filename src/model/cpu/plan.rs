@@ -25,6 +25,8 @@ pub(crate) struct Plan {
     pub scratch_per: usize,
     /// Floats in the arena.
     pub len: usize,
+    /// Floats the storages would take without sharing (for reports and tests).
+    pub unshared: usize,
     /// Anchors in the output.
     pub anchors: usize,
 }
@@ -129,6 +131,7 @@ impl Plan {
             len = len.max(at + size(v));
             done.push(v);
         }
+        let unshared = roots.iter().map(|&v| size(v)).sum();
         let scratch_at = len;
         let len = scratch_at + scratch_per * threads.max(1);
         let anchors = g.outputs.iter().map(|&o| hw[o].0 * hw[o].1).sum();
@@ -139,6 +142,7 @@ impl Plan {
             scratch_at,
             scratch_per,
             len,
+            unshared,
             anchors,
         })
     }
