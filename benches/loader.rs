@@ -25,11 +25,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 use yolo9::data::augment::{
-    augment_sample, augment_sample_reference, resize_long_side, AugmentConfig, SourceImage,
+    augment_hsv, augment_hsv_reference, augment_sample, augment_sample_reference, mosaic4,
+    random_affine, resize_long_side, warp_affine, AugmentConfig, SourceImage,
 };
 use yolo9::data::image::load_rgb8;
 use yolo9::data::loader::{batches_per_epoch, DecodeFn, Loader, LoaderConfig, TrainItem};
 use yolo9::data::scan::{scan_split, ScanOptions};
+use yolo9::data::warp::{mosaic_placements, warp_tiles, CanvasTile};
 use yolo9::data::yaml::{DataConfig, Split};
 
 struct Args {
@@ -102,7 +104,11 @@ fn items(data: &Path) -> Result<Vec<TrainItem>> {
         .iter()
         .map(|r| TrainItem {
             path: r.image.clone(),
-            labels: r.boxes.iter().map(|b| (b.cls, [b.cx, b.cy, b.w, b.h])).collect(),
+            labels: r
+                .boxes
+                .iter()
+                .map(|b| (b.cls, [b.cx, b.cy, b.w, b.h]))
+                .collect(),
         })
         .collect())
 }
@@ -151,6 +157,51 @@ fn main() -> Result<()> {
             std::hint::black_box(out);
         }
         println!("{name} {:.2}", median(times));
+    }
+
+    // The parts: the mosaic + affine warp and the HSV step, reference vs fast.
+    {
+        let mut t_ref_warp = Vec::new();
+        let mut t_fast_warp = Vec::new();
+        let mut t_ref_hsv = Vec::new();
+        let mut t_fast_hsv = Vec::new();
+        for seed in 0..args.samples as u64 {
+            let mut rng = ChaCha8Rng::seed_from_u64(seed);
+            let k = seed as usize;
+            let tiles = [
+                &mem[k % n],
+                &mem[(k + 1) % n],
+                &mem[(k + 2) % n],
+                &mem[(k + 3) % n],
+            ];
+            let centre = (s as i64 * 3 / 4, s as i64 * 5 / 4);
+            let (m, _) = random_affine(&cfg, 2 * s, 2 * s, -(s as i64) / 2, &mut rng);
+            let t = Instant::now();
+            let (canvas, _) = mosaic4(tiles, s, centre);
+            let reference = warp_affine(&canvas, &m, s, s);
+            t_ref_warp.push(t.elapsed().as_secs_f64() * 1e3);
+            let t = Instant::now();
+            let places = mosaic_placements(tiles.map(|i| i.image.dimensions()), s, centre);
+            let ct: [CanvasTile; 4] = std::array::from_fn(|i| CanvasTile {
+                image: &tiles[i].image,
+                place: places[i],
+            });
+            let mut fast = RgbImage::new(s, s);
+            warp_tiles(&ct, &m, &mut fast);
+            t_fast_warp.push(t.elapsed().as_secs_f64() * 1e3);
+            let mut a = reference.clone();
+            let t = Instant::now();
+            augment_hsv_reference(&mut a, 0.015, 0.7, 0.4, &mut rng);
+            t_ref_hsv.push(t.elapsed().as_secs_f64() * 1e3);
+            let t = Instant::now();
+            augment_hsv(&mut fast, 0.015, 0.7, 0.4, &mut rng);
+            t_fast_hsv.push(t.elapsed().as_secs_f64() * 1e3);
+            std::hint::black_box((a, fast));
+        }
+        println!("warp_reference_ms {:.2}", median(t_ref_warp));
+        println!("warp_fast_ms {:.2}", median(t_fast_warp));
+        println!("hsv_reference_ms {:.2}", median(t_ref_hsv));
+        println!("hsv_fast_ms {:.2}", median(t_fast_hsv));
     }
 
     let disk: Arc<DecodeFn> = Arc::new(|p: &Path| load_rgb8(p));

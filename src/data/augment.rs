@@ -371,12 +371,59 @@ pub fn augment_hsv<R: Rng>(img: &mut RgbImage, hgain: f32, sgain: f32, vgain: f3
     let Some([lh, ls, lv]) = hsv_luts(hgain, sgain, vgain, rng) else {
         return;
     };
+    // Per input hue, what the output conversion needs of the new hue: its sector (0..6) and
+    // `30 − f` (see [`hsv8_to_rgb_int`]).
+    let hue: [(u8, u8); 256] = std::array::from_fn(|h| {
+        let h2 = lh[h] as u32;
+        (((h2 / 30) % 6) as u8, (h2 % 60).abs_diff(30) as u8)
+    });
     let raw: &mut [u8] = img;
     for p in raw.chunks_exact_mut(3) {
         let [h, s, v] = rgb_to_hsv8_int([p[0], p[1], p[2]]);
-        let o = hsv8_to_rgb_int([lh[h as usize], ls[s as usize], lv[v as usize]]);
+        let (sector, g) = hue[h as usize];
+        let (s2, v2) = (ls[s as usize], lv[v as usize]);
+        let o = hsv_out(sector, g as u32, s2 as u32, v2 as u32)
+            .unwrap_or_else(|| hsv8_to_rgb([lh[h as usize], s2, v2]));
         p.copy_from_slice(&o);
     }
+}
+
+/// Channel order of the values `[v, x, m]` in each hue sector (from [`hue_sector`]).
+const SECTOR_PERM: [[u8; 3]; 8] = {
+    let mut t = [[0u8; 3]; 8];
+    let mut k = 0;
+    while k < 8 {
+        // hue_sector(k, c = 0, x = 1, zero = 2), written out for a const context.
+        t[k] = match k {
+            0 => [0, 1, 2],
+            1 => [1, 0, 2],
+            2 => [2, 0, 1],
+            3 => [2, 1, 0],
+            4 => [1, 2, 0],
+            _ => [0, 2, 1],
+        };
+        k += 1;
+    }
+    t
+};
+
+/// The RGB of 8-bit HSV `(sector, 30 − f, s, v)` (see [`hsv8_to_rgb_int`]), or `None` at an
+/// exact half of the second-largest channel, where the reference's rounding decides.
+#[inline(always)]
+fn hsv_out(sector: u8, g: u32, s: u32, v: u32) -> Option<[u8; 3]> {
+    let m = (2 * v * (255 - s) + 255) / 510;
+    let xn2 = 2 * v * (7650 - s * g) + 7650;
+    let x = xn2 / 15300;
+    if x * 15300 == xn2 {
+        return None;
+    }
+    let vals = [v as u8, x as u8, m as u8];
+    let perm = SECTOR_PERM[(sector & 7) as usize];
+    Some([
+        vals[perm[0] as usize],
+        vals[perm[1] as usize],
+        vals[perm[2] as usize],
+    ])
 }
 
 /// [`augment_hsv`] with the f64 colour conversions ([`rgb_to_hsv8`], [`hsv8_to_rgb`]) per
@@ -422,22 +469,27 @@ pub fn rgb_to_hsv8_int(rgb: [u8; 3]) -> [u8; 3] {
     let [r, g, b] = rgb.map(i32::from);
     let v = r.max(g).max(b);
     let diff = v - r.min(g).min(b);
-    if diff == 0 {
-        return [0, 0, v as u8];
-    }
-    // s = round(255·diff / v); v ≥ diff > 0.
+    // s = round(255·diff / v) (0 when v = 0: RECIP[0] = 0).
     let s = div_small((510 * diff + v) as u32, 2 * v as u32);
     // h/2 = base + 30·n/diff, rounded half up: base + floor((60n + diff) / 2diff), shifted by
-    // +30 so the numerator is never negative.
-    let (n, base) = if v == r {
-        (g - b, if g < b { 180 } else { 0 })
-    } else if v == g {
-        (b - r, 60)
+    // +30 so the numerator is never negative. Selects rather than branches: the maximum's
+    // channel is unpredictable from pixel to pixel.
+    let (vr, vg) = (v == r, v != r && v == g);
+    let n = if vr {
+        g - b
+    } else if vg {
+        b - r
     } else {
-        (r - g, 120)
+        r - g
+    };
+    let base = if vr {
+        180 * (g < b) as i32
+    } else {
+        60 + 60 * (!vg) as i32
     };
     let q = div_small((60 * (n + diff) + diff) as u32, 2 * diff as u32) as i32 - 30;
-    let h = (base + q) % 180;
+    let h = base + q;
+    let h = if diff == 0 || h == 180 { 0 } else { h };
     [h as u8, s as u8, v as u8]
 }
 
@@ -448,16 +500,8 @@ pub fn rgb_to_hsv8_int(rgb: [u8; 3]) -> [u8; 3] {
 #[inline]
 pub fn hsv8_to_rgb_int(hsv: [u8; 3]) -> [u8; 3] {
     let [h, s, v] = hsv.map(u32::from);
-    let sector = (h / 30) % 6;
-    let f = 30 - (h % 60).abs_diff(30);
-    let m = (2 * v * (255 - s) + 255) / 510;
-    let xn = v * (7650 - s * (30 - f));
-    if xn % 7650 == 3825 {
-        return hsv8_to_rgb(hsv);
-    }
-    let x = (2 * xn + 7650) / 15300;
-    let (r, g, b) = hue_sector(sector, v, x, m);
-    [r as u8, g as u8, b as u8]
+    let sector = ((h / 30) % 6) as u8;
+    hsv_out(sector, (h % 60).abs_diff(30), s, v).unwrap_or_else(|| hsv8_to_rgb(hsv))
 }
 
 /// OpenCV `COLOR_RGB2HSV` for 8-bit images: `h ∈ [0, 180)`, `s, v ∈ [0, 255]`.
