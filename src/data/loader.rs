@@ -4,8 +4,11 @@
 //! - **Deterministic**: the epoch order is a shuffle seeded by `(seed, epoch)`, and sample `p` of
 //!   the epoch draws its augmentation from an RNG seeded by `(seed, epoch, p)`: the batches are the
 //!   same whatever `workers` is, and a resumed run reproduces them from any batch index.
-//! - **Bounded memory**: at most `prefetch` finished batches wait in the queue, plus the one
-//!   being built, whatever `workers` is.
+//! - **Bounded memory**: at most `prefetch` finished batches wait in the queue, plus the
+//!   samples of the [`BATCHES_AHEAD`] batches being built, whatever `workers` is.
+//! - **No idle workers at batch ends**: the samples of the next batch are queued on the workers
+//!   while the current one is being finished and collated, so the slowest sample of a batch
+//!   (a mixup draws two mosaics) does not leave the other workers waiting.
 //! - **Never dies on a bad sample**: an image that fails to decode is replaced by the next
 //!   decodable image in the epoch order and reported in [`Batch::skipped`]; the epoch goes on.
 //!
@@ -19,7 +22,8 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::{sync_channel, Receiver};
+use std::collections::VecDeque;
+use std::sync::mpsc::{channel, sync_channel, Receiver};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -32,6 +36,10 @@ type SampleResult = (
     Option<(RgbImage, Vec<(u32, [f32; 4])>)>,
     Vec<(PathBuf, String)>,
 );
+
+/// Batches whose samples are queued on the workers at a time by [`Loader::epoch`]: the one being
+/// finished and the next.
+pub const BATCHES_AHEAD: usize = 2;
 
 /// One training image and its labels `(cls, [cx, cy, w, h])`, normalized.
 #[derive(Debug, Clone)]
@@ -220,11 +228,31 @@ impl Loader {
             pool: self.pool.clone(),
             resized: self.resized,
         };
+        let this = Arc::new(this);
         let handle = std::thread::spawn(move || {
             let order = epoch_order(this.items.len(), this.cfg.seed, epoch, this.cfg.shuffle);
+            let order = Arc::new(order);
             let nb = batches_per_epoch(order.len(), this.cfg.batch);
-            for b in start..nb {
-                let batch = make_batch(&this, &order, epoch, b);
+            let mut inflight = VecDeque::new();
+            let mut next = start;
+            loop {
+                while inflight.len() < BATCHES_AHEAD && next < nb {
+                    inflight.push_back((next, launch(&this, &order, epoch, next)));
+                    next += 1;
+                }
+                let Some((b, rx)) = inflight.pop_front() else {
+                    break;
+                };
+                let (lo, hi) = batch_range(order.len(), this.cfg.batch, b);
+                let mut results: Vec<(usize, SampleResult)> = Vec::with_capacity(hi - lo);
+                for _ in lo..hi {
+                    match rx.recv() {
+                        Ok(r) => results.push(r),
+                        Err(_) => break,
+                    }
+                }
+                results.sort_by_key(|r| r.0);
+                let batch = collate(&this, &order, b, results, false);
                 if tx.send(batch).is_err() {
                     break;
                 }
@@ -279,10 +307,41 @@ fn build_sample(
     (None, skipped.into_inner().unwrap_or_default())
 }
 
+/// Positions `[lo, hi)` of batch `b` in the epoch order.
+fn batch_range(n: usize, bs: usize, b: usize) -> (usize, usize) {
+    let bs = bs.max(1);
+    ((b * bs).min(n), ((b + 1) * bs).min(n))
+}
+
+/// Queues the samples of batch `b` on the workers; they arrive on the receiver as they finish.
+fn launch(
+    loader: &Arc<Loader>,
+    order: &Arc<Vec<usize>>,
+    epoch: usize,
+    b: usize,
+) -> Receiver<(usize, SampleResult)> {
+    let (lo, hi) = batch_range(order.len(), loader.cfg.batch, b);
+    let (stx, srx) = channel();
+    for p in lo..hi {
+        let (l, o, stx) = (loader.clone(), order.clone(), stx.clone());
+        loader.pool.spawn(move || {
+            // A panic in a spawned job would abort the process: it becomes a skipped sample.
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                l.sample(epoch, p, o[p])
+            }))
+            .unwrap_or_else(|_| {
+                let path = l.items[o[p]].path.clone();
+                (None, vec![(path, "internal error while augmenting".to_string())])
+            });
+            // The epoch was dropped: nobody waits for this sample.
+            let _ = stx.send((p, r));
+        });
+    }
+    srx
+}
+
 fn make_batch(loader: &Loader, order: &[usize], epoch: usize, b: usize) -> Batch {
-    let bs = loader.cfg.batch;
-    let lo = (b * bs).min(order.len());
-    let hi = ((b + 1) * bs).min(order.len());
+    let (lo, hi) = batch_range(order.len(), loader.cfg.batch, b);
     let positions: Vec<usize> = (lo..hi).collect();
     let results: Vec<_> = loader.pool.install(|| {
         positions
@@ -290,6 +349,19 @@ fn make_batch(loader: &Loader, order: &[usize], epoch: usize, b: usize) -> Batch
             .map(|&p| (p, loader.sample(epoch, p, order[p])))
             .collect()
     });
+    collate(loader, order, b, results, true)
+}
+
+/// Collates the samples of batch `b` (in position order) into a [`Batch`]: images CHW one after
+/// another, targets with their image index. `parallel`: split the CHW copy over the workers
+/// (when they are idle), else do it on the calling thread.
+fn collate(
+    loader: &Loader,
+    order: &[usize],
+    b: usize,
+    results: Vec<(usize, SampleResult)>,
+    parallel: bool,
+) -> Batch {
     let s = loader.cfg.img_size as usize;
     let mut batch = Batch {
         index: b,
@@ -317,13 +389,19 @@ fn make_batch(loader: &Loader, order: &[usize], epoch: usize, b: usize) -> Batch
     // HWC RGB → CHW, each image by a worker straight into its slot of the batch.
     let plane = s * s;
     batch.images = vec![0u8; images.len() * 3 * plane];
-    loader.pool.install(|| {
-        batch
-            .images
-            .par_chunks_mut(3 * plane)
-            .zip(images.into_par_iter())
-            .for_each(|(dst, img)| hwc_to_chw(img.as_raw(), dst, plane));
-    });
+    if parallel {
+        loader.pool.install(|| {
+            batch
+                .images
+                .par_chunks_mut(3 * plane)
+                .zip(images.into_par_iter())
+                .for_each(|(dst, img)| hwc_to_chw(img.as_raw(), dst, plane));
+        });
+    } else {
+        for (dst, img) in batch.images.chunks_mut(3 * plane).zip(&images) {
+            hwc_to_chw(img.as_raw(), dst, plane);
+        }
+    }
     batch
 }
 
