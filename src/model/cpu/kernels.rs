@@ -14,6 +14,28 @@ use candle_core::Tensor;
 use rayon::prelude::*;
 use rayon::ThreadPool;
 
+/// Where a kernel runs its tasks: over the engine's pool, or all on the calling thread (an
+/// image of a batch whose images run side by side, one per thread).
+#[derive(Clone, Copy)]
+pub(crate) struct Exec<'a>(pub Option<&'a ThreadPool>);
+
+impl Exec<'_> {
+    /// Threads the tasks are spread over.
+    pub fn threads(&self) -> usize {
+        self.0.map_or(1, |p| p.current_num_threads())
+    }
+
+    /// Runs `f(0..n)`, in parallel when there are threads and tasks for it.
+    fn each(&self, n: usize, f: impl Fn(usize) + Sync + Send) {
+        match self.0 {
+            Some(pool) if n > 1 && pool.current_num_threads() > 1 => {
+                pool.install(|| (0..n).into_par_iter().for_each(f))
+            }
+            _ => (0..n).for_each(f),
+        }
+    }
+}
+
 /// A convolution's folded weights, repacked once for the GEMM: per group the
 /// `(k·k·C_in/g) × (C_out/g)` matrix whose row `(ky·k + kx)·C_in/g + ci` holds the kernel taps
 /// of input channel `ci` at `(ky, kx)` (the column order of the im2col rows), in the panels of
@@ -195,17 +217,10 @@ impl Scratch {
 }
 
 /// `y = act(conv(x) + bias) (+ res)` (see [`ConvWeights`]); `y` is `x`'s output shape.
-pub(crate) fn conv(
-    pool: &ThreadPool,
-    x: Act,
-    y: Act,
-    res: Option<Act>,
-    cw: &ConvWeights,
-    scratch: Scratch,
-) {
+pub(crate) fn conv(ex: Exec, x: Act, y: Act, res: Option<Act>, cw: &ConvWeights, scratch: Scratch) {
     let kk = cw.k * cw.k * cw.cig;
     let pixels = y.pixels();
-    let threads = pool.current_num_threads();
+    let threads = ex.threads();
     // Rows per task: smaller than the tile when there are too few tiles for the threads.
     let mt = tile_rows(kk).min(pixels.div_ceil(2 * threads).next_multiple_of(gemm::MR));
     let tiles = pixels.div_ceil(mt);
@@ -251,11 +266,7 @@ pub(crate) fn conv(
             }
         }
     };
-    if !parallel {
-        (0..tasks).for_each(run);
-    } else {
-        pool.install(|| (0..tasks).into_par_iter().for_each(run));
-    }
+    ex.each(tasks, run);
 }
 
 /// The im2col rows of output pixels `p0..p0+m` of group `g` into `col` (`m × k·k·cig`),
@@ -302,9 +313,9 @@ unsafe fn im2col(x: Act, y: Act, cw: &ConvWeights, g: usize, p0: usize, m: usize
 }
 
 /// Runs `f(p)` for every output pixel, in parallel chunks of whole rows.
-fn for_pixels(pool: &ThreadPool, y: Act, f: impl Fn(usize) + Sync) {
+fn for_pixels(ex: Exec, y: Act, f: impl Fn(usize) + Sync) {
     let rows = y.b * y.h;
-    let threads = pool.current_num_threads();
+    let threads = ex.threads();
     // A few rows per task; one task when the whole op is small.
     let per = (rows / (4 * threads)).max(1);
     let chunks = rows.div_ceil(per);
@@ -315,36 +326,36 @@ fn for_pixels(pool: &ThreadPool, y: Act, f: impl Fn(usize) + Sync) {
             }
         }
     };
-    if threads == 1 || y.pixels() * y.c < 16384 {
+    if y.pixels() * y.c < 16384 {
         (0..chunks).for_each(run);
     } else {
-        pool.install(|| (0..chunks).into_par_iter().for_each(run));
+        ex.each(chunks, run);
     }
 }
 
 /// `y = a + b`.
-pub(crate) fn add(pool: &ThreadPool, a: Act, b: Act, y: Act) {
+pub(crate) fn add(ex: Exec, a: Act, b: Act, y: Act) {
     // SAFETY: each pixel is written by one call of the closure.
-    for_pixels(pool, y, |p| unsafe {
+    for_pixels(ex, y, |p| unsafe {
         math::add_into(a.px(p), b.px(p), y.px(p))
     });
 }
 
 /// `y = x·σ(x)`.
-pub(crate) fn silu(pool: &ThreadPool, x: Act, y: Act) {
+pub(crate) fn silu(ex: Exec, x: Act, y: Act) {
     // SAFETY: as [`add`].
-    for_pixels(pool, y, |p| unsafe { math::silu_into(x.px(p), y.px(p)) });
+    for_pixels(ex, y, |p| unsafe { math::silu_into(x.px(p), y.px(p)) });
 }
 
 /// `y = x` (a concatenation slot).
-pub(crate) fn copy(pool: &ThreadPool, x: Act, y: Act) {
+pub(crate) fn copy(ex: Exec, x: Act, y: Act) {
     // SAFETY: as [`add`].
-    for_pixels(pool, y, |p| unsafe { y.px(p).copy_from_slice(x.px(p)) });
+    for_pixels(ex, y, |p| unsafe { y.px(p).copy_from_slice(x.px(p)) });
 }
 
 /// Nearest upsampling by `f`.
-pub(crate) fn upsample(pool: &ThreadPool, x: Act, y: Act, f: usize) {
-    for_pixels(pool, y, |p| {
+pub(crate) fn upsample(ex: Exec, x: Act, y: Act, f: usize) {
+    for_pixels(ex, y, |p| {
         let (ox, oy, n) = (p % y.w, (p / y.w) % y.h, p / (y.w * y.h));
         let q = (n * x.h + oy / f) * x.w + ox / f;
         // SAFETY: as [`add`].
@@ -353,8 +364,8 @@ pub(crate) fn upsample(pool: &ThreadPool, x: Act, y: Act, f: usize) {
 }
 
 /// The even rows and columns.
-pub(crate) fn take_even(pool: &ThreadPool, x: Act, y: Act) {
-    for_pixels(pool, y, |p| {
+pub(crate) fn take_even(ex: Exec, x: Act, y: Act) {
+    for_pixels(ex, y, |p| {
         let (ox, oy, n) = (p % y.w, (p / y.w) % y.h, p / (y.w * y.h));
         let q = (n * x.h + 2 * oy) * x.w + 2 * ox;
         // SAFETY: as [`add`].
@@ -363,8 +374,8 @@ pub(crate) fn take_even(pool: &ThreadPool, x: Act, y: Act) {
 }
 
 /// `avg_pool2d(2, stride 1)`: `((a + b) + c + d) / 4` in the order of the reference forward.
-pub(crate) fn avg_pool2(pool: &ThreadPool, x: Act, y: Act) {
-    for_pixels(pool, y, |p| {
+pub(crate) fn avg_pool2(ex: Exec, x: Act, y: Act) {
+    for_pixels(ex, y, |p| {
         let (ox, oy, n) = (p % y.w, (p / y.w) % y.h, p / (y.w * y.h));
         let q = (n * x.h + oy) * x.w + ox;
         // SAFETY: as [`add`].
@@ -380,9 +391,9 @@ pub(crate) fn avg_pool2(pool: &ThreadPool, x: Act, y: Act) {
 }
 
 /// `max_pool2d(k, stride, padding k/2)` (padding never wins).
-pub(crate) fn max_pool(pool: &ThreadPool, x: Act, y: Act, k: usize, stride: usize) {
+pub(crate) fn max_pool(ex: Exec, x: Act, y: Act, k: usize, stride: usize) {
     let r = k / 2;
-    for_pixels(pool, y, |p| {
+    for_pixels(ex, y, |p| {
         let (ox, oy, n) = (p % y.w, (p / y.w) % y.h, p / (y.w * y.h));
         let (cy, cx) = (oy * stride, ox * stride);
         let (y0, y1) = (cy.saturating_sub(r), (cy + r + 1).min(x.h));
@@ -401,9 +412,9 @@ pub(crate) fn max_pool(pool: &ThreadPool, x: Act, y: Act, k: usize, stride: usiz
 }
 
 /// The input `(B, 3, H, W)` (NCHW, `src` flat) into the NHWC activation `y`.
-pub(crate) fn from_nchw(pool: &ThreadPool, src: &[f32], y: Act) {
+pub(crate) fn from_nchw(ex: Exec, src: &[f32], y: Act) {
     let hw = y.h * y.w;
-    for_pixels(pool, y, |p| {
+    for_pixels(ex, y, |p| {
         let (n, i) = (p / hw, p % hw);
         // SAFETY: as [`add`].
         let o = unsafe { y.px(p) };
@@ -419,7 +430,7 @@ const BINS: usize = crate::model::head::REG_MAX;
 /// The decode of [`crate::model::head::decode`] from NHWC raw outputs: `levels[i]` is level
 /// i's `(B, H_i, W_i, 64 + nc)` raw output with stride `strides[i]`; writes `out`, the
 /// `(B, 4 + nc, A)` f32 result (cx, cy, w, h in input pixels, then sigmoid scores).
-pub(crate) fn decode(pool: &ThreadPool, levels: &[Act], strides: &[u32], out: &mut [f32]) {
+pub(crate) fn decode(ex: Exec, levels: &[Act], strides: &[u32], out: &mut [f32]) {
     let b = levels[0].b;
     let no = levels[0].c;
     let nc = no - 4 * BINS;
@@ -478,11 +489,7 @@ pub(crate) fn decode(pool: &ThreadPool, levels: &[Act], strides: &[u32], out: &m
             }
         }
     };
-    if pool.current_num_threads() == 1 {
-        tasks.iter().for_each(run);
-    } else {
-        pool.install(|| tasks.par_iter().for_each(run));
-    }
+    ex.each(tasks.len(), |i| run(&tasks[i]));
 }
 
 #[cfg(test)]
@@ -535,10 +542,11 @@ mod rate {
             };
             let flop = 2.0 * (ho * wo * co * ci * k * k) as f64;
             let reps = (3e9 / flop).ceil() as usize;
-            conv(&pool, x, y, None, &cw, scratch);
+            let ex = Exec(Some(&pool));
+            conv(ex, x, y, None, &cw, scratch);
             let t = std::time::Instant::now();
             for _ in 0..reps {
-                conv(&pool, x, y, None, &cw, scratch);
+                conv(ex, x, y, None, &cw, scratch);
             }
             let sec = t.elapsed().as_secs_f64() / reps as f64;
             println!(

@@ -26,7 +26,7 @@ mod math;
 mod plan;
 
 use self::graph::{Graph, Kind};
-use self::kernels::Scratch;
+use self::kernels::{Exec, Scratch};
 use self::plan::Plan;
 use crate::model::head::STRIDES;
 use anyhow::{ensure, Context, Result};
@@ -37,7 +37,7 @@ use std::time::Instant;
 
 /// Plans kept per engine (input shapes); the oldest is dropped past this.
 const MAX_PLANS: usize = 16;
-/// Spare arenas kept per plan (one per forward running at once).
+/// Spare arenas kept per plan beyond one per thread (one per image in flight).
 const MAX_SPARE_ARENAS: usize = 4;
 
 /// The number of threads a CPU engine uses when none is set: `YOLO9_THREADS`, else the
@@ -165,23 +165,46 @@ impl CpuEngine {
             .flatten_all()?
             .to_vec1::<f32>()
             .context("reading the input")?;
-        // One image at a time through the plan for one image: the arena stays the size of one
-        // image's activations (a validation batch of 32 needs no more memory than 1), and the
-        // activations of a layer stay in cache while the next one reads them.
-        let (plan, mut arena) = self.checkout(1, h, w)?;
+        // Every image through the plan for one image: an arena holds one image's activations
+        // (a validation batch of 32 needs no more memory per image in flight than 1). A batch
+        // of at least half as many images as threads runs its images side by side, each on
+        // one thread (no synchronisation between ops); a smaller one runs image after image,
+        // each op spread over every thread.
         let per_in = 3 * h * w;
-        let mut out = Vec::with_capacity(b);
-        for i in 0..b {
-            out.push(self.run(&plan, &mut arena, &src[i * per_in..(i + 1) * per_in], None));
-        }
-        self.checkin((1, h, w), arena);
+        let threads = self.threads();
+        let side_by_side = b > 1 && threads > 1 && 2 * b >= threads;
+        let out: Vec<Vec<f32>> = if side_by_side {
+            let each = |i: usize| -> Result<Vec<f32>> {
+                let (plan, mut arena) = self.checkout(1, h, w)?;
+                let src = &src[i * per_in..(i + 1) * per_in];
+                let o = self.run(Exec(None), &plan, &mut arena, src, None);
+                self.checkin((1, h, w), arena);
+                Ok(o)
+            };
+            use rayon::prelude::*;
+            self.pool
+                .install(|| (0..b).into_par_iter().map(each).collect::<Result<Vec<_>>>())?
+        } else {
+            let (plan, mut arena) = self.checkout(1, h, w)?;
+            let ex = Exec(Some(&self.pool));
+            let out = (0..b)
+                .map(|i| {
+                    self.run(
+                        ex,
+                        &plan,
+                        &mut arena,
+                        &src[i * per_in..(i + 1) * per_in],
+                        None,
+                    )
+                })
+                .collect();
+            self.checkin((1, h, w), arena);
+            out
+        };
+        let anchors = out[0].len() / (4 + self.nc());
         let out = out.concat();
-        let rows = 4 + self.graph.chans[self.graph.outputs[0]] - 4 * crate::model::head::REG_MAX;
-        Ok(Tensor::from_vec(
-            out,
-            (b, rows, plan.anchors),
-            &Device::Cpu,
-        )?)
+        let rows = 4 + self.nc();
+        Ok(Tensor::from_vec(out, (b, rows, anchors), &Device::Cpu)?)
     }
 
     /// Time per node of one forward of `x`'s first image (as [`CpuEngine::forward`]), summed by
@@ -198,7 +221,8 @@ impl CpuEngine {
             .to_vec1::<f32>()?;
         let (plan, mut arena) = self.checkout(b, h, w)?;
         let mut times = vec![0f64; self.graph.nodes.len() + 2];
-        self.run(&plan, &mut arena, &src, Some(&mut times));
+        let ex = Exec(Some(&self.pool));
+        self.run(ex, &plan, &mut arena, &src, Some(&mut times));
         self.checkin((b, h, w), arena);
         let mut by: HashMap<String, (f64, f64)> = HashMap::new();
         let mut total = (0.0, 0.0);
@@ -255,6 +279,11 @@ impl CpuEngine {
         Ok(v)
     }
 
+    /// Classes of the model's head.
+    fn nc(&self) -> usize {
+        self.graph.chans[self.graph.outputs[0]] - 4 * crate::model::head::REG_MAX
+    }
+
     /// The plan for `(b, h, w)` and an arena for it (a spare one, or new).
     fn checkout(&self, b: usize, h: usize, w: usize) -> Result<(Arc<Plan>, Vec<f32>)> {
         let n = self
@@ -300,7 +329,7 @@ impl CpuEngine {
     fn checkin(&self, key: (usize, usize, usize), arena: Vec<f32>) {
         let mut plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(p) = plans.get_mut(&key) {
-            if p.spare.len() < MAX_SPARE_ARENAS && arena.len() == p.plan.len {
+            if p.spare.len() < MAX_SPARE_ARENAS + self.threads() && arena.len() == p.plan.len {
                 p.spare.push(arena);
             }
         }
@@ -311,6 +340,7 @@ impl CpuEngine {
     /// and the decode's.
     fn run(
         &self,
+        ex: kernels::Exec,
         plan: &Plan,
         arena: &mut [f32],
         src: &[f32],
@@ -324,7 +354,7 @@ impl CpuEngine {
             }
         };
         let g = &self.graph;
-        let pool = &self.pool;
+        let pool = ex;
         let base = arena.as_mut_ptr();
         let act = |o| plan.act(g, base, o);
         let whole = |v: usize| graph::Operand {
