@@ -8,7 +8,10 @@
 //! `(B, 3, H, W)` input (median of `--iters`), `first` the first call of a new detector (plan
 //! building included), and `pipeline` the whole detect path from JPEG bytes: decode →
 //! letterbox → forward → NMS (the image letterboxed to HxW: padded to that aspect first).
-//! `--profile` adds, per setting, the time per kind of op of one forward. Run
+//! `--profile` adds, per setting, the time per kind of op of one forward (per layer with
+//! `YOLO9_CPU_PROFILE_SHAPES=1`). `--rss N` instead calls one detector N times on the image at
+//! the first `--sizes` entry's long side and prints the resident memory after the first call and
+//! after the last. Run
 //! `benches/ort_cpu.py` with the same settings in the same command for the ONNX Runtime ratio.
 
 use anyhow::{Context, Result};
@@ -17,6 +20,14 @@ use image::{DynamicImage, RgbImage};
 use std::path::PathBuf;
 use std::time::Instant;
 use yolo9::{Detector, DetectorConfig};
+
+/// Resident memory of this process in MiB (`/proc/self/statm`; 0 where there is none).
+fn rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<f64>().ok())
+        .map_or(0.0, |pages| pages * 4096.0 / (1 << 20) as f64)
+}
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
@@ -44,6 +55,7 @@ fn main() -> Result<()> {
     let mut sizes = "640x640,480x640".to_string();
     let mut batches = "1,8".to_string();
     let mut profile = false;
+    let mut rss_calls = 0usize;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut val = || args.next().with_context(|| format!("{a} needs a value"));
@@ -55,6 +67,7 @@ fn main() -> Result<()> {
             "--sizes" => sizes = val()?,
             "--batches" => batches = val()?,
             "--profile" => profile = true,
+            "--rss" => rss_calls = val()?.parse()?,
             _ => {}
         }
     }
@@ -80,6 +93,29 @@ fn main() -> Result<()> {
     let bytes = std::fs::read(&image).with_context(|| format!("reading {}", image.display()))?;
     let src = image::load_from_memory(&bytes)?.to_rgb8();
     println!("cpu_detect cpus={all} weights={}", weights.display());
+    if rss_calls > 0 {
+        // A detector called in a loop: resident memory after the first call and after all.
+        let (h, wd) = sizes[0];
+        let config = DetectorConfig {
+            img_size: h.max(wd) as u32,
+            ..DetectorConfig::default()
+        };
+        let det = Detector::with_weights(&w, Device::Cpu, config)?;
+        let img = image::load_from_memory(&bytes)?;
+        det.detect(&img)?;
+        let first = rss_mib();
+        let t0 = Instant::now();
+        for _ in 1..rss_calls {
+            det.detect(&img)?;
+        }
+        println!(
+            "cpu_detect rss calls={rss_calls} img={} rss_after_first_mib={first:.1} rss_after_all_mib={:.1} ms_per_call={:.2}",
+            h.max(wd),
+            rss_mib(),
+            t0.elapsed().as_secs_f64() * 1e3 / (rss_calls - 1).max(1) as f64
+        );
+        return Ok(());
+    }
     for &(h, wd) in &sizes {
         // The image padded (bottom/right, grey) to the aspect of HxW, then letterboxed to it.
         let (iw, ih) = src.dimensions();

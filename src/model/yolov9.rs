@@ -224,7 +224,12 @@ impl YoloV9 {
             return None;
         }
         let e = self.cpu.get_or_init(|| {
-            CpuEngine::new(self, self.threads)
+            let x = Tensor::zeros((1, 3, 64, 64), DType::F32, &Device::Cpu);
+            x.map_err(anyhow::Error::from)
+                .and_then(|x| {
+                    let (ops, raw) = self.trace_raw(&x).context("tracing the model")?;
+                    CpuEngine::new(ops, x.id(), &raw, self.threads)
+                })
                 .map(Arc::new)
                 .map_err(|e| {
                     let e = format!("{e:#}");

@@ -8,16 +8,23 @@
 //!   straight into their slice of its storage.
 //! - [`plan`]: per input shape `(B, H, W)`, every value's size and place in one arena; made once
 //!   and kept, so a forward allocates only its output (a service's memory stays flat).
-//! - [`kernels`]: the convolution as a GEMM (the `gemm` crate, which picks AVX-512/AVX2 at run
-//!   time) on cache-sized tiles of output pixels, im2col per tile for k > 1, with the bias, SiLU
-//!   and residual applied to each tile while it is in cache; pools, upsampling, copies and the
-//!   DFL/box decode, all split over the engine's threads.
+//! - [`kernels`]: the convolution as a GEMM on cache-sized tiles of output pixels (1×1: straight
+//!   on the NHWC rows; k > 1: im2col per tile), pools, upsampling, copies and the DFL/box decode,
+//!   all split over the engine's threads.
+//! - [`gemm`]: the GEMM on weights packed once in 32-column panels: an AVX-512 micro-kernel
+//!   (12 × 32, bias + SiLU + residual applied in its registers) where the CPU has AVX-512, the
+//!   `gemm` crate (AVX2/FMA or baseline, chosen at run time) elsewhere.
 //! - [`math`]: the vectorised `exp`, SiLU and sigmoid.
 //!
 //! The engine owns its thread pool ([`CpuEngine::new`]'s `threads`), so a process embedding
 //! several detectors decides how many cores each takes and none competes with rayon's global
-//! pool. Results equal the candle forward to f32 rounding (different summation order; the
-//! parity tests hold both to the official features within 1e-4 relative).
+//! pool. A batch runs image by image through the plan for one image: side by side, one image
+//! per thread, when the batch has at least half as many images as there are threads; else one
+//! after another with each op spread over every thread.
+//!
+//! Results equal the candle forward to f32 rounding (another summation order: within 1e-5 of
+//! the output's largest value on the official oracle, `tests/cpu_engine.rs`) and do not depend
+//! on the thread count, bit for bit (on the AVX-512 kernel).
 
 mod gemm;
 mod graph;
@@ -76,25 +83,25 @@ impl std::fmt::Debug for CpuEngine {
 }
 
 impl CpuEngine {
-    /// Compiles `model` (an f32 inference model on the CPU) for `threads` threads (0: the
-    /// [`default_threads`]). The model is traced once on a small input to read its graph.
+    /// Compiles a traced inference forward ([`crate::model::YoloV9::trace_raw`]: `ops` in
+    /// execution order, the id of the traced input, the head's raw outputs) for `threads`
+    /// threads (0: the [`default_threads`]). The weights are copied out of the trace and
+    /// repacked; the trace's input size does not matter (plans are made per input shape).
     ///
-    /// Errors: a half-precision or non-CPU model, an op the engine does not run, a thread pool
-    /// that cannot start.
-    pub fn new(model: &crate::model::YoloV9, threads: usize) -> Result<Self> {
-        ensure!(
-            model.dtype() == DType::F32 && matches!(model.device(), Device::Cpu),
-            "the CPU engine runs f32 models on the CPU"
-        );
+    /// Errors: an op the engine does not run, a head that is not three levels of 64 + nc
+    /// channels, a thread pool that cannot start.
+    pub fn new(
+        ops: Vec<crate::model::trace::TracedOp>,
+        input: candle_core::TensorId,
+        raw: &[Tensor],
+        threads: usize,
+    ) -> Result<Self> {
         let t0 = Instant::now();
-        let x = Tensor::zeros((1, 3, 64, 64), DType::F32, &Device::Cpu)?;
-        let (ops, raw) = model
-            .trace_raw(&x)
-            .context("tracing the model for the CPU engine")?;
-        let graph = Graph::from_trace(ops, x.id(), &raw)?;
+        let graph = Graph::from_trace(ops, input, raw)?;
         ensure!(
-            graph.outputs.len() == STRIDES.len(),
-            "cpu engine: the head has {} levels, expected {}",
+            graph.outputs.len() == STRIDES.len()
+                && graph.chans[graph.outputs[0]] > 4 * crate::model::head::REG_MAX,
+            "cpu engine: the head has {} levels, expected {} of 64 + nc channels",
             graph.outputs.len(),
             STRIDES.len()
         );
