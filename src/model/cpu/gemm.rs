@@ -6,7 +6,9 @@
 //! On a CPU with AVX-512 the work is a register-blocked micro-kernel of 12 rows × 32 columns (24
 //! accumulators; per step of k two loads of B, twelve broadcasts of A, 24 FMAs), with k split in
 //! blocks of [`KC`] so that the B block stays in L1 while the tile's rows stream past it.
-//! Elsewhere each panel goes through the `gemm` crate (AVX2/FMA or the baseline).
+//! With AVX2 and FMA (most laptops) the same scheme runs 6 rows × 16 columns on ymm registers,
+//! each panel as two halves; elsewhere each panel goes through the `gemm` crate and the epilogue
+//! is a second pass.
 
 /// Columns of a packed panel of B.
 pub(crate) const NR: usize = 32;
@@ -45,21 +47,50 @@ pub(crate) struct Epilogue<'a> {
     pub res: Option<(*const f32, usize)>,
 }
 
-/// Whether the AVX-512 kernel runs (`YOLO9_CPU_GEMM=generic` forces the `gemm` crate).
-pub(crate) fn avx512() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| {
-        let forced = std::env::var("YOLO9_CPU_GEMM").is_ok_and(|v| v.trim() == "generic");
+/// The micro-kernel a CPU runs (`YOLO9_CPU_GEMM=generic|avx2` forces a narrower one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kernel {
+    /// 12 rows × 32 columns on zmm registers.
+    Avx512,
+    /// 6 rows × 16 columns on ymm registers with FMA, twice per panel.
+    Avx2,
+    /// The `gemm` crate per panel, then the epilogue as a second pass.
+    Generic,
+}
+
+/// The widest [`Kernel`] this CPU runs (detected once).
+pub(crate) fn kernel() -> Kernel {
+    static K: std::sync::OnceLock<Kernel> = std::sync::OnceLock::new();
+    *K.get_or_init(|| {
+        let forced = std::env::var("YOLO9_CPU_GEMM").unwrap_or_default();
         #[cfg(target_arch = "x86_64")]
         {
-            !forced && std::arch::is_x86_feature_detected!("avx512f")
+            let has = |f: &str| match f {
+                "avx512f" => std::arch::is_x86_feature_detected!("avx512f"),
+                _ => {
+                    std::arch::is_x86_feature_detected!("avx2")
+                        && std::arch::is_x86_feature_detected!("fma")
+                }
+            };
+            match forced.trim() {
+                "generic" => Kernel::Generic,
+                "avx2" if has("avx2") => Kernel::Avx2,
+                _ if has("avx512f") => Kernel::Avx512,
+                _ if has("avx2") => Kernel::Avx2,
+                _ => Kernel::Generic,
+            }
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
             let _ = forced;
-            false
+            Kernel::Generic
         }
     })
+}
+
+/// Whether the AVX-512 kernel runs.
+pub(crate) fn avx512() -> bool {
+    kernel() == Kernel::Avx512
 }
 
 /// `C = A · B` for the panels of B starting at panel `p0` (column `p0·NR`): `n` columns,
@@ -79,15 +110,15 @@ pub(crate) unsafe fn gemm(
     ldc: usize,
     epi: Epilogue,
 ) {
-    gemm_on(avx512(), m, n, k, a, lda, bp, c, ldc, epi)
+    gemm_on(kernel(), m, n, k, a, lda, bp, c, ldc, epi)
 }
 
-/// [`gemm`] on the AVX-512 kernel (`wide`, which the CPU must have) or the `gemm` crate.
+/// [`gemm`] on the kernel `kernel` (which the CPU must run).
 ///
-/// SAFETY: as [`gemm`]'s, and AVX-512F present when `wide`.
+/// SAFETY: as [`gemm`]'s, and the CPU has the features of `kernel`.
 #[allow(clippy::too_many_arguments)]
 unsafe fn gemm_on(
-    wide: bool,
+    kernel: Kernel,
     m: usize,
     n: usize,
     k: usize,
@@ -104,10 +135,11 @@ unsafe fn gemm_on(
         epi.bias.len()
     );
     #[cfg(target_arch = "x86_64")]
-    if wide {
-        return avx512::gemm(m, n, k, a, lda, bp, c, ldc, epi);
+    match kernel {
+        Kernel::Avx512 => return avx512::gemm(m, n, k, a, lda, bp, c, ldc, epi),
+        Kernel::Avx2 => return avx2::gemm(m, n, k, a, lda, bp, c, ldc, epi),
+        Kernel::Generic => {}
     }
-    let _ = wide;
     for p in 0..n.div_ceil(NR) {
         let cols = NR.min(n - p * NR);
         gemm::gemm(
@@ -285,6 +317,184 @@ mod avx512 {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{Epilogue, KC, NR};
+    use std::arch::x86_64::*;
+
+    /// Rows of the AVX2 micro-kernel.
+    const MR: usize = 6;
+
+    /// [`crate::model::cpu::math::exp`] on 8 lanes.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn exp(x: __m256) -> __m256 {
+        let x = _mm256_min_ps(
+            _mm256_max_ps(x, _mm256_set1_ps(-87.0)),
+            _mm256_set1_ps(87.0),
+        );
+        let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+            _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
+        );
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
+        let mut p = _mm256_set1_ps(1.987_569_1e-4);
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.398_199_9e-3));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.333_452e-3));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.166_579_6e-2));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.666_666_5e-1));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.000_000_1e-1));
+        let y = _mm256_fmadd_ps(
+            p,
+            _mm256_mul_ps(r, r),
+            _mm256_add_ps(r, _mm256_set1_ps(1.0)),
+        );
+        let e = _mm256_slli_epi32::<23>(_mm256_add_epi32(
+            _mm256_cvtps_epi32(n),
+            _mm256_set1_epi32(127),
+        ));
+        _mm256_mul_ps(y, _mm256_castsi256_ps(e))
+    }
+
+    /// `v / (1 + e^−v)`.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn silu(v: __m256) -> __m256 {
+        let d = _mm256_add_ps(
+            exp(_mm256_sub_ps(_mm256_setzero_ps(), v)),
+            _mm256_set1_ps(1.0),
+        );
+        _mm256_div_ps(v, d)
+    }
+
+    /// Lanes `0..cols` (of 8) set.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn lanes(cols: usize) -> __m256i {
+        let idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        _mm256_cmpgt_epi32(_mm256_set1_epi32(cols.min(8) as i32), idx)
+    }
+
+    /// What the micro-kernel calls of one (k block, half panel) share.
+    struct Step {
+        lda: usize,
+        ldc: usize,
+        kc: usize,
+        acc: bool,
+        m0: __m256i,
+        m1: __m256i,
+        /// Bias of the 16 columns, SiLU, residual (column 0 of the tile's row 0, stride).
+        epi: Option<(*const f32, bool, Option<(*const f32, usize)>)>,
+    }
+
+    /// See [`super::gemm`]: each 32-column panel as two halves of 16.
+    #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn gemm(
+        m: usize,
+        n: usize,
+        k: usize,
+        a: *const f32,
+        lda: usize,
+        bp: *const f32,
+        c: *mut f32,
+        ldc: usize,
+        epi: Epilogue,
+    ) {
+        let mut kb = 0;
+        while kb < k {
+            let kc = KC.min(k - kb);
+            for j in (0..n).step_by(16) {
+                let (p, half) = (j / NR, (j % NR) / 16);
+                let cols = 16.min(n - j);
+                let b = bp.add((p * k + kb) * NR + half * 16);
+                let cp = c.add(j);
+                let st = Step {
+                    lda,
+                    ldc,
+                    kc,
+                    acc: kb > 0,
+                    m0: lanes(cols),
+                    m1: lanes(cols.saturating_sub(8)),
+                    epi: (kb + kc == k).then(|| {
+                        (
+                            epi.bias.as_ptr().add(j),
+                            epi.act,
+                            epi.res.map(|(q, ld)| (q.add(j), ld)),
+                        )
+                    }),
+                };
+                let mut r = 0;
+                while r + MR <= m {
+                    kern::<MR>(a.add(r * lda + kb), b, cp.add(r * ldc), r, &st);
+                    r += MR;
+                }
+                let (a, cp) = (a.add(r * lda + kb), cp.add(r * ldc));
+                match m - r {
+                    0 => {}
+                    1 => kern::<1>(a, b, cp, r, &st),
+                    2 => kern::<2>(a, b, cp, r, &st),
+                    3 => kern::<3>(a, b, cp, r, &st),
+                    4 => kern::<4>(a, b, cp, r, &st),
+                    _ => kern::<5>(a, b, cp, r, &st),
+                }
+            }
+            kb += kc;
+        }
+    }
+
+    /// `R` rows × 16 columns over depth `kc`; rows `r0..r0+R` of the tile, for the residual.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn kern<const R: usize>(
+        a: *const f32,
+        b: *const f32,
+        c: *mut f32,
+        r0: usize,
+        st: &Step,
+    ) {
+        let (lda, ldc, m0, m1) = (st.lda, st.ldc, st.m0, st.m1);
+        let mut c0 = [_mm256_setzero_ps(); R];
+        let mut c1 = [_mm256_setzero_ps(); R];
+        if st.acc {
+            for r in 0..R {
+                c0[r] = _mm256_maskload_ps(c.add(r * ldc), m0);
+                c1[r] = _mm256_maskload_ps(c.add(r * ldc + 8), m1);
+            }
+        }
+        for kk in 0..st.kc {
+            let b0 = _mm256_loadu_ps(b.add(kk * NR));
+            let b1 = _mm256_loadu_ps(b.add(kk * NR + 8));
+            for r in 0..R {
+                let av = _mm256_broadcast_ss(&*a.add(r * lda + kk));
+                c0[r] = _mm256_fmadd_ps(av, b0, c0[r]);
+                c1[r] = _mm256_fmadd_ps(av, b1, c1[r]);
+            }
+        }
+        if let Some((bias, act, res)) = st.epi {
+            let bias0 = _mm256_maskload_ps(bias, m0);
+            let bias1 = _mm256_maskload_ps(bias.add(8), m1);
+            for r in 0..R {
+                c0[r] = _mm256_add_ps(c0[r], bias0);
+                c1[r] = _mm256_add_ps(c1[r], bias1);
+                if act {
+                    c0[r] = silu(c0[r]);
+                    c1[r] = silu(c1[r]);
+                }
+                if let Some((q, ld)) = res {
+                    let q = q.add((r0 + r) * ld);
+                    c0[r] = _mm256_add_ps(c0[r], _mm256_maskload_ps(q, m0));
+                    c1[r] = _mm256_add_ps(c1[r], _mm256_maskload_ps(q.add(8), m1));
+                }
+            }
+        }
+        for r in 0..R {
+            _mm256_maskstore_ps(c.add(r * ldc), m0, c0[r]);
+            _mm256_maskstore_ps(c.add(r * ldc + 8), m1, c1[r]);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -299,14 +509,26 @@ mod tests {
             (12, 64, 27),
             (7, 17, 512),
         ];
-        for wide in [false, avx512()] {
+        let mut kernels = vec![Kernel::Generic];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+            {
+                kernels.push(Kernel::Avx2);
+            }
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                kernels.push(Kernel::Avx512);
+            }
+        }
+        for kernel in kernels {
             for &(m, n, k) in &shapes {
-                check(wide, m, n, k);
+                check(kernel, m, n, k);
             }
         }
     }
 
-    fn check(wide: bool, m: usize, n: usize, k: usize) {
+    fn check(wide: Kernel, m: usize, n: usize, k: usize) {
         {
             let lda = k + 3;
             let ldc = n + 5;

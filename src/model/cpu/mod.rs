@@ -24,7 +24,7 @@
 //!
 //! Results equal the candle forward to f32 rounding (another summation order: within 1e-5 of
 //! the output's largest value on the official oracle, `tests/cpu_engine.rs`) and do not depend
-//! on the thread count, bit for bit (on the AVX-512 kernel).
+//! on the thread count, bit for bit (on the AVX-512 and AVX2 kernels).
 
 mod gemm;
 mod graph;
@@ -128,6 +128,16 @@ impl CpuEngine {
             calls: Default::default(),
             arenas_made: Default::default(),
         })
+    }
+
+    /// The GEMM micro-kernel this CPU runs: `"avx512"`, `"avx2"` or `"generic"` (the `gemm`
+    /// crate; there the sums' order, and so the last bits, can change with the thread count).
+    pub fn kernel(&self) -> &'static str {
+        match gemm::kernel() {
+            gemm::Kernel::Avx512 => "avx512",
+            gemm::Kernel::Avx2 => "avx2",
+            gemm::Kernel::Generic => "generic",
+        }
     }
 
     /// Threads of the engine's pool.
