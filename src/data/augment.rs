@@ -14,6 +14,14 @@
 //! 4. HSV gains `1 ± (0.015, 0.7, 0.4)` (OpenCV 8-bit HSV: hue in 0..180), then a horizontal flip
 //!    with probability 0.5.
 //!
+//! The training path ([`augment_sample`]) renders steps 2's mosaic and affine as one inverse warp
+//! from the four source images into the `s × s` output in fixed point
+//! ([`crate::data::warp::warp_tiles`], within 1 grey level of the f64 canvas path) and step 4's
+//! HSV by per-image lookup tables with integer colour conversions (byte-exact); flips are in
+//! place. [`augment_sample_reference`] keeps the straightforward f64 path (canvas,
+//! [`warp_affine`], [`augment_hsv_reference`]) for tests and benchmarks: both draw the same
+//! random numbers and give the same labels.
+//!
 //! Boxes are `[x1, y1, x2, y2]` in **pixels** of the image they belong to while augmenting; the
 //! final labels are normalized `cx, cy, w, h` ([`Augmented::labels`]). All randomness comes from
 //! the caller's RNG, so a sample is reproducible from its seed whatever thread runs it.
@@ -450,7 +458,7 @@ const RECIP: [u64; 512] = {
     let mut t = [0u64; 512];
     let mut d = 1;
     while d < 512 {
-        t[d] = ((1u64 << 32) + d as u64 - 1) / d as u64;
+        t[d] = (1u64 << 32).div_ceil(d as u64);
         d += 1;
     }
     t

@@ -181,7 +181,10 @@ fn coord_span(base: i64, step: i64, lo: i64, hi: i64, n: i64) -> (i64, i64) {
     } else if step > 0 {
         (ceil_div(a - base, step), ceil_div(b - base, step))
     } else {
-        (floor_div(base - b, -step) + 1, floor_div(base - a, -step) + 1)
+        (
+            floor_div(base - b, -step) + 1,
+            floor_div(base - a, -step) + 1,
+        )
     };
     let first = first.clamp(0, n as i128) as i64;
     let end = end.clamp(0, n as i128) as i64;
@@ -234,7 +237,12 @@ pub fn warp_tiles(tiles: &[CanvasTile], m: &Affine, out: &mut RgbImage) {
     let (ia, ib, id, ie) = (e / det, -b / det, -d / det, a / det);
     let ic = -(ia * c + ib * f);
     let if_ = -(id * c + ie * f);
-    let corners = [(0.0, 0.0), (ow as f64, 0.0), (0.0, oh as f64), (ow as f64, oh as f64)];
+    let corners = [
+        (0.0, 0.0),
+        (ow as f64, 0.0),
+        (0.0, oh as f64),
+        (ow as f64, oh as f64),
+    ];
     let fits = corners.iter().all(|&(x, y)| {
         let (sx, sy) = (ia * x + ib * y + ic, id * x + ie * y + if_);
         sx.abs() < MAX_COORD && sy.abs() < MAX_COORD
@@ -387,7 +395,10 @@ fn span_general(
     let raw = t.raw;
     for ox in span.0..span.1 {
         let (x, y) = (xr + ox * dx, yr + ox * dy);
-        let (sx, sy) = (((x >> FRAC) - t.off.0) as usize, ((y >> FRAC) - t.off.1) as usize);
+        let (sx, sy) = (
+            ((x >> FRAC) - t.off.0) as usize,
+            ((y >> FRAC) - t.off.1) as usize,
+        );
         let fx = ((x >> (FRAC - WBITS)) & (WONE as i64 - 1)) as u32;
         let fy = ((y >> (FRAC - WBITS)) & (WONE as i64 - 1)) as u32;
         let i = sy * stride + sx * 3;
@@ -429,14 +440,15 @@ fn warp_tiles_f64(tiles: &[Tile], inv: [f64; 6], out: &mut [u8], ow: i64, oh: i6
                 canvas_px(tiles, x0 + 1, y0 + 1),
             ];
             let o = ((oy * ow + ox) * 3) as usize;
-            for ch in 0..3 {
+            let Some(dst) = out.get_mut(o..o + 3) else {
+                continue;
+            };
+            for (ch, px) in dst.iter_mut().enumerate() {
                 let v = p[0][ch] as f64 * (1.0 - fx) * (1.0 - fy)
                     + p[1][ch] as f64 * fx * (1.0 - fy)
                     + p[2][ch] as f64 * (1.0 - fx) * fy
                     + p[3][ch] as f64 * fx * fy;
-                if let Some(px) = out.get_mut(o + ch) {
-                    *px = v.round().clamp(0.0, 255.0) as u8;
-                }
+                *px = v.round().clamp(0.0, 255.0) as u8;
             }
         }
     }
