@@ -343,7 +343,7 @@ mod avx2 {
         p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.333_452e-3));
         p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.166_579_6e-2));
         p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.666_666_5e-1));
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.000_000_1e-1));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5));
         let y = _mm256_fmadd_ps(
             p,
             _mm256_mul_ps(r, r),
@@ -383,9 +383,12 @@ mod avx2 {
         acc: bool,
         m0: __m256i,
         m1: __m256i,
-        /// Bias of the 16 columns, SiLU, residual (column 0 of the tile's row 0, stride).
-        epi: Option<(*const f32, bool, Option<(*const f32, usize)>)>,
+        epi: Option<Epi>,
     }
+
+    /// Bias of the 16 columns, SiLU, residual (column 0 of the tile's row 0, stride).
+    #[derive(Clone, Copy)]
+    struct Epi(*const f32, bool, Option<(*const f32, usize)>);
 
     /// See [`super::gemm`]: each 32-column panel as two halves of 16.
     #[target_feature(enable = "avx2,fma")]
@@ -417,7 +420,7 @@ mod avx2 {
                     m0: lanes(cols),
                     m1: lanes(cols.saturating_sub(8)),
                     epi: (kb + kc == k).then(|| {
-                        (
+                        Epi(
                             epi.bias.as_ptr().add(j),
                             epi.act,
                             epi.res.map(|(q, ld)| (q.add(j), ld)),
@@ -471,7 +474,7 @@ mod avx2 {
                 c1[r] = _mm256_fmadd_ps(av, b1, c1[r]);
             }
         }
-        if let Some((bias, act, res)) = st.epi {
+        if let Some(Epi(bias, act, res)) = st.epi {
             let bias0 = _mm256_maskload_ps(bias, m0);
             let bias1 = _mm256_maskload_ps(bias.add(8), m1);
             for r in 0..R {

@@ -186,7 +186,7 @@ impl Act {
     ///
     /// SAFETY: `p` < pixels, and the caller holds the only writer of these floats.
     #[inline(always)]
-    unsafe fn px(&self, p: usize) -> &mut [f32] {
+    unsafe fn px<'a>(self, p: usize) -> &'a mut [f32] {
         std::slice::from_raw_parts_mut(self.ptr.add(p * self.ld), self.c)
     }
 }
@@ -206,7 +206,7 @@ impl Scratch {
     /// the first slice.
     ///
     /// SAFETY: with `parallel`, called from a thread of the pool the scratch was sized for.
-    unsafe fn mine(&self, parallel: bool) -> &mut [f32] {
+    unsafe fn mine<'a>(self, parallel: bool) -> &'a mut [f32] {
         let t = if parallel {
             rayon::current_thread_index().unwrap_or(0)
         } else {

@@ -18,7 +18,7 @@ pub fn exp(x: f32) -> f32 {
     p = p * r + 8.333_452e-3;
     p = p * r + 4.166_579_6e-2;
     p = p * r + 1.666_666_5e-1;
-    p = p * r + 5.000_000_1e-1;
+    p = p * r + 0.5;
     let y = p * r * r + r + 1.0;
     y * f32::from_bits(((n as i32 + 127) as u32) << 23)
 }
@@ -161,7 +161,7 @@ pub(crate) mod avx512 {
         p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.333_452e-3));
         p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.166_579_6e-2));
         p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.666_666_5e-1));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.000_000_1e-1));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5));
         let y = _mm512_fmadd_ps(
             p,
             _mm512_mul_ps(r, r),
