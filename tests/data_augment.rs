@@ -262,7 +262,10 @@ fn fast_mosaic_warp_matches_f64_reference() {
         assert!(d <= 1, "seed {seed}: max difference {d} grey levels");
     }
     // Most bytes are identical; the rest differ by the fixed-point rounding only.
-    assert!(differing * 20 < total, "{differing} of {total} bytes differ");
+    assert!(
+        differing * 20 < total,
+        "{differing} of {total} bytes differ"
+    );
     eprintln!("fast warp vs f64: max {worst} level, {differing}/{total} bytes differ");
 }
 
@@ -333,8 +336,20 @@ fn lut_hsv_equals_reference() {
     for seed in 0..5 {
         let img = textured(64, 48, seed);
         let (mut a, mut b) = (img.clone(), img);
-        augment_hsv(&mut a, 0.015, 0.7, 0.4, &mut ChaCha8Rng::seed_from_u64(seed));
-        augment_hsv_reference(&mut b, 0.015, 0.7, 0.4, &mut ChaCha8Rng::seed_from_u64(seed));
+        augment_hsv(
+            &mut a,
+            0.015,
+            0.7,
+            0.4,
+            &mut ChaCha8Rng::seed_from_u64(seed),
+        );
+        augment_hsv_reference(
+            &mut b,
+            0.015,
+            0.7,
+            0.4,
+            &mut ChaCha8Rng::seed_from_u64(seed),
+        );
         assert_eq!(a, b);
     }
 }
@@ -377,7 +392,10 @@ fn augment_sample_matches_reference() {
             differing += n;
             total += a.image.as_raw().len();
         }
-        assert!(differing * 20 < total, "{differing} of {total} bytes differ");
+        assert!(
+            differing * 20 < total,
+            "{differing} of {total} bytes differ"
+        );
         eprintln!("mosaic {mosaic} hsv {hsv}: max {worst}, {differing}/{total} bytes differ");
     }
 }

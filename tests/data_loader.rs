@@ -78,7 +78,10 @@ fn same_batches_whatever_the_worker_count() -> anyhow::Result<()> {
     // The pipelined producer gives what the synchronous path builds.
     for (k, x) in ea.iter().enumerate() {
         let y = a.batch(2, k);
-        assert_eq!((&x.images, &x.targets, &x.paths), (&y.images, &y.targets, &y.paths));
+        assert_eq!(
+            (&x.images, &x.targets, &x.paths),
+            (&y.images, &y.targets, &y.paths)
+        );
     }
     // Resuming from batch 1 gives the same batches as the uninterrupted epoch.
     let resumed: Vec<Batch> = a.epoch(2, 1).collect();

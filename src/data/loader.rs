@@ -21,8 +21,8 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
-use std::path::{Path, PathBuf};
 use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc::{channel, sync_channel, Receiver};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -326,13 +326,15 @@ fn launch(
         let (l, o, stx) = (loader.clone(), order.clone(), stx.clone());
         loader.pool.spawn(move || {
             // A panic in a spawned job would abort the process: it becomes a skipped sample.
-            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                l.sample(epoch, p, o[p])
-            }))
-            .unwrap_or_else(|_| {
-                let path = l.items[o[p]].path.clone();
-                (None, vec![(path, "internal error while augmenting".to_string())])
-            });
+            let r =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| l.sample(epoch, p, o[p])))
+                    .unwrap_or_else(|_| {
+                        let path = l.items[o[p]].path.clone();
+                        (
+                            None,
+                            vec![(path, "internal error while augmenting".to_string())],
+                        )
+                    });
             // The epoch was dropped: nobody waits for this sample.
             let _ = stx.send((p, r));
         });
