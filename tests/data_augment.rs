@@ -334,7 +334,12 @@ fn integer_hsv_equals_f64_everywhere() {
 #[test]
 fn lut_hsv_equals_reference() {
     for seed in 0..5 {
-        let img = textured(64, 48, seed);
+        let mut img = textured(64, 48, seed);
+        // Runs of one colour (the fast path reuses the last result there).
+        for x in 0..40 {
+            img.put_pixel(x, 7, Rgb([PAD_GREY; 3]));
+            img.put_pixel(x, 9, Rgb([200, 30, 90]));
+        }
         let (mut a, mut b) = (img.clone(), img);
         augment_hsv(
             &mut a,

@@ -386,13 +386,22 @@ pub fn augment_hsv<R: Rng>(img: &mut RgbImage, hgain: f32, sgain: f32, vgain: f3
         (((h2 / 30) % 6) as u8, (h2 % 60).abs_diff(30) as u8)
     });
     let raw: &mut [u8] = img;
+    // Runs of one colour (the grey 114 around a mosaic, flat backgrounds) reuse the last result.
+    let (mut last_in, mut last_out) = ([PAD_GREY; 3], [0u8; 3]);
+    let mut have_last = false;
     for p in raw.chunks_exact_mut(3) {
-        let [h, s, v] = rgb_to_hsv8_int([p[0], p[1], p[2]]);
+        let rgb = [p[0], p[1], p[2]];
+        if have_last && rgb == last_in {
+            p.copy_from_slice(&last_out);
+            continue;
+        }
+        let [h, s, v] = rgb_to_hsv8_int(rgb);
         let (sector, g) = hue[h as usize];
         let (s2, v2) = (ls[s as usize], lv[v as usize]);
         let o = hsv_out(sector, g as u32, s2 as u32, v2 as u32)
             .unwrap_or_else(|| hsv8_to_rgb([lh[h as usize], s2, v2]));
         p.copy_from_slice(&o);
+        (last_in, last_out, have_last) = (rgb, o, true);
     }
 }
 
