@@ -173,6 +173,35 @@ unsafe fn gemm_on(
     }
 }
 
+/// Whether [`conv_taps`] runs on this CPU (the AVX-512 kernel).
+pub(crate) fn taps_supported() -> bool {
+    cfg!(target_arch = "x86_64") && avx512()
+}
+
+/// An implicit-GEMM convolution of `m` output pixels in a row, without im2col: the depth is
+/// the kernel's taps in order, tap `t` reading `taps[t].1` floats at `a + taps[t].0 + r·lda` for
+/// output pixel `r` (the input pixel under that tap), against the packed weights `bp` (rows in
+/// tap order, as [`pack`]); `C = act(A·B + bias) (+ res)` as [`gemm`].
+///
+/// SAFETY: [`taps_supported`]; every tap's reads stay inside the input (the caller keeps the
+/// padding out of these pixels); `c` and `bp` as [`gemm`]'s.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn conv_taps(
+    m: usize,
+    n: usize,
+    taps: &[(isize, usize)],
+    a: *const f32,
+    lda: usize,
+    bp: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    epi: Epilogue,
+) {
+    assert!(taps_supported() && epi.bias.len() >= n);
+    #[cfg(target_arch = "x86_64")]
+    avx512::conv_taps(m, n, taps, a, lda, bp, c, ldc, epi);
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use super::{Epilogue, KC, MR, NR};
@@ -205,10 +234,12 @@ mod avx512 {
                 };
                 let b = bp.add((p * k + kb) * NR);
                 let cp = c.add(p * NR);
+                let seg = [(0isize, kc)];
                 let st = Step {
                     lda,
                     ldc,
-                    kc,
+                    segs: seg.as_ptr(),
+                    nsegs: 1,
                     acc: kb > 0,
                     mask,
                     // The epilogue once the sums are complete (last k block).
@@ -243,6 +274,75 @@ mod avx512 {
         }
     }
 
+    /// See [`super::conv_taps`].
+    #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn conv_taps(
+        m: usize,
+        n: usize,
+        taps: &[(isize, usize)],
+        a: *const f32,
+        lda: usize,
+        bp: *const f32,
+        c: *mut f32,
+        ldc: usize,
+        epi: Epilogue,
+    ) {
+        let k: usize = taps.iter().map(|t| t.1).sum();
+        for p in 0..n.div_ceil(NR) {
+            let cols = NR.min(n - p * NR);
+            let mask = if cols == NR {
+                u32::MAX
+            } else {
+                (1u32 << cols) - 1
+            };
+            let b = bp.add(p * k * NR);
+            let cp = c.add(p * NR);
+            let st = Step {
+                lda,
+                ldc,
+                segs: taps.as_ptr(),
+                nsegs: taps.len(),
+                acc: false,
+                mask,
+                epi: Some(Epi {
+                    bias: epi.bias.as_ptr().add(p * NR),
+                    act: epi.act,
+                    res: epi.res.map(|(q, ld)| (q.add(p * NR), ld)),
+                }),
+            };
+            let mut r = 0;
+            while r + MR <= m {
+                kern::<MR>(a.add(r * lda), b, cp.add(r * ldc), r, &st);
+                r += MR;
+            }
+            let (a, cp) = (a.add(r * lda), cp.add(r * ldc));
+            match m - r {
+                0 => {}
+                1 => kern::<1>(a, b, cp, r, &st),
+                2 => kern::<2>(a, b, cp, r, &st),
+                3 => kern::<3>(a, b, cp, r, &st),
+                4 => kern::<4>(a, b, cp, r, &st),
+                5 => kern::<5>(a, b, cp, r, &st),
+                6 => kern::<6>(a, b, cp, r, &st),
+                7 => kern::<7>(a, b, cp, r, &st),
+                8 => kern::<8>(a, b, cp, r, &st),
+                9 => kern::<9>(a, b, cp, r, &st),
+                10 => kern::<10>(a, b, cp, r, &st),
+                _ => kern::<11>(a, b, cp, r, &st),
+            }
+        }
+    }
+
+    impl Step {
+        /// The runs of the depth.
+        ///
+        /// SAFETY: `segs` points at `nsegs` runs that outlive the step.
+        unsafe fn segs(&self) -> &[(isize, usize)] {
+            std::slice::from_raw_parts(self.segs, self.nsegs)
+        }
+    }
+
     /// The epilogue of one panel: its 32 biases, SiLU, residual rows (pointer to the panel's
     /// column 0 of row 0 of the tile, stride).
     struct Epi {
@@ -255,7 +355,10 @@ mod avx512 {
     struct Step {
         lda: usize,
         ldc: usize,
-        kc: usize,
+        /// The depth as runs of A: `(offset of the run from A's row start, floats)`; one run
+        /// `(0, kc)` for a plain GEMM, one per kernel tap for an implicit convolution.
+        segs: *const (isize, usize),
+        nsegs: usize,
         /// Add to C (a later k block) instead of overwriting it.
         acc: bool,
         /// Columns of the panel stored.
@@ -284,14 +387,19 @@ mod avx512 {
                 c1[r] = _mm512_maskz_loadu_ps(m1, c.add(r * ldc + 16));
             }
         }
-        for kk in 0..st.kc {
-            let b0 = _mm512_loadu_ps(b.add(kk * NR));
-            let b1 = _mm512_loadu_ps(b.add(kk * NR + 16));
-            for r in 0..R {
-                let av = _mm512_set1_ps(*a.add(r * lda + kk));
-                c0[r] = _mm512_fmadd_ps(av, b0, c0[r]);
-                c1[r] = _mm512_fmadd_ps(av, b1, c1[r]);
+        let mut b = b;
+        for &(off, len) in st.segs() {
+            let a = a.offset(off);
+            for kk in 0..len {
+                let b0 = _mm512_loadu_ps(b.add(kk * NR));
+                let b1 = _mm512_loadu_ps(b.add(kk * NR + 16));
+                for r in 0..R {
+                    let av = _mm512_set1_ps(*a.add(r * lda + kk));
+                    c0[r] = _mm512_fmadd_ps(av, b0, c0[r]);
+                    c1[r] = _mm512_fmadd_ps(av, b1, c1[r]);
+                }
             }
+            b = b.add(len * NR);
         }
         if let Some(e) = &st.epi {
             let bias0 = _mm512_maskz_loadu_ps(m0, e.bias);

@@ -258,6 +258,9 @@ pub(crate) fn conv(ex: Exec, x: Act, y: Act, res: Option<Act>, cw: &ConvWeights,
                 if cw.pointwise() {
                     let lhs = x.ptr.add(p0 * x.ld + g * cw.cig);
                     gemm::gemm(m, n, kk, lhs, x.ld, wg, dst, y.ld, epi);
+                } else if gemm::taps_supported() {
+                    let col = scratch.mine(parallel);
+                    implicit(x, y, res, cw, g, p0, m, (j0, n), wg, bias, col);
                 } else {
                     let col = scratch.mine(parallel);
                     im2col(x, y, cw, g, p0, m, col);
@@ -267,6 +270,83 @@ pub(crate) fn conv(ex: Exec, x: Act, y: Act, res: Option<Act>, cw: &ConvWeights,
         }
     };
     ex.each(tasks, run);
+}
+
+/// Output pixels `p0..p0+m`, columns `j0..j0+n` of group `g` of a k > 1 convolution (see
+/// [`conv`]): each run of pixels of one output row whose taps all fall inside the input goes
+/// through [`gemm::conv_taps`] reading the input in place; the pixels whose window overlaps
+/// the padding (a few per row, and the rows at the top and bottom) through im2col into `col`.
+///
+/// SAFETY: as [`conv`]'s; [`gemm::taps_supported`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn implicit(
+    x: Act,
+    y: Act,
+    res: Option<Act>,
+    cw: &ConvWeights,
+    g: usize,
+    p0: usize,
+    m: usize,
+    (j0, n): (usize, usize),
+    wg: *const f32,
+    bias: &[f32],
+    col: &mut [f32],
+) {
+    let (k, s, pad, cig) = (cw.k, cw.stride, cw.pad, cw.cig);
+    let kk = k * k * cig;
+    // Output columns whose window lies inside the input: ox·s ≥ pad and ox·s − pad + k ≤ W.
+    let lo = pad.div_ceil(s);
+    let hi = if x.w + pad >= k {
+        ((x.w + pad - k) / s + 1).min(y.w)
+    } else {
+        0
+    };
+    let taps: Vec<(isize, usize)> = (0..k * k)
+        .map(|t| ((((t / k) * x.w + t % k) * x.ld) as isize, cig))
+        .collect();
+    let out = |q: usize| {
+        let epi = gemm::Epilogue {
+            bias,
+            act: cw.act,
+            res: res.map(|a| (a.ptr.add(q * a.ld + g * cw.cog + j0) as *const f32, a.ld)),
+        };
+        (y.ptr.add(q * y.ld + g * cw.cog + j0), epi)
+    };
+    let border = |q: usize, len: usize, col: &mut [f32]| {
+        if len > 0 {
+            im2col(x, y, cw, g, q, len, col);
+            let (dst, epi) = out(q);
+            gemm::gemm(len, n, kk, col.as_ptr(), kk, wg, dst, y.ld, epi);
+        }
+    };
+    let end = p0 + m;
+    let mut q = p0;
+    while q < end {
+        let ox = q % y.w;
+        let oy = (q / y.w) % y.h;
+        let img = q / (y.w * y.h);
+        let row_end = (q - ox + y.w).min(end);
+        let last = ox + (row_end - q); // one past the last column of this run
+        let iy = (oy * s) as isize - pad as isize;
+        let row_inside = iy >= 0 && iy as usize + k <= x.h;
+        let (a, b) = if row_inside && lo < hi {
+            (ox.max(lo).min(last), last.min(hi).max(ox.max(lo).min(last)))
+        } else {
+            (last, last)
+        };
+        // [ox, a) border, [a, b) inside, [b, last) border.
+        border(q, a - ox, col);
+        if b > a {
+            let qa = q + (a - ox);
+            let base = x
+                .ptr
+                .add(((img * x.h + iy as usize) * x.w + a * s - pad) * x.ld + g * cig);
+            let (dst, epi) = out(qa);
+            gemm::conv_taps(b - a, n, &taps, base, s * x.ld, wg, dst, y.ld, epi);
+        }
+        border(q + (b - ox), last - b, col);
+        q = row_end;
+    }
 }
 
 /// The im2col rows of output pixels `p0..p0+m` of group `g` into `col` (`m × k·k·cig`),
