@@ -105,8 +105,15 @@ fn main() -> Result<()> {
         det.detect(&img)?;
         let first = rss_mib();
         let t0 = Instant::now();
-        for _ in 1..rss_calls {
+        for i in 1..rss_calls {
             det.detect(&img)?;
+            if [10, 100, 300].contains(&(i + 1)) {
+                println!(
+                    "cpu_detect rss after_calls={} rss_mib={:.1}",
+                    i + 1,
+                    rss_mib()
+                );
+            }
         }
         println!(
             "cpu_detect rss calls={rss_calls} img={} rss_after_first_mib={first:.1} rss_after_all_mib={:.1} ms_per_call={:.2}",

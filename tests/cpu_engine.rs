@@ -123,7 +123,7 @@ fn batches_and_shapes_reuse_their_arena() {
     // allocates another arena.
     assert_eq!((plans, arenas), (1, first), "one plan, no new arena");
     // Images side by side (2 threads, 2 images) or one after another with every op over 8
-    // threads: the same bits.
+    // threads (and the im2col convolution instead of the implicit one): the same bits.
     let m8 = YoloV9::load(&w, &Device::Cpu).unwrap().with_threads(8);
     same_bits(e.kernel(), &m8.forward(&x).unwrap(), &y, "2 vs 8 threads");
     assert!(e.arena_len(2, 224, 320).is_none());

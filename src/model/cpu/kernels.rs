@@ -151,6 +151,12 @@ impl ConvWeights {
     }
 }
 
+/// Most threads a convolution runs the implicit GEMM ([`implicit`]) on; above, each task's run
+/// of pixels is short and splits into many short rows, and im2col + one GEMM per task measured
+/// faster (16-core Xeon, yolov9-s 480x640 and 640x640: implicit faster at 2 and 4 threads,
+/// slower at 8 and 16; `.dev/cpu16b.sh`, 2026-12-03).
+const IMPLICIT_MAX_THREADS: usize = 4;
+
 /// Output pixels per task of a conv whose GEMM depth is `kk`: the tile's rows of A stay near
 /// 512 KiB (in L2), a multiple of the micro-kernel's rows, between 24 and 480.
 fn tile_rows(kk: usize) -> usize {
@@ -258,7 +264,7 @@ pub(crate) fn conv(ex: Exec, x: Act, y: Act, res: Option<Act>, cw: &ConvWeights,
                 if cw.pointwise() {
                     let lhs = x.ptr.add(p0 * x.ld + g * cw.cig);
                     gemm::gemm(m, n, kk, lhs, x.ld, wg, dst, y.ld, epi);
-                } else if gemm::taps_supported() {
+                } else if gemm::taps_supported() && threads <= IMPLICIT_MAX_THREADS {
                     let col = scratch.mine(parallel);
                     implicit(x, y, res, cw, g, p0, m, (j0, n), wg, bias, col);
                 } else {

@@ -63,12 +63,20 @@ impl Plan {
                 Kind::MaxPool { stride, .. } => (xh.div_ceil(*stride), xw.div_ceil(*stride)),
                 Kind::Add { .. } | Kind::Silu | Kind::Cat { .. } => (xh, xw),
             };
-            for o in n.inputs() {
+            // Every operand has the input's size; a conv's residual has its output's.
+            let mut reads: Vec<(Operand, (usize, usize))> =
+                n.inputs().into_iter().map(|o| (o, (xh, xw))).collect();
+            if let Kind::Conv {
+                residual: Some(_), ..
+            } = &n.kind
+            {
+                reads[1].1 = out; // [x, residual]
+            }
+            for (o, want) in reads {
                 ensure!(
-                    hw[o.v] == (xh, xw),
-                    "cpu plan: node {i} reads maps of {:?} and {:?} (input sizes must be multiples of 32)",
-                    hw[o.v],
-                    (xh, xw)
+                    hw[o.v] == want,
+                    "cpu plan: node {i} reads a map of {:?} where {want:?} belongs (input sizes must be multiples of 32)",
+                    hw[o.v]
                 );
             }
             hw[n.y] = out;
