@@ -153,9 +153,22 @@ impl ConvWeights {
 
 /// Most threads a convolution runs the implicit GEMM ([`implicit`]) on; above, each task's run
 /// of pixels is short and splits into many short rows, and im2col + one GEMM per task measured
-/// faster (16-core Xeon, yolov9-s 480x640 and 640x640: implicit faster at 2 and 4 threads,
-/// slower at 8 and 16; `.dev/cpu16b.sh`, 2026-12-03).
+/// faster at 8 and 16 threads (16-core Xeon, yolov9-s, `.dev/cpu16b.sh`, 2026-12-03). At 1 to 4
+/// threads neither form won consistently on that shared host (3 alternating rounds: implicit
+/// ahead at 640x640 on 4 threads, behind at 480x640), so this is a measured default, not a
+/// settled one; `YOLO9_CPU_IMPLICIT_MAX_THREADS` overrides it (0: im2col everywhere).
 const IMPLICIT_MAX_THREADS: usize = 4;
+
+/// [`IMPLICIT_MAX_THREADS`], or `YOLO9_CPU_IMPLICIT_MAX_THREADS` (0: im2col everywhere).
+fn implicit_max_threads() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| {
+        std::env::var("YOLO9_CPU_IMPLICIT_MAX_THREADS")
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(IMPLICIT_MAX_THREADS)
+    })
+}
 
 /// Output pixels per task of a conv whose GEMM depth is `kk`: the tile's rows of A stay near
 /// 512 KiB (in L2), a multiple of the micro-kernel's rows, between 24 and 480.
@@ -264,7 +277,7 @@ pub(crate) fn conv(ex: Exec, x: Act, y: Act, res: Option<Act>, cw: &ConvWeights,
                 if cw.pointwise() {
                     let lhs = x.ptr.add(p0 * x.ld + g * cw.cig);
                     gemm::gemm(m, n, kk, lhs, x.ld, wg, dst, y.ld, epi);
-                } else if gemm::taps_supported() && threads <= IMPLICIT_MAX_THREADS {
+                } else if gemm::taps_supported() && threads <= implicit_max_threads() {
                     let col = scratch.mine(parallel);
                     implicit(x, y, res, cw, g, p0, m, (j0, n), wg, bias, col);
                 } else {
