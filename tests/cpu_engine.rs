@@ -8,27 +8,9 @@ use candle_core::{DType, Device, Tensor};
 use yolo9::model::YoloV9;
 use yolo9::Weights;
 
+/// max |a − b| / max |b|.
 fn max_rel(a: &Tensor, b: &Tensor) -> f64 {
-    let d = (a - b)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap() as f64;
-    let m = b
-        .abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap() as f64;
-    d / m
+    common::max_abs(a, b) / common::abs_max(b)
 }
 
 /// `a == b` bit for bit on the engine's own kernels; within 1e-5 of the largest value on the

@@ -225,52 +225,71 @@ mod avx512 {
         let mut kb = 0;
         while kb < k {
             let kc = KC.min(k - kb);
+            let seg = [(0isize, kc)];
             for p in 0..n.div_ceil(NR) {
-                let cols = NR.min(n - p * NR);
-                let mask = if cols == NR {
-                    u32::MAX
-                } else {
-                    (1u32 << cols) - 1
-                };
-                let b = bp.add((p * k + kb) * NR);
-                let cp = c.add(p * NR);
-                let seg = [(0isize, kc)];
-                let st = Step {
-                    lda,
-                    ldc,
-                    segs: seg.as_ptr(),
-                    nsegs: 1,
-                    acc: kb > 0,
-                    mask,
-                    // The epilogue once the sums are complete (last k block).
-                    epi: (kb + kc == k).then(|| Epi {
-                        bias: epi.bias.as_ptr().add(p * NR),
-                        act: epi.act,
-                        res: epi.res.map(|(q, ld)| (q.add(p * NR), ld)),
-                    }),
-                };
-                let mut r = 0;
-                while r + MR <= m {
-                    kern::<MR>(a.add(r * lda + kb), b, cp.add(r * ldc), r, &st);
-                    r += MR;
-                }
-                let (a, cp) = (a.add(r * lda + kb), cp.add(r * ldc));
-                match m - r {
-                    0 => {}
-                    1 => kern::<1>(a, b, cp, r, &st),
-                    2 => kern::<2>(a, b, cp, r, &st),
-                    3 => kern::<3>(a, b, cp, r, &st),
-                    4 => kern::<4>(a, b, cp, r, &st),
-                    5 => kern::<5>(a, b, cp, r, &st),
-                    6 => kern::<6>(a, b, cp, r, &st),
-                    7 => kern::<7>(a, b, cp, r, &st),
-                    8 => kern::<8>(a, b, cp, r, &st),
-                    9 => kern::<9>(a, b, cp, r, &st),
-                    10 => kern::<10>(a, b, cp, r, &st),
-                    _ => kern::<11>(a, b, cp, r, &st),
-                }
+                // The epilogue once the sums are complete (last k block).
+                let st = step(p, n, lda, ldc, &seg, kb > 0, kb + kc == k, &epi);
+                rows(m, a.add(kb), bp.add((p * k + kb) * NR), c.add(p * NR), &st);
             }
             kb += kc;
+        }
+    }
+
+    /// The [`Step`] of panel `p` (of `n` columns): its column mask, and its epilogue when `last`.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn step(
+        p: usize,
+        n: usize,
+        lda: usize,
+        ldc: usize,
+        segs: &[(isize, usize)],
+        acc: bool,
+        last: bool,
+        epi: &Epilogue,
+    ) -> Step {
+        let cols = NR.min(n - p * NR);
+        Step {
+            lda,
+            ldc,
+            segs: segs.as_ptr(),
+            nsegs: segs.len(),
+            acc,
+            mask: if cols == NR {
+                u32::MAX
+            } else {
+                (1u32 << cols) - 1
+            },
+            epi: last.then(|| Epi {
+                bias: epi.bias.as_ptr().add(p * NR),
+                act: epi.act,
+                res: epi.res.map(|(q, ld)| (q.add(p * NR), ld)),
+            }),
+        }
+    }
+
+    /// All `m` rows of one panel: [`MR`] at a time, then the remainder.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn rows(m: usize, a: *const f32, b: *const f32, c: *mut f32, st: &Step) {
+        let (lda, ldc) = (st.lda, st.ldc);
+        let mut r = 0;
+        while r + MR <= m {
+            kern::<MR>(a.add(r * lda), b, c.add(r * ldc), r, st);
+            r += MR;
+        }
+        let (a, c) = (a.add(r * lda), c.add(r * ldc));
+        match m - r {
+            0 => {}
+            1 => kern::<1>(a, b, c, r, st),
+            2 => kern::<2>(a, b, c, r, st),
+            3 => kern::<3>(a, b, c, r, st),
+            4 => kern::<4>(a, b, c, r, st),
+            5 => kern::<5>(a, b, c, r, st),
+            6 => kern::<6>(a, b, c, r, st),
+            7 => kern::<7>(a, b, c, r, st),
+            8 => kern::<8>(a, b, c, r, st),
+            9 => kern::<9>(a, b, c, r, st),
+            10 => kern::<10>(a, b, c, r, st),
+            _ => kern::<11>(a, b, c, r, st),
         }
     }
 
@@ -290,47 +309,8 @@ mod avx512 {
     ) {
         let k: usize = taps.iter().map(|t| t.1).sum();
         for p in 0..n.div_ceil(NR) {
-            let cols = NR.min(n - p * NR);
-            let mask = if cols == NR {
-                u32::MAX
-            } else {
-                (1u32 << cols) - 1
-            };
-            let b = bp.add(p * k * NR);
-            let cp = c.add(p * NR);
-            let st = Step {
-                lda,
-                ldc,
-                segs: taps.as_ptr(),
-                nsegs: taps.len(),
-                acc: false,
-                mask,
-                epi: Some(Epi {
-                    bias: epi.bias.as_ptr().add(p * NR),
-                    act: epi.act,
-                    res: epi.res.map(|(q, ld)| (q.add(p * NR), ld)),
-                }),
-            };
-            let mut r = 0;
-            while r + MR <= m {
-                kern::<MR>(a.add(r * lda), b, cp.add(r * ldc), r, &st);
-                r += MR;
-            }
-            let (a, cp) = (a.add(r * lda), cp.add(r * ldc));
-            match m - r {
-                0 => {}
-                1 => kern::<1>(a, b, cp, r, &st),
-                2 => kern::<2>(a, b, cp, r, &st),
-                3 => kern::<3>(a, b, cp, r, &st),
-                4 => kern::<4>(a, b, cp, r, &st),
-                5 => kern::<5>(a, b, cp, r, &st),
-                6 => kern::<6>(a, b, cp, r, &st),
-                7 => kern::<7>(a, b, cp, r, &st),
-                8 => kern::<8>(a, b, cp, r, &st),
-                9 => kern::<9>(a, b, cp, r, &st),
-                10 => kern::<10>(a, b, cp, r, &st),
-                _ => kern::<11>(a, b, cp, r, &st),
-            }
+            let st = step(p, n, lda, ldc, taps, false, true, &epi);
+            rows(m, a, bp.add(p * k * NR), c.add(p * NR), &st);
         }
     }
 
