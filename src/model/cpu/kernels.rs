@@ -254,6 +254,16 @@ pub(crate) fn conv(ex: Exec, x: Act, y: Act, res: Option<Act>, cw: &ConvWeights,
     let nb = cw.cog.div_ceil(bw);
     let tasks = tiles * nb;
     let parallel = threads > 1 && tasks > 1;
+    // The implicit convolution's taps: offset of tap (ky, kx) from the window's corner, and its
+    // depth (made once per conv, not per task).
+    let implicit_on =
+        !cw.pointwise() && gemm::taps_supported() && threads <= implicit_max_threads();
+    let taps: Vec<(isize, usize)> = match implicit_on {
+        true => (0..cw.k * cw.k)
+            .map(|t| ((((t / cw.k) * x.w + t % cw.k) * x.ld) as isize, cw.cig))
+            .collect(),
+        false => Vec::new(),
+    };
     let run = |task: usize| {
         let (t, jb) = (task / nb, task % nb);
         let p0 = t * mt;
@@ -277,9 +287,9 @@ pub(crate) fn conv(ex: Exec, x: Act, y: Act, res: Option<Act>, cw: &ConvWeights,
                 if cw.pointwise() {
                     let lhs = x.ptr.add(p0 * x.ld + g * cw.cig);
                     gemm::gemm(m, n, kk, lhs, x.ld, wg, dst, y.ld, epi);
-                } else if gemm::taps_supported() && threads <= implicit_max_threads() {
+                } else if implicit_on {
                     let col = scratch.mine(parallel);
-                    implicit(x, y, res, cw, g, p0, m, (j0, n), wg, bias, col);
+                    implicit(x, y, res, cw, &taps, g, p0, m, (j0, n), wg, bias, col);
                 } else {
                     let col = scratch.mine(parallel);
                     im2col(x, y, cw, g, p0, m, col);
@@ -303,6 +313,7 @@ unsafe fn implicit(
     y: Act,
     res: Option<Act>,
     cw: &ConvWeights,
+    taps: &[(isize, usize)],
     g: usize,
     p0: usize,
     m: usize,
@@ -320,9 +331,6 @@ unsafe fn implicit(
     } else {
         0
     };
-    let taps: Vec<(isize, usize)> = (0..k * k)
-        .map(|t| ((((t / k) * x.w + t % k) * x.ld) as isize, cig))
-        .collect();
     let out = |q: usize| {
         let epi = gemm::Epilogue {
             bias,
@@ -361,7 +369,7 @@ unsafe fn implicit(
                 .ptr
                 .add(((img * x.h + iy as usize) * x.w + a * s - pad) * x.ld + g * cig);
             let (dst, epi) = out(qa);
-            gemm::conv_taps(b - a, n, &taps, base, s * x.ld, wg, dst, y.ld, epi);
+            gemm::conv_taps(b - a, n, taps, base, s * x.ld, wg, dst, y.ld, epi);
         }
         border(q + (b - ox), last - b, col);
         q = row_end;
