@@ -107,9 +107,18 @@ pub struct BudgetDecision {
     /// Measured peak at `micro` (bytes), from the final check.
     pub measured: u64,
     /// Of each peak, the device memory outside the allocator's pool (bytes; the CUDA context,
-    /// kernels and library handles, read after the final check; 0 on the CPU).
+    /// kernels and library handles, read after the final check; 0 on the CPU). For a
+    /// CUDA-graph step this includes the graphs' own memory at the chosen micro-batch.
     #[serde(default)]
     pub outside: u64,
+    /// Whether the sizing is for the training step replayed from CUDA graphs
+    /// (`crate::train::graphed`; false: ordinary launches, and always false for inference).
+    #[serde(default)]
+    pub graphed: bool,
+    /// How the step kind was chosen when both were measured (the micro-batch, peak and
+    /// images/s of each), for the run log; `None` when only one kind was sized.
+    #[serde(default)]
+    pub choice: Option<String>,
 }
 
 impl BudgetDecision {
@@ -129,17 +138,25 @@ impl BudgetDecision {
             String::new()
         };
         format!(
-            "memory budget {} ({}{outside}): measured {}; fit {} + {}/image; micro-batch {} \
-             (measured {} <= {} = budget - {:.0}% margin)",
+            "memory budget {} ({}{outside}){}: measured {}; fit {} + {}/image; micro-batch {} \
+             (measured {} <= {} = budget - {:.0}% margin){}",
             fmt_size(self.budget),
             self.what,
+            if self.graphed {
+                ", training step replayed from CUDA graphs"
+            } else {
+                ""
+            },
             pts.join(", "),
             fmt_size(self.fit.base.max(0.0) as u64),
             fmt_size(self.fit.per_image as u64),
             self.micro,
             fmt_size(self.measured),
             fmt_size((self.budget as f64 * (1.0 - MARGIN)) as u64),
-            MARGIN * 100.0
+            MARGIN * 100.0,
+            self.choice
+                .as_ref()
+                .map_or(String::new(), |c| format!("; {c}"))
         )
     }
 }
@@ -171,6 +188,7 @@ pub fn plan_inference(
         probe,
         "one image",
         img,
+        &|b| b,
         |b| -> Result<u64> {
             probe.release_cached();
             probe.reset_peak();
@@ -190,7 +208,10 @@ pub fn plan_inference(
 /// The search shared by `crate::train::budget::plan` and [`plan_inference`]: a warm-up, points at 1, 2, 4, ... (up
 /// to 4 on the CPU, 16 on a GPU, stopping before a size that the line through the points so far
 /// predicts above the limit, and at the first that exceeds it or runs out of memory), the fitted
-/// line, and a final measured check of the choice.
+/// line, and a final measured check of the choice. `allowed` rounds a micro-batch down to one
+/// the caller can run (the identity, or e.g. a divisor of the loader batch for CUDA graphs,
+/// which replay one shape); it must return at least 1 and never more than its argument.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn search(
     budget: u64,
     max_batch: usize,
@@ -198,6 +219,7 @@ pub(crate) fn search(
     probe: &MemoryProbe,
     unit: &str,
     img: u32,
+    allowed: &dyn Fn(usize) -> usize,
     mut step: impl FnMut(usize) -> Result<u64>,
 ) -> Result<BudgetDecision> {
     let limit = budget as f64 * (1.0 - MARGIN);
@@ -255,7 +277,7 @@ pub(crate) fn search(
         _ => {}
     }
     let fit = MemoryFit::fit(&points);
-    let mut micro = fit.largest_within(limit).clamp(1, max_batch.max(1));
+    let mut micro = allowed(fit.largest_within(limit).clamp(1, max_batch.max(1))).max(1);
     // Check the choice with a real measurement, lowering it while it does not fit.
     let mut measured = 0;
     for _ in 0..4 {
@@ -274,7 +296,7 @@ pub(crate) fn search(
                 break;
             }
         }
-        micro = ((micro as f64 * 0.85).floor() as usize).max(1);
+        micro = allowed(((micro as f64 * 0.85).floor() as usize).max(1)).max(1);
         if micro == 1 {
             measured = points[0].peak;
             break;
@@ -290,6 +312,8 @@ pub(crate) fn search(
         micro,
         measured,
         outside: probe.outside_bytes(),
+        graphed: false,
+        choice: None,
     })
 }
 
@@ -321,13 +345,40 @@ mod tests {
         // 500 at 4, above the limit: 4 is never run; 3 (400) is chosen and measured.
         let probe = MemoryProbe::new(&Device::Cpu).unwrap();
         let mut calls = Vec::new();
-        let d = search(500, 64, &Device::Cpu, &probe, "one image", 64, |b| {
+        let d = search(500, 64, &Device::Cpu, &probe, "one image", 64, &|b| b, |b| {
             calls.push(b);
             Ok(100 + 100 * b as u64)
         })
         .unwrap();
         assert_eq!(calls, vec![1, 1, 2, 3], "warm-up, 1, 2, then the choice");
         assert_eq!((d.micro, d.measured), (3, 400));
+    }
+
+    #[test]
+    fn search_rounds_the_choice_to_an_allowed_size() {
+        // peak(b) = 100 + 100·b; budget 1000 → limit 950: the line allows 8, but only divisors
+        // of 12 may be chosen (a CUDA-graph step replays one micro-batch shape), so 6 is
+        // measured and chosen.
+        let probe = MemoryProbe::new(&Device::Cpu).unwrap();
+        let divisor_of_12 = |b: usize| (1..=b.min(12)).rev().find(|d| 12 % d == 0).unwrap_or(1);
+        let mut calls = Vec::new();
+        let d = search(
+            1000,
+            12,
+            &Device::Cpu,
+            &probe,
+            "one image",
+            64,
+            &divisor_of_12,
+            |b| {
+                calls.push(b);
+                Ok(100 + 100 * b as u64)
+            },
+        )
+        .unwrap();
+        // Warm-up, 1, 2, 4 (the CPU's last point), then the rounded choice.
+        assert_eq!(calls, vec![1, 1, 2, 4, 6]);
+        assert_eq!((d.micro, d.measured), (6, 700));
     }
 
     #[test]

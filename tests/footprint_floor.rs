@@ -56,6 +56,8 @@ fn a_training_step_needs_at_least_the_stated_bytes_per_pixel_per_image() {
             seed: 0,
             amp: false,
             arch: arch.clone(),
+            graphs: false,
+            fixed_batch: true,
         };
         let d = yolo9::train::budget::plan(&req, &dev, &probe).unwrap();
         let per_px = d.fit.per_image / (img as f64 * img as f64);

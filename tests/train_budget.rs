@@ -20,6 +20,8 @@ fn a_binding_cpu_budget_picks_the_largest_micro_batch_that_fits() {
         seed: 0,
         amp: false,
         arch: yolo9::model::weights::default_arch(yolo9::Graph::Train),
+        graphs: false,
+        fixed_batch: true,
     };
     let wide = plan(&req(64 << 30), &Device::Cpu, &probe).unwrap();
     let peak = |b: usize| wide.points.iter().find(|p| p.batch == b).unwrap().peak;

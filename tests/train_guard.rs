@@ -419,6 +419,8 @@ fn budget_sizing_measures_cpu_steps_and_refuses_a_budget_below_one_image() {
         seed: 0,
         amp: false,
         arch: yolo9::model::weights::default_arch(yolo9::Graph::Train),
+        graphs: false,
+        fixed_batch: true,
     };
     let d = plan(&req(64 << 30), &Device::Cpu, &probe).unwrap();
     assert_eq!(d.micro, 4);

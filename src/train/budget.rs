@@ -18,6 +18,14 @@
 //! `nvidia-smi` counts it), and after sizing the pool's cache is kept within the budget; on the
 //! CPU the process RSS high-water mark (see [`crate::memory`]). An out-of-memory error while measuring ends the
 //! measurement at the sizes that worked.
+//!
+//! Where the training step is replayed from CUDA graphs ([`crate::train::graphed`]), that step
+//! is sized first, with its real peak: the graphs hold their memory in a pool of their own (the
+//! forward's saved tensors stay mapped while the backward graph's own allocations are made, so
+//! at one micro-batch the graphed step needs more memory than the ordinary one). When the
+//! graphed micro-batch is the whole loader batch it is taken; otherwise the ordinary step is
+//! sized as well and the faster of the two at its own micro-batch (measured images per second)
+//! is chosen, and the run log says which, with both figures ([`BudgetDecision::choice`]).
 
 use crate::budget::{keep_cache_within, search, BudgetDecision};
 use crate::loss::DualTalLoss;
@@ -27,7 +35,9 @@ use crate::model::yolov9::YoloV9Train;
 use crate::train::ema::Ema;
 use crate::train::guard::Faults;
 use crate::train::optimizer::Optimizer;
+use crate::train::graphed::StepGraphs;
 use crate::train::step::{optimizer_step, step, StepInput, StepParts, StepTimes};
+use std::cell::RefCell;
 use anyhow::{bail, ensure, Result};
 use candle_core::Device;
 use rand::{Rng, RngCore, SeedableRng};
@@ -52,6 +62,12 @@ pub struct BudgetRequest {
     pub amp: bool,
     /// The model trained (its training graph).
     pub arch: std::sync::Arc<crate::model::Arch>,
+    /// Whether the training step can be replayed from CUDA graphs on the device
+    /// ([`crate::train::graphed::StepGraphs::applies_to`]): then the graphed step is sized too.
+    pub graphs: bool,
+    /// Whether `max_batch` is the loader batch as given (`--batch N`, so a graphed micro-batch
+    /// must divide it) rather than the upper bound of `--batch auto`.
+    pub fixed_batch: bool,
 }
 
 /// The model, loss, optimizer and EMA the synthetic steps run on.
@@ -62,22 +78,9 @@ struct Rig {
     ema: Ema,
 }
 
-/// Runs one complete synthetic training step at `batch` images (one micro-batch) and returns
-/// its peak memory: the trainer's own [`step`] and [`optimizer_step`] on u8 images and targets
-/// drawn from the seeded RNG, so the probe measures the step that runs.
-fn step_peak(
-    rig: &mut Rig,
-    req: &BudgetRequest,
-    batch: usize,
-    device: &Device,
-    probe: &MemoryProbe,
-) -> Result<u64> {
-    let Rig {
-        model,
-        loss,
-        opt,
-        ema,
-    } = rig;
+/// The synthetic loader batch of `batch` images for `req` (u8 CHW images and normalized
+/// targets drawn from a seeded RNG).
+fn synthetic(req: &BudgetRequest, batch: usize) -> (Vec<u8>, Vec<[f32; 6]>) {
     let s = req.img as usize;
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(req.seed ^ batch as u64);
     let mut rows = Vec::with_capacity(batch * req.targets_per_image);
@@ -97,25 +100,33 @@ fn step_peak(
     }
     let mut images = vec![0u8; batch * 3 * s * s];
     rng.fill_bytes(&mut images);
-    let input = StepInput {
-        images: &images,
-        targets: &rows,
-        len: batch,
-        img: s,
-    };
-    // The window starts from what is live (the model, optimizer and EMA), not from the cache
-    // the previous step left.
-    probe.release_cached();
-    probe.reset_peak();
+    (images, rows)
+}
+
+/// One complete training step of `input` as one micro-batch: the trainer's own [`step`]
+/// (through `graphs` when given) and [`optimizer_step`], finished on the device.
+fn run_step(
+    rig: &mut Rig,
+    input: &StepInput<'_>,
+    device: &Device,
+    graphs: Option<&RefCell<StepGraphs>>,
+) -> Result<()> {
+    let Rig {
+        model,
+        loss,
+        opt,
+        ema,
+    } = rig;
+    let batch = input.len;
     let out = step(
         &StepParts {
             model,
             loss,
             opt,
             device,
-            graphs: None,
+            graphs,
         },
-        &input,
+        input,
         batch,
         &Faults::default(),
         0,
@@ -135,9 +146,127 @@ fn step_peak(
          no training step to measure"
     );
     drop(grads);
-    // Make the work finish before reading the high-water mark.
+    // Make the work finish before reading the high-water mark or the clock.
     device.synchronize()?;
-    Ok(probe.peak_bytes())
+    Ok(())
+}
+
+/// Which training step a measurement runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StepKind {
+    /// Ordinary launches.
+    Ordinary,
+    /// Replayed from CUDA graphs ([`crate::train::graphed`]).
+    Graphed,
+}
+
+/// One measured micro-batch size: the peak memory of its step (bytes) and the wall time of one
+/// step (seconds; for the ordinary kind this includes first-use costs of a new shape, such as
+/// choosing cuDNN algorithms, so compare kinds with [`step_rate`]).
+struct Measured {
+    peak: u64,
+    secs: f64,
+}
+
+/// Runs complete synthetic training steps at `batch` images (one micro-batch) and returns the
+/// peak memory and time of the step of `kind`, so the probe measures the step that runs.
+///
+/// The graphed kind runs the trainer's policy on a fresh [`StepGraphs`]: one ordinary step
+/// (the warm-up a capture needs), the capture, and one replay; the window covers the capture
+/// and the replay, and the peak includes the graphs' own memory (outside the stream-ordered
+/// pool, read while the capture is held). The capture is dropped (its memory returned) before
+/// this returns. A capture that does not happen is reported as out of memory at this size when
+/// `batch` > 1 (the search then stops at the sizes that worked), as an error otherwise.
+fn step_peak(
+    rig: &mut Rig,
+    req: &BudgetRequest,
+    batch: usize,
+    device: &Device,
+    probe: &MemoryProbe,
+    kind: StepKind,
+) -> Result<Measured> {
+    let (images, targets) = synthetic(req, batch);
+    let input = StepInput {
+        images: &images,
+        targets: &targets,
+        len: batch,
+        img: req.img as usize,
+    };
+    // The window starts from what is live (the model, optimizer and EMA), not from the cache
+    // the previous step left.
+    probe.release_cached();
+    if kind == StepKind::Ordinary {
+        probe.reset_peak();
+        let t = std::time::Instant::now();
+        run_step(rig, &input, device, None)?;
+        return Ok(Measured {
+            peak: probe.peak_bytes(),
+            secs: t.elapsed().as_secs_f64(),
+        });
+    }
+    let graphs = RefCell::new(StepGraphs::new());
+    let measured = (|| -> Result<Measured> {
+        run_step(rig, &input, device, Some(&graphs))?;
+        probe.release_cached();
+        probe.reset_peak();
+        run_step(rig, &input, device, Some(&graphs))?;
+        let t = std::time::Instant::now();
+        run_step(rig, &input, device, Some(&graphs))?;
+        let secs = t.elapsed().as_secs_f64();
+        Ok(Measured {
+            peak: probe.peak_bytes(),
+            secs,
+        })
+    })();
+    let counts = graphs.borrow().counts();
+    graphs.borrow_mut().reset();
+    drop(graphs);
+    let m = measured?;
+    if counts != (1, 1) {
+        if batch > 1 {
+            return Err(crate::memory::OutOfMemory {
+                what: format!(
+                    "the training step's CUDA-graph capture at a micro-batch of {batch} \
+                     (captures {}, replays {}; see the warning above)",
+                    counts.0, counts.1
+                ),
+            }
+            .into());
+        }
+        bail!(
+            "memory budget probe: the training step could not be captured as CUDA graphs \
+             (captures {}, replays {})",
+            counts.0,
+            counts.1
+        );
+    }
+    Ok(m)
+}
+
+/// Seconds per image of the step of `kind` at `batch`: the measured step at that size once
+/// more, now that its first-use costs are paid (the graphed kind: its replay).
+fn step_rate(
+    rig: &mut Rig,
+    req: &BudgetRequest,
+    batch: usize,
+    device: &Device,
+    probe: &MemoryProbe,
+    kind: StepKind,
+) -> Result<f64> {
+    if kind == StepKind::Ordinary {
+        // The first step of a shape chooses its cuDNN algorithms.
+        step_peak(rig, req, batch, device, probe, kind)?;
+    }
+    Ok(step_peak(rig, req, batch, device, probe, kind)?.secs / batch as f64)
+}
+
+/// The largest micro-batch ≤ `b` (at least 1) that divides `batch`: the sizes a graphed step
+/// can run without a second shape (CUDA graphs replay one micro-batch shape).
+pub fn largest_divisor_within(batch: usize, b: usize) -> usize {
+    (1..=b.min(batch))
+        .rev()
+        .find(|d| batch % d == 0)
+        .unwrap_or(1)
 }
 
 /// Measures training steps on `device` and picks the largest micro-batch that fits
@@ -145,6 +274,110 @@ fn step_peak(
 /// (the message gives the measured need and the flags to change), or a non-memory failure.
 pub fn plan(req: &BudgetRequest, device: &Device, probe: &MemoryProbe) -> Result<BudgetDecision> {
     plan_cancellable(req, device, probe, &crate::cancel::Cancel::never())
+}
+
+/// The search for one step kind.
+fn size_kind(
+    req: &BudgetRequest,
+    device: &Device,
+    probe: &MemoryProbe,
+    cancel: &crate::cancel::Cancel,
+    rig: &mut Rig,
+    kind: StepKind,
+) -> Result<BudgetDecision> {
+    // A graphed step replays one micro-batch shape: with a given loader batch the micro-batch
+    // divides it (`--batch auto` takes the micro-batch as the batch).
+    let fixed = req.fixed_batch.then_some(req.max_batch);
+    let allowed = move |b: usize| match (kind, fixed) {
+        (StepKind::Graphed, Some(n)) => largest_divisor_within(n, b),
+        _ => b,
+    };
+    let mut d = search(
+        req.budget,
+        req.max_batch,
+        device,
+        probe,
+        "one training image",
+        req.img,
+        &allowed,
+        |b| {
+            cancel.check(SIZING_PHASE)?;
+            Ok(step_peak(rig, req, b, device, probe, kind)?.peak)
+        },
+    )?;
+    d.graphed = kind == StepKind::Graphed;
+    if d.graphed {
+        // The graphs' memory at the chosen size is outside the pool: measure it held, so the
+        // pool's cache is capped with it counted.
+        let (images, targets) = synthetic(req, d.micro);
+        let input = StepInput {
+            images: &images,
+            targets: &targets,
+            len: d.micro,
+            img: req.img as usize,
+        };
+        let graphs = RefCell::new(StepGraphs::new());
+        for _ in 0..2 {
+            run_step(rig, &input, device, Some(&graphs))?;
+        }
+        probe.release_cached();
+        d.outside = probe.outside_bytes();
+        graphs.borrow_mut().reset();
+    }
+    Ok(d)
+}
+
+/// Sizes the step for `req`: with CUDA graphs available ([`BudgetRequest::graphs`]) the graphed
+/// step first; when its micro-batch is the whole batch it is taken (it is the default step
+/// without a budget), otherwise the ordinary step is sized too and the kind with more images
+/// per second at its micro-batch is chosen (measured, not assumed: the graphed step holds more
+/// memory per image, so under a tight budget it runs smaller micro-batches). A graphed sizing
+/// that fails falls back to the ordinary step, and [`BudgetDecision::choice`] says why.
+fn choose(
+    req: &BudgetRequest,
+    device: &Device,
+    probe: &MemoryProbe,
+    cancel: &crate::cancel::Cancel,
+    rig: &mut Rig,
+) -> Result<BudgetDecision> {
+    if !req.graphs {
+        return size_kind(req, device, probe, cancel, rig, StepKind::Ordinary);
+    }
+    let g = match size_kind(req, device, probe, cancel, rig, StepKind::Graphed) {
+        Ok(g) => g,
+        Err(e) if e.downcast_ref::<crate::cancel::Stopped>().is_some() => return Err(e),
+        Err(e) => {
+            let mut o = size_kind(req, device, probe, cancel, rig, StepKind::Ordinary)?;
+            o.choice = Some(format!(
+                "ordinary launches: the CUDA-graph step could not be sized ({})",
+                crate::device::error_head(&format!("{e:#}"))
+            ));
+            return Ok(o);
+        }
+    };
+    if g.micro >= req.max_batch {
+        return Ok(g);
+    }
+    let o = size_kind(req, device, probe, cancel, rig, StepKind::Ordinary)?;
+    cancel.check(SIZING_PHASE)?;
+    let tg = step_rate(rig, req, g.micro, device, probe, StepKind::Graphed)?;
+    let to = step_rate(rig, req, o.micro, device, probe, StepKind::Ordinary)?;
+    let line = |k: &str, d: &BudgetDecision, t: f64| {
+        format!(
+            "{k} micro-batch {} peak {} {:.0} img/s",
+            d.micro,
+            crate::memory::fmt_size(d.measured),
+            1.0 / t
+        )
+    };
+    let summary = format!("{}; {}", line("graphed", &g, tg), line("ordinary", &o, to));
+    let (mut pick, why) = if tg <= to {
+        (g, "CUDA graphs chosen")
+    } else {
+        (o, "ordinary launches chosen (faster at the budget)")
+    };
+    pick.choice = Some(format!("{why}: {summary}"));
+    Ok(pick)
 }
 
 /// The phase name of a sizing that was stopped ([`crate::cancel::Stopped::phase`]).
@@ -175,22 +408,37 @@ pub fn plan_cancellable(
         opt,
         ema,
     };
-    let d = search(
-        req.budget,
-        req.max_batch,
-        device,
-        probe,
-        "one training image",
-        req.img,
-        |b| {
-            cancel.check(SIZING_PHASE)?;
-            step_peak(&mut rig, req, b, device, probe)
-        },
-    );
+    let t0 = std::time::Instant::now();
+    let d = choose(req, device, probe, cancel, &mut rig);
     drop(rig);
     device.synchronize()?;
     probe.release_cached();
-    let d = d?;
+    let mut d = d?;
+    if let Some(c) = &mut d.choice {
+        c.push_str(&format!(
+            " (sizing took {:.1} s)",
+            t0.elapsed().as_secs_f64()
+        ));
+    }
     keep_cache_within(&d, probe);
     Ok(d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::largest_divisor_within;
+
+    #[test]
+    fn graphed_micro_batches_divide_the_batch() {
+        // Batch 16: the fit's 12 becomes 8, 5 becomes 4; batch 24: 13 → 12, 7 → 6.
+        assert_eq!(largest_divisor_within(16, 12), 8);
+        assert_eq!(largest_divisor_within(16, 5), 4);
+        assert_eq!(largest_divisor_within(16, 16), 16);
+        assert_eq!(largest_divisor_within(16, 40), 16);
+        assert_eq!(largest_divisor_within(24, 13), 12);
+        assert_eq!(largest_divisor_within(24, 7), 6);
+        // A prime batch leaves 1 below itself; 0 asks for nothing and still gets 1.
+        assert_eq!(largest_divisor_within(13, 12), 1);
+        assert_eq!(largest_divisor_within(16, 0), 1);
+    }
 }

@@ -364,9 +364,11 @@ fn validate_ema(
     stop: &StopFlag,
 ) -> Result<([f64; 4], [f32; 3])> {
     let opts = run.opts;
-    // The captured training step holds a training forward's activations: release them
-    // for validation (the next epoch captures again, see `train::graphed`).
-    run.graphs.borrow_mut().reset();
+    // The captured training step holds a training forward's activations: under a memory
+    // budget they are released for validation (the next epoch captures again); without one the
+    // capture stays, and an out-of-memory error below drops it before the retry (see
+    // `train::graphed`).
+    run.graphs.borrow_mut().release_for_other_work();
     let map: HashMap<String, Tensor> = run.ema.state.iter().cloned().collect();
     val.model.load_state_dict(&map)?;
     // The official trainer validates at twice the training batch. Under a memory budget the
@@ -399,6 +401,7 @@ fn validate_ema(
             )
         },
         |old, new| {
+            run.graphs.borrow_mut().reset();
             obs.line(&format!(
                 "out of memory in validation at batch {old}: retrying with {new}"
             ));

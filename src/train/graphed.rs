@@ -21,10 +21,14 @@
 //!
 //! Policy: the first micro-step of a shape runs ordinarily (choosing the cuDNN algorithms and
 //! filling candle's cache of small uploads, which a capture needs); later ones capture once and
-//! replay. One capture is kept: a micro-batch of another shape (a smaller last batch) drops it
-//! and runs ordinarily, and [`StepGraphs::reset`] drops it before validation and after an
-//! out-of-memory error, so a capture's memory is never held while something else needs memory;
-//! the next micro-step of a known shape captures again. Before capturing, the memory the ordinary
+//! replay. One capture is kept. Under a memory budget (whose sizing measured one step's memory,
+//! not two) a micro-batch of another shape (a smaller last batch) drops it and runs ordinarily,
+//! and [`StepGraphs::release_for_other_work`] drops it before validation, so a capture's memory
+//! is never held while something else needs memory; the next micro-step of a known shape
+//! captures again. Without a budget ([`StepGraphs::set_keep`]) the capture survives both: the
+//! other shape runs ordinarily beside it and validation runs beside it (an out-of-memory error in
+//! validation drops it before the retry). [`StepGraphs::reset`] drops it after an out-of-memory
+//! error of the step. Before capturing, the memory the ordinary
 //! steps left cached in the stream-ordered pool is returned, and after dropping a capture its
 //! graph memory, so the device holds one step's memory, not two.
 //! A capture that fails (an out-of-memory included) turns the graphs off for the run with one
@@ -87,6 +91,25 @@ impl StepGraphs {
     pub fn reset(&mut self) {
         #[cfg(feature = "cuda")]
         self.inner.drop_capture();
+    }
+
+    /// Keeps the capture across micro-batches of another shape and across validation (see the
+    /// module docs): for runs without a memory budget.
+    pub fn set_keep(&mut self, keep: bool) {
+        #[cfg(feature = "cuda")]
+        {
+            self.inner.keep = keep;
+        }
+        let _ = keep;
+    }
+
+    /// Before other work that needs device memory (validation): drops the capture unless it is
+    /// kept ([`StepGraphs::set_keep`]).
+    pub fn release_for_other_work(&mut self) {
+        #[cfg(feature = "cuda")]
+        if !self.inner.keep {
+            self.inner.drop_capture();
+        }
     }
 
     /// Turns replay off for good (the ordinary step runs).
@@ -247,6 +270,8 @@ mod imp {
         /// per micro-step costs more than it saves.
         unprofitable: Vec<Key>,
         cap: Option<Captured>,
+        /// Keep the capture when another shape runs (see `StepGraphs::set_keep`).
+        pub(super) keep: bool,
         pub(super) off: bool,
         pub(super) captures: usize,
         pub(super) replays: usize,
@@ -300,6 +325,10 @@ mod imp {
                     c.replays += 1;
                     return c.replay(model, loss, x, targets, img_hw);
                 }
+            }
+            if self.keep && self.cap.is_some() {
+                // Another shape (the epoch's last partial batch): ordinary, beside the capture.
+                return ordinary(model, loss, params, x, targets, img_hw);
             }
             if let Some(c) = &self.cap {
                 if c.replays < 2 && !self.unprofitable.contains(&c.key) {

@@ -322,6 +322,8 @@ pub(crate) fn resolve(
                     seed: opts.seed,
                     amp: opts.amp,
                     arch: arch.clone(),
+                    graphs: crate::train::graphed::StepGraphs::new().applies_to(&device),
+                    fixed_batch: opts.batch != 0,
                 },
                 &device,
                 &probe,
@@ -623,23 +625,32 @@ pub(crate) fn build<'a>(
         start_epoch: start.epoch,
     };
     // CUDA-graph replay of the step (`train::graphed`) holds the captured step's memory in the
-    // graphs' own pool, beside what the ordinary phases keep: with a memory budget the step runs
-    // as ordinary launches, so the measured sizing holds.
-    let graphed = run.budget.is_none() && run.graphs.borrow().applies_to(&run.device);
+    // graphs' own pool, beside what the ordinary phases keep: under a memory budget it runs only
+    // when the sizing measured it and chose it (`train::budget`), at the micro-batch sized for it.
+    let graphed = run.graphs.borrow().applies_to(&run.device)
+        && run.budget.as_ref().is_none_or(|d| d.graphed);
     if !graphed {
         run.graphs.borrow_mut().disable();
     }
+    // Without a budget the capture survives validation and the epoch's last partial batch.
+    run.graphs.borrow_mut().set_keep(run.budget.is_none());
     if opts.verbose && device.is_cuda() {
-        obs.line(&format!(
-            "training step: {}",
-            if graphed {
-                "replayed from CUDA graphs (YOLO9_TRAIN_GRAPH=0 turns that off)"
-            } else if run.budget.is_some() {
-                "ordinary launches (CUDA-graph replay is off under a memory budget)"
-            } else {
-                "ordinary launches"
+        let how = match (graphed, &run.budget) {
+            (true, None) => {
+                "replayed from CUDA graphs (YOLO9_TRAIN_GRAPH=0 turns that off)".to_string()
             }
-        ));
+            (true, Some(d)) => format!(
+                "replayed from CUDA graphs at micro-batch {}, sized for them under the memory \
+                 budget",
+                d.micro
+            ),
+            (false, Some(d)) => match &d.choice {
+                Some(c) => format!("ordinary launches under the memory budget ({c})"),
+                None => "ordinary launches (sized for them under the memory budget)".to_string(),
+            },
+            (false, None) => "ordinary launches".to_string(),
+        };
+        obs.line(&format!("training step: {how}"));
     }
     Ok(Prepared {
         run,
