@@ -104,13 +104,15 @@ fn synthetic(req: &BudgetRequest, batch: usize) -> (Vec<u8>, Vec<[f32; 6]>) {
 }
 
 /// One complete training step of `input` as one micro-batch: the trainer's own [`step`]
-/// (through `graphs` when given) and [`optimizer_step`], finished on the device.
+/// (through `graphs` when given) and [`optimizer_step`], finished on the device. Returns the
+/// seconds of the forward, loss and backward alone (the optimizer and EMA run once per nominal
+/// batch in training, not once per micro-batch, so they are left out of the rate).
 fn run_step(
     rig: &mut Rig,
     input: &StepInput<'_>,
     device: &Device,
     graphs: Option<&RefCell<StepGraphs>>,
-) -> Result<()> {
+) -> Result<f64> {
     let Rig {
         model,
         loss,
@@ -118,6 +120,8 @@ fn run_step(
         ema,
     } = rig;
     let batch = input.len;
+    device.synchronize()?;
+    let t = std::time::Instant::now();
     let out = step(
         &StepParts {
             model,
@@ -132,6 +136,8 @@ fn run_step(
         0,
         &mut StepTimes::off(),
     )?;
+    device.synchronize()?;
+    let secs = t.elapsed().as_secs_f64();
     let Some(mut grads) = out.grads else {
         bail!(
             "memory budget probe: non-finite loss {:?} at a micro-batch of {batch}; \
@@ -146,9 +152,9 @@ fn run_step(
          no training step to measure"
     );
     drop(grads);
-    // Make the work finish before reading the high-water mark or the clock.
+    // Make the work finish before reading the high-water mark.
     device.synchronize()?;
-    Ok(())
+    Ok(secs)
 }
 
 /// Which training step a measurement runs.
@@ -160,9 +166,9 @@ enum StepKind {
     Graphed,
 }
 
-/// One measured micro-batch size: the peak memory of its step (bytes) and the wall time of one
-/// step (seconds; for the ordinary kind this includes first-use costs of a new shape, such as
-/// choosing cuDNN algorithms, so compare kinds with [`step_rate`]).
+/// One measured micro-batch size: the peak memory of its step (bytes) and the wall time of its
+/// forward, loss and backward (seconds; for the ordinary kind this includes first-use costs of a
+/// new shape, such as choosing cuDNN algorithms, so compare kinds with [`step_rate`]).
 struct Measured {
     peak: u64,
     secs: f64,
@@ -197,11 +203,10 @@ fn step_peak(
     probe.release_cached();
     if kind == StepKind::Ordinary {
         probe.reset_peak();
-        let t = std::time::Instant::now();
-        run_step(rig, &input, device, None)?;
+        let secs = run_step(rig, &input, device, None)?;
         return Ok(Measured {
             peak: probe.peak_bytes(),
-            secs: t.elapsed().as_secs_f64(),
+            secs,
         });
     }
     let graphs = RefCell::new(StepGraphs::new());
@@ -209,10 +214,9 @@ fn step_peak(
         run_step(rig, &input, device, Some(&graphs))?;
         probe.release_cached();
         probe.reset_peak();
+        // The capture, then one replay (timed).
         run_step(rig, &input, device, Some(&graphs))?;
-        let t = std::time::Instant::now();
-        run_step(rig, &input, device, Some(&graphs))?;
-        let secs = t.elapsed().as_secs_f64();
+        let secs = run_step(rig, &input, device, Some(&graphs))?;
         Ok(Measured {
             peak: probe.peak_bytes(),
             secs,
