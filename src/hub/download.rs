@@ -177,8 +177,9 @@ fn one_attempt(
             Ok(n) => n,
             Err(e) => {
                 file.flush().map_err(io)?;
+                let of = total.map(|t| format!(" of {t}")).unwrap_or_default();
                 return Err(Attempt::Retry(format!(
-                    "the connection broke after {got} bytes ({e})"
+                    "the connection broke after {got}{of} bytes ({e})"
                 )));
             }
         };
