@@ -132,9 +132,7 @@ fn handle(
             stream.write_all(head("200 OK", len, "").as_bytes())?;
             stream.write_all(&body[..len])
         }
-        Reply::Status(code) => {
-            stream.write_all(head(&format!("{code} Error"), 0, "").as_bytes())
-        }
+        Reply::Status(code) => stream.write_all(head(&format!("{code} Error"), 0, "").as_bytes()),
         Reply::Stall { hold } => {
             std::thread::sleep(hold);
             Ok(())
@@ -201,9 +199,10 @@ fn first_download_verifies_converts_and_records_then_the_cache_answers() {
         ["manifest/yolov9-s.json", "yolov9-s.safetensors"]
     );
     // The record: the served file's hash and size, the converted file's hash, the model.
-    let record: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(home.join("manifest/yolov9-s.json")).unwrap())
-            .unwrap();
+    let record: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(home.join("manifest/yolov9-s.json")).unwrap(),
+    )
+    .unwrap();
     assert_eq!(
         record["source_sha256"],
         "9d0f09784ca50440e1fb1b97d7f54e0c28ebe10b6f2d908c42f4d0ab653c79bd"
@@ -350,7 +349,14 @@ fn a_file_over_the_limit_is_refused() {
     let e = hub::fetch_name("yolov9-s", &opts).unwrap_err();
     let text = one_line(&e);
     assert!(
-        matches!(e, HubError::TooLarge { bytes: 20_515_869, limit: 1_000_000, .. }),
+        matches!(
+            e,
+            HubError::TooLarge {
+                bytes: 20_515_869,
+                limit: 1_000_000,
+                ..
+            }
+        ),
         "{text}"
     );
     assert_eq!(server.requests(), 1, "over the limit is not retried");
@@ -367,7 +373,10 @@ fn offline_names_the_file_to_place_and_a_placed_file_is_used() {
     let text = one_line(&e);
     assert!(matches!(e, HubError::Offline { .. }), "{text}");
     assert!(text.contains("YOLO9_OFFLINE=1"), "{text}");
-    assert!(text.contains(&format!("{}/yolov9-s.pt", server.base)), "{text}");
+    assert!(
+        text.contains(&format!("{}/yolov9-s.pt", server.base)),
+        "{text}"
+    );
     assert!(
         text.contains(&home.join("yolov9-s.pt").display().to_string()),
         "{text}"
@@ -403,12 +412,17 @@ fn a_changed_cached_file_is_an_error_naming_both_hashes() {
     let e = hub::fetch_name("yolov9-s", &opts).unwrap_err();
     let text = one_line(&e);
     assert!(matches!(e, HubError::HashMismatch { .. }), "{text}");
-    assert!(
-        text.contains(&recorded) && text.contains(&actual),
-        "{text}"
+    assert!(text.contains(&recorded) && text.contains(&actual), "{text}");
+    assert_eq!(
+        server.requests(),
+        1,
+        "a changed file is not silently replaced"
     );
-    assert_eq!(server.requests(), 1, "a changed file is not silently replaced");
-    assert_eq!(std::fs::read(&path).unwrap(), bytes, "the file is left as it is");
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        bytes,
+        "the file is left as it is"
+    );
     // The library error carries the same text.
     let e = yolo9::Weights::named_with("yolov9-s", &opts).err().unwrap();
     assert!(e.to_string().contains(&recorded), "{e}");
@@ -462,7 +476,10 @@ fn an_unusable_cache_folder_and_unknown_names_are_clear_errors() {
         let e = hub::resolve(Path::new(spec), &opts).unwrap_err();
         let text = one_line(&e);
         assert!(matches!(e, HubError::UnknownName { .. }), "{text}");
-        assert!(text.contains("yolov9-e-converted, yolov9-s, yolov9-m"), "{text}");
+        assert!(
+            text.contains("yolov9-e-converted, yolov9-s, yolov9-m"),
+            "{text}"
+        );
         if let Some(h) = hint {
             assert!(text.contains(&format!("published only as {h}")), "{text}");
         }
@@ -506,7 +523,10 @@ fn the_built_in_weights_are_the_shipped_file_and_detect_the_same() {
         }
         total += da.len();
     }
-    assert!(total >= 10, "only {total} cells found on two BCCD test images");
+    assert!(
+        total >= 10,
+        "only {total} cells found on two BCCD test images"
+    );
 }
 
 /// Runs the program in `cwd` with `env`: (code, stdout, stderr).

@@ -19,7 +19,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// `$HOME/.cache/yolo9` (Linux and other Unix), `$HOME/Library/Caches/yolo9` (macOS),
 /// `%LOCALAPPDATA%\yolo9` (Windows); `None` when none of those variables is set.
 pub fn default_home() -> Option<PathBuf> {
-    let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let var = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
     if let Some(h) = var("YOLO9_HOME") {
         return Some(h);
     }

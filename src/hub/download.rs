@@ -78,7 +78,10 @@ fn download_inner(url: &str, part: &Path, opts: &HubOptions) -> Result<Fetched, 
             Ok(bytes) => {
                 file.sync_all().map_err(cache_err)?;
                 progress.finish();
-                return Ok(Fetched { bytes, attempts: attempt });
+                return Ok(Fetched {
+                    bytes,
+                    attempts: attempt,
+                });
             }
             Err(Attempt::Fail(e)) => {
                 progress.finish();
@@ -226,10 +229,8 @@ impl Progress {
         if !enabled {
             return Self { bar: None };
         }
-        let bar = indicatif::ProgressBar::with_draw_target(
-            None,
-            indicatif::ProgressDrawTarget::stderr(),
-        );
+        let bar =
+            indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
         bar.set_style(
             indicatif::ProgressStyle::with_template(
                 "{msg} {bar:30} {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}",

@@ -350,7 +350,9 @@ fn fetch(p: &Published, opts: &HubOptions) -> Result<PathBuf, HubError> {
     }
     #[cfg(not(feature = "download"))]
     {
-        Err(offline("this build has no downloader (cargo feature `download`)"))
+        Err(offline(
+            "this build has no downloader (cargo feature `download`)",
+        ))
     }
     #[cfg(feature = "download")]
     {
@@ -386,7 +388,8 @@ fn load_verified(path: &Path, p: &Published, source: &str) -> Result<Weights, Hu
     let w = Weights::load(path).map_err(|e| {
         bad(format!(
             "not a checkpoint yolo9 reads ({}); the download may be damaged",
-            e.to_string().replace(&path.display().to_string(), "the file")
+            e.to_string()
+                .replace(&path.display().to_string(), "the file")
         ))
     })?;
     if w.meta.arch.name != p.arch {
@@ -448,7 +451,13 @@ fn install(
     };
     let written = w
         .save_with_provenance(&tmp, true, Some(&prov))
-        .map_err(|e| io(&tmp, "cannot write the converted weights", &format!("{e:#}")))
+        .map_err(|e| {
+            io(
+                &tmp,
+                "cannot write the converted weights",
+                &format!("{e:#}"),
+            )
+        })
         .and_then(|()| cache::sha256_file(&tmp).map_err(|e| io(&tmp, "cannot read", &e)));
     let sha256 = match written {
         Ok(h) => h,

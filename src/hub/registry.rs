@@ -112,7 +112,10 @@ mod tests {
         assert_eq!(counted, table);
         // The official summaries of the reference checkpoint and its conversion.
         assert_eq!(lookup("yolov9-s").unwrap().parameters, 9_804_512);
-        assert_eq!(lookup("yolov9-s-converted.pt").unwrap().parameters, 7_226_208);
+        assert_eq!(
+            lookup("yolov9-s-converted.pt").unwrap().parameters,
+            7_226_208
+        );
     }
 
     #[test]
@@ -124,7 +127,10 @@ mod tests {
         assert!(!looks_like_name("best.safetensors"));
         assert!(!looks_like_name("../x"));
         assert_eq!(lookup("gelan-e.pt").unwrap().arch, "gelan-e");
-        assert!(lookup("yolov9-t").is_none(), "the release has no yolov9-t.pt");
+        assert!(
+            lookup("yolov9-t").is_none(),
+            "the release has no yolov9-t.pt"
+        );
         assert!(lookup("gelan-t").is_none(), "the release has no gelan-t.pt");
         assert_eq!(published_names().split(", ").count(), 13);
     }
