@@ -606,3 +606,47 @@ fn the_program_detects_from_any_folder_offline_and_by_name() {
     assert!(!err.contains("sha256"), "{err}");
     assert_eq!(server.requests(), 1, "the second run makes no request");
 }
+
+#[test]
+fn two_processes_fetching_one_name_at_once_leave_one_good_file() {
+    let dir = common::tmpdir("race-processes");
+    let home = dir.join("home");
+    let server = Server::start(checkpoint(), |_| Reply::File { range: false });
+    let spawn = |out: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_yolo9"))
+            .args(["convert", "yolov9-s", "--half", "-o", out])
+            .current_dir(&dir)
+            .env("YOLO9_HOME", &home)
+            .env("YOLO9_WEIGHTS_URL", &server.base)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let children = [spawn("a.safetensors"), spawn("b.safetensors")];
+    for c in children {
+        let o = c.wait_with_output().unwrap();
+        assert!(
+            o.status.success(),
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    let n = server.requests();
+    assert!((1..=2).contains(&n), "{n} requests");
+    assert_eq!(
+        listing(&home),
+        ["manifest/yolov9-s.json", "yolov9-s.safetensors"]
+    );
+    // Both wrote the same weights, and the cached file matches its record.
+    assert_eq!(
+        std::fs::read(dir.join("a.safetensors")).unwrap(),
+        std::fs::read(dir.join("b.safetensors")).unwrap()
+    );
+    let path = hub::fetch_name("yolov9-s", &options(&home, &server.base)).unwrap();
+    assert_eq!(server.requests(), n, "the next use is a cache hit");
+    assert_eq!(
+        yolo9::Weights::load(&path).unwrap().parameter_count(),
+        9_804_512
+    );
+}

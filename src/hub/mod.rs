@@ -167,12 +167,12 @@ pub struct HubOptions {
 }
 
 impl Default for HubOptions {
-    /// The defaults without reading the environment: the platform cache folder (not
-    /// `$YOLO9_HOME`… see [`HubOptions::from_env`]), the official release, 30 s timeouts,
-    /// 4 retries from 1 s, a 1 GiB limit, verbose.
+    /// The cache folder of [`cache::default_home`], the official release, online, 30 s
+    /// timeouts, 4 retries from 1 s, a 1 GiB limit, verbose. Only the folder is read from the
+    /// environment; [`HubOptions::from_env`] reads the other variables too.
     fn default() -> Self {
         Self {
-            home: None,
+            home: cache::default_home(),
             base_url: RELEASE_URL.to_string(),
             offline: false,
             timeout: Duration::from_secs(30),
@@ -191,8 +191,8 @@ impl HubOptions {
     /// `YOLO9_DOWNLOAD_RETRIES` (default 4), `YOLO9_DOWNLOAD_BACKOFF` (seconds before the first
     /// retry, doubled after; default 1), `YOLO9_DOWNLOAD_MAX_BYTES` (default 1 GiB).
     ///
-    /// Errors: [`HubError::Cache`]-free; an unparsable number is reported as
-    /// [`HubError::Verify`] naming the variable.
+    /// Errors: a variable that is not a non-negative number ([`HubError::Verify`] naming the
+    /// variable and its value).
     pub fn from_env() -> Result<Self, HubError> {
         let d = Self::default();
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
@@ -212,7 +212,7 @@ impl HubOptions {
             }
         };
         Ok(Self {
-            home: cache::default_home(),
+            home: d.home,
             base_url: var("YOLO9_WEIGHTS_URL").unwrap_or(d.base_url),
             offline: var("YOLO9_OFFLINE").is_some_and(|v| v.trim() != "0"),
             timeout: num("YOLO9_DOWNLOAD_TIMEOUT")?
