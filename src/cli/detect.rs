@@ -37,8 +37,6 @@ use clap::Args;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-/// Default weights, relative to the crate root (then to the current directory).
-pub const DEFAULT_WEIGHTS: &str = "weights/yolov9-s-bccd.safetensors";
 
 /// Arguments of `yolo9 detect`.
 #[derive(Debug, Clone, Args)]
@@ -161,9 +159,9 @@ impl WeightsArgs {
     }
 }
 
-/// The built-in weights (feature `builtin-weights`), as the model `cfg` names when given; prints
-/// the one line that says the built-in model runs ([`crate::hub::BUILTIN_NOTE`]).
-#[cfg(feature = "builtin-weights")]
+/// The built-in weights (feature `builtin-weights`, which `cli` enables), as the model `cfg` names
+/// when given; prints the one line that says the built-in model runs
+/// ([`crate::hub::BUILTIN_NOTE`]).
 fn builtin_weights(cfg: Option<&str>) -> Result<crate::Weights> {
     eprintln!("{}", crate::hub::BUILTIN_NOTE);
     let w = crate::Weights::builtin()?;
@@ -175,11 +173,6 @@ fn builtin_weights(cfg: Option<&str>) -> Result<crate::Weights> {
                 .context("the built-in weights")?)
         }
     }
-}
-
-#[cfg(not(feature = "builtin-weights"))]
-fn builtin_weights(_cfg: Option<&str>) -> Result<crate::Weights> {
-    unreachable!("resolve_weights returns a file without the builtin-weights feature")
 }
 
 /// Loads `path` ([`crate::Weights::load`]) as the model `cfg` names when given (`--cfg`: a
@@ -199,32 +192,10 @@ pub fn load_weights(path: &Path, cfg: Option<&str>) -> Result<crate::Weights> {
 }
 
 /// The weights file of `--weights`: an existing path as given, else an official checkpoint by
-/// name (`yolov9-s`, `gelan-c.pt`), from the cache or downloaded ([`weights_file`]). Without
-/// `--weights`: `None` (the built-in weights) with the feature `builtin-weights`, else
-/// [`DEFAULT_WEIGHTS`] looked up in the yolo9 source folder, then in the current folder.
-/// Errors name the value and what to pass.
+/// name (`yolov9-s`, `gelan-c.pt`), from the cache or downloaded ([`weights_file`]); `None`
+/// without `--weights`: the built-in weights. Errors name the value and what to pass.
 pub fn resolve_weights(arg: Option<&Path>) -> Result<Option<PathBuf>> {
-    if let Some(p) = arg {
-        return weights_file(p).map(Some);
-    }
-    if cfg!(feature = "builtin-weights") {
-        return Ok(None);
-    }
-    let candidates = [
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(DEFAULT_WEIGHTS),
-        PathBuf::from(DEFAULT_WEIGHTS),
-    ];
-    for c in &candidates {
-        if c.is_file() {
-            return Ok(Some(c.clone()));
-        }
-    }
-    bail!(
-        "default weights {DEFAULT_WEIGHTS} not found (looked at {} and {}); pass --weights PATH \
-         (a yolo9 .safetensors or an official .pt; `yolo9 convert` converts checkpoints)",
-        candidates[0].display(),
-        candidates[1].display()
-    )
+    arg.map(weights_file).transpose()
 }
 
 /// The file a weights value means (`--weights` of every command, `convert`'s input): an existing
