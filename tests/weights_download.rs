@@ -395,6 +395,29 @@ fn offline_names_the_file_to_place_and_a_placed_file_is_used() {
         yolo9::Weights::load(&path).unwrap().parameter_count(),
         9_804_512
     );
+    // A converted file placed in another cache without a record: verified, then recorded.
+    let other = home.with_file_name("other-cache");
+    std::fs::create_dir_all(&other).unwrap();
+    std::fs::copy(&path, other.join("yolov9-s.safetensors")).unwrap();
+    let again = hub::fetch_name("yolov9-s", &options(&other, &server.base)).unwrap();
+    assert_eq!(again, other.join("yolov9-s.safetensors"));
+    assert_eq!(
+        listing(&other),
+        ["manifest/yolov9-s.json", "yolov9-s.safetensors"]
+    );
+    // A placed file that is another model is refused, naming both models, and not recorded.
+    let wrong = home.with_file_name("wrong-cache");
+    std::fs::create_dir_all(&wrong).unwrap();
+    std::fs::copy(&path, wrong.join("gelan-c.safetensors")).unwrap();
+    let e = hub::fetch_name("gelan-c", &options(&wrong, &server.base)).unwrap_err();
+    let text = one_line(&e);
+    assert!(matches!(e, HubError::Verify { .. }), "{text}");
+    assert!(
+        text.contains("holds a yolov9-s model, but gelan-c is gelan-c"),
+        "{text}"
+    );
+    assert_eq!(listing(&wrong), ["gelan-c.safetensors"]);
+    assert_eq!(server.requests(), 0);
 }
 
 #[test]
@@ -626,11 +649,7 @@ fn two_processes_fetching_one_name_at_once_leave_one_good_file() {
     let children = [spawn("a.safetensors"), spawn("b.safetensors")];
     for c in children {
         let o = c.wait_with_output().unwrap();
-        assert!(
-            o.status.success(),
-            "{}",
-            String::from_utf8_lossy(&o.stderr)
-        );
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     }
     let n = server.requests();
     assert!((1..=2).contains(&n), "{n} requests");

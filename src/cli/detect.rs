@@ -37,7 +37,6 @@ use clap::Args;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-
 /// Arguments of `yolo9 detect`.
 #[derive(Debug, Clone, Args)]
 pub struct DetectArgs {
