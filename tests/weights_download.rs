@@ -30,6 +30,8 @@ enum Reply {
     Status(u16),
     /// Reads the request and never answers (holds the connection for `hold`).
     Stall { hold: Duration },
+    /// Announces the whole length, sends `cut` bytes, then goes silent for `hold`.
+    StallAfter { cut: usize, hold: Duration },
 }
 
 /// A loopback release server: `GET /yolov9-s.pt` answered by `plan(index)`; other paths 404.
@@ -134,6 +136,13 @@ fn handle(
         }
         Reply::Status(code) => stream.write_all(head(&format!("{code} Error"), 0, "").as_bytes()),
         Reply::Stall { hold } => {
+            std::thread::sleep(hold);
+            Ok(())
+        }
+        Reply::StallAfter { cut, hold } => {
+            stream.write_all(head("200 OK", body.len(), "").as_bytes())?;
+            stream.write_all(&body[..cut])?;
+            stream.flush()?;
             std::thread::sleep(hold);
             Ok(())
         }
@@ -337,6 +346,24 @@ fn a_stalled_server_times_out() {
     assert!(matches!(e, HubError::Network { attempts: 2, .. }), "{text}");
     assert!(text.contains("timed out"), "{text}");
     assert!(took < Duration::from_secs(5), "took {took:?}");
+    assert_eq!(listing(&home), Vec::<String>::new());
+    // A server that goes silent in the middle of the body: the per-read timeout ends each attempt.
+    let home = common::tmpdir("stall-body").join("cache");
+    let server = Server::start(checkpoint(), |_| Reply::StallAfter {
+        cut: 3_000_000,
+        hold: Duration::from_secs(30),
+    });
+    let mut opts = options(&home, &server.base);
+    opts.timeout = Duration::from_millis(300);
+    opts.retries = 1;
+    let t = Instant::now();
+    let e = hub::fetch_name("yolov9-s", &opts).unwrap_err();
+    let took = t.elapsed();
+    let text = one_line(&e);
+    assert!(matches!(e, HubError::Network { attempts: 2, .. }), "{text}");
+    assert!(text.contains("of 20515869 bytes"), "{text}");
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+    assert_eq!(server.requests(), 2);
     assert_eq!(listing(&home), Vec::<String>::new());
 }
 

@@ -121,6 +121,14 @@ pub enum HubError {
         /// What is wrong.
         message: String,
     },
+    /// An environment variable with a value that is not a number of the kind it takes.
+    #[error("{var}={value:?}: not a non-negative number")]
+    Env {
+        /// The variable (`YOLO9_DOWNLOAD_TIMEOUT`).
+        var: String,
+        /// Its value.
+        value: String,
+    },
     /// The cache folder or a file in it cannot be created, read or written.
     #[error("{}: {message}", .path.display())]
     Cache {
@@ -191,8 +199,7 @@ impl HubOptions {
     /// `YOLO9_DOWNLOAD_RETRIES` (default 4), `YOLO9_DOWNLOAD_BACKOFF` (seconds before the first
     /// retry, doubled after; default 1), `YOLO9_DOWNLOAD_MAX_BYTES` (default 1 GiB).
     ///
-    /// Errors: a variable that is not a non-negative number ([`HubError::Verify`] naming the
-    /// variable and its value).
+    /// Errors: [`HubError::Env`] for a variable that is not a non-negative number.
     pub fn from_env() -> Result<Self, HubError> {
         let d = Self::default();
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
@@ -205,9 +212,9 @@ impl HubOptions {
                     .ok()
                     .filter(|x| x.is_finite() && *x >= 0.0)
                     .map(Some)
-                    .ok_or_else(|| HubError::Verify {
-                        source_name: k.to_string(),
-                        message: format!("{v:?} is not a non-negative number"),
+                    .ok_or_else(|| HubError::Env {
+                        var: k.to_string(),
+                        value: v.clone(),
                     }),
             }
         };
@@ -248,10 +255,10 @@ impl HubOptions {
 }
 
 /// The file `spec` means: an existing path as given; else a published name, fetched into the
-/// cache ([`fetch`]).
+/// cache ([`fetch_name`]).
 ///
 /// Errors: [`HubError::UnknownName`] for neither (listing the published names), and those of
-/// [`fetch`].
+/// [`fetch_name`].
 pub fn resolve(spec: &Path, opts: &HubOptions) -> Result<PathBuf, HubError> {
     if spec.is_file() {
         return Ok(spec.to_path_buf());
