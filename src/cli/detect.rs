@@ -208,8 +208,8 @@ pub fn weights_file(p: &Path) -> Result<PathBuf> {
     let text = p.to_string_lossy();
     if !crate::hub::registry::looks_like_name(&text) {
         bail!(
-            "weights file {} not found (--weights); pass an existing .safetensors or .pt, or the \
-             name of an official checkpoint ({})",
+            "weights file {} not found; pass an existing .safetensors or .pt, or the name of an \
+             official checkpoint ({})",
             p.display(),
             crate::hub::registry::published_names()
         );
