@@ -12,6 +12,8 @@
 //! - [`data`]: image decoding (EXIF, colour modes), dataset yaml, labels, augmentation, loader.
 //! - [`detect`]: letterbox, NMS, post-processing, drawing, output sinks, the public [`Detector`]
 //!   and its options.
+//! - [`hub`]: weights by name (the official release's checkpoints, downloaded once, verified and
+//!   cached; feature `download`) and the built-in BCCD weights (feature `builtin-weights`).
 //! - [`device`] and [`parse`]: `--device` and the other option values, parsed the same way by
 //!   every subcommand.
 //! - [`budget`], [`footprint`], [`memory`]: memory-budget sizing from measured peaks, the up-front
@@ -23,7 +25,8 @@
 //! - `serve` (feature `serve`, on by default): the HTTP detection service of `yolo9 serve`.
 //! - `cli`: the `yolo9` subcommands (thin wrappers around the library).
 //!
-//! Features: `cli` (the command line; implies `train` and `export`) and `serve` are on by default;
+//! Features: `cli` (the command line; implies `train`, `export`, `download` and
+//! `builtin-weights`) and `serve` are on by default;
 //! `train` holds `train`, `loss` and `metrics`. An embedder of [`Detector`] alone depends on
 //! `yolo9 = { default-features = false }` and compiles neither clap, indicatif, plotters nor the
 //! training code.
@@ -45,6 +48,7 @@ pub mod error;
 #[cfg(feature = "export")]
 pub mod export;
 pub mod footprint;
+pub mod hub;
 #[cfg(unix)]
 pub mod launcher;
 #[cfg(feature = "train")]

@@ -40,6 +40,9 @@ const GPU: &str = "needs a CUDA GPU (--device 0)";
 const SYNOPSIS: &str = "a synopsis: [optional] parts and placeholders, not one command";
 const TRAINING: &str = "a full training run (hours on the CPU); tests/train_tiny.rs and \
                         tests/train_guard.rs train tiny runs";
+const DOWNLOAD: &str = "downloads an official checkpoint from the release (no test touches the \
+                        internet); tests/weights_download.rs runs `detect --weights yolov9-s` \
+                        against a release server on loopback";
 const FRAGMENT: &str = "a fragment of a sentence whose data and weights the prose names";
 
 /// README commands that are not run here, with the reason.
@@ -140,6 +143,18 @@ const SKIPPED: &[(&str, &str)] = &[
         "needs the H200 training run's best.safetensors (its sha256 is in weights/README.md)",
     ),
     ("yolo9 val --data bccd/data.yaml --split test --device 0", GPU),
+    ("yolo9 detect examples/images --weights yolov9-s", DOWNLOAD),
+    (
+        "yolo9 detect examples/images --weights yolov9-c-converted",
+        DOWNLOAD,
+    ),
+    (
+        "yolo9 val --data coco.yaml --weights yolov9-e-converted",
+        "downloads an official checkpoint and needs COCO (not shipped); \
+         tests/weights_download.rs serves a checkpoint on loopback",
+    ),
+    ("yolo9 train --weights gelan-c --data data.yaml", TRAINING),
+    ("yolo9 convert yolov9-c --infer --half", DOWNLOAD),
 ];
 
 /// A command found in the README: its text (whitespace collapsed) and the line it starts on.

@@ -7,7 +7,8 @@ use std::path::PathBuf;
 /// Arguments of `yolo9 convert`.
 #[derive(Debug, Args)]
 pub struct ConvertArgs {
-    /// The checkpoint to convert (.pt official checkpoint, .pt state_dict or .safetensors).
+    /// The checkpoint to convert (.pt official checkpoint, .pt state_dict or .safetensors), or the
+    /// name of an official checkpoint (yolov9-c, gelan-e, ...), downloaded once into the cache.
     pub input: PathBuf,
     /// Output safetensors file [default: beside the input, `NAME.safetensors`, or
     /// `NAME-infer-half.safetensors` with the options' suffixes when that would be the input
@@ -55,9 +56,18 @@ pub fn default_output(input: &std::path::Path, infer: bool, half: bool) -> PathB
 
 /// Runs `yolo9 convert`: reads the checkpoint, checks it, writes safetensors atomically and
 /// prints a summary (tensors, parameters, classes, anything ignored).
-pub fn run(args: ConvertArgs) -> Result<()> {
+pub fn run(mut args: ConvertArgs) -> Result<()> {
+    // An official checkpoint by name (`yolo9 convert yolov9-c --infer`) is fetched into the cache
+    // first; its default output goes to the current folder, not into the cache.
+    let by_name = !args.input.is_file();
+    let named = args.input.clone();
+    args.input = super::detect::weights_file(&args.input)?;
     let output = match args.output {
         Some(o) => o,
+        None if by_name => {
+            let stem = crate::hub::registry::strip_pt(&named.to_string_lossy()).to_string();
+            default_output(&PathBuf::from(format!("{stem}.pt")), args.infer, args.half)
+        }
         None => default_output(&args.input, args.infer, args.half),
     };
     if crate::runs::input_within(&output, [args.input.as_path()]).is_some() {

@@ -37,9 +37,6 @@ use clap::Args;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-/// Default weights, relative to the crate root (then to the current directory).
-pub const DEFAULT_WEIGHTS: &str = "weights/yolov9-s-bccd.safetensors";
-
 /// Arguments of `yolo9 detect`.
 #[derive(Debug, Clone, Args)]
 pub struct DetectArgs {
@@ -120,14 +117,13 @@ pub fn effective_img(img: u32) -> (u32, Option<String>) {
     (r, note)
 }
 
-/// Finds the weights: `--weights` as given, else [`DEFAULT_WEIGHTS`] under the crate folder
-/// (compile time) then under the current folder.
-/// `--weights` and `--cfg`, the same in detect, val and serve.
+/// `--weights` and `--cfg`, the same in detect, val, serve and export.
 #[derive(Debug, Clone, Args)]
 pub struct WeightsArgs {
-    /// Weights: yolo9 .safetensors, a plain state_dict safetensors, or an official .pt
-    /// [default: weights/yolov9-s-bccd.safetensors in the yolo9 source folder, then in the
-    /// current folder].
+    /// Weights: a yolo9 .safetensors, a plain state_dict safetensors or an official .pt file; or
+    /// the name of an official checkpoint (yolov9-s, yolov9-c-converted, gelan-c, ...: see the
+    /// README's "Models"), downloaded once into the cache ($YOLO9_HOME, else ~/.cache/yolo9)
+    /// [default: the built-in yolov9-s-bccd weights (BCCD blood cells)].
     #[arg(long)]
     pub weights: Option<PathBuf>,
     /// The model the weights are: a built-in name (yolov9-t/s/m/c/e, gelan-t/s/m/c/e) or a model
@@ -136,17 +132,45 @@ pub struct WeightsArgs {
     pub cfg: Option<String>,
 }
 
+/// What a command names the built-in weights in its messages (its file stem names exports).
+pub const BUILTIN_LABEL: &str = "built-in/yolov9-s-bccd.safetensors";
+
 impl WeightsArgs {
-    /// The weights file these arguments name ([`resolve_weights`]).
-    pub fn path(&self) -> Result<PathBuf> {
-        resolve_weights(self.weights.as_deref())
+    /// The weights these arguments name, loaded ([`resolve_weights`], [`load_weights`]):
+    /// `(path, weights)`; for the built-in weights the path is [`BUILTIN_LABEL`] (no file).
+    pub fn load(&self) -> Result<(PathBuf, crate::Weights)> {
+        self.load_resolved(resolve_weights(self.weights.as_deref())?)
     }
 
-    /// [`WeightsArgs::path`] loaded with [`load_weights`]: `(path, weights)`.
-    pub fn load(&self) -> Result<(PathBuf, crate::Weights)> {
-        let p = self.path()?;
-        let w = load_weights(&p, self.cfg.as_deref())?;
-        Ok((p, w))
+    /// [`WeightsArgs::load`] of what [`resolve_weights`] returned (a command resolves first,
+    /// opens its device, then loads).
+    pub fn load_resolved(&self, resolved: Option<PathBuf>) -> Result<(PathBuf, crate::Weights)> {
+        match resolved {
+            Some(p) => {
+                let w = load_weights(&p, self.cfg.as_deref())?;
+                Ok((p, w))
+            }
+            None => Ok((
+                PathBuf::from(BUILTIN_LABEL),
+                builtin_weights(self.cfg.as_deref())?,
+            )),
+        }
+    }
+}
+
+/// The built-in weights (feature `builtin-weights`, which `cli` enables), as the model `cfg` names
+/// when given; prints the one line that says the built-in model runs
+/// ([`crate::hub::BUILTIN_NOTE`]).
+fn builtin_weights(cfg: Option<&str>) -> Result<crate::Weights> {
+    eprintln!("{}", crate::hub::BUILTIN_NOTE);
+    let w = crate::Weights::builtin()?;
+    match cfg {
+        None => Ok(w),
+        Some(c) => {
+            let arch = crate::model::arch::Arch::from_cfg(c)?;
+            Ok(w.with_arch(arch, &format!("--cfg {c}"))
+                .context("the built-in weights")?)
+        }
     }
 }
 
@@ -166,33 +190,32 @@ pub fn load_weights(path: &Path, cfg: Option<&str>) -> Result<crate::Weights> {
     }
 }
 
-/// The weights file of `--weights`, or the shipped default ([`DEFAULT_WEIGHTS`], looked up in the
-/// yolo9 source folder, then in the current folder). Errors name the path and what to pass.
-pub fn resolve_weights(arg: Option<&Path>) -> Result<PathBuf> {
-    if let Some(p) = arg {
-        if !p.is_file() {
-            bail!(
-                "weights file {} not found (--weights); pass an existing .safetensors or .pt",
-                p.display()
-            );
-        }
+/// The weights file of `--weights`: an existing path as given, else an official checkpoint by
+/// name (`yolov9-s`, `gelan-c.pt`), from the cache or downloaded ([`weights_file`]); `None`
+/// without `--weights`: the built-in weights. Errors name the value and what to pass.
+pub fn resolve_weights(arg: Option<&Path>) -> Result<Option<PathBuf>> {
+    arg.map(weights_file).transpose()
+}
+
+/// The file a weights value means (`--weights` of every command, `convert`'s input): an existing
+/// path as given; a name of the official release resolved through the cache
+/// ([`crate::hub::resolve`], options from the environment); anything else an error naming the
+/// value and listing the published names.
+pub fn weights_file(p: &Path) -> Result<PathBuf> {
+    if p.is_file() {
         return Ok(p.to_path_buf());
     }
-    let candidates = [
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(DEFAULT_WEIGHTS),
-        PathBuf::from(DEFAULT_WEIGHTS),
-    ];
-    for c in &candidates {
-        if c.is_file() {
-            return Ok(c.clone());
-        }
+    let text = p.to_string_lossy();
+    if !crate::hub::registry::looks_like_name(&text) {
+        bail!(
+            "weights file {} not found; pass an existing .safetensors or .pt, or the name of an \
+             official checkpoint ({})",
+            p.display(),
+            crate::hub::registry::published_names()
+        );
     }
-    bail!(
-        "default weights {DEFAULT_WEIGHTS} not found (looked at {} and {}); pass --weights PATH \
-         (a yolo9 .safetensors or an official .pt; `yolo9 convert` converts checkpoints)",
-        candidates[0].display(),
-        candidates[1].display()
-    )
+    let opts = crate::hub::HubOptions::from_env()?;
+    Ok(crate::hub::resolve(p, &opts)?)
 }
 
 /// Runs `yolo9 detect`.
@@ -211,7 +234,7 @@ pub fn run(args: DetectArgs) -> Result<()> {
     for st in &streams {
         st.input_args()?;
     }
-    let weights = args.model.path()?;
+    let resolved = resolve_weights(args.model.weights.as_deref())?;
     let (device, notice) = crate::device::open(args.device)?;
     if let Some(n) = notice {
         eprintln!("{n}");
@@ -230,8 +253,8 @@ pub fn run(args: DetectArgs) -> Result<()> {
         args.budget,
     )?;
     let dtype = inference_dtype(args.config.half, &device);
+    let (weights, w) = args.model.load_resolved(resolved)?;
     if let Some(budget) = args.budget {
-        let w = load_weights(&weights, args.model.cfg.as_deref())?;
         let m = crate::model::yolov9::YoloV9::load_dtype(&w, &device, dtype)?;
         let probe = crate::memory::MemoryProbe::new(&device)?;
         let d = crate::budget::plan_inference(&m, img, 1, budget, &probe)?;
@@ -253,7 +276,6 @@ pub fn run(args: DetectArgs) -> Result<()> {
     } else {
         crate::train::guard::StopFlag::install()?.cancel()
     };
-    let w = load_weights(&weights, args.model.cfg.as_deref())?;
     check_classes(args.config.classes.as_deref(), &w.meta.names)?;
     let config = DetectorConfig {
         img_size: img,

@@ -24,15 +24,22 @@ impl TrainArgs {
     /// The run's options: `--data` (optional with `--resume`) and `--epochs` (with `--resume`,
     /// the number to extend the run to) put into the flattened options.
     ///
-    /// Errors: neither `--data` nor `--resume`.
+    /// Errors: neither `--data` nor `--resume`; a `--weights` that is neither a file nor a
+    /// published name, or whose download fails.
     pub fn into_options(self) -> Result<TrainOptions> {
         let data = match (self.data, &self.opts.resume) {
             (Some(d), _) => d,
             (None, Some(_)) => PathBuf::new(),
             (None, None) => anyhow::bail!("--data is required (or --resume RUN)"),
         };
+        // `--weights yolov9-s`: an official checkpoint by name, from the cache or downloaded.
+        let weights = match &self.opts.weights {
+            Some(w) => Some(super::detect::weights_file(w)?),
+            None => None,
+        };
         Ok(TrainOptions {
             data,
+            weights,
             epochs: self.epochs.unwrap_or(self.opts.epochs),
             extend_epochs: self.opts.resume.is_some().then_some(self.epochs).flatten(),
             ..self.opts

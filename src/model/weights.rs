@@ -205,6 +205,20 @@ impl Weights {
         }
     }
 
+    /// Weights from the bytes of a safetensors file held in memory (e.g. compiled into the
+    /// program), checked exactly as [`Weights::load`] checks a file; `what` names the bytes in
+    /// errors (`built-in yolov9-s-bccd`).
+    ///
+    /// Errors: [`crate::Error::Weights`] (with `what` as the path) for damaged bytes or tensors
+    /// that are not a model yolo9 builds.
+    pub fn from_bytes(bytes: &[u8], what: &str) -> std::result::Result<Self, crate::Error> {
+        match from_safetensors(bytes, what) {
+            Ok((w, _, _)) => Ok(w),
+            Err(e) if crate::memory::is_oom(&e) => Err(crate::Error::from(e)),
+            Err(e) => Err(crate::Error::weights(what, &e)),
+        }
+    }
+
     /// [`Weights::load`], also returning the provenance stored in yolo9 safetensors metadata
     /// (`None` for other files).
     pub fn load_with_provenance(path: &Path) -> Result<(Self, Option<Provenance>)> {

@@ -47,7 +47,8 @@ pub struct TrainOptions {
     /// Dataset yaml (the command line's `--data`, optional with `--resume`).
     #[cfg_attr(feature = "cli", arg(skip))]
     pub data: PathBuf,
-    /// Initial weights (yolo9 safetensors or official .pt); omitted = from scratch.
+    /// Initial weights (yolo9 safetensors or official .pt; on the command line also the name of
+    /// an official checkpoint, e.g. gelan-c, fetched into the cache); omitted = from scratch.
     #[cfg_attr(feature = "cli", arg(long))]
     pub weights: Option<PathBuf>,
     /// Model to train: yolov9-t, yolov9-s, yolov9-m, yolov9-c, yolov9-e, or a model yaml in the
