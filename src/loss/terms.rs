@@ -23,7 +23,7 @@
 //! chained through `∂d_s/∂L_k = p_k·(k − d_s)`. The composite of candle ops it replaces
 //! ([`super::tal_loss`] with `YOLO9_FUSED_LOSS=0`) took about 260 launches per loss forward and
 //! more for its backward; this is one kernel forward (plus a reduction) and one backward on CUDA
-//! (`kernels/tal_terms.cu`), and the same arithmetic on the CPU. `tests/loss_batch.rs` checks it
+//! (`kernels/tal_terms.cu`), and the same arithmetic on the CPU. `tests/loss/batch.rs` checks it
 //! against the composite and against the official reference.
 
 use super::iou::IOU_EPS;

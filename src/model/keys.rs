@@ -5,7 +5,7 @@
 //! re-parameterization, `tools/reparameterization.ipynb`).
 //!
 //! The names and their order equal the official `model.state_dict().keys()` (checked against
-//! `../shared/reference/yolov9-s.state_dict.index.json` in `tests/convert.rs`): each `Conv`
+//! `../shared/reference/yolov9-s.state_dict.index.json` in `tests/model/convert.rs`): each `Conv`
 //! holds `conv.weight` and a BatchNorm (`bn.weight`, `bn.bias`, `bn.running_mean`,
 //! `bn.running_var`, `bn.num_batches_tracked`); the head holds `cv2…cv5` and the constant DFL
 //! kernels `dfl`/`dfl2`.

@@ -2,7 +2,7 @@
 //! made on the GPU machine by the official code (`.device/gen_arch.py` in the session's device
 //! scripts: each model built from its official yaml with seeded random weights, saved as an
 //! official checkpoint, with its eval forward on a seeded input and its state_dict summary), so
-//! it is `#[ignore]`d and run there with `YOLO9_ARCH_DIR=<folder> cargo test --test arch_parity
+//! it is `#[ignore]`d and run there with `YOLO9_ARCH_DIR=<folder> cargo test --test model arch_parity
 //! -- --ignored --nocapture`. On a `cuda` build it checks the GPU forward too (strict f32).
 
 use crate::common;

@@ -3,7 +3,7 @@
 //! training graph's main branch, the weights round-trip through a file with their model, and the
 //! taped reverse mode is exact on the blocks only the larger sizes use (ADown, CBLinear, CBFuse,
 //! Silence). Parity with the official code on the same weights runs on the GPU machine
-//! (`tests/arch_parity.rs`).
+//! (`tests/model/arch_parity.rs`).
 
 use crate::common;
 

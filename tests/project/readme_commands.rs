@@ -38,8 +38,8 @@ const RUN: &[&str] = &[
 
 const GPU: &str = "needs a CUDA GPU (--device 0)";
 const SYNOPSIS: &str = "a synopsis: [optional] parts and placeholders, not one command";
-const TRAINING: &str = "a full training run (hours on the CPU); tests/train_tiny.rs and \
-                        tests/train_guard.rs train tiny runs";
+const TRAINING: &str = "a full training run (hours on the CPU); tests/train/tiny.rs and \
+                        tests/train/guard.rs train tiny runs";
 const FRAGMENT: &str = "a fragment of a sentence whose data and weights the prose names";
 
 /// README commands that are not run here, with the reason.
@@ -47,7 +47,7 @@ const SKIPPED: &[(&str, &str)] = &[
     ("yolo9 train --data data.yaml", TRAINING),
     (
         "yolo9 export --weights yolov9-c.pt --dynamic",
-        "needs the official yolov9-c.pt (not shipped); tests/export_onnx.rs exports dynamic models",
+        "needs the official yolov9-c.pt (not shipped); tests/model/export_onnx.rs exports dynamic models",
     ),
     (
         "yolo9 export [--weights W] [--cfg M] [--img 640 | --img H W] [--batch 1 | --dynamic] [--half] [--nms [--conf 0.25] [--iou 0.45] [--max-det 300]] [--opset 17] [-o model.onnx]",
@@ -84,12 +84,12 @@ const SKIPPED: &[(&str, &str)] = &[
     ),
     (
         "yolo9 convert yolov9-s.pt",
-        "needs the official yolov9-s.pt (not shipped; tests/convert.rs converts it from \
+        "needs the official yolov9-s.pt (not shipped; tests/model/convert.rs converts it from \
          ../shared/reference)",
     ),
     (
         "yolo9 convert yolov9-s.pt -o w.safetensors --half --infer",
-        "needs the official yolov9-s.pt (not shipped; tests/convert.rs converts it from \
+        "needs the official yolov9-s.pt (not shipped; tests/model/convert.rs converts it from \
          ../shared/reference)",
     ),
     ("yolo9 train --cfg yolov9-c --data data.yaml --budget 8GiB", TRAINING),
@@ -97,7 +97,7 @@ const SKIPPED: &[(&str, &str)] = &[
     ("yolo9 train --cfg my-model.yaml --data data.yaml", TRAINING),
     (
         "yolo9 detect --weights yolov9-e-converted.pt img.jpg",
-        "needs the official yolov9-e-converted.pt (not shipped; tests/model_sizes.rs builds \
+        "needs the official yolov9-e-converted.pt (not shipped; tests/model/sizes.rs builds \
          every size)",
     ),
     (
@@ -111,12 +111,12 @@ const SKIPPED: &[(&str, &str)] = &[
     ("yolo9 serve --device 0", GPU),
     (
         "yolo9 detect 0",
-        "needs a webcam (and runs until Ctrl-C); tests/detect_stream.rs checks that a missing \
+        "needs a webcam (and runs until Ctrl-C); tests/detect/stream.rs checks that a missing \
          one is named",
     ),
     (
         "yolo9 detect rtsp://192.168.1.10:554/stream1 --vid-stride 2 --json",
-        "needs a camera's RTSP stream; tests/detect_stream.rs serves a stream on loopback",
+        "needs a camera's RTSP stream; tests/detect/stream.rs serves a stream on loopback",
     ),
     (
         "yolo9 train --data bccd/data.yaml --device 0 --batch 16 --epochs 50 --amp true|false --close-mosaic 10 --workers 8 --seed 0 --noplots",
@@ -278,7 +278,7 @@ fn every_readme_command_is_run_or_skipped_with_a_reason() {
     assert!(
         unlisted.is_empty(),
         "README commands neither run nor skipped with a reason (add them to RUN or SKIPPED in \
-         tests/readme_commands.rs):\n{}",
+         tests/project/readme_commands.rs):\n{}",
         unlisted.join("\n")
     );
     let stale: Vec<&str> = RUN

@@ -23,7 +23,7 @@
 //! another with each op spread over every thread.
 //!
 //! Results equal the candle forward to f32 rounding (another summation order: within 1e-5 of
-//! the output's largest value on the official oracle, `tests/cpu_engine.rs`) and do not depend
+//! the output's largest value on the official oracle, `tests/model/cpu_engine.rs`) and do not depend
 //! on the thread count, bit for bit (on the AVX-512 and AVX2 kernels).
 
 mod gemm;
