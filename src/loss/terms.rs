@@ -3,7 +3,7 @@
 //!
 //! [`branch_terms`] takes the branch's head output `flat` `(B, 64 + nc, A)` and the dense
 //! targets `(10, B, A)` of the assignment (weight, label, box xyxy, DFL distances; see
-//! `DenseTargets` in [`super::tal_loss`]) and returns the sums `(3,)`
+//! `DenseTargets` in [`super::targets`]) and returns the sums `(3,)`
 //! `[Σ (1 − CIoU)·w, Σ softplus(x) − x·t, Σ DFL·w]` over all anchors (and classes), in f64, as
 //! f32; the caller divides by the target-score sum. Per anchor (`w` the target score, `t` the
 //! one-hot label times `w`):

@@ -22,6 +22,10 @@
 use anyhow::{bail, ensure, Context, Result};
 use serde_yaml_ng::Value;
 
+/// Head strides in pixels (P3, P4, P5), the same for every supported model: [`Arch::from_yaml`]
+/// refuses a head at other strides.
+pub const STRIDES: [u32; 3] = [8, 16, 32];
+
 /// Where a layer's input comes from: the network input image, or the output of an earlier layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Src {
@@ -309,7 +313,7 @@ impl Arch {
             );
         }
         ensure!(
-            strides == crate::model::weights::STRIDES,
+            strides == STRIDES,
             "model yaml: head strides {strides:?}; yolo9 supports heads at strides [8, 16, 32] \
              (P3, P4, P5) only"
         );

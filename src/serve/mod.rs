@@ -55,7 +55,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::detect::detector::{Detection, Detector};
-use crate::detect::postprocess::NmsOptions;
+use crate::detect::nms::NmsOptions;
 
 /// Batching, limits and timeouts of the service.
 #[derive(Debug, Clone)]

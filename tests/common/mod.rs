@@ -31,7 +31,7 @@ pub fn case(name: &str) -> PathBuf {
 
 /// `shared/cases/<name>`, lexically normalized (the yaml loader reports normalized paths).
 pub fn case_dir(name: &str) -> PathBuf {
-    yolo9::data::yaml::normalize(&case(name))
+    yolo9::data::fsio::normalize(&case(name))
 }
 
 /// Copies the folder tree `from` to `to`, every copied file and folder writable (the source may

@@ -3,6 +3,7 @@ use image::{Rgb, RgbImage};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use yolo9::data::augment::*;
+use yolo9::data::warp::PAD_GREY;
 
 /// A grey image with one coloured rectangle [x1,y1,x2,y2) and its label.
 fn with_box(w: u32, h: u32, b: [u32; 4], color: [u8; 3], cls: u32) -> SourceImage {

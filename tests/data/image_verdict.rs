@@ -145,7 +145,7 @@ fn scan_and_detect_agree_on_every_variant() {
     expect_ok.sort();
     let expect: Vec<PathBuf> = expect_ok
         .iter()
-        .map(|p| yolo9::data::yaml::normalize(p))
+        .map(|p| yolo9::data::fsio::normalize(p))
         .collect();
     assert_eq!(
         kept,

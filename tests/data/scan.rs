@@ -399,7 +399,7 @@ fn extensions_case_and_mismatch() {
 
 #[test]
 fn bccd_real_dataset() {
-    let yaml = yolo9::data::yaml::normalize(&common::shared_dir()).join("datasets/bccd/data.yaml");
+    let yaml = yolo9::data::fsio::normalize(&common::shared_dir()).join("datasets/bccd/data.yaml");
     let cfg = DataConfig::load(&yaml).unwrap();
     assert_eq!(cfg.names, vec!["RBC", "WBC", "Platelets"]);
     let mut all = Vec::new();

@@ -286,7 +286,7 @@ fn roboflow_dot_dot_paths() {
     )
     .unwrap();
     let cfg = DataConfig::load(&dir.join("data.yaml")).unwrap();
-    let root = yolo9::data::yaml::normalize(&dir);
+    let root = yolo9::data::fsio::normalize(&dir);
     assert_eq!(cfg.train, vec![root.join("train/images")]);
     assert_eq!(cfg.val, vec![root.join("valid/images")]);
     assert_eq!(cfg.notices.len(), 2, "{:?}", cfg.notices);

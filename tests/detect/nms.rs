@@ -6,10 +6,9 @@ use crate::common;
 use candle_core::{Device, Tensor};
 use std::collections::HashMap;
 use yolo9::detect::device_nms;
-use yolo9::detect::nms::{batched_nms, nms};
+use yolo9::detect::nms::{batched_nms, nms, nms_image, NmsOptions, Row};
 use yolo9::detect::postprocess::{
-    filtered_candidates, host_candidates, nms_image, non_max_suppression, scale_boxes, NmsOptions,
-    Row,
+    filtered_candidates, host_candidates, non_max_suppression, scale_boxes,
 };
 
 fn load(name: &str) -> HashMap<String, Tensor> {

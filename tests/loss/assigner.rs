@@ -498,7 +498,7 @@ fn fast_assignment_equals_the_reference_on_random_batches() {
 #[test]
 fn assign_op_on_the_cpu_is_the_host_assigner() {
     use yolo9::loss::assign_op::{assign_dense, planes_to_assignment, ScoreLayout};
-    use yolo9::loss::tal_loss::bbox2dist;
+    use yolo9::loss::targets::bbox2dist;
     let t = load_case();
     let (nc, na) = (80usize, 420usize);
     let anchors = Anchors::new(&[(16, 20), (8, 10), (4, 5)], &[8, 16, 32]).unwrap();

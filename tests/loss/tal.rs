@@ -4,8 +4,9 @@
 use candle_core::{DType, Device, Tensor, Var};
 use yolo9::loss::iou::{atan_with_grad, box_iou, ciou_tensor, ciou_xyxy};
 use yolo9::loss::tal_loss::{
-    bbox2dist, bce_with_logits, dfl_expectation, dfl_loss, targets_tensor, DualTalLoss, REG_MAX,
+    bce_with_logits, dfl_expectation, dfl_loss, targets_tensor, DualTalLoss, REG_MAX,
 };
+use yolo9::loss::targets::bbox2dist;
 use yolo9::loss::Anchors;
 
 fn close(a: f64, b: f64, tol: f64) -> bool {

@@ -3,8 +3,9 @@
 use crate::common;
 
 use serde_json::Value;
+use yolo9::boxes::box_iou;
 use yolo9::metrics::ap::{
-    box_iou, compute_ap, fmt_g3, iou_thresholds, process_batch, smooth, ValStats, N_IOU,
+    compute_ap, fmt_g3, iou_thresholds, process_batch, smooth, ValStats, N_IOU,
 };
 
 fn load_case() -> Value {

@@ -235,7 +235,7 @@ fn converted_checkpoint_and_infer_mapping_match_official() {
     assert_eq!(ours.parameter_count(), 7_226_208);
     let idx: HashMap<String, IndexEntry> = index().into_iter().collect();
     let mut checked = 0;
-    let map = keys::NameMap::train_to_infer(&default_arch(Graph::Train));
+    let map = yolo9::model::rename::NameMap::train_to_infer(&default_arch(Graph::Train));
     for train_name in keys::state_dict_names(&default_arch(Graph::Train)).unwrap() {
         if let Some(infer_name) = map.map(&train_name) {
             let t = &ours.tensors[&infer_name];

@@ -142,7 +142,7 @@ fn parameter_counts_equal_the_official_model_summaries() {
 fn taped_backward_is_exact_on_adown_cblinear_cbfuse() -> anyhow::Result<()> {
     use yolo9::loss::tal_loss::targets_tensor;
     use yolo9::loss::DualTalLoss;
-    use yolo9::model::weights::STRIDES;
+    use yolo9::model::arch::STRIDES;
     let yaml = "
 backbone:
   - [-1, 1, Silence, []]

@@ -326,7 +326,7 @@ fn eval_forward_of_training_graph_records_no_autograd_graph() {
 fn taped_backward_equals_candle_autograd_on_the_training_graph() -> anyhow::Result<()> {
     use yolo9::loss::tal_loss::targets_tensor;
     use yolo9::loss::DualTalLoss;
-    use yolo9::model::weights::STRIDES;
+    use yolo9::model::arch::STRIDES;
     let dev = Device::Cpu;
     let plain = YoloV9Train::new(None, 3, Vec::new(), &dev, 5)?;
     let taped = YoloV9Train::new(None, 3, Vec::new(), &dev, 5)?;

@@ -211,7 +211,7 @@ fn hyp_yaml_reads_augmentation_keys() -> anyhow::Result<()> {
 fn sgd_step_on_the_training_graph_lowers_the_loss() -> anyhow::Result<()> {
     use yolo9::loss::tal_loss::targets_tensor;
     use yolo9::loss::DualTalLoss;
-    use yolo9::model::weights::STRIDES;
+    use yolo9::model::arch::STRIDES;
     use yolo9::model::YoloV9Train;
     let dev = Device::Cpu;
     let model = YoloV9Train::new(None, 3, Vec::new(), &dev, 7)?;
