@@ -569,6 +569,8 @@ fn row_module(row: &Value) -> String {
 }
 
 /// Resolves row `i` against the layers before it (official `parse_model`).
+// One piece: the row's fields and helpers, then one match arm per module kind, as the official
+// `parse_model` is one if-chain over module names; the arms share the helpers' closures.
 fn resolve_row(i: usize, row: &Value, prev: &[Layer], gd: f64, gw: f64) -> Result<Layer> {
     let r = row
         .as_sequence()
