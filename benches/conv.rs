@@ -19,8 +19,8 @@ use candle_core::{DType, Device, Tensor, Var};
 use std::time::Instant;
 use yolo9::cuda::conv::{
     conv2d as cudnn_conv2d, set_algo_search, AlgoSearch, Conv2dBwdData, Conv2dBwdFilter,
-    Conv2dParams,
 };
+use yolo9::cuda::conv_params::Conv2dParams;
 
 #[derive(Clone, Copy)]
 struct Case {

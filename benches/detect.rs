@@ -136,7 +136,8 @@ fn main() -> Result<()> {
         // the CPU) against the candidate copy + host NMS (`YOLO9_GPU_NMS=0`); same rows.
         if !dev.is_cpu() && !batch_only {
             use yolo9::detect::device_nms::batch_nms;
-            use yolo9::detect::postprocess::{host_candidates, nms_image, NmsOptions};
+            use yolo9::detect::nms::{nms_image, NmsOptions};
+            use yolo9::detect::postprocess::host_candidates;
             let y = det.infer_tensor(&x)?;
             let nc = y.dim(1)? - 4;
             let val = NmsOptions {

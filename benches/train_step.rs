@@ -29,7 +29,7 @@ use yolo9::device::{parse_device, select};
 use yolo9::loss::tal_loss::targets_tensor;
 use yolo9::loss::DualTalLoss;
 use yolo9::memory::MemoryProbe;
-use yolo9::model::weights::STRIDES;
+use yolo9::model::arch::STRIDES;
 use yolo9::model::YoloV9Train;
 use yolo9::train::ema::Ema;
 use yolo9::train::graphed::{self, StepGraphs};

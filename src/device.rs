@@ -169,7 +169,9 @@ pub fn available_devices() -> Vec<String> {
 
 /// [`select`], and for [`DeviceSpec::Auto`] the line saying which device it picked
 /// ([`auto_notice`]), for the caller to show: how every subcommand opens its `--device`.
-pub fn open(spec: DeviceSpec) -> std::result::Result<(Device, Option<String>), crate::Error> {
+pub fn open(
+    spec: DeviceSpec,
+) -> std::result::Result<(Device, Option<String>), crate::error::Error> {
     let d = select(spec)?;
     let notice = (spec == DeviceSpec::Auto).then(|| auto_notice(&d));
     Ok((d, notice))
@@ -177,9 +179,9 @@ pub fn open(spec: DeviceSpec) -> std::result::Result<(Device, Option<String>), c
 
 /// Opens the device. Errors: a CUDA device in a build without the `cuda` feature (the message
 /// says how to rebuild), or a CUDA ordinal that does not exist (the message lists the available
-/// devices); both are [`crate::Error::Device`].
-pub fn select(spec: DeviceSpec) -> std::result::Result<Device, crate::Error> {
-    select_inner(spec).map_err(|e| crate::Error::Device(format!("{e:#}")))
+/// devices); both are [`crate::error::Error::Device`].
+pub fn select(spec: DeviceSpec) -> std::result::Result<Device, crate::error::Error> {
+    select_inner(spec).map_err(|e| crate::error::Error::Device(format!("{e:#}")))
 }
 
 fn select_inner(spec: DeviceSpec) -> Result<Device> {

@@ -15,7 +15,7 @@
 //!   2545 and 2638 bytes per pixel per image (a second run: 2638 and 2543);
 //!   [`TRAIN_BYTES_PER_PIXEL`] = 2000 is below every point.
 //!
-//! (2 cores, 23 GiB, 2026-12-02; `cargo test --test footprint_floor -- --ignored --nocapture`
+//! (2 cores, 23 GiB, 2026-12-02; `cargo test --test memory footprint_floor -- --ignored --nocapture`
 //! re-measures them and asserts they are floors.)
 //!
 //! The check is deliberately conservative: the constants are floors for the smallest model

@@ -34,6 +34,7 @@
 //!   custom ops.
 #![warn(missing_docs)]
 
+pub mod boxes;
 pub mod budget;
 pub mod cancel;
 #[cfg(feature = "cli")]

@@ -857,7 +857,7 @@ fn mixed_precision_step_of_a_trained_model_follows_f32() {
 /// CPU, asserted bit-equal; returns the GPU rows.
 fn nms_gpu_equals_cpu(
     pred: &Tensor,
-    o: &yolo9::detect::postprocess::NmsOptions,
+    o: &yolo9::detect::nms::NmsOptions,
     xyxy: bool,
     what: &str,
 ) -> Vec<Vec<[f32; 7]>> {
@@ -880,7 +880,7 @@ fn nms_gpu_equals_cpu(
 
 #[test]
 fn nms_kernel_equals_host_nms() {
-    use yolo9::detect::postprocess::NmsOptions;
+    use yolo9::detect::nms::NmsOptions;
     // torchvision's cases as box lists (keep indices = anchors of the kept rows).
     let t =
         candle_core::safetensors::load(common::reference("nms_cases.safetensors"), &Device::Cpu)

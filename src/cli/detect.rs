@@ -24,8 +24,9 @@
 //! `crate::detect::stream`.
 use crate::data::image::load_rgb8;
 use crate::detect::config::DetectorConfig;
-use crate::detect::detector::{round_img_size, Detector};
+use crate::detect::detector::Detector;
 use crate::detect::draw::{canvas_for, draw_detections};
+use crate::detect::letterbox::round_img_size;
 pub use crate::detect::output::{annotated_name, count_summary, fmt_g, label_line, unique_stems};
 use crate::detect::output::{Item, SinkOptions, Sinks};
 use crate::detect::source::{expand_sources, Sources};
@@ -138,13 +139,13 @@ pub const BUILTIN_LABEL: &str = "built-in/yolov9-s-bccd.safetensors";
 impl WeightsArgs {
     /// The weights these arguments name, loaded ([`resolve_weights`], [`load_weights`]):
     /// `(path, weights)`; for the built-in weights the path is [`BUILTIN_LABEL`] (no file).
-    pub fn load(&self) -> Result<(PathBuf, crate::Weights)> {
+    pub fn load(&self) -> Result<(PathBuf, crate::model::weights::Weights)> {
         self.load_resolved(resolve_weights(self.weights.as_deref())?)
     }
 
     /// [`WeightsArgs::load`] of what [`resolve_weights`] returned (a command resolves first,
     /// opens its device, then loads).
-    pub fn load_resolved(&self, resolved: Option<PathBuf>) -> Result<(PathBuf, crate::Weights)> {
+    pub fn load_resolved(&self, resolved: Option<PathBuf>) -> Result<(PathBuf, crate::model::weights::Weights)> {
         match resolved {
             Some(p) => {
                 let w = load_weights(&p, self.cfg.as_deref())?;
@@ -161,9 +162,9 @@ impl WeightsArgs {
 /// The built-in weights (feature `builtin-weights`, which `cli` enables), as the model `cfg` names
 /// when given; prints the one line that says the built-in model runs
 /// ([`crate::hub::BUILTIN_NOTE`]).
-fn builtin_weights(cfg: Option<&str>) -> Result<crate::Weights> {
+fn builtin_weights(cfg: Option<&str>) -> Result<crate::model::weights::Weights> {
     eprintln!("{}", crate::hub::BUILTIN_NOTE);
-    let w = crate::Weights::builtin()?;
+    let w = crate::model::weights::Weights::builtin()?;
     match cfg {
         None => Ok(w),
         Some(c) => {
@@ -174,12 +175,13 @@ fn builtin_weights(cfg: Option<&str>) -> Result<crate::Weights> {
     }
 }
 
-/// Loads `path` ([`crate::Weights::load`]) as the model `cfg` names when given (`--cfg`: a
-/// built-in name such as `yolov9-c`, or a model yaml; see [`crate::Weights::with_arch`]), else as
+/// Loads `path` ([`crate::model::weights::Weights::load`]) as the model `cfg` names when given (`--cfg`: a
+/// built-in name such as `yolov9-c`, or a model yaml; see [`crate::model::weights::Weights::with_arch`]), else as
 /// the model its keys or metadata say. Errors name the file and, with `--cfg`, the first tensor
 /// that does not fit.
-pub fn load_weights(path: &Path, cfg: Option<&str>) -> Result<crate::Weights> {
-    let w = crate::Weights::load(path).with_context(|| format!("--weights {}", path.display()))?;
+pub fn load_weights(path: &Path, cfg: Option<&str>) -> Result<crate::model::weights::Weights> {
+    let w = crate::model::weights::Weights::load(path)
+        .with_context(|| format!("--weights {}", path.display()))?;
     match cfg {
         None => Ok(w),
         Some(c) => {
@@ -554,7 +556,7 @@ fn frame_outputs(
     sinks: &mut Sinks,
     (source, stem, frame): (&str, &str, u64),
     img: image::RgbImage,
-    dets: &[crate::Detection],
+    dets: &[crate::detect::detector::Detection],
     writer: Option<&mut crate::detect::video::FrameWriter>,
 ) -> Result<()> {
     let item = Item {

@@ -21,7 +21,7 @@ pub struct ConvertOptions {
     /// Store floating-point tensors as f16 (the loader upcasts to f32).
     pub half: bool,
     /// Keep only the inference graph (the main branch: gelan-* layout, see
-    /// [`keys::NameMap::train_to_infer`]).
+    /// [`crate::model::rename::NameMap::train_to_infer`]).
     pub infer: bool,
     /// The model the checkpoint must be (`--cfg`; [`Weights::with_arch`]) instead of the one
     /// recognised from its keys; a checkpoint that is not that model is refused, naming the first

@@ -12,7 +12,7 @@
 //! be read or written only costs the timing: the search then runs as without a cache, with one
 //! warning.
 
-use super::conv::Conv2dParams;
+use super::conv_params::Conv2dParams;
 use candle_core::DType;
 use std::collections::HashMap;
 use std::io::Write;

@@ -25,6 +25,7 @@ pub mod atan;
 pub mod bias_act;
 pub mod bn_act;
 pub mod conv;
+pub mod conv_params;
 pub mod dfl;
 pub mod graph;
 pub mod nms;

@@ -26,13 +26,10 @@
 //! final labels are normalized `cx, cy, w, h` ([`Augmented::labels`]). All randomness comes from
 //! the caller's RNG, so a sample is reproducible from its seed whatever thread runs it.
 
-use crate::data::warp::{mosaic_placements, warp_tiles, CanvasTile, Placement};
+use crate::data::warp::{mosaic_placements, warp_tiles, Affine, CanvasTile, Placement, PAD_GREY};
 use image::{imageops, Rgb, RgbImage};
 use rand::Rng;
 use rand_distr::{Beta, Distribution};
-
-/// Grey used for padding and for the area outside warped images (official 114).
-pub const PAD_GREY: u8 = 114;
 
 /// One object box: class and `[x1, y1, x2, y2]` in pixels.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -212,9 +209,6 @@ pub fn mosaic_boxes(images: [&SourceImage; 4], places: &[Placement; 4], s: u32) 
     }
     boxes
 }
-
-/// A 2×3 affine matrix `[a b c; d e f]` mapping source pixels to output pixels.
-pub type Affine = [[f64; 3]; 2];
 
 /// Draws the official `random_perspective` affine (without perspective): centre, rotate/scale,
 /// shear, translate, for an input of `in_w × in_h` and an output of

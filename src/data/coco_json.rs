@@ -310,7 +310,7 @@ pub fn image_candidates(json: &Path, file_name: &str) -> Vec<PathBuf> {
         }
     }
     out.into_iter()
-        .map(|p| super::yaml::normalize(&p))
+        .map(|p| super::fsio::normalize(&p))
         .collect()
 }
 

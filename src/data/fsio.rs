@@ -204,3 +204,23 @@ pub fn summarize_skipped(skipped: &[(PathBuf, String)], shown: usize) -> String 
     }
     s
 }
+
+/// Lexical normalization: drops `.` and resolves `..` against the preceding component, without
+/// touching the file system (so a missing path can still be shown in absolute form).
+pub fn normalize(p: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for c in p.components() {
+        match c {
+            std::path::Component::CurDir => {}
+            std::path::Component::ParentDir => {
+                if out.file_name().is_some() {
+                    out.pop();
+                } else if !out.has_root() {
+                    out.push("..");
+                }
+            }
+            other => out.push(other),
+        }
+    }
+    out
+}

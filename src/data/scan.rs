@@ -233,13 +233,20 @@ pub fn scan_split(cfg: &DataConfig, split: Split, opts: &ScanOptions) -> Result<
             .and_then(|img| cache_path_for(&label_path_for(img))),
     };
     let class_ids = cfg.coco.as_ref().map(|c| c.ids.as_slice()).unwrap_or(&[]);
-    let key = scan_key(&images, cfg.nc, &jsons, class_ids);
+    let key = scan_key(
+        SCAN_VERSION,
+        &images,
+        cfg.nc,
+        &jsons,
+        class_ids,
+        label_path_for,
+    );
 
     let mut cache_status = CacheStatus::Disabled;
     let mut loaded = None;
     if opts.use_cache {
         if let Some(cp) = &cache_path {
-            if let Some(c) = read_cache(cp, &key) {
+            if let Some(c) = read_cache::<ImageRecord, ScanCounts>(cp, SCAN_VERSION, &key) {
                 loaded = Some((c.records, c.issues, c.counts));
                 cache_status = CacheStatus::Loaded(cp.clone());
             }

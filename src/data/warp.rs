@@ -25,9 +25,14 @@
 //! canvas) a pixel differs by at most 1 grey level (coordinate error ≤ 2⁻¹² px per axis, so
 //! ≤ 0.13 level before rounding). OpenCV itself quantizes to 1/32 pixel with 15-bit weights.
 
-use crate::data::augment::{Affine, PAD_GREY};
 use image::RgbImage;
 use std::cell::RefCell;
+
+/// Grey used for padding and for the area outside warped images (official 114).
+pub const PAD_GREY: u8 = 114;
+
+/// A 2×3 affine matrix `[a b c; d e f]` mapping source pixels to output pixels.
+pub type Affine = [[f64; 3]; 2];
 
 /// Where one source image lands on the mosaic canvas (official `load_mosaic`'s
 /// `img4[y1a:y2a, x1a:x2a] = img[y1b:y2b, x1b:x2b]`). All in pixels.

@@ -25,10 +25,11 @@
 //!
 //! Other keys (`download`, ...) are ignored.
 
+use super::fsio::normalize;
 use crate::model::weights::MAX_CLASSES;
 use anyhow::{bail, Context, Result};
 use serde_yaml_ng::Value;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 /// File extensions (lower case) accepted as images when a split is a directory. Compared
 /// case-insensitively; the decoder is still chosen by content, not by extension.
@@ -458,24 +459,4 @@ pub fn absolute(p: &Path) -> Result<PathBuf> {
     let abs =
         std::path::absolute(p).with_context(|| format!("cannot make {} absolute", p.display()))?;
     Ok(normalize(&abs))
-}
-
-/// Lexical normalization: drops `.` and resolves `..` against the preceding component, without
-/// touching the file system (so a missing path can still be shown in absolute form).
-pub fn normalize(p: &Path) -> PathBuf {
-    let mut out = PathBuf::new();
-    for c in p.components() {
-        match c {
-            Component::CurDir => {}
-            Component::ParentDir => {
-                if out.file_name().is_some() {
-                    out.pop();
-                } else if !out.has_root() {
-                    out.push("..");
-                }
-            }
-            other => out.push(other),
-        }
-    }
-    out
 }

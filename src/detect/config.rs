@@ -4,8 +4,8 @@
 //! detect` and `yolo9 serve` derive their flags from it (feature `cli`), so each default exists
 //! once. [`DetectorConfig::validate`] checks it when a detector is built, not on every call.
 
-use crate::detect::postprocess::NmsOptions;
-use crate::Error;
+use crate::detect::nms::NmsOptions;
+use crate::error::Error;
 use candle_core::{DType, Device};
 use serde::{Deserialize, Serialize};
 
@@ -13,12 +13,9 @@ use serde::{Deserialize, Serialize};
 pub mod defaults {
     /// Inference size, pixels (`--img 640`).
     pub const IMG: u32 = 640;
-    /// Confidence threshold (`--conf-thres 0.25`).
-    pub const CONF: f32 = 0.25;
-    /// NMS IoU threshold (`--iou-thres 0.45`).
-    pub const IOU: f64 = 0.45;
-    /// Detections kept per image (`--max-det 1000`).
-    pub const MAX_DET: usize = 1000;
+    /// The NMS defaults (`--conf-thres 0.25`, `--iou-thres 0.45`, `--max-det 1000`), owned by
+    /// [`crate::detect::nms::NmsOptions`].
+    pub use crate::detect::nms::defaults::{CONF, IOU, MAX_DET};
 }
 
 /// Most CPU threads a detector accepts ([`DetectorConfig::threads`]).
@@ -168,7 +165,7 @@ impl DetectorConfig {
 ///
 /// Errors: [`Error::InvalidOption`] for 0 or more than [`MAX_IMG_SIZE`].
 pub fn effective_img_size(img_size: u32) -> Result<u32, Error> {
-    crate::detect::detector::round_img_size(img_size)
+    crate::detect::letterbox::round_img_size(img_size)
         .filter(|&s| s <= MAX_IMG_SIZE)
         .ok_or_else(|| {
             Error::InvalidOption(format!(

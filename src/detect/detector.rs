@@ -14,10 +14,11 @@
 //! # Ok::<(), yolo9::Error>(())
 //! ```
 use crate::detect::config::DetectorConfig;
-use crate::detect::letterbox::{apply_letterbox, letterbox_info, to_tensor, LetterboxInfo};
-use crate::detect::postprocess::{non_max_suppression, scale_rows, NmsOptions, Row};
+use crate::detect::letterbox::{apply_letterbox, letterbox_info, to_tensor, LetterboxInfo, STRIDE};
+use crate::detect::nms::{NmsOptions, Row};
+use crate::detect::postprocess::{non_max_suppression, scale_rows};
+use crate::error::Error;
 use crate::model::weights::ModelMeta;
-use crate::Error;
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Tensor};
 use image::{DynamicImage, RgbImage};
@@ -62,9 +63,6 @@ fn out<T>(r: Result<T>) -> Out<T> {
     r.map_err(Error::from)
 }
 
-/// The network stride used for letterbox padding and size rounding.
-pub const STRIDE: u32 = 32;
-
 /// A loaded YOLOv9 model ready for inference. `Send + Sync`: share one `Arc<Detector>` between
 /// threads; every call is independent.
 pub struct Detector {
@@ -81,15 +79,6 @@ impl std::fmt::Debug for Detector {
             .field("names", &self.model.meta().names)
             .finish()
     }
-}
-
-/// Rounds an image size up to a multiple of [`STRIDE`] (official `check_img_size`); returns
-/// `None` for 0.
-pub fn round_img_size(size: u32) -> Option<u32> {
-    if size == 0 {
-        return None;
-    }
-    size.checked_add(STRIDE - 1).map(|s| s / STRIDE * STRIDE)
 }
 
 impl Detector {

@@ -1,5 +1,5 @@
 //! NMS of a whole batch as one op on the output's device: the official `non_max_suppression`
-//! (what [`super::postprocess::nms_image`] does per image on the host) for every image of a
+//! (what [`super::nms::nms_image`] does per image on the host) for every image of a
 //! decoded output `(B, 4+nc, A)`, so that on a GPU only the kept rows cross to the host.
 //!
 //! On CUDA the op is one kernel launch for the batch (`kernels/nms.cu`, one thread block per
@@ -11,7 +11,7 @@
 //! every device but the CPU; `YOLO9_GPU_NMS=0` falls back to the host NMS after a device-side
 //! candidate filter ([`super::postprocess::host_candidates`]).
 
-use super::postprocess::{nms_image_anchored, NmsOptions, Row};
+use super::nms::{nms_image_anchored, NmsOptions, Row};
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp1, DType, Error, Layout, Result, Shape, Tensor};
 
@@ -33,7 +33,7 @@ pub struct BatchNms {
 
 /// Kept rows of every image of `pred` `(B, 4+nc, A)` (any float dtype, any device) with the
 /// official NMS: on the output's device with one launch, then one copy of the kept rows. Same
-/// result as [`super::postprocess::nms_image`] on each image.
+/// result as [`super::nms::nms_image`] on each image.
 ///
 /// Errors: `pred` not `(B, 4+nc, A)` with nc ≥ 1, `max_det` 0, or a failed device operation.
 pub fn batch_nms(pred: &Tensor, opts: &NmsOptions) -> Result<Vec<Vec<Row>>> {
@@ -134,7 +134,7 @@ impl CustomOp1 for BatchNms {
             agnostic: o.agnostic,
             xyxy: self.xyxy,
             max_det: o.max_det,
-            max_nms: super::postprocess::MAX_NMS,
+            max_nms: super::nms::MAX_NMS,
             class_ok,
         };
         crate::cuda::nms::nms(s, l, &args)

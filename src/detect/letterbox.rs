@@ -19,6 +19,18 @@ use anyhow::{bail, Result};
 use candle_core::{Device, Tensor};
 use image::RgbImage;
 
+/// The network stride used for letterbox padding and size rounding.
+pub const STRIDE: u32 = 32;
+
+/// Rounds an image size up to a multiple of [`STRIDE`] (official `check_img_size`); returns
+/// `None` for 0.
+pub fn round_img_size(size: u32) -> Option<u32> {
+    if size == 0 {
+        return None;
+    }
+    size.checked_add(STRIDE - 1).map(|s| s / STRIDE * STRIDE)
+}
+
 /// Grey level of the letterbox padding (official value).
 pub const PAD_VALUE: u8 = 114;
 

@@ -6,7 +6,7 @@
 //! every layer op ([`crate::model::trace`]); [`onnx`] writes one ONNX node (or a few) per
 //! recorded op, then the head's decode ([`crate::model::head::decode`]: DFL, anchors, boxes in
 //! input pixels, sigmoid scores) and, with [`NmsExport`], the official NMS as ONNX
-//! `NonMaxSuppression` (an end-to-end model). `tests/export_onnx.rs` runs the written file in
+//! `NonMaxSuppression` (an end-to-end model). `tests/model/export_onnx.rs` runs the written file in
 //! tract (a pure-Rust ONNX runtime) against [`crate::model::YoloV9::forward`].
 //!
 //! - [`onnx_pb`]: the protobuf messages of `onnx.proto` used (prost does the encoding).

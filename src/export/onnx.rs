@@ -25,8 +25,8 @@ use super::onnx_pb::{
 use super::{ExportOptions, NmsExport};
 use crate::model::head::REG_MAX;
 use crate::model::trace::TracedOp;
+use crate::model::weights::Weights;
 use crate::model::{YoloV9, STRIDES};
-use crate::Weights;
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Tensor, TensorId};
 use std::collections::HashMap;

@@ -139,14 +139,14 @@ pub enum HubError {
     },
 }
 
-impl From<HubError> for crate::Error {
+impl From<HubError> for crate::error::Error {
     fn from(e: HubError) -> Self {
         let path = match &e {
             HubError::HashMismatch { path, .. } | HubError::Cache { path, .. } => path.clone(),
             HubError::Offline { place, .. } => place.clone(),
             _ => PathBuf::new(),
         };
-        crate::Error::Weights {
+        crate::error::Error::Weights {
             path,
             message: e.to_string(),
         }
@@ -513,9 +513,9 @@ impl Weights {
     /// `.pt` accepted), from the cache or downloaded, verified and cached first (see the module
     /// docs; options from the environment, [`HubOptions::from_env`]).
     ///
-    /// Errors: [`crate::Error::Weights`] with the one-line [`HubError`] text (an unknown name
+    /// Errors: [`crate::error::Error::Weights`] with the one-line [`HubError`] text (an unknown name
     /// lists the published ones; offline names the file to place and where).
-    pub fn named(name: &str) -> Result<Weights, crate::Error> {
+    pub fn named(name: &str) -> Result<Weights, crate::error::Error> {
         let opts = HubOptions::from_env()?;
         Self::named_with(name, &opts)
     }
@@ -523,7 +523,7 @@ impl Weights {
     /// [`Weights::named`] with explicit options.
     ///
     /// Errors: as [`Weights::named`].
-    pub fn named_with(name: &str, opts: &HubOptions) -> Result<Weights, crate::Error> {
+    pub fn named_with(name: &str, opts: &HubOptions) -> Result<Weights, crate::error::Error> {
         let path = fetch_name(name, opts)?;
         Weights::load(&path)
     }
@@ -534,7 +534,7 @@ impl Weights {
     /// Errors: none in practice (the bytes are checked when the crate is tested); kept as a
     /// `Result` because loading checks them.
     #[cfg(feature = "builtin-weights")]
-    pub fn builtin() -> Result<Weights, crate::Error> {
+    pub fn builtin() -> Result<Weights, crate::error::Error> {
         Weights::from_bytes(builtin_bytes(), "built-in yolov9-s-bccd")
     }
 }
@@ -548,7 +548,7 @@ impl crate::detect::detector::Detector {
         name: &str,
         device: candle_core::Device,
         config: crate::DetectorConfig,
-    ) -> Result<Self, crate::Error> {
+    ) -> Result<Self, crate::error::Error> {
         let w = Weights::named(name)?;
         Self::with_weights(&w, device, config)
     }

@@ -20,7 +20,7 @@ use candle_core::{CpuStorage, CustomOp2, DType, Layout, Shape, Tensor};
 
 use super::anchors::Anchors;
 use super::assigner::{AssignerInput, Assignment, GtBatch, Scores, TaskAlignedAssigner};
-use super::tal_loss::{expand_fg_rows, fg_rows};
+use super::targets::{expand_fg_rows, fg_rows};
 
 /// Number of planes of the op's output.
 pub const PLANES: usize = 11;

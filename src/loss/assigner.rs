@@ -553,7 +553,7 @@ impl TaskAlignedAssigner {
         };
         // The same rules on the positives only (no (GT x anchor) mask, predicted boxes prepared
         // only where a CIoU is needed): what `assign` runs. `run_image` above, which also fills
-        // the full diagnostic arrays, is the reference; `tests/loss_assigner.rs` compares both.
+        // the full diagnostic arrays, is the reference; `tests/loss/assigner.rs` compares both.
         let run_image_fast = |b: usize| -> (Assignment, Option<AssignerDiagnostics>) {
             let gts: Vec<CiouBox> = gt.bboxes[b * m..(b + 1) * m]
                 .iter()

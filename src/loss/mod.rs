@@ -13,6 +13,7 @@ pub mod assign_op;
 pub mod assigner;
 pub mod iou;
 pub mod tal_loss;
+pub mod targets;
 pub mod terms;
 
 pub use anchors::Anchors;

@@ -3,7 +3,7 @@
 //!
 //! [`branch_terms`] takes the branch's head output `flat` `(B, 64 + nc, A)` and the dense
 //! targets `(10, B, A)` of the assignment (weight, label, box xyxy, DFL distances; see
-//! `DenseTargets` in [`super::tal_loss`]) and returns the sums `(3,)`
+//! `DenseTargets` in [`super::targets`]) and returns the sums `(3,)`
 //! `[Σ (1 − CIoU)·w, Σ softplus(x) − x·t, Σ DFL·w]` over all anchors (and classes), in f64, as
 //! f32; the caller divides by the target-score sum. Per anchor (`w` the target score, `t` the
 //! one-hot label times `w`):
@@ -23,7 +23,7 @@
 //! chained through `∂d_s/∂L_k = p_k·(k − d_s)`. The composite of candle ops it replaces
 //! ([`super::tal_loss`] with `YOLO9_FUSED_LOSS=0`) took about 260 launches per loss forward and
 //! more for its backward; this is one kernel forward (plus a reduction) and one backward on CUDA
-//! (`kernels/tal_terms.cu`), and the same arithmetic on the CPU. `tests/loss_batch.rs` checks it
+//! (`kernels/tal_terms.cu`), and the same arithmetic on the CPU. `tests/loss/batch.rs` checks it
 //! against the composite and against the official reference.
 
 use super::iou::IOU_EPS;

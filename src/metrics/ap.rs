@@ -15,6 +15,7 @@
 //! interpolated at 101 recall points with the official sentinels (pycocotools matches greedily by
 //! score, with `maxDets`).
 
+use crate::boxes::box_iou;
 use std::fmt::Write as _;
 
 /// Number of IoU thresholds (0.50:0.05:0.95).
@@ -34,17 +35,6 @@ pub fn iou_thresholds() -> [f32; N_IOU] {
         };
     }
     t
-}
-
-/// IoU of two `[x1, y1, x2, y2]` boxes (pixels or any common unit), in f32 with the official
-/// operation order of `utils.metrics.box_iou`: `inter / (area1 + area2 - inter + 1e-7)`.
-pub fn box_iou(a: &[f32; 4], b: &[f32; 4]) -> f32 {
-    let iw = (a[2].min(b[2]) - a[0].max(b[0])).max(0.0);
-    let ih = (a[3].min(b[3]) - a[1].max(b[1])).max(0.0);
-    let inter = iw * ih;
-    let area1 = (a[2] - a[0]) * (a[3] - a[1]);
-    let area2 = (b[2] - b[0]) * (b[3] - b[1]);
-    inter / (area1 + area2 - inter + 1e-7f32)
 }
 
 /// The official `val_dual.process_batch`: which detections are true positives at each IoU threshold.

@@ -8,7 +8,7 @@
 //! at `[predicted class, true class]`, else at `[background, true class]` (missed); an unmatched
 //! detection counts at `[predicted class, background]`.
 
-use super::ap::box_iou;
+use crate::boxes::box_iou;
 
 /// Confusion matrix counts of a validation run.
 #[derive(Debug, Clone, PartialEq)]

@@ -22,6 +22,10 @@
 use anyhow::{bail, ensure, Context, Result};
 use serde_yaml_ng::Value;
 
+/// Head strides in pixels (P3, P4, P5), the same for every supported model: [`Arch::from_yaml`]
+/// refuses a head at other strides.
+pub const STRIDES: [u32; 3] = [8, 16, 32];
+
 /// Where a layer's input comes from: the network input image, or the output of an earlier layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Src {
@@ -309,7 +313,7 @@ impl Arch {
             );
         }
         ensure!(
-            strides == crate::model::weights::STRIDES,
+            strides == STRIDES,
             "model yaml: head strides {strides:?}; yolo9 supports heads at strides [8, 16, 32] \
              (P3, P4, P5) only"
         );
@@ -565,6 +569,8 @@ fn row_module(row: &Value) -> String {
 }
 
 /// Resolves row `i` against the layers before it (official `parse_model`).
+// One piece: the row's fields and helpers, then one match arm per module kind, as the official
+// `parse_model` is one if-chain over module names; the arms share the helpers' closures.
 fn resolve_row(i: usize, row: &Value, prev: &[Layer], gd: f64, gw: f64) -> Result<Layer> {
     let r = row
         .as_sequence()

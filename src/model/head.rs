@@ -10,9 +10,6 @@ use candle_core::{DType, Device, Tensor};
 /// DFL bins per box side (`reg_max`).
 pub const REG_MAX: usize = 16;
 
-/// Head strides in pixels (P3, P4, P5), the same for every supported model.
-pub const STRIDES: [u32; 3] = [8, 16, 32];
-
 /// One detection branch over three pyramid levels: per level a box tower
 /// (`Conv(c,64,3)`, `Conv(64,64,3,g=4)`, `Conv2d(64,64,1,g=4)`) and a class tower
 /// (`Conv(c,128,3)`, `Conv(128,128,3)`, `Conv2d(128,nc,1)`).

@@ -35,11 +35,12 @@ pub mod keys;
 pub mod net;
 pub mod params;
 pub mod pool;
+pub mod rename;
 pub mod tape;
 pub mod trace;
 pub mod weights;
 pub mod yolov9;
 
-pub use arch::Arch;
+pub use arch::{Arch, STRIDES};
 pub use params::{NamedVar, ParamGroup};
-pub use yolov9::{DualRaw, YoloV9, YoloV9Train, STRIDES};
+pub use yolov9::{DualRaw, YoloV9, YoloV9Train};

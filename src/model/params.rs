@@ -4,7 +4,7 @@
 //! The builder records every trainable parameter with its official name and optimizer group, and
 //! every BatchNorm buffer, so a trained model can be written back as an official state_dict.
 
-use crate::model::keys::NameMap;
+use crate::model::rename::NameMap;
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Tensor, Var};
 use std::collections::HashMap;

@@ -19,7 +19,7 @@
 //! CUDA, the fused BN + SiLU backward, cat/narrow/add/upsample/pool by hand); where an op has no
 //! hand-written backward on a device ([`vjp`]: the CPU convolution, the max-pool), it is
 //! differentiated by candle's autograd on a local graph of that op alone, so the math is
-//! candle's. `tests/model_train.rs` checks every parameter gradient of the whole training graph
+//! candle's. `tests/model/train.rs` checks every parameter gradient of the whole training graph
 //! against candle's autograd on the CPU; `tests/gpu_parity.rs` does the same on
 //! CUDA.
 

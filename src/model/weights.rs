@@ -154,7 +154,9 @@ struct MetaJson {
 
 /// The metadata key of yolo9 safetensors files.
 pub const META_KEY: &str = "yolo9";
-pub use crate::model::head::STRIDES;
+/// [`crate::model::arch::STRIDES`], also named here for the training set-up (`train/setup.rs`,
+/// `train/budget.rs`).
+pub use crate::model::arch::STRIDES;
 /// Makes class names safe to print: every control character (an ANSI escape sequence, a
 /// carriage return, a NUL) is replaced by its escaped text (`\u{1b}`), so a hostile name in a
 /// checkpoint or a `data.yaml` cannot drive the terminal. Returns the indices of the names
@@ -194,14 +196,14 @@ impl Weights {
     /// `truncated: header declares N bytes of tensor data, file has M`, `garbage header`).
     /// Every error names the file and what to do.
     ///
-    /// The error is [`crate::Error::Weights`] with the file's path (or
-    /// [`crate::Error::OutOfMemory`]).
-    pub fn load(path: impl AsRef<Path>) -> std::result::Result<Self, crate::Error> {
+    /// The error is [`crate::error::Error::Weights`] with the file's path (or
+    /// [`crate::error::Error::OutOfMemory`]).
+    pub fn load(path: impl AsRef<Path>) -> std::result::Result<Self, crate::error::Error> {
         let path = path.as_ref();
         match Self::load_detailed(path) {
             Ok(w) => Ok(w.0),
-            Err(e) if crate::memory::is_oom(&e) => Err(crate::Error::from(e)),
-            Err(e) => Err(crate::Error::weights(path, &e)),
+            Err(e) if crate::memory::is_oom(&e) => Err(crate::error::Error::from(e)),
+            Err(e) => Err(crate::error::Error::weights(path, &e)),
         }
     }
 
@@ -209,13 +211,13 @@ impl Weights {
     /// program), checked exactly as [`Weights::load`] checks a file; `what` names the bytes in
     /// errors (`built-in yolov9-s-bccd`).
     ///
-    /// Errors: [`crate::Error::Weights`] (with `what` as the path) for damaged bytes or tensors
+    /// Errors: [`crate::error::Error::Weights`] (with `what` as the path) for damaged bytes or tensors
     /// that are not a model yolo9 builds.
-    pub fn from_bytes(bytes: &[u8], what: &str) -> std::result::Result<Self, crate::Error> {
+    pub fn from_bytes(bytes: &[u8], what: &str) -> std::result::Result<Self, crate::error::Error> {
         match from_safetensors(bytes, what) {
             Ok((w, _, _)) => Ok(w),
-            Err(e) if crate::memory::is_oom(&e) => Err(crate::Error::from(e)),
-            Err(e) => Err(crate::Error::weights(what, &e)),
+            Err(e) if crate::memory::is_oom(&e) => Err(crate::error::Error::from(e)),
+            Err(e) => Err(crate::error::Error::weights(what, &e)),
         }
     }
 
@@ -315,7 +317,7 @@ impl Weights {
     /// copy. Tensors are shared (candle tensors are reference counted), not copied.
     pub fn to_infer(&self) -> Result<Weights> {
         let (tensors, arch) = if self.meta.arch.is_dual() {
-            let map = keys::NameMap::train_to_infer(&self.meta.arch);
+            let map = crate::model::rename::NameMap::train_to_infer(&self.meta.arch);
             let tensors = self
                 .tensors
                 .iter()

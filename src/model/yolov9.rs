@@ -10,13 +10,13 @@
 //! the same per-module dispatch, kept side by side so that a module added to one is added to the
 //! other.
 
-use super::arch::{Arch, Src};
+use super::arch::{Arch, Src, STRIDES};
 use super::cpu::CpuEngine;
 use super::graphs::ForwardGraphs;
 use super::head::{decode, DetectHead, REG_MAX};
-use super::keys::NameMap;
 use super::net::{dfl_names, load_heads, Net};
 use super::params::{BuildMode, Builder, NamedVar};
+use super::rename::NameMap;
 use super::tape::{Ctx, Tape};
 use super::trace::{Trace, TracedOp};
 use crate::model::weights::{Graph, ModelMeta, Weights};
@@ -25,8 +25,6 @@ use candle_core::{DType, Device, Tensor, Var};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
-
-pub use super::head::STRIDES;
 
 /// Checks a network input: (B, 3, H, W) f32 with B ≥ 1 and H, W positive multiples of 32.
 pub fn check_input(x: &Tensor) -> Result<()> {

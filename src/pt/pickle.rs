@@ -137,6 +137,8 @@ fn le_u32(b: &[u8], at: usize) -> Option<u32> {
 /// [`global_allowed`] and malformed or hostile streams (see the module docs).
 ///
 /// `what` names the stream in errors (e.g. `"yolov9-s.pt: yolov9-s/data.pkl"`).
+// One piece: the pickle virtual machine, one loop with one match arm per opcode over the same
+// stack, shadow and limits; the arms are short and read in the protocol's order.
 pub fn parse(bytes: &[u8], what: &str) -> Result<Object> {
     let mut cursor = std::io::Cursor::new(bytes);
     let mut stack = Stack::empty();

@@ -22,7 +22,7 @@
 //!   [`ServeConfig::timeout`]), 500 (the forward failed).
 //! - `GET /`: a self-contained page (no external resources, [`PAGE`]) to choose an image, send it
 //!   to `/v1/detect` and see the boxes drawn with their labels on a canvas. Its body gets
-//!   `data-state="done"` and `data-boxes="N"` once drawn (`tests/serve.rs` drives it in a headless
+//!   `data-state="done"` and `data-boxes="N"` once drawn (`tests/detect/serve.rs` drives it in a headless
 //!   Chromium).
 //! - `GET /healthz` (the process answers), `GET /readyz` (200 once the weights are loaded and a
 //!   warm-up forward ran, 503 before), `GET /v1/model` (names, classes, input size, strides,
@@ -55,7 +55,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::detect::detector::{Detection, Detector};
-use crate::detect::postprocess::NmsOptions;
+use crate::detect::nms::NmsOptions;
 
 /// Batching, limits and timeouts of the service.
 #[derive(Debug, Clone)]

@@ -59,7 +59,7 @@ pub struct TrainSummary {
 ///
 /// This is [`train_with`] with the SIGINT/SIGTERM handlers installed ([`StopFlag::install`]) and
 /// the output printed as `yolo9 train` prints it ([`Console`]).
-pub fn train(opts: &TrainOptions) -> std::result::Result<TrainSummary, crate::Error> {
+pub fn train(opts: &TrainOptions) -> std::result::Result<TrainSummary, crate::error::Error> {
     let stop = StopFlag::install()?;
     train_with(opts, &stop, &mut Console::new())
 }
@@ -70,7 +70,7 @@ pub fn train_with(
     opts: &TrainOptions,
     stop: &StopFlag,
     obs: &mut dyn TrainObserver,
-) -> std::result::Result<TrainSummary, crate::Error> {
+) -> std::result::Result<TrainSummary, crate::error::Error> {
     Ok(run_training(opts, stop, obs)?)
 }
 

@@ -31,7 +31,7 @@ pub fn case(name: &str) -> PathBuf {
 
 /// `shared/cases/<name>`, lexically normalized (the yaml loader reports normalized paths).
 pub fn case_dir(name: &str) -> PathBuf {
-    yolo9::data::yaml::normalize(&case(name))
+    yolo9::data::fsio::normalize(&case(name))
 }
 
 /// Copies the folder tree `from` to `to`, every copied file and folder writable (the source may
@@ -169,11 +169,16 @@ pub fn uniform(shape: &[usize], seed: u64) -> candle_core::Tensor {
     candle_core::Tensor::from_vec(v, shape, &candle_core::Device::Cpu).unwrap()
 }
 
-/// A fresh, empty folder for one test: `<tmp>/yolo9-<test binary>-<tag>-<pid>` (removed first if
-/// an earlier run left it).
+/// A fresh, empty folder for one test: `<tmp>/yolo9-<test binary>-<calling file>-<tag>-<pid>`
+/// (removed first if an earlier run left it). The calling file (`tests/data/scan.rs` gives
+/// `scan`) keeps the tags of the files grouped into one test binary apart.
+#[track_caller]
 pub fn tmpdir(tag: &str) -> PathBuf {
+    let file = std::path::Path::new(std::panic::Location::caller().file())
+        .file_stem()
+        .map_or_else(String::new, |s| s.to_string_lossy().into_owned());
     let d = std::env::temp_dir().join(format!(
-        "yolo9-{}-{tag}-{}",
+        "yolo9-{}-{file}-{tag}-{}",
         env!("CARGO_CRATE_NAME"),
         std::process::id()
     ));

@@ -1,21 +1,23 @@
 //! The scan's label cache: `<labels folder>.yolo9-cache.json` beside the labels folder, keyed by
 //! a SHA-256 of the scan rules version, `nc`, every image's and label candidate's path, size
 //! and modification time (and a COCO JSON split's files and class mapping); written atomically, and only a warning when it cannot be written.
+//! The scan hands it its records, counts, rules version and label paths: the cache knows
+//! nothing of how a split is scanned.
 
-use super::{label_path_for, ImageRecord, ScanCounts, SCAN_VERSION};
 use crate::data::labels::Issue;
 use anyhow::Context;
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 
 #[derive(Serialize, Deserialize)]
-pub(super) struct CacheFile {
+pub(super) struct CacheFile<R, C> {
     pub version: u32,
     pub key: String,
-    pub records: Vec<ImageRecord>,
+    pub records: Vec<R>,
     pub issues: Vec<Issue>,
-    pub counts: ScanCounts,
+    pub counts: C,
 }
 
 /// `<labels folder>.yolo9-cache.json`, beside the folder holding `label`.
@@ -27,11 +29,19 @@ pub(super) fn cache_path_for(label: &Path) -> Option<PathBuf> {
     Some(dir.with_file_name(n))
 }
 
-/// SHA-256 over the rules version, nc, and every image's and label candidate's path, size, mtime;
-/// for a COCO JSON split also each JSON file's path, size, mtime and the class → category ids.
-pub(super) fn scan_key(images: &[PathBuf], nc: usize, jsons: &[&PathBuf], ids: &[u64]) -> String {
+/// SHA-256 over the rules `version`, nc, and every image's and label candidate's path, size,
+/// mtime (the label candidates: `label_path` of the image, and the `.txt` beside it); for a COCO
+/// JSON split also each JSON file's path, size, mtime and the class → category ids.
+pub(super) fn scan_key(
+    version: u32,
+    images: &[PathBuf],
+    nc: usize,
+    jsons: &[&PathBuf],
+    ids: &[u64],
+    label_path: impl Fn(&Path) -> PathBuf,
+) -> String {
     let mut h = Sha256::new();
-    h.update(SCAN_VERSION.to_le_bytes());
+    h.update(version.to_le_bytes());
     h.update((nc as u64).to_le_bytes());
     for id in ids {
         h.update(id.to_le_bytes());
@@ -58,20 +68,28 @@ pub(super) fn scan_key(images: &[PathBuf], nc: usize, jsons: &[&PathBuf], ids: &
     }
     for img in images {
         stamp(&mut h, img);
-        stamp(&mut h, &label_path_for(img));
+        stamp(&mut h, &label_path(img));
         stamp(&mut h, &img.with_extension("txt"));
     }
     h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
-pub(super) fn read_cache(path: &Path, key: &str) -> Option<CacheFile> {
+/// The cache at `path` when it was written by rules `version` under `key`.
+pub(super) fn read_cache<R: DeserializeOwned, C: DeserializeOwned>(
+    path: &Path,
+    version: u32,
+    key: &str,
+) -> Option<CacheFile<R, C>> {
     let text = std::fs::read_to_string(path).ok()?;
-    let c: CacheFile = serde_json::from_str(&text).ok()?;
-    (c.version == SCAN_VERSION && c.key == key).then_some(c)
+    let c: CacheFile<R, C> = serde_json::from_str(&text).ok()?;
+    (c.version == version && c.key == key).then_some(c)
 }
 
 /// Atomic write (temporary file + rename). `Err` is the reason, for a warning.
-pub(super) fn write_cache(path: &Path, cache: &CacheFile) -> std::result::Result<(), String> {
+pub(super) fn write_cache<R: Serialize, C: Serialize>(
+    path: &Path,
+    cache: &CacheFile<R, C>,
+) -> std::result::Result<(), String> {
     let dir = path.parent().ok_or("no parent folder")?;
     let meta = std::fs::metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     if meta.permissions().readonly() {

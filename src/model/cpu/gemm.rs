@@ -10,6 +10,8 @@
 //! each panel as two halves; elsewhere each panel goes through the `gemm` crate and the epilogue
 //! is a second pass.
 
+use super::isa::{avx512, kernel, Kernel};
+
 /// Columns of a packed panel of B.
 pub(crate) const NR: usize = 32;
 /// Rows of the AVX-512 micro-kernel.
@@ -45,52 +47,6 @@ pub(crate) struct Epilogue<'a> {
     pub act: bool,
     /// Residual rows added last: pointer to row 0, row stride.
     pub res: Option<(*const f32, usize)>,
-}
-
-/// The micro-kernel a CPU runs (`YOLO9_CPU_GEMM=generic|avx2` forces a narrower one).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kernel {
-    /// 12 rows × 32 columns on zmm registers.
-    Avx512,
-    /// 6 rows × 16 columns on ymm registers with FMA, twice per panel.
-    Avx2,
-    /// The `gemm` crate per panel, then the epilogue as a second pass.
-    Generic,
-}
-
-/// The widest [`Kernel`] this CPU runs (detected once).
-pub(crate) fn kernel() -> Kernel {
-    static K: std::sync::OnceLock<Kernel> = std::sync::OnceLock::new();
-    *K.get_or_init(|| {
-        let forced = std::env::var("YOLO9_CPU_GEMM").unwrap_or_default();
-        #[cfg(target_arch = "x86_64")]
-        {
-            let has = |f: &str| match f {
-                "avx512f" => std::arch::is_x86_feature_detected!("avx512f"),
-                _ => {
-                    std::arch::is_x86_feature_detected!("avx2")
-                        && std::arch::is_x86_feature_detected!("fma")
-                }
-            };
-            match forced.trim() {
-                "generic" => Kernel::Generic,
-                "avx2" if has("avx2") => Kernel::Avx2,
-                _ if has("avx512f") => Kernel::Avx512,
-                _ if has("avx2") => Kernel::Avx2,
-                _ => Kernel::Generic,
-            }
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            let _ = forced;
-            Kernel::Generic
-        }
-    })
-}
-
-/// Whether the AVX-512 kernel runs.
-pub(crate) fn avx512() -> bool {
-    kernel() == Kernel::Avx512
 }
 
 /// `C = A · B` for the panels of B starting at panel `p0` (column `p0·NR`): `n` columns,

@@ -68,7 +68,7 @@ macro_rules! dispatch {
 /// (AVX-512 intrinsics where the CPU has them, else [`epilogue_auto`]).
 pub fn epilogue(row: &mut [f32], bias: &[f32], act: bool, res: Option<&[f32]>) {
     #[cfg(target_arch = "x86_64")]
-    if super::gemm::avx512() {
+    if super::isa::avx512() {
         assert!(bias.len() >= row.len() && res.is_none_or(|r| r.len() >= row.len()));
         // SAFETY: the CPU has AVX-512F; the slices cover `row.len()` floats (checked above).
         unsafe { avx512::epilogue(row, bias, act, res) };

@@ -23,11 +23,12 @@
 //! another with each op spread over every thread.
 //!
 //! Results equal the candle forward to f32 rounding (another summation order: within 1e-5 of
-//! the output's largest value on the official oracle, `tests/cpu_engine.rs`) and do not depend
+//! the output's largest value on the official oracle, `tests/model/cpu_engine.rs`) and do not depend
 //! on the thread count, bit for bit (on the AVX-512 and AVX2 kernels).
 
 mod gemm;
 mod graph;
+mod isa;
 mod kernels;
 mod math;
 mod plan;
@@ -35,7 +36,7 @@ mod plan;
 use self::graph::{Graph, Kind};
 use self::kernels::{Exec, Scratch};
 use self::plan::Plan;
-use crate::model::head::STRIDES;
+use crate::model::arch::STRIDES;
 use anyhow::{ensure, Context, Result};
 use candle_core::{DType, Device, Tensor};
 use std::collections::HashMap;
@@ -133,10 +134,10 @@ impl CpuEngine {
     /// The GEMM micro-kernel this CPU runs: `"avx512"`, `"avx2"` or `"generic"` (the `gemm`
     /// crate; there the sums' order, and so the last bits, can change with the thread count).
     pub fn kernel(&self) -> &'static str {
-        match gemm::kernel() {
-            gemm::Kernel::Avx512 => "avx512",
-            gemm::Kernel::Avx2 => "avx2",
-            gemm::Kernel::Generic => "generic",
+        match isa::kernel() {
+            isa::Kernel::Avx512 => "avx512",
+            isa::Kernel::Avx2 => "avx2",
+            isa::Kernel::Generic => "generic",
         }
     }
 

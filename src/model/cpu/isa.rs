@@ -1,0 +1,48 @@
+//! Which instruction set the CPU engine's kernels use: detected once (AVX-512, AVX2 with FMA, or
+//! neither), shared by the GEMM ([`super::gemm`]) and the element-wise math ([`super::math`]).
+
+/// The micro-kernel a CPU runs (`YOLO9_CPU_GEMM=generic|avx2` forces a narrower one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kernel {
+    /// 12 rows × 32 columns on zmm registers.
+    Avx512,
+    /// 6 rows × 16 columns on ymm registers with FMA, twice per panel.
+    Avx2,
+    /// The `gemm` crate per panel, then the epilogue as a second pass.
+    Generic,
+}
+
+/// The widest [`Kernel`] this CPU runs (detected once).
+pub(crate) fn kernel() -> Kernel {
+    static K: std::sync::OnceLock<Kernel> = std::sync::OnceLock::new();
+    *K.get_or_init(|| {
+        let forced = std::env::var("YOLO9_CPU_GEMM").unwrap_or_default();
+        #[cfg(target_arch = "x86_64")]
+        {
+            let has = |f: &str| match f {
+                "avx512f" => std::arch::is_x86_feature_detected!("avx512f"),
+                _ => {
+                    std::arch::is_x86_feature_detected!("avx2")
+                        && std::arch::is_x86_feature_detected!("fma")
+                }
+            };
+            match forced.trim() {
+                "generic" => Kernel::Generic,
+                "avx2" if has("avx2") => Kernel::Avx2,
+                _ if has("avx512f") => Kernel::Avx512,
+                _ if has("avx2") => Kernel::Avx2,
+                _ => Kernel::Generic,
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = forced;
+            Kernel::Generic
+        }
+    })
+}
+
+/// Whether the AVX-512 kernel runs.
+pub(crate) fn avx512() -> bool {
+    kernel() == Kernel::Avx512
+}
