@@ -14,6 +14,8 @@
 //!   and its options.
 //! - [`device`] and [`parse`]: `--device` and the other option values, parsed the same way by
 //!   every subcommand.
+//! - [`outfile`]: every output file, written atomically, never onto an input or a non-regular
+//!   file.
 //! - [`budget`], [`footprint`], [`memory`]: memory-budget sizing from measured peaks, the up-front
 //!   estimate, the probes.
 //! - `loss`: IoU/CIoU, the TaskAlignedAssigner, the dual-branch TAL loss.
@@ -54,6 +56,7 @@ pub mod memory;
 pub mod metrics;
 pub mod model;
 pub mod op_args;
+pub mod outfile;
 pub mod parse;
 pub mod pt;
 pub mod runs;

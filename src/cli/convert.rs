@@ -67,12 +67,11 @@ pub fn run(args: ConvertArgs) -> Result<()> {
             output.display()
         )
     }
-    if output.is_dir() {
-        bail!(
-            "{}: is a directory; pass -o FILE.safetensors",
-            output.display()
-        )
+    let mut inputs = crate::outfile::Inputs::of([&args.input]);
+    if let Some(cfg) = &args.cfg {
+        inputs.add(std::path::Path::new(cfg));
     }
+    crate::outfile::check(&output, &inputs)?;
     let report = convert_file(
         &args.input,
         &output,

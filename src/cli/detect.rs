@@ -335,6 +335,13 @@ pub fn run_with_streams(
         save_dir = crate::runs::claim_run_dir(&args.project, &args.name, args.exist_ok)
             .with_context(|| format!("cannot create the run folder {}", save_dir.display()))?;
     }
+    // A reused folder (--exist-ok) was checked above; the images' identities also guard each
+    // annotated image written (a hard link or symlink to an input in the folder).
+    let inputs = if saving && args.exist_ok {
+        crate::outfile::Inputs::of(files)
+    } else {
+        crate::outfile::Inputs::none()
+    };
     let mut sinks = Sinks::open(&save_dir, out.clone())?;
     let max_det = detector.config().max_det;
     let (mut n_ok, mut n_bad) = (0usize, skipped.len());
@@ -465,8 +472,7 @@ pub fn run_with_streams(
                     canvas.height()
                 );
             }
-            canvas
-                .save(&op)
+            crate::outfile::save_image(&canvas, &op, &inputs)
                 .with_context(|| format!("cannot save the annotated image {}", op.display()))?;
         }
     }

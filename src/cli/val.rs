@@ -278,7 +278,7 @@ pub fn save_txt(
             text.push('\n');
         }
         let p = labels.join(format!("{stem}.txt"));
-        std::fs::write(&p, text).with_context(|| format!("cannot write {}", p.display()))?;
+        crate::outfile::write(&p, text.as_bytes(), &crate::outfile::Inputs::none())?;
         n += 1;
     }
     Ok(n)

@@ -260,10 +260,11 @@ pub fn read_results(path: &Path) -> Result<Vec<CocoResult>> {
         .with_context(|| format!("{}: not a COCO results list", path.display()))
 }
 
-/// Writes a results file as compact JSON (as the official `json.dump`).
+/// Writes a results file as compact JSON (as the official `json.dump`), atomically
+/// ([`crate::outfile::write`]: only over a regular file).
 pub fn write_results(path: &Path, results: &[CocoResult]) -> Result<()> {
     let text = serde_json::to_string(results).context("serializing COCO results")?;
-    std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))
+    crate::outfile::write(path, text.as_bytes(), &crate::outfile::Inputs::none())
 }
 
 /// `x` rounded to `digits` decimals as Python's `round(x, digits)` (correctly rounded from the

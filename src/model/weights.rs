@@ -32,7 +32,6 @@ use anyhow::{bail, ensure, Context, Result};
 use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
-use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -922,44 +921,9 @@ impl safetensors::View for &RawTensor {
     }
 }
 
-/// Writes `bytes` to `path` atomically: a temporary file in the same directory, `fsync`, rename
-/// over `path`, then `fsync` of the directory (Unix). A crash leaves either the old file or the
-/// new one, never a torn file; the temporary is removed on error.
+/// Writes `bytes` to `path` atomically ([`crate::outfile::write`]: a unique temporary file in
+/// the same directory, `fsync`, rename, `fsync` of the directory; only a regular file is
+/// replaced). A crash leaves either the old file or the new one, never a torn file.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let file = path.display().to_string();
-    let name = path
-        .file_name()
-        .with_context(|| format!("{file}: not a file path"))?
-        .to_string_lossy()
-        .into_owned();
-    let dir = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => std::path::PathBuf::from("."),
-    };
-    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-    let result = (|| -> Result<()> {
-        let mut f = std::fs::File::create(&tmp).with_context(|| {
-            format!(
-                "{}: cannot create (is the directory writable?)",
-                tmp.display()
-            )
-        })?;
-        f.write_all(bytes)
-            .with_context(|| format!("{}: write failed (disk full?)", tmp.display()))?;
-        f.sync_all()
-            .with_context(|| format!("{}: fsync failed", tmp.display()))?;
-        std::fs::rename(&tmp, path)
-            .with_context(|| format!("{file}: cannot rename {} into place", tmp.display()))?;
-        Ok(())
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result?;
-    #[cfg(unix)]
-    if let Ok(d) = std::fs::File::open(&dir) {
-        d.sync_all()
-            .with_context(|| format!("{}: fsync of the directory failed", dir.display()))?;
-    }
-    Ok(())
+    crate::outfile::write(path, bytes, &crate::outfile::Inputs::none())
 }

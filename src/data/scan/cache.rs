@@ -70,7 +70,7 @@ pub(super) fn read_cache(path: &Path, key: &str) -> Option<CacheFile> {
     (c.version == SCAN_VERSION && c.key == key).then_some(c)
 }
 
-/// Atomic write (temporary file + rename). `Err` is the reason, for a warning.
+/// Atomic write ([`crate::outfile::write`]). `Err` is the reason, for a warning.
 pub(super) fn write_cache(path: &Path, cache: &CacheFile) -> std::result::Result<(), String> {
     let dir = path.parent().ok_or("no parent folder")?;
     let meta = std::fs::metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
@@ -78,13 +78,6 @@ pub(super) fn write_cache(path: &Path, cache: &CacheFile) -> std::result::Result
         return Err(format!("{} is read-only", dir.display()));
     }
     let text = serde_json::to_string(cache).map_err(|e| format!("cannot serialize: {e}"))?;
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    let res = std::fs::write(&tmp, text)
-        .and_then(|_| std::fs::rename(&tmp, path))
-        .with_context(|| format!("cannot write {}", path.display()));
-    if let Err(e) = res {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(format!("{e:#}"));
-    }
-    Ok(())
+    crate::outfile::write(path, text.as_bytes(), &crate::outfile::Inputs::none())
+        .map_err(|e| format!("{e:#}"))
 }
