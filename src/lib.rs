@@ -14,6 +14,8 @@
 //!   and its options.
 //! - [`device`] and [`parse`]: `--device` and the other option values, parsed the same way by
 //!   every subcommand.
+//! - [`bounded`]: the size and nesting limits of every YAML file read, checked before parsing.
+//! - [`text`]: data-derived text made safe to print (escapes, URL credentials redacted).
 //! - [`outfile`]: every output file, written atomically, never onto an input or a non-regular
 //!   file.
 //! - [`budget`], [`footprint`], [`memory`]: memory-budget sizing from measured peaks, the up-front
@@ -33,6 +35,7 @@
 //!   custom ops.
 #![warn(missing_docs)]
 
+pub mod bounded;
 pub mod budget;
 pub mod cancel;
 #[cfg(feature = "cli")]
@@ -60,6 +63,7 @@ pub mod outfile;
 pub mod parse;
 pub mod pt;
 pub mod runs;
+pub mod text;
 #[cfg(feature = "serve")]
 pub mod serve;
 #[cfg(feature = "train")]

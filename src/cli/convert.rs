@@ -64,7 +64,7 @@ pub fn run(args: ConvertArgs) -> Result<()> {
         bail!(
             "{}: -o {} is the input itself; converting would replace it. Pass another -o",
             args.input.display(),
-            output.display()
+            crate::text::path(&output)
         )
     }
     let mut inputs = crate::outfile::Inputs::of([&args.input]);
@@ -87,7 +87,7 @@ pub fn run(args: ConvertArgs) -> Result<()> {
     )?;
     print!("{report}");
     let size = std::fs::metadata(&output).map(|m| m.len()).unwrap_or(0);
-    println!("wrote:      {} ({size} bytes)", output.display());
+    println!("wrote:      {} ({size} bytes)", crate::text::path(&output));
     Ok(())
 }
 

@@ -155,13 +155,13 @@ impl WeightsArgs {
 /// the model its keys or metadata say. Errors name the file and, with `--cfg`, the first tensor
 /// that does not fit.
 pub fn load_weights(path: &Path, cfg: Option<&str>) -> Result<crate::Weights> {
-    let w = crate::Weights::load(path).with_context(|| format!("--weights {}", path.display()))?;
+    let w = crate::Weights::load(path).with_context(|| format!("--weights {}", crate::text::path(&path)))?;
     match cfg {
         None => Ok(w),
         Some(c) => {
             let arch = crate::model::arch::Arch::from_cfg(c)?;
             w.with_arch(arch, &format!("--cfg {c}"))
-                .with_context(|| format!("--weights {}", path.display()))
+                .with_context(|| format!("--weights {}", crate::text::path(&path)))
         }
     }
 }
@@ -173,7 +173,7 @@ pub fn resolve_weights(arg: Option<&Path>) -> Result<PathBuf> {
         if !p.is_file() {
             bail!(
                 "weights file {} not found (--weights); pass an existing .safetensors or .pt",
-                p.display()
+                crate::text::path(&p)
             );
         }
         return Ok(p.to_path_buf());
@@ -260,7 +260,7 @@ pub fn run(args: DetectArgs) -> Result<()> {
         ..args.config.clone()
     };
     let detector = Detector::with_weights(&w, device, config)
-        .with_context(|| format!("building the model from {}", weights.display()))?;
+        .with_context(|| format!("building the model from {}", crate::text::path(&weights)))?;
     run_with_streams(
         &detector,
         &args,
@@ -324,7 +324,7 @@ pub fn run_with_streams(
 ) -> Result<()> {
     let names = detector.names().to_vec();
     for (p, why) in skipped {
-        eprintln!("skipped {}: {why}", p.display());
+        eprintln!("skipped {}: {}", crate::text::path(&p), crate::text::message(why));
     }
     let out = &args.output;
     let saving = out.saving();
@@ -333,7 +333,7 @@ pub fn run_with_streams(
         let inputs = files.iter().map(PathBuf::as_path);
         crate::runs::refuse_reused_dir(&args.project, &args.name, args.exist_ok, inputs)?;
         save_dir = crate::runs::claim_run_dir(&args.project, &args.name, args.exist_ok)
-            .with_context(|| format!("cannot create the run folder {}", save_dir.display()))?;
+            .with_context(|| format!("cannot create the run folder {}", crate::text::path(&save_dir)))?;
     }
     // A reused folder (--exist-ok) was checked above; the images' identities also guard each
     // annotated image written (a hard link or symlink to an input in the folder).
@@ -360,7 +360,7 @@ pub fn run_with_streams(
         if own.as_deref() != Some(stem.as_str()) && (out.save_txt || !out.nosave) {
             eprintln!(
                 "note: {} is saved as {stem} (an earlier input has the same name)",
-                path.display()
+                crate::text::path(&path)
             );
         }
         if crate::detect::video::is_video(path) {
@@ -375,7 +375,11 @@ pub fn run_with_streams(
             ) {
                 Ok(()) => n_ok += 1,
                 Err(e) => {
-                    eprintln!("skipped {}: {e:#}", path.display());
+                    eprintln!(
+                        "skipped {}: {}",
+                        crate::text::path(&path),
+                        crate::text::message(&format!("{e:#}"))
+                    );
                     n_bad += 1;
                 }
             }
@@ -392,7 +396,11 @@ pub fn run_with_streams(
                     .map(|c| c.to_string())
                     .collect::<Vec<_>>()
                     .join(": ");
-                eprintln!("skipped {}: {reason}", path.display());
+                eprintln!(
+                    "skipped {}: {}",
+                    crate::text::path(&path),
+                    crate::text::message(&reason)
+                );
                 n_bad += 1;
                 continue;
             }
@@ -401,7 +409,11 @@ pub fn run_with_streams(
         let (lb, info) = match detector.preprocess(&img) {
             Ok(x) => x,
             Err(e) => {
-                eprintln!("skipped {}: {e:#}", path.display());
+                eprintln!(
+                    "skipped {}: {}",
+                    crate::text::path(&path),
+                    crate::text::message(&format!("{e:#}"))
+                );
                 n_bad += 1;
                 continue;
             }
@@ -420,7 +432,7 @@ pub fn run_with_streams(
         let t1 = Instant::now();
         let y = detector
             .infer(&[&lb])
-            .with_context(|| format!("inference on {}", path.display()))?;
+            .with_context(|| format!("inference on {}", crate::text::path(&path)))?;
         let t2 = Instant::now();
         let dets = detector.postprocess(&y, &[info])?.pop().unwrap_or_default();
         let t3 = Instant::now();
@@ -435,7 +447,7 @@ pub fn run_with_streams(
             "image {}/{} {}: {}x{} {}, {p:.1}ms pre, {i:.1}ms infer, {n:.1}ms nms",
             k + 1,
             total,
-            path.display(),
+            crate::text::path(&path),
             info.out_h(),
             info.out_w(),
             count_summary(&dets, &names)
@@ -444,7 +456,7 @@ pub fn run_with_streams(
             eprintln!(
                 "note: {}: {} detections reached --max-det {max_det}; lower-confidence boxes were \
                  dropped (raise --max-det or --conf)",
-                path.display(),
+                crate::text::path(&path),
                 dets.len()
             );
         }
@@ -467,13 +479,13 @@ pub fn run_with_streams(
             if scale < 1.0 {
                 eprintln!(
                     "note: {} is {w}x{h}; the annotated copy is drawn at {}x{}",
-                    path.display(),
+                    crate::text::path(&path),
                     canvas.width(),
                     canvas.height()
                 );
             }
             crate::outfile::save_image(&canvas, &op, &inputs)
-                .with_context(|| format!("cannot save the annotated image {}", op.display()))?;
+                .with_context(|| format!("cannot save the annotated image {}", crate::text::path(&op)))?;
         }
     }
     let mut used = std::collections::HashSet::new();
@@ -493,7 +505,11 @@ pub fn run_with_streams(
         match detect_stream(detector, args, st, &stem, &mut sinks, at, cancel) {
             Ok(()) => n_ok += 1,
             Err(e) => {
-                eprintln!("skipped {}: {e:#}", st.name());
+                eprintln!(
+                    "skipped {}: {}",
+                    st.name(),
+                    crate::text::redact(&format!("{e:#}"))
+                );
                 n_bad += 1;
             }
         }
@@ -510,7 +526,7 @@ pub fn run_with_streams(
         );
     }
     if saving {
-        let mut s = format!("Results saved to {}", save_dir.display());
+        let mut s = format!("Results saved to {}", crate::text::path(&save_dir));
         if out.save_txt {
             s.push_str(&format!(
                 "\n{n_labels} labels saved to {}",
@@ -592,7 +608,7 @@ fn detect_video(
         if cancel.requested() {
             eprintln!(
                 "stopped on request: {} ends at frame {frame}",
-                path.display()
+                crate::text::path(&path)
             );
             break;
         }
@@ -607,7 +623,7 @@ fn detect_video(
         detected += 1;
         println!(
             "video {k}/{total} (frame {frame}/{of}) {}: {}, {:.1}ms",
-            path.display(),
+            crate::text::path(&path),
             count_summary(&dets, names),
             t0.elapsed().as_secs_f64() * 1e3
         );
@@ -616,15 +632,15 @@ fn detect_video(
     }
     if let Some(msg) = reader.finish() {
         if !cancel.requested() {
-            eprintln!("note: {}: ffmpeg reported: {msg}", path.display());
+            eprintln!("note: {}: ffmpeg reported: {msg}", crate::text::path(&path));
         }
     }
     if let Some((wr, out)) = writer {
         wr.finish()?;
         println!(
             "{}: {detected} of {frame} frames detected, saved to {}",
-            path.display(),
-            out.display()
+            crate::text::path(&path),
+            crate::text::path(&out)
         );
     }
     if frame == 0 {
@@ -720,8 +736,11 @@ fn detect_stream(
         summary.push_str(&format!("; ended: {why}"));
     }
     match &finished {
-        Some(Ok(())) => summary.push_str(&format!(", saved to {}", out.display())),
-        Some(Err(e)) => summary.push_str(&format!(", the annotated video failed: {e:#}")),
+        Some(Ok(())) => summary.push_str(&format!(", saved to {}", crate::text::path(&out))),
+        Some(Err(e)) => summary.push_str(&format!(
+            ", the annotated video failed: {}",
+            crate::text::message(&format!("{e:#}"))
+        )),
         None => {}
     }
     println!("{summary}");

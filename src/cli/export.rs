@@ -110,10 +110,10 @@ pub fn run(args: ExportArgs) -> Result<()> {
     };
     println!(
         "exported {} ({}, {} classes) to {}: {:.1} MB, {nodes} nodes, opset {}, {shape}{}{}",
-        path.display(),
+        crate::text::path(&path),
         weights.meta.arch.name,
         weights.meta.nc,
-        output.display(),
+        crate::text::path(&output),
         bytes as f64 / 1e6,
         opts.opset,
         if opts.half { ", f16" } else { "" },

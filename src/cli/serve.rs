@@ -35,8 +35,8 @@ pub struct ServeArgs {
     /// Milliseconds the worker waits for more requests after the first of a batch.
     #[arg(long = "max-delay-ms", default_value = "5")]
     pub max_delay_ms: u64,
-    /// Requests that may wait; one more is answered 503 with Retry-After.
-    #[arg(long, default_value = "64", value_parser = clap::value_parser!(u32).range(1..))]
+    /// Requests that may wait (1 to 65536); one more is answered 503 with Retry-After.
+    #[arg(long, default_value = "64", value_parser = clap::value_parser!(u32).range(1..=crate::serve::MAX_QUEUE as i64))]
     pub queue: u32,
     /// Largest request body in MiB (413 above).
     #[arg(long = "max-body-mb", default_value = "32", value_parser = clap::value_parser!(u32).range(1..=4096))]

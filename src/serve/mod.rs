@@ -57,6 +57,10 @@ use serde_json::{json, Value};
 use crate::detect::detector::{Detection, Detector};
 use crate::detect::postprocess::NmsOptions;
 
+/// The most requests that may wait ([`ServeConfig::queue`]): the queue's slots are allocated at
+/// start, so a huge value would abort the process instead of being refused.
+pub const MAX_QUEUE: usize = 65_536;
+
 /// Batching, limits and timeouts of the service.
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
@@ -64,7 +68,7 @@ pub struct ServeConfig {
     pub max_batch: usize,
     /// How long the worker waits for more requests after the first of a batch.
     pub max_delay: Duration,
-    /// Requests waiting for the worker at most; one more answers 503 (≥ 1).
+    /// Requests waiting for the worker at most; one more answers 503 (1 to [`MAX_QUEUE`]).
     pub queue: usize,
     /// Largest request body in bytes; larger answers 413.
     pub max_body: usize,
@@ -164,7 +168,8 @@ pub const PAGE: &str = include_str!("page.html");
 
 /// Serves `detector` on `listener` until `shutdown` completes, then drains and returns.
 ///
-/// Errors: a configuration out of range (`max_batch` or `queue` 0), the listener failing.
+/// Errors: a configuration out of range (`max_batch` or `queue` 0, `queue` over [`MAX_QUEUE`]), the
+/// listener failing.
 /// Request errors are answers, never errors of this function.
 pub async fn serve(
     listener: tokio::net::TcpListener,
@@ -175,6 +180,11 @@ pub async fn serve(
     anyhow::ensure!(
         cfg.max_batch >= 1 && cfg.queue >= 1,
         "serve: --max-batch and --queue must be at least 1"
+    );
+    anyhow::ensure!(
+        cfg.queue <= MAX_QUEUE,
+        "serve: --queue {} is over the limit of {MAX_QUEUE} waiting requests",
+        cfg.queue
     );
     let names = detector.names().to_vec();
     let meta = detector.meta();

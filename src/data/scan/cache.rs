@@ -4,7 +4,6 @@
 
 use super::{label_path_for, ImageRecord, ScanCounts, SCAN_VERSION};
 use crate::data::labels::Issue;
-use anyhow::Context;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
