@@ -179,7 +179,9 @@ mod tests {
         let e = format!("{:#}", check_yaml(&deep).unwrap_err());
         assert!(e.contains("line 1") && e.contains("64 levels"), "{e}");
         check_yaml(&format!("a: {}{}\n", "[".repeat(60), "]".repeat(60))).unwrap();
-        let block: String = (0..70).map(|k| format!("{}k{k}:\n", " ".repeat(k))).collect();
+        let block: String = (0..70)
+            .map(|k| format!("{}k{k}:\n", " ".repeat(k)))
+            .collect();
         let e = format!("{:#}", check_yaml(&block).unwrap_err());
         assert!(e.contains("line 65"), "{e}");
         let dashes = format!("{}x\n", "- ".repeat(80));

@@ -63,9 +63,9 @@ pub mod outfile;
 pub mod parse;
 pub mod pt;
 pub mod runs;
-pub mod text;
 #[cfg(feature = "serve")]
 pub mod serve;
+pub mod text;
 #[cfg(feature = "train")]
 pub mod train;
 

@@ -42,7 +42,9 @@ fn deeply_nested_yaml_fails_fast_for_data_cfg_and_hyp() {
         "[".repeat(200_000),
         "]".repeat(200_000)
     );
-    let block: String = (0..100).map(|k| format!("{}k{k}:\n", " ".repeat(k))).collect();
+    let block: String = (0..100)
+        .map(|k| format!("{}k{k}:\n", " ".repeat(k)))
+        .collect();
     for (name, text, line) in [("flow", &flow, "line 2"), ("block", &block, "line 65")] {
         let p = d.join(format!("{name}.yaml"));
         std::fs::write(&p, text).unwrap();
@@ -66,14 +68,21 @@ fn deeply_nested_yaml_fails_fast_for_data_cfg_and_hyp() {
         );
 
         let t0 = Instant::now();
-        let e = format!("{:#}", Arch::from_name_or_path(p.to_str().unwrap()).unwrap_err());
+        let e = format!(
+            "{:#}",
+            Arch::from_name_or_path(p.to_str().unwrap()).unwrap_err()
+        );
         fast(t0, "--cfg");
         assert!(e.contains(&shown) && e.contains("64 levels"), "{e}");
     }
     // An ordinary nesting still loads (a model yaml nests 4 levels).
     let ok = d.join("ok.yaml");
     std::fs::create_dir_all(d.join("images")).unwrap();
-    std::fs::write(&ok, "train: images\nval: images\nnames: [a, 'b[', \"c{\"]\n").unwrap();
+    std::fs::write(
+        &ok,
+        "train: images\nval: images\nnames: [a, 'b[', \"c{\"]\n",
+    )
+    .unwrap();
     assert_eq!(DataConfig::load(&ok).unwrap().names, ["a", "b[", "c{"]);
     let _ = std::fs::remove_dir_all(&d);
 }
@@ -156,11 +165,7 @@ fn huge_weights_files_are_refused_from_their_header() {
     std::fs::write(&p, &short).unwrap();
     let e = Weights::load(&p).err().unwrap().to_string();
     assert!(e.contains("truncated") && e.contains("16 bytes"), "{e}");
-    assert!(
-        peak_rss() < 1 << 30,
-        "peak RSS {} MB",
-        peak_rss() >> 20
-    );
+    assert!(peak_rss() < 1 << 30, "peak RSS {} MB", peak_rss() >> 20);
     let _ = std::fs::remove_dir_all(&d);
     // Shipped weights still load.
     let w = Path::new(env!("CARGO_MANIFEST_DIR")).join("weights/yolov9-s-bccd.safetensors");

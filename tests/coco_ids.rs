@@ -39,8 +39,8 @@ fn save_json_on_a_coco_split_writes_its_own_ids_and_scores_against_it() {
         std::fs::copy(&img, valid.join(format!("{name}.jpg"))).unwrap();
         let (w, h) = image::image_dimensions(&img).unwrap();
         images.push(json!({"id": id, "file_name": format!("{name}.jpg"), "width": w, "height": h}));
-        let text = std::fs::read_to_string(src.join("labels/test").join(format!("{name}.txt")))
-            .unwrap();
+        let text =
+            std::fs::read_to_string(src.join("labels/test").join(format!("{name}.txt"))).unwrap();
         for l in text.lines().filter(|l| !l.trim().is_empty()) {
             let v: Vec<f64> = l.split_whitespace().map(|x| x.parse().unwrap()).collect();
             let (fw, fh) = (f64::from(w), f64::from(h));
@@ -105,11 +105,18 @@ fn save_json_on_a_coco_split_writes_its_own_ids_and_scores_against_it() {
     assert!(cat_ids.contains(&5), "RBC is category 5: {cat_ids:?}");
 
     // Scored against the split's own JSON (as pycocotools would be): the printed AP.
-    let ev = CocoDataset::load(&gt_path).unwrap().evaluate(&preds).unwrap();
+    let ev = CocoDataset::load(&gt_path)
+        .unwrap()
+        .evaluate(&preds)
+        .unwrap();
     let ap = printed(&out, "IoU=0.50:0.95 | area=   all | maxDets=100");
     let ap50 = printed(&out, "IoU=0.50      |");
     assert!(ap > 0.3, "AP {ap}\n{out}");
     assert!((ev.stats[0] - ap).abs() <= 0.001, "{} vs {ap}", ev.stats[0]);
-    assert!((ev.stats[1] - ap50).abs() <= 0.001, "{} vs {ap50}", ev.stats[1]);
+    assert!(
+        (ev.stats[1] - ap50).abs() <= 0.001,
+        "{} vs {ap50}",
+        ev.stats[1]
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

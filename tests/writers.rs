@@ -42,7 +42,12 @@ fn yolo9_bounded(args: &[&str], limit: Duration) -> (i32, String, Duration) {
         if let Some(st) = child.try_wait().unwrap() {
             let mut err = String::new();
             use std::io::Read;
-            child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+            child
+                .stderr
+                .take()
+                .unwrap()
+                .read_to_string(&mut err)
+                .unwrap();
             return (st.code().unwrap_or(-1), err, t0.elapsed());
         }
         if t0.elapsed() > limit {
@@ -166,12 +171,7 @@ fn convert_onto_a_hard_link_of_its_input_is_refused() {
     let hard = d.join("other-name.safetensors");
     std::fs::hard_link(&w, &hard).unwrap();
     let (code, err, _) = yolo9_bounded(
-        &[
-            "convert",
-            w.to_str().unwrap(),
-            "-o",
-            hard.to_str().unwrap(),
-        ],
+        &["convert", w.to_str().unwrap(), "-o", hard.to_str().unwrap()],
         Duration::from_secs(120),
     );
     assert_ne!(code, 0, "{err}");
@@ -220,7 +220,10 @@ fn the_writer_refuses_each_kind_and_replaces_regular_files_whole() {
     mkfifo(&fifo);
     let t0 = Instant::now();
     let e = format!("{:#}", outfile::write(&fifo, b"x", &inputs).unwrap_err());
-    assert!(e.contains("pipe.json") && e.contains("a FIFO (named pipe)"), "{e}");
+    assert!(
+        e.contains("pipe.json") && e.contains("a FIFO (named pipe)"),
+        "{e}"
+    );
     assert!(t0.elapsed() < Duration::from_secs(5));
     let img = image::RgbImage::new(4, 4);
     assert!(outfile::save_image(&img, &fifo, &Inputs::none()).is_err());
@@ -259,7 +262,57 @@ fn the_writer_refuses_each_kind_and_replaces_regular_files_whole() {
     assert_eq!(std::fs::read(d.join("v.mp4")).unwrap(), b"video");
     assert_eq!(
         entries(&d),
-        ["in.txt", "keep.txt", "link.txt", "out.png", "pipe.json", "v.mp4"]
+        [
+            "in.txt",
+            "keep.txt",
+            "link.txt",
+            "out.png",
+            "pipe.json",
+            "v.mp4"
+        ]
     );
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// `detect --exist-ok` into a folder where the annotated image's name is a FIFO and the label
+/// file's name is a folder: refused with the path and its kind, no hang (before: the encoder
+/// opened the FIFO and blocked until a reader came).
+#[test]
+fn detect_outputs_refuse_a_fifo_in_the_reused_run_folder() {
+    let d = tmpdir("detect-fifo");
+    let src = common::shared_dir().join("datasets/bccd/images/test/BloodImage_00007.jpg");
+    let img = d.join("in/BloodImage_00007.jpg");
+    std::fs::create_dir_all(img.parent().unwrap()).unwrap();
+    std::fs::copy(&src, &img).unwrap();
+    let run = d.join("runs/exp");
+    std::fs::create_dir_all(&run).unwrap();
+    let fifo = run.join("BloodImage_00007.jpg");
+    mkfifo(&fifo);
+    let w = shipped_weights();
+    let (code, err, _) = yolo9_bounded(
+        &[
+            "detect",
+            "--weights",
+            w.to_str().unwrap(),
+            "--source",
+            img.to_str().unwrap(),
+            "--img",
+            "320",
+            "--device",
+            "cpu",
+            "--project",
+            d.join("runs").to_str().unwrap(),
+            "--name",
+            "exp",
+            "--exist-ok",
+        ],
+        Duration::from_secs(300),
+    );
+    assert_ne!(code, 0, "{err}");
+    assert!(
+        err.contains(&fifo.display().to_string()) && err.contains("a FIFO"),
+        "{err}"
+    );
+    assert_eq!(entries(&run), ["BloodImage_00007.jpg"], "no temporary left");
     let _ = std::fs::remove_dir_all(&d);
 }

@@ -155,7 +155,8 @@ impl WeightsArgs {
 /// the model its keys or metadata say. Errors name the file and, with `--cfg`, the first tensor
 /// that does not fit.
 pub fn load_weights(path: &Path, cfg: Option<&str>) -> Result<crate::Weights> {
-    let w = crate::Weights::load(path).with_context(|| format!("--weights {}", crate::text::path(&path)))?;
+    let w = crate::Weights::load(path)
+        .with_context(|| format!("--weights {}", crate::text::path(&path)))?;
     match cfg {
         None => Ok(w),
         Some(c) => {
@@ -324,7 +325,11 @@ pub fn run_with_streams(
 ) -> Result<()> {
     let names = detector.names().to_vec();
     for (p, why) in skipped {
-        eprintln!("skipped {}: {}", crate::text::path(&p), crate::text::message(why));
+        eprintln!(
+            "skipped {}: {}",
+            crate::text::path(&p),
+            crate::text::message(why)
+        );
     }
     let out = &args.output;
     let saving = out.saving();
@@ -333,7 +338,12 @@ pub fn run_with_streams(
         let inputs = files.iter().map(PathBuf::as_path);
         crate::runs::refuse_reused_dir(&args.project, &args.name, args.exist_ok, inputs)?;
         save_dir = crate::runs::claim_run_dir(&args.project, &args.name, args.exist_ok)
-            .with_context(|| format!("cannot create the run folder {}", crate::text::path(&save_dir)))?;
+            .with_context(|| {
+                format!(
+                    "cannot create the run folder {}",
+                    crate::text::path(&save_dir)
+                )
+            })?;
     }
     // A reused folder (--exist-ok) was checked above; the images' identities also guard each
     // annotated image written (a hard link or symlink to an input in the folder).
@@ -484,8 +494,9 @@ pub fn run_with_streams(
                     canvas.height()
                 );
             }
-            crate::outfile::save_image(&canvas, &op, &inputs)
-                .with_context(|| format!("cannot save the annotated image {}", crate::text::path(&op)))?;
+            crate::outfile::save_image(&canvas, &op, &inputs).with_context(|| {
+                format!("cannot save the annotated image {}", crate::text::path(&op))
+            })?;
         }
     }
     let mut used = std::collections::HashSet::new();

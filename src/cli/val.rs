@@ -197,7 +197,11 @@ pub fn run(mut a: ValArgs) -> Result<()> {
     };
     let r = validate(ValModel::Infer(&model), &images, &vc)?;
     for (p, why) in &r.skipped {
-        eprintln!("skipped {}: {}", crate::text::path(&p), crate::text::message(why));
+        eprintln!(
+            "skipped {}: {}",
+            crate::text::path(&p),
+            crate::text::message(why)
+        );
     }
     print!("{}", r.metrics.table(&cfg.names));
     println!(

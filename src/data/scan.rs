@@ -362,7 +362,11 @@ impl SplitScan {
                 )
             }
             CacheStatus::Loaded(p) => {
-                s += &format!("{}: labels read from cache {}\n", self.split, crate::text::path(&p))
+                s += &format!(
+                    "{}: labels read from cache {}\n",
+                    self.split,
+                    crate::text::path(&p)
+                )
             }
             _ => {}
         }

@@ -323,7 +323,8 @@ pub fn save_crops(
         std::fs::create_dir_all(&dir)
             .with_context(|| format!("cannot create {}", dir.display()))?;
         let p = crate::runs::first_free(&dir, stem, ".jpg");
-        crate::outfile::save_image(&crop, &p, &crate::outfile::Inputs::none()).with_context(|| format!("cannot save the crop {}", p.display()))?;
+        crate::outfile::save_image(&crop, &p, &crate::outfile::Inputs::none())
+            .with_context(|| format!("cannot save the crop {}", p.display()))?;
     }
     Ok(())
 }

@@ -307,7 +307,10 @@ pub fn dataset_image_ids(
     if coco.is_empty() {
         return (val_image_ids(images), None);
     }
-    let ids: Option<Vec<u64>> = images.iter().map(|im| coco.get(&im.path).copied()).collect();
+    let ids: Option<Vec<u64>> = images
+        .iter()
+        .map(|im| coco.get(&im.path).copied())
+        .collect();
     let why = match ids {
         Some(ids) if ids.iter().collect::<std::collections::BTreeSet<_>>().len() == ids.len() => {
             return (ids, None)

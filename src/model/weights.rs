@@ -726,10 +726,10 @@ fn check_safetensors_frame(bytes: &[u8], len: u64, file: &str) -> Result<()> {
         bail!("{file}: truncated: the {n}-byte JSON header could not be read")
     };
     let header: serde_json::Value = serde_json::from_slice(text).map_err(|e| {
-            anyhow::anyhow!(
-                "{file}: garbage header: the JSON header does not parse ({e}); the file is damaged"
-            )
-        })?;
+        anyhow::anyhow!(
+            "{file}: garbage header: the JSON header does not parse ({e}); the file is damaged"
+        )
+    })?;
     let Some(obj) = header.as_object() else {
         bail!("{file}: garbage header: the JSON header is not an object")
     };
