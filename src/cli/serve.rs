@@ -44,6 +44,13 @@ pub struct ServeArgs {
     /// Seconds a request may wait for its answer (504 after).
     #[arg(long = "timeout-s", default_value = "30", value_parser = clap::value_parser!(u32).range(1..))]
     pub timeout_s: u32,
+    /// Connections open at most; the next one waits until one closes.
+    #[arg(long = "max-conns", default_value = "512", value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    pub max_conns: u32,
+    /// Seconds without a byte read or written after which a connection is closed (at least
+    /// --timeout-s + 5).
+    #[arg(long = "idle-s", default_value = "10", value_parser = clap::value_parser!(u32).range(1..=3600))]
+    pub idle_s: u32,
 }
 
 /// Runs `yolo9 serve`.
@@ -77,6 +84,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
         queue: args.queue as usize,
         max_body: (args.max_body_mb as usize) << 20,
         timeout: Duration::from_secs(args.timeout_s as u64),
+        max_conns: args.max_conns as usize,
+        idle: Duration::from_secs(args.idle_s as u64),
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -37,6 +37,8 @@
 //! private `Service`, `Job` and `Answer` types; split apart, those would have to become crate-
 //! visible while no other module uses them.
 
+pub mod conn;
+
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
@@ -74,10 +76,24 @@ pub struct ServeConfig {
     pub max_body: usize,
     /// Longest a request waits for its answer; then 504.
     pub timeout: Duration,
+    /// Connections open at most ([`conn::Limited`]); the next waits until one closes.
+    pub max_conns: usize,
+    /// A connection with nothing read or written for this long is closed (a half-sent header,
+    /// a stalled body, an idle keep-alive). Never less than `timeout` + 5 s, so a request being
+    /// answered is not cut.
+    pub idle: Duration,
+}
+
+impl ServeConfig {
+    /// The idle timeout used: [`ServeConfig::idle`], at least `timeout` + 5 s.
+    pub fn effective_idle(&self) -> Duration {
+        self.idle.max(self.timeout + Duration::from_secs(5))
+    }
 }
 
 impl Default for ServeConfig {
-    /// Batches of up to 8 within 5 ms, 64 waiting, 32 MiB bodies, 30 s timeout.
+    /// Batches of up to 8 within 5 ms, 64 waiting, 32 MiB bodies, 30 s timeout, 512 connections,
+    /// closed after 35 s without progress.
     fn default() -> Self {
         ServeConfig {
             max_batch: 8,
@@ -85,6 +101,8 @@ impl Default for ServeConfig {
             queue: 64,
             max_body: 32 << 20,
             timeout: Duration::from_secs(30),
+            max_conns: 512,
+            idle: Duration::from_secs(10),
         }
     }
 }
@@ -181,6 +199,7 @@ pub async fn serve(
         cfg.max_batch >= 1 && cfg.queue >= 1,
         "serve: --max-batch and --queue must be at least 1"
     );
+    anyhow::ensure!(cfg.max_conns >= 1, "serve: --max-conns must be at least 1");
     anyhow::ensure!(
         cfg.queue <= MAX_QUEUE,
         "serve: --queue {} is over the limit of {MAX_QUEUE} waiting requests",
@@ -224,6 +243,7 @@ pub async fn serve(
         cpu,
     });
     let app = router(svc);
+    let listener = conn::Limited::new(listener, cfg.max_conns, cfg.effective_idle());
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await

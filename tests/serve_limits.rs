@@ -1,0 +1,106 @@
+//! `yolo9 serve` bounds its clients (issue 36, the simple parts of "serve"): `--queue` is
+//! validated at start (before: `--queue 4294967295` aborted with exit 134), and the service
+//! holds at most `max_conns` connections, closing one that sends nothing for the idle time, so
+//! idle clients cannot lock out the others for ever.
+#![cfg(feature = "serve")]
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use yolo9::serve::{serve, ServeConfig};
+use yolo9::Detector;
+
+#[test]
+fn out_of_range_queue_sizes_are_refused_at_start() {
+    for q in ["4294967295", "65537", "0"] {
+        let (code, _out, err) = common::yolo9(&["serve", "--queue", q]);
+        assert_eq!(code, 2, "--queue {q}: {err}");
+        assert!(err.contains("--queue") && err.contains(q), "{err}");
+    }
+    let (code, _out, err) = common::yolo9(&["serve", "--max-conns", "0"]);
+    assert_eq!(code, 2, "{err}");
+}
+
+fn get(addr: SocketAddr, path: &str) -> (u16, Duration) {
+    let t0 = Instant::now();
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = String::new();
+    let _ = s.read_to_string(&mut raw);
+    let code = raw
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {raw:?}"));
+    (code, t0.elapsed())
+}
+
+/// Two connections that never send a byte fill a cap of 2: a third client is answered only once
+/// the idle ones are closed (after `timeout` + 5 s = 6 s without progress), and the idle ones
+/// see the close.
+#[test]
+fn idle_connections_are_capped_and_closed() {
+    let det = Detector::load(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("weights/yolov9-s-bccd.safetensors"),
+        candle_core::Device::Cpu,
+    )
+    .unwrap()
+    .with_config(yolo9::DetectorConfig {
+        img_size: 64,
+        ..Default::default()
+    })
+    .unwrap();
+    let cfg = ServeConfig {
+        max_conns: 2,
+        timeout: Duration::from_secs(1),
+        idle: Duration::from_secs(1),
+        ..ServeConfig::default()
+    };
+    assert_eq!(cfg.effective_idle(), Duration::from_secs(6));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+    let done = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            addr_tx.send(l.local_addr().unwrap()).unwrap();
+            serve(l, det, cfg, async {
+                let _ = stopped.await;
+            })
+            .await
+        })
+    });
+    let addr = addr_rx.recv_timeout(Duration::from_secs(60)).unwrap();
+    // Served at once while there is room.
+    let (code, took) = get(addr, "/healthz");
+    assert_eq!(code, 200);
+    assert!(took < Duration::from_secs(3), "{took:?}");
+
+    let idle: Vec<TcpStream> = (0..2).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let (code, took) = get(addr, "/healthz");
+    assert_eq!(code, 200);
+    assert!(
+        took >= Duration::from_secs(4) && took < Duration::from_secs(15),
+        "the third client waited {took:?} (cap 2, idle ones closed after 6 s)"
+    );
+    for mut s in idle {
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut b = [0u8; 16];
+        assert_eq!(s.read(&mut b).unwrap_or(0), 0, "closed by the service");
+    }
+    let _ = stop.send(());
+    done.join().unwrap().unwrap();
+}
