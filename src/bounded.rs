@@ -48,8 +48,11 @@ pub fn read_yaml(path: &Path, what: &str) -> Result<String> {
     Ok(text)
 }
 
-/// Opens `path` for reading only if it is a regular file, without blocking on a FIFO (the check
-/// is made on the open file). Used for the YAML files and the weights.
+/// Opens `path` for reading if it is a regular file (after following symlinks), without blocking
+/// on a FIFO: on Unix the open is made with `O_NONBLOCK` and the kind is checked on the open
+/// descriptor (`fstat`), so there is no window between a check and the open. Errors: the open's
+/// own error, or `InvalidInput` naming the kind (`a FIFO (named pipe), not a regular file`). Used
+/// for the YAML files, the weights, and the dataset's files (`crate::data::fsio`).
 pub fn open_regular(path: &Path) -> std::io::Result<std::fs::File> {
     #[cfg(unix)]
     let f = {
@@ -61,10 +64,11 @@ pub fn open_regular(path: &Path) -> std::io::Result<std::fs::File> {
     };
     #[cfg(not(unix))]
     let f = std::fs::File::open(path)?;
-    if !f.metadata()?.is_file() {
+    let ft = f.metadata()?.file_type();
+    if !ft.is_file() {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
-            "not a regular file (a FIFO, device or directory)",
+            format!("{}, not a regular file", crate::outfile::kind_of(&ft)),
         ));
     }
     Ok(f)

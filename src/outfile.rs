@@ -14,6 +14,8 @@
 //!   exclusively (`O_EXCL`), so an existing file of any name is never opened, let alone replaced.
 //! - **Atomic**: temporary, `fsync`, rename over the destination, `fsync` of the folder (Unix). A
 //!   crash leaves the old file or the new one, never a torn one; the temporary is removed on error.
+//!   A replaced file keeps its permissions. A destination that is a symlink (to a regular file
+//!   that is not an input) is replaced by the new file; what it pointed to is left as it was.
 //!
 //! [`check`] alone is for outputs that are streamed as they grow (`predictions.jsonl` of a live
 //! stream, `results.csv` appended each epoch): they get the same refusals, then are opened by
@@ -219,6 +221,10 @@ pub fn write_with(
     check(path, inputs)?;
     let shown = path.display().to_string();
     let (tmp, file) = create_temp(path, "")?;
+    // A replaced file keeps its permissions (a user's 0600 file stays private).
+    if let Ok(m) = std::fs::metadata(path) {
+        let _ = file.set_permissions(m.permissions());
+    }
     let result = (|| -> Result<()> {
         let mut w = BufWriter::new(file);
         fill(&mut w).with_context(|| format!("{shown}: cannot write (disk full?)"))?;

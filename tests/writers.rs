@@ -316,3 +316,31 @@ fn detect_outputs_refuse_a_fifo_in_the_reused_run_folder() {
     assert_eq!(entries(&run), ["BloodImage_00007.jpg"], "no temporary left");
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// A replaced file keeps its permissions; a symlink destination (not an input) is replaced by
+/// the new file and the file it pointed to is left as it was.
+#[test]
+fn replacing_keeps_permissions_and_never_writes_through_a_symlink() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = tmpdir("outfile-perms");
+    let p = d.join("private.json");
+    std::fs::write(&p, b"old").unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+    outfile::write(&p, b"new", &Inputs::none()).unwrap();
+    assert_eq!(std::fs::read(&p).unwrap(), b"new");
+    let mode = std::fs::metadata(&p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+
+    let target = d.join("elsewhere.txt");
+    std::fs::write(&target, b"keep").unwrap();
+    let link = d.join("out.txt");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    outfile::write(&link, b"written", &Inputs::none()).unwrap();
+    assert_eq!(std::fs::read(&target).unwrap(), b"keep");
+    assert!(!std::fs::symlink_metadata(&link)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert_eq!(std::fs::read(&link).unwrap(), b"written");
+    let _ = std::fs::remove_dir_all(&d);
+}
