@@ -344,3 +344,20 @@ fn replacing_keeps_permissions_and_never_writes_through_a_symlink() {
     assert_eq!(std::fs::read(&link).unwrap(), b"written");
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// `plot -o` onto the results.csv it reads: refused, the file byte-identical.
+#[test]
+fn plot_onto_its_own_results_csv_is_refused() {
+    let d = tmpdir("plot-self");
+    let csv = d.join("results.csv");
+    let text = "epoch,train/box_loss,metrics/mAP50\n0,1.5,0.1\n1,1.2,0.3\n";
+    std::fs::write(&csv, text).unwrap();
+    let (code, err, _) = yolo9_bounded(
+        &["plot", csv.to_str().unwrap(), "-o", csv.to_str().unwrap()],
+        Duration::from_secs(120),
+    );
+    assert_ne!(code, 0, "{err}");
+    assert!(err.contains("an input of this command"), "{err}");
+    assert_eq!(std::fs::read_to_string(&csv).unwrap(), text);
+    let _ = std::fs::remove_dir_all(&d);
+}
