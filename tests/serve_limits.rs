@@ -1,7 +1,8 @@
 //! `yolo9 serve` bounds its clients (issue 36, the simple parts of "serve"): `--queue` is
 //! validated at start (before: `--queue 4294967295` aborted with exit 134), and the service
-//! holds at most `max_conns` connections, closing one that sends nothing for the idle time, so
-//! idle clients cannot lock out the others for ever.
+//! holds at most `max_conns` connections, closing one that sends nothing for the idle time or
+//! whose request header does not arrive within the header timeout (however slowly it trickles),
+//! so idle and slowloris clients cannot lock out the others for ever.
 #![cfg(feature = "serve")]
 
 mod common;
@@ -43,11 +44,15 @@ fn get(addr: SocketAddr, path: &str) -> (u16, Duration) {
     (code, t0.elapsed())
 }
 
-/// Two connections that never send a byte fill a cap of 2: a third client is answered only once
-/// the idle ones are closed (after `timeout` + 5 s = 6 s without progress), and the idle ones
-/// see the close.
-#[test]
-fn idle_connections_are_capped_and_closed() {
+/// Starts the service with `cfg` on loopback: its address, the trigger of its shutdown, its
+/// thread.
+fn start(
+    cfg: ServeConfig,
+) -> (
+    SocketAddr,
+    tokio::sync::oneshot::Sender<()>,
+    std::thread::JoinHandle<anyhow::Result<yolo9::serve::ServeSummary>>,
+) {
     let det = Detector::load(
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("weights/yolov9-s-bccd.safetensors"),
         candle_core::Device::Cpu,
@@ -58,13 +63,6 @@ fn idle_connections_are_capped_and_closed() {
         ..Default::default()
     })
     .unwrap();
-    let cfg = ServeConfig {
-        max_conns: 2,
-        timeout: Duration::from_secs(1),
-        idle: Duration::from_secs(1),
-        ..ServeConfig::default()
-    };
-    assert_eq!(cfg.effective_idle(), Duration::from_secs(6));
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let (addr_tx, addr_rx) = std::sync::mpsc::channel();
     let done = std::thread::spawn(move || {
@@ -83,6 +81,23 @@ fn idle_connections_are_capped_and_closed() {
         })
     });
     let addr = addr_rx.recv_timeout(Duration::from_secs(60)).unwrap();
+    (addr, stop, done)
+}
+
+/// Two connections that never send a byte fill a cap of 2: a third client is answered only once
+/// the idle ones are closed (after `timeout` + 5 s = 6 s without progress), and the idle ones
+/// see the close.
+#[test]
+fn idle_connections_are_capped_and_closed() {
+    let cfg = ServeConfig {
+        max_conns: 2,
+        timeout: Duration::from_secs(1),
+        idle: Duration::from_secs(1),
+        header_timeout: Duration::from_secs(60),
+        ..ServeConfig::default()
+    };
+    assert_eq!(cfg.effective_idle(), Duration::from_secs(6));
+    let (addr, stop, done) = start(cfg);
     // Served at once while there is room.
     let (code, took) = get(addr, "/healthz");
     assert_eq!(code, 200);
@@ -101,6 +116,64 @@ fn idle_connections_are_capped_and_closed() {
         let mut b = [0u8; 16];
         assert_eq!(s.read(&mut b).unwrap_or(0), 0, "closed by the service");
     }
+    let _ = stop.send(());
+    done.join().unwrap().unwrap();
+}
+
+/// A header sent one byte every 300 ms (the idle timer never fires) is cut at the header
+/// timeout of 2 s, and a keep-alive connection left idle after its answer too; ordinary requests
+/// are answered meanwhile.
+#[test]
+fn slow_headers_and_idle_keep_alives_are_cut_at_the_header_timeout() {
+    let cfg = ServeConfig {
+        header_timeout: Duration::from_secs(2),
+        ..ServeConfig::default()
+    };
+    let (addr, stop, done) = start(cfg);
+    let t0 = Instant::now();
+    let mut slow = TcpStream::connect(addr).unwrap();
+    let head = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    let mut cut = None;
+    for &b in head.iter() {
+        if slow.write_all(&[b]).is_err() {
+            cut = Some(t0.elapsed());
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        // Ordinary clients are answered while it trickles.
+        if t0.elapsed() < Duration::from_millis(700) {
+            assert_eq!(get(addr, "/healthz").0, 200);
+        }
+        let mut probe = [0u8; 1];
+        slow.set_nonblocking(true).unwrap();
+        let closed = matches!(slow.read(&mut probe), Ok(0));
+        slow.set_nonblocking(false).unwrap();
+        if closed {
+            cut = Some(t0.elapsed());
+            break;
+        }
+    }
+    let cut = cut.expect("the slow header was never cut");
+    assert!(
+        cut >= Duration::from_millis(1500) && cut < Duration::from_secs(6),
+        "cut after {cut:?}"
+    );
+
+    // Keep-alive: one answer, then silence; closed about 2 s after the answer.
+    let mut ka = TcpStream::connect(addr).unwrap();
+    ka.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .unwrap();
+    ka.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let t1 = Instant::now();
+    let mut raw = Vec::new();
+    let _ = ka.read_to_end(&mut raw);
+    let text = String::from_utf8_lossy(&raw);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(
+        t1.elapsed() >= Duration::from_millis(1500) && t1.elapsed() < Duration::from_secs(6),
+        "keep-alive closed after {:?}",
+        t1.elapsed()
+    );
     let _ = stop.send(());
     done.join().unwrap().unwrap();
 }

@@ -47,6 +47,9 @@ pub struct ServeArgs {
     /// Connections open at most; the next one waits until one closes.
     #[arg(long = "max-conns", default_value = "512", value_parser = clap::value_parser!(u32).range(1..=65_536))]
     pub max_conns: u32,
+    /// Seconds a request's header may take to arrive (also the keep-alive idle time).
+    #[arg(long = "header-timeout-s", default_value = "10", value_parser = clap::value_parser!(u32).range(1..=600))]
+    pub header_timeout_s: u32,
     /// Seconds without a byte read or written after which a connection is closed (at least
     /// --timeout-s + 5).
     #[arg(long = "idle-s", default_value = "10", value_parser = clap::value_parser!(u32).range(1..=3600))]
@@ -85,6 +88,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         max_body: (args.max_body_mb as usize) << 20,
         timeout: Duration::from_secs(args.timeout_s as u64),
         max_conns: args.max_conns as usize,
+        header_timeout: Duration::from_secs(args.header_timeout_s as u64),
         idle: Duration::from_secs(args.idle_s as u64),
     };
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -1,9 +1,16 @@
-//! The service's connections ([`Limited`], an axum [`Listener`]): at most
-//! [`crate::serve::ServeConfig::max_conns`] are open at once (the next one is accepted when one
-//! closes; until then it waits in the kernel's backlog, so idle keep-alive connections can no
-//! longer lock every other client out without bound), and a connection on which nothing is read
-//! or written for [`crate::serve::ServeConfig::idle`] is closed (a half-sent header, a stalled
-//! body, an idle keep-alive).
+//! The service's connections ([`Limited`], an axum [`Listener`]):
+//!
+//! - at most [`crate::serve::ServeConfig::max_conns`] are open at once (the next one is accepted
+//!   when one closes; until then it waits in the kernel's backlog, so idle keep-alive connections
+//!   can no longer lock every other client out without bound);
+//! - a request's header must be complete (its blank line received) within
+//!   [`crate::serve::ServeConfig::header_timeout`] of the connection's start or of the previous
+//!   answer, however slowly its bytes trickle in (a slowloris header, an idle keep-alive);
+//! - a connection on which nothing is read or written for
+//!   [`crate::serve::ServeConfig::effective_idle`] is closed (a stalled body).
+//!
+//! The header is followed at the byte level (the end of the header is the first `\r\n\r\n`
+//! after an answer), which is what HTTP/1.1 without pipelining sends.
 
 use std::future::Future;
 use std::io;
@@ -23,16 +30,18 @@ pub struct Limited {
     inner: TcpListener,
     permits: Arc<Semaphore>,
     idle: Duration,
+    header: Duration,
 }
 
 impl Limited {
     /// `inner` with at most `max_conns` connections open (≥ 1), each closed after `idle` without
-    /// progress.
-    pub fn new(inner: TcpListener, max_conns: usize, idle: Duration) -> Self {
+    /// progress or when a request header takes longer than `header`.
+    pub fn new(inner: TcpListener, max_conns: usize, idle: Duration, header: Duration) -> Self {
         Limited {
             inner,
             permits: Arc::new(Semaphore::new(max_conns.max(1))),
             idle,
+            header,
         }
     }
 }
@@ -53,6 +62,10 @@ impl Listener for Limited {
             _permit: permit,
             idle: self.idle,
             timer: Box::pin(tokio::time::sleep(self.idle)),
+            header: self.header,
+            in_header: true,
+            matched: 0,
+            header_timer: Box::pin(tokio::time::sleep(self.header)),
         };
         (conn, addr)
     }
@@ -68,6 +81,12 @@ pub struct Conn {
     _permit: OwnedSemaphorePermit,
     idle: Duration,
     timer: Pin<Box<Sleep>>,
+    header: Duration,
+    /// Waiting for the end of a request header (since the start or the last answer).
+    in_header: bool,
+    /// Bytes of `\r\n\r\n` matched so far.
+    matched: u8,
+    header_timer: Pin<Box<Sleep>>,
 }
 
 impl Conn {
@@ -76,8 +95,34 @@ impl Conn {
         self.timer.as_mut().reset(next);
     }
 
-    /// `Pending` from the stream: an error once the connection has been idle too long.
-    fn idle_check(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
+    /// Follows the bytes of a request header; its end stops the header deadline.
+    fn scan_header(&mut self, bytes: &[u8]) {
+        if !self.in_header {
+            return;
+        }
+        for &b in bytes {
+            self.matched = match (self.matched, b) {
+                (0 | 2, b'\r') => self.matched + 1,
+                (1 | 3, b'\n') => self.matched + 1,
+                (_, b'\r') => 1,
+                _ => 0,
+            };
+            if self.matched == 4 {
+                self.in_header = false;
+                return;
+            }
+        }
+    }
+
+    /// An error once the connection has been idle, or its header pending, too long; `Pending`
+    /// (with the timers' wake-ups registered) otherwise.
+    fn deadline_check(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
+        if self.in_header && self.header_timer.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "request header not complete in time",
+            ));
+        }
         match self.timer.as_mut().poll(cx) {
             Poll::Ready(()) => Poll::Ready(io::Error::new(
                 io::ErrorKind::TimedOut,
@@ -95,15 +140,23 @@ impl AsyncRead for Conn {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        // A header still incomplete at its deadline ends the connection even while bytes trickle.
+        if this.in_header {
+            if let Poll::Ready(e) = this.deadline_check(cx) {
+                return Poll::Ready(Err(e));
+            }
+        }
         let before = buf.filled().len();
         match Pin::new(&mut this.io).poll_read(cx, buf) {
             Poll::Ready(r) => {
                 if buf.filled().len() > before {
                     this.progress();
+                    let new = buf.filled()[before..].to_vec();
+                    this.scan_header(&new);
                 }
                 Poll::Ready(r)
             }
-            Poll::Pending => this.idle_check(cx).map(Err),
+            Poll::Pending => this.deadline_check(cx).map(Err),
         }
     }
 }
@@ -119,10 +172,15 @@ impl AsyncWrite for Conn {
             Poll::Ready(r) => {
                 if matches!(r, Ok(n) if n > 0) {
                     this.progress();
+                    // An answer: the next request's header is due within the header timeout.
+                    this.in_header = true;
+                    this.matched = 0;
+                    let next = Instant::now() + this.header;
+                    this.header_timer.as_mut().reset(next);
                 }
                 Poll::Ready(r)
             }
-            Poll::Pending => this.idle_check(cx).map(Err),
+            Poll::Pending => this.deadline_check(cx).map(Err),
         }
     }
 

@@ -78,6 +78,9 @@ pub struct ServeConfig {
     pub timeout: Duration,
     /// Connections open at most ([`conn::Limited`]); the next waits until one closes.
     pub max_conns: usize,
+    /// Longest a request's header may take to arrive (from the connection's start or the previous
+    /// answer: also the keep-alive idle time); then the connection is closed.
+    pub header_timeout: Duration,
     /// A connection with nothing read or written for this long is closed (a half-sent header,
     /// a stalled body, an idle keep-alive). Never less than `timeout` + 5 s, so a request being
     /// answered is not cut.
@@ -93,7 +96,7 @@ impl ServeConfig {
 
 impl Default for ServeConfig {
     /// Batches of up to 8 within 5 ms, 64 waiting, 32 MiB bodies, 30 s timeout, 512 connections,
-    /// closed after 35 s without progress.
+    /// 10 s for a request header, connections closed after 35 s without progress.
     fn default() -> Self {
         ServeConfig {
             max_batch: 8,
@@ -102,6 +105,7 @@ impl Default for ServeConfig {
             max_body: 32 << 20,
             timeout: Duration::from_secs(30),
             max_conns: 512,
+            header_timeout: Duration::from_secs(10),
             idle: Duration::from_secs(10),
         }
     }
@@ -243,7 +247,12 @@ pub async fn serve(
         cpu,
     });
     let app = router(svc);
-    let listener = conn::Limited::new(listener, cfg.max_conns, cfg.effective_idle());
+    let listener = conn::Limited::new(
+        listener,
+        cfg.max_conns,
+        cfg.effective_idle(),
+        cfg.header_timeout,
+    );
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await
