@@ -177,3 +177,127 @@ fn slow_headers_and_idle_keep_alives_are_cut_at_the_header_timeout() {
     let _ = stop.send(());
     done.join().unwrap().unwrap();
 }
+
+/// A model that sleeps 400 ms per forward and detects nothing.
+struct Slow(yolo9::ModelMeta);
+
+impl yolo9::detect::detector::InferenceModel for Slow {
+    fn forward(&self, x: &candle_core::Tensor) -> anyhow::Result<candle_core::Tensor> {
+        std::thread::sleep(Duration::from_millis(400));
+        let (b, _, h, w) = x.dims4()?;
+        let a: usize = [8, 16, 32].iter().map(|s| (h / s) * (w / s)).sum();
+        Ok(candle_core::Tensor::zeros(
+            (b, 4 + self.0.nc, a),
+            candle_core::DType::F32,
+            &candle_core::Device::Cpu,
+        )?)
+    }
+    fn meta(&self) -> &yolo9::ModelMeta {
+        &self.0
+    }
+}
+
+fn post_png(addr: SocketAddr, png: &[u8]) -> u16 {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let head = format!(
+        "POST /v1/detect HTTP/1.1\r\nHost: localhost\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        png.len()
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(png).unwrap();
+    let mut raw = String::new();
+    let _ = s.read_to_string(&mut raw);
+    raw.split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {raw:?}"))
+}
+
+/// Requests whose client already got its 504 are dropped by the worker instead of detected:
+/// 6 requests at once on a model of 400 ms per forward with a 1 s timeout run about 3 forwards,
+/// not 6, and `/metrics` counts the others as abandoned.
+#[test]
+fn requests_that_timed_out_are_not_detected() {
+    let meta = Detector::load(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("weights/yolov9-s-bccd.safetensors"),
+        candle_core::Device::Cpu,
+    )
+    .unwrap()
+    .meta()
+    .clone();
+    let det = Detector::from_model(Slow(meta), candle_core::Device::Cpu)
+        .with_config(yolo9::DetectorConfig {
+            img_size: 64,
+            ..Default::default()
+        })
+        .unwrap();
+    let cfg = ServeConfig {
+        max_batch: 1,
+        max_delay: Duration::ZERO,
+        queue: 16,
+        timeout: Duration::from_secs(1),
+        ..ServeConfig::default()
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+    let done = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            addr_tx.send(l.local_addr().unwrap()).unwrap();
+            serve(l, det, cfg, async {
+                let _ = stopped.await;
+            })
+            .await
+        })
+    });
+    let addr = addr_rx.recv_timeout(Duration::from_secs(60)).unwrap();
+    let t0 = Instant::now();
+    while get(addr, "/readyz").0 != 200 {
+        assert!(t0.elapsed() < Duration::from_secs(60), "never ready");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut png = Vec::new();
+    image::RgbImage::new(64, 64)
+        .write_to(&mut std::io::Cursor::new(&mut png), image::ImageFormat::Png)
+        .unwrap();
+    let codes: Vec<u16> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..6).map(|_| s.spawn(|| post_png(addr, &png))).collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let ok = codes.iter().filter(|&&c| c == 200).count();
+    let late = codes.iter().filter(|&&c| c == 504).count();
+    assert_eq!(ok + late, 6, "{codes:?}");
+    assert!(late >= 2, "{codes:?}");
+    // Let the worker reach the abandoned jobs.
+    std::thread::sleep(Duration::from_millis(1500));
+    let mut s = TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text);
+    let abandoned: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("yolo9_abandoned_total "))
+        .unwrap_or_else(|| panic!("{text}"))
+        .trim()
+        .parse()
+        .unwrap();
+    let _ = stop.send(());
+    let summary = done.join().unwrap().unwrap();
+    assert!(abandoned >= 1, "{text}");
+    assert_eq!(
+        summary.batches as usize + abandoned as usize,
+        6,
+        "every request is either detected or dropped: {summary:?}, {abandoned} abandoned"
+    );
+    assert!(summary.batches < 6, "{summary:?}");
+}

@@ -170,6 +170,8 @@ struct Metrics {
     decode_us: AtomicU64,
     queue_us: AtomicU64,
     detect_us: AtomicU64,
+    /// Jobs dropped before their forward: their client had gone or had its 504 already.
+    abandoned: AtomicU64,
 }
 
 /// The state the handlers share.
@@ -315,6 +317,12 @@ fn work(det: Detector, rx: Receiver<Job>, cfg: &ServeConfig, ready: &AtomicBool,
             }
         }
         m.queued.fetch_sub(jobs.len() as u64, Ordering::Relaxed);
+        // A job whose answer nobody waits for any more (the client disconnected, or its
+        // `timeout` passed and it was answered 504) is dropped, not detected.
+        let waiting = jobs.len();
+        jobs.retain(|j| !j.reply.is_closed());
+        m.abandoned
+            .fetch_add((waiting - jobs.len()) as u64, Ordering::Relaxed);
         while !jobs.is_empty() {
             let params = jobs[0].params.clone();
             let (same, rest): (Vec<Job>, Vec<Job>) =
@@ -644,6 +652,9 @@ async fn metrics(State(svc): State<Arc<Service>>) -> Response {
     }
     out.push_str("# TYPE yolo9_queue_depth gauge\n");
     out.push_str(&format!("yolo9_queue_depth {}\n", g(&m.queued)));
+    out.push_str("# HELP yolo9_abandoned_total Requests dropped before detection (client gone or timed out).\n");
+    out.push_str("# TYPE yolo9_abandoned_total counter\n");
+    out.push_str(&format!("yolo9_abandoned_total {}\n", g(&m.abandoned)));
     out.push_str("# TYPE yolo9_batches_total counter\n");
     out.push_str(&format!("yolo9_batches_total {}\n", g(&m.batches)));
     out.push_str("# TYPE yolo9_images_total counter\n");
