@@ -8,7 +8,11 @@
 //! GPU each forward's input is padded on the device to `max_batch` images
 //! ([`Detector::detect_batch_padded`]), so the forward has one shape and is replayed from its
 //! CUDA graph ([`crate::model::graphs`]). A full
-//! queue answers 503 with `Retry-After` at once, so a burst never waits unanswered.
+//! queue answers 503 with `Retry-After` at once, so a burst never waits unanswered. A queued
+//! request whose client has gone, or whose [`ServeConfig::timeout`] passed (it was answered 504),
+//! is dropped before its forward. Connections ([`conn`]): at most [`ServeConfig::max_conns`]
+//! open, a request header due within [`ServeConfig::header_timeout`], closed after
+//! [`ServeConfig::effective_idle`] without progress.
 //!
 //! Endpoints:
 //! - `POST /v1/detect`: the image as the request body (any format the decoder reads) or as the
@@ -27,7 +31,7 @@
 //! - `GET /healthz` (the process answers), `GET /readyz` (200 once the weights are loaded and a
 //!   warm-up forward ran, 503 before), `GET /v1/model` (names, classes, input size, strides,
 //!   device, dtype, batching settings), `GET /metrics` (Prometheus text: requests by outcome,
-//!   queue depth, batches, images, summed decode/queue/detect seconds).
+//!   queue depth, batches, images, summed decode/queue/detect seconds, requests abandoned).
 //!
 //! Shutdown: when the future given to [`serve`] completes (the CLI passes SIGINT/SIGTERM), the
 //! listener stops accepting, requests already received are answered, the worker drains its
