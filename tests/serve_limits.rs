@@ -46,13 +46,7 @@ fn get(addr: SocketAddr, path: &str) -> (u16, Duration) {
 
 /// Starts the service with `cfg` on loopback: its address, the trigger of its shutdown, its
 /// thread.
-fn start(
-    cfg: ServeConfig,
-) -> (
-    SocketAddr,
-    tokio::sync::oneshot::Sender<()>,
-    std::thread::JoinHandle<anyhow::Result<yolo9::serve::ServeSummary>>,
-) {
+fn start(cfg: ServeConfig) -> Started {
     let det = Detector::load(
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("weights/yolov9-s-bccd.safetensors"),
         candle_core::Device::Cpu,
@@ -63,6 +57,17 @@ fn start(
         ..Default::default()
     })
     .unwrap();
+    start_with(det, cfg)
+}
+
+type Started = (
+    SocketAddr,
+    tokio::sync::oneshot::Sender<()>,
+    std::thread::JoinHandle<anyhow::Result<yolo9::serve::ServeSummary>>,
+);
+
+/// [`start`] with the detector `det`.
+fn start_with(det: Detector, cfg: ServeConfig) -> Started {
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let (addr_tx, addr_rx) = std::sync::mpsc::channel();
     let done = std::thread::spawn(move || {
@@ -198,6 +203,11 @@ impl yolo9::detect::detector::InferenceModel for Slow {
 }
 
 fn post_png(addr: SocketAddr, png: &[u8]) -> u16 {
+    post(addr, png).0
+}
+
+/// POSTs `body` to /v1/detect: the status and the whole answer.
+fn post(addr: SocketAddr, png: &[u8]) -> (u16, String) {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
     let head = format!(
@@ -208,10 +218,12 @@ fn post_png(addr: SocketAddr, png: &[u8]) -> u16 {
     s.write_all(png).unwrap();
     let mut raw = String::new();
     let _ = s.read_to_string(&mut raw);
-    raw.split_whitespace()
+    let code = raw
+        .split_whitespace()
         .nth(1)
         .and_then(|c| c.parse().ok())
-        .unwrap_or_else(|| panic!("no status in {raw:?}"))
+        .unwrap_or_else(|| panic!("no status in {raw:?}"));
+    (code, raw)
 }
 
 /// Requests whose client already got its 504 are dropped by the worker instead of detected:
@@ -300,4 +312,69 @@ fn requests_that_timed_out_are_not_detected() {
         "every request is either detected or dropped: {summary:?}, {abandoned} abandoned"
     );
     assert!(summary.batches < 6, "{summary:?}");
+}
+
+/// One budget for the images in flight: a picture whose header declares more than the budget is
+/// a 413 before any decode (a 1 KB PNG declaring 20000x20000: 2.8 GB); two 1000x1000 pictures
+/// (7 MB to decode, 3 MB held after) do not fit a 9 MB budget at once: one is answered 503 with
+/// Retry-After, and once the first is answered the budget is free again.
+#[test]
+fn images_in_flight_share_one_memory_budget() {
+    let bomb = common::png_header(20_000, 20_000, 8, 2);
+    assert!(bomb.len() < 1024);
+    let (addr, stop, done) = start(ServeConfig::default());
+    let t0 = Instant::now();
+    let (code, text) = post(addr, &bomb);
+    assert_eq!(code, 413, "{text}");
+    assert!(
+        text.contains("20000x20000") && text.contains("--decode-budget-mb"),
+        "{text}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    let _ = stop.send(());
+    done.join().unwrap().unwrap();
+
+    let meta = Detector::load(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("weights/yolov9-s-bccd.safetensors"),
+        candle_core::Device::Cpu,
+    )
+    .unwrap()
+    .meta()
+    .clone();
+    let det = Detector::from_model(Slow(meta), candle_core::Device::Cpu)
+        .with_config(yolo9::DetectorConfig {
+            img_size: 64,
+            ..Default::default()
+        })
+        .unwrap();
+    let cfg = ServeConfig {
+        max_batch: 1,
+        decode_budget: 9_000_000,
+        ..ServeConfig::default()
+    };
+    let (addr, stop, done) = start_with(det, cfg);
+    let t0 = Instant::now();
+    while get(addr, "/readyz").0 != 200 {
+        assert!(t0.elapsed() < Duration::from_secs(60), "never ready");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut png = Vec::new();
+    image::RgbImage::from_pixel(1000, 1000, image::Rgb([90, 30, 200]))
+        .write_to(&mut std::io::Cursor::new(&mut png), image::ImageFormat::Png)
+        .unwrap();
+    let answers: Vec<(u16, String)> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..2).map(|_| s.spawn(|| post(addr, &png))).collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let mut codes: Vec<u16> = answers.iter().map(|a| a.0).collect();
+    codes.sort();
+    assert_eq!(codes, [200, 503], "{answers:?}");
+    let busy = &answers.iter().find(|a| a.0 == 503).unwrap().1;
+    assert!(
+        busy.contains("retry later") && busy.to_ascii_lowercase().contains("retry-after: 1"),
+        "{busy}"
+    );
+    assert_eq!(post(addr, &png).0, 200, "the budget is given back");
+    let _ = stop.send(());
+    done.join().unwrap().unwrap();
 }

@@ -44,6 +44,11 @@ pub struct ServeArgs {
     /// Seconds a request may wait for its answer (504 after).
     #[arg(long = "timeout-s", default_value = "30", value_parser = clap::value_parser!(u32).range(1..))]
     pub timeout_s: u32,
+    /// MiB that the images of all requests in flight may hold (from their decode to their answer,
+    /// by the size their header declares); a larger image is a 413, one that does not fit now a
+    /// 503 with Retry-After.
+    #[arg(long = "decode-budget-mb", default_value = "2048", value_parser = clap::value_parser!(u32).range(64..=1_048_576))]
+    pub decode_budget_mb: u32,
     /// Connections open at most; the next one waits until one closes.
     #[arg(long = "max-conns", default_value = "512", value_parser = clap::value_parser!(u32).range(1..=65_536))]
     pub max_conns: u32,
@@ -87,6 +92,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         queue: args.queue as usize,
         max_body: (args.max_body_mb as usize) << 20,
         timeout: Duration::from_secs(args.timeout_s as u64),
+        decode_budget: u64::from(args.decode_budget_mb) << 20,
         max_conns: args.max_conns as usize,
         header_timeout: Duration::from_secs(args.header_timeout_s as u64),
         idle: Duration::from_secs(args.idle_s as u64),

@@ -80,6 +80,11 @@ pub struct ServeConfig {
     pub max_body: usize,
     /// Longest a request waits for its answer; then 504.
     pub timeout: Duration,
+    /// Bytes that the images of all requests in flight may hold together, from the start of their
+    /// decode (the size their header declares, [`crate::data::image::declared_need`]) until their
+    /// answer. A picture that can never fit is a 413; one that does not fit now a 503 with
+    /// `Retry-After`.
+    pub decode_budget: u64,
     /// Connections open at most ([`conn::Limited`]); the next waits until one closes.
     pub max_conns: usize,
     /// Longest a request's header may take to arrive (from the connection's start or the previous
@@ -99,7 +104,8 @@ impl ServeConfig {
 }
 
 impl Default for ServeConfig {
-    /// Batches of up to 8 within 5 ms, 64 waiting, 32 MiB bodies, 30 s timeout, 512 connections,
+    /// Batches of up to 8 within 5 ms, 64 waiting, 32 MiB bodies, 30 s timeout, 2 GiB of images
+    /// in flight, 512 connections,
     /// 10 s for a request header, connections closed after 35 s without progress.
     fn default() -> Self {
         ServeConfig {
@@ -108,6 +114,7 @@ impl Default for ServeConfig {
             queue: 64,
             max_body: 32 << 20,
             timeout: Duration::from_secs(30),
+            decode_budget: 2 << 30,
             max_conns: 512,
             header_timeout: Duration::from_secs(10),
             idle: Duration::from_secs(10),
@@ -149,6 +156,54 @@ struct Job {
     params: Params,
     queued: Instant,
     reply: tokio::sync::oneshot::Sender<Result<Answer, String>>,
+    /// The image's share of [`ServeConfig::decode_budget`], given back when the job is done.
+    _mem: Reserved,
+}
+
+/// The bytes of images in flight ([`ServeConfig::decode_budget`]).
+struct MemBudget {
+    cap: u64,
+    used: AtomicU64,
+}
+
+/// Bytes of a [`MemBudget`] held until dropped.
+struct Reserved {
+    budget: Arc<MemBudget>,
+    bytes: u64,
+}
+
+impl MemBudget {
+    /// Reserves `bytes` if they fit beside what is held.
+    fn try_reserve(budget: &Arc<MemBudget>, bytes: u64) -> Option<Reserved> {
+        budget
+            .used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
+                u.checked_add(bytes).filter(|&t| t <= budget.cap)
+            })
+            .ok()?;
+        Some(Reserved {
+            budget: budget.clone(),
+            bytes,
+        })
+    }
+}
+
+impl Reserved {
+    /// Keeps only `bytes` of the reservation (the decoder's buffers are gone once decoded).
+    fn shrink_to(&mut self, bytes: u64) {
+        if bytes < self.bytes {
+            self.budget
+                .used
+                .fetch_sub(self.bytes - bytes, Ordering::AcqRel);
+            self.bytes = bytes;
+        }
+    }
+}
+
+impl Drop for Reserved {
+    fn drop(&mut self) {
+        self.budget.used.fetch_sub(self.bytes, Ordering::AcqRel);
+    }
 }
 
 /// The worker's answer to one job.
@@ -189,6 +244,8 @@ struct Service {
     cfg: ServeConfig,
     /// The model runs on the CPU: a request's `img` is checked against the free memory.
     cpu: bool,
+    /// The bytes of images in flight.
+    mem: Arc<MemBudget>,
 }
 
 /// The page of `GET /` (HTML with its script and style inline).
@@ -251,6 +308,10 @@ pub async fn serve(
         model,
         cfg: cfg.clone(),
         cpu,
+        mem: Arc::new(MemBudget {
+            cap: cfg.decode_budget,
+            used: AtomicU64::new(0),
+        }),
     });
     let app = router(svc);
     let listener = conn::Limited::new(
@@ -334,9 +395,10 @@ fn work(det: Detector, rx: Receiver<Job>, cfg: &ServeConfig, ready: &AtomicBool,
             jobs = rest;
             let start = Instant::now();
             // The images move into the batch (no copy); the rest of each job answers it.
+            // Each image's share of the budget is held until its answer is sent.
             let (imgs, replies): (Vec<DynamicImage>, Vec<_>) = same
                 .into_iter()
-                .map(|j| (j.img, (j.queued, j.reply)))
+                .map(|j| (j.img, (j.queued, j.reply, j._mem)))
                 .unzip();
             // On the GPU one batch shape, so the forward is replayed from its CUDA graph
             // (batches of varying size would each be launched op by op).
@@ -350,7 +412,7 @@ fn work(det: Detector, rx: Receiver<Job>, cfg: &ServeConfig, ready: &AtomicBool,
             let n = replies.len();
             match out {
                 Ok(all) => {
-                    for ((queued, reply), detections) in replies.into_iter().zip(all) {
+                    for ((queued, reply, _mem), detections) in replies.into_iter().zip(all) {
                         let queue = start.saturating_duration_since(queued);
                         m.queue_us
                             .fetch_add(queue.as_micros() as u64, Ordering::Relaxed);
@@ -364,7 +426,7 @@ fn work(det: Detector, rx: Receiver<Job>, cfg: &ServeConfig, ready: &AtomicBool,
                 }
                 Err(e) => {
                     let msg = format!("{e:#}");
-                    for (_, reply) in replies {
+                    for (_, reply, _mem) in replies {
                         let _ = reply.send(Err(msg.clone()));
                     }
                 }
@@ -535,6 +597,42 @@ async fn detect(
             "empty body: send the image bytes as the body (or as a multipart file)",
         );
     }
+    // The size the header declares, against the budget of images in flight, before decoding.
+    let need = crate::data::image::declared_need(&bytes);
+    let mb = |b: u64| b.div_ceil(1 << 20);
+    let mut mem = match need {
+        Some((w, h, n)) if n > svc.mem.cap => {
+            return fail(
+                &svc,
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "the image declares {w}x{h} pixels: decoding it needs about {} MB, over the \
+                     service's budget of {} MB for images in flight (--decode-budget-mb)",
+                    mb(n),
+                    mb(svc.mem.cap)
+                ),
+            )
+        }
+        // A header that cannot be read: the decode says why (its own guard bounds it).
+        None => match MemBudget::try_reserve(&svc.mem, 0) {
+            Some(r) => r,
+            None => unreachable!("reserving 0 bytes always fits"),
+        },
+        Some((w, h, n)) => match MemBudget::try_reserve(&svc.mem, n) {
+            Some(r) => r,
+            None => return fail(
+                &svc,
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "the image ({w}x{h}) needs about {} MB to decode; the images in flight hold \
+                         {} of the {} MB budget: retry later",
+                    mb(n),
+                    mb(svc.mem.used.load(Ordering::Acquire)),
+                    mb(svc.mem.cap)
+                ),
+            ),
+        },
+    };
     let decoded =
         tokio::task::spawn_blocking(move || crate::data::image::decode_rgb8(&bytes)).await;
     let img = match decoded {
@@ -553,12 +651,15 @@ async fn detect(
         .decode_us
         .fetch_add(decode.as_micros() as u64, Ordering::Relaxed);
     let (w, h) = img.dimensions();
+    // Decoded: only the RGB pixels stay until the answer.
+    mem.shrink_to(3 * u64::from(w) * u64::from(h));
     let (reply, answer) = tokio::sync::oneshot::channel();
     let job = Job {
         img: DynamicImage::ImageRgb8(img),
         params,
         queued: Instant::now(),
         reply,
+        _mem: mem,
     };
     svc.metrics.queued.fetch_add(1, Ordering::Relaxed);
     match svc.tx.try_send(job) {
