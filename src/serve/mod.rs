@@ -10,7 +10,9 @@
 //! CUDA graph ([`crate::model::graphs`]). A full
 //! queue answers 503 with `Retry-After` at once, so a burst never waits unanswered. A queued
 //! request whose client has gone, or whose [`ServeConfig::timeout`] passed (it was answered 504),
-//! is dropped before its forward. Connections ([`conn`]): at most [`ServeConfig::max_conns`]
+//! is dropped before its forward. The images in flight share [`ServeConfig::decode_budget`],
+//! reserved from the size a picture's header declares before it is decoded (413 when it can never
+//! fit, 503 with `Retry-After` when it does not fit now). Connections ([`conn`]): at most [`ServeConfig::max_conns`]
 //! open, a request header due within [`ServeConfig::header_timeout`], closed after
 //! [`ServeConfig::effective_idle`] without progress.
 //!
@@ -395,7 +397,7 @@ fn work(det: Detector, rx: Receiver<Job>, cfg: &ServeConfig, ready: &AtomicBool,
             jobs = rest;
             let start = Instant::now();
             // The images move into the batch (no copy); the rest of each job answers it.
-            // Each image's share of the budget is held until its answer is sent.
+            // Each image's share of the budget is held until its answer is ready.
             let (imgs, replies): (Vec<DynamicImage>, Vec<_>) = same
                 .into_iter()
                 .map(|j| (j.img, (j.queued, j.reply, j._mem)))
@@ -412,7 +414,9 @@ fn work(det: Detector, rx: Receiver<Job>, cfg: &ServeConfig, ready: &AtomicBool,
             let n = replies.len();
             match out {
                 Ok(all) => {
-                    for ((queued, reply, _mem), detections) in replies.into_iter().zip(all) {
+                    for ((queued, reply, mem), detections) in replies.into_iter().zip(all) {
+                        // The image's share of the budget is free before its client hears back.
+                        drop(mem);
                         let queue = start.saturating_duration_since(queued);
                         m.queue_us
                             .fetch_add(queue.as_micros() as u64, Ordering::Relaxed);
@@ -426,7 +430,8 @@ fn work(det: Detector, rx: Receiver<Job>, cfg: &ServeConfig, ready: &AtomicBool,
                 }
                 Err(e) => {
                     let msg = format!("{e:#}");
-                    for (_, reply, _mem) in replies {
+                    for (_, reply, mem) in replies {
+                        drop(mem);
                         let _ = reply.send(Err(msg.clone()));
                     }
                 }
@@ -620,17 +625,19 @@ async fn detect(
         },
         Some((w, h, n)) => match MemBudget::try_reserve(&svc.mem, n) {
             Some(r) => r,
-            None => return fail(
-                &svc,
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!(
+            None => {
+                return fail(
+                    &svc,
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!(
                     "the image ({w}x{h}) needs about {} MB to decode; the images in flight hold \
                          {} of the {} MB budget: retry later",
                     mb(n),
                     mb(svc.mem.used.load(Ordering::Acquire)),
                     mb(svc.mem.cap)
                 ),
-            ),
+                )
+            }
         },
     };
     let decoded =
