@@ -16,6 +16,10 @@
 //!   cached; feature `download`) and the built-in BCCD weights (feature `builtin-weights`).
 //! - [`device`] and [`parse`]: `--device` and the other option values, parsed the same way by
 //!   every subcommand.
+//! - [`bounded`]: the size and nesting limits of every YAML file read, checked before parsing.
+//! - [`text`]: data-derived text made safe to print (escapes, URL credentials redacted).
+//! - [`outfile`]: every output file, written atomically, never onto an input or a non-regular
+//!   file.
 //! - [`budget`], [`footprint`], [`memory`]: memory-budget sizing from measured peaks, the up-front
 //!   estimate, the probes.
 //! - `loss`: IoU/CIoU, the TaskAlignedAssigner, the dual-branch TAL loss.
@@ -35,6 +39,7 @@
 #![warn(missing_docs)]
 
 pub mod boxes;
+pub mod bounded;
 pub mod budget;
 pub mod cancel;
 #[cfg(feature = "cli")]
@@ -59,11 +64,13 @@ pub mod memory;
 pub mod metrics;
 pub mod model;
 pub mod op_args;
+pub mod outfile;
 pub mod parse;
 pub mod pt;
 pub mod runs;
 #[cfg(feature = "serve")]
 pub mod serve;
+pub mod text;
 #[cfg(feature = "train")]
 pub mod train;
 

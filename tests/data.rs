@@ -5,6 +5,7 @@ mod common;
 
 mod data {
     mod augment;
+    mod bounded_parse;
     mod coco;
     #[cfg(unix)]
     mod fs_walk;
@@ -14,5 +15,6 @@ mod data {
     mod image_verdict;
     mod loader;
     mod scan;
+    mod text_hygiene;
     mod yaml;
 }

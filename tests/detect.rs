@@ -13,6 +13,8 @@ mod detect {
     mod pipeline;
     #[cfg(feature = "serve")]
     mod serve;
+    #[cfg(feature = "serve")]
+    mod serve_limits;
     mod size_check;
     mod stream;
     mod video;

@@ -4,6 +4,7 @@ mod common;
 
 mod metrics {
     mod coco;
+    mod coco_ids;
     mod confusion;
     mod map_case;
     mod val_coco;

@@ -5,4 +5,5 @@ mod common;
 mod project {
     mod architecture;
     mod readme_commands;
+    mod writers;
 }

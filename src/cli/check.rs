@@ -26,8 +26,8 @@ pub fn run(args: CheckArgs) -> Result<()> {
     let cfg = DataConfig::load(&args.data)?;
     println!(
         "dataset {} (root {}): {} classes {:?}",
-        cfg.yaml_path.display(),
-        cfg.root.display(),
+        crate::text::path(&cfg.yaml_path),
+        crate::text::path(&cfg.root),
         cfg.nc,
         cfg.names
     );

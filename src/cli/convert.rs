@@ -74,15 +74,14 @@ pub fn run(mut args: ConvertArgs) -> Result<()> {
         bail!(
             "{}: -o {} is the input itself; converting would replace it. Pass another -o",
             args.input.display(),
-            output.display()
+            crate::text::path(&output)
         )
     }
-    if output.is_dir() {
-        bail!(
-            "{}: is a directory; pass -o FILE.safetensors",
-            output.display()
-        )
+    let mut inputs = crate::outfile::Inputs::of([&args.input]);
+    if let Some(cfg) = &args.cfg {
+        inputs.add(std::path::Path::new(cfg));
     }
+    crate::outfile::check(&output, &inputs)?;
     let report = convert_file(
         &args.input,
         &output,
@@ -98,7 +97,7 @@ pub fn run(mut args: ConvertArgs) -> Result<()> {
     )?;
     print!("{report}");
     let size = std::fs::metadata(&output).map(|m| m.len()).unwrap_or(0);
-    println!("wrote:      {} ({size} bytes)", output.display());
+    println!("wrote:      {} ({size} bytes)", crate::text::path(&output));
     Ok(())
 }
 

@@ -181,13 +181,13 @@ fn builtin_weights(cfg: Option<&str>) -> Result<crate::model::weights::Weights> 
 /// that does not fit.
 pub fn load_weights(path: &Path, cfg: Option<&str>) -> Result<crate::model::weights::Weights> {
     let w = crate::model::weights::Weights::load(path)
-        .with_context(|| format!("--weights {}", path.display()))?;
+        .with_context(|| format!("--weights {}", crate::text::path(&path)))?;
     match cfg {
         None => Ok(w),
         Some(c) => {
             let arch = crate::model::arch::Arch::from_cfg(c)?;
             w.with_arch(arch, &format!("--cfg {c}"))
-                .with_context(|| format!("--weights {}", path.display()))
+                .with_context(|| format!("--weights {}", crate::text::path(&path)))
         }
     }
 }
@@ -212,7 +212,7 @@ pub fn weights_file(p: &Path) -> Result<PathBuf> {
         bail!(
             "weights file {} not found; pass an existing .safetensors or .pt, or the name of an \
              official checkpoint ({})",
-            p.display(),
+            crate::text::path(p),
             crate::hub::registry::published_names()
         );
     }
@@ -284,7 +284,7 @@ pub fn run(args: DetectArgs) -> Result<()> {
         ..args.config.clone()
     };
     let detector = Detector::with_weights(&w, device, config)
-        .with_context(|| format!("building the model from {}", weights.display()))?;
+        .with_context(|| format!("building the model from {}", crate::text::path(&weights)))?;
     run_with_streams(
         &detector,
         &args,
@@ -348,7 +348,11 @@ pub fn run_with_streams(
 ) -> Result<()> {
     let names = detector.names().to_vec();
     for (p, why) in skipped {
-        eprintln!("skipped {}: {why}", p.display());
+        eprintln!(
+            "skipped {}: {}",
+            crate::text::path(&p),
+            crate::text::message(why)
+        );
     }
     let out = &args.output;
     let saving = out.saving();
@@ -357,8 +361,20 @@ pub fn run_with_streams(
         let inputs = files.iter().map(PathBuf::as_path);
         crate::runs::refuse_reused_dir(&args.project, &args.name, args.exist_ok, inputs)?;
         save_dir = crate::runs::claim_run_dir(&args.project, &args.name, args.exist_ok)
-            .with_context(|| format!("cannot create the run folder {}", save_dir.display()))?;
+            .with_context(|| {
+                format!(
+                    "cannot create the run folder {}",
+                    crate::text::path(&save_dir)
+                )
+            })?;
     }
+    // A reused folder (--exist-ok) was checked above; the images' identities also guard each
+    // annotated image written (a hard link or symlink to an input in the folder).
+    let inputs = if saving && args.exist_ok {
+        crate::outfile::Inputs::of(files)
+    } else {
+        crate::outfile::Inputs::none()
+    };
     let mut sinks = Sinks::open(&save_dir, out.clone())?;
     let max_det = detector.config().max_det;
     let (mut n_ok, mut n_bad) = (0usize, skipped.len());
@@ -377,7 +393,7 @@ pub fn run_with_streams(
         if own.as_deref() != Some(stem.as_str()) && (out.save_txt || !out.nosave) {
             eprintln!(
                 "note: {} is saved as {stem} (an earlier input has the same name)",
-                path.display()
+                crate::text::path(&path)
             );
         }
         if crate::detect::video::is_video(path) {
@@ -392,7 +408,11 @@ pub fn run_with_streams(
             ) {
                 Ok(()) => n_ok += 1,
                 Err(e) => {
-                    eprintln!("skipped {}: {e:#}", path.display());
+                    eprintln!(
+                        "skipped {}: {}",
+                        crate::text::path(&path),
+                        crate::text::message(&format!("{e:#}"))
+                    );
                     n_bad += 1;
                 }
             }
@@ -409,7 +429,11 @@ pub fn run_with_streams(
                     .map(|c| c.to_string())
                     .collect::<Vec<_>>()
                     .join(": ");
-                eprintln!("skipped {}: {reason}", path.display());
+                eprintln!(
+                    "skipped {}: {}",
+                    crate::text::path(&path),
+                    crate::text::message(&reason)
+                );
                 n_bad += 1;
                 continue;
             }
@@ -418,7 +442,11 @@ pub fn run_with_streams(
         let (lb, info) = match detector.preprocess(&img) {
             Ok(x) => x,
             Err(e) => {
-                eprintln!("skipped {}: {e:#}", path.display());
+                eprintln!(
+                    "skipped {}: {}",
+                    crate::text::path(&path),
+                    crate::text::message(&format!("{e:#}"))
+                );
                 n_bad += 1;
                 continue;
             }
@@ -437,7 +465,7 @@ pub fn run_with_streams(
         let t1 = Instant::now();
         let y = detector
             .infer(&[&lb])
-            .with_context(|| format!("inference on {}", path.display()))?;
+            .with_context(|| format!("inference on {}", crate::text::path(&path)))?;
         let t2 = Instant::now();
         let dets = detector.postprocess(&y, &[info])?.pop().unwrap_or_default();
         let t3 = Instant::now();
@@ -452,7 +480,7 @@ pub fn run_with_streams(
             "image {}/{} {}: {}x{} {}, {p:.1}ms pre, {i:.1}ms infer, {n:.1}ms nms",
             k + 1,
             total,
-            path.display(),
+            crate::text::path(&path),
             info.out_h(),
             info.out_w(),
             count_summary(&dets, &names)
@@ -461,7 +489,7 @@ pub fn run_with_streams(
             eprintln!(
                 "note: {}: {} detections reached --max-det {max_det}; lower-confidence boxes were \
                  dropped (raise --max-det or --conf)",
-                path.display(),
+                crate::text::path(&path),
                 dets.len()
             );
         }
@@ -484,14 +512,14 @@ pub fn run_with_streams(
             if scale < 1.0 {
                 eprintln!(
                     "note: {} is {w}x{h}; the annotated copy is drawn at {}x{}",
-                    path.display(),
+                    crate::text::path(&path),
                     canvas.width(),
                     canvas.height()
                 );
             }
-            canvas
-                .save(&op)
-                .with_context(|| format!("cannot save the annotated image {}", op.display()))?;
+            crate::outfile::save_image(&canvas, &op, &inputs).with_context(|| {
+                format!("cannot save the annotated image {}", crate::text::path(&op))
+            })?;
         }
     }
     let mut used = std::collections::HashSet::new();
@@ -511,7 +539,11 @@ pub fn run_with_streams(
         match detect_stream(detector, args, st, &stem, &mut sinks, at, cancel) {
             Ok(()) => n_ok += 1,
             Err(e) => {
-                eprintln!("skipped {}: {e:#}", st.name());
+                eprintln!(
+                    "skipped {}: {}",
+                    st.name(),
+                    crate::text::redact(&format!("{e:#}"))
+                );
                 n_bad += 1;
             }
         }
@@ -528,7 +560,7 @@ pub fn run_with_streams(
         );
     }
     if saving {
-        let mut s = format!("Results saved to {}", save_dir.display());
+        let mut s = format!("Results saved to {}", crate::text::path(&save_dir));
         if out.save_txt {
             s.push_str(&format!(
                 "\n{n_labels} labels saved to {}",
@@ -610,7 +642,7 @@ fn detect_video(
         if cancel.requested() {
             eprintln!(
                 "stopped on request: {} ends at frame {frame}",
-                path.display()
+                crate::text::path(&path)
             );
             break;
         }
@@ -625,7 +657,7 @@ fn detect_video(
         detected += 1;
         println!(
             "video {k}/{total} (frame {frame}/{of}) {}: {}, {:.1}ms",
-            path.display(),
+            crate::text::path(&path),
             count_summary(&dets, names),
             t0.elapsed().as_secs_f64() * 1e3
         );
@@ -634,15 +666,15 @@ fn detect_video(
     }
     if let Some(msg) = reader.finish() {
         if !cancel.requested() {
-            eprintln!("note: {}: ffmpeg reported: {msg}", path.display());
+            eprintln!("note: {}: ffmpeg reported: {msg}", crate::text::path(&path));
         }
     }
     if let Some((wr, out)) = writer {
         wr.finish()?;
         println!(
             "{}: {detected} of {frame} frames detected, saved to {}",
-            path.display(),
-            out.display()
+            crate::text::path(&path),
+            crate::text::path(&out)
         );
     }
     if frame == 0 {
@@ -738,8 +770,11 @@ fn detect_stream(
         summary.push_str(&format!("; ended: {why}"));
     }
     match &finished {
-        Some(Ok(())) => summary.push_str(&format!(", saved to {}", out.display())),
-        Some(Err(e)) => summary.push_str(&format!(", the annotated video failed: {e:#}")),
+        Some(Ok(())) => summary.push_str(&format!(", saved to {}", crate::text::path(&out))),
+        Some(Err(e)) => summary.push_str(&format!(
+            ", the annotated video failed: {}",
+            crate::text::message(&format!("{e:#}"))
+        )),
         None => {}
     }
     println!("{summary}");

@@ -2,7 +2,7 @@
 
 use super::detect::WeightsArgs;
 use crate::export::{onnx, ExportOptions, NmsExport};
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use std::path::PathBuf;
 
@@ -94,11 +94,14 @@ pub fn run(args: ExportArgs) -> Result<()> {
             PathBuf::from(format!("{name}.onnx"))
         }
     };
-    if output.is_dir() {
-        bail!("-o {}: is a directory; pass -o FILE.onnx", output.display());
+    // The weights (and a model yaml) are inputs: refused as the output before any work.
+    let mut inputs = crate::outfile::Inputs::of([&path]);
+    if let Some(cfg) = &args.weights.cfg {
+        inputs.add(std::path::Path::new(cfg));
     }
+    crate::outfile::check(&output, &inputs).context("-o")?;
     let model = onnx::export(&weights, &opts)?;
-    let bytes = crate::export::write(&model, &output)?;
+    let bytes = crate::export::write(&model, &output, &inputs)?;
     let nodes = model.graph.as_ref().map_or(0, |g| g.node.len());
     let shape = if opts.dynamic {
         "dynamic batch, height and width".to_string()
@@ -107,10 +110,10 @@ pub fn run(args: ExportArgs) -> Result<()> {
     };
     println!(
         "exported {} ({}, {} classes) to {}: {:.1} MB, {nodes} nodes, opset {}, {shape}{}{}",
-        path.display(),
+        crate::text::path(&path),
         weights.meta.arch.name,
         weights.meta.nc,
-        output.display(),
+        crate::text::path(&output),
         bytes as f64 / 1e6,
         opts.opset,
         if opts.half { ", f16" } else { "" },

@@ -64,7 +64,7 @@ pub fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", crate::text::message(&format!("{e:#}")));
             ExitCode::FAILURE
         }
     }
@@ -77,10 +77,12 @@ fn init_tracing() {
     // or yolo9=trace shows more).
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        // Every log line through `text::message` (data-derived text escaped, URL credentials
+        // redacted), so without colour codes of its own.
+        .with_writer(|| crate::text::CleanStderr)
         .without_time()
         .with_target(false)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_ansi(false)
         .try_init();
 }
 

@@ -29,6 +29,7 @@ pub fn run(a: PlotArgs) -> Result<()> {
         a.results.len()
     );
     let mut runs = Vec::new();
+    let mut inputs = crate::outfile::Inputs::none();
     for (i, p) in a.results.iter().enumerate() {
         let csv = if p.is_dir() {
             p.join("results.csv")
@@ -44,6 +45,7 @@ pub fn run(a: PlotArgs) -> Result<()> {
                 .unwrap_or_else(|| csv.display().to_string()),
         };
         runs.push(read_results_csv(&csv, &label)?);
+        inputs.add(&csv);
     }
     let output = a.output.clone().unwrap_or_else(|| {
         let first = &a.results[0];
@@ -57,8 +59,10 @@ pub fn run(a: PlotArgs) -> Result<()> {
         };
         dir.join("results.png")
     });
+    // `-o` onto one of the results files (or a FIFO, a folder) is refused before drawing.
+    crate::outfile::check(&output, &inputs)?;
     plot_results(&runs, &output)?;
-    println!("wrote {}", output.display());
+    println!("wrote {}", crate::text::path(&output));
     Ok(())
 }
 

@@ -35,8 +35,8 @@ pub struct ServeArgs {
     /// Milliseconds the worker waits for more requests after the first of a batch.
     #[arg(long = "max-delay-ms", default_value = "5")]
     pub max_delay_ms: u64,
-    /// Requests that may wait; one more is answered 503 with Retry-After.
-    #[arg(long, default_value = "64", value_parser = clap::value_parser!(u32).range(1..))]
+    /// Requests that may wait (1 to 65536); one more is answered 503 with Retry-After.
+    #[arg(long, default_value = "64", value_parser = clap::value_parser!(u32).range(1..=crate::serve::MAX_QUEUE as i64))]
     pub queue: u32,
     /// Largest request body in MiB (413 above).
     #[arg(long = "max-body-mb", default_value = "32", value_parser = clap::value_parser!(u32).range(1..=4096))]
@@ -44,6 +44,21 @@ pub struct ServeArgs {
     /// Seconds a request may wait for its answer (504 after).
     #[arg(long = "timeout-s", default_value = "30", value_parser = clap::value_parser!(u32).range(1..))]
     pub timeout_s: u32,
+    /// MiB that the images of all requests in flight may hold (from their decode to their answer,
+    /// by the size their header declares); a larger image is a 413, one that does not fit now a
+    /// 503 with Retry-After.
+    #[arg(long = "decode-budget-mb", default_value = "2048", value_parser = clap::value_parser!(u32).range(64..=1_048_576))]
+    pub decode_budget_mb: u32,
+    /// Connections open at most; the next one waits until one closes.
+    #[arg(long = "max-conns", default_value = "512", value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    pub max_conns: u32,
+    /// Seconds a request's header may take to arrive (also the keep-alive idle time).
+    #[arg(long = "header-timeout-s", default_value = "10", value_parser = clap::value_parser!(u32).range(1..=600))]
+    pub header_timeout_s: u32,
+    /// Seconds without a byte read or written after which a connection is closed (at least
+    /// --timeout-s + 5).
+    #[arg(long = "idle-s", default_value = "10", value_parser = clap::value_parser!(u32).range(1..=3600))]
+    pub idle_s: u32,
 }
 
 /// Runs `yolo9 serve`.
@@ -77,6 +92,10 @@ pub fn run(args: ServeArgs) -> Result<()> {
         queue: args.queue as usize,
         max_body: (args.max_body_mb as usize) << 20,
         timeout: Duration::from_secs(args.timeout_s as u64),
+        decode_budget: u64::from(args.decode_budget_mb) << 20,
+        max_conns: args.max_conns as usize,
+        header_timeout: Duration::from_secs(args.header_timeout_s as u64),
+        idle: Duration::from_secs(args.idle_s as u64),
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

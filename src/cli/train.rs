@@ -61,8 +61,8 @@ pub fn run(a: TrainArgs) -> Result<()> {
         "{} epochs done; best fitness {:.5}; weights {} and {}",
         s.epochs.len(),
         s.best_fitness,
-        s.last.display(),
-        s.best.display()
+        crate::text::path(&s.last),
+        crate::text::path(&s.best)
     );
     Ok(())
 }

@@ -134,7 +134,7 @@ pub fn run(mut a: ValArgs) -> Result<()> {
     ensure!(
         weights.meta.nc == cfg.nc,
         "--weights {} has nc = {} but {} has nc = {}; validate with the dataset the model was trained on",
-        weights_path.display(),
+        crate::text::path(&weights_path),
         weights.meta.nc,
         cfg.yaml_path.display(),
         cfg.nc
@@ -153,7 +153,7 @@ pub fn run(mut a: ValArgs) -> Result<()> {
     if let crate::data::scan::CacheStatus::NotWritten { path, reason } = &scan.cache {
         eprintln!(
             "warning: label cache {} not written: {reason} (the labels are scanned again next time)",
-            path.display()
+            crate::text::path(&path)
         );
     }
     if let Some(c) = &cfg.coco {
@@ -197,7 +197,11 @@ pub fn run(mut a: ValArgs) -> Result<()> {
     };
     let r = validate(ValModel::Infer(&model), &images, &vc)?;
     for (p, why) in &r.skipped {
-        eprintln!("skipped {}: {why}", p.display());
+        eprintln!(
+            "skipped {}: {}",
+            crate::text::path(&p),
+            crate::text::message(why)
+        );
     }
     print!("{}", r.metrics.table(&cfg.names));
     println!(
@@ -217,11 +221,16 @@ pub fn run(mut a: ValArgs) -> Result<()> {
             &cfg.names,
             cfg.coco.as_ref().map(|c| c.ids.as_slice()),
         );
-        let (path, ev) =
-            crate::metrics::coco_json::save_and_evaluate(&dir, &images, dets, &cfg.names, &cats)?;
+        let (ids, note) = crate::metrics::coco_json::dataset_image_ids(&images, &scan.coco_ids);
+        if let Some(n) = note {
+            eprintln!("{n}");
+        }
+        let (path, ev) = crate::metrics::coco_json::save_and_evaluate(
+            &dir, &images, dets, &cfg.names, &ids, &cats,
+        )?;
         println!(
             "Saved {}; COCO bbox evaluation against the split's labels:",
-            path.display()
+            crate::text::path(&path)
         );
         for line in ev.summary_lines() {
             println!("{line}");
@@ -243,7 +252,7 @@ pub fn run(mut a: ValArgs) -> Result<()> {
             crate::metrics::plots::plot_val_batches(&dir, &images, dets, batch, &cfg.names)?;
         }
     }
-    println!("Results saved to {}", dir.display());
+    println!("Results saved to {}", crate::text::path(&dir));
     Ok(())
 }
 
@@ -260,7 +269,7 @@ pub fn save_txt(
     use crate::detect::output::{unique_stems, yolo_line};
     let labels = dir.join("labels");
     std::fs::create_dir_all(&labels)
-        .with_context(|| format!("cannot create {}", labels.display()))?;
+        .with_context(|| format!("cannot create {}", crate::text::path(&labels)))?;
     let paths: Vec<PathBuf> = images.iter().map(|i| i.path.clone()).collect();
     let stems = unique_stems(&paths);
     let mut n = 0;
@@ -278,7 +287,7 @@ pub fn save_txt(
             text.push('\n');
         }
         let p = labels.join(format!("{stem}.txt"));
-        std::fs::write(&p, text).with_context(|| format!("cannot write {}", p.display()))?;
+        crate::outfile::write(&p, text.as_bytes(), &crate::outfile::Inputs::none())?;
         n += 1;
     }
     Ok(n)

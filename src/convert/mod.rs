@@ -160,9 +160,15 @@ pub fn convert(input: &Path, opts: &ConvertOptions) -> Result<(Weights, Provenan
     Ok((weights, prov, report))
 }
 
-/// [`convert`] then [`Weights::save_with_provenance`] to `output` (atomic write).
+/// [`convert`] then [`Weights::save_with_provenance`] to `output` (atomic write). `output` is
+/// refused before any work, and again before it is written, when it is `input` (by file
+/// identity: a hard link or symlink to it counts) or not a regular file
+/// ([`crate::outfile::check`]).
 pub fn convert_file(input: &Path, output: &Path, opts: ConvertOptions) -> Result<Report> {
+    let inputs = crate::outfile::Inputs::of([input]);
+    crate::outfile::check(output, &inputs)?;
     let (weights, prov, report) = convert(input, &opts)?;
+    crate::outfile::check(output, &inputs)?;
     weights.save_with_provenance(output, opts.half, Some(&prov))?;
     Ok(report)
 }

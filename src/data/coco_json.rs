@@ -104,6 +104,8 @@ pub struct PixelBox {
 /// One image of a COCO JSON file, resolved to a file.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CocoImage {
+    /// Its `id` in the JSON file.
+    pub id: u64,
     /// The image file (absolute).
     pub image: PathBuf,
     /// The JSON file that lists it.
@@ -385,6 +387,7 @@ pub fn read_split(json: &Path, classes: &CocoClasses) -> Result<CocoSplit> {
         };
         by_id.insert(id, out.images.len());
         out.images.push(CocoImage {
+            id,
             image: path,
             json: json.to_path_buf(),
             record: rec,
@@ -604,6 +607,7 @@ mod tests {
     #[test]
     fn boxes_normalized_clipped_and_dropped() {
         let img = CocoImage {
+            id: 1,
             image: PathBuf::from("/d/a.jpg"),
             json: PathBuf::from("/d/a.json"),
             record: "images[0] (id 1)".into(),

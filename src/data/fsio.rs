@@ -15,52 +15,16 @@ use std::fs::File;
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 
-/// What a non-regular file is, for messages.
+/// What a non-regular file is, for messages ([`crate::outfile::kind_of`]).
 fn kind_of(ft: &std::fs::FileType) -> &'static str {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::FileTypeExt;
-        if ft.is_fifo() {
-            return "a FIFO (named pipe)";
-        }
-        if ft.is_socket() {
-            return "a socket";
-        }
-        if ft.is_block_device() || ft.is_char_device() {
-            return "a device";
-        }
-    }
-    if ft.is_dir() {
-        return "a directory";
-    }
-    "not a regular file"
-}
-
-fn refuse(ft: &std::fs::FileType) -> io::Error {
-    io::Error::new(
-        io::ErrorKind::InvalidInput,
-        format!("{}, not a regular file", kind_of(ft)),
-    )
+    crate::outfile::kind_of(ft)
 }
 
 /// Opens `path` for reading if it is a regular file (after following symlinks). Errors: the
 /// open's own error, or `InvalidInput` naming the kind (FIFO, socket, device, directory).
+/// ([`crate::bounded::open_regular`], shared with the YAML and weights readers.)
 pub fn open_regular(path: &Path) -> io::Result<File> {
-    #[cfg(unix)]
-    let f = {
-        use std::os::unix::fs::OpenOptionsExt;
-        std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NONBLOCK)
-            .open(path)?
-    };
-    #[cfg(not(unix))]
-    let f = File::open(path)?;
-    let ft = f.metadata()?.file_type();
-    if !ft.is_file() {
-        return Err(refuse(&ft));
-    }
-    Ok(f)
+    crate::bounded::open_regular(path)
 }
 
 /// The bytes of the regular file `path` (see [`open_regular`]).

@@ -134,15 +134,21 @@ pub const BOUNDED_DECODE_BYTES: u64 = 2 * MAX_DECODE_BYTES;
 /// [`BOUNDED_DECODE_BYTES`]; one decode always proceeds alone. The verdict is [`decode_rgb8`]'s.
 pub fn decode_rgb8_bounded(bytes: &[u8]) -> Result<RgbImage> {
     static GATE: gate::Gate = gate::Gate::new(BOUNDED_DECODE_BYTES);
-    let need = ImageReader::new(Cursor::new(bytes))
-        .with_guessed_format()
-        .ok()
-        .and_then(|r| r.into_dimensions().ok())
-        .map_or(0, |(w, h)| {
-            decoded_need(w, h, 4 * u64::from(w) * u64::from(h)).min(MAX_DECODE_BYTES)
-        });
+    let need = declared_need(bytes).map_or(0, |(_, _, n)| n.min(MAX_DECODE_BYTES));
     let _held = GATE.acquire(need);
     decode_rgb8(bytes)
+}
+
+/// The size an encoded picture declares in its header and the bytes decoding it may hold (its
+/// size as 8-bit RGBA plus the RGB copy, [`decoded_need`]), read without decoding: `(width,
+/// height, bytes)`; `None` when the header cannot be read (the decode then says why).
+pub fn declared_need(bytes: &[u8]) -> Option<(u32, u32, u64)> {
+    let (w, h) = ImageReader::new(Cursor::new(bytes))
+        .with_guessed_format()
+        .ok()?
+        .into_dimensions()
+        .ok()?;
+    Some((w, h, decoded_need(w, h, 4 * u64::from(w) * u64::from(h))))
 }
 
 /// A byte budget shared by threads: [`Gate::acquire`] blocks while the bytes held plus the

@@ -96,10 +96,12 @@ impl Issue {
     /// The issue as text, with `path` shown relative to `root` when it lies under it.
     pub fn display_relative(&self, root: &Path) -> String {
         let p = self.path.strip_prefix(root).unwrap_or(&self.path);
-        match self.line {
+        // Paths, values and COCO file names come from the data: shown escaped.
+        let line = match self.line {
             Some(l) => format!("{}:{l}: {} → {}", p.display(), self.value, self.action),
             None => format!("{}: {} → {}", p.display(), self.value, self.action),
-        }
+        };
+        crate::text::escape(&line).into_owned()
     }
 }
 

@@ -137,6 +137,9 @@ pub struct SplitScan {
     pub counts: ScanCounts,
     /// What happened with the cache.
     pub cache: CacheStatus,
+    /// The `images[].id` of each image listed by a COCO JSON file of the split (by image path,
+    /// as in [`ImageRecord::image`]); empty for a YOLO layout. `val --save-json` writes these ids.
+    pub coco_ids: std::collections::HashMap<PathBuf, u64>,
 }
 
 /// Options of [`scan_split`].
@@ -208,6 +211,10 @@ pub fn scan_split(cfg: &DataConfig, split: Split, opts: &ScanOptions) -> Result<
             json_images_skipped += s.images_skipped;
             json_rows_skipped += s.annotations_skipped;
         }
+    }
+    let mut coco_ids = std::collections::HashMap::new();
+    for c in &coco_images {
+        coco_ids.entry(c.image.clone()).or_insert(c.id);
     }
     let mut items: Vec<(PathBuf, Option<CocoImage>)> = Vec::new();
     {
@@ -311,6 +318,7 @@ pub fn scan_split(cfg: &DataConfig, split: Split, opts: &ScanOptions) -> Result<
         issues,
         counts,
         cache: cache_status,
+        coco_ids,
     };
     if opts.print {
         eprint!("{}", scan.report(&cfg.root, &cfg.names));
@@ -357,11 +365,15 @@ impl SplitScan {
                 s += &format!(
                     "{}: warning: label cache {} not written: {reason}\n",
                     self.split,
-                    path.display()
+                    crate::text::path(&path)
                 )
             }
             CacheStatus::Loaded(p) => {
-                s += &format!("{}: labels read from cache {}\n", self.split, p.display())
+                s += &format!(
+                    "{}: labels read from cache {}\n",
+                    self.split,
+                    crate::text::path(&p)
+                )
             }
             _ => {}
         }

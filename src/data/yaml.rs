@@ -98,12 +98,15 @@ impl DataConfig {
     /// with `names`.
     pub fn load(path: &Path) -> Result<DataConfig> {
         let yaml_path = absolute(path)?;
-        let text = std::fs::read_to_string(&yaml_path).with_context(|| {
-            format!(
-                "cannot read dataset description {} (pass --data with the path of an existing data.yaml)",
-                yaml_path.display()
-            )
-        })?;
+        if let Err(e) = std::fs::metadata(&yaml_path) {
+            return Err(e).with_context(|| {
+                format!(
+                    "cannot read dataset description {} (pass --data with the path of an existing data.yaml)",
+                    yaml_path.display()
+                )
+            });
+        }
+        let text = crate::bounded::read_yaml(&yaml_path, "--data")?;
         Self::from_yaml_str(&text, &yaml_path)
     }
 
@@ -112,6 +115,7 @@ impl DataConfig {
     pub fn from_yaml_str(text: &str, yaml_path: &Path) -> Result<DataConfig> {
         let yaml_path = absolute(yaml_path)?;
         let shown = yaml_path.display();
+        crate::bounded::check_yaml(text).with_context(|| format!("{shown}"))?;
         let doc: Value = serde_yaml_ng::from_str(text).with_context(|| {
             format!("{shown} is not valid YAML (fix the syntax at the position above)")
         })?;

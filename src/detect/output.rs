@@ -84,8 +84,9 @@ impl Sinks {
         }
         let jsonl = if opts.json {
             let p = dir.join("predictions.jsonl");
-            let f = std::fs::File::create(&p)
-                .with_context(|| format!("cannot create {}", p.display()))?;
+            // Grows as images and frames are detected (a stream may never end), so it is opened
+            // in place, after the refusals of every output (not an input, a regular file).
+            let f = crate::outfile::create_stream(&p, &crate::outfile::Inputs::none())?;
             Some(std::io::BufWriter::new(f))
         } else {
             None
@@ -130,7 +131,7 @@ impl Sinks {
                 .iter()
                 .map(|d| label_line(d, w, h, self.opts.save_conf) + "\n")
                 .collect();
-            std::fs::write(&lp, text).with_context(|| format!("cannot write {}", lp.display()))?;
+            crate::outfile::write(&lp, text.as_bytes(), &crate::outfile::Inputs::none())?;
             self.labels += 1;
         }
         if let Some(out) = self.jsonl.as_mut() {
@@ -322,7 +323,7 @@ pub fn save_crops(
         std::fs::create_dir_all(&dir)
             .with_context(|| format!("cannot create {}", dir.display()))?;
         let p = crate::runs::first_free(&dir, stem, ".jpg");
-        crop.save(&p)
+        crate::outfile::save_image(&crop, &p, &crate::outfile::Inputs::none())
             .with_context(|| format!("cannot save the crop {}", p.display()))?;
     }
     Ok(())

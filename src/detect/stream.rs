@@ -81,11 +81,12 @@ impl StreamSource {
         }
     }
 
-    /// The source as the user gave it (`0`, or the URL).
+    /// The source as shown in messages, logs and output files: as the user gave it (`0`, or the
+    /// URL), with the URL's credentials redacted ([`crate::text::redact`]: `rtsp://user:***@host`).
     pub fn name(&self) -> String {
         match self {
             StreamSource::Webcam(i) => i.to_string(),
-            StreamSource::Url(u) => u.clone(),
+            StreamSource::Url(u) => crate::text::redact(u).into_owned(),
         }
     }
 
@@ -367,7 +368,7 @@ impl LiveReader {
                     let e = e.clone();
                     drop(st);
                     self.stop();
-                    bail!("{}: {e}", self.source.name());
+                    bail!("{}: {}", self.source.name(), crate::text::redact(&e));
                 }
                 Some(_) => return Ok(None),
                 None => {}
@@ -555,7 +556,8 @@ fn read_loop(sh: &Shared, name: &str, input: &[String], live: bool, opts: &Strea
         let reason = match connect(sh, input) {
             Err(e) => {
                 // ffmpeg itself is missing: no retry helps.
-                sh.lock().ending = Some(Ending::Failed(format!("{e:#}")));
+                let e = crate::text::redact(&format!("{e:#}")).into_owned();
+                sh.lock().ending = Some(Ending::Failed(e));
                 sh.cv.notify_all();
                 return;
             }
@@ -593,6 +595,8 @@ fn read_loop(sh: &Shared, name: &str, input: &[String], live: bool, opts: &Strea
                 }
             }
         };
+        // ffmpeg's messages may repeat the URL with its credentials.
+        let reason = crate::text::redact(&reason).into_owned();
         if sh.stop.load(Ordering::SeqCst) {
             break;
         }

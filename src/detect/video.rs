@@ -256,6 +256,17 @@ pub struct FrameWriter {
     width: u32,
     height: u32,
     path: String,
+    /// The file written ([`crate::outfile::commit`]ted over `dest` by [`FrameWriter::finish`]).
+    tmp: std::path::PathBuf,
+    dest: std::path::PathBuf,
+}
+
+impl Drop for FrameWriter {
+    /// A video not finished (an error on the way) leaves no temporary behind; once moved into
+    /// place by [`FrameWriter::finish`] there is nothing at the temporary's name.
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.tmp);
+    }
 }
 
 impl FrameWriter {
@@ -293,6 +304,10 @@ impl FrameWriter {
         input_rate: &[&str],
         output_rate: &[&str],
     ) -> Result<Self> {
+        // ffmpeg writes a unique temporary beside `path` (refused first when `path` is not a
+        // regular file); `finish` moves it into place.
+        let none = crate::outfile::Inputs::none();
+        let tmp = crate::outfile::temp_beside(path, ".mp4", &none)?;
         let mut cmd = tool("ffmpeg");
         cmd.args([
             "-nostdin", "-v", "error", "-y", "-f", "rawvideo", "-pix_fmt", "rgb24",
@@ -311,12 +326,18 @@ impl FrameWriter {
             "-movflags",
             "+faststart",
         ])
-        .arg(path)
+        .arg(&tmp)
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
         own_process_group(&mut cmd);
-        let mut child = cmd.spawn().map_err(|e| missing("ffmpeg", e))?;
+        let mut child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(missing("ffmpeg", e));
+            }
+        };
         let stdin = child.stdin.take();
         let err = Some(drain(child.stderr.take()));
         Ok(FrameWriter {
@@ -326,6 +347,8 @@ impl FrameWriter {
             width,
             height,
             path: path.display().to_string(),
+            tmp,
+            dest: path.to_path_buf(),
         })
     }
 
@@ -383,8 +406,9 @@ impl FrameWriter {
             .and_then(|h| h.join().ok())
             .unwrap_or_default();
         if !status.success() {
+            let _ = std::fs::remove_file(&self.tmp);
             bail!("{}: ffmpeg failed to write it: {}", self.path, err.trim());
         }
-        Ok(())
+        crate::outfile::commit(&self.tmp, &self.dest, &crate::outfile::Inputs::none())
     }
 }

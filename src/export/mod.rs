@@ -15,7 +15,7 @@
 pub mod onnx;
 pub mod onnx_pb;
 
-use anyhow::{ensure, Context, Result};
+use anyhow::{ensure, Result};
 use std::path::Path;
 
 /// What [`onnx::export`] writes.
@@ -115,14 +115,18 @@ impl ExportOptions {
     }
 }
 
-/// Writes `model` to `path` atomically (a temporary file beside it, then a rename), so an
-/// interrupted export never leaves a partial model under the final name.
-pub fn write(model: &onnx_pb::ModelProto, path: impl AsRef<Path>) -> Result<u64> {
+/// Writes `model` to `path` atomically ([`crate::outfile::write`]: a unique temporary file
+/// beside it, fsync, rename), so an interrupted export never leaves a partial model under the
+/// final name, no user's file is taken for the temporary, and `path` is refused when it is one of
+/// `inputs` (the weights exported) or not a regular file. Returns the bytes written.
+pub fn write(
+    model: &onnx_pb::ModelProto,
+    path: impl AsRef<Path>,
+    inputs: &crate::outfile::Inputs,
+) -> Result<u64> {
     use prost::Message;
     let path = path.as_ref();
     let bytes = model.encode_to_vec();
-    let tmp = path.with_extension("onnx.partial");
-    std::fs::write(&tmp, &bytes).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))?;
+    crate::outfile::write(path, &bytes, inputs)?;
     Ok(bytes.len() as u64)
 }

@@ -4,7 +4,8 @@
 //! both (official `val_dual.py save_one_json`), and their evaluation with [`crate::metrics::coco`].
 //!
 //! Ids written by `--save-json` ([`val_image_ids`], [`val_results`]):
-//! - `image_id`: the file stem when the stems of **all** validated images are numeric and
+//! - `image_id`: for a split read from COCO JSON files, the dataset's own `images[].id`
+//!   ([`dataset_image_ids`]); otherwise the file stem when the stems of **all** validated images are numeric and
 //!   distinct (COCO's `000000000139.jpg` → 139, as the official `int(path.stem)`); otherwise the
 //!   image's 0-based position in the scanned split (sorted paths), for every image — stable for a
 //!   given split, never a mix of the two. (The official code writes a non-numeric stem as a
@@ -260,10 +261,11 @@ pub fn read_results(path: &Path) -> Result<Vec<CocoResult>> {
         .with_context(|| format!("{}: not a COCO results list", path.display()))
 }
 
-/// Writes a results file as compact JSON (as the official `json.dump`).
+/// Writes a results file as compact JSON (as the official `json.dump`), atomically
+/// ([`crate::outfile::write`]: only over a regular file).
 pub fn write_results(path: &Path, results: &[CocoResult]) -> Result<()> {
     let text = serde_json::to_string(results).context("serializing COCO results")?;
-    std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))
+    crate::outfile::write(path, text.as_bytes(), &crate::outfile::Inputs::none())
 }
 
 /// `x` rounded to `digits` decimals as Python's `round(x, digits)` (correctly rounded from the
@@ -292,6 +294,36 @@ pub fn val_image_ids(images: &[ValImage]) -> Vec<u64> {
         }
         _ => (0..images.len() as u64).collect(),
     }
+}
+
+/// The `image_id` of each of `images` for `--save-json`: for a COCO JSON split, the dataset's own
+/// `images[].id` (`coco`: image path → id, [`crate::data::scan::SplitScan::coco_ids`]) when every
+/// validated image has one and they are distinct, so the file scores against that JSON; else
+/// [`val_image_ids`]. Also returns a notice when `coco` has ids but they could not be used.
+pub fn dataset_image_ids(
+    images: &[ValImage],
+    coco: &std::collections::HashMap<std::path::PathBuf, u64>,
+) -> (Vec<u64>, Option<String>) {
+    if coco.is_empty() {
+        return (val_image_ids(images), None);
+    }
+    let ids: Option<Vec<u64>> = images
+        .iter()
+        .map(|im| coco.get(&im.path).copied())
+        .collect();
+    let why = match ids {
+        Some(ids) if ids.iter().collect::<std::collections::BTreeSet<_>>().len() == ids.len() => {
+            return (ids, None)
+        }
+        Some(_) => "two images of the split share a COCO id (several JSON files)",
+        None => "some images of the split are not from a COCO JSON file",
+    };
+    (
+        val_image_ids(images),
+        Some(format!(
+            "note: --save-json: {why}; image_id is the file stem or the image's position instead"
+        )),
+    )
 }
 
 /// COCO results of validated images (official `save_one_json`): each detection
@@ -375,21 +407,22 @@ pub fn val_ground_truth(
 
 /// `--save-json`: writes `dir/predictions.json` from the collected validation output, evaluates
 /// it (as read back from the file) against the labels converted by [`val_ground_truth`], and
-/// returns the file's path and the evaluation. `cats`: the category id of each class
+/// returns the file's path and the evaluation. `ids`: the image id of each of `images`
+/// ([`dataset_image_ids`] or [`val_image_ids`]); `cats`: the category id of each class
 /// ([`category_ids`]).
 pub fn save_and_evaluate(
     dir: &Path,
     images: &[ValImage],
     dets: &[ImageDetections],
     names: &[String],
+    ids: &[u64],
     cats: &[u64],
 ) -> Result<(std::path::PathBuf, CocoEval)> {
-    let ids = val_image_ids(images);
-    let results = val_results(dets, &ids, cats);
+    let results = val_results(dets, ids, cats);
     let path = dir.join("predictions.json");
     write_results(&path, &results)?;
     let back = read_results(&path)?;
-    let gt = val_ground_truth(images, dets, &ids, names, cats);
+    let gt = val_ground_truth(images, dets, ids, names, cats);
     let ev = gt
         .evaluate(&back)
         .with_context(|| format!("evaluating {}", path.display()))?;

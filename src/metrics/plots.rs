@@ -26,7 +26,7 @@ pub fn register_font() {
 /// extension). Errors: a buffer of another size, the file cannot be written.
 pub fn save_rgb(buf: Vec<u8>, size: (u32, u32), out: &Path) -> Result<()> {
     let img = image::RgbImage::from_raw(size.0, size.1, buf).context("plot: buffer size")?;
-    img.save(out)
+    crate::outfile::save_image(&img, out, &crate::outfile::Inputs::none())
         .with_context(|| format!("{}: cannot write the plot", out.display()))
 }
 
@@ -389,8 +389,7 @@ pub fn plot_mosaic(
         let (gx, gy) = ((k as u32 % grid) * tw, (k as u32 / grid) * th);
         image::imageops::replace(&mut canvas, &cell, gx as i64, gy as i64);
     }
-    canvas
-        .save(out)
+    crate::outfile::save_image(&canvas, out, &crate::outfile::Inputs::none())
         .with_context(|| format!("{}: cannot write the plot", out.display()))?;
     Ok(())
 }

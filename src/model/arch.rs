@@ -240,6 +240,7 @@ impl Arch {
     /// `from` that points forward or out of range, a wrong argument, a head that is not the last
     /// row, inconsistent strides in a `Concat`.
     pub fn from_yaml(text: &str, name: &str) -> Result<Self> {
+        crate::bounded::check_yaml(text).context("the model yaml")?;
         let doc: Value = serde_yaml_ng::from_str(text).context("the model yaml does not parse")?;
         let num = |k: &str| -> Result<f64> {
             match doc.get(k) {

@@ -32,7 +32,6 @@ use anyhow::{bail, ensure, Context, Result};
 use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
-use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -164,17 +163,8 @@ pub use crate::model::arch::STRIDES;
 pub fn sanitize_names(names: &mut [String]) -> Vec<usize> {
     let mut changed = Vec::new();
     for (i, n) in names.iter_mut().enumerate() {
-        if n.chars().any(char::is_control) {
-            *n = n
-                .chars()
-                .map(|c| {
-                    if c.is_control() {
-                        c.escape_unicode().to_string()
-                    } else {
-                        c.to_string()
-                    }
-                })
-                .collect();
+        if let std::borrow::Cow::Owned(e) = crate::text::escape(n) {
+            *n = e;
             changed.push(i);
         }
     }
@@ -241,14 +231,6 @@ impl Weights {
             return from_pt(path);
         }
         let bytes = read_file(path)?;
-        // The legacy format starts with the pickled magic number 0x1950a86a20f9469cfc6c
-        // (PROTO 2, LONG1 of 10 bytes).
-        if bytes.starts_with(&[0x80, 0x02, 0x8a, 0x0a, 0x6c, 0xfc]) {
-            bail!(
-                "{file}: this is a legacy (pre-1.6, non-zip) torch.save file, which yolo9 does not \
-                 read; re-save it with a current PyTorch (`torch.save(torch.load(f), f2)`)"
-            )
-        }
         let n = bytes.len();
         let (w, _, notes) = from_safetensors(&bytes, &file)?;
         let imported = w.tensors.len();
@@ -565,7 +547,7 @@ pub fn graph_of(arch: &Arch) -> Graph {
 fn sniff(path: &Path) -> Result<Vec<u8>> {
     use std::io::Read;
     let file = path.display().to_string();
-    let mut f = std::fs::File::open(path)
+    let mut f = crate::bounded::open_regular(path)
         .with_context(|| format!("{file}: cannot open the weights file (check the path)"))?;
     let mut head = Vec::with_capacity(8);
     Read::by_ref(&mut f)
@@ -581,18 +563,63 @@ fn sniff(path: &Path) -> Result<Vec<u8>> {
     Ok(head)
 }
 
+/// The bytes of the safetensors file `path`, read only after its header and the sizes it
+/// declares were checked against the file's size ([`check_safetensors_frame`] on the first
+/// `8 + header` bytes), so a large file of garbage is refused after reading a few bytes, not
+/// after reading it all.
 fn read_file(path: &Path) -> Result<Vec<u8>> {
+    use std::io::{Read, Seek};
     let file = path.display().to_string();
-    let bytes = std::fs::read(path)
+    let mut f = crate::bounded::open_regular(path)
         .with_context(|| format!("{file}: cannot read the weights file (check the path)"))?;
-    if bytes.is_empty() {
+    let len = f
+        .metadata()
+        .with_context(|| format!("{file}: cannot read the weights file"))?
+        .len();
+    if len == 0 {
         bail!(
             "{file}: empty file (0 bytes): the weights were not written completely; use another \
              copy or re-run `yolo9 convert`"
         )
     }
+    let mut head = Vec::with_capacity(16);
+    Read::by_ref(&mut f)
+        .take(16)
+        .read_to_end(&mut head)
+        .with_context(|| format!("{file}: cannot read the weights file"))?;
+    // The legacy format starts with the pickled magic number 0x1950a86a20f9469cfc6c
+    // (PROTO 2, LONG1 of 10 bytes).
+    if head.starts_with(&[0x80, 0x02, 0x8a, 0x0a, 0x6c, 0xfc]) {
+        bail!(
+            "{file}: this is a legacy (pre-1.6, non-zip) torch.save file, which yolo9 does not \
+             read; re-save it with a current PyTorch (`torch.save(torch.load(f), f2)`)"
+        )
+    }
+    if head.len() > 8 && head[8] == b'{' {
+        let n = u64::from_le_bytes(head[..8].try_into().unwrap_or([0; 8]));
+        if (2..=MAX_HEADER).contains(&n) && n <= len - 8 && head.len() as u64 <= 8 + n {
+            let more = 8 + n - head.len() as u64;
+            Read::by_ref(&mut f)
+                .take(more)
+                .read_to_end(&mut head)
+                .with_context(|| format!("{file}: cannot read the weights file"))?;
+        }
+    }
+    check_safetensors_frame(&head, len, &file)?;
+    f.rewind()
+        .with_context(|| format!("{file}: cannot read the weights file"))?;
+    let mut bytes = Vec::new();
+    bytes
+        .try_reserve_exact(len as usize)
+        .map_err(|_| anyhow::anyhow!("{file}: {len} bytes do not fit in memory"))?;
+    f.take(len)
+        .read_to_end(&mut bytes)
+        .with_context(|| format!("{file}: cannot read the weights file (check the path)"))?;
     Ok(bytes)
 }
+
+/// The largest safetensors JSON header read.
+const MAX_HEADER: u64 = 100_000_000;
 
 /// Builds and validates [`Weights`] from imported `.pt` tensors.
 fn from_pt(path: &Path) -> Result<(Weights, Vec<String>, String, usize)> {
@@ -688,15 +715,16 @@ fn resolve_classes(
     Ok((nc, names))
 }
 
-/// Checks the safetensors framing before parsing, for precise errors on damaged files.
-fn check_safetensors_frame(bytes: &[u8], file: &str) -> Result<()> {
-    let len = bytes.len() as u64;
-    if len < 8 {
+/// Checks the safetensors framing before parsing, for precise errors on damaged files: `bytes`
+/// holds at least the first `8 + header length` bytes of a file of `len` bytes (the whole file,
+/// or only its start when the bulk is not read yet).
+fn check_safetensors_frame(bytes: &[u8], len: u64, file: &str) -> Result<()> {
+    if len < 8 || bytes.len() < 8 {
         bail!("{file}: truncated: {len} bytes, shorter than the 8-byte safetensors header length; the file is damaged: use another copy")
     }
     let n = u64::from_le_bytes(bytes[..8].try_into().unwrap_or([0; 8]));
     let looks_json = bytes.get(8) == Some(&b'{');
-    if !looks_json || !(2..=100_000_000).contains(&n) {
+    if !looks_json || !(2..=MAX_HEADER).contains(&n) {
         bail!(
             "{file}: garbage header: not a safetensors file (header length {n}, first bytes {:02x?}) \
              nor a PyTorch zip checkpoint; check that this is a weights file",
@@ -710,12 +738,14 @@ fn check_safetensors_frame(bytes: &[u8], file: &str) -> Result<()> {
             len - 8
         )
     }
-    let header: serde_json::Value =
-        serde_json::from_slice(&bytes[8..8 + n as usize]).map_err(|e| {
-            anyhow::anyhow!(
-                "{file}: garbage header: the JSON header does not parse ({e}); the file is damaged"
-            )
-        })?;
+    let Some(text) = bytes.get(8..8 + n as usize) else {
+        bail!("{file}: truncated: the {n}-byte JSON header could not be read")
+    };
+    let header: serde_json::Value = serde_json::from_slice(text).map_err(|e| {
+        anyhow::anyhow!(
+            "{file}: garbage header: the JSON header does not parse ({e}); the file is damaged"
+        )
+    })?;
     let Some(obj) = header.as_object() else {
         bail!("{file}: garbage header: the JSON header is not an object")
     };
@@ -754,7 +784,7 @@ fn from_safetensors(
     bytes: &[u8],
     file: &str,
 ) -> Result<(Weights, Option<Provenance>, Vec<String>)> {
-    check_safetensors_frame(bytes, file)?;
+    check_safetensors_frame(bytes, bytes.len() as u64, file)?;
     let st = safetensors::SafeTensors::deserialize(bytes)
         .map_err(|e| anyhow::anyhow!("{file}: invalid safetensors file: {e}"))?;
     let (_, metadata) = safetensors::SafeTensors::read_metadata(bytes)
@@ -938,44 +968,9 @@ impl safetensors::View for &RawTensor {
     }
 }
 
-/// Writes `bytes` to `path` atomically: a temporary file in the same directory, `fsync`, rename
-/// over `path`, then `fsync` of the directory (Unix). A crash leaves either the old file or the
-/// new one, never a torn file; the temporary is removed on error.
+/// Writes `bytes` to `path` atomically ([`crate::outfile::write`]: a unique temporary file in
+/// the same directory, `fsync`, rename, `fsync` of the directory; only a regular file is
+/// replaced). A crash leaves either the old file or the new one, never a torn file.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let file = path.display().to_string();
-    let name = path
-        .file_name()
-        .with_context(|| format!("{file}: not a file path"))?
-        .to_string_lossy()
-        .into_owned();
-    let dir = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => std::path::PathBuf::from("."),
-    };
-    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-    let result = (|| -> Result<()> {
-        let mut f = std::fs::File::create(&tmp).with_context(|| {
-            format!(
-                "{}: cannot create (is the directory writable?)",
-                tmp.display()
-            )
-        })?;
-        f.write_all(bytes)
-            .with_context(|| format!("{}: write failed (disk full?)", tmp.display()))?;
-        f.sync_all()
-            .with_context(|| format!("{}: fsync failed", tmp.display()))?;
-        std::fs::rename(&tmp, path)
-            .with_context(|| format!("{file}: cannot rename {} into place", tmp.display()))?;
-        Ok(())
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result?;
-    #[cfg(unix)]
-    if let Ok(d) = std::fs::File::open(&dir) {
-        d.sync_all()
-            .with_context(|| format!("{}: fsync of the directory failed", dir.display()))?;
-    }
-    Ok(())
+    crate::outfile::write(path, bytes, &crate::outfile::Inputs::none())
 }

@@ -8,7 +8,13 @@
 //! GPU each forward's input is padded on the device to `max_batch` images
 //! ([`Detector::detect_batch_padded`]), so the forward has one shape and is replayed from its
 //! CUDA graph ([`crate::model::graphs`]). A full
-//! queue answers 503 with `Retry-After` at once, so a burst never waits unanswered.
+//! queue answers 503 with `Retry-After` at once, so a burst never waits unanswered. A queued
+//! request whose client has gone, or whose [`ServeConfig::timeout`] passed (it was answered 504),
+//! is dropped before its forward. The images in flight share [`ServeConfig::decode_budget`],
+//! reserved from the size a picture's header declares before it is decoded (413 when it can never
+//! fit, 503 with `Retry-After` when it does not fit now). Connections ([`conn`]): at most [`ServeConfig::max_conns`]
+//! open, a request header due within [`ServeConfig::header_timeout`], closed after
+//! [`ServeConfig::effective_idle`] without progress.
 //!
 //! Endpoints:
 //! - `POST /v1/detect`: the image as the request body (any format the decoder reads) or as the
@@ -27,7 +33,7 @@
 //! - `GET /healthz` (the process answers), `GET /readyz` (200 once the weights are loaded and a
 //!   warm-up forward ran, 503 before), `GET /v1/model` (names, classes, input size, strides,
 //!   device, dtype, batching settings), `GET /metrics` (Prometheus text: requests by outcome,
-//!   queue depth, batches, images, summed decode/queue/detect seconds).
+//!   queue depth, batches, images, summed decode/queue/detect seconds, requests abandoned).
 //!
 //! Shutdown: when the future given to [`serve`] completes (the CLI passes SIGINT/SIGTERM), the
 //! listener stops accepting, requests already received are answered, the worker drains its
@@ -36,6 +42,8 @@
 //! Why one file (about 600 lines): the router, the batching worker and the metrics all work on the
 //! private `Service`, `Job` and `Answer` types; split apart, those would have to become crate-
 //! visible while no other module uses them.
+
+pub mod conn;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -57,6 +65,10 @@ use serde_json::{json, Value};
 use crate::detect::detector::{Detection, Detector};
 use crate::detect::nms::NmsOptions;
 
+/// The most requests that may wait ([`ServeConfig::queue`]): the queue's slots are allocated at
+/// start, so a huge value would abort the process instead of being refused.
+pub const MAX_QUEUE: usize = 65_536;
+
 /// Batching, limits and timeouts of the service.
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
@@ -64,16 +76,39 @@ pub struct ServeConfig {
     pub max_batch: usize,
     /// How long the worker waits for more requests after the first of a batch.
     pub max_delay: Duration,
-    /// Requests waiting for the worker at most; one more answers 503 (≥ 1).
+    /// Requests waiting for the worker at most; one more answers 503 (1 to [`MAX_QUEUE`]).
     pub queue: usize,
     /// Largest request body in bytes; larger answers 413.
     pub max_body: usize,
     /// Longest a request waits for its answer; then 504.
     pub timeout: Duration,
+    /// Bytes that the images of all requests in flight may hold together, from the start of their
+    /// decode (the size their header declares, [`crate::data::image::declared_need`]) until their
+    /// answer. A picture that can never fit is a 413; one that does not fit now a 503 with
+    /// `Retry-After`.
+    pub decode_budget: u64,
+    /// Connections open at most ([`conn::Limited`]); the next waits until one closes.
+    pub max_conns: usize,
+    /// Longest a request's header may take to arrive (from the connection's start or the previous
+    /// answer: also the keep-alive idle time); then the connection is closed.
+    pub header_timeout: Duration,
+    /// A connection with nothing read or written for this long is closed (a half-sent header,
+    /// a stalled body, an idle keep-alive). Never less than `timeout` + 5 s, so a request being
+    /// answered is not cut.
+    pub idle: Duration,
+}
+
+impl ServeConfig {
+    /// The idle timeout used: [`ServeConfig::idle`], at least `timeout` + 5 s.
+    pub fn effective_idle(&self) -> Duration {
+        self.idle.max(self.timeout + Duration::from_secs(5))
+    }
 }
 
 impl Default for ServeConfig {
-    /// Batches of up to 8 within 5 ms, 64 waiting, 32 MiB bodies, 30 s timeout.
+    /// Batches of up to 8 within 5 ms, 64 waiting, 32 MiB bodies, 30 s timeout, 2 GiB of images
+    /// in flight, 512 connections,
+    /// 10 s for a request header, connections closed after 35 s without progress.
     fn default() -> Self {
         ServeConfig {
             max_batch: 8,
@@ -81,6 +116,10 @@ impl Default for ServeConfig {
             queue: 64,
             max_body: 32 << 20,
             timeout: Duration::from_secs(30),
+            decode_budget: 2 << 30,
+            max_conns: 512,
+            header_timeout: Duration::from_secs(10),
+            idle: Duration::from_secs(10),
         }
     }
 }
@@ -119,6 +158,54 @@ struct Job {
     params: Params,
     queued: Instant,
     reply: tokio::sync::oneshot::Sender<Result<Answer, String>>,
+    /// The image's share of [`ServeConfig::decode_budget`], given back when the job is done.
+    _mem: Reserved,
+}
+
+/// The bytes of images in flight ([`ServeConfig::decode_budget`]).
+struct MemBudget {
+    cap: u64,
+    used: AtomicU64,
+}
+
+/// Bytes of a [`MemBudget`] held until dropped.
+struct Reserved {
+    budget: Arc<MemBudget>,
+    bytes: u64,
+}
+
+impl MemBudget {
+    /// Reserves `bytes` if they fit beside what is held.
+    fn try_reserve(budget: &Arc<MemBudget>, bytes: u64) -> Option<Reserved> {
+        budget
+            .used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
+                u.checked_add(bytes).filter(|&t| t <= budget.cap)
+            })
+            .ok()?;
+        Some(Reserved {
+            budget: budget.clone(),
+            bytes,
+        })
+    }
+}
+
+impl Reserved {
+    /// Keeps only `bytes` of the reservation (the decoder's buffers are gone once decoded).
+    fn shrink_to(&mut self, bytes: u64) {
+        if bytes < self.bytes {
+            self.budget
+                .used
+                .fetch_sub(self.bytes - bytes, Ordering::AcqRel);
+            self.bytes = bytes;
+        }
+    }
+}
+
+impl Drop for Reserved {
+    fn drop(&mut self) {
+        self.budget.used.fetch_sub(self.bytes, Ordering::AcqRel);
+    }
 }
 
 /// The worker's answer to one job.
@@ -144,6 +231,8 @@ struct Metrics {
     decode_us: AtomicU64,
     queue_us: AtomicU64,
     detect_us: AtomicU64,
+    /// Jobs dropped before their forward: their client had gone or had its 504 already.
+    abandoned: AtomicU64,
 }
 
 /// The state the handlers share.
@@ -157,6 +246,8 @@ struct Service {
     cfg: ServeConfig,
     /// The model runs on the CPU: a request's `img` is checked against the free memory.
     cpu: bool,
+    /// The bytes of images in flight.
+    mem: Arc<MemBudget>,
 }
 
 /// The page of `GET /` (HTML with its script and style inline).
@@ -164,7 +255,8 @@ pub const PAGE: &str = include_str!("page.html");
 
 /// Serves `detector` on `listener` until `shutdown` completes, then drains and returns.
 ///
-/// Errors: a configuration out of range (`max_batch` or `queue` 0), the listener failing.
+/// Errors: a configuration out of range (`max_batch` or `queue` 0, `queue` over [`MAX_QUEUE`]), the
+/// listener failing.
 /// Request errors are answers, never errors of this function.
 pub async fn serve(
     listener: tokio::net::TcpListener,
@@ -175,6 +267,12 @@ pub async fn serve(
     anyhow::ensure!(
         cfg.max_batch >= 1 && cfg.queue >= 1,
         "serve: --max-batch and --queue must be at least 1"
+    );
+    anyhow::ensure!(cfg.max_conns >= 1, "serve: --max-conns must be at least 1");
+    anyhow::ensure!(
+        cfg.queue <= MAX_QUEUE,
+        "serve: --queue {} is over the limit of {MAX_QUEUE} waiting requests",
+        cfg.queue
     );
     let names = detector.names().to_vec();
     let meta = detector.meta();
@@ -212,8 +310,18 @@ pub async fn serve(
         model,
         cfg: cfg.clone(),
         cpu,
+        mem: Arc::new(MemBudget {
+            cap: cfg.decode_budget,
+            used: AtomicU64::new(0),
+        }),
     });
     let app = router(svc);
+    let listener = conn::Limited::new(
+        listener,
+        cfg.max_conns,
+        cfg.effective_idle(),
+        cfg.header_timeout,
+    );
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await
@@ -276,6 +384,12 @@ fn work(det: Detector, rx: Receiver<Job>, cfg: &ServeConfig, ready: &AtomicBool,
             }
         }
         m.queued.fetch_sub(jobs.len() as u64, Ordering::Relaxed);
+        // A job whose answer nobody waits for any more (the client disconnected, or its
+        // `timeout` passed and it was answered 504) is dropped, not detected.
+        let waiting = jobs.len();
+        jobs.retain(|j| !j.reply.is_closed());
+        m.abandoned
+            .fetch_add((waiting - jobs.len()) as u64, Ordering::Relaxed);
         while !jobs.is_empty() {
             let params = jobs[0].params.clone();
             let (same, rest): (Vec<Job>, Vec<Job>) =
@@ -283,9 +397,10 @@ fn work(det: Detector, rx: Receiver<Job>, cfg: &ServeConfig, ready: &AtomicBool,
             jobs = rest;
             let start = Instant::now();
             // The images move into the batch (no copy); the rest of each job answers it.
+            // Each image's share of the budget is held until its answer is ready.
             let (imgs, replies): (Vec<DynamicImage>, Vec<_>) = same
                 .into_iter()
-                .map(|j| (j.img, (j.queued, j.reply)))
+                .map(|j| (j.img, (j.queued, j.reply, j._mem)))
                 .unzip();
             // On the GPU one batch shape, so the forward is replayed from its CUDA graph
             // (batches of varying size would each be launched op by op).
@@ -299,7 +414,9 @@ fn work(det: Detector, rx: Receiver<Job>, cfg: &ServeConfig, ready: &AtomicBool,
             let n = replies.len();
             match out {
                 Ok(all) => {
-                    for ((queued, reply), detections) in replies.into_iter().zip(all) {
+                    for ((queued, reply, mem), detections) in replies.into_iter().zip(all) {
+                        // The image's share of the budget is free before its client hears back.
+                        drop(mem);
                         let queue = start.saturating_duration_since(queued);
                         m.queue_us
                             .fetch_add(queue.as_micros() as u64, Ordering::Relaxed);
@@ -313,7 +430,8 @@ fn work(det: Detector, rx: Receiver<Job>, cfg: &ServeConfig, ready: &AtomicBool,
                 }
                 Err(e) => {
                     let msg = format!("{e:#}");
-                    for (_, reply) in replies {
+                    for (_, reply, mem) in replies {
+                        drop(mem);
                         let _ = reply.send(Err(msg.clone()));
                     }
                 }
@@ -484,6 +602,44 @@ async fn detect(
             "empty body: send the image bytes as the body (or as a multipart file)",
         );
     }
+    // The size the header declares, against the budget of images in flight, before decoding.
+    let need = crate::data::image::declared_need(&bytes);
+    let mb = |b: u64| b.div_ceil(1 << 20);
+    let mut mem = match need {
+        Some((w, h, n)) if n > svc.mem.cap => {
+            return fail(
+                &svc,
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "the image declares {w}x{h} pixels: decoding it needs about {} MB, over the \
+                     service's budget of {} MB for images in flight (--decode-budget-mb)",
+                    mb(n),
+                    mb(svc.mem.cap)
+                ),
+            )
+        }
+        // A header that cannot be read: the decode says why (its own guard bounds it).
+        None => match MemBudget::try_reserve(&svc.mem, 0) {
+            Some(r) => r,
+            None => unreachable!("reserving 0 bytes always fits"),
+        },
+        Some((w, h, n)) => match MemBudget::try_reserve(&svc.mem, n) {
+            Some(r) => r,
+            None => {
+                return fail(
+                    &svc,
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!(
+                    "the image ({w}x{h}) needs about {} MB to decode; the images in flight hold \
+                         {} of the {} MB budget: retry later",
+                    mb(n),
+                    mb(svc.mem.used.load(Ordering::Acquire)),
+                    mb(svc.mem.cap)
+                ),
+                )
+            }
+        },
+    };
     let decoded =
         tokio::task::spawn_blocking(move || crate::data::image::decode_rgb8(&bytes)).await;
     let img = match decoded {
@@ -502,12 +658,15 @@ async fn detect(
         .decode_us
         .fetch_add(decode.as_micros() as u64, Ordering::Relaxed);
     let (w, h) = img.dimensions();
+    // Decoded: only the RGB pixels stay until the answer.
+    mem.shrink_to(3 * u64::from(w) * u64::from(h));
     let (reply, answer) = tokio::sync::oneshot::channel();
     let job = Job {
         img: DynamicImage::ImageRgb8(img),
         params,
         queued: Instant::now(),
         reply,
+        _mem: mem,
     };
     svc.metrics.queued.fetch_add(1, Ordering::Relaxed);
     match svc.tx.try_send(job) {
@@ -605,6 +764,9 @@ async fn metrics(State(svc): State<Arc<Service>>) -> Response {
     }
     out.push_str("# TYPE yolo9_queue_depth gauge\n");
     out.push_str(&format!("yolo9_queue_depth {}\n", g(&m.queued)));
+    out.push_str("# HELP yolo9_abandoned_total Requests dropped before detection (client gone or timed out).\n");
+    out.push_str("# TYPE yolo9_abandoned_total counter\n");
+    out.push_str(&format!("yolo9_abandoned_total {}\n", g(&m.abandoned)));
     out.push_str("# TYPE yolo9_batches_total counter\n");
     out.push_str(&format!("yolo9_batches_total {}\n", g(&m.batches)));
     out.push_str("# TYPE yolo9_images_total counter\n");

@@ -418,8 +418,7 @@ impl Hyp {
     /// ([`IGNORED_HYP_KEYS`]) are accepted; any other unknown key is an error naming the nearest
     /// valid key (a misspelt `lr00` would otherwise be silently ignored).
     pub fn load(path: &Path) -> Result<Hyp> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("--hyp {}: cannot read", path.display()))?;
+        let text = crate::bounded::read_yaml(path, "--hyp")?;
         let not_hyp = || {
             format!(
                 "--hyp {}: not a hyp yaml (expected keys like `lr0: 0.01`)",

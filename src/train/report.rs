@@ -103,16 +103,21 @@ impl EpochReport {
 
 /// Creates `run_dir/results.csv` with its header line (a new run).
 pub(crate) fn create_results_csv(run_dir: &Path) -> Result<()> {
-    std::fs::write(run_dir.join("results.csv"), format!("{RESULTS_HEADER}\n"))
-        .with_context(|| format!("{}: cannot write results.csv", run_dir.display()))
+    crate::outfile::write(
+        &run_dir.join("results.csv"),
+        format!("{RESULTS_HEADER}\n").as_bytes(),
+        &crate::outfile::Inputs::none(),
+    )
 }
 
 /// Appends the line of `report` to `run_dir/results.csv`.
 pub(crate) fn append_results_csv(run_dir: &Path, report: &EpochReport) -> Result<()> {
+    let csv = run_dir.join("results.csv");
+    crate::outfile::check(&csv, &crate::outfile::Inputs::none())?;
     let mut f = std::fs::OpenOptions::new()
         .append(true)
         .create(true)
-        .open(run_dir.join("results.csv"))
+        .open(&csv)
         .with_context(|| format!("{}: cannot append to results.csv", run_dir.display()))?;
     writeln!(f, "{}", csv_row(report))?;
     Ok(())

@@ -5,7 +5,6 @@
 //! nothing of how a split is scanned.
 
 use crate::data::labels::Issue;
-use anyhow::Context;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -85,7 +84,7 @@ pub(super) fn read_cache<R: DeserializeOwned, C: DeserializeOwned>(
     (c.version == version && c.key == key).then_some(c)
 }
 
-/// Atomic write (temporary file + rename). `Err` is the reason, for a warning.
+/// Atomic write ([`crate::outfile::write`]). `Err` is the reason, for a warning.
 pub(super) fn write_cache<R: Serialize, C: Serialize>(
     path: &Path,
     cache: &CacheFile<R, C>,
@@ -96,13 +95,6 @@ pub(super) fn write_cache<R: Serialize, C: Serialize>(
         return Err(format!("{} is read-only", dir.display()));
     }
     let text = serde_json::to_string(cache).map_err(|e| format!("cannot serialize: {e}"))?;
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    let res = std::fs::write(&tmp, text)
-        .and_then(|_| std::fs::rename(&tmp, path))
-        .with_context(|| format!("cannot write {}", path.display()));
-    if let Err(e) = res {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(format!("{e:#}"));
-    }
-    Ok(())
+    crate::outfile::write(path, text.as_bytes(), &crate::outfile::Inputs::none())
+        .map_err(|e| format!("{e:#}"))
 }
