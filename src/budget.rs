@@ -345,10 +345,19 @@ mod tests {
         // 500 at 4, above the limit: 4 is never run; 3 (400) is chosen and measured.
         let probe = MemoryProbe::new(&Device::Cpu).unwrap();
         let mut calls = Vec::new();
-        let d = search(500, 64, &Device::Cpu, &probe, "one image", 64, &|b| b, |b| {
-            calls.push(b);
-            Ok(100 + 100 * b as u64)
-        })
+        let d = search(
+            500,
+            64,
+            &Device::Cpu,
+            &probe,
+            "one image",
+            64,
+            &|b| b,
+            |b| {
+                calls.push(b);
+                Ok(100 + 100 * b as u64)
+            },
+        )
         .unwrap();
         assert_eq!(calls, vec![1, 1, 2, 3], "warm-up, 1, 2, then the choice");
         assert_eq!((d.micro, d.measured), (3, 400));

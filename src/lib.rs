@@ -38,8 +38,8 @@
 //!   custom ops.
 #![warn(missing_docs)]
 
-pub mod boxes;
 pub mod bounded;
+pub mod boxes;
 pub mod budget;
 pub mod cancel;
 #[cfg(feature = "cli")]

@@ -145,7 +145,10 @@ impl WeightsArgs {
 
     /// [`WeightsArgs::load`] of what [`resolve_weights`] returned (a command resolves first,
     /// opens its device, then loads).
-    pub fn load_resolved(&self, resolved: Option<PathBuf>) -> Result<(PathBuf, crate::model::weights::Weights)> {
+    pub fn load_resolved(
+        &self,
+        resolved: Option<PathBuf>,
+    ) -> Result<(PathBuf, crate::model::weights::Weights)> {
         match resolved {
             Some(p) => {
                 let w = load_weights(&p, self.cfg.as_deref())?;

@@ -33,14 +33,14 @@ use crate::memory::MemoryProbe;
 use crate::model::weights::STRIDES;
 use crate::model::yolov9::YoloV9Train;
 use crate::train::ema::Ema;
+use crate::train::graphed::StepGraphs;
 use crate::train::guard::Faults;
 use crate::train::optimizer::Optimizer;
-use crate::train::graphed::StepGraphs;
 use crate::train::step::{optimizer_step, step, StepInput, StepParts, StepTimes};
-use std::cell::RefCell;
 use anyhow::{bail, ensure, Result};
 use candle_core::Device;
 use rand::{Rng, RngCore, SeedableRng};
+use std::cell::RefCell;
 
 /// What to size: model classes, image size, targets per image and the largest micro-batch
 /// worth considering.
@@ -224,7 +224,6 @@ fn step_peak(
     })();
     let counts = graphs.borrow().counts();
     graphs.borrow_mut().reset();
-    drop(graphs);
     let m = measured?;
     if counts != (1, 1) {
         if batch > 1 {
@@ -269,7 +268,7 @@ fn step_rate(
 pub fn largest_divisor_within(batch: usize, b: usize) -> usize {
     (1..=b.min(batch))
         .rev()
-        .find(|d| batch % d == 0)
+        .find(|d| batch.is_multiple_of(*d))
         .unwrap_or(1)
 }
 
