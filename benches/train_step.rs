@@ -9,7 +9,7 @@
 //! (`optimizer`) and the EMA update (`ema`). Medians of `--iters` (10) after 3 warm-ups; the
 //! `train_dual_iteration` figure is what `train_dual.py` does per batch at nominal batch 64:
 //! `fwd_bwd + (optimizer + ema) / max(round(64 / B), 1)`. The reverse mode is the training
-//! step's (`yolo9::train::step::train_forward`/`train_backward`: the tape on CUDA unless
+//! step's (`yolo9::train::pass::train_forward`/`train_backward`: the tape on CUDA unless
 //! `YOLO9_TAPE=0`). Peak memory is the pool high-water
 //! mark of the step (CUDA) or the process RSS (CPU). Prints `name value unit` lines.
 //!
@@ -154,7 +154,7 @@ fn main() -> Result<()> {
                 profiler(true);
             }
             let t0 = Instant::now();
-            let (raw, tape) = yolo9::train::step::train_forward(&model, &x)?;
+            let (raw, tape) = yolo9::train::pass::train_forward(&model, &x)?;
             let h1 = Instant::now();
             mark(&dev, prof)?;
             sync(&dev)?;
@@ -163,7 +163,7 @@ fn main() -> Result<()> {
             mark(&dev, prof)?;
             sync(&dev)?;
             let t2 = Instant::now();
-            let mut grads = yolo9::train::step::train_backward(&lo.total, raw, tape)?;
+            let mut grads = yolo9::train::pass::train_backward(&lo.total, raw, tape)?;
             let h3 = Instant::now();
             mark(&dev, prof)?;
             sync(&dev)?;

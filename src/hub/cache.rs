@@ -8,7 +8,7 @@
 //!   release file and of the converted file, checked on every later use. One file per model, each
 //!   replaced atomically, so two processes caching two models never lose each other's record.
 
-use super::HubError;
+use super::error::HubError;
 use serde::{Deserialize, Serialize};
 use sha2::Digest;
 use std::io::{Read, Write};

@@ -7,7 +7,8 @@
 //! fsynced; the caller checks it and renames the result into place, so two processes fetching
 //! the same name leave one good file and never a torn one.
 
-use super::{HubError, HubOptions};
+use super::error::HubError;
+use super::options::HubOptions;
 use std::io::{Read, Seek, Write};
 use std::path::Path;
 

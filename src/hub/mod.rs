@@ -22,16 +22,17 @@
 pub mod cache;
 #[cfg(feature = "download")]
 pub mod download;
+pub mod error;
+pub mod options;
 pub mod registry;
 
 use crate::model::weights::{Provenance, Weights};
 use cache::{Cache, Record};
+pub use error::HubError;
+pub use options::HubOptions;
 use registry::Published;
+pub use registry::RELEASE_URL;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
-
-/// The official release that names resolve to (`YOLO9_WEIGHTS_URL` replaces it).
-pub const RELEASE_URL: &str = "https://github.com/WongKinYiu/yolov9/releases/download/v0.1";
 
 /// The name of the built-in weights.
 pub const BUILTIN_NAME: &str = "yolov9-s-bccd";
@@ -46,213 +47,6 @@ pub fn builtin_bytes() -> &'static [u8] {
 /// The one line a command prints when it runs the built-in model.
 pub const BUILTIN_NOTE: &str = "using the built-in yolov9-s-bccd weights (BCCD blood cells: \
 RBC, WBC, Platelets); for the 80 COCO classes pass --weights yolov9-s";
-
-/// Failures of resolving, fetching or verifying weights by name. Each message is one line that
-/// names the file, URL or value and what to do.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum HubError {
-    /// Neither an existing file nor a name the release publishes.
-    #[error("{spec}: no such file, and not a model the official v0.1 release publishes (published: {published}){hint}")]
-    UnknownName {
-        /// What was given.
-        spec: String,
-        /// The published names, comma-separated.
-        published: String,
-        /// A hint for a near miss (`yolov9-t` → `yolov9-t-converted`).
-        hint: String,
-    },
-    /// `YOLO9_OFFLINE=1` (or a build without the `download` feature) and the model is not cached.
-    #[error("{name} is not in the cache and {why}: download {url} and place it at {place} (it is verified and converted on the next run)")]
-    Offline {
-        /// The model name.
-        name: String,
-        /// Why there is no download (`YOLO9_OFFLINE=1 forbids the network`).
-        why: String,
-        /// The release file's URL.
-        url: String,
-        /// Where to place it.
-        place: PathBuf,
-    },
-    /// The server answered with an error status that retrying does not fix (4xx).
-    #[error("{url}: HTTP {status}{}", if *.status == 404 { " (not found: check the name, or YOLO9_WEIGHTS_URL)" } else { "" })]
-    Http {
-        /// The URL.
-        url: String,
-        /// The status code.
-        status: u16,
-    },
-    /// Every attempt failed (timeouts, resets, 5xx, bodies cut short).
-    #[error("{url}: download failed after {attempts} attempts (last: {last}); check the network or set YOLO9_WEIGHTS_URL to a mirror")]
-    Network {
-        /// The URL.
-        url: String,
-        /// Attempts made.
-        attempts: u32,
-        /// The last attempt's reason.
-        last: String,
-    },
-    /// The file is larger than the limit.
-    #[error("{url}: {bytes} bytes is over the download limit of {limit} bytes (YOLO9_DOWNLOAD_MAX_BYTES)")]
-    TooLarge {
-        /// The URL.
-        url: String,
-        /// Its size (declared or received so far).
-        bytes: u64,
-        /// The limit.
-        limit: u64,
-    },
-    /// A cached file differs from its manifest record.
-    #[error("{}: SHA-256 {actual} differs from {recorded} recorded when it was cached; the file changed: delete it to fetch it again", .path.display())]
-    HashMismatch {
-        /// The cached file.
-        path: PathBuf,
-        /// The manifest's hash.
-        recorded: String,
-        /// The file's hash now.
-        actual: String,
-    },
-    /// A checkpoint that is not the model its name promises (unreadable, another architecture,
-    /// another parameter count, a non-finite tensor).
-    #[error("{source_name}: {message}")]
-    Verify {
-        /// The URL or file it came from.
-        source_name: String,
-        /// What is wrong.
-        message: String,
-    },
-    /// An environment variable with a value that is not a number of the kind it takes.
-    #[error("{var}={value:?}: not a non-negative number")]
-    Env {
-        /// The variable (`YOLO9_DOWNLOAD_TIMEOUT`).
-        var: String,
-        /// Its value.
-        value: String,
-    },
-    /// The cache folder or a file in it cannot be created, read or written.
-    #[error("{}: {message}", .path.display())]
-    Cache {
-        /// The folder or file.
-        path: PathBuf,
-        /// What failed and what to do.
-        message: String,
-    },
-}
-
-impl From<HubError> for crate::error::Error {
-    fn from(e: HubError) -> Self {
-        let path = match &e {
-            HubError::HashMismatch { path, .. } | HubError::Cache { path, .. } => path.clone(),
-            HubError::Offline { place, .. } => place.clone(),
-            _ => PathBuf::new(),
-        };
-        crate::error::Error::Weights {
-            path,
-            message: e.to_string(),
-        }
-    }
-}
-
-/// How names resolve: the cache folder, the release URL, the network policy and limits.
-#[derive(Debug, Clone)]
-pub struct HubOptions {
-    /// The cache folder (`None`: no folder could be found; any name is then an error).
-    pub home: Option<PathBuf>,
-    /// Base URL of the release (files are `BASE/NAME.pt`).
-    pub base_url: String,
-    /// No network: a model not in the cache is an error naming the file to place.
-    pub offline: bool,
-    /// Connect timeout, and the longest wait for any read (a stalled server).
-    pub timeout: Duration,
-    /// Retries after the first attempt (5xx, 429, timeouts, resets, cut bodies).
-    pub retries: u32,
-    /// Wait before the first retry; doubled for each next one.
-    pub backoff: Duration,
-    /// The largest file accepted, in bytes.
-    pub max_bytes: u64,
-    /// Print the progress bar (on a terminal), retries and the SHA-256 lines on stderr.
-    pub verbose: bool,
-}
-
-impl Default for HubOptions {
-    /// The cache folder of [`cache::default_home`], the official release, online, 30 s
-    /// timeouts, 4 retries from 1 s, a 1 GiB limit, verbose. Only the folder is read from the
-    /// environment; [`HubOptions::from_env`] reads the other variables too.
-    fn default() -> Self {
-        Self {
-            home: cache::default_home(),
-            base_url: RELEASE_URL.to_string(),
-            offline: false,
-            timeout: Duration::from_secs(30),
-            retries: 4,
-            backoff: Duration::from_secs(1),
-            max_bytes: 1 << 30,
-            verbose: true,
-        }
-    }
-}
-
-impl HubOptions {
-    /// The options the environment sets: `YOLO9_HOME` (cache folder, else the platform's:
-    /// [`cache::default_home`]), `YOLO9_WEIGHTS_URL` (base URL), `YOLO9_OFFLINE=1`,
-    /// `YOLO9_DOWNLOAD_TIMEOUT` (seconds, connect and per read; default 30),
-    /// `YOLO9_DOWNLOAD_RETRIES` (default 4), `YOLO9_DOWNLOAD_BACKOFF` (seconds before the first
-    /// retry, doubled after; default 1), `YOLO9_DOWNLOAD_MAX_BYTES` (default 1 GiB).
-    ///
-    /// Errors: [`HubError::Env`] for a variable that is not a non-negative number.
-    pub fn from_env() -> Result<Self, HubError> {
-        let d = Self::default();
-        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
-        let num = |k: &str| -> Result<Option<f64>, HubError> {
-            match var(k) {
-                None => Ok(None),
-                Some(v) => v
-                    .trim()
-                    .parse::<f64>()
-                    .ok()
-                    .filter(|x| x.is_finite() && *x >= 0.0)
-                    .map(Some)
-                    .ok_or_else(|| HubError::Env {
-                        var: k.to_string(),
-                        value: v.clone(),
-                    }),
-            }
-        };
-        Ok(Self {
-            home: d.home,
-            base_url: var("YOLO9_WEIGHTS_URL").unwrap_or(d.base_url),
-            offline: var("YOLO9_OFFLINE").is_some_and(|v| v.trim() != "0"),
-            timeout: num("YOLO9_DOWNLOAD_TIMEOUT")?
-                .map(Duration::from_secs_f64)
-                .unwrap_or(d.timeout),
-            retries: num("YOLO9_DOWNLOAD_RETRIES")?
-                .map(|x| x as u32)
-                .unwrap_or(d.retries),
-            backoff: num("YOLO9_DOWNLOAD_BACKOFF")?
-                .map(Duration::from_secs_f64)
-                .unwrap_or(d.backoff),
-            max_bytes: num("YOLO9_DOWNLOAD_MAX_BYTES")?
-                .map(|x| x as u64)
-                .unwrap_or(d.max_bytes),
-            verbose: true,
-        })
-    }
-
-    /// The release file's URL for `name`.
-    pub fn url(&self, name: &str) -> String {
-        format!("{}/{name}.pt", self.base_url.trim_end_matches('/'))
-    }
-
-    fn cache(&self) -> Result<Cache, HubError> {
-        match &self.home {
-            Some(dir) => Ok(Cache { dir: dir.clone() }),
-            None => Err(HubError::Cache {
-                path: PathBuf::from("$YOLO9_HOME"),
-                message: "no cache folder: set YOLO9_HOME (or HOME) to a writable folder".into(),
-            }),
-        }
-    }
-}
 
 /// The file `spec` means: an existing path as given; else a published name, fetched into the
 /// cache ([`fetch_name`]).
@@ -547,7 +341,7 @@ impl crate::detect::detector::Detector {
     pub fn pretrained(
         name: &str,
         device: candle_core::Device,
-        config: crate::DetectorConfig,
+        config: crate::detect::config::DetectorConfig,
     ) -> Result<Self, crate::error::Error> {
         let w = Weights::named(name)?;
         Self::with_weights(&w, device, config)

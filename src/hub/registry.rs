@@ -15,6 +15,9 @@
 //! definitions. COCO mAP50-95 values are the official README's (val2017, 640 px); the README
 //! gives none for the GELAN checkpoints.
 
+/// The official release that names resolve to (`YOLO9_WEIGHTS_URL` replaces it).
+pub const RELEASE_URL: &str = "https://github.com/WongKinYiu/yolov9/releases/download/v0.1";
+
 /// One published checkpoint.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Published {

@@ -201,7 +201,7 @@ fn ordinary_step(
     };
     let (raw, tape) = {
         let _cache = uploads_cached();
-        crate::train::step::train_forward(model, x)?
+        crate::train::pass::train_forward(model, x)?
     };
     let lo = loss.compute(&raw.aux, &raw.main, targets, img_hw)?;
     if lo.items.iter().any(|v| !v.is_finite()) {
@@ -212,7 +212,7 @@ fn ordinary_step(
     }
     let mut g = {
         let _cache = uploads_cached();
-        crate::train::step::train_backward(&lo.total, raw, tape)?
+        crate::train::pass::train_backward(&lo.total, raw, tape)?
     };
     let mut out = GradStore::default();
     for p in params {

@@ -11,6 +11,7 @@ pub mod guard;
 pub mod observer;
 pub mod optimizer;
 pub mod options;
+pub mod pass;
 pub mod plots;
 pub mod report;
 pub mod schedule;

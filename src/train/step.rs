@@ -27,6 +27,7 @@ use crate::model::yolov9::YoloV9Train;
 use crate::train::ema::Ema;
 use crate::train::guard::Faults;
 use crate::train::optimizer::Optimizer;
+use crate::train::pass::{train_backward, train_forward};
 use anyhow::Result;
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Tensor};
@@ -265,38 +266,6 @@ pub fn step(
         items: items.map(|v| v / n.max(1) as f64),
         grads,
     })
-}
-
-/// The train-mode forward of the step: taped on devices where
-/// [`crate::model::tape::enabled_for`] says so (then the tape comes back for
-/// [`train_backward`]), candle's autograd graph elsewhere.
-pub fn train_forward(
-    model: &YoloV9Train,
-    x: &Tensor,
-) -> Result<(crate::model::DualRaw, Option<crate::model::tape::Tape>)> {
-    if crate::model::tape::enabled_for(x.device()) {
-        let (raw, tape) = model.forward_taped(x)?;
-        Ok((raw, Some(tape)))
-    } else {
-        Ok((model.forward(x, true)?, None))
-    }
-}
-
-/// The gradients of the loss `total` from a [`train_forward`]: candle's backward of the loss,
-/// then the tape's backward when there is one. `raw` (the head outputs) is dropped before the
-/// tape's backward, so its memory is free for it. Returns the parameter gradients (and, without
-/// a tape, every other gradient of candle's graph).
-pub fn train_backward(
-    total: &Tensor,
-    raw: crate::model::DualRaw,
-    tape: Option<crate::model::tape::Tape>,
-) -> Result<GradStore> {
-    let mut g = total.backward()?;
-    drop(raw);
-    match tape {
-        Some(t) => t.backward(&mut g),
-        None => Ok(g),
-    }
 }
 
 /// The optimizer step of the official loop: clips the global gradient norm of `grads` to

@@ -23,12 +23,7 @@ type Graph = BTreeMap<String, BTreeMap<String, String>>;
 
 /// File-level cycles that are known and allowed for now, with the reason. Each must still be a
 /// cycle (the test fails when it is gone, so that the entry is removed).
-const KNOWN_CYCLES: &[(&str, &str, &str)] = &[(
-    "train/graphed.rs",
-    "train/step.rs",
-    "the CUDA-graph replay calls the step's forward/backward and the step holds the graphs; \
-     both files are being reworked with the training set-up (issue 35, item 3)",
-)];
+const KNOWN_CYCLES: &[(&str, &str, &str)] = &[];
 
 /// The module path of a library file (`model/mod.rs` and `model.rs` → `model`, `lib.rs` → the
 /// root), or `None` for the binaries.

@@ -57,6 +57,10 @@ const SKIPPED: &[(&str, &str)] = &[
         SYNOPSIS,
     ),
     ("yolo9 train --budget 8GiB", FRAGMENT),
+    (
+        "yolo9 train --data b16/data.yaml --cfg yolov9-s --batch 16 --workers 8 --epochs 3 --close-mosaic 0 --img 640 [--budget 8GiB|6GiB]",
+        GPU,
+    ),
     ("yolo9 val --split test", FRAGMENT),
     ("yolo9 val --save-json", FRAGMENT),
     ("yolo9 train --strict-fp32", FRAGMENT),
