@@ -521,10 +521,20 @@ pub(crate) fn build<'a>(
     }
     let args_json = serde_json::to_value(opts)?;
     if state.is_none() {
-        std::fs::write(run_dir.join("args.yaml"), serde_yaml_ng::to_string(opts)?)
-            .with_context(|| format!("{}: cannot write args.yaml", run_dir.display()))?;
-        std::fs::write(run_dir.join("hyp.yaml"), serde_yaml_ng::to_string(&hyp)?)
-            .with_context(|| format!("{}: cannot write hyp.yaml", run_dir.display()))?;
+        // Through `outfile`, like every output: never onto the run's inputs (`--data`, `--hyp`,
+        // `--weights`), only over a regular file, atomically.
+        let inputs = crate::outfile::Inputs::of(
+            std::iter::once(opts.data.clone())
+                .chain(opts.hyp.clone())
+                .chain(opts.weights.clone()),
+        );
+        for (name, text) in [
+            ("args.yaml", serde_yaml_ng::to_string(opts)?),
+            ("hyp.yaml", serde_yaml_ng::to_string(&hyp)?),
+        ] {
+            crate::outfile::write(&run_dir.join(name), text.as_bytes(), &inputs)
+                .with_context(|| format!("{}: cannot write {name}", run_dir.display()))?;
+        }
         create_results_csv(&run_dir)?;
         if !opts.noplots {
             // labels.jpg: the training labels at a glance (official `plot_labels`).
