@@ -169,9 +169,13 @@ enum StepKind {
 /// One measured micro-batch size: the peak memory of its step (bytes) and the wall time of its
 /// forward, loss and backward (seconds; for the ordinary kind this includes first-use costs of a
 /// new shape, such as choosing cuDNN algorithms, so compare kinds with [`step_rate`]).
+#[derive(Clone, Copy)]
 struct Measured {
     peak: u64,
     secs: f64,
+    /// Device memory outside the stream-ordered pool at the end of the step (bytes): for the
+    /// graphed kind read while the capture is held, so it includes the graphs' own memory.
+    outside: u64,
 }
 
 /// Runs complete synthetic training steps at `batch` images (one micro-batch) and returns the
@@ -207,6 +211,7 @@ fn step_peak(
         return Ok(Measured {
             peak: probe.peak_bytes(),
             secs,
+            outside: probe.outside_bytes(),
         });
     }
     let graphs = RefCell::new(StepGraphs::new());
@@ -220,6 +225,7 @@ fn step_peak(
         Ok(Measured {
             peak: probe.peak_bytes(),
             secs,
+            outside: probe.outside_bytes(),
         })
     })();
     let counts = graphs.borrow().counts();
@@ -246,21 +252,23 @@ fn step_peak(
     Ok(m)
 }
 
-/// Seconds per image of the step of `kind` at `batch`: the measured step at that size once
-/// more, now that its first-use costs are paid (the graphed kind: its replay).
+/// Seconds per image of the sized step `s`: the graphed kind's timed replay from the search;
+/// the ordinary kind's step at that size run once more, now that its first-use costs (choosing
+/// cuDNN algorithms for a new shape) are paid.
 fn step_rate(
     rig: &mut Rig,
     req: &BudgetRequest,
-    batch: usize,
+    s: &Sized,
     device: &Device,
     probe: &MemoryProbe,
-    kind: StepKind,
 ) -> Result<f64> {
-    if kind == StepKind::Ordinary {
-        // The first step of a shape chooses its cuDNN algorithms.
-        step_peak(rig, req, batch, device, probe, kind)?;
-    }
-    Ok(step_peak(rig, req, batch, device, probe, kind)?.secs / batch as f64)
+    let b = s.decision.micro;
+    let secs = if s.decision.graphed {
+        s.at_micro.secs
+    } else {
+        step_peak(rig, req, b, device, probe, StepKind::Ordinary)?.secs
+    };
+    Ok(secs / b as f64)
 }
 
 /// The largest micro-batch ≤ `b` (at least 1) that divides `batch`: the sizes a graphed step
@@ -279,6 +287,12 @@ pub fn plan(req: &BudgetRequest, device: &Device, probe: &MemoryProbe) -> Result
     plan_cancellable(req, device, probe, &crate::cancel::Cancel::never())
 }
 
+/// One step kind sized: the decision and the last measurement at its micro-batch.
+struct Sized {
+    decision: BudgetDecision,
+    at_micro: Measured,
+}
+
 /// The search for one step kind.
 fn size_kind(
     req: &BudgetRequest,
@@ -287,7 +301,7 @@ fn size_kind(
     cancel: &crate::cancel::Cancel,
     rig: &mut Rig,
     kind: StepKind,
-) -> Result<BudgetDecision> {
+) -> Result<Sized> {
     // A graphed step replays one micro-batch shape: with a given loader batch the micro-batch
     // divides it (`--batch auto` takes the micro-batch as the batch).
     let fixed = req.fixed_batch.then_some(req.max_batch);
@@ -295,6 +309,8 @@ fn size_kind(
         (StepKind::Graphed, Some(n)) => largest_divisor_within(n, b),
         _ => b,
     };
+    // The last measurement of each size (the search measures its choice last).
+    let mut seen = std::collections::HashMap::new();
     let mut d = search(
         req.budget,
         req.max_batch,
@@ -305,29 +321,24 @@ fn size_kind(
         &allowed,
         |b| {
             cancel.check(SIZING_PHASE)?;
-            Ok(step_peak(rig, req, b, device, probe, kind)?.peak)
+            let m = step_peak(rig, req, b, device, probe, kind)?;
+            seen.insert(b, m);
+            Ok(m.peak)
         },
     )?;
     d.graphed = kind == StepKind::Graphed;
+    let at_micro = *seen.get(&d.micro).ok_or_else(|| {
+        anyhow::anyhow!("memory budget probe: micro-batch {} not measured", d.micro)
+    })?;
     if d.graphed {
-        // The graphs' memory at the chosen size is outside the pool: measure it held, so the
-        // pool's cache is capped with it counted.
-        let (images, targets) = synthetic(req, d.micro);
-        let input = StepInput {
-            images: &images,
-            targets: &targets,
-            len: d.micro,
-            img: req.img as usize,
-        };
-        let graphs = RefCell::new(StepGraphs::new());
-        for _ in 0..2 {
-            run_step(rig, &input, device, Some(&graphs))?;
-        }
-        probe.release_cached();
-        d.outside = probe.outside_bytes();
-        graphs.borrow_mut().reset();
+        // The graphs' memory at the chosen size is outside the pool (read while the capture
+        // was held): the pool's cache is capped with it counted.
+        d.outside = at_micro.outside;
     }
-    Ok(d)
+    Ok(Sized {
+        decision: d,
+        at_micro,
+    })
 }
 
 /// Sizes the step for `req`: with CUDA graphs available ([`BudgetRequest::graphs`]) the graphed
@@ -344,13 +355,13 @@ fn choose(
     rig: &mut Rig,
 ) -> Result<BudgetDecision> {
     if !req.graphs {
-        return size_kind(req, device, probe, cancel, rig, StepKind::Ordinary);
+        return Ok(size_kind(req, device, probe, cancel, rig, StepKind::Ordinary)?.decision);
     }
     let g = match size_kind(req, device, probe, cancel, rig, StepKind::Graphed) {
         Ok(g) => g,
         Err(e) if e.downcast_ref::<crate::cancel::Stopped>().is_some() => return Err(e),
         Err(e) => {
-            let mut o = size_kind(req, device, probe, cancel, rig, StepKind::Ordinary)?;
+            let mut o = size_kind(req, device, probe, cancel, rig, StepKind::Ordinary)?.decision;
             o.choice = Some(format!(
                 "ordinary launches: the CUDA-graph step could not be sized ({})",
                 crate::device::error_head(&format!("{e:#}"))
@@ -358,13 +369,14 @@ fn choose(
             return Ok(o);
         }
     };
-    if g.micro >= req.max_batch {
-        return Ok(g);
+    if g.decision.micro >= req.max_batch {
+        return Ok(g.decision);
     }
     let o = size_kind(req, device, probe, cancel, rig, StepKind::Ordinary)?;
     cancel.check(SIZING_PHASE)?;
-    let tg = step_rate(rig, req, g.micro, device, probe, StepKind::Graphed)?;
-    let to = step_rate(rig, req, o.micro, device, probe, StepKind::Ordinary)?;
+    let tg = step_rate(rig, req, &g, device, probe)?;
+    let to = step_rate(rig, req, &o, device, probe)?;
+    let (g, o) = (g.decision, o.decision);
     let line = |k: &str, d: &BudgetDecision, t: f64| {
         format!(
             "{k} micro-batch {} peak {} {:.0} img/s",
