@@ -287,14 +287,9 @@ impl Detector {
         })())
     }
 
-    /// The model forward inside the device's context: on the CPU, candle's own thread pool runs
-    /// the whole forward, so its GEMMs, its element-wise ops and our im2col share one set of warm
-    /// worker threads instead of contending with rayon's global pool (BCCD image on 2 cores:
-    /// 550 → 455 ms, medians of 8 alternating runs, same detections).
+    /// The model forward ([`InferenceModel::forward`]; on the CPU it picks its threads itself).
     fn forward_on_device(&self, x: &Tensor) -> Result<Tensor> {
-        self.device
-            .with_context(|| self.model.forward(x))
-            .context("model forward")
+        self.model.forward(x).context("model forward")
     }
 
     /// Step 3: NMS on a `(B, 4+nc, A)` output (any device; see [`crate::detect::postprocess::host_candidates`]) and scaling

@@ -363,10 +363,10 @@ pub fn validate(model: ValModel<'_>, images: &[ValImage], cfg: &ValConfig) -> Re
                 .to_dtype(DType::F32)?
                 .broadcast_div(&Tensor::new(255f32, &device)?)?;
             let y = match &model {
-                // `with_context`: candle's own CPU thread pool runs the whole forward (see
-                // `Detector::infer`).
-                ValModel::Infer(m) => device.with_context(|| m.forward(&x))?,
+                // `YoloV9::forward` picks its CPU threads itself (the engine's, or candle's pool).
+                ValModel::Infer(m) => m.forward(&x)?,
                 ValModel::Train { model, loss } => {
+                    // candle's own CPU pool runs the whole forward (see `YoloV9::forward`).
                     let raw = device.with_context(|| model.forward(&x, false))?;
                     let rows = letterboxed_targets(images, ok, (h, w));
                     let t = crate::loss::tal_loss::targets_tensor(&rows, &Device::Cpu)?;

@@ -192,38 +192,52 @@ impl CpuEngine {
         let per_in = 3 * h * w;
         let threads = self.threads();
         let side_by_side = b > 1 && threads > 1 && b >= threads;
-        let out: Vec<Vec<f32>> = if side_by_side {
-            let each = |i: usize| -> Result<Vec<f32>> {
-                let (plan, mut arena) = self.checkout(1, h, w)?;
-                let src = &src[i * per_in..(i + 1) * per_in];
-                let o = self.run(Exec(None), &plan, &mut arena, src, None);
-                self.checkin((1, h, w), arena);
-                Ok(o)
-            };
-            use rayon::prelude::*;
-            self.pool
-                .install(|| (0..b).into_par_iter().map(each).collect::<Result<Vec<_>>>())?
-        } else {
-            let (plan, mut arena) = self.checkout(1, h, w)?;
-            let ex = Exec(Some(&self.pool));
-            let out = (0..b)
-                .map(|i| {
-                    self.run(
-                        ex,
-                        &plan,
-                        &mut arena,
-                        &src[i * per_in..(i + 1) * per_in],
-                        None,
-                    )
-                })
-                .collect();
-            self.checkin((1, h, w), arena);
-            out
-        };
-        let anchors = out[0].len() / (4 + self.nc());
-        let out = out.concat();
         let rows = 4 + self.nc();
-        Ok(Tensor::from_vec(out, (b, rows, anchors), &Device::Cpu)?)
+        let (plan, mut arena) = self.checkout(1, h, w)?;
+        let per_out = rows * plan.anchors;
+        // The call's large buffers (input copy, arena, output) are made on the calling thread
+        // (one malloc arena), never on a worker: a loop of calls then keeps a flat resident size.
+        let mut out = vec![0f32; b * per_out];
+        if side_by_side {
+            use rayon::prelude::*;
+            let mut arenas = vec![arena];
+            for _ in 1..threads.min(b) {
+                arenas.push(self.checkout(1, h, w)?.1);
+            }
+            let free = Mutex::new(arenas);
+            let each = |(i, o): (usize, &mut [f32])| {
+                let mut arena = free
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .pop()
+                    .expect("one arena per thread");
+                let src = &src[i * per_in..(i + 1) * per_in];
+                self.run(Exec(None), &plan, &mut arena, src, o, None);
+                free.lock().unwrap_or_else(|e| e.into_inner()).push(arena);
+            };
+            self.pool
+                .install(|| out.par_chunks_mut(per_out).enumerate().for_each(each));
+            for arena in free.into_inner().unwrap_or_else(|e| e.into_inner()) {
+                self.checkin((1, h, w), arena);
+            }
+        } else {
+            // The whole forward runs on one of the engine's workers, so each op splits its work
+            // from inside the pool: no hand-off to the pool and wake-up of the caller per op
+            // (~230 ops per forward).
+            let ex = Exec(Some(&self.pool));
+            self.pool.install(|| {
+                for (i, o) in out.chunks_mut(per_out).enumerate() {
+                    let src = &src[i * per_in..(i + 1) * per_in];
+                    self.run(ex, &plan, &mut arena, src, o, None);
+                }
+            });
+            self.checkin((1, h, w), arena);
+        }
+        Ok(Tensor::from_vec(
+            out,
+            (b, rows, plan.anchors),
+            &Device::Cpu,
+        )?)
     }
 
     /// Time per node of one forward of `x`'s first image (as [`CpuEngine::forward`]), summed by
@@ -241,7 +255,9 @@ impl CpuEngine {
         let (plan, mut arena) = self.checkout(b, h, w)?;
         let mut times = vec![0f64; self.graph.nodes.len() + 2];
         let ex = Exec(Some(&self.pool));
-        self.run(ex, &plan, &mut arena, &src, Some(&mut times));
+        let mut out = vec![0f32; (4 + self.nc()) * plan.anchors];
+        self.pool
+            .install(|| self.run(ex, &plan, &mut arena, &src, &mut out, Some(&mut times)));
         self.checkin((b, h, w), arena);
         let mut by: HashMap<String, (f64, f64)> = HashMap::new();
         let mut total = (0.0, 0.0);
@@ -354,17 +370,18 @@ impl CpuEngine {
         }
     }
 
-    /// One forward of `plan` in `arena` on the NCHW input `src`; returns the decoded output.
-    /// With `times` (nodes + 2 entries), each node's milliseconds, then the input conversion's
-    /// and the decode's.
+    /// One forward of `plan` in `arena` on the NCHW input `src`, the decoded output written
+    /// into `out` (`(4 + nc) × anchors`). With `times` (nodes + 2 entries), each node's
+    /// milliseconds, then the input conversion's and the decode's.
     fn run(
         &self,
         ex: kernels::Exec,
         plan: &Plan,
         arena: &mut [f32],
         src: &[f32],
+        out: &mut [f32],
         mut times: Option<&mut Vec<f64>>,
-    ) -> Vec<f32> {
+    ) {
         let mut t = Instant::now();
         let mut lap = |i: usize, times: &mut Option<&mut Vec<f64>>| {
             if let Some(ts) = times {
@@ -416,10 +433,7 @@ impl CpuEngine {
             lap(i, &mut times);
         }
         let levels: Vec<_> = g.outputs.iter().map(|&o| act(whole(o))).collect();
-        let nc = g.chans[g.outputs[0]] - 4 * crate::model::head::REG_MAX;
-        let mut out = vec![0f32; plan.b * (4 + nc) * plan.anchors];
-        kernels::decode(pool, &levels, &STRIDES, &mut out);
+        kernels::decode(pool, &levels, &STRIDES, out);
         lap(g.nodes.len() + 1, &mut times);
-        out
     }
 }
