@@ -660,11 +660,11 @@ impl<'a> Image<'a> {
     /// `get_pos_mask` as lists: the positive anchors of each GT row before de-duplication
     /// (top-k ∩ inside GT), and how many rows claim each anchor.
     fn get_pos_mask_positives(&self) -> (Vec<Vec<usize>>, Vec<u8>) {
-        let (na, m, k) = (self.na, self.m, self.k);
-        let mut pos: Vec<Vec<usize>> = vec![Vec::new(); m];
+        let (na, k) = (self.na, self.k);
+        let mut pos: Vec<Vec<usize>> = vec![Vec::new(); self.m];
         let mut claims = vec![0u8; na];
         let mut cands: Vec<(usize, f32)> = Vec::new();
-        for j in 0..m {
+        for (j, row) in pos.iter_mut().enumerate() {
             if !self.valid(j) {
                 continue;
             }
@@ -678,7 +678,6 @@ impl<'a> Image<'a> {
             let mut nonzero: Vec<(usize, f32)> =
                 cands.iter().copied().filter(|&(_, v)| v != 0.0).collect();
             nonzero.sort_by(|x, y| desc_nan_first(x.1, y.1).then(x.0.cmp(&y.0)));
-            let row = &mut pos[j];
             row.extend(nonzero.iter().take(k).map(|&(a, _)| a));
             if nonzero.len() < k {
                 // Remaining slots: metric-0 entries of the masked row in index order (anchors

@@ -604,7 +604,7 @@ async fn detect(
     }
     let mut mem = match reserve_decode(&svc, &bytes) {
         Ok(m) => m,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let decoded =
         tokio::task::spawn_blocking(move || crate::data::image::decode_rgb8(&bytes)).await;
@@ -662,11 +662,11 @@ async fn detect(
 /// The decode memory of the image `bytes`, from the size its header declares, reserved in the
 /// budget of images in flight before decoding; the answer when it is over the whole budget
 /// (413) or does not fit beside the images in flight (503).
-fn reserve_decode(svc: &Service, bytes: &[u8]) -> std::result::Result<Reserved, Response> {
+fn reserve_decode(svc: &Service, bytes: &[u8]) -> std::result::Result<Reserved, Box<Response>> {
     let need = crate::data::image::declared_need(bytes);
     let mb = |b: u64| b.div_ceil(1 << 20);
     match need {
-        Some((w, h, n)) if n > svc.mem.cap => Err(fail(
+        Some((w, h, n)) if n > svc.mem.cap => Err(Box::new(fail(
             svc,
             StatusCode::PAYLOAD_TOO_LARGE,
             format!(
@@ -675,14 +675,14 @@ fn reserve_decode(svc: &Service, bytes: &[u8]) -> std::result::Result<Reserved, 
                 mb(n),
                 mb(svc.mem.cap)
             ),
-        )),
+        ))),
         // A header that cannot be read: the decode says why (its own guard bounds it).
         None => match MemBudget::try_reserve(&svc.mem, 0) {
             Some(r) => Ok(r),
             None => unreachable!("reserving 0 bytes always fits"),
         },
         Some((w, h, n)) => MemBudget::try_reserve(&svc.mem, n).ok_or_else(|| {
-            fail(
+            Box::new(fail(
                 svc,
                 StatusCode::SERVICE_UNAVAILABLE,
                 format!(
@@ -692,7 +692,7 @@ fn reserve_decode(svc: &Service, bytes: &[u8]) -> std::result::Result<Reserved, 
                     mb(svc.mem.used.load(Ordering::Acquire)),
                     mb(svc.mem.cap)
                 ),
-            )
+            ))
         }),
     }
 }
