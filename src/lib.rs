@@ -29,11 +29,25 @@
 //! - `serve` (feature `serve`, on by default): the HTTP detection service of `yolo9 serve`.
 //! - `cli`: the `yolo9` subcommands (thin wrappers around the library).
 //!
-//! Features: `cli` (the command line; implies `train`, `export`, `download` and
-//! `builtin-weights`) and `serve` are on by default;
-//! `train` holds `train`, `loss` and `metrics`. An embedder of [`Detector`] alone depends on
-//! `yolo9 = { default-features = false }` and compiles neither clap, indicatif, plotters nor the
-//! training code.
+//! Features: `cli` (the command line; implies `train`, `media`, `export`, `download` and
+//! `builtin-weights`) and `serve` are on by default; `media` holds the sources and sinks of
+//! `yolo9 detect` (`detect::{source, stream, video, output, draw}`, `runs`); `train` (implies
+//! `media`) holds `train`, `loss`, `metrics` and the dataset side of `data` (`yaml`, `labels`,
+//! `coco_json`, `scan`, `augment`, `warp`, `loader`).
+//!
+//! What a service uses (the detector-only build, `yolo9 = { default-features = false }`, adding
+//! `features = ["serve"]` for the HTTP service), which compiles no clap, indicatif, plotters,
+//! media, dataset or training code:
+//! - [`Detector`] (`new` from a path, `from_weights`, `from_model`; `detect`, `detect_file`,
+//!   `detect_batch`, and the steps `preprocess`, `infer`, `postprocess`), configured by a
+//!   [`DetectorConfig`], giving [`Detection`]s in original pixels;
+//! - [`Weights`] (`load`, `from_bytes`) and their [`ModelMeta`]; [`hub`] for checkpoints by
+//!   name and the built-in weights;
+//! - [`data::image`]: decoding bytes or files to RGB (`decode_rgb8`, `load_rgb8`) with the
+//!   EXIF orientation and size guards;
+//! - [`device`]: choosing the device; [`convert`]: official `.pt` checkpoints to safetensors;
+//! - `serve` (feature `serve`): the HTTP service as an axum `Router`;
+//! - [`Error`]: the typed errors of the library.
 //! - `cuda` (feature `cuda`): cuDNN convolutions, CUDA kernels and CUDA-graph replay as candle
 //!   custom ops.
 #![warn(missing_docs)]
@@ -41,6 +55,7 @@
 pub mod bounded;
 pub mod boxes;
 pub mod budget;
+#[cfg(feature = "media")]
 pub mod cancel;
 #[cfg(feature = "cli")]
 pub mod cli;
@@ -55,7 +70,7 @@ pub mod error;
 pub mod export;
 pub mod footprint;
 pub mod hub;
-#[cfg(unix)]
+#[cfg(all(unix, feature = "cli"))]
 pub mod launcher;
 #[cfg(feature = "train")]
 pub mod loss;
@@ -67,6 +82,7 @@ pub mod op_args;
 pub mod outfile;
 pub mod parse;
 pub mod pt;
+#[cfg(feature = "media")]
 pub mod runs;
 #[cfg(feature = "serve")]
 pub mod serve;

@@ -349,7 +349,6 @@ pub fn run_with_streams(
     streams: &[StreamSource],
     cancel: &crate::cancel::Cancel,
 ) -> Result<()> {
-    let names = detector.names().to_vec();
     for (p, why) in skipped {
         eprintln!(
             "skipped {}: {}",
@@ -357,33 +356,12 @@ pub fn run_with_streams(
             crate::text::message(why)
         );
     }
-    let out = &args.output;
-    let saving = out.saving();
-    let mut save_dir = increment_path(&args.project, &args.name, args.exist_ok);
-    if saving {
-        let inputs = files.iter().map(PathBuf::as_path);
-        crate::runs::refuse_reused_dir(&args.project, &args.name, args.exist_ok, inputs)?;
-        save_dir = crate::runs::claim_run_dir(&args.project, &args.name, args.exist_ok)
-            .with_context(|| {
-                format!(
-                    "cannot create the run folder {}",
-                    crate::text::path(&save_dir)
-                )
-            })?;
-    }
-    // A reused folder (--exist-ok) was checked above; the images' identities also guard each
-    // annotated image written (a hard link or symlink to an input in the folder).
-    let inputs = if saving && args.exist_ok {
-        crate::outfile::Inputs::of(files)
-    } else {
-        crate::outfile::Inputs::none()
+    let folder = RunFolder::open(args, files)?;
+    let mut sinks = Sinks::open(&folder.save_dir, args.output.clone())?;
+    let mut tally = Tally {
+        bad: skipped.len(),
+        ..Tally::default()
     };
-    let mut sinks = Sinks::open(&save_dir, out.clone())?;
-    let max_det = detector.config().max_det;
-    let (mut n_ok, mut n_bad) = (0usize, skipped.len());
-    let (mut t_pre, mut t_inf, mut t_nms) = (0f64, 0f64, 0f64);
-    // Images only (videos print their own per-frame times).
-    let mut n_img = 0usize;
     let total = files.len() + streams.len();
     let stems = unique_stems(files);
     for (k, path) in files.iter().enumerate() {
@@ -393,34 +371,158 @@ pub fn run_with_streams(
         }
         let stem = &stems[k];
         let own = path.file_stem().map(|s| s.to_string_lossy().into_owned());
-        if own.as_deref() != Some(stem.as_str()) && (out.save_txt || !out.nosave) {
+        if own.as_deref() != Some(stem.as_str()) && (args.output.save_txt || !args.output.nosave) {
             eprintln!(
                 "note: {} is saved as {stem} (an earlier input has the same name)",
                 crate::text::path(&path)
             );
         }
         if crate::detect::video::is_video(path) {
-            match detect_video(
-                detector,
-                args,
-                path,
-                stem,
-                &mut sinks,
-                (k + 1, total),
-                cancel,
-            ) {
-                Ok(()) => n_ok += 1,
+            let at = (k + 1, total);
+            match detect_video(detector, args, path, stem, &mut sinks, at, cancel) {
+                Ok(()) => tally.ok += 1,
                 Err(e) => {
                     eprintln!(
                         "skipped {}: {}",
                         crate::text::path(&path),
                         crate::text::message(&format!("{e:#}"))
                     );
-                    n_bad += 1;
+                    tally.bad += 1;
                 }
             }
             continue;
         }
+        let job = ImageJob {
+            detector,
+            out: &args.output,
+            folder: &folder,
+            at: (k + 1, total),
+        };
+        job.run(path, stem, &mut sinks, &mut tally)?;
+    }
+    detect_streams(
+        detector, args, streams, &stems, &mut sinks, &mut tally, cancel,
+    );
+    let n_labels = sinks.finish()?;
+    tally.print(detector, args, &folder, n_labels, streams.is_empty());
+    if tally.ok == 0 {
+        bail!(
+            "no image could be processed ({} skipped, reasons above)",
+            tally.bad
+        );
+    }
+    Ok(())
+}
+
+/// The run folder of `yolo9 detect`: claimed (created, numbered) only when something is saved.
+struct RunFolder {
+    /// Whether anything is written into it ([`SinkOptions::saving`]).
+    saving: bool,
+    /// The folder (`--project/--name`, numbered unless `--exist-ok`).
+    save_dir: PathBuf,
+    /// The inputs an annotated image must never be written onto.
+    inputs: crate::outfile::Inputs,
+}
+
+impl RunFolder {
+    /// Claims the run folder for `args` when saving; refuses a reused folder (`--exist-ok`)
+    /// that holds one of the inputs `files`.
+    fn open(args: &DetectArgs, files: &[PathBuf]) -> Result<Self> {
+        let saving = args.output.saving();
+        let mut save_dir = increment_path(&args.project, &args.name, args.exist_ok);
+        if saving {
+            let inputs = files.iter().map(PathBuf::as_path);
+            crate::runs::refuse_reused_dir(&args.project, &args.name, args.exist_ok, inputs)?;
+            save_dir = crate::runs::claim_run_dir(&args.project, &args.name, args.exist_ok)
+                .with_context(|| {
+                    format!(
+                        "cannot create the run folder {}",
+                        crate::text::path(&save_dir)
+                    )
+                })?;
+        }
+        // A reused folder (--exist-ok) was checked above; the images' identities also guard each
+        // annotated image written (a hard link or symlink to an input in the folder).
+        let inputs = if saving && args.exist_ok {
+            crate::outfile::Inputs::of(files)
+        } else {
+            crate::outfile::Inputs::none()
+        };
+        Ok(RunFolder {
+            saving,
+            save_dir,
+            inputs,
+        })
+    }
+}
+
+/// The counters of a detect run: sources processed and skipped, images detected (videos print
+/// their own per-frame times) and the summed per-image times in milliseconds.
+#[derive(Default)]
+struct Tally {
+    ok: usize,
+    bad: usize,
+    images: usize,
+    pre_ms: f64,
+    infer_ms: f64,
+    nms_ms: f64,
+}
+
+impl Tally {
+    /// The closing lines: mean speed per image, where the results are, how many sources.
+    fn print(
+        &self,
+        detector: &Detector,
+        args: &DetectArgs,
+        folder: &RunFolder,
+        n_labels: usize,
+        images_only: bool,
+    ) {
+        if self.images > 0 {
+            let d = self.images as f64;
+            println!(
+                "Speed: {:.1}ms pre-process, {:.1}ms inference, {:.1}ms NMS per image (size {})",
+                self.pre_ms / d,
+                self.infer_ms / d,
+                self.nms_ms / d,
+                detector.effective_img_size().unwrap_or(0)
+            );
+        }
+        if folder.saving {
+            let mut s = format!("Results saved to {}", crate::text::path(&folder.save_dir));
+            if args.output.save_txt {
+                s.push_str(&format!(
+                    "\n{n_labels} labels saved to {}",
+                    folder.save_dir.join("labels").display()
+                ));
+            }
+            println!("{s}");
+        }
+        let (n_ok, n_bad) = (self.ok, self.bad);
+        if images_only {
+            let noun = if n_ok == 1 { "image" } else { "images" };
+            println!("{n_ok} {noun} processed, {n_bad} skipped");
+        } else {
+            println!("{n_ok} sources processed, {n_bad} skipped");
+        }
+    }
+}
+
+/// Detection on one image file of a detect run.
+struct ImageJob<'a> {
+    detector: &'a Detector,
+    out: &'a SinkOptions,
+    folder: &'a RunFolder,
+    /// `(k, total)`: the source's number (from 1) and the number of sources.
+    at: (usize, usize),
+}
+
+impl ImageJob<'_> {
+    /// Decodes, detects and writes the outputs of `path` (output name `stem`), with its progress
+    /// line. An image that cannot be decoded or letterboxed is skipped (one line, counted in
+    /// `tally.bad`); an inference or write error ends the run.
+    fn run(&self, path: &Path, stem: &str, sinks: &mut Sinks, tally: &mut Tally) -> Result<()> {
+        let (detector, out) = (self.detector, self.out);
         let t0 = Instant::now();
         let img = match load_rgb8(path) {
             Ok(i) => i,
@@ -437,8 +539,8 @@ pub fn run_with_streams(
                     crate::text::path(&path),
                     crate::text::message(&reason)
                 );
-                n_bad += 1;
-                continue;
+                tally.bad += 1;
+                return Ok(());
             }
         };
         let (w, h) = img.dimensions();
@@ -450,8 +552,8 @@ pub fn run_with_streams(
                     crate::text::path(&path),
                     crate::text::message(&format!("{e:#}"))
                 );
-                n_bad += 1;
-                continue;
+                tally.bad += 1;
+                return Ok(());
             }
         };
         // Without --save-crop, drop the full-resolution pixels now and keep at most a 4096-px
@@ -474,20 +576,21 @@ pub fn run_with_streams(
         let t3 = Instant::now();
         let ms = |a: Instant, b: Instant| (b - a).as_secs_f64() * 1e3;
         let (p, i, n) = (ms(t0, t1), ms(t1, t2), ms(t2, t3));
-        t_pre += p;
-        t_inf += i;
-        t_nms += n;
-        n_ok += 1;
-        n_img += 1;
+        tally.pre_ms += p;
+        tally.infer_ms += i;
+        tally.nms_ms += n;
+        tally.ok += 1;
+        tally.images += 1;
         println!(
             "image {}/{} {}: {}x{} {}, {p:.1}ms pre, {i:.1}ms infer, {n:.1}ms nms",
-            k + 1,
-            total,
+            self.at.0,
+            self.at.1,
             crate::text::path(&path),
             info.out_h(),
             info.out_w(),
-            count_summary(&dets, &names)
+            count_summary(&dets, detector.names())
         );
+        let max_det = detector.config().max_det;
         if dets.len() >= max_det {
             eprintln!(
                 "note: {}: {} detections reached --max-det {max_det}; lower-confidence boxes were \
@@ -511,7 +614,7 @@ pub fn run_with_streams(
         }
         if let Some((mut canvas, scale)) = canvas {
             draw_detections(&mut canvas, &dets, scale, &out.draw)?;
-            let op = save_dir.join(annotated_name(path, stem));
+            let op = self.folder.save_dir.join(annotated_name(path, stem));
             if scale < 1.0 {
                 eprintln!(
                     "note: {} is {w}x{h}; the annotated copy is drawn at {}x{}",
@@ -520,11 +623,27 @@ pub fn run_with_streams(
                     canvas.height()
                 );
             }
-            crate::outfile::save_image(&canvas, &op, &inputs).with_context(|| {
+            crate::outfile::save_image(&canvas, &op, &self.folder.inputs).with_context(|| {
                 format!("cannot save the annotated image {}", crate::text::path(&op))
             })?;
         }
+        Ok(())
     }
+}
+
+/// The webcams and streams of a detect run, after the files (whose output names are `stems`),
+/// one after the other; a stream that fails is skipped (one line, counted).
+fn detect_streams(
+    detector: &Detector,
+    args: &DetectArgs,
+    streams: &[StreamSource],
+    stems: &[String],
+    sinks: &mut Sinks,
+    tally: &mut Tally,
+    cancel: &crate::cancel::Cancel,
+) {
+    let n_files = stems.len();
+    let total = n_files + streams.len();
     let mut used = std::collections::HashSet::new();
     for (j, st) in streams.iter().enumerate() {
         if cancel.requested() {
@@ -538,50 +657,19 @@ pub fn run_with_streams(
             n += 1;
             stem = format!("{base}_{n}");
         }
-        let at = (files.len() + j + 1, total);
-        match detect_stream(detector, args, st, &stem, &mut sinks, at, cancel) {
-            Ok(()) => n_ok += 1,
+        let at = (n_files + j + 1, total);
+        match detect_stream(detector, args, st, &stem, sinks, at, cancel) {
+            Ok(()) => tally.ok += 1,
             Err(e) => {
                 eprintln!(
                     "skipped {}: {}",
                     st.name(),
                     crate::text::redact(&format!("{e:#}"))
                 );
-                n_bad += 1;
+                tally.bad += 1;
             }
         }
     }
-    let n_labels = sinks.finish()?;
-    if n_img > 0 {
-        let d = n_img as f64;
-        println!(
-            "Speed: {:.1}ms pre-process, {:.1}ms inference, {:.1}ms NMS per image (size {})",
-            t_pre / d,
-            t_inf / d,
-            t_nms / d,
-            detector.effective_img_size().unwrap_or(0)
-        );
-    }
-    if saving {
-        let mut s = format!("Results saved to {}", crate::text::path(&save_dir));
-        if out.save_txt {
-            s.push_str(&format!(
-                "\n{n_labels} labels saved to {}",
-                save_dir.join("labels").display()
-            ));
-        }
-        println!("{s}");
-    }
-    if streams.is_empty() {
-        let noun = if n_ok == 1 { "image" } else { "images" };
-        println!("{n_ok} {noun} processed, {n_bad} skipped");
-    } else {
-        println!("{n_ok} sources processed, {n_bad} skipped");
-    }
-    if n_ok == 0 {
-        bail!("no image could be processed ({n_bad} skipped, reasons above)");
-    }
-    Ok(())
 }
 
 /// Writes one detected frame of a video or stream ([`Sinks::write`]: labels

@@ -141,25 +141,7 @@ pub fn run(mut a: ValArgs) -> Result<()> {
     );
     let dtype = crate::cli::detect::inference_dtype(a.half, &device);
     let model = YoloV9::load_dtype(&weights, &device, dtype)?.for_validation();
-    let scan = scan_split(
-        &cfg,
-        split,
-        &ScanOptions {
-            use_cache: true,
-            print: false,
-            ..Default::default()
-        },
-    )?;
-    if let crate::data::scan::CacheStatus::NotWritten { path, reason } = &scan.cache {
-        eprintln!(
-            "warning: label cache {} not written: {reason} (the labels are scanned again next time)",
-            crate::text::path(&path)
-        );
-    }
-    if let Some(c) = &cfg.coco {
-        println!("{}", c.mapping_line(&cfg.names));
-    }
-    println!("{}", scan.summary(&cfg.names));
+    let scan = scan_for_val(&cfg, split)?;
     let images = val_images(&scan);
     let saving = a.save_json || a.save_txt;
     if !a.noplots || saving {
@@ -213,6 +195,44 @@ pub fn run(mut a: ValArgs) -> Result<()> {
     if a.noplots && !saving {
         return Ok(());
     }
+    save_outputs(&a, &cfg, &scan, &images, &r, batch)
+}
+
+/// Scans the labels of `split` (with the label cache) and prints the summary, the COCO
+/// category mapping when the split is COCO JSON, and a warning when the cache was not written.
+fn scan_for_val(cfg: &DataConfig, split: Split) -> Result<crate::data::scan::SplitScan> {
+    let scan = scan_split(
+        cfg,
+        split,
+        &ScanOptions {
+            use_cache: true,
+            print: false,
+            ..Default::default()
+        },
+    )?;
+    if let crate::data::scan::CacheStatus::NotWritten { path, reason } = &scan.cache {
+        eprintln!(
+            "warning: label cache {} not written: {reason} (the labels are scanned again next time)",
+            crate::text::path(&path)
+        );
+    }
+    if let Some(c) = &cfg.coco {
+        println!("{}", c.mapping_line(&cfg.names));
+    }
+    println!("{}", scan.summary(&cfg.names));
+    Ok(scan)
+}
+
+/// The run folder's files of a validation `r` of `images` at `batch`: `predictions.json` and
+/// the COCO summary (`--save-json`), `labels/` (`--save-txt`), the plots (unless `--noplots`).
+fn save_outputs(
+    a: &ValArgs,
+    cfg: &DataConfig,
+    scan: &crate::data::scan::SplitScan,
+    images: &[crate::metrics::validate::ValImage],
+    r: &crate::metrics::validate::ValResult,
+    batch: usize,
+) -> Result<()> {
     let dir = crate::runs::claim_run_dir(&a.project, &a.name, a.exist_ok)
         .with_context(|| format!("cannot create the run folder under {}", a.project.display()))?;
     if a.save_json {
@@ -221,12 +241,12 @@ pub fn run(mut a: ValArgs) -> Result<()> {
             &cfg.names,
             cfg.coco.as_ref().map(|c| c.ids.as_slice()),
         );
-        let (ids, note) = crate::metrics::coco_json::dataset_image_ids(&images, &scan.coco_ids);
+        let (ids, note) = crate::metrics::coco_json::dataset_image_ids(images, &scan.coco_ids);
         if let Some(n) = note {
             eprintln!("{n}");
         }
         let (path, ev) = crate::metrics::coco_json::save_and_evaluate(
-            &dir, &images, dets, &cfg.names, &ids, &cats,
+            &dir, images, dets, &cfg.names, &ids, &cats,
         )?;
         println!(
             "Saved {}; COCO bbox evaluation against the split's labels:",
@@ -238,7 +258,7 @@ pub fn run(mut a: ValArgs) -> Result<()> {
     }
     if a.save_txt {
         let dets = r.detections.as_deref().unwrap_or_default();
-        let n = save_txt(&dir, &images, dets, a.save_conf)?;
+        let n = save_txt(&dir, images, dets, a.save_conf)?;
         println!("{n} label files saved to {}", dir.join("labels").display());
     }
     if !a.noplots {
@@ -249,7 +269,7 @@ pub fn run(mut a: ValArgs) -> Result<()> {
             &cfg.names,
         )?;
         if let Some(dets) = &r.detections {
-            crate::metrics::plots::plot_val_batches(&dir, &images, dets, batch, &cfg.names)?;
+            crate::metrics::plots::plot_val_batches(&dir, images, dets, batch, &cfg.names)?;
         }
     }
     println!("Results saved to {}", crate::text::path(&dir));

@@ -399,7 +399,7 @@ pub fn augment_hsv<R: Rng>(img: &mut RgbImage, hgain: f32, sgain: f32, vgain: f3
     }
 }
 
-/// Channel order of the values `[v, x, m]` in each hue sector (from [`hue_sector`]).
+/// Channel order of the values `[v, x, m]` in each hue sector (from [`super::image::hue_sector`]).
 const SECTOR_PERM: [[u8; 3]; 8] = {
     let mut t = [[0u8; 3]; 8];
     let mut k = 0;
@@ -549,23 +549,9 @@ pub fn hsv8_to_rgb(hsv: [u8; 3]) -> [u8; 3] {
     let c = v * s;
     let hp = (h / 60.0) % 6.0;
     let x = c * (1.0 - ((hp % 2.0) - 1.0).abs());
-    let (r, g, b) = hue_sector(hp as u32, c, x, 0.0);
+    let (r, g, b) = super::image::hue_sector(hp as u32, c, x, 0.0);
     let m = v - c;
     [r + m, g + m, b + m].map(|u| u.round().clamp(0.0, 255.0) as u8)
-}
-
-/// The (r, g, b) of the standard HSV → RGB conversion before adding `m = v − c`: in hue sector
-/// `sector` (0..6, each 60°; larger counts as 5) the chroma `c` and the second-largest component
-/// `x` go to the channels that sector orders them in, and the third channel gets `zero`.
-pub fn hue_sector<T: Copy>(sector: u32, c: T, x: T, zero: T) -> (T, T, T) {
-    match sector {
-        0 => (c, x, zero),
-        1 => (x, c, zero),
-        2 => (zero, c, x),
-        3 => (zero, x, c),
-        4 => (x, zero, c),
-        _ => (c, zero, x),
-    }
 }
 
 /// Official `mixup`: blends two images with ratio `r ~ Beta(32, 32)` (`im·r + im2·(1−r)`,

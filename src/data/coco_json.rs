@@ -333,157 +333,29 @@ pub fn read_split(json: &Path, classes: &CocoClasses) -> Result<CocoSplit> {
     let mut seen_files: HashMap<PathBuf, String> = HashMap::new();
     let images = raw.images.unwrap_or_default();
     for (i, im) in images.iter().enumerate() {
-        let rec = record("images", i, im.get("id"));
-        let mut skip = |value: String| {
-            out.issues
-                .push(issue(value, "image skipped", IssueKind::ImageSkipped));
-            out.images_skipped += 1;
-        };
-        let Some(id) = as_id(im.get("id")) else {
-            skip(format!(
-                "{rec}: id {} is not a non-negative integer",
-                show(im.get("id"))
-            ));
-            continue;
-        };
-        if by_id.contains_key(&id) {
-            skip(format!("{rec}: id {id} repeats an earlier image's id"));
-            continue;
+        match image_record(json, i, im, &by_id, &seen_files) {
+            Ok(img) => {
+                seen_files.insert(img.image.clone(), img.record.clone());
+                by_id.insert(img.id, out.images.len());
+                out.images.push(img);
+            }
+            Err(value) => {
+                out.issues
+                    .push(issue(value, "image skipped", IssueKind::ImageSkipped));
+                out.images_skipped += 1;
+            }
         }
-        let Some(name) = im
-            .get("file_name")
-            .and_then(Value::as_str)
-            .filter(|s| !s.is_empty())
-        else {
-            skip(format!(
-                "{rec}: file_name {} is not a file name",
-                show(im.get("file_name"))
-            ));
-            continue;
-        };
-        let tried = image_candidates(json, name);
-        let Some(path) = tried.iter().find(|p| p.is_file()).cloned() else {
-            skip(format!(
-                "{rec}: file_name {name:?} not found (tried {})",
-                tried
-                    .iter()
-                    .map(|p| p.display().to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ));
-            continue;
-        };
-        if let Some(first) = seen_files.get(&path) {
-            skip(format!(
-                "{rec}: file_name {name:?} is the same file as {first}"
-            ));
-            continue;
-        }
-        seen_files.insert(path.clone(), rec.clone());
-        let dim = |k: &str| as_id(im.get(k)).filter(|v| *v > 0 && *v <= u32::MAX as u64);
-        let size = match (dim("width"), dim("height")) {
-            (Some(w), Some(h)) => Some((w as u32, h as u32)),
-            _ => None,
-        };
-        by_id.insert(id, out.images.len());
-        out.images.push(CocoImage {
-            id,
-            image: path,
-            json: json.to_path_buf(),
-            record: rec,
-            size,
-            boxes: Vec::new(),
-        });
     }
     for (i, a) in raw.annotations.iter().enumerate() {
-        let RawAnnotation::Object {
-            id,
-            image_id,
-            category_id,
-            bbox,
-            iscrowd,
-        } = a
-        else {
-            out.issues.push(issue(
-                format!("annotations[{i}]: not an object"),
-                "annotation skipped",
-                IssueKind::RowDropped,
-            ));
-            out.annotations_skipped += 1;
-            continue;
-        };
-        let rec = record("annotations", i, id.as_ref());
-        let mut drop = |value: String| {
-            out.issues
-                .push(issue(value, "annotation skipped", IssueKind::RowDropped));
-            out.annotations_skipped += 1;
-        };
-        let crowd = match iscrowd {
-            None | Some(Value::Null) => false,
-            Some(v) => v.as_f64().is_some_and(|x| x != 0.0) || v.as_bool() == Some(true),
-        };
-        if crowd {
-            out.crowd += 1;
-            continue;
-        }
-        let Some(img) = as_id(image_id.as_ref()) else {
-            drop(format!(
-                "{rec}: image_id {} is not a non-negative integer",
-                show(image_id.as_ref())
-            ));
-            continue;
-        };
-        let Some(&k) = by_id.get(&img) else {
-            drop(format!(
-                "{rec}: image_id {img} is not a usable image of `images`"
-            ));
-            continue;
-        };
-        let cls = match as_id(category_id.as_ref()) {
-            None => {
-                drop(format!(
-                    "{rec}: category_id {} is not a non-negative integer",
-                    show(category_id.as_ref())
-                ));
-                continue;
+        match annotation_box(i, a, &by_id, classes) {
+            Ok(Some((k, b))) => out.images[k].boxes.push(b),
+            Ok(None) => out.crowd += 1,
+            Err(value) => {
+                out.issues
+                    .push(issue(value, "annotation skipped", IssueKind::RowDropped));
+                out.annotations_skipped += 1;
             }
-            Some(c) => match classes.class_of(c) {
-                Some(cls) => cls,
-                None => {
-                    drop(format!(
-                        "{rec}: category_id {c} is not a category (known ids {:?})",
-                        classes.ids
-                    ));
-                    continue;
-                }
-            },
-        };
-        let b: Option<Vec<f64>> = bbox
-            .as_ref()
-            .and_then(Value::as_array)
-            .filter(|a| a.len() == 4)
-            .and_then(|a| a.iter().map(Value::as_f64).collect());
-        let Some(b) = b.filter(|b| b.iter().all(|v| v.is_finite())) else {
-            drop(format!(
-                "{rec}: bbox {} is not four numbers [x, y, w, h]",
-                show(bbox.as_ref())
-            ));
-            continue;
-        };
-        if b[2] <= 0.0 || b[3] <= 0.0 {
-            drop(format!(
-                "{rec}: bbox {} has width {} and height {} (both must be positive)",
-                show(bbox.as_ref()),
-                b[2],
-                b[3]
-            ));
-            continue;
         }
-        out.images[k].boxes.push(PixelBox {
-            cls,
-            xywh: [b[0], b[1], b[2], b[3]],
-            record: rec,
-        });
     }
     if out.crowd > 0 {
         out.issues.push(issue(
@@ -493,6 +365,148 @@ pub fn read_split(json: &Path, classes: &CocoClasses) -> Result<CocoSplit> {
         ));
     }
     Ok(out)
+}
+
+/// Record `images[i]` = `im` of `json` resolved to its file (no boxes yet), or why it is
+/// skipped: no usable id or file name, an id already in `by_id`, a file not found or already
+/// listed (`seen_files`: file → record).
+fn image_record(
+    json: &Path,
+    i: usize,
+    im: &Value,
+    by_id: &HashMap<u64, usize>,
+    seen_files: &HashMap<PathBuf, String>,
+) -> std::result::Result<CocoImage, String> {
+    let rec = record("images", i, im.get("id"));
+    let Some(id) = as_id(im.get("id")) else {
+        return Err(format!(
+            "{rec}: id {} is not a non-negative integer",
+            show(im.get("id"))
+        ));
+    };
+    if by_id.contains_key(&id) {
+        return Err(format!("{rec}: id {id} repeats an earlier image's id"));
+    }
+    let Some(name) = im
+        .get("file_name")
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
+    else {
+        return Err(format!(
+            "{rec}: file_name {} is not a file name",
+            show(im.get("file_name"))
+        ));
+    };
+    let tried = image_candidates(json, name);
+    let Some(path) = tried.iter().find(|p| p.is_file()).cloned() else {
+        return Err(format!(
+            "{rec}: file_name {name:?} not found (tried {})",
+            tried
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    };
+    if let Some(first) = seen_files.get(&path) {
+        return Err(format!(
+            "{rec}: file_name {name:?} is the same file as {first}"
+        ));
+    }
+    let dim = |k: &str| as_id(im.get(k)).filter(|v| *v > 0 && *v <= u32::MAX as u64);
+    let size = match (dim("width"), dim("height")) {
+        (Some(w), Some(h)) => Some((w as u32, h as u32)),
+        _ => None,
+    };
+    Ok(CocoImage {
+        id,
+        image: path,
+        json: json.to_path_buf(),
+        record: rec,
+        size,
+        boxes: Vec::new(),
+    })
+}
+
+/// Record `annotations[i]` = `a`: `Some((index of its image in by_id, box))`, `None` for a crowd
+/// annotation (ignored), or why it is skipped (not an object, an unknown image or category, a
+/// bbox that is not four finite numbers with a positive size).
+fn annotation_box(
+    i: usize,
+    a: &RawAnnotation,
+    by_id: &HashMap<u64, usize>,
+    classes: &CocoClasses,
+) -> std::result::Result<Option<(usize, PixelBox)>, String> {
+    let RawAnnotation::Object {
+        id,
+        image_id,
+        category_id,
+        bbox,
+        iscrowd,
+    } = a
+    else {
+        return Err(format!("annotations[{i}]: not an object"));
+    };
+    let rec = record("annotations", i, id.as_ref());
+    let crowd = match iscrowd {
+        None | Some(Value::Null) => false,
+        Some(v) => v.as_f64().is_some_and(|x| x != 0.0) || v.as_bool() == Some(true),
+    };
+    if crowd {
+        return Ok(None);
+    }
+    let Some(img) = as_id(image_id.as_ref()) else {
+        return Err(format!(
+            "{rec}: image_id {} is not a non-negative integer",
+            show(image_id.as_ref())
+        ));
+    };
+    let Some(&k) = by_id.get(&img) else {
+        return Err(format!(
+            "{rec}: image_id {img} is not a usable image of `images`"
+        ));
+    };
+    let cls = match as_id(category_id.as_ref()) {
+        None => {
+            return Err(format!(
+                "{rec}: category_id {} is not a non-negative integer",
+                show(category_id.as_ref())
+            ))
+        }
+        Some(c) => classes.class_of(c).ok_or_else(|| {
+            format!(
+                "{rec}: category_id {c} is not a category (known ids {:?})",
+                classes.ids
+            )
+        })?,
+    };
+    let b: Option<Vec<f64>> = bbox
+        .as_ref()
+        .and_then(Value::as_array)
+        .filter(|a| a.len() == 4)
+        .and_then(|a| a.iter().map(Value::as_f64).collect());
+    let Some(b) = b.filter(|b| b.iter().all(|v| v.is_finite())) else {
+        return Err(format!(
+            "{rec}: bbox {} is not four numbers [x, y, w, h]",
+            show(bbox.as_ref())
+        ));
+    };
+    if b[2] <= 0.0 || b[3] <= 0.0 {
+        return Err(format!(
+            "{rec}: bbox {} has width {} and height {} (both must be positive)",
+            show(bbox.as_ref()),
+            b[2],
+            b[3]
+        ));
+    }
+    Ok(Some((
+        k,
+        PixelBox {
+            cls,
+            xywh: [b[0], b[1], b[2], b[3]],
+            record: rec,
+        },
+    )))
 }
 
 /// The boxes of `img` normalized to centre format on a `w × h` image (the JSON's size when it

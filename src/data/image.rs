@@ -427,6 +427,20 @@ fn rescale_low_bit_16(img: DynamicImage, bits: u8) -> DynamicImage {
     img
 }
 
+/// The (r, g, b) of the standard HSV → RGB conversion before adding `m = v − c`: in hue sector
+/// `sector` (0..6, each 60°; larger counts as 5) the chroma `c` and the second-largest component
+/// `x` go to the channels that sector orders them in, and the third channel gets `zero`.
+pub fn hue_sector<T: Copy>(sector: u32, c: T, x: T, zero: T) -> (T, T, T) {
+    match sector {
+        0 => (c, x, zero),
+        1 => (x, c, zero),
+        2 => (zero, c, x),
+        3 => (zero, x, c),
+        4 => (x, zero, c),
+        _ => (c, zero, x),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -122,111 +122,20 @@ impl DataConfig {
         let map = doc.as_mapping().with_context(|| {
             format!("{shown}: expected a mapping with keys path/train/val/names")
         })?;
-        let get = |k: &str| map.get(k).filter(|v| !v.is_null());
         let yaml_dir = yaml_path
             .parent()
             .map(Path::to_path_buf)
             .unwrap_or_else(|| PathBuf::from("/"));
-
-        let root = match get("path") {
-            None => yaml_dir.clone(),
-            Some(v) => {
-                let s = scalar_string(v).with_context(|| {
-                    format!("{shown}: key `path` must be a string (the dataset root folder)")
-                })?;
-                let p = normalize(&yaml_dir.join(&s));
-                if !p.is_dir() {
-                    bail!(
-                        "{shown}: key `path` ({s:?}) resolves to {}, which is not an existing directory \
-                         (relative paths resolve against the yaml's own folder {}; fix `path`)",
-                        p.display(),
-                        yaml_dir.display()
-                    );
-                }
-                p
-            }
+        let mut yaml = Doc {
+            map,
+            yaml_path: &yaml_path,
+            notices: Vec::new(),
         };
-
-        let notices = std::cell::RefCell::new(Vec::new());
-        let sources = |split: Split, required: bool| -> Result<Vec<PathBuf>> {
-            let key = split.key();
-            let Some(v) = get(key) else {
-                if required {
-                    bail!("{shown}: key `{key}` is missing (expected a directory of images, a .txt list of image paths, or a list of those)");
-                }
-                return Ok(Vec::new());
-            };
-            let items: Vec<String> = match v {
-                Value::Sequence(seq) => seq
-                    .iter()
-                    .map(|x| {
-                        scalar_string(x).with_context(|| {
-                            format!("{shown}: key `{key}`: every list entry must be a path string")
-                        })
-                    })
-                    .collect::<Result<_>>()?,
-                other => vec![scalar_string(other).with_context(|| {
-                    format!("{shown}: key `{key}` must be a path string or a list of path strings")
-                })?],
-            };
-            if items.is_empty() {
-                bail!("{shown}: key `{key}` is an empty list (expected at least one image directory or .txt list)");
-            }
-            let mut out = Vec::new();
-            for s in items {
-                let mut p = normalize(&root.join(&s));
-                if !p.exists() {
-                    if let Some(rest) = s.strip_prefix("../").filter(|r| !r.is_empty()) {
-                        let alt = normalize(&root.join(rest));
-                        if alt.exists() {
-                            let note = format!(
-                                "{shown}: `{key}: {s}` does not exist at {}; using {} (the path without \
-                                 the leading `../`, as Roboflow exports expect)",
-                                p.display(),
-                                alt.display()
-                            );
-                            tracing::warn!("{note}");
-                            notices.borrow_mut().push(note);
-                            p = alt;
-                        }
-                    }
-                }
-                let is_txt = p.extension().is_some_and(|e| e.eq_ignore_ascii_case("txt"));
-                let is_json = super::coco_json::is_coco_json(&p);
-                if p.is_dir() || ((is_txt || is_json) && p.is_file()) {
-                    out.push(p);
-                } else if p.exists() {
-                    bail!(
-                        "{shown}: key `{key}` ({s:?}) resolves to {}, which is neither a directory, a .txt list of images nor a COCO .json file",
-                        p.display()
-                    );
-                } else {
-                    bail!(
-                        "{shown}: key `{key}` ({s:?}) resolves to {}, which does not exist (expected a directory of \
-                         images or a .txt list; relative paths resolve against `path` = {})",
-                        p.display(),
-                        root.display()
-                    );
-                }
-            }
-            Ok(out)
-        };
-        let train = sources(Split::Train, true)?;
-        let val = sources(Split::Val, true)?;
-        let test = sources(Split::Test, false)?;
-
-        let nc_key = match get("nc") {
-            None => None,
-            Some(v) => Some(v.as_u64().filter(|&n| n > 0).with_context(|| {
-                format!(
-                    "{shown}: key `nc` must be a positive integer, got {}",
-                    show_value(v)
-                )
-            })? as usize),
-        };
-        if let Some(n) = nc_key.filter(|&n| n > MAX_CLASSES) {
-            bail!("{shown}: `nc: {n}` is over the limit of {MAX_CLASSES} classes");
-        }
+        let root = yaml.root(&yaml_dir)?;
+        let train = yaml.sources(&root, Split::Train, true)?;
+        let val = yaml.sources(&root, Split::Val, true)?;
+        let test = yaml.sources(&root, Split::Test, false)?;
+        let nc_key = yaml.nc()?;
         let jsons: Vec<PathBuf> = train
             .iter()
             .chain(&val)
@@ -234,86 +143,18 @@ impl DataConfig {
             .filter(|p| super::coco_json::is_coco_json(p))
             .cloned()
             .collect();
-        let coco = if jsons.is_empty() {
-            None
-        } else {
-            let c = super::coco_json::read_classes(&jsons)
-                .with_context(|| format!("{shown}: reading the classes of its COCO JSON split"))?;
-            let mut n = notices.borrow_mut();
-            for note in &c.notices {
-                tracing::warn!("{note}");
-                n.push(note.clone());
-            }
-            n.push(format!(
-                "{shown}: {} classes from the COCO categories (sorted by id): {}",
-                c.ids.len(),
-                c.describe()
-            ));
-            Some(c)
-        };
-        let names = match (get("names"), &coco) {
-            (None, Some(c)) => c.names.clone(),
-            (None, None) => match nc_key {
-                Some(n) => (0..n).map(|i| format!("class{i}")).collect(),
-                None => {
-                    bail!("{shown}: neither `names` nor `nc` is given (add `names: [a, b, ...]`)")
-                }
-            },
-            (Some(v), _) => parse_names(v).with_context(|| format!("{shown}: key `names`"))?,
-        };
-        if let Some(c) = &coco {
-            if names.len() != c.names.len() {
-                bail!(
-                    "{shown}: `names` has {} entries but the COCO JSON split has {} categories                      ({}); remove `names` to use the categories' names, or fix it",
-                    names.len(),
-                    c.names.len(),
-                    c.describe()
-                );
-            }
-            if names != c.names {
-                let note = format!(
-                    "{shown}: `names` {names:?} disagrees with the COCO category names {:?};                      using `names` (class i = the i-th category by id: {})",
-                    c.names,
-                    c.describe()
-                );
-                tracing::warn!("{note}");
-                notices.borrow_mut().push(note);
-            }
-        }
-        if names.is_empty() {
-            bail!("{shown}: key `names` is empty (expected at least one class name)");
-        }
-        let mut names = names;
-        let changed = crate::model::weights::sanitize_names(&mut names);
-        if !changed.is_empty() {
-            tracing::warn!(
-                "{shown}: class names {changed:?} contain control characters; shown escaped"
-            );
-        }
-        if names.len() > MAX_CLASSES {
-            bail!(
-                "{shown}: `names` has {} entries, over the limit of {MAX_CLASSES} classes",
-                names.len()
-            );
-        }
-        if let Some(n) = nc_key {
-            if n != names.len() {
-                bail!(
-                    "{shown}: `nc: {n}` disagrees with `names`, which has {} entries (fix one of them)",
-                    names.len()
-                );
-            }
-        }
+        let coco = yaml.coco_classes(&jsons)?;
+        let names = yaml.names(nc_key, coco.as_ref())?;
         Ok(DataConfig {
             nc: names.len(),
             names,
-            yaml_path,
-            root,
             train,
             val,
             test,
-            notices: notices.into_inner(),
+            notices: yaml.notices,
             coco,
+            yaml_path,
+            root,
         })
     }
 
@@ -399,6 +240,218 @@ fn walk_images(dir: &Path, out: &mut Vec<PathBuf>) -> Result<Vec<(PathBuf, Strin
         .with_context(|| format!("cannot read directory {}", dir.display()))?;
     out.extend(w.files);
     Ok(w.skipped)
+}
+
+/// A `data.yaml` being resolved: its mapping, its path (named in every error) and the notices
+/// gathered so far (each also logged at warn level).
+struct Doc<'a> {
+    map: &'a serde_yaml_ng::Mapping,
+    yaml_path: &'a Path,
+    notices: Vec<String>,
+}
+
+impl<'a> Doc<'a> {
+    /// The value of `key`, `None` when absent or null.
+    fn get(&self, key: &str) -> Option<&'a Value> {
+        self.map.get(key).filter(|v| !v.is_null())
+    }
+
+    /// Records a notice and logs it.
+    fn notice(&mut self, note: String) {
+        tracing::warn!("{note}");
+        self.notices.push(note);
+    }
+
+    /// The dataset root: `path:` joined to `yaml_dir` (the yaml's folder), or that folder.
+    fn root(&self, yaml_dir: &Path) -> Result<PathBuf> {
+        let shown = self.yaml_path.display();
+        let Some(v) = self.get("path") else {
+            return Ok(yaml_dir.to_path_buf());
+        };
+        let s = scalar_string(v).with_context(|| {
+            format!("{shown}: key `path` must be a string (the dataset root folder)")
+        })?;
+        let p = normalize(&yaml_dir.join(&s));
+        if !p.is_dir() {
+            bail!(
+                "{shown}: key `path` ({s:?}) resolves to {}, which is not an existing directory \
+                 (relative paths resolve against the yaml's own folder {}; fix `path`)",
+                p.display(),
+                yaml_dir.display()
+            );
+        }
+        Ok(p)
+    }
+
+    /// The sources of `split` under `root` (with the Roboflow `../` retry of the module doc);
+    /// empty when the key is absent and not `required`.
+    fn sources(&mut self, root: &Path, split: Split, required: bool) -> Result<Vec<PathBuf>> {
+        let yaml_path = self.yaml_path;
+        let shown = yaml_path.display();
+        let key = split.key();
+        let Some(v) = self.get(key) else {
+            if required {
+                bail!("{shown}: key `{key}` is missing (expected a directory of images, a .txt list of image paths, or a list of those)");
+            }
+            return Ok(Vec::new());
+        };
+        let items: Vec<String> = match v {
+            Value::Sequence(seq) => seq
+                .iter()
+                .map(|x| {
+                    scalar_string(x).with_context(|| {
+                        format!("{shown}: key `{key}`: every list entry must be a path string")
+                    })
+                })
+                .collect::<Result<_>>()?,
+            other => vec![scalar_string(other).with_context(|| {
+                format!("{shown}: key `{key}` must be a path string or a list of path strings")
+            })?],
+        };
+        if items.is_empty() {
+            bail!("{shown}: key `{key}` is an empty list (expected at least one image directory or .txt list)");
+        }
+        let mut out = Vec::new();
+        for s in items {
+            let mut p = normalize(&root.join(&s));
+            if !p.exists() {
+                if let Some(rest) = s.strip_prefix("../").filter(|r| !r.is_empty()) {
+                    let alt = normalize(&root.join(rest));
+                    if alt.exists() {
+                        self.notice(format!(
+                            "{shown}: `{key}: {s}` does not exist at {}; using {} (the path without \
+                             the leading `../`, as Roboflow exports expect)",
+                            p.display(),
+                            alt.display()
+                        ));
+                        p = alt;
+                    }
+                }
+            }
+            let is_txt = p.extension().is_some_and(|e| e.eq_ignore_ascii_case("txt"));
+            let is_json = super::coco_json::is_coco_json(&p);
+            if p.is_dir() || ((is_txt || is_json) && p.is_file()) {
+                out.push(p);
+            } else if p.exists() {
+                bail!(
+                    "{shown}: key `{key}` ({s:?}) resolves to {}, which is neither a directory, a .txt list of images nor a COCO .json file",
+                    p.display()
+                );
+            } else {
+                bail!(
+                    "{shown}: key `{key}` ({s:?}) resolves to {}, which does not exist (expected a directory of \
+                     images or a .txt list; relative paths resolve against `path` = {})",
+                    p.display(),
+                    root.display()
+                );
+            }
+        }
+        Ok(out)
+    }
+
+    /// `nc:`, when given: a positive integer up to [`MAX_CLASSES`].
+    fn nc(&self) -> Result<Option<usize>> {
+        let shown = self.yaml_path.display();
+        let nc_key = match self.get("nc") {
+            None => None,
+            Some(v) => Some(v.as_u64().filter(|&n| n > 0).with_context(|| {
+                format!(
+                    "{shown}: key `nc` must be a positive integer, got {}",
+                    show_value(v)
+                )
+            })? as usize),
+        };
+        if let Some(n) = nc_key.filter(|&n| n > MAX_CLASSES) {
+            bail!("{shown}: `nc: {n}` is over the limit of {MAX_CLASSES} classes");
+        }
+        Ok(nc_key)
+    }
+
+    /// The classes of the COCO JSON sources `jsons` (`None` when there are none), with a notice
+    /// listing them.
+    fn coco_classes(&mut self, jsons: &[PathBuf]) -> Result<Option<super::coco_json::CocoClasses>> {
+        if jsons.is_empty() {
+            return Ok(None);
+        }
+        let yaml_path = self.yaml_path;
+        let shown = yaml_path.display();
+        let c = super::coco_json::read_classes(jsons)
+            .with_context(|| format!("{shown}: reading the classes of its COCO JSON split"))?;
+        for note in &c.notices {
+            tracing::warn!("{note}");
+            self.notices.push(note.clone());
+        }
+        self.notices.push(format!(
+            "{shown}: {} classes from the COCO categories (sorted by id): {}",
+            c.ids.len(),
+            c.describe()
+        ));
+        Ok(Some(c))
+    }
+
+    /// The class names: `names:`, else the COCO categories' names, else `class0..` for `nc`;
+    /// checked against the COCO categories and `nc`, control characters escaped.
+    fn names(
+        &mut self,
+        nc_key: Option<usize>,
+        coco: Option<&super::coco_json::CocoClasses>,
+    ) -> Result<Vec<String>> {
+        let yaml_path = self.yaml_path;
+        let shown = yaml_path.display();
+        let mut names = match (self.get("names"), coco) {
+            (None, Some(c)) => c.names.clone(),
+            (None, None) => match nc_key {
+                Some(n) => (0..n).map(|i| format!("class{i}")).collect(),
+                None => {
+                    bail!("{shown}: neither `names` nor `nc` is given (add `names: [a, b, ...]`)")
+                }
+            },
+            (Some(v), _) => parse_names(v).with_context(|| format!("{shown}: key `names`"))?,
+        };
+        if let Some(c) = coco {
+            if names.len() != c.names.len() {
+                bail!(
+                    "{shown}: `names` has {} entries but the COCO JSON split has {} categories \
+                     ({}); remove `names` to use the categories' names, or fix it",
+                    names.len(),
+                    c.names.len(),
+                    c.describe()
+                );
+            }
+            if names != c.names {
+                self.notice(format!(
+                    "{shown}: `names` {names:?} disagrees with the COCO category names {:?}; \
+                     using `names` (class i = the i-th category by id: {})",
+                    c.names,
+                    c.describe()
+                ));
+            }
+        }
+        if names.is_empty() {
+            bail!("{shown}: key `names` is empty (expected at least one class name)");
+        }
+        let changed = crate::model::weights::sanitize_names(&mut names);
+        if !changed.is_empty() {
+            tracing::warn!(
+                "{shown}: class names {changed:?} contain control characters; shown escaped"
+            );
+        }
+        if names.len() > MAX_CLASSES {
+            bail!(
+                "{shown}: `names` has {} entries, over the limit of {MAX_CLASSES} classes",
+                names.len()
+            );
+        }
+        if let Some(n) = nc_key {
+            if n != names.len() {
+                bail!(
+                    "{shown}: `nc: {n}` disagrees with `names`, which has {} entries (fix one of them)",
+                    names.len()
+                );
+            }
+        }
+        Ok(names)
+    }
 }
 
 fn parse_names(v: &Value) -> Result<Vec<String>> {

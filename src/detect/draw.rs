@@ -56,7 +56,7 @@ pub fn class_color(class_id: usize) -> Rgb<u8> {
     let (s, v) = (0.85f32, 0.95f32);
     let c = v * s;
     let x = c * (1.0 - ((h % 2.0) - 1.0).abs());
-    let (r, g, b) = crate::data::augment::hue_sector(h as u32, c, x, 0.0);
+    let (r, g, b) = crate::data::image::hue_sector(h as u32, c, x, 0.0);
     let m = v - c;
     let to = |f: f32| ((f + m) * 255.0).round() as u8;
     Rgb([to(r), to(g), to(b)])

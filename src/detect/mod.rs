@@ -4,21 +4,28 @@
 //! - [`nms`]: torchvision-compatible greedy NMS.
 //! - [`postprocess`]: candidates, official `non_max_suppression`, `scale_boxes`, clipping.
 //! - [`device_nms`]: the NMS of a whole batch as one op on the output's device (a CUDA kernel).
-//! - [`draw`]: annotated images.
-//! - [`source`]: expanding files, directories and globs.
-//! - [`video`]: video files read and written through the `ffmpeg` program.
-//! - [`stream`]: webcams and network streams (the newest frame, reopened when they break).
-//! - [`output`]: what detection writes per image (label lines, names, crops).
 //! - [`detector`]: the public [`detector::Detector`]; [`config`]: its options.
+//!
+//! With the `media` feature (on with `cli`), the sources and sinks of `yolo9 detect`:
+//! - `draw`: annotated images.
+//! - `source`: expanding files, directories and globs.
+//! - `video`: video files read and written through the `ffmpeg` program.
+//! - `stream`: webcams and network streams (the newest frame, reopened when they break).
+//! - `output`: what detection writes per image (label lines, names, crops).
 
 pub mod config;
 pub mod detector;
 pub mod device_nms;
+#[cfg(feature = "media")]
 pub mod draw;
 pub mod letterbox;
 pub mod nms;
+#[cfg(feature = "media")]
 pub mod output;
 pub mod postprocess;
+#[cfg(feature = "media")]
 pub mod source;
+#[cfg(feature = "media")]
 pub mod stream;
+#[cfg(feature = "media")]
 pub mod video;

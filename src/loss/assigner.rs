@@ -325,6 +325,58 @@ impl TaskAlignedAssigner {
         input: &AssignerInput,
         full: bool,
     ) -> Result<(Assignment, Option<AssignerDiagnostics>)> {
+        self.check(input)?;
+        let gt = input.gt;
+        let (bs, na, m, nc) = (
+            gt.batch,
+            input.anc_points.len(),
+            gt.n_max_boxes,
+            self.num_classes,
+        );
+        if m == 0 {
+            // Official early return: background label everywhere, nothing assigned.
+            let out = Assignment {
+                batch: bs,
+                num_anchors: na,
+                num_classes: nc,
+                target_labels: vec![nc as i64; bs * na],
+                target_bboxes: vec![[0.0; 4]; bs * na],
+                target_score: vec![0.0; bs * na],
+                fg_mask: vec![false; bs * na],
+                target_gt_idx: vec![0; bs * na],
+            };
+            let diag = full.then(|| AssignerDiagnostics {
+                overlaps: vec![],
+                align_metric: vec![],
+                mask_pos_pre: vec![],
+                mask_pos: vec![],
+            });
+            return Ok((out, diag));
+        }
+        // Images are independent, so they run in parallel. The positives-only path is what
+        // `assign` runs; the reference path, which also fills the full diagnostic arrays, is what
+        // `tests/loss/assigner.rs` compares it with.
+        let image = |b: usize| Image::new(self, input, b);
+        let images: Vec<(Assignment, Option<AssignerDiagnostics>)> = if full {
+            (0..bs)
+                .into_par_iter()
+                .map(|b| {
+                    let (o, d) = image(b).reference();
+                    (o, Some(d))
+                })
+                .collect()
+        } else {
+            (0..bs)
+                .into_par_iter()
+                .map(|b| (image(b).positives_only(), None))
+                .collect()
+        };
+        Ok(concat_images(images, bs, na, nc, m, full))
+    }
+
+    /// The input checks of [`Self::run`]: consistent lengths of scores, boxes, anchors and GTs,
+    /// `topk >= 1`, GT labels in `0..num_classes`.
+    fn check(&self, input: &AssignerInput) -> Result<()> {
         let gt = input.gt;
         let (bs, na, m, nc) = (
             gt.batch,
@@ -369,340 +421,387 @@ impl TaskAlignedAssigner {
         {
             bail!("assigner: GT row {i} has label {l}, outside 0..{nc}");
         }
-
-        if m == 0 {
-            // Official early return: background label everywhere, nothing assigned.
-            let out = Assignment {
-                batch: bs,
-                num_anchors: na,
-                num_classes: nc,
-                target_labels: vec![nc as i64; bs * na],
-                target_bboxes: vec![[0.0; 4]; bs * na],
-                target_score: vec![0.0; bs * na],
-                fg_mask: vec![false; bs * na],
-                target_gt_idx: vec![0; bs * na],
-            };
-            let diag = full.then(|| AssignerDiagnostics {
-                overlaps: vec![],
-                align_metric: vec![],
-                mask_pos_pre: vec![],
-                mask_pos: vec![],
-            });
-            return Ok((out, diag));
-        }
-
-        let score = |b: usize, a: usize, c: usize| -> f32 {
-            match input.scores {
-                Scores::Probs(d) => d[(b * na + a) * nc + c],
-                Scores::HeadLogits {
-                    data,
-                    channels,
-                    offset,
-                } => sigmoid(data[(b * channels + offset + c) * na + a]),
-            }
-        };
-
-        let k = self.topk.min(na);
-
-        // One image: its slice of the outputs (anchors of image `b`) and diagnostics. Images
-        // are independent, so they run in parallel.
-        let run_image = |b: usize| -> (Assignment, Option<AssignerDiagnostics>) {
-            let mut out = Assignment {
-                batch: 1,
-                num_anchors: na,
-                num_classes: nc,
-                target_labels: vec![0; na],
-                target_bboxes: vec![[0.0; 4]; na],
-                target_score: vec![0.0; na],
-                fg_mask: vec![false; na],
-                target_gt_idx: vec![0; na],
-            };
-            let mut diag = full.then(|| AssignerDiagnostics {
-                overlaps: vec![0.0; m * na],
-                align_metric: vec![0.0; m * na],
-                mask_pos_pre: vec![false; m * na],
-                mask_pos: vec![false; m * na],
-            });
-            let mut mask_pos = vec![false; m * na];
-            // 0 outside GT, 1 inside with metric 0, 2 inside with metric != 0
-            let mut state = vec![0u8; na];
-            let mut cands: Vec<(usize, f32)> = Vec::new();
-            let preds: Vec<CiouBox> = input.pd_bboxes[b * na..(b + 1) * na]
-                .iter()
-                .map(|&p| CiouBox::new(p))
-                .collect();
-            let gts: Vec<CiouBox> = gt.bboxes[b * m..(b + 1) * m]
-                .iter()
-                .map(|&g| CiouBox::new(g))
-                .collect();
-            let labels = &gt.labels[b * m..(b + 1) * m];
-            let overlap = |j: usize, a: usize| clamp0(ciou_prepared(&gts[j], &preds[a]));
-            let metric = |j: usize, a: usize, ov: f32| {
-                pow_like_torch(score(b, a, labels[j] as usize), self.alpha)
-                    * pow_like_torch(ov, self.beta)
-            };
-
-            if let Some(d) = diag.as_mut() {
-                for j in 0..m {
-                    for a in 0..na {
-                        let ov = overlap(j, a);
-                        d.overlaps[j * na + a] = ov;
-                        d.align_metric[j * na + a] = metric(j, a, ov);
-                    }
-                }
-            }
-
-            // get_pos_mask: top-k of the in-GT-masked alignment metric, per valid GT.
-            for j in 0..m {
-                if !gt.mask[b * m + j] {
-                    continue;
-                }
-                cands.clear();
-                for (a, &p) in input.anc_points.iter().enumerate() {
-                    if inside_gt(p, gts[j].xyxy) {
-                        let ov = overlap(j, a);
-                        let am = metric(j, a, ov);
-                        state[a] = if am == 0.0 { 1 } else { 2 };
-                        cands.push((a, am));
-                    } else {
-                        state[a] = 0;
-                    }
-                }
-                let row = &mut mask_pos[j * na..(j + 1) * na];
-                let mut nonzero: Vec<(usize, f32)> =
-                    cands.iter().copied().filter(|&(_, v)| v != 0.0).collect();
-                // Descending metric (NaN first, as torch.topk), ties by ascending anchor index.
-                nonzero.sort_by(|x, y| desc_nan_first(x.1, y.1).then(x.0.cmp(&y.0)));
-                for &(a, _) in nonzero.iter().take(k) {
-                    row[a] = true;
-                }
-                if nonzero.len() < k {
-                    // The remaining slots go to metric-0 entries of the masked row in index order;
-                    // only those inside the GT become positives.
-                    let mut left = k - nonzero.len();
-                    for (a, &st) in state.iter().enumerate() {
-                        if left == 0 {
-                            break;
-                        }
-                        if st != 2 {
-                            left -= 1;
-                            if st == 1 {
-                                row[a] = true;
-                            }
-                        }
-                    }
-                }
-            }
-            if let Some(d) = diag.as_mut() {
-                d.mask_pos_pre.copy_from_slice(&mask_pos);
-            }
-
-            // select_highest_overlaps: an anchor claimed by several GTs keeps the GT of highest
-            // overlap among all GT rows of the image.
-            for a in 0..na {
-                let claims = (0..m).filter(|&j| mask_pos[j * na + a]).count();
-                if claims > 1 {
-                    let mut best = 0usize;
-                    let mut best_ov = overlap(0, a);
-                    for j in 1..m {
-                        let ov = overlap(j, a);
-                        if !best_ov.is_nan() && (ov > best_ov || ov.is_nan()) {
-                            best = j;
-                            best_ov = ov;
-                        }
-                    }
-                    for j in 0..m {
-                        mask_pos[j * na + a] = j == best;
-                    }
-                }
-            }
-            if let Some(d) = diag.as_mut() {
-                d.mask_pos.copy_from_slice(&mask_pos);
-            }
-
-            // Per-GT maxima of the positive alignment metrics and overlaps.
-            let mut pos_align = vec![0f32; m];
-            let mut pos_ov = vec![0f32; m];
-            for j in 0..m {
-                for a in 0..na {
-                    if mask_pos[j * na + a] {
-                        let ov = overlap(j, a);
-                        let am = metric(j, a, ov);
-                        pos_align[j] = max_nan(pos_align[j], am);
-                        pos_ov[j] = max_nan(pos_ov[j], ov);
-                    }
-                }
-            }
-
-            // Targets.
-            for a in 0..na {
-                let i = a;
-                let j = (0..m).find(|&j| mask_pos[j * na + a]);
-                let jj = j.unwrap_or(0);
-                out.target_gt_idx[i] = jj;
-                out.target_labels[i] = labels[jj];
-                out.target_bboxes[i] = gt.bboxes[b * m + jj];
-                if let Some(j) = j {
-                    let ov = overlap(j, a);
-                    let am = metric(j, a, ov);
-                    out.fg_mask[i] = true;
-                    out.target_score[i] = am * pos_ov[j] / (pos_align[j] + self.eps);
-                }
-            }
-            (out, diag)
-        };
-        // The same rules on the positives only (no (GT x anchor) mask, predicted boxes prepared
-        // only where a CIoU is needed): what `assign` runs. `run_image` above, which also fills
-        // the full diagnostic arrays, is the reference; `tests/loss/assigner.rs` compares both.
-        let run_image_fast = |b: usize| -> (Assignment, Option<AssignerDiagnostics>) {
-            let gts: Vec<CiouBox> = gt.bboxes[b * m..(b + 1) * m]
-                .iter()
-                .map(|&g| CiouBox::new(g))
-                .collect();
-            let pd = &input.pd_bboxes[b * na..(b + 1) * na];
-            let labels = &gt.labels[b * m..(b + 1) * m];
-            let overlap = |j: usize, p: &CiouBox| clamp0(ciou_prepared(&gts[j], p));
-            let metric = |j: usize, a: usize, ov: f32| {
-                pow_like_torch(score(b, a, labels[j] as usize), self.alpha)
-                    * pow_like_torch(ov, self.beta)
-            };
-            // Positives per GT row, before de-duplication (top-k ∩ inside GT).
-            let mut pos: Vec<Vec<usize>> = vec![Vec::new(); m];
-            let mut claims = vec![0u8; na];
-            let mut cands: Vec<(usize, f32)> = Vec::new();
-            for j in 0..m {
-                if !gt.mask[b * m + j] {
-                    continue;
-                }
-                cands.clear();
-                for (a, &p) in input.anc_points.iter().enumerate() {
-                    if inside_gt(p, gts[j].xyxy) {
-                        let ov = overlap(j, &CiouBox::new(pd[a]));
-                        cands.push((a, metric(j, a, ov)));
-                    }
-                }
-                let mut nonzero: Vec<(usize, f32)> =
-                    cands.iter().copied().filter(|&(_, v)| v != 0.0).collect();
-                nonzero.sort_by(|x, y| desc_nan_first(x.1, y.1).then(x.0.cmp(&y.0)));
-                let row = &mut pos[j];
-                row.extend(nonzero.iter().take(k).map(|&(a, _)| a));
-                if nonzero.len() < k {
-                    // Remaining slots: metric-0 entries of the masked row in index order (anchors
-                    // outside the GT count as metric 0 but are not positives).
-                    let mut left = k - nonzero.len();
-                    let zero: std::collections::HashSet<usize> = cands
-                        .iter()
-                        .filter(|&&(_, v)| v == 0.0)
-                        .map(|&(a, _)| a)
-                        .collect();
-                    let metric_nonzero: std::collections::HashSet<usize> =
-                        nonzero.iter().map(|&(a, _)| a).collect();
-                    for a in 0..na {
-                        if left == 0 {
-                            break;
-                        }
-                        if !metric_nonzero.contains(&a) {
-                            left -= 1;
-                            if zero.contains(&a) {
-                                row.push(a);
-                            }
-                        }
-                    }
-                }
-                for &a in row.iter() {
-                    claims[a] = claims[a].saturating_add(1);
-                }
-            }
-            // select_highest_overlaps: one GT per anchor.
-            let mut owner = vec![usize::MAX; na];
-            for (j, row) in pos.iter().enumerate() {
-                for &a in row {
-                    if claims[a] == 1 {
-                        owner[a] = j;
-                    } else if owner[a] == usize::MAX {
-                        let p = CiouBox::new(pd[a]);
-                        let mut best = 0usize;
-                        let mut best_ov = overlap(0, &p);
-                        for jj in 1..m {
-                            let ov = overlap(jj, &p);
-                            if !best_ov.is_nan() && (ov > best_ov || ov.is_nan()) {
-                                best = jj;
-                                best_ov = ov;
-                            }
-                        }
-                        owner[a] = best;
-                    }
-                }
-            }
-            let fg: Vec<usize> = (0..na).filter(|&a| owner[a] != usize::MAX).collect();
-            // Per-GT maxima of the positive alignment metrics and overlaps.
-            let mut pos_align = vec![0f32; m];
-            let mut pos_ov = vec![0f32; m];
-            let mut fg_vals = Vec::with_capacity(fg.len());
-            for &a in &fg {
-                let j = owner[a];
-                let ov = overlap(j, &CiouBox::new(pd[a]));
-                let am = metric(j, a, ov);
-                pos_align[j] = max_nan(pos_align[j], am);
-                pos_ov[j] = max_nan(pos_ov[j], ov);
-                fg_vals.push(am);
-            }
-            let mut out = Assignment {
-                batch: 1,
-                num_anchors: na,
-                num_classes: nc,
-                target_labels: vec![labels[0]; na],
-                target_bboxes: vec![gt.bboxes[b * m]; na],
-                target_score: vec![0.0; na],
-                fg_mask: vec![false; na],
-                target_gt_idx: vec![0; na],
-            };
-            for (&a, &am) in fg.iter().zip(&fg_vals) {
-                let j = owner[a];
-                out.target_gt_idx[a] = j;
-                out.target_labels[a] = labels[j];
-                out.target_bboxes[a] = gt.bboxes[b * m + j];
-                out.fg_mask[a] = true;
-                out.target_score[a] = am * pos_ov[j] / (pos_align[j] + self.eps);
-            }
-            (out, None)
-        };
-        let images: Vec<(Assignment, Option<AssignerDiagnostics>)> = if full {
-            (0..bs).into_par_iter().map(run_image).collect()
-        } else {
-            (0..bs).into_par_iter().map(run_image_fast).collect()
-        };
-        let mut out = Assignment {
-            batch: bs,
-            num_anchors: na,
-            num_classes: nc,
-            target_labels: Vec::with_capacity(bs * na),
-            target_bboxes: Vec::with_capacity(bs * na),
-            target_score: Vec::with_capacity(bs * na),
-            fg_mask: Vec::with_capacity(bs * na),
-            target_gt_idx: Vec::with_capacity(bs * na),
-        };
-        let mut diag = full.then(|| AssignerDiagnostics {
-            overlaps: Vec::with_capacity(bs * m * na),
-            align_metric: Vec::with_capacity(bs * m * na),
-            mask_pos_pre: Vec::with_capacity(bs * m * na),
-            mask_pos: Vec::with_capacity(bs * m * na),
-        });
-        for (o, d) in images {
-            out.target_labels.extend(o.target_labels);
-            out.target_bboxes.extend(o.target_bboxes);
-            out.target_score.extend(o.target_score);
-            out.fg_mask.extend(o.fg_mask);
-            out.target_gt_idx.extend(o.target_gt_idx);
-            if let (Some(all), Some(d)) = (diag.as_mut(), d) {
-                all.overlaps.extend(d.overlaps);
-                all.align_metric.extend(d.align_metric);
-                all.mask_pos_pre.extend(d.mask_pos_pre);
-                all.mask_pos.extend(d.mask_pos);
-            }
-        }
-        Ok((out, diag))
+        Ok(())
     }
+}
+
+/// One image of a checked, non-empty batch (`n_max_boxes > 0`): its GT rows prepared for CIoU,
+/// and the overlap and alignment metric of a (GT row, anchor) pair.
+struct Image<'a> {
+    cfg: &'a TaskAlignedAssigner,
+    input: &'a AssignerInput<'a>,
+    /// Image index in the batch.
+    b: usize,
+    /// Anchors A.
+    na: usize,
+    /// GT rows per image (`n_max_boxes`).
+    m: usize,
+    /// Positives per GT at most: `min(topk, A)`.
+    k: usize,
+    /// The image's GT rows, prepared for CIoU.
+    gts: Vec<CiouBox>,
+    /// The image's GT labels.
+    labels: &'a [i64],
+    /// The image's predicted boxes, xyxy pixels, length A.
+    pd: &'a [[f32; 4]],
+}
+
+impl<'a> Image<'a> {
+    fn new(cfg: &'a TaskAlignedAssigner, input: &'a AssignerInput<'a>, b: usize) -> Self {
+        let gt = input.gt;
+        let (na, m) = (input.anc_points.len(), gt.n_max_boxes);
+        Image {
+            cfg,
+            input,
+            b,
+            na,
+            m,
+            k: cfg.topk.min(na),
+            gts: gt.bboxes[b * m..(b + 1) * m]
+                .iter()
+                .map(|&g| CiouBox::new(g))
+                .collect(),
+            labels: &gt.labels[b * m..(b + 1) * m],
+            pd: &input.pd_bboxes[b * na..(b + 1) * na],
+        }
+    }
+
+    /// The predicted score of anchor `a` for class `c` (sigmoided when read from head logits).
+    fn score(&self, a: usize, c: usize) -> f32 {
+        let (b, na, nc) = (self.b, self.na, self.cfg.num_classes);
+        match self.input.scores {
+            Scores::Probs(d) => d[(b * na + a) * nc + c],
+            Scores::HeadLogits {
+                data,
+                channels,
+                offset,
+            } => sigmoid(data[(b * channels + offset + c) * na + a]),
+        }
+    }
+
+    /// `max(CIoU(gt_j, p), 0)`.
+    fn overlap(&self, j: usize, p: &CiouBox) -> f32 {
+        clamp0(ciou_prepared(&self.gts[j], p))
+    }
+
+    /// `score(a, label_j)^alpha * ov^beta`.
+    fn metric(&self, j: usize, a: usize, ov: f32) -> f32 {
+        pow_like_torch(self.score(a, self.labels[j] as usize), self.cfg.alpha)
+            * pow_like_torch(ov, self.cfg.beta)
+    }
+
+    /// Whether GT row `j` is a real box (official `mask_gt`).
+    fn valid(&self, j: usize) -> bool {
+        self.input.gt.mask[self.b * self.m + j]
+    }
+
+    /// The xyxy pixel box of GT row `j`.
+    fn gt_box(&self, j: usize) -> [f32; 4] {
+        self.input.gt.bboxes[self.b * self.m + j]
+    }
+
+    /// The GT row of highest overlap with `p` among all the image's rows (ties and NaN as the
+    /// official `argmax`: the lowest index, NaN wins): `select_highest_overlaps` for an anchor
+    /// claimed by several GTs.
+    fn highest_overlap(&self, p: &CiouBox) -> usize {
+        let mut best = 0usize;
+        let mut best_ov = self.overlap(0, p);
+        for j in 1..self.m {
+            let ov = self.overlap(j, p);
+            if !best_ov.is_nan() && (ov > best_ov || ov.is_nan()) {
+                best = j;
+                best_ov = ov;
+            }
+        }
+        best
+    }
+
+    /// The reference path: every array of the official code, `(n_max_boxes, A)` masks included.
+    fn reference(&self) -> (Assignment, AssignerDiagnostics) {
+        let (na, m) = (self.na, self.m);
+        let preds: Vec<CiouBox> = self.pd.iter().map(|&p| CiouBox::new(p)).collect();
+        let mut diag = AssignerDiagnostics {
+            overlaps: vec![0.0; m * na],
+            align_metric: vec![0.0; m * na],
+            mask_pos_pre: vec![false; m * na],
+            mask_pos: vec![false; m * na],
+        };
+        for j in 0..m {
+            for (a, p) in preds.iter().enumerate() {
+                let ov = self.overlap(j, p);
+                diag.overlaps[j * na + a] = ov;
+                diag.align_metric[j * na + a] = self.metric(j, a, ov);
+            }
+        }
+        let mut mask_pos = self.get_pos_mask_reference(&preds);
+        diag.mask_pos_pre.copy_from_slice(&mask_pos);
+        self.select_highest_overlaps_reference(&preds, &mut mask_pos);
+        diag.mask_pos.copy_from_slice(&mask_pos);
+        (self.get_targets_reference(&preds, &mask_pos), diag)
+    }
+
+    /// Official `get_pos_mask`: top-k of the in-GT-masked alignment metric, per valid GT;
+    /// `(n_max_boxes, A)`.
+    fn get_pos_mask_reference(&self, preds: &[CiouBox]) -> Vec<bool> {
+        let (na, m, k) = (self.na, self.m, self.k);
+        let mut mask_pos = vec![false; m * na];
+        // 0 outside GT, 1 inside with metric 0, 2 inside with metric != 0
+        let mut state = vec![0u8; na];
+        let mut cands: Vec<(usize, f32)> = Vec::new();
+        for j in 0..m {
+            if !self.valid(j) {
+                continue;
+            }
+            cands.clear();
+            for (a, &p) in self.input.anc_points.iter().enumerate() {
+                if inside_gt(p, self.gts[j].xyxy) {
+                    let ov = self.overlap(j, &preds[a]);
+                    let am = self.metric(j, a, ov);
+                    state[a] = if am == 0.0 { 1 } else { 2 };
+                    cands.push((a, am));
+                } else {
+                    state[a] = 0;
+                }
+            }
+            let row = &mut mask_pos[j * na..(j + 1) * na];
+            let mut nonzero: Vec<(usize, f32)> =
+                cands.iter().copied().filter(|&(_, v)| v != 0.0).collect();
+            // Descending metric (NaN first, as torch.topk), ties by ascending anchor index.
+            nonzero.sort_by(|x, y| desc_nan_first(x.1, y.1).then(x.0.cmp(&y.0)));
+            for &(a, _) in nonzero.iter().take(k) {
+                row[a] = true;
+            }
+            if nonzero.len() < k {
+                // The remaining slots go to metric-0 entries of the masked row in index order;
+                // only those inside the GT become positives.
+                let mut left = k - nonzero.len();
+                for (a, &st) in state.iter().enumerate() {
+                    if left == 0 {
+                        break;
+                    }
+                    if st != 2 {
+                        left -= 1;
+                        if st == 1 {
+                            row[a] = true;
+                        }
+                    }
+                }
+            }
+        }
+        mask_pos
+    }
+
+    /// Official `select_highest_overlaps`: an anchor claimed by several GTs keeps the GT of
+    /// highest overlap among all GT rows of the image.
+    fn select_highest_overlaps_reference(&self, preds: &[CiouBox], mask_pos: &mut [bool]) {
+        let (na, m) = (self.na, self.m);
+        for (a, p) in preds.iter().enumerate() {
+            let claims = (0..m).filter(|&j| mask_pos[j * na + a]).count();
+            if claims > 1 {
+                let best = self.highest_overlap(p);
+                for j in 0..m {
+                    mask_pos[j * na + a] = j == best;
+                }
+            }
+        }
+    }
+
+    /// Official `get_targets` and the score normalisation of `forward`: the label and box of
+    /// the assigned GT, `align * max_overlap(GT) / (max_align(GT) + eps)`.
+    fn get_targets_reference(&self, preds: &[CiouBox], mask_pos: &[bool]) -> Assignment {
+        let (na, m) = (self.na, self.m);
+        // Per-GT maxima of the positive alignment metrics and overlaps.
+        let mut pos_align = vec![0f32; m];
+        let mut pos_ov = vec![0f32; m];
+        for j in 0..m {
+            for a in 0..na {
+                if mask_pos[j * na + a] {
+                    let ov = self.overlap(j, &preds[a]);
+                    let am = self.metric(j, a, ov);
+                    pos_align[j] = max_nan(pos_align[j], am);
+                    pos_ov[j] = max_nan(pos_ov[j], ov);
+                }
+            }
+        }
+        let mut out = Assignment {
+            batch: 1,
+            num_anchors: na,
+            num_classes: self.cfg.num_classes,
+            target_labels: vec![0; na],
+            target_bboxes: vec![[0.0; 4]; na],
+            target_score: vec![0.0; na],
+            fg_mask: vec![false; na],
+            target_gt_idx: vec![0; na],
+        };
+        for a in 0..na {
+            let j = (0..m).find(|&j| mask_pos[j * na + a]);
+            let jj = j.unwrap_or(0);
+            out.target_gt_idx[a] = jj;
+            out.target_labels[a] = self.labels[jj];
+            out.target_bboxes[a] = self.gt_box(jj);
+            if let Some(j) = j {
+                let ov = self.overlap(j, &preds[a]);
+                let am = self.metric(j, a, ov);
+                out.fg_mask[a] = true;
+                out.target_score[a] = am * pos_ov[j] / (pos_align[j] + self.cfg.eps);
+            }
+        }
+        out
+    }
+
+    /// The same rules on the positives only (no (GT x anchor) mask, predicted boxes prepared
+    /// only where a CIoU is needed): what `assign` runs.
+    fn positives_only(&self) -> Assignment {
+        let (pos, claims) = self.get_pos_mask_positives();
+        let owner = self.select_highest_overlaps_positives(&pos, &claims);
+        self.get_targets_positives(&owner)
+    }
+
+    /// `get_pos_mask` as lists: the positive anchors of each GT row before de-duplication
+    /// (top-k ∩ inside GT), and how many rows claim each anchor.
+    fn get_pos_mask_positives(&self) -> (Vec<Vec<usize>>, Vec<u8>) {
+        let (na, k) = (self.na, self.k);
+        let mut pos: Vec<Vec<usize>> = vec![Vec::new(); self.m];
+        let mut claims = vec![0u8; na];
+        let mut cands: Vec<(usize, f32)> = Vec::new();
+        for (j, row) in pos.iter_mut().enumerate() {
+            if !self.valid(j) {
+                continue;
+            }
+            cands.clear();
+            for (a, &p) in self.input.anc_points.iter().enumerate() {
+                if inside_gt(p, self.gts[j].xyxy) {
+                    let ov = self.overlap(j, &CiouBox::new(self.pd[a]));
+                    cands.push((a, self.metric(j, a, ov)));
+                }
+            }
+            let mut nonzero: Vec<(usize, f32)> =
+                cands.iter().copied().filter(|&(_, v)| v != 0.0).collect();
+            nonzero.sort_by(|x, y| desc_nan_first(x.1, y.1).then(x.0.cmp(&y.0)));
+            row.extend(nonzero.iter().take(k).map(|&(a, _)| a));
+            if nonzero.len() < k {
+                // Remaining slots: metric-0 entries of the masked row in index order (anchors
+                // outside the GT count as metric 0 but are not positives).
+                let mut left = k - nonzero.len();
+                let zero: std::collections::HashSet<usize> = cands
+                    .iter()
+                    .filter(|&&(_, v)| v == 0.0)
+                    .map(|&(a, _)| a)
+                    .collect();
+                let metric_nonzero: std::collections::HashSet<usize> =
+                    nonzero.iter().map(|&(a, _)| a).collect();
+                for a in 0..na {
+                    if left == 0 {
+                        break;
+                    }
+                    if !metric_nonzero.contains(&a) {
+                        left -= 1;
+                        if zero.contains(&a) {
+                            row.push(a);
+                        }
+                    }
+                }
+            }
+            for &a in row.iter() {
+                claims[a] = claims[a].saturating_add(1);
+            }
+        }
+        (pos, claims)
+    }
+
+    /// `select_highest_overlaps` on the lists: the one GT row of each anchor (`usize::MAX` for
+    /// background).
+    fn select_highest_overlaps_positives(&self, pos: &[Vec<usize>], claims: &[u8]) -> Vec<usize> {
+        let mut owner = vec![usize::MAX; self.na];
+        for (j, row) in pos.iter().enumerate() {
+            for &a in row {
+                if claims[a] == 1 {
+                    owner[a] = j;
+                } else if owner[a] == usize::MAX {
+                    owner[a] = self.highest_overlap(&CiouBox::new(self.pd[a]));
+                }
+            }
+        }
+        owner
+    }
+
+    /// `get_targets` and the score normalisation for the anchors that have an `owner`.
+    fn get_targets_positives(&self, owner: &[usize]) -> Assignment {
+        let (na, m) = (self.na, self.m);
+        let fg: Vec<usize> = (0..na).filter(|&a| owner[a] != usize::MAX).collect();
+        // Per-GT maxima of the positive alignment metrics and overlaps.
+        let mut pos_align = vec![0f32; m];
+        let mut pos_ov = vec![0f32; m];
+        let mut fg_vals = Vec::with_capacity(fg.len());
+        for &a in &fg {
+            let j = owner[a];
+            let ov = self.overlap(j, &CiouBox::new(self.pd[a]));
+            let am = self.metric(j, a, ov);
+            pos_align[j] = max_nan(pos_align[j], am);
+            pos_ov[j] = max_nan(pos_ov[j], ov);
+            fg_vals.push(am);
+        }
+        let mut out = Assignment {
+            batch: 1,
+            num_anchors: na,
+            num_classes: self.cfg.num_classes,
+            target_labels: vec![self.labels[0]; na],
+            target_bboxes: vec![self.gt_box(0); na],
+            target_score: vec![0.0; na],
+            fg_mask: vec![false; na],
+            target_gt_idx: vec![0; na],
+        };
+        for (&a, &am) in fg.iter().zip(&fg_vals) {
+            let j = owner[a];
+            out.target_gt_idx[a] = j;
+            out.target_labels[a] = self.labels[j];
+            out.target_bboxes[a] = self.gt_box(j);
+            out.fg_mask[a] = true;
+            out.target_score[a] = am * pos_ov[j] / (pos_align[j] + self.cfg.eps);
+        }
+        out
+    }
+}
+
+/// The per-image results of a batch of `bs` images concatenated in image order.
+fn concat_images(
+    images: Vec<(Assignment, Option<AssignerDiagnostics>)>,
+    bs: usize,
+    na: usize,
+    nc: usize,
+    m: usize,
+    full: bool,
+) -> (Assignment, Option<AssignerDiagnostics>) {
+    let mut out = Assignment {
+        batch: bs,
+        num_anchors: na,
+        num_classes: nc,
+        target_labels: Vec::with_capacity(bs * na),
+        target_bboxes: Vec::with_capacity(bs * na),
+        target_score: Vec::with_capacity(bs * na),
+        fg_mask: Vec::with_capacity(bs * na),
+        target_gt_idx: Vec::with_capacity(bs * na),
+    };
+    let mut diag = full.then(|| AssignerDiagnostics {
+        overlaps: Vec::with_capacity(bs * m * na),
+        align_metric: Vec::with_capacity(bs * m * na),
+        mask_pos_pre: Vec::with_capacity(bs * m * na),
+        mask_pos: Vec::with_capacity(bs * m * na),
+    });
+    for (o, d) in images {
+        out.target_labels.extend(o.target_labels);
+        out.target_bboxes.extend(o.target_bboxes);
+        out.target_score.extend(o.target_score);
+        out.fg_mask.extend(o.fg_mask);
+        out.target_gt_idx.extend(o.target_gt_idx);
+        if let (Some(all), Some(d)) = (diag.as_mut(), d) {
+            all.overlaps.extend(d.overlaps);
+            all.align_metric.extend(d.align_metric);
+            all.mask_pos_pre.extend(d.mask_pos_pre);
+            all.mask_pos.extend(d.mask_pos);
+        }
+    }
+    (out, diag)
 }
 
 /// `1 / (1 + exp(-x))` in f32 (PyTorch's `sigmoid`).

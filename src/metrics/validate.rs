@@ -307,47 +307,19 @@ pub fn validate(model: ValModel<'_>, images: &[ValImage], cfg: &ValConfig) -> Re
     };
     let mut skipped = Vec::new();
     let mut collected: Option<Vec<ImageDetections>> = cfg.collect.then(Vec::new);
-    let mut loss_sum = [0f64; 3];
-    let mut loss_batches = 0usize;
-    let pb = if cfg.progress {
-        let pb = indicatif::ProgressBar::new(images.len() as u64);
-        pb.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{msg:>22} {bar:30} {pos}/{len} [{elapsed_precise}<{eta_precise}]",
-            )
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-        );
-        pb.set_message("validating");
-        Some(pb)
-    } else {
-        None
-    };
+    let mut losses = LossSum::default();
+    let pb = cfg.progress.then(|| progress_bar(images.len()));
     for (bi, chunk) in order.chunks(cfg.batch.max(1)).enumerate() {
         cfg.cancel.check(VAL_PHASE)?;
         let shape = shapes[bi];
-        let prepared: Vec<(usize, Result<Prepared>)> = chunk
-            .par_iter()
-            .map(|&i| {
-                (
-                    i,
-                    load_rgb8(&images[i].path).and_then(|img| prepare(&img, cfg.img, shape)),
-                )
-            })
-            .collect();
-        let mut ok = Vec::new();
-        for (i, p) in prepared {
-            match p {
-                Ok(p) => ok.push((i, p)),
-                Err(e) => skipped.push((images[i].path.clone(), format!("{e:#}"))),
-            }
-        }
+        let ok = prepare_batch(images, chunk, cfg.img, shape, &mut skipped);
         if let Some(pb) = &pb {
             pb.inc(chunk.len() as u64);
         }
         if ok.is_empty() {
             continue;
         }
-        let (h, w) = (shape.0 as usize, shape.1 as usize);
+        let hw = (shape.0 as usize, shape.1 as usize);
         // The CPU forward runs in chunks (memory); a GPU takes the whole batch at once.
         let chunk = if device.is_cpu() {
             cfg.forward_chunk.max(1)
@@ -355,57 +327,8 @@ pub fn validate(model: ValModel<'_>, images: &[ValImage], cfg: &ValConfig) -> Re
             ok.len().max(1)
         };
         for ok in ok.chunks(chunk) {
-            let mut bytes = Vec::with_capacity(ok.len() * 3 * h * w);
-            for (_, p) in ok {
-                bytes.extend_from_slice(&p.chw);
-            }
-            let x = Tensor::from_vec(bytes, (ok.len(), 3, h, w), &device)?
-                .to_dtype(DType::F32)?
-                .broadcast_div(&Tensor::new(255f32, &device)?)?;
-            let y = match &model {
-                // `YoloV9::forward` picks its CPU threads itself (the engine's, or candle's pool).
-                ValModel::Infer(m) => m.forward(&x)?,
-                ValModel::Train { model, loss } => {
-                    // candle's own CPU pool runs the whole forward (see `YoloV9::forward`).
-                    let raw = device.with_context(|| model.forward(&x, false))?;
-                    let rows = letterboxed_targets(images, ok, (h, w));
-                    let t = crate::loss::tal_loss::targets_tensor(&rows, &Device::Cpu)?;
-                    let lo = loss
-                        .compute(&raw.aux, &raw.main, &t, (h, w))
-                        .context("validation loss")?;
-                    for (s, v) in loss_sum.iter_mut().zip(lo.items) {
-                        *s += v as f64;
-                    }
-                    loss_batches += 1;
-                    raw.decode()?.1
-                }
-            };
-            let dets: Vec<_> = if device_nms_enabled(&device) {
-                // The batch's NMS in one launch on the device; only kept rows come back.
-                let kept = batch_nms(
-                    &y,
-                    &multilabel_options(cfg.conf_thres, cfg.iou_thres, cfg.max_det),
-                )?;
-                ok.iter()
-                    .zip(kept)
-                    .map(|((i, p), det)| (*i, native_space(&images[*i], &det, p)))
-                    .collect()
-            } else {
-                let y = y.to_device(&Device::Cpu)?.to_dtype(DType::F32)?;
-                let per_image = y.dim(1)? * y.dim(2)?;
-                let all: Vec<f32> = y.flatten_all()?.to_vec1()?;
-                // NMS of the images in parallel, statistics in image order.
-                ok.par_iter()
-                    .enumerate()
-                    .map(|(k, (i, p))| {
-                        let flat = &all[k * per_image..(k + 1) * per_image];
-                        let det =
-                            nms_multilabel(flat, nc, cfg.conf_thres, cfg.iou_thres, cfg.max_det);
-                        (*i, native_space(&images[*i], &det, p))
-                    })
-                    .collect()
-            };
-            for (i, (detn, labels)) in dets {
+            let y = forward(&model, &device, images, ok, hw, &mut losses)?;
+            for (i, (detn, labels)) in detections(&y, &device, images, ok, nc, cfg)? {
                 stats.add_image(&detn, &labels);
                 if let Some(c) = collected.as_mut() {
                     c.push(ImageDetections {
@@ -420,22 +343,151 @@ pub fn validate(model: ValModel<'_>, images: &[ValImage], cfg: &ValConfig) -> Re
     if let Some(pb) = pb {
         pb.finish_and_clear();
     }
-    let losses = (loss_batches > 0).then(|| {
-        let n = loss_batches as f64;
-        [
-            (loss_sum[0] / n) as f32,
-            (loss_sum[1] / n) as f32,
-            (loss_sum[2] / n) as f32,
-        ]
-    });
     Ok(ValResult {
         metrics: stats.metrics(nc),
-        losses,
+        losses: losses.mean(),
         skipped,
         seconds: t0.elapsed().as_secs_f64(),
         confusion: stats.confusion.take(),
         detections: collected,
     })
+}
+
+/// The `validating` progress bar over `n` images.
+fn progress_bar(n: usize) -> indicatif::ProgressBar {
+    let pb = indicatif::ProgressBar::new(n as u64);
+    pb.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{msg:>22} {bar:30} {pos}/{len} [{elapsed_precise}<{eta_precise}]",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    pb.set_message("validating");
+    pb
+}
+
+/// The val losses `[box, cls, dfl]` summed over batches (training graph only).
+#[derive(Default)]
+struct LossSum {
+    sum: [f64; 3],
+    batches: usize,
+}
+
+impl LossSum {
+    /// The mean per batch, `None` when no batch had a loss.
+    fn mean(&self) -> Option<[f32; 3]> {
+        (self.batches > 0).then(|| {
+            let n = self.batches as f64;
+            [
+                (self.sum[0] / n) as f32,
+                (self.sum[1] / n) as f32,
+                (self.sum[2] / n) as f32,
+            ]
+        })
+    }
+}
+
+/// Decodes and letterboxes the images `chunk` (indices into `images`) to `shape` in parallel;
+/// an image that fails is added to `skipped` with its reason and left out.
+fn prepare_batch(
+    images: &[ValImage],
+    chunk: &[usize],
+    img_size: u32,
+    shape: (u32, u32),
+    skipped: &mut Vec<(PathBuf, String)>,
+) -> Vec<(usize, Prepared)> {
+    let prepared: Vec<(usize, Result<Prepared>)> = chunk
+        .par_iter()
+        .map(|&i| {
+            (
+                i,
+                load_rgb8(&images[i].path).and_then(|img| prepare(&img, img_size, shape)),
+            )
+        })
+        .collect();
+    let mut ok = Vec::new();
+    for (i, p) in prepared {
+        match p {
+            Ok(p) => ok.push((i, p)),
+            Err(e) => skipped.push((images[i].path.clone(), format!("{e:#}"))),
+        }
+    }
+    ok
+}
+
+/// The forward of the prepared images `ok` at `(h, w)`: the inference output `(B, 4 + nc, A)`;
+/// with the training graph also the val losses, added to `losses`.
+fn forward(
+    model: &ValModel<'_>,
+    device: &Device,
+    images: &[ValImage],
+    ok: &[(usize, Prepared)],
+    (h, w): (usize, usize),
+    losses: &mut LossSum,
+) -> Result<Tensor> {
+    let mut bytes = Vec::with_capacity(ok.len() * 3 * h * w);
+    for (_, p) in ok {
+        bytes.extend_from_slice(&p.chw);
+    }
+    let x = Tensor::from_vec(bytes, (ok.len(), 3, h, w), device)?
+        .to_dtype(DType::F32)?
+        .broadcast_div(&Tensor::new(255f32, device)?)?;
+    Ok(match model {
+        // `YoloV9::forward` picks its CPU threads itself (the engine's, or candle's pool).
+        ValModel::Infer(m) => m.forward(&x)?,
+        ValModel::Train { model, loss } => {
+            // candle's own CPU pool runs the whole forward (see `YoloV9::forward`).
+            let raw = device.with_context(|| model.forward(&x, false))?;
+            let rows = letterboxed_targets(images, ok, (h, w));
+            let t = crate::loss::tal_loss::targets_tensor(&rows, &Device::Cpu)?;
+            let lo = loss
+                .compute(&raw.aux, &raw.main, &t, (h, w))
+                .context("validation loss")?;
+            for (s, v) in losses.sum.iter_mut().zip(lo.items) {
+                *s += v as f64;
+            }
+            losses.batches += 1;
+            raw.decode()?.1
+        }
+    })
+}
+
+/// The multi-label NMS of the output `y` of the prepared images `ok`, in original pixels with
+/// their labels, in image order: `(index into images, (detections, labels))`.
+#[allow(clippy::type_complexity)]
+fn detections(
+    y: &Tensor,
+    device: &Device,
+    images: &[ValImage],
+    ok: &[(usize, Prepared)],
+    nc: usize,
+    cfg: &ValConfig,
+) -> Result<Vec<(usize, (Vec<[f32; 6]>, Vec<[f32; 5]>))>> {
+    if device_nms_enabled(device) {
+        // The batch's NMS in one launch on the device; only kept rows come back.
+        let kept = batch_nms(
+            y,
+            &multilabel_options(cfg.conf_thres, cfg.iou_thres, cfg.max_det),
+        )?;
+        return Ok(ok
+            .iter()
+            .zip(kept)
+            .map(|((i, p), det)| (*i, native_space(&images[*i], &det, p)))
+            .collect());
+    }
+    let y = y.to_device(&Device::Cpu)?.to_dtype(DType::F32)?;
+    let per_image = y.dim(1)? * y.dim(2)?;
+    let all: Vec<f32> = y.flatten_all()?.to_vec1()?;
+    // NMS of the images in parallel, statistics in image order.
+    Ok(ok
+        .par_iter()
+        .enumerate()
+        .map(|(k, (i, p))| {
+            let flat = &all[k * per_image..(k + 1) * per_image];
+            let det = nms_multilabel(flat, nc, cfg.conf_thres, cfg.iou_thres, cfg.max_det);
+            (*i, native_space(&images[*i], &det, p))
+        })
+        .collect())
 }
 
 /// Targets `[k, cls, cx, cy, w, h]` normalized to the letterboxed input `(h, w)`, as the official

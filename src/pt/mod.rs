@@ -91,98 +91,190 @@ pub fn import_pt(path: &Path) -> Result<Imported> {
     drop(pkl);
 
     let mut ignored = Vec::new();
-    let mut refs = Vec::new();
-    let mut walk = pickle::WalkReport::default();
-    let (mut nc, mut names, mut head, mut stride_ref) = (None, None, None, None);
-
-    let (source_key, model): (String, &Object) = match &top {
-        Object::Dict(entries) => {
-            let get = |k: &str| pickle::dict_get(entries, k).filter(|o| **o != Object::None);
-            let chosen = if let Some(ema) = get("ema") {
-                Some(("ema", ema))
-            } else if let Some(m) = get("model") {
-                Some(("model", m))
-            } else {
-                get("state_dict").map(|m| ("state_dict", m))
-            };
-            match chosen {
-                Some((k, m)) => {
-                    for (key, v) in entries {
-                        if let Object::Unicode(key) = key {
-                            if key != k && *v != Object::None {
-                                ignored.push(format!("checkpoint['{key}'] ({})", describe(v)));
-                            }
-                        }
-                    }
-                    (k.to_string(), m)
-                }
-                None => ("(top level)".to_string(), &top),
-            }
-        }
-        other => ("(top level)".to_string(), other),
-    };
-
-    if let Some(((m, c), state)) = pickle::as_module(model) {
-        pickle::walk_module(model, "", &mut refs, &mut walk)
-            .with_context(|| format!("{file}: reading the {m}.{c} in '{source_key}'"))?;
-        if let Some(o) = pickle::dict_get(state, "nc") {
-            nc = pickle::uint(o).map(|n| n as usize);
-        }
-        if let Some(o) = pickle::dict_get(state, "names") {
-            names = Some(
-                pickle::class_names(o).with_context(|| format!("{file}: reading model.names"))?,
-            );
-        }
-        if let Some(o) = pickle::dict_get(state, "stride") {
-            stride_ref = pickle::tensor_ref(o, "model.stride")
-                .with_context(|| format!("{file}: reading model.stride"))?;
-        }
-        head = pickle::yolo_head(state);
-        let mut attrs: Vec<&str> = state
-            .iter()
-            .filter_map(|(k, _)| match k {
-                Object::Unicode(k) if !k.starts_with('_') && k != "training" => Some(k.as_str()),
-                _ => None,
-            })
-            .filter(|k| !matches!(*k, "nc" | "names" | "stride"))
-            .collect();
-        attrs.sort_unstable();
-        if !attrs.is_empty() {
-            ignored.push(format!("model attributes {}", attrs.join(", ")));
-        }
+    let (source_key, model) = choose_model(&top, &mut ignored);
+    let found = if let Some(((m, c), state)) = pickle::as_module(model) {
+        read_module(&file, &source_key, (model, (m, c)), state, &mut ignored)?
     } else if let Object::Dict(entries) = model {
-        for (k, v) in entries.iter().rev() {
-            let Object::Unicode(k) = k else {
-                bail!("{file}: '{source_key}' is a dict with a non-string key {k:?}")
-            };
-            match pickle::tensor_ref(v, k).with_context(|| format!("{file}: '{source_key}'"))? {
-                Some(t) => refs.push((k.clone(), t)),
-                None => ignored.push(format!("'{k}' ({})", describe(v))),
-            }
-        }
-        if refs.is_empty() {
-            let keys: Vec<String> = entries
-                .iter()
-                .take(12)
-                .map(|(k, v)| format!("{k:?}: {}", describe(v)))
-                .collect();
-            bail!(
-                "{file}: no model found: expected an official checkpoint (keys 'model'/'ema'), a \
-                 state_dict or a module; the top-level object holds {keys:?}"
-            )
-        }
+        read_state_dict(&file, &source_key, entries, &mut ignored)?
     } else {
         bail!(
             "{file}: no model found: the checkpoint holds a {} (expected a dict with 'model' or \
              'ema', a state_dict, or a module)",
             describe(model)
         )
+    };
+    check_load_budget(&file, &found.refs)?;
+    let mut seen = std::collections::HashSet::new();
+    let mut tensors = Vec::with_capacity(found.refs.len());
+    let mut converted = std::collections::BTreeMap::new();
+    for (name, r) in &found.refs {
+        if !seen.insert(name.as_str()) {
+            bail!("{file}: tensor {name} appears twice")
+        }
+        let t = ck.read_tensor(name, r)?;
+        if r.dtype.is_float() && r.dtype != pickle::StorageDType::F32 {
+            *converted
+                .entry(format!("{:?}", r.dtype).to_lowercase())
+                .or_insert(0) += 1;
+        }
+        tensors.push((name.clone(), t));
     }
+    let strides = match &found.stride_ref {
+        Some(r) => {
+            let t = ck.read_tensor("model.stride", r)?;
+            let v: Vec<f32> = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
+            let s: Vec<u32> = v.iter().map(|x| *x as u32).collect();
+            if v.iter().zip(&s).any(|(f, u)| *f != *u as f32) {
+                bail!("{file}: model.stride {v:?} is not a list of whole pixel counts")
+            }
+            Some(s)
+        }
+        None => None,
+    };
+    Ok(Imported {
+        tensors,
+        nc: found.nc,
+        names: found.names,
+        head: found.head,
+        strides,
+        source_key,
+        ignored,
+        converted_from: converted.into_iter().collect(),
+        shared_modules: found.walk.shared_modules,
+    })
+}
 
-    // One budget for the whole load, checked before anything is inflated: every tensor read
-    // inflates its storage record and builds an f32 (or i64) copy of its elements.
+/// The object holding the model in the checkpoint's top-level object `top`, and its key: `ema`
+/// when not `None`, else `model`, else `state_dict`, else `top` itself (`"(top level)"`). The
+/// other non-`None` keys of a top-level dict are listed in `ignored`.
+fn choose_model<'a>(top: &'a Object, ignored: &mut Vec<String>) -> (String, &'a Object) {
+    let Object::Dict(entries) = top else {
+        return ("(top level)".to_string(), top);
+    };
+    let get = |k: &str| pickle::dict_get(entries, k).filter(|o| **o != Object::None);
+    let chosen = if let Some(ema) = get("ema") {
+        Some(("ema", ema))
+    } else if let Some(m) = get("model") {
+        Some(("model", m))
+    } else {
+        get("state_dict").map(|m| ("state_dict", m))
+    };
+    match chosen {
+        Some((k, m)) => {
+            for (key, v) in entries {
+                if let Object::Unicode(key) = key {
+                    if key != k && *v != Object::None {
+                        ignored.push(format!("checkpoint['{key}'] ({})", describe(v)));
+                    }
+                }
+            }
+            (k.to_string(), m)
+        }
+        None => ("(top level)".to_string(), top),
+    }
+}
+
+/// What the model object of a checkpoint holds: its tensors (not yet read) and metadata.
+struct Found {
+    refs: Vec<(String, pickle::TensorRef)>,
+    nc: Option<usize>,
+    names: Option<Vec<String>>,
+    head: Option<(usize, String)>,
+    stride_ref: Option<pickle::TensorRef>,
+    walk: pickle::WalkReport,
+}
+
+/// A pickled `nn.Module` `model` of class `m.c` (its attributes `state`): the walk of its tree, `nc`, `names`,
+/// `stride` and the head; other public attributes are listed in `ignored`.
+fn read_module(
+    file: &str,
+    source_key: &str,
+    (model, (m, c)): (&Object, (&str, &str)),
+    state: &pickle::Entries,
+    ignored: &mut Vec<String>,
+) -> Result<Found> {
+    let mut found = Found {
+        refs: Vec::new(),
+        nc: None,
+        names: None,
+        head: None,
+        stride_ref: None,
+        walk: pickle::WalkReport::default(),
+    };
+    pickle::walk_module(model, "", &mut found.refs, &mut found.walk)
+        .with_context(|| format!("{file}: reading the {m}.{c} in '{source_key}'"))?;
+    if let Some(o) = pickle::dict_get(state, "nc") {
+        found.nc = pickle::uint(o).map(|n| n as usize);
+    }
+    if let Some(o) = pickle::dict_get(state, "names") {
+        found.names =
+            Some(pickle::class_names(o).with_context(|| format!("{file}: reading model.names"))?);
+    }
+    if let Some(o) = pickle::dict_get(state, "stride") {
+        found.stride_ref = pickle::tensor_ref(o, "model.stride")
+            .with_context(|| format!("{file}: reading model.stride"))?;
+    }
+    found.head = pickle::yolo_head(state);
+    let mut attrs: Vec<&str> = state
+        .iter()
+        .filter_map(|(k, _)| match k {
+            Object::Unicode(k) if !k.starts_with('_') && k != "training" => Some(k.as_str()),
+            _ => None,
+        })
+        .filter(|k| !matches!(*k, "nc" | "names" | "stride"))
+        .collect();
+    attrs.sort_unstable();
+    if !attrs.is_empty() {
+        ignored.push(format!("model attributes {}", attrs.join(", ")));
+    }
+    Ok(found)
+}
+
+/// A state_dict `entries` (name → tensor): its tensors; entries that are not tensors are listed
+/// in `ignored`. Errors: a non-string key, or no tensor at all.
+fn read_state_dict(
+    file: &str,
+    source_key: &str,
+    entries: &pickle::Entries,
+    ignored: &mut Vec<String>,
+) -> Result<Found> {
+    let mut refs = Vec::new();
+    for (k, v) in entries.iter().rev() {
+        let Object::Unicode(k) = k else {
+            bail!("{file}: '{source_key}' is a dict with a non-string key {k:?}")
+        };
+        match pickle::tensor_ref(v, k).with_context(|| format!("{file}: '{source_key}'"))? {
+            Some(t) => refs.push((k.clone(), t)),
+            None => ignored.push(format!("'{k}' ({})", describe(v))),
+        }
+    }
+    if refs.is_empty() {
+        let keys: Vec<String> = entries
+            .iter()
+            .take(12)
+            .map(|(k, v)| format!("{k:?}: {}", describe(v)))
+            .collect();
+        bail!(
+            "{file}: no model found: expected an official checkpoint (keys 'model'/'ema'), a \
+             state_dict or a module; the top-level object holds {keys:?}"
+        )
+    }
+    Ok(Found {
+        refs,
+        nc: None,
+        names: None,
+        head: None,
+        stride_ref: None,
+        walk: pickle::WalkReport::default(),
+    })
+}
+
+/// One budget for the whole load, checked before anything is inflated: every tensor read
+/// inflates its storage record and builds an f32 (or i64) copy of its elements; refused over
+/// [`MAX_LOAD_BYTES`].
+fn check_load_budget(file: &str, refs: &[(String, pickle::TensorRef)]) -> Result<()> {
     let mut budget: u64 = 0;
-    for (name, r) in &refs {
+    for (name, r) in refs {
         // An overflowing shape or an over-sized record is refused by the read itself, with its
         // own message; the budget sums the rest.
         let Some(elems) = r
@@ -212,42 +304,5 @@ pub fn import_pt(path: &Path) -> Result<Imported> {
             )
         }
     }
-    let mut seen = std::collections::HashSet::new();
-    let mut tensors = Vec::with_capacity(refs.len());
-    let mut converted = std::collections::BTreeMap::new();
-    for (name, r) in &refs {
-        if !seen.insert(name.as_str()) {
-            bail!("{file}: tensor {name} appears twice")
-        }
-        let t = ck.read_tensor(name, r)?;
-        if r.dtype.is_float() && r.dtype != pickle::StorageDType::F32 {
-            *converted
-                .entry(format!("{:?}", r.dtype).to_lowercase())
-                .or_insert(0) += 1;
-        }
-        tensors.push((name.clone(), t));
-    }
-    let strides = match stride_ref {
-        Some(r) => {
-            let t = ck.read_tensor("model.stride", &r)?;
-            let v: Vec<f32> = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
-            let s: Vec<u32> = v.iter().map(|x| *x as u32).collect();
-            if v.iter().zip(&s).any(|(f, u)| *f != *u as f32) {
-                bail!("{file}: model.stride {v:?} is not a list of whole pixel counts")
-            }
-            Some(s)
-        }
-        None => None,
-    };
-    Ok(Imported {
-        tensors,
-        nc,
-        names,
-        head,
-        strides,
-        source_key,
-        ignored,
-        converted_from: converted.into_iter().collect(),
-        shared_modules: walk.shared_modules,
-    })
+    Ok(())
 }

@@ -602,43 +602,9 @@ async fn detect(
             "empty body: send the image bytes as the body (or as a multipart file)",
         );
     }
-    // The size the header declares, against the budget of images in flight, before decoding.
-    let need = crate::data::image::declared_need(&bytes);
-    let mb = |b: u64| b.div_ceil(1 << 20);
-    let mut mem = match need {
-        Some((w, h, n)) if n > svc.mem.cap => {
-            return fail(
-                &svc,
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!(
-                    "the image declares {w}x{h} pixels: decoding it needs about {} MB, over the \
-                     service's budget of {} MB for images in flight (--decode-budget-mb)",
-                    mb(n),
-                    mb(svc.mem.cap)
-                ),
-            )
-        }
-        // A header that cannot be read: the decode says why (its own guard bounds it).
-        None => match MemBudget::try_reserve(&svc.mem, 0) {
-            Some(r) => r,
-            None => unreachable!("reserving 0 bytes always fits"),
-        },
-        Some((w, h, n)) => match MemBudget::try_reserve(&svc.mem, n) {
-            Some(r) => r,
-            None => {
-                return fail(
-                    &svc,
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    format!(
-                    "the image ({w}x{h}) needs about {} MB to decode; the images in flight hold \
-                         {} of the {} MB budget: retry later",
-                    mb(n),
-                    mb(svc.mem.used.load(Ordering::Acquire)),
-                    mb(svc.mem.cap)
-                ),
-                )
-            }
-        },
+    let mut mem = match reserve_decode(&svc, &bytes) {
+        Ok(m) => m,
+        Err(r) => return *r,
     };
     let decoded =
         tokio::task::spawn_blocking(move || crate::data::image::decode_rgb8(&bytes)).await;
@@ -660,46 +626,9 @@ async fn detect(
     let (w, h) = img.dimensions();
     // Decoded: only the RGB pixels stay until the answer.
     mem.shrink_to(3 * u64::from(w) * u64::from(h));
-    let (reply, answer) = tokio::sync::oneshot::channel();
-    let job = Job {
-        img: DynamicImage::ImageRgb8(img),
-        params,
-        queued: Instant::now(),
-        reply,
-        _mem: mem,
-    };
-    svc.metrics.queued.fetch_add(1, Ordering::Relaxed);
-    match svc.tx.try_send(job) {
-        Ok(()) => {}
-        Err(e) => {
-            svc.metrics.queued.fetch_sub(1, Ordering::Relaxed);
-            let why = match e {
-                TrySendError::Full(_) => format!(
-                    "the queue is full ({} requests waiting); retry later",
-                    svc.cfg.queue
-                ),
-                TrySendError::Disconnected(_) => "the service is shutting down".to_string(),
-            };
-            return fail(&svc, StatusCode::SERVICE_UNAVAILABLE, why);
-        }
-    }
-    let a = match tokio::time::timeout(svc.cfg.timeout, answer).await {
-        Ok(Ok(Ok(a))) => a,
-        Ok(Ok(Err(e))) => return fail(&svc, StatusCode::INTERNAL_SERVER_ERROR, e),
-        Ok(Err(_)) => {
-            return fail(
-                &svc,
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "the detection worker stopped",
-            )
-        }
-        Err(_) => {
-            return fail(
-                &svc,
-                StatusCode::GATEWAY_TIMEOUT,
-                format!("no answer within {:?}", svc.cfg.timeout),
-            )
-        }
+    let a = match queue_and_wait(&svc, DynamicImage::ImageRgb8(img), params, mem).await {
+        Ok(a) => a,
+        Err(r) => return r,
     };
     svc.metrics.ok.fetch_add(1, Ordering::Relaxed);
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
@@ -728,6 +657,89 @@ async fn detect(
         },
     }))
     .into_response()
+}
+
+/// The decode memory of the image `bytes`, from the size its header declares, reserved in the
+/// budget of images in flight before decoding; the answer when it is over the whole budget
+/// (413) or does not fit beside the images in flight (503).
+fn reserve_decode(svc: &Service, bytes: &[u8]) -> std::result::Result<Reserved, Box<Response>> {
+    let need = crate::data::image::declared_need(bytes);
+    let mb = |b: u64| b.div_ceil(1 << 20);
+    match need {
+        Some((w, h, n)) if n > svc.mem.cap => Err(Box::new(fail(
+            svc,
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "the image declares {w}x{h} pixels: decoding it needs about {} MB, over the \
+                 service's budget of {} MB for images in flight (--decode-budget-mb)",
+                mb(n),
+                mb(svc.mem.cap)
+            ),
+        ))),
+        // A header that cannot be read: the decode says why (its own guard bounds it).
+        None => match MemBudget::try_reserve(&svc.mem, 0) {
+            Some(r) => Ok(r),
+            None => unreachable!("reserving 0 bytes always fits"),
+        },
+        Some((w, h, n)) => MemBudget::try_reserve(&svc.mem, n).ok_or_else(|| {
+            Box::new(fail(
+                svc,
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "the image ({w}x{h}) needs about {} MB to decode; the images in flight hold \
+                     {} of the {} MB budget: retry later",
+                    mb(n),
+                    mb(svc.mem.used.load(Ordering::Acquire)),
+                    mb(svc.mem.cap)
+                ),
+            ))
+        }),
+    }
+}
+
+/// Queues the decoded `img` for the detection worker and waits for its answer (up to the
+/// service's timeout); the error answer when the queue is full (503), the service is stopping
+/// (503), the worker failed (500) or the time ran out (504).
+async fn queue_and_wait(
+    svc: &Service,
+    img: DynamicImage,
+    params: Params,
+    mem: Reserved,
+) -> std::result::Result<Answer, Response> {
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    let job = Job {
+        img,
+        params,
+        queued: Instant::now(),
+        reply,
+        _mem: mem,
+    };
+    svc.metrics.queued.fetch_add(1, Ordering::Relaxed);
+    if let Err(e) = svc.tx.try_send(job) {
+        svc.metrics.queued.fetch_sub(1, Ordering::Relaxed);
+        let why = match e {
+            TrySendError::Full(_) => format!(
+                "the queue is full ({} requests waiting); retry later",
+                svc.cfg.queue
+            ),
+            TrySendError::Disconnected(_) => "the service is shutting down".to_string(),
+        };
+        return Err(fail(svc, StatusCode::SERVICE_UNAVAILABLE, why));
+    }
+    match tokio::time::timeout(svc.cfg.timeout, answer).await {
+        Ok(Ok(Ok(a))) => Ok(a),
+        Ok(Ok(Err(e))) => Err(fail(svc, StatusCode::INTERNAL_SERVER_ERROR, e)),
+        Ok(Err(_)) => Err(fail(
+            svc,
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the detection worker stopped",
+        )),
+        Err(_) => Err(fail(
+            svc,
+            StatusCode::GATEWAY_TIMEOUT,
+            format!("no answer within {:?}", svc.cfg.timeout),
+        )),
+    }
 }
 
 async fn readyz(State(svc): State<Arc<Service>>) -> Response {
