@@ -15,6 +15,7 @@ ap.add_argument('addr'); ap.add_argument('pid', type=int); ap.add_argument('imag
 ap.add_argument('seconds', type=float, nargs='?', default=60.0); ap.add_argument('idle', type=int, nargs='?', default=2000)
 ap.add_argument('--budget-mb', type=int, default=2048); ap.add_argument('--drain-s', type=float, default=10.0)
 ap.add_argument('--clients', type=int, default=2)
+ap.add_argument('--bomb-side', type=int, default=18900, help='pixels per side the bomb PNG declares')
 a = ap.parse_args()
 host, port = a.addr.split(':'); port = int(port)
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -32,7 +33,7 @@ def bomb_png(side=18900):
     return b'\x89PNG\r\n\x1a\n' + chunk(b'IHDR', struct.pack('>IIBBBBB', side, side, 8, 2, 0, 0, 0)) + chunk(b'IDAT', body) + chunk(b'IEND', b'')
 
 
-BOMB = bomb_png()
+BOMB = bomb_png(a.bomb_side)
 lock = threading.Lock()
 lat = []          # (time, seconds, status) of ordinary requests
 att = {}          # attacker outcome counts

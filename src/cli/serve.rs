@@ -67,6 +67,9 @@ pub struct ServeArgs {
     /// the connection closed when it falls behind).
     #[arg(long = "min-body-rate-kb", default_value = "16", value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
     pub min_body_rate_kb: u32,
+    /// Largest `img` a request may ask for (0: --img, the served size); larger is a 400.
+    #[arg(long = "max-img", default_value = "0", value_parser = clap::value_parser!(u32).range(0..=4096))]
+    pub max_img: u32,
 }
 
 /// Runs `yolo9 serve`.
@@ -106,6 +109,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         idle: Duration::from_secs(args.idle_s as u64),
         drain: Duration::from_secs(args.drain_s as u64),
         min_body_rate: u64::from(args.min_body_rate_kb) << 10,
+        max_img: args.max_img,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -106,6 +106,10 @@ pub struct ServeConfig {
     /// (`grace + received / rate` has passed without its next bytes) is answered 408 and its
     /// connection closed, so slow bodies cannot hold connections and memory for long.
     pub min_body_rate: u64,
+    /// Largest `img` a request may ask for, in pixels (0: the service's own input size): a
+    /// request's forward cost grows with the square of its size, so one client asking for 4096
+    /// could hold the worker for a minute while everyone else waits. Larger is a 400.
+    pub max_img: u32,
 }
 
 impl ServeConfig {
@@ -119,7 +123,7 @@ impl Default for ServeConfig {
     /// Batches of up to 8 within 5 ms, 64 waiting, 32 MiB bodies, 30 s timeout, 2 GiB of images
     /// in flight, 512 connections,
     /// 10 s for a request header, connections closed after 35 s without progress, 10 s to drain,
-    /// bodies at 16 KiB/s at least.
+    /// bodies at 16 KiB/s at least, `img` up to the service's own size.
     fn default() -> Self {
         ServeConfig {
             max_batch: 8,
@@ -133,6 +137,7 @@ impl Default for ServeConfig {
             idle: Duration::from_secs(10),
             drain: Duration::from_secs(10),
             min_body_rate: 16 << 10,
+            max_img: 0,
         }
     }
 }
@@ -569,6 +574,17 @@ fn params(svc: &Service, q: &DetectQuery) -> std::result::Result<Params, String>
                 ));
             }
         }
+        let max = if svc.cfg.max_img == 0 {
+            svc.defaults.img
+        } else {
+            svc.cfg.max_img
+        };
+        if s > max {
+            return Err(format!(
+                "img={s} is over this service's largest input size {max} pixels (serve \
+                 --max-img); use a smaller img"
+            ));
+        }
         p.img = s;
     }
     if let Some(cs) = &q.classes {
@@ -625,18 +641,10 @@ async fn read_body(
     let mut buf: Vec<u8> = Vec::new();
     // The bytes of `buf` reserved in `mem` (its capacity, which may exceed its length).
     let mut held = 0u64;
-    if let Some(n) = declared {
-        if n > max {
-            return Err(too_large());
-        }
-        if !mem.grow(n) {
-            return Err(no_room(n));
-        }
-        buf = Vec::with_capacity(n as usize);
-        held = n.max(buf.capacity() as u64);
-        if held > n && !mem.grow(held - n) {
-            return Err(no_room(held));
-        }
+    // A declared length over the limit is refused before any byte is read; the room is
+    // reserved as the bytes arrive (a slow body declaring 30 MB holds what it sent, not 30 MB).
+    if declared.is_some_and(|n| n > max) {
+        return Err(too_large());
     }
     let start = tokio::time::Instant::now();
     let rate = svc.cfg.min_body_rate.max(1) as f64;
@@ -683,7 +691,7 @@ async fn read_body(
         let want = (buf.len() + data.len()) as u64;
         if want > held {
             // Room for the data, doubling as a Vec would, reserved before it is allocated.
-            let cap = want.max(2 * held).min(max);
+            let cap = want.max(2 * held).min(declared.unwrap_or(max)).max(want);
             if !mem.grow(cap - held) {
                 return Err(no_room(cap));
             }
