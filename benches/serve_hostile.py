@@ -15,6 +15,7 @@ ap.add_argument('addr'); ap.add_argument('pid', type=int); ap.add_argument('imag
 ap.add_argument('seconds', type=float, nargs='?', default=60.0); ap.add_argument('idle', type=int, nargs='?', default=2000)
 ap.add_argument('--budget-mb', type=int, default=2048); ap.add_argument('--drain-s', type=float, default=10.0)
 ap.add_argument('--clients', type=int, default=2)
+ap.add_argument('--no-attack', action='store_true', help='ordinary clients only (the baseline)')
 ap.add_argument('--bomb-side', type=int, default=18900, help='pixels per side the bomb PNG declares')
 a = ap.parse_args()
 host, port = a.addr.split(':'); port = int(port)
@@ -147,12 +148,13 @@ def sample_rss():
 t0 = time.time()
 threads = [threading.Thread(target=sample_rss, daemon=True)]
 threads += [threading.Thread(target=ordinary, args=(k,)) for k in range(a.clients)]
-threads += [threading.Thread(target=slowloris_header) for _ in range(50)]
-threads += [threading.Thread(target=slowloris_body) for _ in range(50)]
-threads += [threading.Thread(target=idle_pool, args=(a.idle,))]
-threads += [threading.Thread(target=bombs) for _ in range(4)]
-threads += [threading.Thread(target=oversized) for _ in range(2)]
-threads += [threading.Thread(target=early_disconnect) for _ in range(4)]
+if not a.no_attack:
+  threads += [threading.Thread(target=slowloris_header) for _ in range(50)]
+  threads += [threading.Thread(target=slowloris_body) for _ in range(50)]
+  threads += [threading.Thread(target=idle_pool, args=(a.idle,))]
+  threads += [threading.Thread(target=bombs) for _ in range(4)]
+  threads += [threading.Thread(target=oversized) for _ in range(2)]
+  threads += [threading.Thread(target=early_disconnect) for _ in range(4)]
 for t in threads: t.start()
 for t in threads[1:]: t.join()
 q = lambda xs, p: sorted(xs)[min(len(xs) - 1, int(p * len(xs)))] if xs else float('nan')

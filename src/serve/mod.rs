@@ -609,11 +609,14 @@ fn params(svc: &Service, q: &DetectQuery) -> std::result::Result<Params, String>
 /// past it, or at once when `Content-Length` says more), every byte held counted in `mem` (503
 /// with `Retry-After` when the budget of bytes in flight has no room), and at least
 /// [`ServeConfig::min_body_rate`] after the grace of [`ServeConfig::header_timeout`] (408 and the
-/// connection closed when it falls behind).
+/// connection closed when it falls behind). With `sniff` (a raw image body), a picture whose
+/// header, in the first bytes, declares more than the whole budget is a 413 before the rest of
+/// the body is read (a decompression bomb costs its first kilobytes, not its megabytes).
 async fn read_body(
     svc: &Service,
     req: Request,
     mem: &mut Reserved,
+    sniff: bool,
 ) -> std::result::Result<(axum::http::request::Parts, Bytes), Response> {
     use axum::body::HttpBody;
     let (parts, mut body) = req.into_parts();
@@ -648,6 +651,7 @@ async fn read_body(
     }
     let start = tokio::time::Instant::now();
     let rate = svc.cfg.min_body_rate.max(1) as f64;
+    let mut sniffing = sniff;
     loop {
         let due = start + svc.cfg.header_timeout + Duration::from_secs_f64(buf.len() as f64 / rate);
         let next = std::future::poll_fn(|cx| std::pin::Pin::new(&mut body).poll_frame(cx));
@@ -699,8 +703,40 @@ async fn read_body(
             held = cap.max(buf.capacity() as u64);
         }
         buf.extend_from_slice(&data);
+        if sniffing && buf.len() >= 64 {
+            if let Some((w, h, n)) = crate::data::image::declared_need(&buf) {
+                sniffing = false;
+                if n > svc.mem.cap {
+                    let mut r = too_big_image(svc, w, h, n);
+                    r.headers_mut().insert(
+                        header::CONNECTION,
+                        header::HeaderValue::from_static("close"),
+                    );
+                    return Err(r);
+                }
+            } else if buf.len() >= 64 << 10 {
+                // No header readable in the first 64 KiB: the decode will say why.
+                sniffing = false;
+            }
+        }
     }
     Ok((parts, Bytes::from(buf)))
+}
+
+/// The 413 of a picture whose header declares `w` x `h` pixels, `n` bytes to decode, over the
+/// whole budget of images in flight.
+fn too_big_image(svc: &Service, w: u32, h: u32, n: u64) -> Response {
+    let mb = |b: u64| b.div_ceil(1 << 20);
+    fail(
+        svc,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        format!(
+            "the image declares {w}x{h} pixels: decoding it needs about {} MB, over the \
+             service's budget of {} MB for images in flight (--decode-budget-mb)",
+            mb(n),
+            mb(svc.mem.cap)
+        ),
+    )
 }
 
 /// The image bytes of a request: the body, or the first file field of a multipart body (the
@@ -715,7 +751,7 @@ async fn body_bytes(
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("multipart/form-data"));
-    let (parts, raw) = read_body(svc, req, mem).await?;
+    let (parts, raw) = read_body(svc, req, mem, !multipart).await?;
     let too_large = |svc: &Service| {
         fail(
             svc,
@@ -795,35 +831,23 @@ async fn detect(
     // The size the header declares, against the budget of images in flight, before decoding.
     let need = crate::data::image::declared_need(&bytes);
     let mb = |b: u64| b.div_ceil(1 << 20);
-    match need {
-        Some((w, h, n)) if n > svc.mem.cap => {
+    // A header that cannot be read (`None`): the decode says why (its own guard bounds it).
+    if let Some((w, h, n)) = need {
+        if n > svc.mem.cap {
+            return too_big_image(&svc, w, h, n);
+        }
+        if !mem.grow(n) {
             return fail(
                 &svc,
-                StatusCode::PAYLOAD_TOO_LARGE,
+                StatusCode::SERVICE_UNAVAILABLE,
                 format!(
-                    "the image declares {w}x{h} pixels: decoding it needs about {} MB, over the \
-                     service's budget of {} MB for images in flight (--decode-budget-mb)",
-                    mb(n),
-                    mb(svc.mem.cap)
-                ),
-            )
-        }
-        // A header that cannot be read: the decode says why (its own guard bounds it).
-        None => {}
-        Some((w, h, n)) => {
-            if !mem.grow(n) {
-                return fail(
-                    &svc,
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    format!(
                     "the image ({w}x{h}) needs about {} MB to decode; the images in flight hold \
-                         {} of the {} MB budget: retry later",
+                     {} of the {} MB budget: retry later",
                     mb(n),
                     mb(svc.mem.used.load(Ordering::Acquire)),
                     mb(svc.mem.cap)
                 ),
-                );
-            }
+            );
         }
     }
     let decoded =

@@ -25,7 +25,7 @@ use yolo9::model::yolov9::YoloV9Train;
 use yolo9::Weights;
 
 fn shipped() -> Weights {
-    Weights::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("weights/yolov9-s-bccd.safetensors"))
+    Weights::load(Path::new(env!("CARGO_MANIFEST_DIR")).join("weights/yolov9-s-bccd.safetensors"))
         .unwrap()
 }
 
@@ -72,9 +72,9 @@ fn gelan_single_head_loss_is_the_main_branch_of_the_dual_loss() {
     let both = loss.compute(&d.aux, &d.main, &t, (128, 128)).unwrap();
     let m = &both.main;
     let want = [m.box_loss * 7.5, m.cls_loss * 0.5, m.dfl_loss * 1.5];
-    for k in 0..3 {
-        let rel = ((single.items[k] - want[k]) / want[k]).abs();
-        assert!(rel <= 1e-6, "item {k}: {} vs {}", single.items[k], want[k]);
+    for (k, (got, want)) in single.items.iter().zip(&want).enumerate() {
+        let rel = ((got - want) / want).abs();
+        assert!(rel <= 1e-6, "item {k}: {got} vs {want}");
     }
     assert!(want.iter().all(|v| v.is_finite() && *v > 0.0), "{want:?}");
     assert!(
@@ -276,14 +276,9 @@ fn gelan_loss_matches_the_official_loss_tal() {
         .unwrap();
     let want: Vec<f32> = r["loss_items"].to_vec1().unwrap();
     eprintln!("items {:?} vs official {want:?}", out.items);
-    for k in 0..3 {
-        let rel = ((out.items[k] - want[k]) / want[k]).abs();
-        assert!(
-            rel <= 1e-4,
-            "item {k}: {} vs {} (rel {rel:e})",
-            out.items[k],
-            want[k]
-        );
+    for (k, (got, want)) in out.items.iter().zip(&want).enumerate() {
+        let rel = ((got - want) / want).abs();
+        assert!(rel <= 1e-4, "item {k}: {got} vs {want} (rel {rel:e})");
     }
     let total: f32 = out.total.to_scalar().unwrap();
     let total_ref: f32 = r["loss_total"].to_scalar().unwrap();
