@@ -15,6 +15,8 @@ ap.add_argument('addr'); ap.add_argument('pid', type=int); ap.add_argument('imag
 ap.add_argument('seconds', type=float, nargs='?', default=60.0); ap.add_argument('idle', type=int, nargs='?', default=2000)
 ap.add_argument('--budget-mb', type=int, default=2048); ap.add_argument('--drain-s', type=float, default=10.0)
 ap.add_argument('--clients', type=int, default=2)
+ap.add_argument('--bomb-rate', type=float, default=5.0, help='bombs per second per bomb thread (0: as fast as possible)')
+ap.add_argument('--term-at', type=float, default=0.0, help='send SIGTERM this many seconds into the run, attackers still active (0: after the run)')
 ap.add_argument('--no-attack', action='store_true', help='ordinary clients only (the baseline)')
 ap.add_argument('--bomb-side', type=int, default=18900, help='pixels per side the bomb PNG declares')
 a = ap.parse_args()
@@ -118,6 +120,7 @@ def bombs():
     while time.time() < end:
         try: count('bomb_' + post_raw(BOMB))
         except Exception as e: count('bomb_' + type(e).__name__)
+        if a.bomb_rate > 0: time.sleep(1 / a.bomb_rate)
 
 
 def oversized():
@@ -145,8 +148,26 @@ def sample_rss():
         time.sleep(0.25)
 
 
+term_box = {}
+
+
+def terminate():
+    ts = time.perf_counter(); term_box['at'] = time.time(); os.kill(a.pid, signal.SIGTERM)
+    while os.path.exists(f'/proc/{a.pid}') and time.perf_counter() - ts < a.drain_s + 30:
+        try:
+            if open(f'/proc/{a.pid}/status').read().find('State:\tZ') >= 0: break
+        except FileNotFoundError: break
+        time.sleep(0.02)
+    term_box['took'] = time.perf_counter() - ts
+
+
+def term_later():
+    time.sleep(max(0.0, t0 + a.term_at - time.time())); terminate()
+
+
 t0 = time.time()
 threads = [threading.Thread(target=sample_rss, daemon=True)]
+if a.term_at > 0: threads.append(threading.Thread(target=term_later, daemon=True))
 threads += [threading.Thread(target=ordinary, args=(k,)) for k in range(a.clients)]
 if not a.no_attack:
   threads += [threading.Thread(target=slowloris_header) for _ in range(50)]
@@ -156,7 +177,10 @@ if not a.no_attack:
   threads += [threading.Thread(target=oversized) for _ in range(2)]
   threads += [threading.Thread(target=early_disconnect) for _ in range(4)]
 for t in threads: t.start()
-for t in threads[1:]: t.join()
+for t in threads: t.join() if not t.daemon else None
+if a.term_at > 0:
+    while 'took' not in term_box: time.sleep(0.1)
+    lat = [x for x in lat if x[0] < term_box['at']]  # ordinary requests started before SIGTERM
 q = lambda xs, p: sorted(xs)[min(len(xs) - 1, int(p * len(xs)))] if xs else float('nan')
 fail = []
 for w0 in range(0, int(a.seconds), 5):
@@ -168,13 +192,8 @@ all_lat = [d for (_, d, _) in lat]; codes = {}
 for (_, _, s) in lat: codes[s] = codes.get(s, 0) + 1
 max_rss = max((m for _, m in rss), default=float('nan'))
 # SIGTERM: time until the process is gone.
-ts = time.perf_counter(); os.kill(a.pid, signal.SIGTERM)
-while os.path.exists(f'/proc/{a.pid}') and time.perf_counter() - ts < a.drain_s + 30:
-    try:
-        if open(f'/proc/{a.pid}/status').read().find('State:\tZ') >= 0: break
-    except FileNotFoundError: break
-    time.sleep(0.02)
-term = time.perf_counter() - ts; stop.set()
+if a.term_at <= 0: terminate()
+term = term_box['took']; stop.set()
 print(f'ordinary requests {len(all_lat)} codes {codes} p50_ms {q(all_lat, .5) * 1e3:.0f} p99_ms {q(all_lat, .99) * 1e3:.0f} '
       f'max_ms {max(all_lat, default=0) * 1e3:.0f}')
 print(f'attackers {dict(sorted(att.items()))}')
