@@ -3,6 +3,7 @@
 mod common;
 
 mod train {
+    mod gelan;
     mod guard;
     mod optim;
     mod options;

@@ -59,6 +59,17 @@ pub struct ServeArgs {
     /// --timeout-s + 5).
     #[arg(long = "idle-s", default_value = "10", value_parser = clap::value_parser!(u32).range(1..=3600))]
     pub idle_s: u32,
+    /// Seconds that stopping (SIGTERM, Ctrl-C) may take: requests received are answered within
+    /// it; connections still open at its end are closed unanswered and the process exits.
+    #[arg(long = "drain-s", default_value = "10", value_parser = clap::value_parser!(u32).range(1..=3600))]
+    pub drain_s: u32,
+    /// Slowest a request body may arrive, in KiB/s, after a grace of --header-timeout-s (408 and
+    /// the connection closed when it falls behind).
+    #[arg(long = "min-body-rate-kb", default_value = "16", value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
+    pub min_body_rate_kb: u32,
+    /// Largest `img` a request may ask for (0: --img, the served size); larger is a 400.
+    #[arg(long = "max-img", default_value = "0", value_parser = clap::value_parser!(u32).range(0..=4096))]
+    pub max_img: u32,
 }
 
 /// Runs `yolo9 serve`.
@@ -96,12 +107,15 @@ pub fn run(args: ServeArgs) -> Result<()> {
         max_conns: args.max_conns as usize,
         header_timeout: Duration::from_secs(args.header_timeout_s as u64),
         idle: Duration::from_secs(args.idle_s as u64),
+        drain: Duration::from_secs(args.drain_s as u64),
+        min_body_rate: u64::from(args.min_body_rate_kb) << 10,
+        max_img: args.max_img,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("serve: starting the async runtime")?;
-    rt.block_on(async move {
+    let r = rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind(args.addr)
             .await
             .with_context(|| format!("serve: cannot listen on {} (--addr)", args.addr))?;
@@ -118,7 +132,10 @@ pub fn run(args: ServeArgs) -> Result<()> {
             s.ok, s.errors, s.batches
         );
         Ok(())
-    })
+    });
+    // Decodes still running past the drain time are not waited for.
+    rt.shutdown_timeout(Duration::from_millis(100));
+    r
 }
 
 /// Completes at the first SIGINT or SIGTERM.

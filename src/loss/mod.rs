@@ -1,4 +1,5 @@
-//! Training loss: IoU/CIoU, TaskAlignedAssigner, the dual-branch TAL loss (official `loss_tal_dual`).
+//! Training loss: IoU/CIoU, TaskAlignedAssigner, the dual-branch TAL loss (official `loss_tal_dual`)
+//! and its single-branch form for `DDetect` models (official `loss_tal`).
 //!
 //! - [`iou`]: IoU and CIoU on plain `f32` boxes (shared with NMS and metrics) and on tensors.
 //! - [`anchors`]: anchor points of the head levels (official `make_anchors`).

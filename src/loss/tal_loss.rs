@@ -13,6 +13,12 @@
 //! Then `item = 0.25 * aux + main` for each of box/cls/dfl, the gains 7.5 / 0.5 / 1.5, and
 //! `total = (box + cls + dfl) * batch_size`.
 //!
+//! A single-head model (gelan-*: `DDetect`, no auxiliary branch) is trained by the official
+//! `train.py` with `utils/loss_tal.py ComputeLoss`, which is the same computation over its one
+//! branch: the same assigner (topk 10, alpha 0.5, beta 6), `S = max(sum, 1)`, `BboxLoss`, gains
+//! and batch-size factor, and `item = main`. [`DualTalLoss::compute`] computes it when the
+//! auxiliary branch is given empty.
+//!
 //! Only the predictions are differentiated: the assignment and the targets are constants, as in
 //! the official code (`detach()` / `no_grad`). The loss is built from Candle ops on the head
 //! outputs, so `total.backward()` gives the parameter gradients on any device; the assigner
@@ -69,7 +75,7 @@ pub struct LossOutput {
     /// `[box, cls, dfl]` after branch weighting and gains, before the batch-size factor (the
     /// official `loss.detach()`, what training logs).
     pub items: [f32; 3],
-    /// Auxiliary branch details.
+    /// Auxiliary branch details (all zeros, no assignment, for a single-head model).
     pub aux: BranchLoss,
     /// Main branch details.
     pub main: BranchLoss,
@@ -172,7 +178,9 @@ impl DualTalLoss {
     /// - `aux`, `main`: per branch, one raw head output per level (P3, P4, P5), each
     ///   `(B, 64 + nc, H_i, W_i)` of any float dtype on any device: channels `0..64` are DFL
     ///   logits side-major (l, t, r, b) x 16 bins, then `nc` class logits. Both branches must
-    ///   have the same shapes.
+    ///   have the same shapes. An empty `aux` is a single-head model (gelan-*): the loss is then
+    ///   the official single-branch `utils/loss_tal.py ComputeLoss` of `main`
+    ///   (`item = main` instead of `0.25 * aux + main`).
     /// - `targets`: `(N, 6)` rows `[img_idx, cls, cx, cy, w, h]`, box normalized to the image
     ///   (official format); `N = 0` is allowed (the loss is then the BCE against all-zero targets).
     /// - `img_hw`: the network input size `(height, width)` in pixels; each level must satisfy
@@ -190,8 +198,8 @@ impl DualTalLoss {
         self.compute_impl(aux, main, targets, img_hw, None)
     }
 
-    /// [`Self::compute`] with the assignments of both branches given (`[aux, main]`) instead of
-    /// computed: this evaluates the loss functions alone, e.g. against the official assigner's
+    /// [`Self::compute`] with the assignments of both branches given (`[aux, main]`; the first is
+    /// not read when `aux` is empty) instead of computed: this evaluates the loss functions alone, e.g. against the official assigner's
     /// output, without the assignment's sensitivity to prediction rounding. `targets` are still
     /// validated. Only `fg_mask`, `target_labels`, `target_bboxes` (pixels) and `target_score`
     /// are read.
@@ -217,6 +225,9 @@ impl DualTalLoss {
         img_hw: (usize, usize),
         given: Option<[&Assignment; 2]>,
     ) -> Result<LossOutput> {
+        if aux.is_empty() {
+            return self.compute_single(main, targets, img_hw, given.map(|g| g[1]));
+        }
         let (flat_aux, hw_aux, bs) = self.flatten_levels(aux, "aux")?;
         let (flat_main, hw_main, bs_main) = self.flatten_levels(main, "main")?;
         ensure!(
@@ -224,39 +235,8 @@ impl DualTalLoss {
             "loss: aux levels {hw_aux:?} (batch {bs}) and main levels {hw_main:?} (batch \
              {bs_main}) differ; both branches must come from the same forward pass"
         );
-        for (i, (&(h, w), &s)) in hw_aux.iter().zip(&self.strides).enumerate() {
-            let s = s as usize;
-            ensure!(
-                h * s == img_hw.0 && w * s == img_hw.1,
-                "loss: level {i} is {h}x{w} at stride {s}, which does not cover the input \
-                 {}x{} (h x w); pass img_hw = the network input size, a multiple of 32",
-                img_hw.0,
-                img_hw.1
-            );
-        }
-        let anchors = Anchors::new(&hw_aux, &self.strides)?;
+        let (anchors, gt) = self.anchors_and_targets(&hw_aux, bs, targets, img_hw)?;
         let anc_px = anchors.points_px();
-
-        let (n, six) = targets
-            .dims2()
-            .with_context(|| format!("loss: targets must be (N, 6), got {:?}", targets.dims()))?;
-        ensure!(
-            six == 6,
-            "loss: targets must be (N, 6) [img_idx, cls, cx, cy, w, h], got {:?}",
-            targets.dims()
-        );
-        let flat_t: Vec<f32> = targets
-            .to_dtype(DType::F32)?
-            .flatten_all()?
-            .to_vec1()
-            .context("loss: reading targets")?;
-        let rows: Vec<[f32; 6]> = (0..n)
-            .map(|r| {
-                let c = &flat_t[r * 6..r * 6 + 6];
-                [c[0], c[1], c[2], c[3], c[4], c[5]]
-            })
-            .collect();
-        let gt = GtBatch::from_targets(&rows, bs, img_hw, self.nc)?;
 
         let (t_aux, asg_aux, tss_aux) = self.branch(
             &flat_aux,
@@ -323,6 +303,100 @@ impl DualTalLoss {
             aux: aux_r,
             main: main_r,
         })
+    }
+
+    /// The single-branch loss of a `DDetect` model (official `utils/loss_tal.py ComputeLoss`):
+    /// the main branch's terms times the gains, `total = (box + cls + dfl) * batch_size`.
+    fn compute_single(
+        &self,
+        main: &[Tensor],
+        targets: &Tensor,
+        img_hw: (usize, usize),
+        given: Option<&Assignment>,
+    ) -> Result<LossOutput> {
+        let (flat, hw, bs) = self.flatten_levels(main, "main")?;
+        let (anchors, gt) = self.anchors_and_targets(&hw, bs, targets, img_hw)?;
+        let anc_px = anchors.points_px();
+        let (mut t, asg, tss) = self.branch(&flat, &anchors, &anc_px, &gt, "main", given)?;
+        if self.label_smoothing > 0.0 {
+            t[1] = self.smoothed_cls(&t[1], &flat, &tss)?;
+        }
+        let parts: Vec<Tensor> = (0..3)
+            .map(|i| t[i].affine(GAINS[i] as f64, 0.0))
+            .collect::<candle_core::Result<_>>()?;
+        let total = ((&parts[0] + &parts[1])? + &parts[2])?.affine(bs as f64, 0.0)?;
+        let all: Vec<&Tensor> = t.iter().chain([&tss]).collect();
+        let v: Vec<f32> = Tensor::stack(&all, 0)?
+            .detach()
+            .to_vec1()
+            .context("loss: reading the loss items")?;
+        let main_r = BranchLoss {
+            box_loss: v[0],
+            cls_loss: v[1],
+            dfl_loss: v[2],
+            target_scores_sum: v[3],
+            assignment: asg,
+        };
+        let items = [
+            main_r.box_loss * GAINS[0],
+            main_r.cls_loss * GAINS[1],
+            main_r.dfl_loss * GAINS[2],
+        ];
+        Ok(LossOutput {
+            total,
+            items,
+            aux: BranchLoss {
+                box_loss: 0.0,
+                cls_loss: 0.0,
+                dfl_loss: 0.0,
+                target_scores_sum: 0.0,
+                assignment: None,
+            },
+            main: main_r,
+        })
+    }
+
+    /// The anchors of levels `hw` (checked against `img_hw` and the strides) and the validated
+    /// ground truth of `targets` for a batch of `bs`.
+    fn anchors_and_targets(
+        &self,
+        hw: &[(usize, usize)],
+        bs: usize,
+        targets: &Tensor,
+        img_hw: (usize, usize),
+    ) -> Result<(Anchors, GtBatch)> {
+        for (i, (&(h, w), &s)) in hw.iter().zip(&self.strides).enumerate() {
+            let s = s as usize;
+            ensure!(
+                h * s == img_hw.0 && w * s == img_hw.1,
+                "loss: level {i} is {h}x{w} at stride {s}, which does not cover the input \
+                 {}x{} (h x w); pass img_hw = the network input size, a multiple of 32",
+                img_hw.0,
+                img_hw.1
+            );
+        }
+        let anchors = Anchors::new(hw, &self.strides)?;
+        let (n, six) = targets
+            .dims2()
+            .with_context(|| format!("loss: targets must be (N, 6), got {:?}", targets.dims()))?;
+        ensure!(
+            six == 6,
+            "loss: targets must be (N, 6) [img_idx, cls, cx, cy, w, h], got {:?}",
+            targets.dims()
+        );
+        let flat_t: Vec<f32> = targets
+            .to_dtype(DType::F32)?
+            .flatten_all()?
+            .to_vec1()
+            .context("loss: reading targets")?;
+        let rows: Vec<[f32; 6]> = (0..n)
+            .map(|r| {
+                let c = &flat_t[r * 6..r * 6 + 6];
+                [c[0], c[1], c[2], c[3], c[4], c[5]]
+            })
+            .collect();
+        let gt = GtBatch::from_targets(&rows, bs, img_hw, self.nc)?;
+        Ok((anchors, gt))
     }
 
     /// The class loss `cls` of a branch with label smoothing (see

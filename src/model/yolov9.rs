@@ -2,8 +2,8 @@
 //!
 //! - [`YoloV9`]: the inference graph (gelan-*: a training graph's main branch, see
 //!   [`Arch::main_branch`]) with its `DDetect` head, BN folded and `RepConvN` fused at load time.
-//! - [`YoloV9Train`]: the training graph (yolov9-*: main and auxiliary branch, `DualDDetect`),
-//!   parameters as candle `Var`s, BN in train (batch statistics) or eval (running statistics)
+//! - [`YoloV9Train`]: the training graph (yolov9-*: main and auxiliary branch, `DualDDetect`;
+//!   gelan-*: the single `DDetect` head, as the official `train.py` trains them), parameters as candle `Var`s, BN in train (batch statistics) or eval (running statistics)
 //!   mode, `RepConvN` unfused.
 //!
 //! Why one file: the inference graph and the training graph are built from the same `Arch` rows by
@@ -19,7 +19,7 @@ use super::params::{BuildMode, Builder, NamedVar};
 use super::rename::NameMap;
 use super::tape::{Ctx, Tape};
 use super::trace::{Trace, TracedOp};
-use crate::model::weights::{Graph, ModelMeta, Weights};
+use crate::model::weights::{ModelMeta, Weights};
 use anyhow::{bail, ensure, Context, Result};
 use candle_core::{DType, Device, Tensor, Var};
 use std::collections::HashMap;
@@ -370,19 +370,28 @@ fn to_nchw(t: &Tensor) -> Result<Tensor> {
 }
 
 /// Raw outputs of both head branches of the training graph, per level P3, P4, P5, each
-/// (B, 64+nc, H/s, W/s) (official `DualDDetect` training output `[aux, main]`).
+/// (B, 64+nc, H/s, W/s) (official `DualDDetect` training output `[aux, main]`; for a single
+/// `DDetect` head, gelan-*, the official `DDetect` training output is `main` and `aux` is empty).
 pub struct DualRaw {
     /// Auxiliary branch (`cv2`/`cv3`; over layers 28, 25, 22 in yolov9-s); weight 0.25 in the
-    /// loss.
+    /// loss. Empty for a single-head (gelan-*) graph.
     pub aux: Vec<Tensor>,
     /// Main branch (`cv4`/`cv5`; over layers 15, 18, 21 in yolov9-s).
     pub main: Vec<Tensor>,
 }
 
 impl DualRaw {
-    /// Decoded (aux, main), each (B, 4+nc, A): cx, cy, w, h in pixels + sigmoid scores.
+    /// Decoded (aux, main), each (B, 4+nc, A): cx, cy, w, h in pixels + sigmoid scores. For a
+    /// single-head graph (no auxiliary branch) the first is `(B, 4+nc, 0)`.
     pub fn decode(&self) -> Result<(Tensor, Tensor)> {
-        Ok((decode(&self.aux, &STRIDES)?, decode(&self.main, &STRIDES)?))
+        let main = decode(&self.main, &STRIDES)?;
+        let aux = if self.aux.is_empty() {
+            let (b, c, _) = main.dims3()?;
+            Tensor::zeros((b, c, 0), main.dtype(), main.device())?
+        } else {
+            decode(&self.aux, &STRIDES)?
+        };
+        Ok((aux, main))
     }
 }
 
@@ -393,14 +402,16 @@ pub struct BnSnapshot {
     batches_tracked: i64,
 }
 
-/// The training graph of a model (yolov9-*: every layer + `DualDDetect`), trainable `Var`s with
+/// The training graph of a model (yolov9-*: every layer + `DualDDetect`; gelan-*: every layer +
+/// `DDetect`, the single-head models the official `train.py` trains), trainable `Var`s with
 /// official names, unfused BN (train/eval modes) and `RepConvN`.
 pub struct YoloV9Train {
     net: Net,
     arch: Arc<Arch>,
-    /// Auxiliary then main head inputs.
+    /// Auxiliary (dual heads only) then main head inputs.
     taps: Vec<Src>,
-    head_aux: DetectHead,
+    /// `None` for a single `DDetect` head (gelan-*).
+    head_aux: Option<DetectHead>,
     head_main: DetectHead,
     vars: Vec<NamedVar>,
     buffers: Vec<(String, Var, Var)>,
@@ -430,14 +441,18 @@ impl YoloV9Train {
         Self::build(&arch, weights, nc, names, device, seed)
     }
 
-    /// Builds the training graph `arch` (a `DualDDetect` graph, e.g. `yolov9-c`) for `nc`
-    /// classes. Tensors are taken from `weights` when given (weights of `arch` fill everything;
-    /// weights of its inference graph, e.g. gelan-c, fill the main branch); tensors that are
-    /// absent or have another shape (e.g. class convs for another nc, as the official
-    /// `intersect_dicts`) are initialized like the official `Model` (PyTorch default conv init,
-    /// BN γ=1 β=0, `bias_init`), deterministically from `seed`.
+    /// Builds the training graph `arch` for `nc` classes: a `DualDDetect` graph (e.g.
+    /// `yolov9-c`, trained with both branches as the official `train_dual.py`) or a single
+    /// `DDetect` graph (e.g. `gelan-c`, trained with its one head as the official `train.py`;
+    /// [`DualRaw::aux`] is then empty). Tensors are taken from `weights` when given (weights of
+    /// `arch` fill everything; weights of a dual graph's inference graph, e.g. gelan-c for
+    /// yolov9-c, fill the main branch); tensors that are absent or have another shape (e.g.
+    /// class convs for another nc, as the official `intersect_dicts`) are initialized like the
+    /// official `Model` (PyTorch default conv init, BN γ=1 β=0, `bias_init`), deterministically
+    /// from `seed`. The metadata's graph is `Graph::Train` for a dual graph and `Graph::Infer`
+    /// for a single-head one (its state_dict is that of the inference graph).
     ///
-    /// Errors: `arch` without `DualDDetect`; weights of another model (naming both).
+    /// Errors: weights of another model (naming both).
     pub fn build(
         arch: &Arch,
         weights: Option<&Weights>,
@@ -452,16 +467,10 @@ impl YoloV9Train {
             "training graph: {} class names for nc = {nc}",
             names.len()
         );
-        ensure!(
-            arch.is_dual(),
-            "{}: yolo9 trains graphs with the auxiliary branch (DualDDetect: yolov9-t/s/m/c/e); \
-             this one has a single DDetect head",
-            arch.name
-        );
         let rename = match weights {
             None => None,
             Some(w) if w.meta.arch.layers == arch.layers => None,
-            Some(w) if w.meta.arch.layers == arch.main_branch().0.layers => {
+            Some(w) if arch.is_dual() && w.meta.arch.layers == arch.main_branch().0.layers => {
                 Some(NameMap::train_to_infer(arch))
             }
             Some(w) => bail!(
@@ -475,7 +484,11 @@ impl YoloV9Train {
         let mut b = Builder::new(tensors, rename.clone(), device, BuildMode::Train, seed);
         let net = Net::load(&mut b, arch)?;
         let (head_aux, head_main) = load_heads(&mut b, arch, nc)?;
-        let head_aux = head_aux.context("a dual head has an auxiliary branch")?;
+        ensure!(
+            head_aux.is_some() == arch.is_dual(),
+            "{}: the auxiliary head must exist exactly for a DualDDetect graph",
+            arch.name
+        );
         // Continue num_batches_tracked from the source, if any.
         let counter = if from_infer {
             rename.as_ref().and_then(|m| m.map(&first_counter(arch)))
@@ -509,7 +522,7 @@ impl YoloV9Train {
                 nc,
                 names,
                 strides: STRIDES.to_vec(),
-                graph: Graph::Train,
+                graph: crate::model::weights::graph_of(&arch),
                 arch: arch.clone(),
             },
             arch,
@@ -569,9 +582,12 @@ impl YoloV9Train {
             x = x.to_dtype(DType::BF16)?;
         }
         let mut feats = self.net.forward(&x, c, &self.taps)?;
-        let main = feats.split_off(self.taps.len() / 2);
+        let main = feats.split_off(self.aux_taps());
         let mut raw = DualRaw {
-            aux: self.head_aux.run_raw(&feats, c)?,
+            aux: match &self.head_aux {
+                Some(h) => h.run_raw(&feats, c)?,
+                None => Vec::new(),
+            },
             main: self.head_main.run_raw(&main, c)?,
         };
         if amp {
@@ -582,7 +598,8 @@ impl YoloV9Train {
         Ok(raw)
     }
 
-    /// Eval-mode forward, decoded: (y_aux, y_main), each (B, 4+nc, A) as [`YoloV9::forward`].
+    /// Eval-mode forward, decoded: (y_aux, y_main), each (B, 4+nc, A) as [`YoloV9::forward`]
+    /// (y_aux is (B, 4+nc, 0) for a single-head graph).
     pub fn forward_eval_decoded(&self, x: &Tensor) -> Result<(Tensor, Tensor)> {
         self.forward(x, false)?.decode()
     }
@@ -590,7 +607,7 @@ impl YoloV9Train {
     /// Head-input features of the main branch (P3, P4, P5) in eval or train mode.
     pub fn forward_features(&self, x: &Tensor, train: bool) -> Result<Vec<Tensor>> {
         check_input(x)?;
-        let n = self.taps.len() / 2;
+        let n = self.aux_taps();
         self.net.forward(
             &x.to_device(&self.device)?,
             Ctx::plain(train),
@@ -601,6 +618,20 @@ impl YoloV9Train {
     /// The model description of this graph.
     pub fn arch(&self) -> &Arch {
         &self.arch
+    }
+
+    /// Whether the graph has the auxiliary branch (`DualDDetect`); `false` for gelan-*.
+    pub fn is_dual(&self) -> bool {
+        self.head_aux.is_some()
+    }
+
+    /// How many of `taps` feed the auxiliary head (half of them for a dual head, else 0).
+    fn aux_taps(&self) -> usize {
+        if self.head_aux.is_some() {
+            self.taps.len() / 2
+        } else {
+            0
+        }
     }
 
     /// Mixed precision (AMP) for train-mode forwards: on a CUDA device, the input is cast to bf16,
@@ -635,7 +666,7 @@ impl YoloV9Train {
         &self.reshaped
     }
 
-    /// Metadata (nc, names, strides, `Graph::Train`).
+    /// Metadata (nc, names, strides, `Graph::Train`, or `Graph::Infer` for a single-head graph).
     pub fn meta(&self) -> &ModelMeta {
         &self.meta
     }

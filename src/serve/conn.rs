@@ -1,8 +1,10 @@
 //! The service's connections ([`Limited`], an axum [`Listener`]):
 //!
-//! - at most [`crate::serve::ServeConfig::max_conns`] are open at once (the next one is accepted
-//!   when one closes; until then it waits in the kernel's backlog, so idle keep-alive connections
-//!   can no longer lock every other client out without bound);
+//! - at most [`crate::serve::ServeConfig::max_conns`] are open at once: at the cap, a new
+//!   connection closes the one that has waited longest for a request header (an idle keep-alive,
+//!   a connection that sent nothing, a slowloris header), so idle clients cannot lock the others
+//!   out; when every open connection is inside a request, the new one waits until one closes (in
+//!   the kernel's backlog behind it);
 //! - a request's header must be complete (its blank line received) within
 //!   [`crate::serve::ServeConfig::header_timeout`] of the connection's start or of the previous
 //!   answer, however slowly its bytes trickle in (a slowloris header, an idle keep-alive);
@@ -15,8 +17,9 @@
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use axum::serve::Listener;
@@ -31,6 +34,21 @@ pub struct Limited {
     permits: Arc<Semaphore>,
     idle: Duration,
     header: Duration,
+    /// The open connections, for closing the longest-waiting one at the cap.
+    slots: Arc<Mutex<Vec<Weak<Slot>>>>,
+    epoch: std::time::Instant,
+}
+
+/// What the listener knows of one open connection.
+struct Slot {
+    /// Waiting for a request header (since its start or its previous answer).
+    waiting: AtomicBool,
+    /// When it started waiting, in milliseconds since the listener's epoch.
+    since_ms: AtomicU64,
+    /// Set by the listener: the connection's next read fails and it is closed.
+    evict: AtomicBool,
+    /// The task reading the connection, woken to see `evict`.
+    waker: Mutex<Option<Waker>>,
 }
 
 impl Limited {
@@ -42,6 +60,37 @@ impl Limited {
             permits: Arc::new(Semaphore::new(max_conns.max(1))),
             idle,
             header,
+            slots: Arc::new(Mutex::new(Vec::new())),
+            epoch: std::time::Instant::now(),
+        }
+    }
+
+    /// Closes the open connection that has waited longest for a request header, if any: `true`
+    /// when one was told to close (its slot comes back once it has).
+    fn evict_longest_waiting(&self) -> bool {
+        let mut slots = match self.slots.lock() {
+            Ok(s) => s,
+            Err(p) => p.into_inner(),
+        };
+        slots.retain(|w| w.strong_count() > 0);
+        let victim = slots
+            .iter()
+            .filter_map(Weak::upgrade)
+            .filter(|s| s.waiting.load(Ordering::Acquire) && !s.evict.load(Ordering::Acquire))
+            .min_by_key(|s| s.since_ms.load(Ordering::Acquire));
+        match victim {
+            Some(s) => {
+                s.evict.store(true, Ordering::Release);
+                let w = match s.waker.lock() {
+                    Ok(mut w) => w.take(),
+                    Err(p) => p.into_inner().take(),
+                };
+                if let Some(w) = w {
+                    w.wake();
+                }
+                true
+            }
+            None => false,
         }
     }
 }
@@ -51,13 +100,33 @@ impl Listener for Limited {
     type Addr = std::net::SocketAddr;
 
     async fn accept(&mut self) -> (Conn, Self::Addr) {
-        // The semaphore is never closed.
-        let permit = match self.permits.clone().acquire_owned().await {
-            Ok(p) => p,
-            Err(_) => unreachable!("the connection semaphore is never closed"),
-        };
         let (io, addr) = Listener::accept(&mut self.inner).await;
+        let permit = match self.permits.clone().try_acquire_owned() {
+            Ok(p) => p,
+            Err(_) => {
+                // At the cap: make room by closing the connection that has waited longest for a
+                // header; when none is waiting, wait for one to close.
+                self.evict_longest_waiting();
+                // The semaphore is never closed.
+                match self.permits.clone().acquire_owned().await {
+                    Ok(p) => p,
+                    Err(_) => unreachable!("the connection semaphore is never closed"),
+                }
+            }
+        };
+        let slot = Arc::new(Slot {
+            waiting: AtomicBool::new(true),
+            since_ms: AtomicU64::new(self.epoch.elapsed().as_millis() as u64),
+            evict: AtomicBool::new(false),
+            waker: Mutex::new(None),
+        });
+        match self.slots.lock() {
+            Ok(mut s) => s.push(Arc::downgrade(&slot)),
+            Err(p) => p.into_inner().push(Arc::downgrade(&slot)),
+        }
         let conn = Conn {
+            slot,
+            epoch: self.epoch,
             io,
             _permit: permit,
             idle: self.idle,
@@ -77,6 +146,8 @@ impl Listener for Limited {
 
 /// One connection of [`Limited`]: its slot is given back when it is dropped.
 pub struct Conn {
+    slot: Arc<Slot>,
+    epoch: std::time::Instant,
     io: TcpStream,
     _permit: OwnedSemaphorePermit,
     idle: Duration,
@@ -109,6 +180,7 @@ impl Conn {
             };
             if self.matched == 4 {
                 self.in_header = false;
+                self.slot.waiting.store(false, Ordering::Release);
                 return;
             }
         }
@@ -140,6 +212,21 @@ impl AsyncRead for Conn {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        if this.slot.evict.load(Ordering::Acquire) {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "closed to make room for a new connection (the cap was reached)",
+            )));
+        }
+        if this.in_header {
+            let mut w = match this.slot.waker.lock() {
+                Ok(w) => w,
+                Err(p) => p.into_inner(),
+            };
+            if !w.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                *w = Some(cx.waker().clone());
+            }
+        }
         // A header still incomplete at its deadline ends the connection even while bytes trickle.
         if this.in_header {
             if let Poll::Ready(e) = this.deadline_check(cx) {
@@ -173,6 +260,12 @@ impl AsyncWrite for Conn {
                 if matches!(r, Ok(n) if n > 0) {
                     this.progress();
                     // An answer: the next request's header is due within the header timeout.
+                    if !this.in_header {
+                        this.slot
+                            .since_ms
+                            .store(this.epoch.elapsed().as_millis() as u64, Ordering::Release);
+                        this.slot.waiting.store(true, Ordering::Release);
+                    }
                     this.in_header = true;
                     this.matched = 0;
                     let next = Instant::now() + this.header;

@@ -37,7 +37,8 @@
 //!
 //! Shutdown: when the future given to [`serve`] completes (the CLI passes SIGINT/SIGTERM), the
 //! listener stops accepting, requests already received are answered, the worker drains its
-//! queue, and [`serve`] returns.
+//! queue, and [`serve`] returns; all of it within [`ServeConfig::drain`], after which what is
+//! still open is closed unanswered and [`serve`] returns anyway.
 //!
 //! Why one file (about 600 lines): the router, the batching worker and the metrics all work on the
 //! private `Service`, `Job` and `Answer` types; split apart, those would have to become crate-
@@ -96,6 +97,19 @@ pub struct ServeConfig {
     /// a stalled body, an idle keep-alive). Never less than `timeout` + 5 s, so a request being
     /// answered is not cut.
     pub idle: Duration,
+    /// Longest the graceful shutdown may take once it starts: connections still open then
+    /// (a client still sending, an answer still being computed) are closed unanswered and
+    /// [`serve`] returns, so a SIGTERM ends the process within this time whatever clients do.
+    pub drain: Duration,
+    /// Slowest a request body may arrive, in bytes per second, after a grace of
+    /// [`ServeConfig::header_timeout`] from the body's start: a body that falls behind
+    /// (`grace + received / rate` has passed without its next bytes) is answered 408 and its
+    /// connection closed, so slow bodies cannot hold connections and memory for long.
+    pub min_body_rate: u64,
+    /// Largest `img` a request may ask for, in pixels (0: the service's own input size): a
+    /// request's forward cost grows with the square of its size, so one client asking for 4096
+    /// could hold the worker for a minute while everyone else waits. Larger is a 400.
+    pub max_img: u32,
 }
 
 impl ServeConfig {
@@ -108,7 +122,8 @@ impl ServeConfig {
 impl Default for ServeConfig {
     /// Batches of up to 8 within 5 ms, 64 waiting, 32 MiB bodies, 30 s timeout, 2 GiB of images
     /// in flight, 512 connections,
-    /// 10 s for a request header, connections closed after 35 s without progress.
+    /// 10 s for a request header, connections closed after 35 s without progress, 10 s to drain,
+    /// bodies at 16 KiB/s at least, `img` up to the service's own size.
     fn default() -> Self {
         ServeConfig {
             max_batch: 8,
@@ -120,6 +135,9 @@ impl Default for ServeConfig {
             max_conns: 512,
             header_timeout: Duration::from_secs(10),
             idle: Duration::from_secs(10),
+            drain: Duration::from_secs(10),
+            min_body_rate: 16 << 10,
+            max_img: 0,
         }
     }
 }
@@ -191,6 +209,22 @@ impl MemBudget {
 }
 
 impl Reserved {
+    /// Adds `extra` bytes to the reservation if they fit beside what is held (`false`, and
+    /// nothing added, when they do not).
+    fn grow(&mut self, extra: u64) -> bool {
+        let ok = self
+            .budget
+            .used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
+                u.checked_add(extra).filter(|&t| t <= self.budget.cap)
+            })
+            .is_ok();
+        if ok {
+            self.bytes += extra;
+        }
+        ok
+    }
+
     /// Keeps only `bytes` of the reservation (the decoder's buffers are gone once decoded).
     fn shrink_to(&mut self, bytes: u64) {
         if bytes < self.bytes {
@@ -294,13 +328,19 @@ pub async fn serve(
     let (tx, rx) = std::sync::mpsc::sync_channel::<Job>(cfg.queue);
     let ready = Arc::new(AtomicBool::new(false));
     let metrics = Arc::new(Metrics::default());
-    let worker = {
+    // The worker says when it has stopped (a panic drops the sender unsent), so that waiting for
+    // it can be bounded by the drain time without a blocking join.
+    let (worker_done, worker_stopped) = tokio::sync::oneshot::channel::<()>();
+    {
         let (ready, metrics, cfg) = (ready.clone(), metrics.clone(), cfg.clone());
         std::thread::Builder::new()
             .name("yolo9-serve-worker".into())
-            .spawn(move || work(detector, rx, &cfg, &ready, &metrics))
-            .context("serve: starting the detection worker")?
-    };
+            .spawn(move || {
+                work(detector, rx, &cfg, &ready, &metrics);
+                let _ = worker_done.send(());
+            })
+            .context("serve: starting the detection worker")?;
+    }
     let svc = Arc::new(Service {
         tx,
         ready,
@@ -322,16 +362,47 @@ pub async fn serve(
         cfg.effective_idle(),
         cfg.header_timeout,
     );
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
-        .context("serve: the HTTP server failed")?;
-    // The router (and with it the queue's sender) is gone: the worker answers what is queued
-    // and stops.
-    tokio::task::spawn_blocking(move || worker.join())
-        .await
-        .context("serve: joining the worker")?
-        .map_err(|_| anyhow::anyhow!("serve: the detection worker panicked"))?;
+    // The shutdown signal, seen by the server (stop accepting, finish what is open) and by the
+    // drain deadline (then stop waiting).
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+    let stopping = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let drain = cfg.drain;
+    let drained = {
+        let rx = stop_rx.clone();
+        async move {
+            stopping(rx).await;
+            tokio::time::sleep(drain).await;
+        }
+    };
+    tokio::pin!(drained);
+    let server = axum::serve(listener, app).with_graceful_shutdown(stopping(stop_rx));
+    tokio::select! {
+        r = server => {
+            r.context("serve: the HTTP server failed")?;
+            // The router (and with it the queue's sender) is gone: the worker answers what is
+            // queued and stops.
+            tokio::select! {
+                r = worker_stopped => {
+                    r.map_err(|_| anyhow::anyhow!("serve: the detection worker panicked"))?;
+                }
+                _ = &mut drained => {
+                    tracing::warn!("serve: the worker was still busy at the end of the drain time");
+                }
+            }
+        }
+        _ = &mut drained => {
+            tracing::warn!(
+                "serve: connections still open after the drain time ({:?}) are closed",
+                drain
+            );
+        }
+    }
     let m = &metrics;
     let errors = [
         &m.bad_request,
@@ -447,7 +518,7 @@ fn fail(svc: &Service, status: StatusCode, msg: impl Into<String>) -> Response {
         StatusCode::BAD_REQUEST => &m.bad_request,
         StatusCode::PAYLOAD_TOO_LARGE => &m.too_large,
         StatusCode::SERVICE_UNAVAILABLE => &m.unavailable,
-        StatusCode::GATEWAY_TIMEOUT => &m.timeout,
+        StatusCode::GATEWAY_TIMEOUT | StatusCode::REQUEST_TIMEOUT => &m.timeout,
         _ => &m.failed,
     };
     c.fetch_add(1, Ordering::Relaxed);
@@ -503,6 +574,17 @@ fn params(svc: &Service, q: &DetectQuery) -> std::result::Result<Params, String>
                 ));
             }
         }
+        let max = if svc.cfg.max_img == 0 {
+            svc.defaults.img
+        } else {
+            svc.cfg.max_img
+        };
+        if s > max {
+            return Err(format!(
+                "img={s} is over this service's largest input size {max} pixels (serve \
+                 --max-img); use a smaller img"
+            ));
+        }
         p.img = s;
     }
     if let Some(cs) = &q.classes {
@@ -523,13 +605,153 @@ fn params(svc: &Service, q: &DetectQuery) -> std::result::Result<Params, String>
     Ok(p)
 }
 
-/// The image bytes of a request: the body, or the first file field of a multipart body.
-async fn body_bytes(svc: &Service, req: Request) -> std::result::Result<Bytes, Response> {
+/// The whole body of `req`, read as it streams in: at most [`ServeConfig::max_body`] bytes (413
+/// past it, or at once when `Content-Length` says more), every byte held counted in `mem` (503
+/// with `Retry-After` when the budget of bytes in flight has no room), and at least
+/// [`ServeConfig::min_body_rate`] after the grace of [`ServeConfig::header_timeout`] (408 and the
+/// connection closed when it falls behind). With `sniff` (a raw image body), a picture whose
+/// header, in the first bytes, declares more than the whole budget is a 413 before the rest of
+/// the body is read (a decompression bomb costs its first kilobytes, not its megabytes).
+async fn read_body(
+    svc: &Service,
+    req: Request,
+    mem: &mut Reserved,
+    sniff: bool,
+) -> std::result::Result<(axum::http::request::Parts, Bytes), Response> {
+    use axum::body::HttpBody;
+    let (parts, mut body) = req.into_parts();
+    let max = svc.cfg.max_body as u64;
+    let too_large = || {
+        fail(
+            svc,
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the request body is larger than the service's limit of {max} bytes"),
+        )
+    };
+    let no_room = |n: u64| {
+        fail(
+            svc,
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "no room for a body of {n} bytes: the requests in flight hold {} of the {} MB \
+                 budget (--decode-budget-mb); retry later",
+                svc.mem.used.load(Ordering::Acquire) >> 20,
+                svc.mem.cap >> 20
+            ),
+        )
+    };
+    let declared = body.size_hint().exact();
+    let mut buf: Vec<u8> = Vec::new();
+    // The bytes of `buf` reserved in `mem` (its capacity, which may exceed its length).
+    let mut held = 0u64;
+    // A declared length over the limit is refused before any byte is read; the room is
+    // reserved as the bytes arrive (a slow body declaring 30 MB holds what it sent, not 30 MB).
+    if declared.is_some_and(|n| n > max) {
+        return Err(too_large());
+    }
+    let start = tokio::time::Instant::now();
+    let rate = svc.cfg.min_body_rate.max(1) as f64;
+    let mut sniffing = sniff;
+    loop {
+        let due = start + svc.cfg.header_timeout + Duration::from_secs_f64(buf.len() as f64 / rate);
+        let next = std::future::poll_fn(|cx| std::pin::Pin::new(&mut body).poll_frame(cx));
+        let frame = match tokio::time::timeout_at(due, next).await {
+            Ok(f) => f,
+            Err(_) => {
+                let mut r = fail(
+                    svc,
+                    StatusCode::REQUEST_TIMEOUT,
+                    format!(
+                        "the request body arrived slower than {} bytes/s ({} bytes in {:.1} s)",
+                        svc.cfg.min_body_rate,
+                        buf.len(),
+                        start.elapsed().as_secs_f64()
+                    ),
+                );
+                r.headers_mut().insert(
+                    header::CONNECTION,
+                    header::HeaderValue::from_static("close"),
+                );
+                return Err(r);
+            }
+        };
+        let data = match frame {
+            None => break,
+            Some(Err(e)) => {
+                return Err(fail(
+                    svc,
+                    StatusCode::BAD_REQUEST,
+                    format!("reading the request body: {e}"),
+                ))
+            }
+            Some(Ok(f)) => match f.into_data() {
+                Ok(d) => d,
+                Err(_) => continue,
+            },
+        };
+        if buf.len() as u64 + data.len() as u64 > max {
+            return Err(too_large());
+        }
+        let want = (buf.len() + data.len()) as u64;
+        if want > held {
+            // Room for the data, doubling as a Vec would, reserved before it is allocated.
+            let cap = want.max(2 * held).min(declared.unwrap_or(max)).max(want);
+            if !mem.grow(cap - held) {
+                return Err(no_room(cap));
+            }
+            buf.reserve_exact(cap as usize - buf.len());
+            held = cap.max(buf.capacity() as u64);
+        }
+        buf.extend_from_slice(&data);
+        if sniffing && buf.len() >= 64 {
+            if let Some((w, h, n)) = crate::data::image::declared_need(&buf) {
+                sniffing = false;
+                if n > svc.mem.cap {
+                    let mut r = too_big_image(svc, w, h, n);
+                    r.headers_mut().insert(
+                        header::CONNECTION,
+                        header::HeaderValue::from_static("close"),
+                    );
+                    return Err(r);
+                }
+            } else if buf.len() >= 64 << 10 {
+                // No header readable in the first 64 KiB: the decode will say why.
+                sniffing = false;
+            }
+        }
+    }
+    Ok((parts, Bytes::from(buf)))
+}
+
+/// The 413 of a picture whose header declares `w` x `h` pixels, `n` bytes to decode, over the
+/// whole budget of images in flight.
+fn too_big_image(svc: &Service, w: u32, h: u32, n: u64) -> Response {
+    let mb = |b: u64| b.div_ceil(1 << 20);
+    fail(
+        svc,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        format!(
+            "the image declares {w}x{h} pixels: decoding it needs about {} MB, over the \
+             service's budget of {} MB for images in flight (--decode-budget-mb)",
+            mb(n),
+            mb(svc.mem.cap)
+        ),
+    )
+}
+
+/// The image bytes of a request: the body, or the first file field of a multipart body (the
+/// body read by [`read_body`] first, its bytes counted in `mem`).
+async fn body_bytes(
+    svc: &Service,
+    req: Request,
+    mem: &mut Reserved,
+) -> std::result::Result<Bytes, Response> {
     let multipart = req
         .headers()
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("multipart/form-data"));
+    let (parts, raw) = read_body(svc, req, mem, !multipart).await?;
     let too_large = |svc: &Service| {
         fail(
             svc,
@@ -541,10 +763,9 @@ async fn body_bytes(svc: &Service, req: Request) -> std::result::Result<Bytes, R
         )
     };
     if !multipart {
-        return axum::body::to_bytes(req.into_body(), svc.cfg.max_body)
-            .await
-            .map_err(|_| too_large(svc));
+        return Ok(raw);
     }
+    let req = Request::from_parts(parts, axum::body::Body::from(raw));
     let mut mp = Multipart::from_request(req, &())
         .await
         .map_err(|e| fail(svc, StatusCode::BAD_REQUEST, format!("multipart body: {e}")))?;
@@ -591,7 +812,12 @@ async fn detect(
         Ok(p) => p,
         Err(e) => return fail(&svc, StatusCode::BAD_REQUEST, e),
     };
-    let bytes = match body_bytes(&svc, req).await {
+    // The body's bytes, then the decode's, are held in the budget of bytes in flight.
+    let mut mem = match MemBudget::try_reserve(&svc.mem, 0) {
+        Some(r) => r,
+        None => unreachable!("reserving 0 bytes always fits"),
+    };
+    let bytes = match body_bytes(&svc, req, &mut mem).await {
         Ok(b) => b,
         Err(r) => return r,
     };
@@ -602,10 +828,9 @@ async fn detect(
             "empty body: send the image bytes as the body (or as a multipart file)",
         );
     }
-    let mut mem = match reserve_decode(&svc, &bytes) {
-        Ok(m) => m,
-        Err(r) => return *r,
-    };
+    if let Err(r) = reserve_decode(&svc, &bytes, &mut mem) {
+        return *r;
+    }
     let decoded =
         tokio::task::spawn_blocking(move || crate::data::image::decode_rgb8(&bytes)).await;
     let img = match decoded {
@@ -659,42 +884,36 @@ async fn detect(
     .into_response()
 }
 
-/// The decode memory of the image `bytes`, from the size its header declares, reserved in the
-/// budget of images in flight before decoding; the answer when it is over the whole budget
-/// (413) or does not fit beside the images in flight (503).
-fn reserve_decode(svc: &Service, bytes: &[u8]) -> std::result::Result<Reserved, Box<Response>> {
-    let need = crate::data::image::declared_need(bytes);
+/// The decode memory of the image `bytes`, from the size its header declares, added to `mem`
+/// (the body's reservation in the budget of images in flight) before decoding; the answer when
+/// it is over the whole budget (413) or does not fit beside the images in flight (503). A header
+/// that cannot be read reserves nothing more: the decode says why (its own guard bounds it).
+fn reserve_decode(
+    svc: &Service,
+    bytes: &[u8],
+    mem: &mut Reserved,
+) -> std::result::Result<(), Box<Response>> {
+    let Some((w, h, n)) = crate::data::image::declared_need(bytes) else {
+        return Ok(());
+    };
     let mb = |b: u64| b.div_ceil(1 << 20);
-    match need {
-        Some((w, h, n)) if n > svc.mem.cap => Err(Box::new(fail(
+    if n > svc.mem.cap {
+        return Err(Box::new(too_big_image(svc, w, h, n)));
+    }
+    if !mem.grow(n) {
+        return Err(Box::new(fail(
             svc,
-            StatusCode::PAYLOAD_TOO_LARGE,
+            StatusCode::SERVICE_UNAVAILABLE,
             format!(
-                "the image declares {w}x{h} pixels: decoding it needs about {} MB, over the \
-                 service's budget of {} MB for images in flight (--decode-budget-mb)",
+                "the image ({w}x{h}) needs about {} MB to decode; the images in flight hold \
+                 {} of the {} MB budget: retry later",
                 mb(n),
+                mb(svc.mem.used.load(Ordering::Acquire)),
                 mb(svc.mem.cap)
             ),
-        ))),
-        // A header that cannot be read: the decode says why (its own guard bounds it).
-        None => match MemBudget::try_reserve(&svc.mem, 0) {
-            Some(r) => Ok(r),
-            None => unreachable!("reserving 0 bytes always fits"),
-        },
-        Some((w, h, n)) => MemBudget::try_reserve(&svc.mem, n).ok_or_else(|| {
-            Box::new(fail(
-                svc,
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!(
-                    "the image ({w}x{h}) needs about {} MB to decode; the images in flight hold \
-                     {} of the {} MB budget: retry later",
-                    mb(n),
-                    mb(svc.mem.used.load(Ordering::Acquire)),
-                    mb(svc.mem.cap)
-                ),
-            ))
-        }),
+        )));
     }
+    Ok(())
 }
 
 /// Queues the decoded `img` for the detection worker and waits for its answer (up to the

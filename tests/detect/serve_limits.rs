@@ -88,9 +88,9 @@ fn start_with(det: Detector, cfg: ServeConfig) -> Started {
     (addr, stop, done)
 }
 
-/// Two connections that never send a byte fill a cap of 2: a third client is answered only once
-/// the idle ones are closed (after `timeout` + 5 s = 6 s without progress), and the idle ones
-/// see the close.
+/// Two connections that never send a byte fill a cap of 2: a third client closes the one that
+/// has waited longest for a header and is answered at once; the other idle one is closed after
+/// `timeout` + 5 s = 6 s without progress. Both see the close.
 #[test]
 fn idle_connections_are_capped_and_closed() {
     let cfg = ServeConfig {
@@ -107,19 +107,33 @@ fn idle_connections_are_capped_and_closed() {
     assert_eq!(code, 200);
     assert!(took < Duration::from_secs(3), "{took:?}");
 
-    let idle: Vec<TcpStream> = (0..2).map(|_| TcpStream::connect(addr).unwrap()).collect();
-    std::thread::sleep(Duration::from_millis(300));
+    let t0 = Instant::now();
+    let mut idle: Vec<TcpStream> = Vec::new();
+    for _ in 0..2 {
+        idle.push(TcpStream::connect(addr).unwrap());
+        std::thread::sleep(Duration::from_millis(200));
+    }
     let (code, took) = get(addr, "/healthz");
     assert_eq!(code, 200);
     assert!(
-        took >= Duration::from_secs(4) && took < Duration::from_secs(15),
-        "the third client waited {took:?} (cap 2, idle ones closed after 6 s)"
+        took < Duration::from_secs(3),
+        "the third client waited {took:?} (cap 2, the oldest idle one is closed for it)"
     );
+    let mut closed_at = Vec::new();
     for mut s in idle {
-        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
         let mut b = [0u8; 16];
         assert_eq!(s.read(&mut b).unwrap_or(0), 0, "closed by the service");
+        closed_at.push(t0.elapsed());
     }
+    assert!(
+        closed_at[0] < Duration::from_secs(3),
+        "the oldest idle one is closed for the new client: {closed_at:?}"
+    );
+    assert!(
+        closed_at[1] >= Duration::from_secs(4) && closed_at[1] < Duration::from_secs(15),
+        "the other at the idle time: {closed_at:?}"
+    );
     let _ = stop.send(());
     done.join().unwrap().unwrap();
 }
@@ -376,4 +390,78 @@ fn images_in_flight_share_one_memory_budget() {
     assert_eq!(post(addr, &png).0, 200, "the budget is given back");
     let _ = stop.send(());
     done.join().unwrap().unwrap();
+}
+
+/// A body that trickles (a header declaring 100 KB, then 10 bytes every 200 ms) falls behind
+/// the minimum rate of 1 KB/s after the 1 s grace: it is answered 408 and its connection closed
+/// within a few seconds, its bytes never held beyond that; ordinary requests are answered
+/// meanwhile.
+#[test]
+fn slow_bodies_are_cut_at_the_minimum_rate() {
+    let cfg = ServeConfig {
+        header_timeout: Duration::from_secs(1),
+        min_body_rate: 1000,
+        ..ServeConfig::default()
+    };
+    let (addr, stop, done) = start(cfg);
+    let t0 = Instant::now();
+    let mut slow = TcpStream::connect(addr).unwrap();
+    slow.write_all(
+        b"POST /v1/detect HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100000\r\n\r\n",
+    )
+    .unwrap();
+    slow.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let mut answer = Vec::new();
+    while t0.elapsed() < Duration::from_secs(10) {
+        let _ = slow.write_all(&[0u8; 10]);
+        let mut b = [0u8; 4096];
+        match slow.read(&mut b) {
+            Ok(0) => break,
+            Ok(n) => answer.extend_from_slice(&b[..n]),
+            Err(_) => {}
+        }
+        if t0.elapsed() < Duration::from_millis(600) {
+            assert_eq!(get(addr, "/healthz").0, 200);
+        }
+    }
+    let took = t0.elapsed();
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(text.contains("slower than 1000 bytes/s"), "{text}");
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(5),
+        "cut after {took:?}"
+    );
+    let _ = stop.send(());
+    done.join().unwrap().unwrap();
+}
+
+/// The drain is bounded: with a connection still sending its body slowly (within the minimum
+/// rate) when the shutdown starts, `serve` returns at the drain time (1 s), not when the client
+/// is done.
+#[test]
+fn shutdown_ends_within_the_drain_time_whatever_clients_do() {
+    let cfg = ServeConfig {
+        drain: Duration::from_secs(1),
+        min_body_rate: 1,
+        header_timeout: Duration::from_secs(60),
+        ..ServeConfig::default()
+    };
+    let (addr, stop, done) = start(cfg);
+    let mut slow = TcpStream::connect(addr).unwrap();
+    slow.write_all(
+        b"POST /v1/detect HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100000\r\n\r\nab",
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let t0 = Instant::now();
+    let _ = stop.send(());
+    done.join().unwrap().unwrap();
+    let took = t0.elapsed();
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(4),
+        "serve returned {took:?} after the shutdown started (drain 1 s)"
+    );
+    drop(slow);
 }

@@ -27,10 +27,10 @@ fn printed(out: &str, key: &str) -> f64 {
     line.rsplit("= ").next().unwrap().trim().parse().unwrap()
 }
 
-#[test]
-fn save_json_on_a_coco_split_writes_its_own_ids_and_scores_against_it() {
+/// Writes the COCO split (`dir/valid/_annotations.coco.json` and its images) and `dir/data.yaml`,
+/// runs `yolo9 val --save-json` on it and returns (the split's JSON, val's stdout).
+fn val_on_a_coco_split(dir: &Path) -> (std::path::PathBuf, String) {
     let src = common::shared_dir().join("datasets/bccd");
-    let dir = common::tmpdir("coco-ids");
     let valid = dir.join("valid");
     std::fs::create_dir_all(&valid).unwrap();
     let (mut images, mut anns) = (Vec::new(), Vec::new());
@@ -91,6 +91,13 @@ fn save_json_on_a_coco_split_writes_its_own_ids_and_scores_against_it() {
     ]);
     assert_eq!(code, 0, "{out}\n{err}");
     assert!(!err.contains("note: --save-json"), "{err}");
+    (gt_path, out)
+}
+
+#[test]
+fn save_json_on_a_coco_split_writes_its_own_ids_and_scores_against_it() {
+    let dir = common::tmpdir("coco-ids");
+    let (gt_path, out) = val_on_a_coco_split(&dir);
 
     let preds = read_results(&dir.join("runs/coco/predictions.json")).unwrap();
     assert!(preds.len() > 20, "{} predictions", preds.len());
@@ -118,5 +125,61 @@ fn save_json_on_a_coco_split_writes_its_own_ids_and_scores_against_it() {
         "{} vs {ap50}",
         ev.stats[1]
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The same `predictions.json` scored by pycocotools itself (`COCOeval`, iouType `bbox`) gives
+/// the AP and AP50 that `val` printed, within 0.001. Needs a Python with pycocotools, so it is
+/// `#[ignore]`d; run it with
+/// `YOLO9_PYTHON=/path/to/python cargo test --test metrics pycocotools -- --ignored --nocapture`
+/// (`YOLO9_PYTHON` defaults to `python3`; `python3 -m venv /tmp/coco && /tmp/coco/bin/pip install
+/// pycocotools` makes one).
+#[test]
+#[ignore = "needs python3 with pycocotools: YOLO9_PYTHON=... cargo test --test metrics pycocotools -- --ignored"]
+fn save_json_on_a_coco_split_gives_the_printed_ap_under_pycocotools() {
+    let dir = common::tmpdir("coco-ids-pycocotools");
+    let (gt_path, out) = val_on_a_coco_split(&dir);
+    let preds = dir.join("runs/coco/predictions.json");
+    let python = std::env::var("YOLO9_PYTHON").unwrap_or_else(|_| "python3".into());
+    let script = "import sys, contextlib, io\n\
+                  from pycocotools.coco import COCO\n\
+                  from pycocotools.cocoeval import COCOeval\n\
+                  with contextlib.redirect_stdout(io.StringIO()):\n\
+                  \x20   gt = COCO(sys.argv[1]); dt = gt.loadRes(sys.argv[2])\n\
+                  \x20   e = COCOeval(gt, dt, 'bbox'); e.evaluate(); e.accumulate(); e.summarize()\n\
+                  print(' '.join(repr(float(v)) for v in e.stats))\n";
+    let run = std::process::Command::new(&python)
+        .args(["-c", script])
+        .arg(&gt_path)
+        .arg(&preds)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {python} (set YOLO9_PYTHON): {e}"));
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success(),
+        "{python} with pycocotools failed (install pycocotools, or set YOLO9_PYTHON):\n{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let stats: Vec<f64> = stdout
+        .split_whitespace()
+        .map(|v| v.parse().unwrap())
+        .collect();
+    assert_eq!(stats.len(), 12, "{stdout}");
+    let ap = printed(&out, "IoU=0.50:0.95 | area=   all | maxDets=100");
+    let ap50 = printed(&out, "IoU=0.50      |");
+    let ap75 = printed(&out, "IoU=0.75      |");
+    eprintln!(
+        "pycocotools AP {:.4} AP50 {:.4} AP75 {:.4}; val printed AP {ap:.3} AP50 {ap50:.3} AP75 \
+         {ap75:.3}",
+        stats[0], stats[1], stats[2]
+    );
+    assert!(ap > 0.3, "AP {ap}\n{out}");
+    for (k, want) in [(0, ap), (1, ap50), (2, ap75)] {
+        assert!(
+            (stats[k] - want).abs() <= 0.001,
+            "stat {k}: pycocotools {} vs printed {want}",
+            stats[k]
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

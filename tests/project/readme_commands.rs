@@ -100,6 +100,7 @@ const SKIPPED: &[(&str, &str)] = &[
          ../shared/reference)",
     ),
     ("yolo9 train --cfg yolov9-c --data data.yaml --budget 8GiB", TRAINING),
+    ("yolo9 train --cfg gelan-c --data data.yaml", TRAINING),
     ("yolo9 train --weights gelan-c.pt --data data.yaml", TRAINING),
     ("yolo9 train --cfg my-model.yaml --data data.yaml", TRAINING),
     (
