@@ -7,7 +7,10 @@ basetrack}.py) is NOT part of this repository: check it out and pass the folder 
     python3 -m venv /tmp/bt && /tmp/bt/bin/pip install numpy scipy lap
     git clone https://github.com/ifzhang/ByteTrack /tmp/ByteTrack   # any checkout
     /tmp/bt/bin/python benches/track_oracle.py --bytetrack /tmp/ByteTrack \
-        --out tests/detect/track_oracle
+        --out tests/detect/track_oracle --mot-case tests/detect/track_mot_case.json
+
+(`--mot-case` needs `pip install motmetrics`: a small case with py-motmetrics' MOTA, ID switches
+and IDF1, which yolo9::track::mot must reproduce.)
 
 Stand-ins for imports the tracker does not use for this (torch, cv2) are empty modules;
 `cython_bbox.bbox_overlaps` is replaced by the same formula in numpy (sides counted as
@@ -190,11 +193,55 @@ def run(bt_mod, name, frames, over):
     return {"name": name, "config": cfg, "frames": rows}
 
 
+def mot_case(path):
+    """A small MOT case (3 objects, 12 frames: an ID switch, a fragmented track, misses, false
+    positives, a box under the IoU limit) with py-motmetrics' answer (`pip install motmetrics`),
+    for yolo9::track::mot."""
+    if not hasattr(np, "asfarray"):
+        np.asfarray = lambda a: np.asarray(a, dtype=np.float64)  # removed in numpy 2
+    import motmetrics as mm
+
+    rng = np.random.default_rng(7)
+    frames = []
+    acc = mm.MOTAccumulator(auto_id=True)
+    for t in range(12):
+        gt = [[1, 10 + 5 * t, 10, 40, 40], [2, 200 - 6 * t, 30, 40, 50], [3, 100, 150 + 2 * t, 30, 30]]
+        hyp = []
+        for oid, x, y, w, h in gt:
+            if oid == 3 and t in (4, 5):
+                continue  # missed
+            hid = {1: 11, 2: 22 if t < 7 else 23, 3: 33 if t < 8 else 34}[oid]
+            if oid == 3 and t >= 10:
+                hid = 33  # the fragment's old ID comes back
+            jx, jy = rng.normal(0, 2, 2)
+            hyp.append([hid, x + jx, y + jy, w, h])
+        if t == 6:
+            hyp.append([99, 300, 300, 20, 20])  # a false positive
+        if t == 9:
+            hyp[0][1] += 25  # under the IoU limit: a miss and a false positive
+        hyp = [[h[0]] + [q64(v) for v in h[1:]] for h in hyp]
+        g = np.array([r[1:] for r in gt], dtype=np.float64)
+        hh = np.array([r[1:] for r in hyp], dtype=np.float64)
+        acc.update([r[0] for r in gt], [r[0] for r in hyp], mm.distances.iou_matrix(g, hh, max_iou=0.5))
+        frames.append({"gt": gt, "hyp": hyp})
+    names = ["num_frames", "num_objects", "num_predictions", "num_matches", "num_misses",
+             "num_false_positives", "num_switches", "mota", "idtp", "idf1", "idp", "idr"]
+    summary = mm.metrics.create().compute(acc, metrics=names, name="case")
+    res = {"frames": frames, "boxes": "x, y, w, h (top-left, size)",
+           "motmetrics": {n: float(summary[n].iloc[0]) for n in names}}
+    with open(path, "w") as fh:
+        json.dump(res, fh, indent=1)
+    print(f"mot case: {res['motmetrics']}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bytetrack", required=True, help="folder holding yolox/tracker/ of the authors")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--mot-case", help="also write the py-motmetrics case to this JSON file")
     a = ap.parse_args()
+    if a.mot_case:
+        mot_case(a.mot_case)
     bt_mod = install_shims(a.bytetrack)
     os.makedirs(a.out, exist_ok=True)
     for name, frames, over in scenarios():

@@ -43,7 +43,7 @@ pub struct MotSummary {
     pub objects: u64,
     /// Hypothesis (track) boxes over all frames.
     pub hypotheses: u64,
-    /// Matched pairs.
+    /// Matched pairs, ID switches included (motmetrics' `num_matches + num_switches`).
     pub matches: u64,
     /// Ground-truth boxes left unmatched.
     pub misses: u64,

@@ -209,3 +209,52 @@ fn tracker_is_send() {
     fn is_send<T: Send + 'static>() {}
     is_send::<ByteTracker>();
 }
+
+#[test]
+fn mot_metrics_match_motmetrics() {
+    // tests/detect/track_mot_case.json: 3 objects over 12 frames (ID switches, a fragment whose
+    // old ID comes back, misses, false positives, a box under the IoU limit) and
+    // py-motmetrics' summary of it (benches/track_oracle.py --mot-case).
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/detect/track_mot_case.json");
+    let j: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+    let boxes = |v: &serde_json::Value| -> Vec<(u64, [f32; 4])> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                let r: Vec<f64> = r
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.as_f64().unwrap())
+                    .collect();
+                let (x, y, w, h) = (r[1] as f32, r[2] as f32, r[3] as f32, r[4] as f32);
+                (r[0] as u64, [x, y, x + w, y + h])
+            })
+            .collect()
+    };
+    let mut acc = yolo9::track::mot::Accumulator::default();
+    for f in j["frames"].as_array().unwrap() {
+        acc.update(&boxes(&f["gt"]), &boxes(&f["hyp"]));
+    }
+    let s = acc.summary();
+    let m = &j["motmetrics"];
+    let v = |k: &str| m[k].as_f64().unwrap();
+    assert_eq!(s.frames as f64, v("num_frames"));
+    assert_eq!(s.objects as f64, v("num_objects"));
+    assert_eq!(s.hypotheses as f64, v("num_predictions"));
+    // motmetrics' `num_matches` leaves out the pairs that are switches.
+    assert_eq!(s.matches as f64, v("num_matches") + v("num_switches"));
+    assert_eq!(s.misses as f64, v("num_misses"));
+    assert_eq!(s.false_positives as f64, v("num_false_positives"));
+    assert_eq!(s.id_switches as f64, v("num_switches"));
+    assert_eq!(s.idtp as f64, v("idtp"));
+    for (got, k) in [
+        (s.mota, "mota"),
+        (s.idf1, "idf1"),
+        (s.idp, "idp"),
+        (s.idr, "idr"),
+    ] {
+        assert!((got - v(k)).abs() < 1e-12, "{k}: {got} vs {}", v(k));
+    }
+}

@@ -182,9 +182,6 @@ fn track(scene: &Scene, frames: u32, img: u32) -> Vec<(u32, MotSummary)> {
 fn wbc_small() -> Sprite {
     sprite("BloodImage_00043.jpg", [76, 106, 217, 228])
 }
-fn wbc_large() -> Sprite {
-    sprite("BloodImage_00040.jpg", [242, 117, 457, 332])
-}
 fn platelet_a() -> Sprite {
     sprite("BloodImage_00009.jpg", [452, 415, 493, 449])
 }
@@ -246,40 +243,48 @@ fn long_clip_keeps_ids() {
         w: 640,
         h: 480,
         movers: vec![
-            // Constant speed, left to right across the top.
+            // Constant speed, left to right along the top.
             Mover {
                 id: 1,
-                sprite: wbc_large(),
+                sprite: wbc_small(),
                 from: 0,
                 to: 300,
-                path: |t| (130.0 + 1.3 * t, 140.0),
+                path: |t| (100.0 + 1.2 * t, 90.0),
             },
             // Right to left along the bottom, slowing down.
             Mover {
                 id: 2,
-                sprite: wbc_small(),
+                sprite: sprite("BloodImage_00047.jpg", [278, 147, 383, 259]),
                 from: 0,
                 to: 300,
-                path: |t| (560.0 - 2.6 * t + 0.0045 * t * t, 360.0),
+                path: |t| (560.0 - 2.2 * t + 0.004 * t * t, 380.0),
             },
-            // Diagonal, speeding up, through the bar (a full occlusion) and across cell 2.
+            // Left to right, speeding up, brushing past cell 1 and crossing platelet 5.
             Mover {
                 id: 3,
                 sprite: platelet_a(),
                 from: 0,
                 to: 300,
-                path: |t| (40.0 + 0.6 * t + 0.004 * t * t, 250.0 + 0.5 * t),
+                path: |t| (40.0 + 0.6 * t + 0.004 * t * t, 170.0),
             },
-            // Enters from the left at frame 40, leaves on the right before the end.
+            // Enters at the top at frame 100, passes fully behind the bar, leaves at the bottom.
             Mover {
                 id: 4,
                 sprite: platelet_b(),
-                from: 40,
+                from: 100,
                 to: 300,
-                path: |t| (-30.0 + 3.2 * (t - 40.0), 260.0 - 0.3 * (t - 40.0)),
+                path: |t| (470.0, -20.0 + 6.0 * (t - 100.0)),
+            },
+            // Enters from the right at frame 150, crosses platelet 3 (overlapping it).
+            Mover {
+                id: 5,
+                sprite: platelet_a(),
+                from: 150,
+                to: 300,
+                path: |t| (620.0 - 3.0 * (t - 150.0), 195.0),
             },
         ],
-        bar: Some([300.0, 300.0, 360.0, 420.0]),
+        bar: Some([440.0, 215.0, 500.0, 265.0]),
     };
     for (stride, s) in track(&scene, 300, 640) {
         assert!(s.idf1 >= 0.95, "stride {stride}: {s:?}");
