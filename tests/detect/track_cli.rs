@@ -166,3 +166,104 @@ fn image_sequence_end_to_end() {
     assert_eq!(frames.into_iter().collect::<Vec<_>>(), ["1", "3"], "{mot2}");
     assert!(!project.join("s/cells").exists());
 }
+
+/// `yolo9 track` on a loopback stream that stops after 20 frames and comes back (the stream
+/// test's server): the stream is reopened and the tracker goes on over the gap, so the cells
+/// (one still picture) keep the IDs they had before; Ctrl-C finishes the run.
+#[test]
+fn ids_survive_a_stream_reconnect() {
+    use super::stream::{free_port, make_stream, serve, Killed};
+    use std::io::BufRead;
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+    let dir = common::tmpdir("track_stream");
+    let short = make_stream(&dir, 2);
+    let port = free_port();
+    let mut first = serve(&short, port, false);
+    let url = format!("http://127.0.0.1:{port}");
+    let runs = dir.join("runs");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_yolo9"))
+        .args(["track", &url, "--img", "320", "--stream-retries", "4"])
+        .args([
+            "--fps",
+            "10",
+            "--track-buffer",
+            "300",
+            "--nosave",
+            "--device",
+            "cpu",
+        ])
+        .arg("--project")
+        .arg(&runs)
+        .args(["--name", "r"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map(Killed)
+        .unwrap();
+    let err = child.0.stderr.take().unwrap();
+    let err = std::thread::spawn(move || std::io::read_to_string(err).unwrap_or_default());
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let out = child.0.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            let _ = tx.send(l);
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while first.0.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "the first stream did not end");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let second = serve(&short, port, true);
+    let mut lines = Vec::new();
+    // Two tracked frames of the second connection (numbers above 20), then Ctrl-C.
+    let mut after = 0;
+    while after < 2 {
+        let l = rx
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .unwrap_or_else(|_| panic!("no frame after the stream came back: {lines:?}"));
+        let frame: Option<u64> = l
+            .strip_prefix("stream 1/1 (frame ")
+            .and_then(|r| r.split(')').next()?.parse().ok());
+        lines.push(l);
+        if frame.is_some_and(|f| f > 20) {
+            after += 1;
+        }
+    }
+    unsafe {
+        libc::kill(child.0.id() as i32, libc::SIGINT);
+    }
+    let t = Instant::now();
+    let status = loop {
+        if let Some(s) = child.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "no exit after Ctrl-C"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    drop(second);
+    lines.extend(rx.try_iter());
+    let text = lines.join("\n") + "\n" + &err.join().unwrap();
+    assert!(status.success(), "{status:?}: {text}");
+    assert!(text.contains("reopening in"), "{text}");
+    let mot = std::fs::read_to_string(runs.join(format!("r/mot/127.0.0.1_{port}.txt"))).unwrap();
+    let ids_on = |f: &str| -> std::collections::BTreeSet<u64> {
+        mot.lines()
+            .filter(|l| l.split(',').next() == Some(f))
+            .map(|l| l.split(',').nth(1).unwrap().parse().unwrap())
+            .collect()
+    };
+    let frames: Vec<&str> = mot.lines().map(|l| l.split(',').next().unwrap()).collect();
+    let (first_f, last_f) = (frames[0], frames[frames.len() - 1]);
+    let (before, after) = (ids_on(first_f), ids_on(last_f));
+    assert!(before.len() >= 5, "{mot}");
+    // After the reconnection: only IDs of the first frame (a new sequence would number anew).
+    assert!(
+        after.is_subset(&before) && after.len() + 2 >= before.len(),
+        "{before:?} {after:?}\n{text}"
+    );
+}
