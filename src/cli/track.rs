@@ -192,18 +192,8 @@ impl<'a> Sequence<'a> {
             out.flush().context("writing predictions.jsonl")?;
         }
         if let Some(c) = canvas {
-            let trails = if run.args.trail == 0 {
-                Trails::new(1)
-            } else {
-                self.trails.clone()
-            };
-            draw_tracks(
-                c,
-                &tracks,
-                &trails,
-                self.names,
-                &run.args.detect.output.draw,
-            )?;
+            // `--trail 0` keeps one point per ID: no segment is drawn.
+            draw_tracks(c, &tracks, &self.trails, self.names, &run.args.detect.output.draw)?;
         }
         Ok(tracks)
     }

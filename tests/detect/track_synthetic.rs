@@ -6,11 +6,11 @@
 //!
 //! - `short_clip_keeps_ids` (CI): 14 frames at 384x288, a crossing and an object entering; every
 //!   frame and every 2nd frame (`--vid-stride 2`: the filter steps by the real gap).
-//! - `long_clip_keeps_ids` (`#[ignore]`d, about 5 minutes in the debug test profile): 300 frames
+//! - `long_clip_keeps_ids` (`#[ignore]`d, about 3.5 minutes in the debug test profile): 300 frames
 //!   at 640x480 — constant and changing speeds, crossings, a full occlusion behind a bar,
 //!   objects entering and leaving; every frame and every 2nd frame. Run it with
-//!   `cargo test --test detect track_synthetic -- --ignored --nocapture` (add `--release` for
-//!   about 20 s).
+//!   `cargo test --test detect track_synthetic -- --ignored --nocapture`; measured: IDF1 0.9942,
+//!   0 switches (stride 2: 0.9928, 0); the short clip: 0.9691, 0 (stride 2: 0.9583, 0).
 //!
 //! Ground truth: a cell's label box at its position, clipped to the frame, counted on a frame
 //! when at least 60 % of it is visible (inside the frame, not behind the bar).
@@ -237,7 +237,7 @@ fn short_clip_keeps_ids() {
 }
 
 #[test]
-#[ignore = "300 frames at 640x480: about 5 minutes in the debug test profile"]
+#[ignore = "300 frames at 640x480: about 3.5 minutes in the debug test profile"]
 fn long_clip_keeps_ids() {
     let scene = Scene {
         w: 640,

@@ -27,7 +27,7 @@ const RUN: &[&str] = &[
     "cargo run --release -- detect examples/images",
     "yolo9 detect examples/images",
     "yolo9 detect examples/images/BloodImage_00007.jpg",
-    "yolo9 track examples/videos/cells.mp4 --classes 1 2",
+    "yolo9 track examples/videos/cells.mp4 --img 384 --classes 1 2",
     "yolo9 convert best.safetensors --half --infer",
     "yolo9 convert ../shared/reference/bccd-official-best.pt --half --infer -o bccd-official-best.safetensors",
     "yolo9 val --data bccd/data.yaml --split test",
