@@ -193,7 +193,13 @@ impl<'a> Sequence<'a> {
         }
         if let Some(c) = canvas {
             // `--trail 0` keeps one point per ID: no segment is drawn.
-            draw_tracks(c, &tracks, &self.trails, self.names, &run.args.detect.output.draw)?;
+            draw_tracks(
+                c,
+                &tracks,
+                &self.trails,
+                self.names,
+                &run.args.detect.output.draw,
+            )?;
         }
         Ok(tracks)
     }
@@ -291,7 +297,7 @@ pub fn run_with(
                 break;
             }
             let frame = i as u64 + 1;
-            if (frame - 1) % d.vid_stride as u64 != 0 {
+            if !(frame - 1).is_multiple_of(d.vid_stride as u64) {
                 continue;
             }
             let t0 = Instant::now();
@@ -429,7 +435,7 @@ fn track_video(
             break;
         }
         frame += 1;
-        if (frame - 1) % stride != 0 {
+        if !(frame - 1).is_multiple_of(stride) {
             continue;
         }
         let t0 = Instant::now();

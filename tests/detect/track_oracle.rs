@@ -156,24 +156,33 @@ fn lost_buffer_counts_source_frames() {
     let still = det(&[100.0, 100.0, 140.0, 180.0, 0.9, 0.0]);
     let mut tr = ByteTracker::new(cfg).unwrap();
     for f in 1..=3 {
-        assert_eq!(tr.update(&[still.clone()], f).unwrap()[0].id, 1);
+        assert_eq!(tr.update(std::slice::from_ref(&still), f).unwrap()[0].id, 1);
     }
     // Frames 4..=12 without the object (within the buffer), then back at 13.
     for f in 4..=12 {
         assert!(tr.update(&[], f).unwrap().is_empty());
     }
-    assert_eq!(tr.update(&[still.clone()], 13).unwrap()[0].id, 1);
+    assert_eq!(
+        tr.update(std::slice::from_ref(&still), 13).unwrap()[0].id,
+        1
+    );
     // Lost from frame 14; the update of frame 28 (28 − 13 > 10) removes it. As the authors',
     // a track removed on frame t can still be found on frame t + 1 (it leaves the lost list
     // one frame late)...
     assert!(tr.update(&[], 14).unwrap().is_empty());
     let mut late = tr.clone();
     assert!(tr.update(&[], 28).unwrap().is_empty());
-    assert_eq!(tr.update(&[still.clone()], 29).unwrap()[0].id, 1);
+    assert_eq!(
+        tr.update(std::slice::from_ref(&still), 29).unwrap()[0].id,
+        1
+    );
     // ...but not after a frame gap: at frame 31 it is gone, a new track starts (confirmed on
     // its second frame).
     assert!(late.update(&[], 28).unwrap().is_empty());
-    assert!(late.update(&[still.clone()], 31).unwrap().is_empty());
+    assert!(late
+        .update(std::slice::from_ref(&still), 31)
+        .unwrap()
+        .is_empty());
     assert_eq!(late.update(&[still], 32).unwrap()[0].id, 2);
 }
 

@@ -161,7 +161,7 @@ fn track(scene: &Scene, frames: u32, img: u32) -> Vec<(u32, MotSummary)> {
         let mut tr = ByteTracker::new(TrackerConfig::default()).unwrap();
         let mut acc = Accumulator::default();
         for (t, (gt, dets)) in per_frame.iter().enumerate() {
-            if t as u32 % stride != 0 {
+            if !(t as u32).is_multiple_of(stride) {
                 continue;
             }
             let tracks = tr.update(dets, t as u64 + 1).unwrap();
