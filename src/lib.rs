@@ -27,6 +27,7 @@
 //! - `train`: options, optimizer, EMA, schedules, the training step, checkpoints, the loop.
 //! - `export` (feature `export`): the inference graph as ONNX.
 //! - `serve` (feature `serve`, on by default): the HTTP detection service of `yolo9 serve`.
+//! - [`track`]: multi-object tracking (ByteTrack, its Kalman filter, MOT metrics).
 //! - `cli`: the `yolo9` subcommands (thin wrappers around the library).
 //!
 //! Features: `cli` (the command line; implies `train`, `media`, `export`, `download` and
@@ -87,6 +88,7 @@ pub mod runs;
 #[cfg(feature = "serve")]
 pub mod serve;
 pub mod text;
+pub mod track;
 #[cfg(feature = "train")]
 pub mod train;
 

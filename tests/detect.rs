@@ -17,5 +17,8 @@ mod detect {
     mod serve_limits;
     mod size_check;
     mod stream;
+    mod track_cli;
+    mod track_oracle;
+    mod track_synthetic;
     mod video;
 }

@@ -223,8 +223,38 @@ pub fn weights_file(p: &Path) -> Result<PathBuf> {
     Ok(crate::hub::resolve(p, &opts)?)
 }
 
+/// What `yolo9 detect` and `yolo9 track` set up before the first image: the detector, the
+/// sources (files, those already refused, webcams/streams) and the stop flag.
+pub struct Prepared {
+    /// The detector (weights loaded, `--img` rounded, memory checked).
+    pub detector: Detector,
+    /// Image and video files, in order.
+    pub files: Vec<PathBuf>,
+    /// Sources refused while expanding (path, reason).
+    pub skipped: Vec<(PathBuf, String)>,
+    /// Webcams and stream URLs.
+    pub streams: Vec<StreamSource>,
+    /// Ctrl-C / SIGTERM for videos and streams (never for images only).
+    pub cancel: crate::cancel::Cancel,
+}
+
 /// Runs `yolo9 detect`.
 pub fn run(args: DetectArgs) -> Result<()> {
+    let p = prepare(&args)?;
+    run_with_streams(
+        &p.detector,
+        &args,
+        &p.files,
+        &p.skipped,
+        &p.streams,
+        &p.cancel,
+    )
+}
+
+/// The set-up of [`run`] ([`Prepared`]): the notices of `--img` and `--device` printed, a
+/// missing webcam, unknown weights, a class the model lacks or a size over the memory budget
+/// refused before any work.
+pub fn prepare(args: &DetectArgs) -> Result<Prepared> {
     let (img, note) = effective_img(args.config.img_size);
     if let Some(n) = note {
         eprintln!("{n}");
@@ -288,14 +318,13 @@ pub fn run(args: DetectArgs) -> Result<()> {
     };
     let detector = Detector::with_weights(&w, device, config)
         .with_context(|| format!("building the model from {}", crate::text::path(&weights)))?;
-    run_with_streams(
-        &detector,
-        &args,
-        &sources.files,
-        &sources.skipped,
-        &streams,
-        &cancel,
-    )
+    Ok(Prepared {
+        detector,
+        files: sources.files,
+        skipped: sources.skipped,
+        streams,
+        cancel,
+    })
 }
 
 /// `--classes` against the model's classes `names`: a class id the model lacks is refused before

@@ -8,6 +8,7 @@ pub mod export;
 pub mod plot;
 #[cfg(feature = "serve")]
 pub mod serve;
+pub mod track;
 pub mod train;
 pub mod val;
 
@@ -40,6 +41,8 @@ pub enum Command {
     Export(export::ExportArgs),
     /// Draw training curves of results.csv files (ours or the official trainer's) in one PNG.
     Plot(plot::PlotArgs),
+    /// Track objects across the frames of videos, streams and image sequences (ByteTrack).
+    Track(Box<track::TrackArgs>),
     /// Serve detection over HTTP (POST /v1/detect), batching requests on one model.
     #[cfg(feature = "serve")]
     Serve(serve::ServeArgs),
@@ -58,6 +61,7 @@ pub fn main() -> ExitCode {
         Command::Val(a) => val::run(a),
         Command::Export(a) => export::run(a),
         Command::Plot(a) => plot::run(a),
+        Command::Track(a) => track::run(*a),
         #[cfg(feature = "serve")]
         Command::Serve(a) => serve::run(a),
     };

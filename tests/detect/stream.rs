@@ -22,7 +22,7 @@ use yolo9::detect::stream::{LiveReader, StreamOptions, StreamSource};
 
 /// `seconds` of one example image at 320x240, 10 fps, H.264 lossless (every decoded frame is
 /// the same picture), keyframe every second, as MPEG-TS.
-fn make_stream(dir: &Path, seconds: u32) -> PathBuf {
+pub(crate) fn make_stream(dir: &Path, seconds: u32) -> PathBuf {
     let img = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/examples/images/BloodImage_00007.jpg"
@@ -55,7 +55,7 @@ fn make_stream(dir: &Path, seconds: u32) -> PathBuf {
 }
 
 /// A child process killed when dropped (a failing test leaves no server or detector behind).
-struct Killed(Child);
+pub(crate) struct Killed(pub(crate) Child);
 
 impl Drop for Killed {
     fn drop(&mut self) {
@@ -64,7 +64,7 @@ impl Drop for Killed {
     }
 }
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -74,7 +74,7 @@ fn free_port() -> u16 {
 
 /// ffmpeg serving `ts` at its frame rate to one client on `http://127.0.0.1:port` (`looped`:
 /// over and over).
-fn serve(ts: &Path, port: u16, looped: bool) -> Killed {
+pub(crate) fn serve(ts: &Path, port: u16, looped: bool) -> Killed {
     let mut c = Command::new("ffmpeg");
     c.args(["-nostdin", "-v", "error", "-re"]);
     if looped {

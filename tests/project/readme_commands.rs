@@ -10,12 +10,13 @@
 //! README gains or changes fails [`every_readme_command_is_run_or_skipped_with_a_reason`] until
 //! it is added to [`RUN`] or [`SKIPPED`]; an entry the README no longer shows fails it too.
 //!
-//! Each command of [`RUN`] runs in a fresh folder laid out like the repository root of a new
-//! user's clone: copies of `examples/`, `weights/` and `docs/bccd-run/`, `../shared` beside it
-//! (a link to the shared folder), and the files the README's placeholders stand for: `data.yaml`
-//! (a 2-image dataset), `best.safetensors` (a copy of the shipped weights) and `bccd/data.yaml`
-//! (BCCD's layout and classes, 3 images per split, so validation takes seconds; the full test
-//! split's numbers are asserted by `val_metrics::shipped_weights_reach_the_acceptance_map`).
+//! Each command of [`RUN`] runs in a fresh folder laid out like the repository root of a new user's
+//! clone: copies of `examples/images`, `examples/videos`, `weights/` and `docs/bccd-run/`,
+//! `../shared` beside it (a link to the shared folder), and the files the README's placeholders
+//! stand for: `data.yaml` (a 2-image dataset), `best.safetensors` (a copy of the shipped weights)
+//! and `bccd/data.yaml` (BCCD's layout and classes, 3 images per split, so validation takes
+//! seconds; the full test split's numbers are asserted by
+//! `val_metrics::shipped_weights_reach_the_acceptance_map`).
 //! Nothing is written into the repository or into `../shared`.
 use crate::common;
 
@@ -26,6 +27,7 @@ const RUN: &[&str] = &[
     "cargo run --release -- detect examples/images",
     "yolo9 detect examples/images",
     "yolo9 detect examples/images/BloodImage_00007.jpg",
+    "yolo9 track examples/videos/cells.mp4 --img 384 --classes 1 2",
     "yolo9 convert best.safetensors --half --infer",
     "yolo9 convert ../shared/reference/bccd-official-best.pt --half --infer -o bccd-official-best.safetensors",
     "yolo9 val --data bccd/data.yaml --split test",
@@ -121,6 +123,15 @@ const SKIPPED: &[(&str, &str)] = &[
         "yolo9 detect 0",
         "needs a webcam (and runs until Ctrl-C); tests/detect/stream.rs checks that a missing \
          one is named",
+    ),
+    (
+        "yolo9 track rtsp://192.168.1.10:554/stream1 --vid-stride 2 --json",
+        "needs a camera's RTSP stream; tests/detect/track_cli.rs tracks an image sequence and \
+         tests/detect/stream.rs serves a stream on loopback",
+    ),
+    (
+        "yolo9 track SOURCE... [every detect flag] [--track-high-thresh 0.5] [--track-low-thresh 0.1] [--new-track-thresh 0.6]",
+        SYNOPSIS,
     ),
     (
         "yolo9 detect rtsp://192.168.1.10:554/stream1 --vid-stride 2 --json",
@@ -360,7 +371,12 @@ fn clone_like(tag: &str) -> PathBuf {
     let top = common::tmpdir(tag);
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
     let root = top.join("yolo9");
-    for d in ["examples/images", "weights", "docs/bccd-run"] {
+    for d in [
+        "examples/images",
+        "examples/videos",
+        "weights",
+        "docs/bccd-run",
+    ] {
         common::copy_tree(&repo.join(d), &root.join(d));
     }
     let shared = common::shared_dir().canonicalize().unwrap();
