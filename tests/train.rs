@@ -3,6 +3,7 @@
 mod common;
 
 mod train {
+    mod dist;
     mod gelan;
     mod guard;
     mod optim;

@@ -1,6 +1,8 @@
 //! `yolo9 train`: the official `train_dual.py` recipe (see [`crate::train::trainer`]).
 
-use crate::train::trainer::{train_with, Console, StopFlag, TrainOptions};
+use crate::device::DeviceSpec;
+use crate::train::dist::env::GroupEnv;
+use crate::train::trainer::{train_group, train_with, Console, StopFlag, TrainOptions};
 use anyhow::Result;
 use clap::Args;
 use std::path::PathBuf;
@@ -15,9 +17,46 @@ pub struct TrainArgs {
     /// Epochs; with --resume: extends the run to this many epochs [default: 100].
     #[arg(long)]
     pub epochs: Option<usize>,
+    /// The device ([`crate::device::DEVICE_HELP`]), or a list of CUDA devices (`0,1,...`): one
+    /// training process per GPU, each a rank of a data-parallel run.
+    #[arg(long, default_value = "auto", value_parser = parse_device_list,
+          allow_negative_numbers = true, help = TRAIN_DEVICE_HELP)]
+    pub device: DeviceList,
     /// The run's options.
     #[command(flatten)]
     pub opts: TrainOptions,
+}
+
+/// The help of `yolo9 train --device`.
+const TRAIN_DEVICE_HELP: &str = "Device: auto (the first CUDA GPU when this build has CUDA and \
+     one is present, else the CPU), cpu, a CUDA device index such as 0 (or cuda:0), or a list \
+     such as 0,1: data-parallel training, one process per GPU, --batch is the total over the GPUs \
+     (torchrun's WORLD_SIZE, RANK, LOCAL_RANK, MASTER_ADDR, MASTER_PORT in the environment make \
+     this process one rank of a group instead)";
+
+/// A parsed `yolo9 train --device` value: one device or a list.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceList(pub Vec<DeviceSpec>);
+
+fn parse_device_list(s: &str) -> Result<DeviceList, String> {
+    crate::device::parse_devices(s).map(DeviceList)
+}
+
+impl DeviceList {
+    /// The device of local rank `local` of a group: the list's entry when it has several, else
+    /// its one device. Errors when the list is shorter than the local ranks.
+    pub fn for_local_rank(&self, local: usize) -> Result<DeviceSpec> {
+        match self.0.as_slice() {
+            [one] => Ok(*one),
+            list => list.get(local).copied().ok_or_else(|| {
+                anyhow::anyhow!(
+                    "LOCAL_RANK={local} but --device lists {} devices; give one device per \
+                     process of this host",
+                    list.len()
+                )
+            }),
+        }
+    }
 }
 
 impl TrainArgs {
@@ -40,6 +79,7 @@ impl TrainArgs {
         Ok(TrainOptions {
             data,
             weights,
+            device: self.device.0.first().copied().unwrap_or_default(),
             epochs: self.epochs.unwrap_or(self.opts.epochs),
             extend_epochs: self.opts.resume.is_some().then_some(self.epochs).flatten(),
             ..self.opts
@@ -47,13 +87,32 @@ impl TrainArgs {
     }
 }
 
-/// Runs `yolo9 train`.
+/// Runs `yolo9 train`: one device; or, with a device list, one process per device
+/// ([`launch`]); or, with torchrun's `WORLD_SIZE` in the environment, one rank of a group.
 pub fn run(a: TrainArgs) -> Result<()> {
-    let opts = a.into_options()?;
+    let devices = a.device.clone();
+    let env = GroupEnv::read(|k| std::env::var(k).ok())?;
+    if env.is_none() && devices.0.len() > 1 {
+        return launch(&devices);
+    }
+    let mut opts = a.into_options()?;
     // SIGINT/SIGTERM stop the run within one image, probe step or batch in every phase (its
     // state saved once training has begun).
     let stop = StopFlag::install()?;
-    let s = train_with(&opts, &stop, &mut Console::new())?;
+    let s = match env {
+        None => train_with(&opts, &stop, &mut Console::new())?,
+        Some(g) => {
+            opts.device = devices.for_local_rank(g.local_rank)?;
+            // Rank 0 speaks for the group; the others print their errors only.
+            opts.verbose &= g.rank == 0;
+            let comm = g.connect()?;
+            let s = train_group(&opts, &stop, &mut Console::new(), Box::new(comm))?;
+            if g.rank != 0 {
+                return Ok(());
+            }
+            s
+        }
+    };
     if s.interrupted {
         return Ok(());
     }
@@ -63,6 +122,65 @@ pub fn run(a: TrainArgs) -> Result<()> {
         s.best_fitness,
         crate::text::path(&s.last),
         crate::text::path(&s.best)
+    );
+    Ok(())
+}
+
+/// `yolo9 train --device 0,1,...` without a group in the environment: starts this program once
+/// per device with the same arguments and torchrun's variables (`WORLD_SIZE` = the number of
+/// devices, `RANK` = `LOCAL_RANK` = its index, `MASTER_ADDR` 127.0.0.1, `MASTER_PORT` from the
+/// environment or a free port) and waits for them all. A stop signal reaches every process of the
+/// terminal's group; this one waits for them. Errors name each rank that failed, with its exit
+/// status.
+fn launch(devices: &DeviceList) -> Result<()> {
+    #[cfg(not(feature = "cuda"))]
+    if devices.0.iter().any(|d| matches!(d, DeviceSpec::Cuda(_))) {
+        anyhow::bail!(
+            "--device {}: this yolo9 was built without CUDA (the `cuda` feature), so it cannot \
+             train on GPUs; use --device cpu",
+            devices
+                .0
+                .iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+    }
+    let n = devices.0.len();
+    let port = match std::env::var("MASTER_PORT") {
+        Ok(p) => p,
+        Err(_) => std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port().to_string())?,
+    };
+    let exe = std::env::current_exe()?;
+    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    // A stop signal is for the ranks (they save and stop together); this process waits.
+    let _stop = StopFlag::install()?;
+    let mut children = Vec::with_capacity(n);
+    for r in 0..n {
+        let child = std::process::Command::new(&exe)
+            .args(&args)
+            .env("WORLD_SIZE", n.to_string())
+            .env("RANK", r.to_string())
+            .env("LOCAL_RANK", r.to_string())
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", &port)
+            .spawn()
+            .map_err(|e| anyhow::anyhow!("starting rank {r} ({}): {e}", exe.display()))?;
+        children.push(child);
+    }
+    let mut failed = Vec::new();
+    for (r, mut c) in children.into_iter().enumerate() {
+        let st = c.wait()?;
+        if !st.success() {
+            failed.push(format!("rank {r} ({st})"));
+        }
+    }
+    anyhow::ensure!(
+        failed.is_empty(),
+        "data-parallel training failed: {} (each rank printed its error above)",
+        failed.join(", ")
     );
     Ok(())
 }

@@ -105,6 +105,21 @@ pub fn epoch_order(n: usize, seed: u64, epoch: usize, shuffle: bool) -> Vec<usiz
     order
 }
 
+/// Positions `[lo, hi)` of `rank`'s share of the global batch `[start, end)`: `world`
+/// contiguous slices in rank order, the first `len % world` ranks one image larger (a share can
+/// be empty when the batch has fewer images than ranks). At `world == 1` the whole batch.
+///
+/// The sample at a position is the same whatever the world size (the loader seeds its
+/// augmentation by epoch position), so the shares of all ranks are the single-device batch.
+pub fn shard_range(start: usize, end: usize, rank: usize, world: usize) -> (usize, usize) {
+    let world = world.max(1);
+    let len = end.saturating_sub(start);
+    let (q, r) = (len / world, len % world);
+    let lo = start + rank * q + rank.min(r);
+    let hi = lo + q + usize::from(rank < r);
+    (lo.min(end), hi.min(end))
+}
+
 /// Number of batches per epoch (the last batch may be smaller).
 pub fn batches_per_epoch(n: usize, batch: usize) -> usize {
     n.div_ceil(batch.max(1))
@@ -129,6 +144,8 @@ pub struct Loader {
     pool: Arc<rayon::ThreadPool>,
     /// `decode` gives images already resized to the long side `img_size` (a RAM cache).
     resized: bool,
+    /// `(rank, world)`: each batch is this rank's share ([`shard_range`]); `(0, 1)` by default.
+    shard: (usize, usize),
 }
 
 /// The batches of one epoch, produced in the background. Dropping it stops the producer.
@@ -174,6 +191,7 @@ impl Loader {
             cfg,
             pool: Arc::new(pool),
             resized: false,
+            shard: (0, 1),
         })
     }
 
@@ -183,6 +201,25 @@ impl Loader {
     pub fn with_resized_source(mut self) -> Self {
         self.resized = true;
         self
+    }
+
+    /// The same loader giving rank `rank`'s share of each batch of `world` ranks
+    /// ([`shard_range`] of the batch's epoch positions; `batch` stays the global batch, the
+    /// batch count and [`Batch::index`] are the single-device ones). At `world == 1` the loader
+    /// is unchanged. Errors when `rank >= world`.
+    pub fn with_shard(mut self, rank: usize, world: usize) -> anyhow::Result<Self> {
+        anyhow::ensure!(
+            rank < world,
+            "rank {rank} of world size {world}: the rank must be below the world size"
+        );
+        self.shard = (rank, world);
+        Ok(self)
+    }
+
+    /// Positions `[lo, hi)` of this loader's part of batch `b` (its shard of the global batch).
+    fn part(&self, n: usize, b: usize) -> (usize, usize) {
+        let (lo, hi) = batch_range(n, self.cfg.batch, b);
+        shard_range(lo, hi, self.shard.0, self.shard.1)
     }
 
     /// Number of items.
@@ -227,6 +264,7 @@ impl Loader {
             cfg: self.cfg.clone(),
             pool: self.pool.clone(),
             resized: self.resized,
+            shard: self.shard,
         };
         let this = Arc::new(this);
         let handle = std::thread::spawn(move || {
@@ -243,7 +281,7 @@ impl Loader {
                 let Some((b, rx)) = inflight.pop_front() else {
                     break;
                 };
-                let (lo, hi) = batch_range(order.len(), this.cfg.batch, b);
+                let (lo, hi) = this.part(order.len(), b);
                 let mut results: Vec<(usize, SampleResult)> = Vec::with_capacity(hi - lo);
                 for _ in lo..hi {
                     match rx.recv() {
@@ -320,7 +358,7 @@ fn launch(
     epoch: usize,
     b: usize,
 ) -> Receiver<(usize, SampleResult)> {
-    let (lo, hi) = batch_range(order.len(), loader.cfg.batch, b);
+    let (lo, hi) = loader.part(order.len(), b);
     let (stx, srx) = channel();
     for p in lo..hi {
         let (l, o, stx) = (loader.clone(), order.clone(), stx.clone());
@@ -343,7 +381,7 @@ fn launch(
 }
 
 fn make_batch(loader: &Loader, order: &[usize], epoch: usize, b: usize) -> Batch {
-    let (lo, hi) = batch_range(order.len(), loader.cfg.batch, b);
+    let (lo, hi) = loader.part(order.len(), b);
     let positions: Vec<usize> = (lo..hi).collect();
     let results: Vec<_> = loader.pool.install(|| {
         positions

@@ -777,6 +777,60 @@ impl YoloV9Train {
         Ok(())
     }
 
+    /// The BN running statistics (every layer's mean then variance, in layer order) and
+    /// `num_batches_tracked` (two values: `n >> 24` and `n & 0xFF_FFFF`, exact in f32) as one
+    /// flat f32 buffer, for data-parallel ranks to share ([`Self::set_bn_flat`] reads it back).
+    pub fn bn_flat(&self) -> Result<Vec<f32>> {
+        let mut out = Vec::new();
+        for (_, m, v) in &self.buffers {
+            out.extend(
+                m.as_tensor()
+                    .to_dtype(DType::F32)?
+                    .flatten_all()?
+                    .to_vec1::<f32>()?,
+            );
+            out.extend(
+                v.as_tensor()
+                    .to_dtype(DType::F32)?
+                    .flatten_all()?
+                    .to_vec1::<f32>()?,
+            );
+        }
+        let n = self.batches_tracked().max(0);
+        out.push((n >> 24) as f32);
+        out.push((n & 0xFF_FFFF) as f32);
+        Ok(out)
+    }
+
+    /// Sets the BN running statistics and `num_batches_tracked` from a [`Self::bn_flat`] buffer
+    /// of this model. Errors when its length is not this model's.
+    pub fn set_bn_flat(&self, flat: &[f32]) -> Result<()> {
+        let need: usize = self
+            .buffers
+            .iter()
+            .map(|(_, m, v)| m.elem_count() + v.elem_count())
+            .sum::<usize>()
+            + 2;
+        ensure!(
+            flat.len() == need,
+            "BN buffer of {} values, this model has {need}",
+            flat.len()
+        );
+        let mut off = 0;
+        for (_, m, v) in &self.buffers {
+            for var in [m, v] {
+                let n = var.elem_count();
+                let t = Tensor::from_slice(&flat[off..off + n], var.shape(), var.device())?
+                    .to_dtype(var.dtype())?;
+                var.set(&t)?;
+                off += n;
+            }
+        }
+        let n = ((flat[off] as i64) << 24) | flat[off + 1] as i64;
+        self.batches_tracked.store(n, Ordering::Relaxed);
+        Ok(())
+    }
+
     /// The current state as [`Weights`] (`Graph::Train`, official names), ready for
     /// `Weights::save` or [`YoloV9::load`].
     pub fn to_weights(&self) -> Result<Weights> {

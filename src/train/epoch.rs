@@ -77,6 +77,9 @@ pub(crate) fn run_epoch(
     else {
         return Ok(EpochEnd::Stopped);
     };
+    if !run.rank0 {
+        return other_rank_epoch_end(run, epoch, pr, train_secs, obs);
+    }
     let lr = run.opt.lr;
     let final_epoch = epoch + 1 == epochs;
     // The two phases' peaks apart, so that a warning names the one above the budget.
@@ -99,6 +102,7 @@ pub(crate) fn run_epoch(
                 // validates it and goes on; the stop is reported by the trainer.
                 pr.train_secs = train_secs;
                 run.save(epoch, run.nb, &pr, obs)?;
+                tell_others(run, EndCode::Stopped, false)?;
                 return Ok(EpochEnd::Stopped);
             }
             r => (metrics, val_loss) = r?,
@@ -188,7 +192,75 @@ pub(crate) fn run_epoch(
             early_stop = true;
         }
     }
+    tell_others(run, EndCode::Trained, early_stop)?;
     Ok(EpochEnd::Trained { report, early_stop })
+}
+
+/// How rank 0's epoch ended, for the other ranks.
+#[derive(Clone, Copy, PartialEq)]
+enum EndCode {
+    Trained = 0,
+    Stopped = 1,
+}
+
+/// Rank 0 of a data-parallel run, at its epoch's end: tells the other ranks (waiting in
+/// [`other_rank_epoch_end`]) how it ended, the epoch count (`--time`) and the early stop.
+fn tell_others(run: &mut Run<'_>, code: EndCode, early_stop: bool) -> Result<()> {
+    if let Some(c) = run.comm.as_mut() {
+        let mut d = [
+            code as u8 as f32,
+            run.sched.epochs as f32,
+            f32::from(u8::from(early_stop)),
+        ];
+        c.broadcast(&mut d)?;
+    }
+    Ok(())
+}
+
+/// The epoch's end on a rank other than 0: it waits for rank 0's validation and checkpoint
+/// ([`tell_others`]), then takes the same decisions (the epoch count, the stop, the early stop)
+/// and refreshes its good state as rank 0's checkpoint did. Its report carries its own
+/// training losses (the global batch's, as rank 0's) and no metrics.
+fn other_rank_epoch_end(
+    run: &mut Run<'_>,
+    epoch: usize,
+    mut pr: EpochProgress,
+    train_secs: f64,
+    obs: &mut dyn TrainObserver,
+) -> Result<EpochEnd> {
+    let mut d = [0f32; 3];
+    if let Some(c) = run.comm.as_mut() {
+        c.broadcast(&mut d)?;
+    }
+    run.sched.epochs = d[1] as usize;
+    if let Some(e) = run.args_json.get_mut("epochs") {
+        *e = serde_json::Value::from(run.sched.epochs);
+    }
+    if d[0] as u8 == EndCode::Stopped as u8 {
+        pr.train_secs = train_secs;
+        run.save(epoch, run.nb, &pr, obs)?;
+        return Ok(EpochEnd::Stopped);
+    }
+    run.save(epoch + 1, 0, &EpochProgress::default(), obs)?;
+    let report = EpochReport {
+        epoch,
+        train_loss: pr.mloss.map(|v| v as f32),
+        metrics: [0.0; 4],
+        val_loss: [0.0; 3],
+        lr: run.opt.lr,
+        rss: crate::memory::process_rss_bytes(),
+        peak_mem: run.probe.peak_bytes(),
+        skipped: pr.skipped,
+        nan_events: pr.nan_events,
+        oom_events: pr.oom_events,
+        micro: run.micro,
+        img_per_s: pr.images as f64 / train_secs.max(1e-9),
+        validated: false,
+    };
+    Ok(EpochEnd::Trained {
+        report,
+        early_stop: d[2] != 0.0,
+    })
 }
 
 /// The batch loop of epoch `epoch`: returns the epoch's running sums and training seconds, or
@@ -229,8 +301,18 @@ fn train_batches(
     for batch in loader.epoch(epoch, first) {
         let i = batch.index;
         let ni = i + nb * epoch;
-        // Stop request or mid-epoch checkpoint, before this batch (state = batches < i).
-        if stop.requested() || (i > first && last_save.elapsed() >= interval) {
+        // Stop request or mid-epoch checkpoint, before this batch (state = batches < i); in a
+        // data-parallel run any rank's stop and rank 0's timer, agreed.
+        let mut want_save = i > first && last_save.elapsed() >= interval;
+        if let Some(c) = run.comm.as_mut() {
+            let mine = u32::from(stop.requested()) | (u32::from(want_save && c.rank() == 0) << 1);
+            let a = c.agree(mine)?;
+            if a.any(1) {
+                stop.request();
+            }
+            want_save = a.any(2);
+        }
+        if stop.requested() || want_save {
             pr.train_secs = secs0 + t0.elapsed().as_secs_f64();
             run.save(epoch, i, &pr, obs)?;
             last_save = std::time::Instant::now();
@@ -245,10 +327,11 @@ fn train_batches(
         for (p, why) in &batch.skipped {
             run.log(obs, format!("skipped {}: {why}", p.display()));
         }
-        if batch.len == 0 {
+        // A data-parallel rank trains on (a share can be empty): the others wait for it.
+        if batch.len == 0 && run.comm.is_none() {
             continue;
         }
-        if ni < 3 && !opts.noplots {
+        if ni < 3 && !opts.noplots && run.rank0 && batch.len > 0 {
             // The first three batches of the run, as the official `train_batch{ni}.jpg`.
             let p = run.run_dir.join(format!("train_batch{ni}.jpg"));
             let drawn = crate::train::plots::plot_train_batch(
@@ -267,8 +350,49 @@ fn train_batches(
         let st = run.sched.at(ni, epoch, nb, opts.batch);
         run.opt.lr = st.lr.map(|l| l * run.counters.lr_scale);
         run.opt.momentum = st.momentum;
-        let (out, ooms) = run.train_batch_recovering(&batch, ni, epoch, obs, &mut times)?;
+        let (out, ooms) = if batch.len == 0 {
+            let grads = Some(candle_core::backprop::GradStore::default());
+            (
+                BatchOutcome {
+                    items: [0.0; 3],
+                    grads,
+                },
+                0,
+            )
+        } else {
+            run.train_batch_recovering(&batch, ni, epoch, obs, &mut times)?
+        };
         pr.oom_events += ooms;
+        let (out, images) = match run.comm.as_mut() {
+            None => (out, batch.len),
+            Some(c) => {
+                let local = crate::train::dist::sync::Local {
+                    grads: out.grads,
+                    items: out.items,
+                    len: batch.len,
+                    micro: run.micro,
+                };
+                let g =
+                    crate::train::dist::sync::exchange(c.as_mut(), local, &run.opt, &run.device)?;
+                run.micro = g.micro;
+                if !g.nan_ranks.is_empty() {
+                    run.log(
+                        obs,
+                        format!(
+                            "non-finite loss on rank(s) {:?}: every rank drops the batch",
+                            g.nan_ranks
+                        ),
+                    );
+                }
+                (
+                    BatchOutcome {
+                        items: g.items,
+                        grads: g.grads,
+                    },
+                    g.len,
+                )
+            }
+        };
         match out.grads {
             Some(mut g) => {
                 add_param_grads(&mut run.acc, &mut g, &run.opt)?;
@@ -276,7 +400,7 @@ fn train_batches(
                     *m = (*m * pr.done as f64 + v) / (pr.done + 1) as f64;
                 }
                 pr.done += 1;
-                pr.images += batch.len;
+                pr.images += images;
             }
             None => {
                 // The optimizer step this batch belongs to is skipped: its window's
@@ -295,6 +419,9 @@ fn train_batches(
         }
         if ni as i64 - run.counters.last_opt_step >= st.accumulate as i64 {
             if let Some(mut g) = run.acc.take() {
+                if let Some(c) = run.comm.as_mut() {
+                    crate::train::dist::sync::broadcast_bn(c.as_mut(), &run.model)?;
+                }
                 let norm = optimizer_step(&run.model, &mut run.opt, &mut run.ema, &mut g)?;
                 if norm.is_finite() {
                     run.nan_streak = 0;
@@ -334,7 +461,7 @@ fn train_batches(
             ));
         }
     }
-    if stop.requested() {
+    if run.agreed_stop(stop)? {
         // The request came during the last batch: the epoch's training is complete; save
         // at its end position and stop before validation.
         pr.train_secs = secs0 + t0.elapsed().as_secs_f64();

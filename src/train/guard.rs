@@ -96,6 +96,10 @@ pub struct Faults {
     pub oom_above: Option<usize>,
     /// A stop is requested after this iteration.
     pub stop_at: Option<usize>,
+    /// The process kills itself (SIGKILL; an abort elsewhere) in the middle of this iteration's
+    /// step, after its first forward (`kill@N`): a rank dying mid-step, for the data-parallel
+    /// failure tests.
+    pub kill_at: Option<usize>,
     /// A stop is requested when this phase starts.
     pub stop_in: Option<Phase>,
 }
@@ -111,6 +115,8 @@ impl Faults {
             };
             if let Some(v) = item.strip_prefix("nan@") {
                 f.nan_at.push(num(v)?);
+            } else if let Some(v) = item.strip_prefix("kill@") {
+                f.kill_at = Some(num(v)?);
             } else if let Some(v) = item.strip_prefix("oom>") {
                 f.oom_above = Some(num(v)?);
             } else if let Some(v) = item.strip_prefix("stop@") {
@@ -122,7 +128,7 @@ impl Faults {
                 }
             } else {
                 bail!(
-                    "YOLO9_FAULTS item '{item}': expected nan@N, oom>K, stop@N or \
+                    "YOLO9_FAULTS item '{item}': expected nan@N, oom>K, kill@N, stop@N or \
                      stop@scan|sizing|val"
                 );
             }
@@ -142,6 +148,17 @@ impl Faults {
     pub fn is_empty(&self) -> bool {
         *self == Faults::default()
     }
+}
+
+/// Ends the process at once, as a kill would ([`Faults::kill_at`]): SIGKILL on Unix (no
+/// destructor, no flush, sockets closed by the kernel), an abort elsewhere.
+pub fn die() -> ! {
+    #[cfg(unix)]
+    // SAFETY: kill(2) on this process's own id; it does not return.
+    unsafe {
+        libc::kill(libc::getpid(), libc::SIGKILL);
+    }
+    std::process::abort()
 }
 
 /// True when every element of every tensor is finite (no NaN, no ±Inf).

@@ -4,6 +4,7 @@
 pub mod budget;
 pub mod cache;
 pub mod checkpoint;
+pub mod dist;
 pub mod ema;
 mod epoch;
 pub mod graphed;

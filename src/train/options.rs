@@ -106,10 +106,10 @@ pub struct TrainOptions {
     #[cfg_attr(feature = "cli", arg(long))]
     pub strict_fp32: bool,
     /// The device: auto (the first CUDA GPU when this build has CUDA and one is present, else
-    /// the CPU), cpu, or a CUDA index such as 0 (or cuda:0).
-    #[cfg_attr(feature = "cli", arg(long, default_value_t = DeviceSpec::Auto,
-        value_parser = crate::device::parse_device, allow_negative_numbers = true,
-        help = crate::device::DEVICE_HELP))]
+    /// the CPU), cpu, or a CUDA index such as 0 (or cuda:0). The `yolo9 train --device` flag
+    /// also takes a list (`0,1`: one process per GPU, see `crate::cli::train`) and sets this to
+    /// the rank's device.
+    #[cfg_attr(feature = "cli", arg(skip = DeviceSpec::Auto))]
     pub device: DeviceSpec,
     /// Loader threads, 0..=256 (0: available cores - 1).
     #[cfg_attr(feature = "cli", arg(long, default_value_t = 0,

@@ -381,6 +381,7 @@ pub(crate) fn build<'a>(
     r: Resolved,
     stop: &StopFlag,
     obs: &mut dyn TrainObserver,
+    rank0: bool,
 ) -> Result<Prepared<'a>> {
     let Resolved {
         state,
@@ -398,7 +399,7 @@ pub(crate) fn build<'a>(
         weights,
         arch,
     } = r;
-    if state.is_none() {
+    if state.is_none() && rank0 {
         // `--exist-ok` reuses the folder: it must not hold anything this run reads.
         let labels: Vec<PathBuf> = items
             .iter()
@@ -498,17 +499,20 @@ pub(crate) fn build<'a>(
     let eval_model =
         YoloV9Train::build(&arch, None, cfg.nc, cfg.names.clone(), &device, opts.seed)?;
 
-    // Outputs. A new run claims its folder now, exclusively: another run started meanwhile with
-    // the same --project/--name gets the next one instead of sharing it.
-    if state.is_none() {
+    // Outputs (rank 0 of a data-parallel run alone writes them). A new run claims its folder
+    // now, exclusively: another run started meanwhile with the same --project/--name gets the
+    // next one instead of sharing it.
+    if state.is_none() && rank0 {
         run_dir = crate::runs::claim_run_dir(&opts.project, &opts.name, opts.exist_ok)
             .with_context(|| format!("{}: cannot create the run folder", run_dir.display()))?;
     }
     let wdir = run_dir.join("weights");
-    std::fs::create_dir_all(&wdir)
-        .with_context(|| format!("{}: cannot create the run folder", wdir.display()))?;
+    if rank0 {
+        std::fs::create_dir_all(&wdir)
+            .with_context(|| format!("{}: cannot create the run folder", wdir.display()))?;
+    }
     // Temporary files of a writer killed mid-checkpoint (the checkpoints themselves are intact).
-    if let Ok(entries) = std::fs::read_dir(&wdir) {
+    if let Some(entries) = rank0.then(|| std::fs::read_dir(&wdir).ok()).flatten() {
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
             if name.starts_with('.') && name.ends_with(".tmp") {
@@ -520,7 +524,7 @@ pub(crate) fn build<'a>(
         }
     }
     let args_json = serde_json::to_value(opts)?;
-    if state.is_none() {
+    if state.is_none() && rank0 {
         // Through `outfile`, like every output: never onto the run's inputs (`--data`, `--hyp`,
         // `--weights`), only over a regular file, atomically.
         let inputs = crate::outfile::Inputs::of(
@@ -633,6 +637,8 @@ pub(crate) fn build<'a>(
         graphs: Default::default(),
         clock: std::time::Instant::now(),
         start_epoch: start.epoch,
+        comm: None,
+        rank0,
     };
     // CUDA-graph replay of the step (`train::graphed`) holds the captured step's memory in the
     // graphs' own pool, beside what the ordinary phases keep: under a memory budget it runs only

@@ -75,9 +75,28 @@ pub(crate) struct Run<'a> {
     pub clock: std::time::Instant,
     /// This session's first epoch (for `--time`).
     pub start_epoch: usize,
+    /// The data-parallel group this rank belongs to (`None`: a single-device run); see
+    /// [`crate::train::dist`].
+    pub comm: Option<Box<dyn crate::train::dist::Collective>>,
+    /// Whether this rank writes the run folder (rank 0, or a single-device run).
+    pub rank0: bool,
 }
 
 impl Run<'_> {
+    /// Whether to stop: the stop flag, agreed by every rank of a data-parallel run (any rank's
+    /// request stops them all; the flag is then set on every rank). One
+    /// [`crate::train::dist::Collective::agree`] when there is a group.
+    pub fn agreed_stop(&mut self, stop: &crate::train::guard::StopFlag) -> Result<bool> {
+        let Some(c) = self.comm.as_mut() else {
+            return Ok(stop.requested());
+        };
+        let any = c.agree(u32::from(stop.requested()))?.any(1);
+        if any {
+            stop.request();
+        }
+        Ok(any)
+    }
+
     /// A line during the epoch (`--verbose` only).
     pub fn log(&self, obs: &mut dyn TrainObserver, msg: String) {
         if self.opts.verbose {
@@ -133,6 +152,25 @@ impl Run<'_> {
             )?;
             return Ok(false);
         }
+        if self.rank0 {
+            self.write_state(epoch, next_batch, progress)?;
+        }
+        self.good = GoodState::take(
+            &self.model,
+            &self.opt,
+            &self.ema,
+            format!("epoch {} batch {}", epoch + 1, next_batch),
+        )?;
+        Ok(true)
+    }
+
+    /// Writes `last` and the training state (the part of [`Run::save`] that rank 0 alone does).
+    fn write_state(
+        &mut self,
+        epoch: usize,
+        next_batch: usize,
+        progress: &EpochProgress,
+    ) -> Result<()> {
         let w = ema_weights(&self.model, &self.ema)?;
         w.save(&self.last, false)?;
         let acc: Vec<(String, Tensor)> = match &self.acc {
@@ -174,13 +212,7 @@ impl Run<'_> {
             next_batch,
             "training state saved"
         );
-        self.good = GoodState::take(
-            &self.model,
-            &self.opt,
-            &self.ema,
-            format!("epoch {} batch {}", epoch + 1, next_batch),
-        )?;
-        Ok(true)
+        Ok(())
     }
 
     /// `--time`: after epoch `epoch` (0-based) re-estimates the run's epoch count from the mean

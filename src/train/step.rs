@@ -236,6 +236,9 @@ pub fn step(
         }
         let (raw, tape) = train_forward(model, &x)?;
         times.mark(2)?;
+        if faults.kill_at == Some(ni) {
+            crate::train::guard::die();
+        }
         if faults.oom_above.is_some_and(|k| len > k) {
             return Err(crate::memory::OutOfMemory {
                 what: format!("injected fault (oom>K) for a micro-batch of {len}"),

@@ -22,6 +22,7 @@
 //! ([`crate::train::observer`]).
 
 use crate::budget::BudgetDecision;
+use crate::train::dist::{Collective, DistError};
 use crate::train::epoch::{run_epoch, EpochEnd};
 pub use crate::train::guard::StopFlag;
 pub use crate::train::observer::{Console, TrainObserver};
@@ -71,21 +72,68 @@ pub fn train_with(
     stop: &StopFlag,
     obs: &mut dyn TrainObserver,
 ) -> std::result::Result<TrainSummary, crate::error::Error> {
-    Ok(run_training(opts, stop, obs)?)
+    Ok(run_training(opts, stop, obs, None)?)
 }
 
-/// The body of [`train_with`], in the library's chains of context.
+/// [`train_with`] as one rank of a data-parallel group `comm` ([`crate::train::dist`]): this
+/// rank trains its share of every batch of `--batch` images (the global batch) and every rank
+/// ends with the same weights; rank 0 alone validates and writes the run folder (the others'
+/// summaries carry their own training losses, no metrics, and rank 0's run folder path as they
+/// computed it). Every rank must be called with the same options (the device aside). Errors:
+/// this rank's own, or the first rank's failure, naming that rank
+/// ([`crate::train::dist::DistError`]); before returning its own error a rank tells the others
+/// ([`Collective::abort`]).
+///
+/// A group of one rank trains exactly as [`train_with`] (bitwise the same weights on the CPU).
+/// `--batch auto` is refused (every rank would size its own batch); the CUDA-graph replay of the
+/// step is off (ordinary launches); `--sync-bn` is not implemented (each rank's BN normalizes
+/// with its share's statistics; the running statistics are rank 0's after each optimizer step).
+pub fn train_group(
+    opts: &TrainOptions,
+    stop: &StopFlag,
+    obs: &mut dyn TrainObserver,
+    comm: Box<dyn Collective>,
+) -> std::result::Result<TrainSummary, crate::error::Error> {
+    Ok(run_training(opts, stop, obs, Some(comm))?)
+}
+
+/// Tells the other ranks about this rank's error `e`, unless it came from the group itself.
+fn abort_group(comm: Option<&mut (dyn Collective + 'static)>, e: &anyhow::Error) {
+    if let Some(c) = comm {
+        if !e.chain().any(|c| c.is::<DistError>()) {
+            c.abort(&format!("{e:#}"));
+        }
+    }
+}
+
+/// The body of [`train_with`] and [`train_group`], in the library's chains of context.
 fn run_training(
     opts: &TrainOptions,
     stop: &StopFlag,
     obs: &mut dyn TrainObserver,
+    mut comm: Option<Box<dyn Collective>>,
 ) -> Result<TrainSummary> {
     // Before anything runs a convolution (the budget probe included).
     #[cfg(feature = "cuda")]
     crate::cuda::conv::set_strict_fp32(opts.strict_fp32);
+    if let Some(c) = &comm {
+        let (b, w) = (opts.batch, c.world());
+        if b == 0 || b < w {
+            let e = anyhow::anyhow!(
+                "--batch {}: a data-parallel run of {w} ranks needs the global batch given, at                  least one image per rank (--batch auto sizes one device's batch)",
+                if b == 0 { "auto".to_string() } else { b.to_string() }
+            );
+            abort_group(comm.as_deref_mut(), &e);
+            return Err(e);
+        }
+    }
+    let rank0 = comm.as_ref().is_none_or(|c| c.rank() == 0);
     let (opts, resolved) = match resolve(opts, stop, obs) {
         // Stopped before the run folder exists: nothing was trained, nothing to save.
-        Err(e) => return stopped_before_training(e, obs),
+        Err(e) => {
+            abort_group(comm.as_deref_mut(), &e);
+            return stopped_before_training(e, obs);
+        }
         Ok(r) => r,
     };
     let Prepared {
@@ -93,12 +141,36 @@ fn run_training(
         mut loader,
         val,
         start,
-    } = match build(&opts, resolved, stop, obs) {
+    } = match build(&opts, resolved, stop, obs, rank0) {
         // Stopped while caching the images: nothing was trained, nothing to save.
-        Err(e) => return stopped_before_training(e, obs),
+        Err(e) => {
+            abort_group(comm.as_deref_mut(), &e);
+            return stopped_before_training(e, obs);
+        }
         Ok(p) => p,
     };
+    if let Some(c) = comm {
+        loader = loader.with_shard(c.rank(), c.world())?;
+        // The CUDA-graph replay of the step is single-device only for now.
+        run.graphs.borrow_mut().disable();
+        run.comm = Some(c);
+    }
+    let r = run_epochs(&mut run, &mut loader, &val, &start, stop, obs);
+    if let Err(e) = &r {
+        abort_group(run.comm.as_deref_mut(), e);
+    }
+    r
+}
 
+/// The epochs of a built run.
+fn run_epochs(
+    run: &mut crate::train::state::Run<'_>,
+    loader: &mut crate::data::loader::Loader,
+    val: &crate::train::epoch::Val,
+    start: &crate::train::state::Start,
+    stop: &StopFlag,
+    obs: &mut dyn TrainObserver,
+) -> Result<TrainSummary> {
     let mut reports = Vec::new();
     let mut interrupted = false;
     run.clock = std::time::Instant::now();
@@ -107,11 +179,11 @@ fn run_training(
     while epoch < run.sched.epochs {
         // Between epochs the epoch-end checkpoint holds the state; in the first epoch the batch
         // loop saves it before it stops.
-        if stop.requested() && epoch > start.epoch {
+        if epoch > start.epoch && run.agreed_stop(stop)? {
             interrupted = true;
             break;
         }
-        let end = run_epoch(&mut run, &mut loader, &val, epoch, &start, stop, obs);
+        let end = run_epoch(run, loader, val, epoch, start, stop, obs);
         obs.epoch_closed();
         match end? {
             EpochEnd::Stopped => {

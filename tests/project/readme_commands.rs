@@ -60,6 +60,10 @@ const SKIPPED: &[(&str, &str)] = &[
     ),
     ("yolo9 train --budget 8GiB", FRAGMENT),
     (
+        "yolo9 train --data data.yaml --device 0,1 --batch 64",
+        "needs two CUDA GPUs; tests/train/dist.rs trains 2 and 3 ranks on the CPU",
+    ),
+    (
         "yolo9 train --data b16/data.yaml --cfg yolov9-s --batch 16 --workers 8 --epochs 3 --close-mosaic 0 --img 640 [--budget 8GiB|6GiB]",
         GPU,
     ),

@@ -1,0 +1,96 @@
+//! The torchrun-style environment of a rank: `WORLD_SIZE`, `RANK`, `LOCAL_RANK`, `MASTER_ADDR`,
+//! `MASTER_PORT` (the names of `torch.distributed.run`), and `YOLO9_DIST_TIMEOUT` (seconds, the
+//! timeout of every collective operation, default [`super::DEFAULT_TIMEOUT`]).
+
+use super::socket::SocketRank;
+use anyhow::{ensure, Context, Result};
+use std::time::Duration;
+
+/// Environment variable: the timeout of every collective operation in seconds.
+pub const TIMEOUT_ENV: &str = "YOLO9_DIST_TIMEOUT";
+
+/// A rank's place in a group, as the environment gives it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GroupEnv {
+    /// `WORLD_SIZE`: the number of ranks (processes).
+    pub world: usize,
+    /// `RANK`: this process's rank, `0..world`.
+    pub rank: usize,
+    /// `LOCAL_RANK`: its index among the ranks of this host (picks its GPU); `RANK` when unset.
+    pub local_rank: usize,
+    /// `MASTER_ADDR:MASTER_PORT` (default `127.0.0.1:29500`, torchrun's port).
+    pub addr: String,
+    /// `YOLO9_DIST_TIMEOUT` seconds, or [`super::DEFAULT_TIMEOUT`].
+    pub timeout: Duration,
+}
+
+impl GroupEnv {
+    /// Reads the environment through `get` (e.g. `|k| std::env::var(k).ok()`): `None` when
+    /// `WORLD_SIZE` is unset. Errors name the variable and its value (not a number, a rank not
+    /// below the world size, a timeout that is not a positive number of seconds).
+    pub fn read(get: impl Fn(&str) -> Option<String>) -> Result<Option<GroupEnv>> {
+        let Some(w) = get("WORLD_SIZE") else {
+            return Ok(None);
+        };
+        let num = |k: &str, v: &str| -> Result<usize> {
+            v.trim()
+                .parse()
+                .with_context(|| format!("{k}={v}: not a whole number"))
+        };
+        let world = num("WORLD_SIZE", &w)?;
+        ensure!(world >= 1, "WORLD_SIZE={w}: at least 1");
+        let rank = match get("RANK") {
+            Some(v) => num("RANK", &v)?,
+            None => 0,
+        };
+        ensure!(
+            rank < world,
+            "RANK={rank} with WORLD_SIZE={world}: the rank must be below the world size"
+        );
+        let local_rank = match get("LOCAL_RANK") {
+            Some(v) => num("LOCAL_RANK", &v)?,
+            None => rank,
+        };
+        let host = get("MASTER_ADDR").unwrap_or_else(|| "127.0.0.1".into());
+        let port = get("MASTER_PORT").unwrap_or_else(|| "29500".into());
+        let port: u16 = port
+            .trim()
+            .parse()
+            .with_context(|| format!("MASTER_PORT={port}: not a port number"))?;
+        let timeout = match get(TIMEOUT_ENV) {
+            Some(v) => {
+                let s: f64 = v
+                    .trim()
+                    .parse()
+                    .ok()
+                    .filter(|s: &f64| s.is_finite() && *s > 0.0)
+                    .with_context(|| {
+                        format!("{TIMEOUT_ENV}={v}: expected a positive number of seconds")
+                    })?;
+                Duration::from_secs_f64(s)
+            }
+            None => super::DEFAULT_TIMEOUT,
+        };
+        Ok(Some(GroupEnv {
+            world,
+            rank,
+            local_rank,
+            addr: if host.contains(':') && !host.starts_with('[') {
+                format!("[{host}]:{port}")
+            } else {
+                format!("{host}:{port}")
+            },
+            timeout,
+        }))
+    }
+
+    /// Forms the group over TCP ([`SocketRank::connect`]).
+    pub fn connect(&self) -> Result<SocketRank> {
+        SocketRank::connect(&self.addr, self.rank, self.world, self.timeout).with_context(|| {
+            format!(
+                "rank {} of {}: forming the group at {} (MASTER_ADDR:MASTER_PORT)",
+                self.rank, self.world, self.addr
+            )
+        })
+    }
+}

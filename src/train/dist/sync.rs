@@ -1,0 +1,113 @@
+//! What the training loop exchanges through a [`Collective`]: a batch's outcome (the agreed NaN
+//! decision and micro-batch, then the gradients and loss items summed over the ranks) and rank
+//! 0's BN running statistics. See the protocol in [`crate::train::dist`].
+
+use super::Collective;
+use crate::model::yolov9::YoloV9Train;
+use crate::train::optimizer::Optimizer;
+use anyhow::Result;
+use candle_core::backprop::GradStore;
+use candle_core::{DType, Device, Tensor};
+
+/// A batch's outcome on this rank, before the exchange.
+pub struct Local {
+    /// The parameter gradients of this rank's share (`None`: a non-finite loss).
+    pub grads: Option<GradStore>,
+    /// Mean loss items `[box, cls, dfl]` of this rank's share.
+    pub items: [f64; 3],
+    /// Images in this rank's share.
+    pub len: usize,
+    /// This rank's micro-batch after its out-of-memory halvings.
+    pub micro: usize,
+}
+
+/// The outcome every rank agrees on.
+pub struct Global {
+    /// The gradients summed over the ranks (parameters that no rank has a gradient for stay
+    /// absent); `None` when any rank's loss was not finite (the batch is dropped everywhere).
+    pub grads: Option<GradStore>,
+    /// Loss items averaged over the whole global batch (image-weighted), or this rank's own
+    /// (NaN) items when the batch is dropped.
+    pub items: [f64; 3],
+    /// Images of the global batch.
+    pub len: usize,
+    /// The ranks whose loss was not finite.
+    pub nan_ranks: Vec<usize>,
+    /// The smallest micro-batch of any rank: every rank continues with it.
+    pub micro: usize,
+}
+
+const NAN: u32 = 1;
+
+/// Exchanges this rank's batch outcome: one [`Collective::agree`] (NaN flags and micro-batches),
+/// then, unless a rank's loss was not finite, one [`Collective::all_reduce_sum`] of the flat
+/// buffer `[gradients of opt.params() in order (f32, zeros where absent) | one presence count per
+/// parameter | items · len | len]`. The summed gradients come back on `device` with their
+/// parameters' shapes.
+pub fn exchange(
+    comm: &mut dyn Collective,
+    local: Local,
+    opt: &Optimizer,
+    device: &Device,
+) -> Result<Global> {
+    let micro = local.micro.clamp(1, (super::AGREE_MAX >> 2) as usize - 1) as u32;
+    let a = comm.agree(u32::from(local.grads.is_none()) | (micro << 1))?;
+    let nan_ranks = a.ranks_with(NAN);
+    let micro = a.flags.iter().map(|f| (f >> 1) as usize).min().unwrap_or(1);
+    if !nan_ranks.is_empty() {
+        return Ok(Global {
+            grads: None,
+            items: local.items,
+            len: local.len,
+            nan_ranks,
+            micro,
+        });
+    }
+    let params = opt.params();
+    let sizes: Vec<usize> = params.iter().map(|p| p.var.elem_count()).collect();
+    let total: usize = sizes.iter().sum();
+    let mut buf = vec![0f32; total + params.len() + 4];
+    let grads = local.grads.unwrap_or_default();
+    let mut off = 0;
+    for (k, (p, n)) in params.iter().zip(&sizes).enumerate() {
+        if let Some(g) = grads.get(p.var.as_tensor()) {
+            let v = g.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+            buf[off..off + n].copy_from_slice(&v);
+            buf[total + k] = 1.0;
+        }
+        off += n;
+    }
+    let tail = total + params.len();
+    for (j, v) in local.items.iter().enumerate() {
+        buf[tail + j] = (*v * local.len as f64) as f32;
+    }
+    buf[tail + 3] = local.len as f32;
+    comm.all_reduce_sum(&mut buf)?;
+    let mut out = GradStore::default();
+    let mut off = 0;
+    for (k, (p, n)) in params.iter().zip(&sizes).enumerate() {
+        if buf[total + k] > 0.0 {
+            let t = Tensor::from_slice(&buf[off..off + n], p.var.shape(), device)?
+                .to_dtype(p.var.dtype())?;
+            out.insert(p.var.as_tensor(), t);
+        }
+        off += n;
+    }
+    let len = buf[tail + 3] as usize;
+    let items = std::array::from_fn(|j| buf[tail + j] as f64 / len.max(1) as f64);
+    Ok(Global {
+        grads: Some(out),
+        items,
+        len,
+        nan_ranks,
+        micro,
+    })
+}
+
+/// Every rank takes rank 0's BN running statistics and batch counter (DDP's
+/// `broadcast_buffers`): one [`Collective::broadcast`].
+pub fn broadcast_bn(comm: &mut dyn Collective, model: &YoloV9Train) -> Result<()> {
+    let mut buf = model.bn_flat()?;
+    comm.broadcast(&mut buf)?;
+    model.set_bn_flat(&buf)
+}
