@@ -3,7 +3,7 @@
 //! micro-batch (from the state, from measured memory or as given), then model, loss, optimizer
 //! and EMA (restored on `--resume`), the run folder and its files, and the loader.
 //!
-//! Why one file (about 750 lines): the two phases before training, [`resolve`] (what the run is:
+//! Why one file (about 950 lines): the two phases before training, [`resolve`] (what the run is:
 //! options, resume state, device, scan, batch sizing) and [`build`] (what it runs on: model, loss,
 //! optimizer, EMA, run folder, loader), share the `Resolved` hand-over and are read in order; the
 //! training engine's other parts (`step`, `epoch`, `state`, `report`) are their own files.
@@ -90,61 +90,134 @@ pub(crate) fn resolve(
     };
     // Resume: restore the arguments and the state of an earlier run.
     let (mut opts, state, run_dir) = match &opts.resume {
-        Some(r) => {
-            let ckpt = if r.is_dir() {
-                r.join("weights").join("state.safetensors")
-            } else {
-                r.clone()
-            };
-            let st = load_state(&ckpt).with_context(|| {
-                format!("--resume {}: cannot read the training state", r.display())
-            })?;
-            let mut o: TrainOptions = serde_json::from_value(st.meta.args.clone())
-                .with_context(|| format!("{}: bad run arguments", ckpt.display()))?;
-            o.resume = Some(ckpt.clone());
-            o.verbose = opts.verbose;
-            // `--data` given with `--resume`: the dataset moved (or is a copy); use it instead of
-            // the path stored in the run. The images must be the same for an exact resume.
-            if !opts.data.as_os_str().is_empty() && opts.data != o.data {
-                if opts.verbose {
-                    obs.line(&format!(
-                        "resume: using --data {} instead of the run's {}",
-                        opts.data.display(),
-                        o.data.display()
-                    ));
-                }
-                o.data = opts.data.clone();
-            }
-            let dir = ckpt
-                .parent()
-                .and_then(|p| p.parent())
-                .map(Path::to_path_buf)
-                .with_context(|| format!("{}: not inside RUN/weights/", ckpt.display()))?;
-            if let Some(e) = opts.extend_epochs {
-                ensure!(
-                    e >= st.meta.epoch.max(1),
-                    "--resume {} --epochs {e}: the run has already done {} epochs",
-                    r.display(),
-                    st.meta.epoch
-                );
-                o.epochs = e;
-            }
-            ensure!(
-                st.meta.epoch < o.epochs,
-                "--resume {}: the run already finished its {} epochs; to train it longer, \
-                 resume with more epochs: yolo9 train --resume {} --epochs {}",
-                r.display(),
-                o.epochs,
-                dir.display(),
-                o.epochs * 2
-            );
-            (o, Some(st), dir)
-        }
+        Some(r) => resume_args(opts, r, obs)?,
         None => {
             let dir = increment_path(&opts.project, &opts.name, opts.exist_ok);
             (opts.clone(), None, dir)
         }
     };
+    check_options(&opts)?;
+    let hyp = load_hyp(&opts, obs)?;
+    let (device, notice) = crate::device::open(opts.device)?;
+    if let Some(n) = notice {
+        obs.note(&n);
+    }
+    check_step_fits(&opts, state.as_ref(), &device)?;
+    let data = scan_data(&opts, &faults, stop, obs)?;
+
+    // The model: the weights (read once, here) and the training graph they or --cfg name.
+    let (weights, arch) = load_model(&opts)?;
+
+    // Batch and micro-batch: from the state, from measured memory, or as given.
+    let probe = MemoryProbe::new(&device)?;
+    let (micro, budget) = match &state {
+        Some(st) => {
+            if let Some(d) = &st.meta.budget {
+                crate::budget::keep_cache_within(d, &probe);
+            }
+            (st.meta.micro, st.meta.budget.clone())
+        }
+        None if opts.budget.is_some() || opts.batch == 0 => {
+            if faults.stop_in == Some(Phase::Sizing) {
+                stop.request();
+            }
+            let d = size_batch(&opts, &data, &arch, &device, &probe, stop, obs)?;
+            if opts.batch == 0 {
+                opts.batch = d.micro;
+            }
+            (d.micro, Some(d))
+        }
+        None => (opts.micro_batch.unwrap_or(opts.batch), None),
+    };
+    ensure!(opts.batch >= 1, "--batch must be at least 1 (or auto)");
+    let micro = micro.clamp(1, opts.batch);
+    tracing::info!(
+        device = %crate::device::name_of(&device),
+        batch = opts.batch,
+        micro,
+        img = opts.img,
+        resumed = state.is_some(),
+        "training run resolved"
+    );
+    Ok((
+        opts,
+        Resolved {
+            state,
+            run_dir,
+            hyp,
+            device,
+            cfg: data.cfg,
+            items: data.items,
+            item_dims: data.item_dims,
+            vimages: data.vimages,
+            probe,
+            micro,
+            budget,
+            faults,
+            weights,
+            arch,
+        },
+    ))
+}
+
+/// `--resume r`: the arguments of the run `r` names (with `--data` and `--epochs` of `opts`
+/// applied), its saved state and its folder.
+fn resume_args(
+    opts: &TrainOptions,
+    r: &Path,
+    obs: &mut dyn TrainObserver,
+) -> Result<(TrainOptions, Option<TrainState>, PathBuf)> {
+    let ckpt = if r.is_dir() {
+        r.join("weights").join("state.safetensors")
+    } else {
+        r.to_path_buf()
+    };
+    let st = load_state(&ckpt)
+        .with_context(|| format!("--resume {}: cannot read the training state", r.display()))?;
+    let mut o: TrainOptions = serde_json::from_value(st.meta.args.clone())
+        .with_context(|| format!("{}: bad run arguments", ckpt.display()))?;
+    o.resume = Some(ckpt.clone());
+    o.verbose = opts.verbose;
+    // `--data` given with `--resume`: the dataset moved (or is a copy); use it instead of
+    // the path stored in the run. The images must be the same for an exact resume.
+    if !opts.data.as_os_str().is_empty() && opts.data != o.data {
+        if opts.verbose {
+            obs.line(&format!(
+                "resume: using --data {} instead of the run's {}",
+                opts.data.display(),
+                o.data.display()
+            ));
+        }
+        o.data = opts.data.clone();
+    }
+    let dir = ckpt
+        .parent()
+        .and_then(|p| p.parent())
+        .map(Path::to_path_buf)
+        .with_context(|| format!("{}: not inside RUN/weights/", ckpt.display()))?;
+    if let Some(e) = opts.extend_epochs {
+        ensure!(
+            e >= st.meta.epoch.max(1),
+            "--resume {} --epochs {e}: the run has already done {} epochs",
+            r.display(),
+            st.meta.epoch
+        );
+        o.epochs = e;
+    }
+    ensure!(
+        st.meta.epoch < o.epochs,
+        "--resume {}: the run already finished its {} epochs; to train it longer, \
+         resume with more epochs: yolo9 train --resume {} --epochs {}",
+        r.display(),
+        o.epochs,
+        dir.display(),
+        o.epochs * 2
+    );
+    Ok((o, Some(st), dir))
+}
+
+/// The checks of the final options that need nothing read.
+fn check_options(opts: &TrainOptions) -> Result<()> {
     ensure!(opts.epochs >= 1, "--epochs must be at least 1");
     ensure!(
         opts.img >= 32 && opts.img % 32 == 0,
@@ -157,6 +230,12 @@ pub(crate) fn resolve(
         opts.save_interval
     );
     ensure!(opts.nan_patience >= 1, "--nan-patience must be at least 1");
+    Ok(())
+}
+
+/// The hyperparameters (`--hyp`, or the defaults), with a warning for each loss gain that
+/// differs from the official one the loss uses.
+fn load_hyp(opts: &TrainOptions, obs: &mut dyn TrainObserver) -> Result<Hyp> {
     let hyp = match &opts.hyp {
         Some(p) => Hyp::load(p)?,
         None => Hyp::default(),
@@ -172,13 +251,13 @@ pub(crate) fn resolve(
             ));
         }
     }
-    let (device, notice) = crate::device::open(opts.device)?;
-    if let Some(n) = notice {
-        obs.note(&n);
-    }
-    // The size against the memory, before the scan: a step that cannot fit is refused now.
-    // Budget sizing (and `--batch auto`) starts from one image; a resumed run keeps its micro-batch.
-    let (images, batch_option) = match &state {
+    Ok(hyp)
+}
+
+/// The size against the memory, before the scan: a step that cannot fit is refused now.
+/// Budget sizing (and `--batch auto`) starts from one image; a resumed run keeps its micro-batch.
+fn check_step_fits(opts: &TrainOptions, state: Option<&TrainState>, device: &Device) -> Result<()> {
+    let (images, batch_option) = match state {
         Some(st) => (st.meta.micro, "--micro-batch"),
         None if opts.budget.is_some() || opts.batch == 0 => (1, "--batch"),
         None => match opts.micro_batch {
@@ -195,9 +274,27 @@ pub(crate) fn resolve(
             batch_option: Some(batch_option),
             split_option: (batch_option == "--batch").then_some("--micro-batch"),
         },
-        &device,
+        device,
         opts.budget,
-    )?;
+    )
+}
+
+/// The dataset of a run, as [`scan_data`] read it.
+struct Data {
+    cfg: DataConfig,
+    items: Vec<TrainItem>,
+    /// Width and height of each of `items`.
+    item_dims: Vec<(u32, u32)>,
+    vimages: Vec<ValImage>,
+}
+
+/// The dataset: its yaml, the scans of both splits, `--single-cls` and `--min-items` applied.
+fn scan_data(
+    opts: &TrainOptions,
+    faults: &Faults,
+    stop: &StopFlag,
+    obs: &mut dyn TrainObserver,
+) -> Result<Data> {
     let mut cfg = DataConfig::load(&opts.data)?;
     if faults.stop_in == Some(Phase::Scan) {
         stop.request();
@@ -278,8 +375,17 @@ pub(crate) fn resolve(
             cfg.yaml_path.display()
         ));
     }
+    Ok(Data {
+        cfg,
+        items,
+        item_dims,
+        vimages,
+    })
+}
 
-    // The model: the weights (read once, here) and the training graph they or --cfg name.
+/// The initial weights (`--weights`, read once) and the training graph: `--cfg`, else the
+/// weights' model, else yolov9-s.
+fn load_model(opts: &TrainOptions) -> Result<(Option<Weights>, Arc<crate::model::Arch>)> {
     let weights = match &opts.weights {
         Some(p) => Some(Weights::load(p).with_context(|| format!("--weights {}", p.display()))?),
         None => None,
@@ -289,86 +395,52 @@ pub(crate) fn resolve(
         (None, Some(w)) => crate::model::yolov9::training_arch(&w.meta.arch)?,
         (None, None) => crate::model::weights::default_arch(crate::model::weights::Graph::Train),
     };
+    Ok((weights, arch))
+}
 
-    // Batch and micro-batch: from the state, from measured memory, or as given.
-    let probe = MemoryProbe::new(&device)?;
-    let (micro, budget) = match &state {
-        Some(st) => {
-            if let Some(d) = &st.meta.budget {
-                crate::budget::keep_cache_within(d, &probe);
-            }
-            (st.meta.micro, st.meta.budget.clone())
-        }
-        None if opts.budget.is_some() || opts.batch == 0 => {
-            let budget = match opts.budget {
-                Some(b) => b,
-                None => (probe.free_bytes() as f64 * AUTO_SHARE) as u64,
-            };
-            let max_labels = items.iter().map(|i| i.labels.len()).max().unwrap_or(1);
-            if faults.stop_in == Some(Phase::Sizing) {
-                stop.request();
-            }
-            let d = plan_cancellable(
-                &BudgetRequest {
-                    nc: cfg.nc,
-                    img: opts.img,
-                    targets_per_image: (4 * max_labels).max(1),
-                    max_batch: if opts.batch == 0 {
-                        64.min(items.len())
-                    } else {
-                        opts.batch
-                    },
-                    budget,
-                    seed: opts.seed,
-                    amp: opts.amp,
-                    arch: arch.clone(),
-                    graphs: crate::train::graphed::StepGraphs::new().applies_to(&device),
-                    fixed_batch: opts.batch != 0,
-                },
-                &device,
-                &probe,
-                &stop.cancel(),
-            )
-            .with_context(|| format!("sizing the batch for --budget {}", fmt_size(budget)))?;
-            if opts.verbose {
-                obs.line(&d.describe());
-            }
-            if opts.batch == 0 {
-                opts.batch = d.micro;
-            }
-            (d.micro, Some(d))
-        }
-        None => (opts.micro_batch.unwrap_or(opts.batch), None),
+/// `--budget` or `--batch auto` on a new run: the micro-batch (and batch) measured to fit the
+/// budget (`--budget`, else a share of the free memory) for the images of `data`.
+fn size_batch(
+    opts: &TrainOptions,
+    data: &Data,
+    arch: &Arc<crate::model::Arch>,
+    device: &Device,
+    probe: &MemoryProbe,
+    stop: &StopFlag,
+    obs: &mut dyn TrainObserver,
+) -> Result<BudgetDecision> {
+    let budget = match opts.budget {
+        Some(b) => b,
+        None => (probe.free_bytes() as f64 * AUTO_SHARE) as u64,
     };
-    ensure!(opts.batch >= 1, "--batch must be at least 1 (or auto)");
-    let micro = micro.clamp(1, opts.batch);
-    tracing::info!(
-        device = %crate::device::name_of(&device),
-        batch = opts.batch,
-        micro,
-        img = opts.img,
-        resumed = state.is_some(),
-        "training run resolved"
-    );
-    Ok((
-        opts,
-        Resolved {
-            state,
-            run_dir,
-            hyp,
-            device,
-            cfg,
-            items,
-            item_dims,
-            vimages,
-            probe,
-            micro,
+    let (cfg, items) = (&data.cfg, &data.items);
+    let max_labels = items.iter().map(|i| i.labels.len()).max().unwrap_or(1);
+    let d = plan_cancellable(
+        &BudgetRequest {
+            nc: cfg.nc,
+            img: opts.img,
+            targets_per_image: (4 * max_labels).max(1),
+            max_batch: if opts.batch == 0 {
+                64.min(items.len())
+            } else {
+                opts.batch
+            },
             budget,
-            faults,
-            weights,
-            arch,
+            seed: opts.seed,
+            amp: opts.amp,
+            arch: arch.clone(),
+            graphs: crate::train::graphed::StepGraphs::new().applies_to(device),
+            fixed_batch: opts.batch != 0,
         },
-    ))
+        device,
+        probe,
+        &stop.cancel(),
+    )
+    .with_context(|| format!("sizing the batch for --budget {}", fmt_size(budget)))?;
+    if opts.verbose {
+        obs.line(&d.describe());
+    }
+    Ok(d)
 }
 
 /// Builds the run of the final options `opts`: model, loss, optimizer and EMA (restored from the
@@ -378,14 +450,35 @@ pub(crate) fn resolve(
 /// in the error chain.
 pub(crate) fn build<'a>(
     opts: &'a TrainOptions,
-    r: Resolved,
+    mut r: Resolved,
     stop: &StopFlag,
     obs: &mut dyn TrainObserver,
     rank0: bool,
 ) -> Result<Prepared<'a>> {
+    if r.state.is_none() && rank0 {
+        refuse_inputs_in_run_dir(opts, &r)?;
+    }
+    // Model, loss, optimizer, EMA.
+    let Parts {
+        model,
+        loss,
+        sched,
+        opt,
+        ema,
+        resumed,
+        eval_model,
+    } = parts(opts, &mut r, obs)?;
+
+    // Outputs (rank 0 of a data-parallel run alone writes them).
+    let wdir = claim_outputs(opts, &mut r.run_dir, r.state.is_none(), rank0, obs)?;
+    let args_json = serde_json::to_value(opts)?;
+    if r.state.is_none() && rank0 {
+        write_run_files(opts, &r, obs)?;
+    }
+
+    // Loader.
     let Resolved {
-        state,
-        mut run_dir,
+        run_dir,
         hyp,
         device,
         cfg,
@@ -396,197 +489,9 @@ pub(crate) fn build<'a>(
         micro,
         budget,
         faults,
-        weights,
-        arch,
+        ..
     } = r;
-    if state.is_none() && rank0 {
-        // `--exist-ok` reuses the folder: it must not hold anything this run reads.
-        let labels: Vec<PathBuf> = items
-            .iter()
-            .map(|i| crate::data::scan::label_path_for(&i.path))
-            .collect();
-        let inputs = [Some(&opts.data), opts.hyp.as_ref(), opts.weights.as_ref()]
-            .into_iter()
-            .flatten()
-            .chain(items.iter().map(|i| &i.path))
-            .chain(&labels)
-            .chain(vimages.iter().map(|i| &i.path))
-            .map(PathBuf::as_path);
-        crate::runs::refuse_reused_dir(&opts.project, &opts.name, opts.exist_ok, inputs)?;
-    }
-    // Model, loss, optimizer, EMA.
-    let model = YoloV9Train::build(
-        &arch,
-        weights.as_ref(),
-        cfg.nc,
-        cfg.names.clone(),
-        &device,
-        opts.seed,
-    )?;
-    // AMP is the default and applies on CUDA only; the run's header line says when it is on.
-    model.set_amp(opts.amp);
-    if let (Some(w), None) = (&opts.weights, &state) {
-        for l in transfer_lines(&model, w, weights.as_ref().map(|w| w.meta.nc)) {
-            obs.line(&l);
-        }
-    }
-    let loss = DualTalLoss::new(cfg.nc, &STRIDES)?.with_label_smoothing(opts.label_smoothing)?;
-    let sched = Schedule {
-        epochs: opts.epochs,
-        lr0: hyp.lr0,
-        lrf: hyp.lrf,
-        momentum: hyp.momentum,
-        warmup_epochs: hyp.warmup_epochs,
-        warmup_momentum: hyp.warmup_momentum,
-        warmup_bias_lr: hyp.warmup_bias_lr,
-        cos_lr: opts.cos_lr,
-        nbs: 64,
-    };
-    let wd = sched.scaled_weight_decay(hyp.weight_decay, opts.batch);
-    // `--freeze`: the parameters of the frozen layers stay out of the optimizer (no update, no
-    // weight decay) and out of the EMA averaging.
-    let prefixes = freeze_prefixes(&opts.freeze);
-    let (frozen, params): (Vec<_>, Vec<_>) = model
-        .vars()
-        .iter()
-        .map(|v| (v.name.clone(), v.var.clone()))
-        .partition(|(n, _)| prefixes.iter().any(|p| n.starts_with(p.as_str())));
-    if !prefixes.is_empty() {
-        let count: usize = frozen.iter().map(|(_, v)| v.elem_count()).sum();
-        let layers = frozen_layers(&frozen);
-        obs.line(&format!(
-            "--freeze: {} parameter tensors ({count} values) of {} layers frozen: {}",
-            frozen.len(),
-            layers.len(),
-            if layers.is_empty() {
-                "none (no layer of the model has those indices)".to_string()
-            } else {
-                layers.join(", ")
-            }
-        ));
-    }
-    let frozen_names: Vec<String> = frozen.into_iter().map(|(n, _)| n).collect();
-    let mut opt = Optimizer::with_kind(opts.optimizer, params, hyp.lr0, hyp.momentum, wd);
-    if opts.optimizer != OptimizerKind::Sgd && opts.verbose {
-        obs.line(&format!(
-            "optimizer: {}(lr={}, betas=({}, {ADAM_BETA2})) with parameter groups {} bias, {} \
-             weight (decay {wd:.3e}), {} BatchNorm weight",
-            opts.optimizer.name(),
-            hyp.lr0,
-            hyp.momentum,
-            opt.group_sizes()[0],
-            opt.group_sizes()[1],
-            opt.group_sizes()[2],
-        ));
-    }
-    let mut ema = Ema::new(&model.float_state()?)?;
-    ema.freeze(&frozen_names);
-    let resumed = match &state {
-        Some(st) => {
-            let r = restore(st, &model, &mut opt, &mut ema, &device)?;
-            obs.line(&format!(
-                "resuming at epoch {} batch {} (best fitness {:.5}, micro-batch {})",
-                r.start.epoch + 1,
-                r.start.batch,
-                r.counters.best_fitness,
-                micro
-            ));
-            r
-        }
-        None => Resumed::default(),
-    };
-    drop(weights);
-    let eval_model =
-        YoloV9Train::build(&arch, None, cfg.nc, cfg.names.clone(), &device, opts.seed)?;
-
-    // Outputs (rank 0 of a data-parallel run alone writes them). A new run claims its folder
-    // now, exclusively: another run started meanwhile with the same --project/--name gets the
-    // next one instead of sharing it.
-    if state.is_none() && rank0 {
-        run_dir = crate::runs::claim_run_dir(&opts.project, &opts.name, opts.exist_ok)
-            .with_context(|| format!("{}: cannot create the run folder", run_dir.display()))?;
-    }
-    let wdir = run_dir.join("weights");
-    if rank0 {
-        std::fs::create_dir_all(&wdir)
-            .with_context(|| format!("{}: cannot create the run folder", wdir.display()))?;
-    }
-    // Temporary files of a writer killed mid-checkpoint (the checkpoints themselves are intact).
-    if let Some(entries) = rank0.then(|| std::fs::read_dir(&wdir).ok()).flatten() {
-        for e in entries.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if name.starts_with('.') && name.ends_with(".tmp") {
-                let _ = std::fs::remove_file(e.path());
-                obs.line(&format!(
-                    "removed {name}, left by an interrupted checkpoint write"
-                ));
-            }
-        }
-    }
-    let args_json = serde_json::to_value(opts)?;
-    if state.is_none() && rank0 {
-        // Through `outfile`, like every output: never onto the run's inputs (`--data`, `--hyp`,
-        // `--weights`), only over a regular file, atomically.
-        let inputs = crate::outfile::Inputs::of(
-            std::iter::once(opts.data.clone())
-                .chain(opts.hyp.clone())
-                .chain(opts.weights.clone()),
-        );
-        for (name, text) in [
-            ("args.yaml", serde_yaml_ng::to_string(opts)?),
-            ("hyp.yaml", serde_yaml_ng::to_string(&hyp)?),
-        ] {
-            crate::outfile::write(&run_dir.join(name), text.as_bytes(), &inputs)
-                .with_context(|| format!("{}: cannot write {name}", run_dir.display()))?;
-        }
-        create_results_csv(&run_dir)?;
-        if !opts.noplots {
-            // labels.jpg: the training labels at a glance (official `plot_labels`).
-            let boxes: Vec<(u32, [f32; 4])> = items
-                .iter()
-                .flat_map(|i| i.labels.iter().copied())
-                .collect();
-            let p = run_dir.join("labels.jpg");
-            if let Err(e) = crate::metrics::plots::plot_labels(&boxes, &cfg.names, &p) {
-                obs.line(&format!("warning: labels.jpg not drawn: {e:#}"));
-            }
-        }
-    }
-
-    // Loader.
-    let workers = if opts.workers == 0 {
-        default_workers()
-    } else {
-        opts.workers
-    };
-    let decode: Arc<DecodeFn> = Arc::new(|p: &Path| load_rgb8(p));
-    let (decode, cached) = match opts.cache {
-        ImageCache::Ram => {
-            match ram_cache(&items, &item_dims, &decode, opts, workers, stop, obs)? {
-                Some(c) => (c.decode_fn(decode, opts.img), true),
-                None => (decode, false),
-            }
-        }
-        ImageCache::None => (decode, false),
-    };
-    let loader = Loader::new(
-        items,
-        decode,
-        LoaderConfig {
-            img_size: opts.img,
-            batch: opts.batch,
-            seed: opts.seed,
-            workers,
-            prefetch: 2,
-            augment: hyp.augment(),
-            shuffle: true,
-        },
-    )?;
-    let loader = if cached {
-        loader.with_resized_source()
-    } else {
-        loader
-    };
+    let loader = loader(opts, items, &item_dims, &hyp, stop, obs)?;
     let nb = batches_per_epoch(loader.len(), opts.batch);
     if opts.verbose {
         obs.line(&format!(
@@ -640,9 +545,283 @@ pub(crate) fn build<'a>(
         comm: None,
         rank0,
     };
-    // CUDA-graph replay of the step (`train::graphed`) holds the captured step's memory in the
-    // graphs' own pool, beside what the ordinary phases keep: under a memory budget it runs only
-    // when the sizing measured it and chose it (`train::budget`), at the micro-batch sized for it.
+    choose_step_launch(&run, obs);
+    Ok(Prepared {
+        run,
+        loader,
+        val: Val {
+            model: eval_model,
+            images: vimages,
+            names: cfg.names,
+        },
+        start,
+    })
+}
+
+/// What a run trains and evaluates, from [`parts`].
+struct Parts {
+    model: YoloV9Train,
+    loss: DualTalLoss,
+    sched: Schedule,
+    opt: Optimizer,
+    ema: Ema,
+    resumed: Resumed,
+    /// The model validation runs (it receives the EMA state before each validation).
+    eval_model: YoloV9Train,
+}
+
+/// Model, loss, schedule, optimizer and EMA (restored from the saved state on `--resume`), and
+/// the model validation runs; the initial weights of `r` are dropped once read.
+fn parts(opts: &TrainOptions, r: &mut Resolved, obs: &mut dyn TrainObserver) -> Result<Parts> {
+    let model = YoloV9Train::build(
+        &r.arch,
+        r.weights.as_ref(),
+        r.cfg.nc,
+        r.cfg.names.clone(),
+        &r.device,
+        opts.seed,
+    )?;
+    // AMP is the default and applies on CUDA only; the run's header line says when it is on.
+    model.set_amp(opts.amp);
+    if let (Some(w), None) = (&opts.weights, &r.state) {
+        for l in transfer_lines(&model, w, r.weights.as_ref().map(|w| w.meta.nc)) {
+            obs.line(&l);
+        }
+    }
+    let loss = DualTalLoss::new(r.cfg.nc, &STRIDES)?.with_label_smoothing(opts.label_smoothing)?;
+    let sched = Schedule {
+        epochs: opts.epochs,
+        lr0: r.hyp.lr0,
+        lrf: r.hyp.lrf,
+        momentum: r.hyp.momentum,
+        warmup_epochs: r.hyp.warmup_epochs,
+        warmup_momentum: r.hyp.warmup_momentum,
+        warmup_bias_lr: r.hyp.warmup_bias_lr,
+        cos_lr: opts.cos_lr,
+        nbs: 64,
+    };
+    let (mut opt, frozen_names) = optimizer(opts, &r.hyp, &sched, &model, obs);
+    let mut ema = Ema::new(&model.float_state()?)?;
+    ema.freeze(&frozen_names);
+    let resumed = match &r.state {
+        Some(st) => {
+            let res = restore(st, &model, &mut opt, &mut ema, &r.device)?;
+            obs.line(&format!(
+                "resuming at epoch {} batch {} (best fitness {:.5}, micro-batch {})",
+                res.start.epoch + 1,
+                res.start.batch,
+                res.counters.best_fitness,
+                r.micro
+            ));
+            res
+        }
+        None => Resumed::default(),
+    };
+    drop(r.weights.take());
+    let eval_model = YoloV9Train::build(
+        &r.arch,
+        None,
+        r.cfg.nc,
+        r.cfg.names.clone(),
+        &r.device,
+        opts.seed,
+    )?;
+    Ok(Parts {
+        model,
+        loss,
+        sched,
+        opt,
+        ema,
+        resumed,
+        eval_model,
+    })
+}
+
+/// `--exist-ok` on a new run reuses the folder: it must not hold anything this run reads.
+fn refuse_inputs_in_run_dir(opts: &TrainOptions, r: &Resolved) -> Result<()> {
+    let labels: Vec<PathBuf> = r
+        .items
+        .iter()
+        .map(|i| crate::data::scan::label_path_for(&i.path))
+        .collect();
+    let inputs = [Some(&opts.data), opts.hyp.as_ref(), opts.weights.as_ref()]
+        .into_iter()
+        .flatten()
+        .chain(r.items.iter().map(|i| &i.path))
+        .chain(&labels)
+        .chain(r.vimages.iter().map(|i| &i.path))
+        .map(PathBuf::as_path);
+    crate::runs::refuse_reused_dir(&opts.project, &opts.name, opts.exist_ok, inputs)?;
+    Ok(())
+}
+
+/// The optimizer over the parameters `--freeze` leaves trainable, and the names of the frozen
+/// ones (for the EMA). The frozen parameters stay out of the optimizer (no update, no weight
+/// decay) and out of the EMA averaging.
+fn optimizer(
+    opts: &TrainOptions,
+    hyp: &Hyp,
+    sched: &Schedule,
+    model: &YoloV9Train,
+    obs: &mut dyn TrainObserver,
+) -> (Optimizer, Vec<String>) {
+    let wd = sched.scaled_weight_decay(hyp.weight_decay, opts.batch);
+    let prefixes = freeze_prefixes(&opts.freeze);
+    let (frozen, params): (Vec<_>, Vec<_>) = model
+        .vars()
+        .iter()
+        .map(|v| (v.name.clone(), v.var.clone()))
+        .partition(|(n, _)| prefixes.iter().any(|p| n.starts_with(p.as_str())));
+    if !prefixes.is_empty() {
+        let count: usize = frozen.iter().map(|(_, v)| v.elem_count()).sum();
+        let layers = frozen_layers(&frozen);
+        obs.line(&format!(
+            "--freeze: {} parameter tensors ({count} values) of {} layers frozen: {}",
+            frozen.len(),
+            layers.len(),
+            if layers.is_empty() {
+                "none (no layer of the model has those indices)".to_string()
+            } else {
+                layers.join(", ")
+            }
+        ));
+    }
+    let frozen_names: Vec<String> = frozen.into_iter().map(|(n, _)| n).collect();
+    let opt = Optimizer::with_kind(opts.optimizer, params, hyp.lr0, hyp.momentum, wd);
+    if opts.optimizer != OptimizerKind::Sgd && opts.verbose {
+        obs.line(&format!(
+            "optimizer: {}(lr={}, betas=({}, {ADAM_BETA2})) with parameter groups {} bias, {} \
+             weight (decay {wd:.3e}), {} BatchNorm weight",
+            opts.optimizer.name(),
+            hyp.lr0,
+            hyp.momentum,
+            opt.group_sizes()[0],
+            opt.group_sizes()[1],
+            opt.group_sizes()[2],
+        ));
+    }
+    (opt, frozen_names)
+}
+
+/// The run folder's `weights/` folder, created (on rank 0) and cleared of the temporary files of
+/// an interrupted checkpoint write. A new run claims its folder first (`run_dir` becomes the one
+/// claimed), exclusively: another run started meanwhile with the same --project/--name gets the
+/// next one instead of sharing it.
+fn claim_outputs(
+    opts: &TrainOptions,
+    run_dir: &mut PathBuf,
+    new_run: bool,
+    rank0: bool,
+    obs: &mut dyn TrainObserver,
+) -> Result<PathBuf> {
+    if new_run && rank0 {
+        *run_dir = crate::runs::claim_run_dir(&opts.project, &opts.name, opts.exist_ok)
+            .with_context(|| format!("{}: cannot create the run folder", run_dir.display()))?;
+    }
+    let wdir = run_dir.join("weights");
+    if rank0 {
+        std::fs::create_dir_all(&wdir)
+            .with_context(|| format!("{}: cannot create the run folder", wdir.display()))?;
+    }
+    // Temporary files of a writer killed mid-checkpoint (the checkpoints themselves are intact).
+    if let Some(entries) = rank0.then(|| std::fs::read_dir(&wdir).ok()).flatten() {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') && name.ends_with(".tmp") {
+                let _ = std::fs::remove_file(e.path());
+                obs.line(&format!(
+                    "removed {name}, left by an interrupted checkpoint write"
+                ));
+            }
+        }
+    }
+    Ok(wdir)
+}
+
+/// A new run's files in its folder: `args.yaml`, `hyp.yaml`, the header of `results.csv` and
+/// (without `--noplots`) `labels.jpg`.
+fn write_run_files(opts: &TrainOptions, r: &Resolved, obs: &mut dyn TrainObserver) -> Result<()> {
+    let run_dir = &r.run_dir;
+    // Through `outfile`, like every output: never onto the run's inputs (`--data`, `--hyp`,
+    // `--weights`), only over a regular file, atomically.
+    let inputs = crate::outfile::Inputs::of(
+        std::iter::once(opts.data.clone())
+            .chain(opts.hyp.clone())
+            .chain(opts.weights.clone()),
+    );
+    for (name, text) in [
+        ("args.yaml", serde_yaml_ng::to_string(opts)?),
+        ("hyp.yaml", serde_yaml_ng::to_string(&r.hyp)?),
+    ] {
+        crate::outfile::write(&run_dir.join(name), text.as_bytes(), &inputs)
+            .with_context(|| format!("{}: cannot write {name}", run_dir.display()))?;
+    }
+    create_results_csv(run_dir)?;
+    if !opts.noplots {
+        // labels.jpg: the training labels at a glance (official `plot_labels`).
+        let boxes: Vec<(u32, [f32; 4])> = r
+            .items
+            .iter()
+            .flat_map(|i| i.labels.iter().copied())
+            .collect();
+        let p = run_dir.join("labels.jpg");
+        if let Err(e) = crate::metrics::plots::plot_labels(&boxes, &r.cfg.names, &p) {
+            obs.line(&format!("warning: labels.jpg not drawn: {e:#}"));
+        }
+    }
+    Ok(())
+}
+
+/// The loader of the training images (`items`, of sizes `item_dims`), through the `--cache ram`
+/// cache when it fits.
+fn loader(
+    opts: &TrainOptions,
+    items: Vec<TrainItem>,
+    item_dims: &[(u32, u32)],
+    hyp: &Hyp,
+    stop: &StopFlag,
+    obs: &mut dyn TrainObserver,
+) -> Result<Loader> {
+    let workers = if opts.workers == 0 {
+        default_workers()
+    } else {
+        opts.workers
+    };
+    let decode: Arc<DecodeFn> = Arc::new(|p: &Path| load_rgb8(p));
+    let (decode, cached) = match opts.cache {
+        ImageCache::Ram => match ram_cache(&items, item_dims, &decode, opts, workers, stop, obs)? {
+            Some(c) => (c.decode_fn(decode, opts.img), true),
+            None => (decode, false),
+        },
+        ImageCache::None => (decode, false),
+    };
+    let loader = Loader::new(
+        items,
+        decode,
+        LoaderConfig {
+            img_size: opts.img,
+            batch: opts.batch,
+            seed: opts.seed,
+            workers,
+            prefetch: 2,
+            augment: hyp.augment(),
+            shuffle: true,
+        },
+    )?;
+    Ok(if cached {
+        loader.with_resized_source()
+    } else {
+        loader
+    })
+}
+
+/// Whether the run's step is replayed from CUDA graphs (`train::graphed`) or launched ordinarily,
+/// set on `run.graphs` and (verbose, CUDA) said.
+///
+/// The replay holds the captured step's memory in the graphs' own pool, beside what the ordinary
+/// phases keep: under a memory budget it runs only when the sizing measured it and chose it
+/// (`train::budget`), at the micro-batch sized for it.
+fn choose_step_launch(run: &Run, obs: &mut dyn TrainObserver) {
     let graphed = run.graphs.borrow().applies_to(&run.device)
         && run.budget.as_ref().is_none_or(|d| d.graphed);
     if !graphed {
@@ -650,7 +829,7 @@ pub(crate) fn build<'a>(
     }
     // Without a budget the capture survives validation and the epoch's last partial batch.
     run.graphs.borrow_mut().set_keep(run.budget.is_none());
-    if opts.verbose && device.is_cuda() {
+    if run.opts.verbose && run.device.is_cuda() {
         let how = match (graphed, &run.budget) {
             (true, None) => {
                 "replayed from CUDA graphs (YOLO9_TRAIN_GRAPH=0 turns that off)".to_string()
@@ -668,16 +847,6 @@ pub(crate) fn build<'a>(
         };
         obs.line(&format!("training step: {how}"));
     }
-    Ok(Prepared {
-        run,
-        loader,
-        val: Val {
-            model: eval_model,
-            images: vimages,
-            names: cfg.names,
-        },
-        start,
-    })
 }
 
 /// The lines that say what `--weights` gave the model (official `Transferred N/M items`, after
