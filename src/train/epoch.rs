@@ -301,17 +301,8 @@ fn train_batches(
     for batch in loader.epoch(epoch, first) {
         let i = batch.index;
         let ni = i + nb * epoch;
-        // Stop request or mid-epoch checkpoint, before this batch (state = batches < i); in a
-        // data-parallel run any rank's stop and rank 0's timer, agreed.
-        let mut want_save = i > first && last_save.elapsed() >= interval;
-        if let Some(c) = run.comm.as_mut() {
-            let mine = u32::from(stop.requested()) | (u32::from(want_save && c.rank() == 0) << 1);
-            let a = c.agree(mine)?;
-            if a.any(1) {
-                stop.request();
-            }
-            want_save = a.any(2);
-        }
+        // Stop request or mid-epoch checkpoint, before this batch (state = batches < i).
+        let want_save = agree_save(run, stop, i > first && last_save.elapsed() >= interval)?;
         if stop.requested() || want_save {
             pr.train_secs = secs0 + t0.elapsed().as_secs_f64();
             run.save(epoch, i, &pr, obs)?;
@@ -332,19 +323,7 @@ fn train_batches(
             continue;
         }
         if ni < 3 && !opts.noplots && run.rank0 && batch.len > 0 {
-            // The first three batches of the run, as the official `train_batch{ni}.jpg`.
-            let p = run.run_dir.join(format!("train_batch{ni}.jpg"));
-            let drawn = crate::train::plots::plot_train_batch(
-                &batch.images,
-                batch.len,
-                batch.size,
-                &batch.targets,
-                names,
-                &p,
-            );
-            if let Err(e) = drawn {
-                obs.note(&format!("warning: {e:#}"));
-            }
+            plot_batch(run, &batch, ni, names, obs);
         }
         times.mark(0)?;
         let st = run.sched.at(ni, epoch, nb, opts.batch);
@@ -363,80 +342,11 @@ fn train_batches(
             run.train_batch_recovering(&batch, ni, epoch, obs, &mut times)?
         };
         pr.oom_events += ooms;
-        let (out, images) = match run.comm.as_mut() {
-            None => (out, batch.len),
-            Some(c) => {
-                let local = crate::train::dist::sync::Local {
-                    grads: out.grads,
-                    items: out.items,
-                    len: batch.len,
-                    micro: run.micro,
-                };
-                let g =
-                    crate::train::dist::sync::exchange(c.as_mut(), local, &run.opt, &run.device)?;
-                run.micro = g.micro;
-                if !g.nan_ranks.is_empty() {
-                    run.log(
-                        obs,
-                        format!(
-                            "non-finite loss on rank(s) {:?}: every rank drops the batch",
-                            g.nan_ranks
-                        ),
-                    );
-                }
-                (
-                    BatchOutcome {
-                        items: g.items,
-                        grads: g.grads,
-                    },
-                    g.len,
-                )
-            }
-        };
-        match out.grads {
-            Some(mut g) => {
-                add_param_grads(&mut run.acc, &mut g, &run.opt)?;
-                for (m, v) in pr.mloss.iter_mut().zip(out.items) {
-                    *m = (*m * pr.done as f64 + v) / (pr.done + 1) as f64;
-                }
-                pr.done += 1;
-                pr.images += images;
-            }
-            None => {
-                // The optimizer step this batch belongs to is skipped: its window's
-                // gradients are dropped.
-                run.acc = None;
-                pr.nan_events += 1;
-                run.nan_streak += 1;
-                run.log(
-                    obs,
-                    format!(
-                        "warning: non-finite loss {:?} at epoch {} batch {i}; batch skipped ({} in a row)",
-                        out.items, epoch + 1, run.nan_streak
-                    ),
-                );
-            }
-        }
+        let (out, images) = exchange(run, out, batch.len, obs)?;
+        accumulate(run, &mut pr, out, images, (epoch, i), obs)?;
         if ni as i64 - run.counters.last_opt_step >= st.accumulate as i64 {
-            if let Some(mut g) = run.acc.take() {
-                if let Some(c) = run.comm.as_mut() {
-                    crate::train::dist::sync::broadcast_bn(c.as_mut(), &run.model)?;
-                }
-                let norm = optimizer_step(&run.model, &mut run.opt, &mut run.ema, &mut g)?;
-                if norm.is_finite() {
-                    run.nan_streak = 0;
-                } else {
-                    pr.nan_events += 1;
-                    run.nan_streak += 1;
-                    run.log(
-                        obs,
-                        format!(
-                            "warning: non-finite gradient norm at epoch {} batch {i}; optimizer step skipped ({} in a row)",
-                            epoch + 1,
-                            run.nan_streak
-                        ),
-                    );
-                }
+            if let Some(g) = run.acc.take() {
+                apply_step(run, &mut pr, g, (epoch, i), obs)?;
             }
             run.counters.last_opt_step = ni as i64;
         }
@@ -476,6 +386,154 @@ fn train_batches(
         obs.line(&line);
     }
     Ok(Some((pr, train_secs)))
+}
+
+/// In a data-parallel run, any rank's stop request and rank 0's save timer (`want_save`),
+/// agreed: another rank's stop request is set on `stop`, and the agreed save is returned. A
+/// single-device run returns `want_save`.
+fn agree_save(run: &mut Run<'_>, stop: &StopFlag, mut want_save: bool) -> Result<bool> {
+    if let Some(c) = run.comm.as_mut() {
+        let mine = u32::from(stop.requested()) | (u32::from(want_save && c.rank() == 0) << 1);
+        let a = c.agree(mine)?;
+        if a.any(1) {
+            stop.request();
+        }
+        want_save = a.any(2);
+    }
+    Ok(want_save)
+}
+
+/// Draws batch `ni` (one of the first three of the run) as the official `train_batch{ni}.jpg`;
+/// a failure is a warning.
+fn plot_batch(
+    run: &Run<'_>,
+    batch: &Batch,
+    ni: usize,
+    names: &[String],
+    obs: &mut dyn TrainObserver,
+) {
+    let p = run.run_dir.join(format!("train_batch{ni}.jpg"));
+    let drawn = crate::train::plots::plot_train_batch(
+        &batch.images,
+        batch.len,
+        batch.size,
+        &batch.targets,
+        names,
+        &p,
+    );
+    if let Err(e) = drawn {
+        obs.note(&format!("warning: {e:#}"));
+    }
+}
+
+/// The batch's outcome across the ranks of a data-parallel run (gradients summed, losses
+/// averaged over the global batch, the batch dropped by all when one rank's loss is not finite;
+/// the micro-batch becomes the smallest of any rank) and the images it counts; a single-device
+/// run returns `out` and its own `len` images.
+fn exchange(
+    run: &mut Run<'_>,
+    out: BatchOutcome,
+    len: usize,
+    obs: &mut dyn TrainObserver,
+) -> Result<(BatchOutcome, usize)> {
+    Ok(match run.comm.as_mut() {
+        None => (out, len),
+        Some(c) => {
+            let local = crate::train::dist::sync::Local {
+                grads: out.grads,
+                items: out.items,
+                len,
+                micro: run.micro,
+            };
+            let g = crate::train::dist::sync::exchange(c.as_mut(), local, &run.opt, &run.device)?;
+            run.micro = g.micro;
+            if !g.nan_ranks.is_empty() {
+                run.log(
+                    obs,
+                    format!(
+                        "non-finite loss on rank(s) {:?}: every rank drops the batch",
+                        g.nan_ranks
+                    ),
+                );
+            }
+            (
+                BatchOutcome {
+                    items: g.items,
+                    grads: g.grads,
+                },
+                g.len,
+            )
+        }
+    })
+}
+
+/// Adds the gradients of batch `i` of `epoch` to the accumulation window and its losses to the
+/// epoch's means; a batch without gradients (non-finite loss) drops the window and counts a NaN
+/// event.
+fn accumulate(
+    run: &mut Run<'_>,
+    pr: &mut EpochProgress,
+    out: BatchOutcome,
+    images: usize,
+    (epoch, i): (usize, usize),
+    obs: &mut dyn TrainObserver,
+) -> Result<()> {
+    match out.grads {
+        Some(mut g) => {
+            add_param_grads(&mut run.acc, &mut g, &run.opt)?;
+            for (m, v) in pr.mloss.iter_mut().zip(out.items) {
+                *m = (*m * pr.done as f64 + v) / (pr.done + 1) as f64;
+            }
+            pr.done += 1;
+            pr.images += images;
+        }
+        None => {
+            // The optimizer step this batch belongs to is skipped: its window's
+            // gradients are dropped.
+            run.acc = None;
+            pr.nan_events += 1;
+            run.nan_streak += 1;
+            run.log(
+                obs,
+                format!(
+                    "warning: non-finite loss {:?} at epoch {} batch {i}; batch skipped ({} in a row)",
+                    out.items, epoch + 1, run.nan_streak
+                ),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The optimizer step on the accumulated gradients `g` (after batch `i` of `epoch`), with the
+/// BatchNorm statistics of rank 0 in a data-parallel run; a non-finite gradient norm skips the
+/// step and counts a NaN event.
+fn apply_step(
+    run: &mut Run<'_>,
+    pr: &mut EpochProgress,
+    mut g: candle_core::backprop::GradStore,
+    (epoch, i): (usize, usize),
+    obs: &mut dyn TrainObserver,
+) -> Result<()> {
+    if let Some(c) = run.comm.as_mut() {
+        crate::train::dist::sync::broadcast_bn(c.as_mut(), &run.model)?;
+    }
+    let norm = optimizer_step(&run.model, &mut run.opt, &mut run.ema, &mut g)?;
+    if norm.is_finite() {
+        run.nan_streak = 0;
+    } else {
+        pr.nan_events += 1;
+        run.nan_streak += 1;
+        run.log(
+            obs,
+            format!(
+                "warning: non-finite gradient norm at epoch {} batch {i}; optimizer step skipped ({} in a row)",
+                epoch + 1,
+                run.nan_streak
+            ),
+        );
+    }
+    Ok(())
 }
 
 /// Validates the EMA on the val split, halving the batch on out-of-memory (counted in `pr`, as
