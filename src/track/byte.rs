@@ -318,34 +318,7 @@ impl ByteTracker {
         };
         let first = self.last_frame.is_none();
         let cfg = self.config;
-        let (hi, lo) = (cfg.track_high_thresh as f64, cfg.track_low_thresh as f64);
-        let mut high = Vec::new();
-        let mut low = Vec::new();
-        for (index, d) in detections.iter().enumerate() {
-            if !(d.bbox.iter().all(|v| v.is_finite()) && d.confidence.is_finite()) {
-                return Err(TrackError::NotFinite {
-                    frame,
-                    index,
-                    bbox: d.bbox,
-                    score: d.confidence,
-                });
-            }
-            let b = d.bbox.map(|v| v as f64);
-            if b[2] <= b[0] || b[3] <= b[1] {
-                continue;
-            }
-            let det = Det {
-                tlbr: b,
-                score: d.confidence as f64,
-                class_id: d.class_id,
-                index,
-            };
-            if det.score > hi {
-                high.push(det);
-            } else if det.score > lo && det.score < hi {
-                low.push(det);
-            }
-        }
+        let (high, low) = split_by_score(detections, frame, &cfg)?;
         self.last_frame = Some(frame);
 
         // A lost track removed on the previous update is matchable one frame later only (the
@@ -360,10 +333,7 @@ impl ByteTracker {
             tracked_old.iter().partition(|&&t| !arena[t].activated);
         pool.extend(&lost_old);
 
-        let mut activated = Vec::new();
-        let mut refound = Vec::new();
-        let mut lost_now = Vec::new();
-        let mut removed_now = Vec::new();
+        let mut ch = Changes::default();
 
         // Step 2: predict, then the high-score detections against tracked and lost tracks.
         for &t in &pool {
@@ -377,16 +347,7 @@ impl ByteTracker {
         }
         let cost = iou_cost(&arena, &pool, &high, cfg.fuse_score);
         let m = linear_assignment(&cost, pool.len(), high.len(), cfg.match_thresh as f64);
-        for &(i, j) in &m {
-            let t = pool[i];
-            let was = arena[t].state;
-            arena[t].take(&high[j], frame);
-            if was == State::Tracked {
-                activated.push(t);
-            } else {
-                refound.push(t);
-            }
-        }
+        ch.take_matches(&mut arena, &pool, &high, &m, frame);
         let u_track = unmatched(pool.len(), &m, false);
         let u_det = unmatched(high.len(), &m, true);
 
@@ -398,21 +359,12 @@ impl ByteTracker {
             .collect();
         let cost = iou_cost(&arena, &r_tracked, &low, false);
         let m = linear_assignment(&cost, r_tracked.len(), low.len(), 0.5);
-        for &(i, j) in &m {
-            let t = r_tracked[i];
-            let was = arena[t].state;
-            arena[t].take(&low[j], frame);
-            if was == State::Tracked {
-                activated.push(t);
-            } else {
-                refound.push(t);
-            }
-        }
+        ch.take_matches(&mut arena, &r_tracked, &low, &m, frame);
         for i in unmatched(r_tracked.len(), &m, false) {
             let t = r_tracked[i];
             if arena[t].state != State::Lost {
                 arena[t].state = State::Lost;
-                lost_now.push(t);
+                ch.lost_now.push(t);
             }
         }
 
@@ -423,38 +375,23 @@ impl ByteTracker {
         for &(i, j) in &m {
             let t = unconfirmed[i];
             arena[t].take(&rest[j], frame);
-            activated.push(t);
+            ch.activated.push(t);
         }
         for i in unmatched(unconfirmed.len(), &m, false) {
             let t = unconfirmed[i];
             arena[t].state = State::Removed;
-            removed_now.push(t);
+            ch.removed_now.push(t);
         }
 
         // Step 4: new tracks.
-        for j in unmatched(rest.len(), &m, true) {
-            let d = &rest[j];
-            if d.score < cfg.new_track_thresh as f64 {
-                continue;
-            }
-            self.next_id += 1;
-            let (mean, cov) = kalman::initiate(d.xyah());
-            arena.push(STrack {
-                id: self.next_id,
-                mean,
-                cov,
-                state: State::Tracked,
-                activated: first,
-                score: d.score,
-                class_id: d.class_id,
-                detection: d.index,
-                frame,
-                start_frame: frame,
-                ever_removed: false,
-                removed_at: 0,
-            });
-            activated.push(arena.len() - 1);
-        }
+        let new = unmatched(rest.len(), &m, true);
+        self.start_tracks(
+            &mut arena,
+            new.iter().map(|&j| &rest[j]),
+            first,
+            frame,
+            &mut ch,
+        );
 
         // Step 5: lost tracks past the buffer.
         let max_lost = cfg.max_time_lost();
@@ -464,63 +401,12 @@ impl ByteTracker {
                     arena[t].removed_at = frame;
                 }
                 arena[t].state = State::Removed;
-                removed_now.push(t);
+                ch.removed_now.push(t);
             }
         }
 
-        // The lists, as the authors combine them (joint / sub by track ID).
-        let mut tracked: Vec<usize> = tracked_old
-            .iter()
-            .copied()
-            .filter(|&t| arena[t].state == State::Tracked)
-            .collect();
-        for t in activated.into_iter().chain(refound) {
-            if !tracked.contains(&t) {
-                tracked.push(t);
-            }
-        }
-        let mut lost: Vec<usize> = lost_old
-            .iter()
-            .copied()
-            .filter(|t| !tracked.contains(t))
-            .collect();
-        lost.extend(lost_now);
-        // `sub_stracks(lost, removed_stracks)` with the removed list as it was before this
-        // frame: a track removed now leaves the lost list on the next frame.
-        lost.retain(|&t| !arena[t].ever_removed);
-        for &t in &removed_now {
-            arena[t].ever_removed = true;
-        }
-        // remove_duplicate_stracks: a tracked and a lost track with IoU distance < 0.15 keep the
-        // one tracked longer (the lost one on a tie).
-        let mut drop_a = vec![false; tracked.len()];
-        let mut drop_b = vec![false; lost.len()];
-        for (p, &a) in tracked.iter().enumerate() {
-            let ba = arena[a].tlbr();
-            for (q, &b) in lost.iter().enumerate() {
-                if 1.0 - iou_plus1(&ba, &arena[b].tlbr()) < 0.15 {
-                    let tp = arena[a].frame as i64 - arena[a].start_frame as i64;
-                    let tq = arena[b].frame as i64 - arena[b].start_frame as i64;
-                    if tp > tq {
-                        drop_b[q] = true;
-                    } else {
-                        drop_a[p] = true;
-                    }
-                }
-            }
-        }
-        let tracked: Vec<usize> = tracked
-            .into_iter()
-            .enumerate()
-            .filter(|(p, _)| !drop_a[*p])
-            .map(|(_, t)| t)
-            .collect();
-        let lost: Vec<usize> = lost
-            .into_iter()
-            .enumerate()
-            .filter(|(q, _)| !drop_b[*q])
-            .map(|(_, t)| t)
-            .collect();
+        let (tracked, lost) = combine(&mut arena, &tracked_old, &lost_old, ch);
+        let (tracked, lost) = remove_duplicates(&arena, tracked, lost);
 
         let out = tracked
             .iter()
@@ -540,4 +426,187 @@ impl ByteTracker {
         self.lost = lost.iter().filter_map(|&t| slots[t].take()).collect();
         Ok(out)
     }
+
+    /// Step 4 of [`ByteTracker::update`]: a new track (with the next ID) for each of `dets`
+    /// scoring at least `new_track_thresh`, confirmed at once on the first frame only.
+    fn start_tracks<'d>(
+        &mut self,
+        arena: &mut Vec<STrack>,
+        dets: impl Iterator<Item = &'d Det>,
+        first: bool,
+        frame: u64,
+        ch: &mut Changes,
+    ) {
+        for d in dets {
+            if d.score < self.config.new_track_thresh as f64 {
+                continue;
+            }
+            self.next_id += 1;
+            let (mean, cov) = kalman::initiate(d.xyah());
+            arena.push(STrack {
+                id: self.next_id,
+                mean,
+                cov,
+                state: State::Tracked,
+                activated: first,
+                score: d.score,
+                class_id: d.class_id,
+                detection: d.index,
+                frame,
+                start_frame: frame,
+                ever_removed: false,
+                removed_at: 0,
+            });
+            ch.activated.push(arena.len() - 1);
+        }
+    }
+}
+
+/// The checked `detections` of frame `frame` with a positive width and height, split into the
+/// high-score ones (above `track_high_thresh`) and the low-score ones (above
+/// `track_low_thresh`, below the high threshold). Errors: a non-finite box or score.
+fn split_by_score(
+    detections: &[Detection],
+    frame: u64,
+    cfg: &TrackerConfig,
+) -> Result<(Vec<Det>, Vec<Det>), TrackError> {
+    let (hi, lo) = (cfg.track_high_thresh as f64, cfg.track_low_thresh as f64);
+    let mut high = Vec::new();
+    let mut low = Vec::new();
+    for (index, d) in detections.iter().enumerate() {
+        if !(d.bbox.iter().all(|v| v.is_finite()) && d.confidence.is_finite()) {
+            return Err(TrackError::NotFinite {
+                frame,
+                index,
+                bbox: d.bbox,
+                score: d.confidence,
+            });
+        }
+        let b = d.bbox.map(|v| v as f64);
+        if b[2] <= b[0] || b[3] <= b[1] {
+            continue;
+        }
+        let det = Det {
+            tlbr: b,
+            score: d.confidence as f64,
+            class_id: d.class_id,
+            index,
+        };
+        if det.score > hi {
+            high.push(det);
+        } else if det.score > lo && det.score < hi {
+            low.push(det);
+        }
+    }
+    Ok((high, low))
+}
+
+/// The arena indices (see [`ByteTracker::update`]) a frame's matching changed, in the order the
+/// authors' lists get them.
+#[derive(Default)]
+struct Changes {
+    /// Matched while tracked, or started.
+    activated: Vec<usize>,
+    /// Matched while lost (found again).
+    refound: Vec<usize>,
+    /// Tracked before this frame, lost now.
+    lost_now: Vec<usize>,
+    /// Removed on this frame.
+    removed_now: Vec<usize>,
+}
+
+impl Changes {
+    /// Updates the tracks `rows[i]` with the detections `dets[j]` of the matches `(i, j)`, each
+    /// counted as activated (it was tracked) or refound (it was lost).
+    fn take_matches(
+        &mut self,
+        arena: &mut [STrack],
+        rows: &[usize],
+        dets: &[Det],
+        matches: &[(usize, usize)],
+        frame: u64,
+    ) {
+        for &(i, j) in matches {
+            let t = rows[i];
+            let was = arena[t].state;
+            arena[t].take(&dets[j], frame);
+            if was == State::Tracked {
+                self.activated.push(t);
+            } else {
+                self.refound.push(t);
+            }
+        }
+    }
+}
+
+/// The tracked and lost lists after a frame, as the authors combine them (joint / sub by track
+/// ID) from the lists before it (`tracked_old`, `lost_old`) and the frame's changes `ch`; marks
+/// the tracks removed now.
+fn combine(
+    arena: &mut [STrack],
+    tracked_old: &[usize],
+    lost_old: &[usize],
+    ch: Changes,
+) -> (Vec<usize>, Vec<usize>) {
+    let mut tracked: Vec<usize> = tracked_old
+        .iter()
+        .copied()
+        .filter(|&t| arena[t].state == State::Tracked)
+        .collect();
+    for t in ch.activated.into_iter().chain(ch.refound) {
+        if !tracked.contains(&t) {
+            tracked.push(t);
+        }
+    }
+    let mut lost: Vec<usize> = lost_old
+        .iter()
+        .copied()
+        .filter(|t| !tracked.contains(t))
+        .collect();
+    lost.extend(ch.lost_now);
+    // `sub_stracks(lost, removed_stracks)` with the removed list as it was before this
+    // frame: a track removed now leaves the lost list on the next frame.
+    lost.retain(|&t| !arena[t].ever_removed);
+    for &t in &ch.removed_now {
+        arena[t].ever_removed = true;
+    }
+    (tracked, lost)
+}
+
+/// The authors' `remove_duplicate_stracks`: a tracked and a lost track with IoU distance < 0.15
+/// keep the one tracked longer (the lost one on a tie); returns both lists without the others.
+fn remove_duplicates(
+    arena: &[STrack],
+    tracked: Vec<usize>,
+    lost: Vec<usize>,
+) -> (Vec<usize>, Vec<usize>) {
+    let mut drop_a = vec![false; tracked.len()];
+    let mut drop_b = vec![false; lost.len()];
+    for (p, &a) in tracked.iter().enumerate() {
+        let ba = arena[a].tlbr();
+        for (q, &b) in lost.iter().enumerate() {
+            if 1.0 - iou_plus1(&ba, &arena[b].tlbr()) < 0.15 {
+                let tp = arena[a].frame as i64 - arena[a].start_frame as i64;
+                let tq = arena[b].frame as i64 - arena[b].start_frame as i64;
+                if tp > tq {
+                    drop_b[q] = true;
+                } else {
+                    drop_a[p] = true;
+                }
+            }
+        }
+    }
+    let tracked: Vec<usize> = tracked
+        .into_iter()
+        .enumerate()
+        .filter(|(p, _)| !drop_a[*p])
+        .map(|(_, t)| t)
+        .collect();
+    let lost: Vec<usize> = lost
+        .into_iter()
+        .enumerate()
+        .filter(|(q, _)| !drop_b[*q])
+        .map(|(_, t)| t)
+        .collect();
+    (tracked, lost)
 }
