@@ -225,7 +225,6 @@ pub fn run_with(
     streams: &[StreamSource],
     cancel: &crate::cancel::Cancel,
 ) -> Result<()> {
-    let d = &args.detect;
     for (p, why) in skipped {
         eprintln!(
             "skipped {}: {}",
@@ -233,50 +232,14 @@ pub fn run_with(
             crate::text::message(why)
         );
     }
-    let inputs = files.iter().map(PathBuf::as_path);
-    crate::runs::refuse_reused_dir(&d.project, &d.name, d.exist_ok, inputs)?;
-    let dir = crate::runs::claim_run_dir(&d.project, &d.name, d.exist_ok).with_context(|| {
-        format!(
-            "cannot create the run folder under {}",
-            crate::text::path(&d.project)
-        )
-    })?;
-    let jsonl = if d.output.json {
-        let p = dir.join("predictions.jsonl");
-        let f = crate::outfile::create_stream(&p, &crate::outfile::Inputs::none())?;
-        Some(std::io::BufWriter::new(f))
-    } else {
-        None
-    };
-    let mut run = Run {
-        dir: dir.clone(),
-        jsonl,
-        args: args.clone(),
-    };
+    let mut run = Run::open(args, files)?;
     let names = detector.names().to_vec();
     let (videos, images): (Vec<PathBuf>, Vec<PathBuf>) = files
         .iter()
         .cloned()
         .partition(|p| crate::detect::video::is_video(p));
-    // Image sequences: one per folder, in the order the files came.
-    let mut seqs: Vec<(PathBuf, Vec<PathBuf>)> = Vec::new();
-    for p in images {
-        let parent = p.parent().map(Path::to_path_buf).unwrap_or_default();
-        match seqs.iter_mut().find(|(d, _)| *d == parent) {
-            Some((_, v)) => v.push(p),
-            None => seqs.push((parent, vec![p])),
-        }
-    }
-    let mut used = std::collections::HashSet::new();
-    let mut stem_for = |base: String| {
-        let mut stem = base.clone();
-        let mut n = 1;
-        while !used.insert(stem.clone()) {
-            n += 1;
-            stem = format!("{base}_{n}");
-        }
-        stem
-    };
+    let seqs = image_sequences(images);
+    let mut stems = Stems::default();
     let (mut n_ok, mut n_bad) = (0usize, skipped.len());
     let mut summaries = Vec::new();
     let total = seqs.len() + videos.len() + streams.len();
@@ -287,52 +250,18 @@ pub fn run_with(
             .file_name()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "images".into());
-        let stem = stem_for(crate::detect::output::safe_dir_name(&base));
+        let stem = stems.unique(crate::detect::output::safe_dir_name(&base));
         let src = folder.to_string_lossy().into_owned();
-        let mut seq = Sequence::open(&run, src, stem.clone(), args.fps, &names)?;
-        let out_dir = dir.join(&stem);
-        let stems = unique_stems(frames);
-        for (i, path) in frames.iter().enumerate() {
-            if cancel.requested() {
-                break;
-            }
-            let frame = i as u64 + 1;
-            if !(frame - 1).is_multiple_of(d.vid_stride as u64) {
-                continue;
-            }
-            let t0 = Instant::now();
-            let img = match crate::data::image::load_rgb8(path) {
-                Ok(i) => i,
-                Err(e) => {
-                    eprintln!(
-                        "skipped {}: {}",
-                        crate::text::path(&path),
-                        crate::text::message(&format!("{e:#}"))
-                    );
-                    continue;
-                }
-            };
-            let dets = detector
-                .detect_rgb(&img)
-                .with_context(|| format!("detecting {}", crate::text::path(&path)))?;
-            let size = img.dimensions();
-            let mut canvas = (!d.output.nosave).then_some(img);
-            let tracks = seq.frame(&mut run, frame, &dets, size, canvas.as_mut())?;
-            println!(
-                "sequence {k}/{total} (frame {frame}/{}) {}: {} tracks, {:.1}ms",
-                frames.len(),
-                crate::text::path(&path),
-                tracks.len(),
-                t0.elapsed().as_secs_f64() * 1e3
-            );
-            if let Some(c) = canvas {
-                std::fs::create_dir_all(&out_dir)
-                    .with_context(|| format!("cannot create {}", crate::text::path(&out_dir)))?;
-                let op = out_dir.join(annotated_name(path, &stems[i]));
-                crate::outfile::save_image(&c, &op, &crate::outfile::Inputs::of(files))
-                    .with_context(|| format!("cannot save {}", crate::text::path(&op)))?;
-            }
-        }
+        let mut seq = Sequence::open(&run, src, stem, args.fps, &names)?;
+        track_images(
+            detector,
+            &mut run,
+            &mut seq,
+            frames,
+            files,
+            (k, total),
+            cancel,
+        )?;
         summaries.push(seq.finish()?);
         n_ok += 1;
     }
@@ -345,7 +274,7 @@ pub fn run_with(
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "video".into());
-        let stem = stem_for(base);
+        let stem = stems.unique(base);
         match track_video(detector, &mut run, path, &stem, &names, (k, total), cancel) {
             Ok(s) => {
                 summaries.push(s);
@@ -366,7 +295,7 @@ pub fn run_with(
         if cancel.requested() {
             break;
         }
-        let stem = stem_for(st.stem());
+        let stem = stems.unique(st.stem());
         match track_stream(detector, &mut run, st, &stem, &names, (k, total), cancel) {
             Ok(s) => {
                 summaries.push(s);
@@ -388,10 +317,130 @@ pub fn run_with(
     for s in &summaries {
         println!("{s}");
     }
-    println!("Results saved to {}", crate::text::path(&dir));
+    println!("Results saved to {}", crate::text::path(&run.dir));
     println!("{n_ok} sources tracked, {n_bad} skipped");
     if n_ok == 0 {
         bail!("no source could be tracked ({n_bad} skipped, reasons above)");
+    }
+    Ok(())
+}
+
+impl Run {
+    /// Claims the run folder (`--project`/`--name`; with `--exist-ok` one that holds none of
+    /// `files`) and opens `predictions.jsonl` in it with `--json`.
+    fn open(args: &TrackArgs, files: &[PathBuf]) -> Result<Self> {
+        let d = &args.detect;
+        let inputs = files.iter().map(PathBuf::as_path);
+        crate::runs::refuse_reused_dir(&d.project, &d.name, d.exist_ok, inputs)?;
+        let dir =
+            crate::runs::claim_run_dir(&d.project, &d.name, d.exist_ok).with_context(|| {
+                format!(
+                    "cannot create the run folder under {}",
+                    crate::text::path(&d.project)
+                )
+            })?;
+        let jsonl = if d.output.json {
+            let p = dir.join("predictions.jsonl");
+            let f = crate::outfile::create_stream(&p, &crate::outfile::Inputs::none())?;
+            Some(std::io::BufWriter::new(f))
+        } else {
+            None
+        };
+        Ok(Run {
+            dir,
+            jsonl,
+            args: args.clone(),
+        })
+    }
+}
+
+/// Image sequences: one per folder (with its images), in the order the files came.
+fn image_sequences(images: Vec<PathBuf>) -> Vec<(PathBuf, Vec<PathBuf>)> {
+    let mut seqs: Vec<(PathBuf, Vec<PathBuf>)> = Vec::new();
+    for p in images {
+        let parent = p.parent().map(Path::to_path_buf).unwrap_or_default();
+        match seqs.iter_mut().find(|(d, _)| *d == parent) {
+            Some((_, v)) => v.push(p),
+            None => seqs.push((parent, vec![p])),
+        }
+    }
+    seqs
+}
+
+/// The output stems of the run's sources, distinct: a repeated one gets `_2`, `_3`, ...
+#[derive(Default)]
+struct Stems {
+    used: std::collections::HashSet<String>,
+}
+
+impl Stems {
+    /// `base`, or the first of `base_2`, `base_3`, ... not given before.
+    fn unique(&mut self, base: String) -> String {
+        let mut stem = base.clone();
+        let mut n = 1;
+        while !self.used.insert(stem.clone()) {
+            n += 1;
+            stem = format!("{base}_{n}");
+        }
+        stem
+    }
+}
+
+/// Tracks every `--vid-stride`-th image of the sequence `frames` (frames numbered from 1) into
+/// `seq`; the annotated images go to `<run>/<stem>/` unless `--nosave` (never over one of
+/// `files`). An image that cannot be read is skipped; `cancel` ends the sequence early.
+fn track_images(
+    detector: &Detector,
+    run: &mut Run,
+    seq: &mut Sequence<'_>,
+    frames: &[PathBuf],
+    files: &[PathBuf],
+    (k, total): (usize, usize),
+    cancel: &crate::cancel::Cancel,
+) -> Result<()> {
+    let (vid_stride, nosave) = (run.args.detect.vid_stride, run.args.detect.output.nosave);
+    let out_dir = run.dir.join(&seq.stem);
+    let stems = unique_stems(frames);
+    for (i, path) in frames.iter().enumerate() {
+        if cancel.requested() {
+            break;
+        }
+        let frame = i as u64 + 1;
+        if !(frame - 1).is_multiple_of(vid_stride as u64) {
+            continue;
+        }
+        let t0 = Instant::now();
+        let img = match crate::data::image::load_rgb8(path) {
+            Ok(i) => i,
+            Err(e) => {
+                eprintln!(
+                    "skipped {}: {}",
+                    crate::text::path(&path),
+                    crate::text::message(&format!("{e:#}"))
+                );
+                continue;
+            }
+        };
+        let dets = detector
+            .detect_rgb(&img)
+            .with_context(|| format!("detecting {}", crate::text::path(&path)))?;
+        let size = img.dimensions();
+        let mut canvas = (!nosave).then_some(img);
+        let tracks = seq.frame(run, frame, &dets, size, canvas.as_mut())?;
+        println!(
+            "sequence {k}/{total} (frame {frame}/{}) {}: {} tracks, {:.1}ms",
+            frames.len(),
+            crate::text::path(&path),
+            tracks.len(),
+            t0.elapsed().as_secs_f64() * 1e3
+        );
+        if let Some(c) = canvas {
+            std::fs::create_dir_all(&out_dir)
+                .with_context(|| format!("cannot create {}", crate::text::path(&out_dir)))?;
+            let op = out_dir.join(annotated_name(path, &stems[i]));
+            crate::outfile::save_image(&c, &op, &crate::outfile::Inputs::of(files))
+                .with_context(|| format!("cannot save {}", crate::text::path(&op)))?;
+        }
     }
     Ok(())
 }
