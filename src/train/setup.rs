@@ -220,7 +220,7 @@ fn resume_args(
 fn check_options(opts: &TrainOptions) -> Result<()> {
     ensure!(opts.epochs >= 1, "--epochs must be at least 1");
     ensure!(
-        opts.img >= 32 && opts.img % 32 == 0,
+        opts.img >= 32 && opts.img.is_multiple_of(32),
         "--img {} must be a positive multiple of 32 (the largest stride)",
         opts.img
     );
