@@ -141,7 +141,11 @@ fn launch(devices: &DeviceList) -> Result<()> {
             devices
                 .0
                 .iter()
-                .map(|d| d.to_string())
+                .map(|d| match d {
+                    // As the user writes it: `--device 0,1`.
+                    DeviceSpec::Cuda(i) => i.to_string(),
+                    d => d.to_string(),
+                })
                 .collect::<Vec<_>>()
                 .join(",")
         );

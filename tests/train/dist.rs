@@ -129,6 +129,37 @@ fn collectives_sum_in_rank_order_broadcast_and_agree() {
     }
 }
 
+/// A rank that stops because another is gone passes the cause on before it ends: a rank that
+/// notices last (after the relaying rank has ended) still names the gone rank, not the relaying
+/// one.
+#[test]
+fn a_rank_that_notices_last_names_the_gone_rank() {
+    for (name, group) in [
+        ("threads", boxed_local(3, Duration::from_secs(5))),
+        ("tcp", boxed_socket(3, Duration::from_secs(5))),
+    ] {
+        let out = on_threads(group, |mut c| {
+            let mut v = [1f32];
+            c.all_reduce_sum(&mut v).unwrap();
+            match c.rank() {
+                1 => None,
+                0 => Some(c.all_reduce_sum(&mut v).unwrap_err()),
+                _ => {
+                    std::thread::sleep(Duration::from_millis(300));
+                    Some(c.all_reduce_sum(&mut v).unwrap_err())
+                }
+            }
+        });
+        for r in [0, 2] {
+            assert!(
+                matches!(&out[r], Some(DistError::Gone { rank: 1, .. })),
+                "{name} rank {r}: {:?}",
+                out[r]
+            );
+        }
+    }
+}
+
 /// A rank that ends (its thread returns) or aborts with a cause: the others' next operation
 /// fails within the timeout with an error naming it, on both transports.
 #[test]

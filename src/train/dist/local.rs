@@ -17,6 +17,9 @@ enum Msg {
     },
     /// The sender stopped on an error.
     Abort(String),
+    /// The sender's operation failed because of another rank (gone, failed, silent): passed on
+    /// so that every rank names that rank, not the relaying one that ended next.
+    Relay(DistError),
 }
 
 /// One rank of a [`local_group`].
@@ -67,10 +70,38 @@ impl LocalRank {
             op,
             data: data.to_vec(),
         })
-        .map_err(|_| DistError::Gone {
-            rank: peer,
-            op: format!("{op} #{}", self.seq),
-        })
+        .map_err(|_| self.gone(peer, format!("{op} #{}", self.seq)))
+    }
+
+    /// The error of a `peer` whose channel closed: what it said before ending (an abort, or a
+    /// relayed error naming the rank at fault) when it said something, else [`DistError::Gone`].
+    fn gone(&self, peer: usize, op: String) -> DistError {
+        let rx = self.from[peer].as_ref().expect("a peer's channel");
+        while let Ok(m) = rx.try_recv() {
+            match m {
+                Msg::Abort(why) => return DistError::Failed { rank: peer, why },
+                Msg::Relay(e) => return e,
+                Msg::Data { .. } => {}
+            }
+        }
+        DistError::Gone { rank: peer, op }
+    }
+
+    /// Passes `e` (this rank's operation failed because of another rank) to every other peer
+    /// before the error is returned, and returns it.
+    fn relay(&self, e: DistError) -> DistError {
+        let culprit = match &e {
+            DistError::Gone { rank, .. }
+            | DistError::Failed { rank, .. }
+            | DistError::Timeout { rank, .. } => Some(*rank),
+            DistError::Setup(_) => None,
+        };
+        for (p, tx) in self.to.iter().enumerate() {
+            if let Some(tx) = tx.as_ref().filter(|_| Some(p) != culprit) {
+                let _ = tx.send(Msg::Relay(e.clone()));
+            }
+        }
+        e
     }
 
     fn recv(
@@ -101,15 +132,13 @@ impl LocalRank {
                 Ok(data)
             }
             Ok(Msg::Abort(why)) => Err(DistError::Failed { rank: peer, why }),
+            Ok(Msg::Relay(e)) => Err(e),
             Err(RecvTimeoutError::Timeout) => Err(DistError::Timeout {
                 rank: peer,
                 op: what(),
                 secs: self.timeout.as_secs_f64(),
             }),
-            Err(RecvTimeoutError::Disconnected) => Err(DistError::Gone {
-                rank: peer,
-                op: what(),
-            }),
+            Err(RecvTimeoutError::Disconnected) => Err(self.gone(peer, what())),
         }
     }
 }
@@ -129,6 +158,24 @@ impl Collective for LocalRank {
 
     fn all_reduce_sum(&mut self, buf: &mut [f32]) -> Result<(), DistError> {
         self.seq += 1;
+        self.all_reduce_inner(buf).map_err(|e| self.relay(e))
+    }
+
+    fn broadcast(&mut self, buf: &mut [f32]) -> Result<(), DistError> {
+        self.seq += 1;
+        self.broadcast_inner(buf).map_err(|e| self.relay(e))
+    }
+
+    fn abort(&mut self, why: &str) {
+        for tx in self.to.iter().flatten() {
+            let _ = tx.send(Msg::Abort(why.to_string()));
+        }
+    }
+}
+
+impl LocalRank {
+    /// [`Collective::all_reduce_sum`] of operation `self.seq`.
+    fn all_reduce_inner(&mut self, buf: &mut [f32]) -> Result<(), DistError> {
         let t0 = Instant::now();
         for p in (0..self.world).filter(|&p| p != self.rank) {
             self.send(p, "all-reduce", buf)?;
@@ -152,8 +199,8 @@ impl Collective for LocalRank {
         Ok(())
     }
 
-    fn broadcast(&mut self, buf: &mut [f32]) -> Result<(), DistError> {
-        self.seq += 1;
+    /// [`Collective::broadcast`] of operation `self.seq`.
+    fn broadcast_inner(&mut self, buf: &mut [f32]) -> Result<(), DistError> {
         let t0 = Instant::now();
         if self.rank == 0 {
             for p in 1..self.world {
@@ -164,11 +211,5 @@ impl Collective for LocalRank {
             buf.copy_from_slice(&data);
         }
         Ok(())
-    }
-
-    fn abort(&mut self, why: &str) {
-        for tx in self.to.iter().flatten() {
-            let _ = tx.send(Msg::Abort(why.to_string()));
-        }
     }
 }

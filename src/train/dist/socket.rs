@@ -301,6 +301,28 @@ impl SocketRank {
         e
     }
 
+    /// On a rank other than 0: the error rank 0 relayed (an abort frame already received and
+    /// not yet read), or `None` when nothing is waiting or it is not an abort frame (a data
+    /// frame is left for its operation).
+    fn pending_abort(&mut self) -> Option<DistError> {
+        let s = self.peers.first()?.as_ref()?;
+        s.set_nonblocking(true).ok()?;
+        let mut kind = [0u8; 1];
+        let peeked = s.peek(&mut kind);
+        s.set_nonblocking(false).ok()?;
+        if !matches!(peeked, Ok(1)) || kind[0] != ABORT {
+            return None;
+        }
+        let mut s = s;
+        s.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+        let mut head = [0u8; 18];
+        s.read_exact(&mut head).ok()?;
+        let count = u64::from_le_bytes(head[10..18].try_into().ok()?) as usize;
+        let mut p = vec![0u8; count.min(1 << 20)];
+        s.read_exact(&mut p).ok()?;
+        Some(decode_abort(&p, 0))
+    }
+
     fn check(&self) -> Result<(), DistError> {
         match &self.broken {
             Some(e) => Err(e.clone()),
@@ -413,13 +435,21 @@ impl Collective for SocketRank {
             }
             buf.copy_from_slice(&acc);
         } else {
+            // Rank 0 may have stopped already and relayed why: read that before writing (a
+            // write to its closed connection resets it, which can discard the message).
+            if let Some(e) = self.pending_abort() {
+                return Err(self.fail(e, None));
+            }
             let wait = self.client_wait();
             let r = self
                 .send_data(0, ALL_REDUCE, buf)
                 .and_then(|_| self.recv_data(0, ALL_REDUCE, buf.len(), wait, t0));
             match r {
                 Ok(d) => buf.copy_from_slice(&d),
-                Err(e) => return Err(self.fail(e, None)),
+                Err(e) => {
+                    let e = self.pending_abort().unwrap_or(e);
+                    return Err(self.fail(e, None));
+                }
             }
         }
         Ok(())
