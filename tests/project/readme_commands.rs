@@ -67,6 +67,19 @@ const SKIPPED: &[(&str, &str)] = &[
         "yolo9 train --data b16/data.yaml --cfg yolov9-s --batch 16 --workers 8 --epochs 3 --close-mosaic 0 --img 640 [--budget 8GiB|6GiB]",
         GPU,
     ),
+    (
+        "yolo9 train --data bccd/data.yaml --cfg gelan-s --device 0 --batch 16 --epochs 50 --img 640 --close-mosaic 10 --workers 8 --seed 0 --noplots",
+        GPU,
+    ),
+    (
+        "yolo9 train --data bccd/data.yaml --cfg yolov9-s --device 0 --batch 16 --epochs 50 --img 640 --close-mosaic 10 --workers 8 --seed 0 --noplots",
+        GPU,
+    ),
+    (
+        "yolo9 serve --device cpu --img 640 --drain-s 10 --decode-budget-mb 2048",
+        "a service that runs until stopped; benches/serve_hostile.py drives it, tests/detect/serve_limits.rs tests its limits",
+    ),
+    ("yolo9 val --split test --device cpu", FRAGMENT),
     ("yolo9 val --split test", FRAGMENT),
     ("yolo9 val --save-json", FRAGMENT),
     ("yolo9 train --strict-fp32", FRAGMENT),
