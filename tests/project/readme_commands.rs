@@ -521,6 +521,24 @@ fn check_outputs(command: &str, root: &Path, out: &str, err: &str) {
             assert!(out.contains("exported "), "{out}");
             assert!(std::fs::metadata(root.join(f)).unwrap().len() > 10_000_000);
         }
+        ("track", _) => {
+            // The README's count for this clip, the annotated video, and the MOTChallenge file:
+            // rows of 10 fields whose IDs are the 4 tracks.
+            assert!(
+                both.contains("cells.mp4: 4 tracks: 1 WBC, 3 Platelets"),
+                "{command}\n{both}"
+            );
+            is_file("runs/track/exp/cells.mp4");
+            is_file("runs/track/exp/mot/cells.txt");
+            let mot = std::fs::read_to_string(root.join("runs/track/exp/mot/cells.txt")).unwrap();
+            let mut ids = std::collections::BTreeSet::new();
+            for row in mot.lines() {
+                let f: Vec<&str> = row.split(',').collect();
+                assert_eq!(f.len(), 10, "{row}");
+                ids.insert(f[1].parse::<u32>().unwrap());
+            }
+            assert_eq!(ids.len(), 4, "track IDs {ids:?}\n{mot}");
+        }
         ("plot", _) => {
             is_file("docs/bccd-curves.png");
             let img = image::open(root.join("docs/bccd-curves.png")).unwrap();
