@@ -4,7 +4,6 @@
 
 use crate::memory::fmt_size;
 use anyhow::{ensure, Context, Result};
-use std::io::Write;
 use std::path::Path;
 
 /// One line of `results.csv`.
@@ -110,17 +109,26 @@ pub(crate) fn create_results_csv(run_dir: &Path) -> Result<()> {
     )
 }
 
-/// Appends the line of `report` to `run_dir/results.csv`.
+/// Appends the line of `report` to `run_dir/results.csv`: the file is written whole again through
+/// [`crate::outfile::write`] (a temporary beside it, fsync, rename), so a crash mid-write leaves
+/// the previous epochs' file, never a torn line. A missing file starts from the row alone.
 pub(crate) fn append_results_csv(run_dir: &Path, report: &EpochReport) -> Result<()> {
     let csv = run_dir.join("results.csv");
-    crate::outfile::check(&csv, &crate::outfile::Inputs::none())?;
-    let mut f = std::fs::OpenOptions::new()
-        .append(true)
-        .create(true)
-        .open(&csv)
-        .with_context(|| format!("{}: cannot append to results.csv", run_dir.display()))?;
-    writeln!(f, "{}", csv_row(report))?;
-    Ok(())
+    let mut text = match std::fs::read_to_string(&csv) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => {
+            return Err(e)
+                .with_context(|| format!("{}: cannot read results.csv", run_dir.display()))
+        }
+    };
+    if !text.is_empty() && !text.ends_with('\n') {
+        text.push('\n');
+    }
+    text.push_str(&csv_row(report));
+    text.push('\n');
+    crate::outfile::write(&csv, text.as_bytes(), &crate::outfile::Inputs::none())
+        .with_context(|| format!("{}: cannot append to results.csv", run_dir.display()))
 }
 
 /// The ten panels: (title, column names accepted for it in a results.csv).
