@@ -90,12 +90,7 @@ impl LocalRank {
     /// Passes `e` (this rank's operation failed because of another rank) to every other peer
     /// before the error is returned, and returns it.
     fn relay(&self, e: DistError) -> DistError {
-        let culprit = match &e {
-            DistError::Gone { rank, .. }
-            | DistError::Failed { rank, .. }
-            | DistError::Timeout { rank, .. } => Some(*rank),
-            DistError::Setup(_) => None,
-        };
+        let culprit = e.rank();
         for (p, tx) in self.to.iter().enumerate() {
             if let Some(tx) = tx.as_ref().filter(|_| Some(p) != culprit) {
                 let _ = tx.send(Msg::Relay(e.clone()));

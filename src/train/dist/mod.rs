@@ -91,6 +91,18 @@ pub enum DistError {
     Setup(String),
 }
 
+impl DistError {
+    /// The rank at fault, or `None` for [`DistError::Setup`] (no one rank).
+    pub fn rank(&self) -> Option<usize> {
+        match self {
+            DistError::Gone { rank, .. }
+            | DistError::Failed { rank, .. }
+            | DistError::Timeout { rank, .. } => Some(*rank),
+            DistError::Setup(_) => None,
+        }
+    }
+}
+
 /// What [`Collective::agree`] returns: every rank's flags, the same on every rank.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Agreement {

@@ -493,9 +493,7 @@ impl Collective for SocketRank {
 /// The rank an error received from `peer` is about (rank 0 does not relay back to it).
 fn culprit_of(e: &DistError, peer: usize) -> Option<usize> {
     match e {
-        DistError::Gone { rank, .. }
-        | DistError::Failed { rank, .. }
-        | DistError::Timeout { rank, .. } => Some(*rank).filter(|&r| r == peer),
         DistError::Setup(_) => Some(peer),
+        e => e.rank().filter(|&r| r == peer),
     }
 }
