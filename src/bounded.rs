@@ -26,7 +26,7 @@ pub const MAX_YAML_DEPTH: usize = 64;
 ///
 /// Errors: not a regular file, larger than [`MAX_YAML_BYTES`], not UTF-8, nested too deeply.
 pub fn read_yaml(path: &Path, what: &str) -> Result<String> {
-    let shown = path.display();
+    let shown = crate::text::path(&path);
     let f = open_regular(path).with_context(|| format!("{what} {shown}: cannot read"))?;
     let len = f.metadata().map(|m| m.len()).unwrap_or(0);
     if len > MAX_YAML_BYTES {

@@ -45,7 +45,7 @@ pub enum Error {
     #[error("{0}")]
     Device(String),
     /// Reading or writing `path` failed.
-    #[error("{}: {source}", .path.display())]
+    #[error("{}: {source}", crate::text::path(.path))]
     Io {
         /// The file or folder.
         path: PathBuf,
@@ -79,7 +79,7 @@ impl From<anyhow::Error> for Error {
 /// The text of `e`, starting with `path` unless it names it already.
 fn naming(path: &std::path::Path, e: &anyhow::Error) -> String {
     let text = format!("{e:#}");
-    let p = path.display().to_string();
+    let p = crate::text::path(&path).to_string();
     if text.contains(&p) {
         text
     } else {

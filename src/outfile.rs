@@ -126,7 +126,7 @@ pub fn kind_of(ft: &std::fs::FileType) -> &'static str {
 ///
 /// Errors: the path, what it is, and what to do.
 pub fn check(path: &Path, inputs: &Inputs) -> Result<()> {
-    let shown = path.display();
+    let shown = crate::text::path(&path);
     if path.file_name().is_none() {
         bail!("{shown}: not a file path; pass a file name as the output");
     }
@@ -147,7 +147,7 @@ pub fn check(path: &Path, inputs: &Inputs) -> Result<()> {
         bail!(
             "{shown}: is the same file as {}, an input of this command; writing it would destroy \
              the input. Pass another output path",
-            input.display()
+            crate::text::path(&input)
         );
     }
     Ok(())
@@ -184,15 +184,15 @@ fn create_temp(path: &Path, suffix: &str) -> Result<(PathBuf, File)> {
                     format!(
                         "{}: cannot create a temporary file in {} (does the folder exist, is it \
                          writable?)",
-                        path.display(),
-                        dir.display()
+                        crate::text::path(&path),
+                        crate::text::path(&dir)
                     )
                 })
             }
         }
     }
     Err(last.unwrap_or_else(|| std::io::Error::other("no free name")))
-        .with_context(|| format!("{}: no free temporary file name", path.display()))
+        .with_context(|| format!("{}: no free temporary file name", crate::text::path(&path)))
 }
 
 fn folder_of(path: &Path) -> PathBuf {
@@ -219,7 +219,7 @@ pub fn write_with(
     fill: impl FnOnce(&mut BufWriter<File>) -> Result<()>,
 ) -> Result<()> {
     check(path, inputs)?;
-    let shown = path.display().to_string();
+    let shown = crate::text::path(&path).to_string();
     let (tmp, file) = create_temp(path, "")?;
     // A replaced file keeps its permissions (a user's 0600 file stays private).
     if let Ok(m) = std::fs::metadata(path) {
@@ -237,8 +237,12 @@ pub fn write_with(
         drop(file);
         // The destination may have changed since the first check.
         check(path, inputs)?;
-        std::fs::rename(&tmp, path)
-            .with_context(|| format!("{shown}: cannot move {} into place", tmp.display()))?;
+        std::fs::rename(&tmp, path).with_context(|| {
+            format!(
+                "{shown}: cannot move {} into place",
+                crate::text::path(&tmp)
+            )
+        })?;
         Ok(())
     })();
     if result.is_err() {
@@ -260,14 +264,18 @@ pub fn temp_beside(path: &Path, suffix: &str, inputs: &Inputs) -> Result<PathBuf
 /// Moves the temporary `tmp` of [`temp_beside`], once written, over `path`: fsync, the checks
 /// again, rename, fsync of the folder. The temporary is removed on error.
 pub fn commit(tmp: &Path, path: &Path, inputs: &Inputs) -> Result<()> {
-    let shown = path.display().to_string();
+    let shown = crate::text::path(&path).to_string();
     let result = (|| -> Result<()> {
         File::open(tmp)
             .and_then(|f| f.sync_all())
-            .with_context(|| format!("{shown}: fsync of {} failed", tmp.display()))?;
+            .with_context(|| format!("{shown}: fsync of {} failed", crate::text::path(&tmp)))?;
         check(path, inputs)?;
-        std::fs::rename(tmp, path)
-            .with_context(|| format!("{shown}: cannot move {} into place", tmp.display()))?;
+        std::fs::rename(tmp, path).with_context(|| {
+            format!(
+                "{shown}: cannot move {} into place",
+                crate::text::path(&tmp)
+            )
+        })?;
         Ok(())
     })();
     if result.is_err() {
@@ -289,8 +297,12 @@ fn sync_folder(path: &Path) {
 
 /// Saves `img` as `path` in the format of its extension, through [`write_with`].
 pub fn save_image(img: &image::RgbImage, path: &Path, inputs: &Inputs) -> Result<()> {
-    let format = image::ImageFormat::from_path(path)
-        .with_context(|| format!("{}: no image format for this extension", path.display()))?;
+    let format = image::ImageFormat::from_path(path).with_context(|| {
+        format!(
+            "{}: no image format for this extension",
+            crate::text::path(&path)
+        )
+    })?;
     write_with(path, inputs, |w| {
         img.write_to(w, format)?;
         Ok(())
@@ -301,7 +313,7 @@ pub fn save_image(img: &image::RgbImage, path: &Path, inputs: &Inputs) -> Result
 /// refusals of [`check`].
 pub fn create_stream(path: &Path, inputs: &Inputs) -> Result<File> {
     check(path, inputs)?;
-    File::create(path).with_context(|| format!("cannot create {}", path.display()))
+    File::create(path).with_context(|| format!("cannot create {}", crate::text::path(&path)))
 }
 
 #[cfg(test)]

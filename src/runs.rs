@@ -91,8 +91,8 @@ pub fn refuse_reused_dir<'a>(
             "--exist-ok would write this run's outputs into {}, which holds {}, an input of the \
              run: an output could replace it. Pass another --project/--name, or leave out \
              --exist-ok",
-            dir.display(),
-            input.display()
+            crate::text::path(&dir),
+            crate::text::path(&input)
         );
     }
     Ok(())

@@ -8,6 +8,9 @@
 //! - [`redact`]: the credentials of every URL in a text (`rtsp://user:pass@host` →
 //!   `rtsp://user:***@host`; a user alone, often a token, → `***@`), for every line that shows a
 //!   stream source, its errors (ffmpeg repeats the URL) and the files written.
+//! - [`outln!`](outln), `out!`, `errln!`, `err!`: `println!` and its kin through [`message`], the
+//!   only way the library and the commands print (an architecture test holds `src/` to it, and
+//!   to [`path`] rather than `Path::display`).
 
 use std::borrow::Cow;
 use std::fmt;
@@ -130,6 +133,48 @@ impl std::io::Write for CleanStderr {
         std::io::stderr().flush()
     }
 }
+
+/// `println!` through [`message`]: the writer of every line a command prints on stdout (file
+/// names, class names and stream URLs in it come out escaped and redacted).
+#[allow(unused_macros)] // the detector-only build prints nothing
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        ::std::println!("{}", $crate::text::message(&::std::format!($($arg)*)))
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use outln;
+
+/// `print!` through [`message`] (a block of lines that ends with its own line break).
+#[allow(unused_macros)] // the detector-only build prints nothing
+macro_rules! out {
+    ($($arg:tt)*) => {
+        ::std::print!("{}", $crate::text::message(&::std::format!($($arg)*)))
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use out;
+
+/// `eprintln!` through [`message`]: the writer of every line a command prints on stderr
+/// outside the log (`tracing` lines go through [`CleanStderr`]).
+#[allow(unused_macros)] // the detector-only build prints nothing
+macro_rules! errln {
+    ($($arg:tt)*) => {
+        ::std::eprintln!("{}", $crate::text::message(&::std::format!($($arg)*)))
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use errln;
+
+/// `eprint!` through [`message`].
+#[allow(unused_macros)] // the detector-only build prints nothing
+macro_rules! err {
+    ($($arg:tt)*) => {
+        ::std::eprint!("{}", $crate::text::message(&::std::format!($($arg)*)))
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use err;
 
 #[cfg(test)]
 mod tests {

@@ -24,7 +24,7 @@ pub struct CheckArgs {
 /// Runs `yolo9 check`.
 pub fn run(args: CheckArgs) -> Result<()> {
     let cfg = DataConfig::load(&args.data)?;
-    println!(
+    crate::text::outln!(
         "dataset {} (root {}): {} classes {:?}",
         crate::text::path(&cfg.yaml_path),
         crate::text::path(&cfg.root),
@@ -32,11 +32,11 @@ pub fn run(args: CheckArgs) -> Result<()> {
         cfg.names
     );
     if let Some(c) = &cfg.coco {
-        println!("{}", c.mapping_line(&cfg.names));
+        crate::text::outln!("{}", c.mapping_line(&cfg.names));
     }
     let scans = check(&cfg, !args.no_cache)?;
     for s in &scans {
-        print!("{}", s.report(&cfg.root, &cfg.names));
+        crate::text::out!("{}", s.report(&cfg.root, &cfg.names));
     }
     trainable(&scans)
 }

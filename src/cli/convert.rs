@@ -73,7 +73,7 @@ pub fn run(mut args: ConvertArgs) -> Result<()> {
     if crate::runs::input_within(&output, [args.input.as_path()]).is_some() {
         bail!(
             "{}: -o {} is the input itself; converting would replace it. Pass another -o",
-            args.input.display(),
+            crate::text::path(&args.input),
             crate::text::path(&output)
         )
     }
@@ -95,9 +95,9 @@ pub fn run(mut args: ConvertArgs) -> Result<()> {
                 .transpose()?,
         },
     )?;
-    print!("{report}");
+    crate::text::out!("{report}");
     let size = std::fs::metadata(&output).map(|m| m.len()).unwrap_or(0);
-    println!("wrote:      {} ({size} bytes)", crate::text::path(&output));
+    crate::text::outln!("wrote:      {} ({size} bytes)", crate::text::path(&output));
     Ok(())
 }
 

@@ -166,7 +166,7 @@ impl WeightsArgs {
 /// when given; prints the one line that says the built-in model runs
 /// ([`crate::hub::BUILTIN_NOTE`]).
 fn builtin_weights(cfg: Option<&str>) -> Result<crate::model::weights::Weights> {
-    eprintln!("{}", crate::hub::BUILTIN_NOTE);
+    crate::text::errln!("{}", crate::hub::BUILTIN_NOTE);
     let w = crate::model::weights::Weights::builtin()?;
     match cfg {
         None => Ok(w),
@@ -257,7 +257,7 @@ pub fn run(args: DetectArgs) -> Result<()> {
 pub fn prepare(args: &DetectArgs) -> Result<Prepared> {
     let (img, note) = effective_img(args.config.img_size);
     if let Some(n) = note {
-        eprintln!("{n}");
+        crate::text::errln!("{n}");
     }
     let (streams, paths) = split_streams(&args.sources());
     let sources = if paths.is_empty() {
@@ -272,7 +272,7 @@ pub fn prepare(args: &DetectArgs) -> Result<Prepared> {
     let resolved = resolve_weights(args.model.weights.as_deref())?;
     let (device, notice) = crate::device::open(args.device)?;
     if let Some(n) = notice {
-        eprintln!("{n}");
+        crate::text::errln!("{n}");
     }
     // The size against the memory before any work: one image at a time.
     crate::footprint::check_device(
@@ -293,7 +293,7 @@ pub fn prepare(args: &DetectArgs) -> Result<Prepared> {
         let m = crate::model::yolov9::YoloV9::load_dtype(&w, &device, dtype)?;
         let probe = crate::memory::MemoryProbe::new(&device)?;
         let d = crate::budget::plan_inference(&m, img, 1, budget, &probe)?;
-        println!(
+        crate::text::outln!(
             "memory budget {}: one image at --img {img} peaks at {} ({}); images are processed one at a time",
             crate::memory::fmt_size(budget),
             crate::memory::fmt_size(d.measured),
@@ -345,7 +345,7 @@ pub(crate) fn check_classes(classes: Option<&[usize]>, names: &[String]) -> Resu
 /// a notice when `--half` has no effect (on the CPU).
 pub fn inference_dtype(half: bool, device: &candle_core::Device) -> candle_core::DType {
     if half && device.is_cpu() {
-        eprintln!("--half has no effect on the CPU: the network runs in f32");
+        crate::text::errln!("--half has no effect on the CPU: the network runs in f32");
     }
     crate::detect::config::inference_dtype(half, device)
 }
@@ -379,7 +379,7 @@ pub fn run_with_streams(
     cancel: &crate::cancel::Cancel,
 ) -> Result<()> {
     for (p, why) in skipped {
-        eprintln!(
+        crate::text::errln!(
             "skipped {}: {}",
             crate::text::path(&p),
             crate::text::message(why)
@@ -395,13 +395,13 @@ pub fn run_with_streams(
     let stems = unique_stems(files);
     for (k, path) in files.iter().enumerate() {
         if cancel.requested() {
-            eprintln!("stopped on request: the remaining sources are not read");
+            crate::text::errln!("stopped on request: the remaining sources are not read");
             break;
         }
         let stem = &stems[k];
         let own = path.file_stem().map(|s| s.to_string_lossy().into_owned());
         if own.as_deref() != Some(stem.as_str()) && (args.output.save_txt || !args.output.nosave) {
-            eprintln!(
+            crate::text::errln!(
                 "note: {} is saved as {stem} (an earlier input has the same name)",
                 crate::text::path(&path)
             );
@@ -411,7 +411,7 @@ pub fn run_with_streams(
             match detect_video(detector, args, path, stem, &mut sinks, at, cancel) {
                 Ok(()) => tally.ok += 1,
                 Err(e) => {
-                    eprintln!(
+                    crate::text::errln!(
                         "skipped {}: {}",
                         crate::text::path(&path),
                         crate::text::message(&format!("{e:#}"))
@@ -509,7 +509,7 @@ impl Tally {
     ) {
         if self.images > 0 {
             let d = self.images as f64;
-            println!(
+            crate::text::outln!(
                 "Speed: {:.1}ms pre-process, {:.1}ms inference, {:.1}ms NMS per image (size {})",
                 self.pre_ms / d,
                 self.infer_ms / d,
@@ -522,17 +522,17 @@ impl Tally {
             if args.output.save_txt {
                 s.push_str(&format!(
                     "\n{n_labels} labels saved to {}",
-                    folder.save_dir.join("labels").display()
+                    crate::text::path(&folder.save_dir.join("labels"))
                 ));
             }
-            println!("{s}");
+            crate::text::outln!("{s}");
         }
         let (n_ok, n_bad) = (self.ok, self.bad);
         if images_only {
             let noun = if n_ok == 1 { "image" } else { "images" };
-            println!("{n_ok} {noun} processed, {n_bad} skipped");
+            crate::text::outln!("{n_ok} {noun} processed, {n_bad} skipped");
         } else {
-            println!("{n_ok} sources processed, {n_bad} skipped");
+            crate::text::outln!("{n_ok} sources processed, {n_bad} skipped");
         }
     }
 }
@@ -563,7 +563,7 @@ impl ImageJob<'_> {
                     .map(|c| c.to_string())
                     .collect::<Vec<_>>()
                     .join(": ");
-                eprintln!(
+                crate::text::errln!(
                     "skipped {}: {}",
                     crate::text::path(&path),
                     crate::text::message(&reason)
@@ -576,7 +576,7 @@ impl ImageJob<'_> {
         let (lb, info) = match detector.preprocess(&img) {
             Ok(x) => x,
             Err(e) => {
-                eprintln!(
+                crate::text::errln!(
                     "skipped {}: {}",
                     crate::text::path(&path),
                     crate::text::message(&format!("{e:#}"))
@@ -610,7 +610,7 @@ impl ImageJob<'_> {
         tally.nms_ms += n;
         tally.ok += 1;
         tally.images += 1;
-        println!(
+        crate::text::outln!(
             "image {}/{} {}: {}x{} {}, {p:.1}ms pre, {i:.1}ms infer, {n:.1}ms nms",
             self.at.0,
             self.at.1,
@@ -621,7 +621,7 @@ impl ImageJob<'_> {
         );
         let max_det = detector.config().max_det;
         if dets.len() >= max_det {
-            eprintln!(
+            crate::text::errln!(
                 "note: {}: {} detections reached --max-det {max_det}; lower-confidence boxes were \
                  dropped (raise --max-det or --conf)",
                 crate::text::path(&path),
@@ -645,7 +645,7 @@ impl ImageJob<'_> {
             draw_detections(&mut canvas, &dets, scale, &out.draw)?;
             let op = self.folder.save_dir.join(annotated_name(path, stem));
             if scale < 1.0 {
-                eprintln!(
+                crate::text::errln!(
                     "note: {} is {w}x{h}; the annotated copy is drawn at {}x{}",
                     crate::text::path(&path),
                     canvas.width(),
@@ -690,7 +690,7 @@ fn detect_streams(
         match detect_stream(detector, args, st, &stem, sinks, at, cancel) {
             Ok(()) => tally.ok += 1,
             Err(e) => {
-                eprintln!(
+                crate::text::errln!(
                     "skipped {}: {}",
                     st.name(),
                     crate::text::redact(&format!("{e:#}"))
@@ -760,7 +760,7 @@ fn detect_video(
     let (mut frame, mut detected) = (0u64, 0u64);
     while let Some(img) = reader.next_frame()? {
         if cancel.requested() {
-            eprintln!(
+            crate::text::errln!(
                 "stopped on request: {} ends at frame {frame}",
                 crate::text::path(&path)
             );
@@ -775,7 +775,7 @@ fn detect_video(
             .detect_rgb(&img)
             .with_context(|| format!("frame {frame}"))?;
         detected += 1;
-        println!(
+        crate::text::outln!(
             "video {k}/{total} (frame {frame}/{of}) {}: {}, {:.1}ms",
             crate::text::path(&path),
             count_summary(&dets, names),
@@ -786,12 +786,12 @@ fn detect_video(
     }
     if let Some(msg) = reader.finish() {
         if !cancel.requested() {
-            eprintln!("note: {}: ffmpeg reported: {msg}", crate::text::path(&path));
+            crate::text::errln!("note: {}: ffmpeg reported: {msg}", crate::text::path(&path));
         }
     }
     if let Some((wr, out)) = writer {
         wr.finish()?;
-        println!(
+        crate::text::outln!(
             "{}: {detected} of {frame} frames detected, saved to {}",
             crate::text::path(&path),
             crate::text::path(&out)
@@ -827,7 +827,7 @@ fn detect_stream(
         ..StreamOptions::default()
     };
     let mut reader = LiveReader::open(src.clone(), opts)?;
-    eprintln!(
+    crate::text::errln!(
         "reading {name} ({}); Ctrl-C stops and finishes the outputs",
         if reader.is_live() {
             "live: the newest frame is detected, frames that arrive meanwhile are dropped"
@@ -846,7 +846,7 @@ fn detect_stream(
                 .detect_rgb(&f.image)
                 .with_context(|| format!("frame {}", f.frame))?;
             let stats = reader.stats();
-            println!(
+            crate::text::outln!(
                 "stream {k}/{total} (frame {}, {} dropped) {name}: {}, {:.1}ms",
                 f.frame,
                 stats.dropped,
@@ -897,7 +897,7 @@ fn detect_stream(
         )),
         None => {}
     }
-    println!("{summary}");
+    crate::text::outln!("{summary}");
     result?;
     if let Some(r) = finished {
         r?;

@@ -108,7 +108,7 @@ pub fn run(args: ExportArgs) -> Result<()> {
     } else {
         format!("input {}x3x{}x{}", opts.batch, img.0, img.1)
     };
-    println!(
+    crate::text::outln!(
         "exported {} ({}, {} classes) to {}: {:.1} MB, {nodes} nodes, opset {}, {shape}{}{}",
         crate::text::path(&path),
         weights.meta.arch.name,

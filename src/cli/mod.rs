@@ -68,7 +68,7 @@ pub fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {}", crate::text::message(&format!("{e:#}")));
+            crate::text::errln!("error: {e:#}");
             ExitCode::FAILURE
         }
     }

@@ -42,7 +42,7 @@ pub fn run(a: PlotArgs) -> Result<()> {
                 .parent()
                 .and_then(|d| d.file_name())
                 .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_else(|| csv.display().to_string()),
+                .unwrap_or_else(|| crate::text::path(&csv).to_string()),
         };
         runs.push(read_results_csv(&csv, &label)?);
         inputs.add(&csv);
@@ -62,7 +62,7 @@ pub fn run(a: PlotArgs) -> Result<()> {
     // `-o` onto one of the results files (or a FIFO, a folder) is refused before drawing.
     crate::outfile::check(&output, &inputs)?;
     plot_results(&runs, &output)?;
-    println!("wrote {}", crate::text::path(&output));
+    crate::text::outln!("wrote {}", crate::text::path(&output));
     Ok(())
 }
 

@@ -77,7 +77,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let (weights, w) = args.model.load()?;
     let (device, notice) = crate::device::open(args.device)?;
     if let Some(n) = notice {
-        eprintln!("{n}");
+        crate::text::errln!("{n}");
     }
     // The default size and the largest batch against the memory before serving.
     crate::footprint::check_device(
@@ -96,7 +96,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let _ = inference_dtype(args.config.half, &device);
     super::detect::check_classes(args.config.classes.as_deref(), &w.meta.names)?;
     let detector = Detector::with_weights(&w, device, args.config.clone())
-        .with_context(|| format!("building the model from {}", weights.display()))?;
+        .with_context(|| format!("building the model from {}", crate::text::path(&weights)))?;
     let cfg = ServeConfig {
         max_batch: args.max_batch as usize,
         max_delay: Duration::from_millis(args.max_delay_ms),
@@ -120,16 +120,18 @@ pub fn run(args: ServeArgs) -> Result<()> {
             .await
             .with_context(|| format!("serve: cannot listen on {} (--addr)", args.addr))?;
         let addr = listener.local_addr()?;
-        eprintln!(
+        crate::text::errln!(
             "serving {} on http://{addr} (a page to try it: http://{addr}/; POST /v1/detect; GET \
              /healthz /readyz /v1/model /metrics); Ctrl-C or SIGTERM stops after answering what \
              is queued",
-            weights.display(),
+            crate::text::path(&weights),
         );
         let s = crate::serve::serve(listener, detector, cfg, stop_signal()).await?;
-        eprintln!(
+        crate::text::errln!(
             "stopped: {} requests answered, {} errors, {} batches",
-            s.ok, s.errors, s.batches
+            s.ok,
+            s.errors,
+            s.batches
         );
         Ok(())
     });

@@ -226,7 +226,7 @@ pub fn run_with(
     cancel: &crate::cancel::Cancel,
 ) -> Result<()> {
     for (p, why) in skipped {
-        eprintln!(
+        crate::text::errln!(
             "skipped {}: {}",
             crate::text::path(&p),
             crate::text::message(why)
@@ -281,7 +281,7 @@ pub fn run_with(
                 n_ok += 1;
             }
             Err(e) => {
-                eprintln!(
+                crate::text::errln!(
                     "skipped {}: {}",
                     crate::text::path(&path),
                     crate::text::message(&format!("{e:#}"))
@@ -302,7 +302,7 @@ pub fn run_with(
                 n_ok += 1;
             }
             Err(e) => {
-                eprintln!(
+                crate::text::errln!(
                     "skipped {}: {}",
                     st.name(),
                     crate::text::redact(&format!("{e:#}"))
@@ -315,10 +315,10 @@ pub fn run_with(
         j.flush().context("writing predictions.jsonl")?;
     }
     for s in &summaries {
-        println!("{s}");
+        crate::text::outln!("{s}");
     }
-    println!("Results saved to {}", crate::text::path(&run.dir));
-    println!("{n_ok} sources tracked, {n_bad} skipped");
+    crate::text::outln!("Results saved to {}", crate::text::path(&run.dir));
+    crate::text::outln!("{n_ok} sources tracked, {n_bad} skipped");
     if n_ok == 0 {
         bail!("no source could be tracked ({n_bad} skipped, reasons above)");
     }
@@ -413,7 +413,7 @@ fn track_images(
         let img = match crate::data::image::load_rgb8(path) {
             Ok(i) => i,
             Err(e) => {
-                eprintln!(
+                crate::text::errln!(
                     "skipped {}: {}",
                     crate::text::path(&path),
                     crate::text::message(&format!("{e:#}"))
@@ -427,7 +427,7 @@ fn track_images(
         let size = img.dimensions();
         let mut canvas = (!nosave).then_some(img);
         let tracks = seq.frame(run, frame, &dets, size, canvas.as_mut())?;
-        println!(
+        crate::text::outln!(
             "sequence {k}/{total} (frame {frame}/{}) {}: {} tracks, {:.1}ms",
             frames.len(),
             crate::text::path(&path),
@@ -477,7 +477,7 @@ fn track_video(
     let mut frame = 0u64;
     while let Some(mut img) = reader.next_frame()? {
         if cancel.requested() {
-            eprintln!(
+            crate::text::errln!(
                 "stopped on request: {} ends at frame {frame}",
                 crate::text::path(&path)
             );
@@ -494,7 +494,7 @@ fn track_video(
         let size = img.dimensions();
         let canvas = writer.is_some().then_some(&mut img);
         let tracks = seq.frame(run, frame, &dets, size, canvas)?;
-        println!(
+        crate::text::outln!(
             "video {k}/{total} (frame {frame}) {}: {} tracks, {:.1}ms",
             crate::text::path(&path),
             tracks.len(),
@@ -561,7 +561,7 @@ fn track_stream(
             }
             let same = writer.as_ref().is_some_and(|w| w.size() == size);
             let tracks = seq.frame(run, index, &dets, size, same.then_some(&mut f.image))?;
-            println!(
+            crate::text::outln!(
                 "stream {k}/{total} (frame {}) {name}: {} tracks, {:.1}ms",
                 f.frame,
                 tracks.len(),

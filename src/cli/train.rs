@@ -116,7 +116,7 @@ pub fn run(a: TrainArgs) -> Result<()> {
     if s.interrupted {
         return Ok(());
     }
-    println!(
+    crate::text::outln!(
         "{} epochs done; best fitness {:.5}; weights {} and {}",
         s.epochs.len(),
         s.best_fitness,
@@ -171,7 +171,7 @@ fn launch(devices: &DeviceList) -> Result<()> {
             .env("MASTER_ADDR", "127.0.0.1")
             .env("MASTER_PORT", &port)
             .spawn()
-            .map_err(|e| anyhow::anyhow!("starting rank {r} ({}): {e}", exe.display()))?;
+            .map_err(|e| anyhow::anyhow!("starting rank {r} ({}): {e}", crate::text::path(&exe)))?;
         children.push(child);
     }
     let mut failed = Vec::new();

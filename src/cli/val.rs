@@ -100,7 +100,7 @@ pub fn run(mut a: ValArgs) -> Result<()> {
     // As the official `check_img_size`: the size is rounded up to a multiple of the stride.
     let (img, note) = crate::cli::detect::effective_img(a.img);
     if let Some(n) = note {
-        eprintln!("{n}");
+        crate::text::errln!("{n}");
     }
     a.img = img;
     ensure!(a.batch >= 1, "--batch must be at least 1");
@@ -108,14 +108,14 @@ pub fn run(mut a: ValArgs) -> Result<()> {
     ensure!(
         !cfg.sources(split).is_empty(),
         "{}: no `{}` split in the data yaml; add `{}: images/{}`",
-        cfg.yaml_path.display(),
+        crate::text::path(&cfg.yaml_path),
         split.key(),
         split.key(),
         split.key()
     );
     let (device, notice) = crate::device::open(a.device)?;
     if let Some(n) = notice {
-        eprintln!("{n}");
+        crate::text::errln!("{n}");
     }
     // The size against the memory before any work (the budget search starts at one image).
     crate::footprint::check_device(
@@ -136,7 +136,7 @@ pub fn run(mut a: ValArgs) -> Result<()> {
         "--weights {} has nc = {} but {} has nc = {}; validate with the dataset the model was trained on",
         crate::text::path(&weights_path),
         weights.meta.nc,
-        cfg.yaml_path.display(),
+        crate::text::path(&cfg.yaml_path),
         cfg.nc
     );
     let dtype = crate::cli::detect::inference_dtype(a.half, &device);
@@ -161,7 +161,7 @@ pub fn run(mut a: ValArgs) -> Result<()> {
         Some(budget) => {
             let probe = crate::memory::MemoryProbe::new(&device)?;
             let d = crate::budget::plan_inference(&model, a.img, a.batch, budget, &probe)?;
-            println!("{}", d.describe().replace("micro-batch", "batch"));
+            crate::text::outln!("{}", d.describe().replace("micro-batch", "batch"));
             d.micro
         }
         None => a.batch,
@@ -179,14 +179,14 @@ pub fn run(mut a: ValArgs) -> Result<()> {
     };
     let r = validate(ValModel::Infer(&model), &images, &vc)?;
     for (p, why) in &r.skipped {
-        eprintln!(
+        crate::text::errln!(
             "skipped {}: {}",
             crate::text::path(&p),
             crate::text::message(why)
         );
     }
-    print!("{}", r.metrics.table(&cfg.names));
-    println!(
+    crate::text::out!("{}", r.metrics.table(&cfg.names));
+    crate::text::outln!(
         "{} images in {:.1} s ({:.2} img/s)",
         r.metrics.seen,
         r.seconds,
@@ -211,15 +211,15 @@ fn scan_for_val(cfg: &DataConfig, split: Split) -> Result<crate::data::scan::Spl
         },
     )?;
     if let crate::data::scan::CacheStatus::NotWritten { path, reason } = &scan.cache {
-        eprintln!(
+        crate::text::errln!(
             "warning: label cache {} not written: {reason} (the labels are scanned again next time)",
             crate::text::path(&path)
         );
     }
     if let Some(c) = &cfg.coco {
-        println!("{}", c.mapping_line(&cfg.names));
+        crate::text::outln!("{}", c.mapping_line(&cfg.names));
     }
-    println!("{}", scan.summary(&cfg.names));
+    crate::text::outln!("{}", scan.summary(&cfg.names));
     Ok(scan)
 }
 
@@ -233,8 +233,12 @@ fn save_outputs(
     r: &crate::metrics::validate::ValResult,
     batch: usize,
 ) -> Result<()> {
-    let dir = crate::runs::claim_run_dir(&a.project, &a.name, a.exist_ok)
-        .with_context(|| format!("cannot create the run folder under {}", a.project.display()))?;
+    let dir = crate::runs::claim_run_dir(&a.project, &a.name, a.exist_ok).with_context(|| {
+        format!(
+            "cannot create the run folder under {}",
+            crate::text::path(&a.project)
+        )
+    })?;
     if a.save_json {
         let dets = r.detections.as_deref().unwrap_or_default();
         let cats = crate::metrics::coco_json::category_ids(
@@ -243,23 +247,26 @@ fn save_outputs(
         );
         let (ids, note) = crate::metrics::coco_json::dataset_image_ids(images, &scan.coco_ids);
         if let Some(n) = note {
-            eprintln!("{n}");
+            crate::text::errln!("{n}");
         }
         let (path, ev) = crate::metrics::coco_json::save_and_evaluate(
             &dir, images, dets, &cfg.names, &ids, &cats,
         )?;
-        println!(
+        crate::text::outln!(
             "Saved {}; COCO bbox evaluation against the split's labels:",
             crate::text::path(&path)
         );
         for line in ev.summary_lines() {
-            println!("{line}");
+            crate::text::outln!("{line}");
         }
     }
     if a.save_txt {
         let dets = r.detections.as_deref().unwrap_or_default();
         let n = save_txt(&dir, images, dets, a.save_conf)?;
-        println!("{n} label files saved to {}", dir.join("labels").display());
+        crate::text::outln!(
+            "{n} label files saved to {}",
+            crate::text::path(&dir.join("labels"))
+        );
     }
     if !a.noplots {
         crate::metrics::plots::plot_validation(
@@ -272,7 +279,7 @@ fn save_outputs(
             crate::metrics::plots::plot_val_batches(&dir, images, dets, batch, &cfg.names)?;
         }
     }
-    println!("Results saved to {}", crate::text::path(&dir));
+    crate::text::outln!("Results saved to {}", crate::text::path(&dir));
     Ok(())
 }
 

@@ -97,9 +97,10 @@ impl fmt::Display for Report {
 /// sha256 of a file, lowercase hex.
 pub fn sha256_file(path: &Path) -> Result<String> {
     let mut f = std::fs::File::open(path)
-        .with_context(|| format!("{}: cannot open to hash", path.display()))?;
+        .with_context(|| format!("{}: cannot open to hash", crate::text::path(&path)))?;
     let mut h = sha2::Sha256::new();
-    std::io::copy(&mut f, &mut h).with_context(|| format!("{}: read error", path.display()))?;
+    std::io::copy(&mut f, &mut h)
+        .with_context(|| format!("{}: read error", crate::text::path(&path)))?;
     Ok(format!("{:x}", h.finalize()))
 }
 
@@ -111,14 +112,14 @@ pub fn convert(input: &Path, opts: &ConvertOptions) -> Result<(Weights, Provenan
     let weights = match &opts.cfg {
         Some(arch) => weights.with_arch(
             arch.clone(),
-            &format!("{}: --cfg {}", input.display(), arch.name),
+            &format!("{}: --cfg {}", crate::text::path(&input), arch.name),
         )?,
         None => weights,
     };
     let file_name = input
         .file_name()
         .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_else(|| input.display().to_string());
+        .unwrap_or_else(|| crate::text::path(&input).to_string());
     let sha256 = sha256_file(input)?;
     let weights = if opts.infer && weights.meta.graph == Graph::Train {
         let w = weights.to_infer()?;

@@ -186,7 +186,7 @@ impl AlgoCache {
                 tracing::warn!(
                     "cuDNN algorithm cache {}: {e} (choices are not kept for the next run; set \
                      {CACHE_ENV}=off to silence this)",
-                    self.path.display()
+                    crate::text::path(&self.path)
                 );
             }
         }

@@ -537,7 +537,7 @@ fn benchmark<A: Copy + std::fmt::Debug>(
         sync(stream)?;
         let dt = t0.elapsed().as_secs_f64();
         if trace_on() {
-            eprintln!(
+            crate::text::errln!(
                 "cudnn-trace {} {a:?} ws {bytes} ok {ok} ms {:.4}",
                 what(),
                 dt * 1e3 / BENCH_REPS as f64
@@ -549,7 +549,7 @@ fn benchmark<A: Copy + std::fmt::Debug>(
     }
     *ws = None;
     if trace_on() {
-        eprintln!(
+        crate::text::errln!(
             "cudnn-trace {} chosen {:?} ms {:.4}",
             what(),
             best.map(|b| b.1),

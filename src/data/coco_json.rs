@@ -160,7 +160,7 @@ enum RawAnnotation {
 /// Reads and parses `path`. Errors name the file, and the line and column for bad JSON.
 fn read_file(path: &Path) -> Result<RawFile> {
     let bytes = super::fsio::read_regular(path)
-        .with_context(|| format!("cannot read COCO annotations {}", path.display()))?;
+        .with_context(|| format!("cannot read COCO annotations {}", crate::text::path(&path)))?;
     let raw: RawFile = serde_json::from_slice(&bytes).map_err(|e| {
         let what = if e.is_eof() {
             "the file is truncated"
@@ -169,7 +169,7 @@ fn read_file(path: &Path) -> Result<RawFile> {
         };
         anyhow::anyhow!(
             "{}:{}:{}: {e} ({what}; export or download it again)",
-            path.display(),
+            crate::text::path(&path),
             e.line(),
             e.column()
         )
@@ -178,7 +178,7 @@ fn read_file(path: &Path) -> Result<RawFile> {
         bail!(
             "{}: no `images` list (a COCO annotations file has `images`, `annotations` and \
              `categories`; a results file, a plain list, cannot be a dataset split)",
-            path.display()
+            crate::text::path(&path)
         );
     }
     Ok(raw)
@@ -231,7 +231,7 @@ pub fn read_classes(files: &[PathBuf]) -> Result<CocoClasses> {
             let Some(id) = as_id(c.get("id")) else {
                 notices.push(format!(
                     "{}: {rec}: id {} is not a non-negative integer → category skipped",
-                    f.display(),
+                    crate::text::path(&f),
                     show(c.get("id"))
                 ));
                 continue;
@@ -239,7 +239,7 @@ pub fn read_classes(files: &[PathBuf]) -> Result<CocoClasses> {
             let Some(name) = c.get("name").and_then(Value::as_str) else {
                 notices.push(format!(
                     "{}: {rec}: name {} is not a string → category skipped",
-                    f.display(),
+                    crate::text::path(&f),
                     show(c.get("name"))
                 ));
                 continue;
@@ -251,8 +251,8 @@ pub fn read_classes(files: &[PathBuf]) -> Result<CocoClasses> {
                 Some((n, other)) if n != name => bail!(
                     "category id {id} is {n:?} in {} but {name:?} in {} (the COCO JSON files of \
                      one dataset must agree on their categories)",
-                    other.display(),
-                    f.display()
+                    crate::text::path(&other),
+                    crate::text::path(&f)
                 ),
                 Some(_) => {}
                 None => {
@@ -275,7 +275,7 @@ pub fn read_classes(files: &[PathBuf]) -> Result<CocoClasses> {
             notices.push(format!(
                 "{}: category {name:?} (id {id}) is only the supercategory of others and has no \
                  annotation → not a class (as in Roboflow exports)",
-                f.display()
+                crate::text::path(&f)
             ));
             continue;
         }
@@ -288,7 +288,7 @@ pub fn read_classes(files: &[PathBuf]) -> Result<CocoClasses> {
              as {{\"id\": 1, \"name\": \"...\"}})",
             files
                 .iter()
-                .map(|f| f.display().to_string())
+                .map(|f| crate::text::path(&f).to_string())
                 .collect::<Vec<_>>()
                 .join(", ")
         );
@@ -403,7 +403,7 @@ fn image_record(
             "{rec}: file_name {name:?} not found (tried {})",
             tried
                 .iter()
-                .map(|p| p.display().to_string())
+                .map(|p| crate::text::path(&p).to_string())
                 .collect::<Vec<_>>()
                 .join(", ")
         ));
@@ -531,7 +531,7 @@ pub fn normalize_boxes(img: &CocoImage, decoded: (u32, u32)) -> (Vec<LabelBox>, 
                         img.record,
                         s.0,
                         s.1,
-                        img.image.display(),
+                        crate::text::path(&img.image),
                         decoded.0,
                         decoded.1
                     ),
@@ -667,7 +667,10 @@ mod tests {
     #[test]
     fn candidates_in_order() {
         let c = image_candidates(Path::new("/c/annotations/instances_val2017.json"), "1.jpg");
-        let c: Vec<String> = c.iter().map(|p| p.display().to_string()).collect();
+        let c: Vec<String> = c
+            .iter()
+            .map(|p| crate::text::path(&p).to_string())
+            .collect();
         assert_eq!(
             c,
             [

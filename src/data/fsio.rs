@@ -126,7 +126,7 @@ fn walk(
                         let why = format!(
                             "folder {} already listed (a symlink loop or a second link to it): \
                              not entered again",
-                            first.display()
+                            crate::text::path(&first)
                         );
                         w.skipped.push((p, why));
                     }
@@ -161,7 +161,7 @@ fn walk(
 pub fn summarize_skipped(skipped: &[(PathBuf, String)], shown: usize) -> String {
     let mut s = format!("{} entries skipped", skipped.len());
     for (p, why) in skipped.iter().take(shown) {
-        s.push_str(&format!("; {}: {why}", p.display()));
+        s.push_str(&format!("; {}: {why}", crate::text::path(&p)));
     }
     if skipped.len() > shown {
         s.push_str(&format!("; ... and {} more", skipped.len() - shown));

@@ -58,8 +58,8 @@ pub const MAX_DECODE_BYTES: u64 = 1 << 30;
 /// e.g. text or video), corrupt or truncated data, an image over the decoding-bomb limits.
 pub fn load_rgb8(path: &Path) -> Result<RgbImage> {
     let bytes = super::fsio::read_regular(path)
-        .with_context(|| format!("cannot read file {}", path.display()))?;
-    decode_rgb8(&bytes).with_context(|| format!("cannot decode image {}", path.display()))
+        .with_context(|| format!("cannot read file {}", crate::text::path(&path)))?;
+    decode_rgb8(&bytes).with_context(|| format!("cannot decode image {}", crate::text::path(&path)))
 }
 
 /// Like [`load_rgb8`] but from the encoded bytes in memory (for services that receive uploads).
@@ -301,12 +301,17 @@ mod jpeg_err {
 /// EXIF orientation). Cheap: no pixels are decoded.
 pub fn probe_dimensions(path: &Path) -> Result<(u32, u32)> {
     let f = super::fsio::open_regular(path)
-        .with_context(|| format!("cannot open {}", path.display()))?;
+        .with_context(|| format!("cannot open {}", crate::text::path(&path)))?;
     ImageReader::new(std::io::BufReader::new(f))
         .with_guessed_format()
-        .with_context(|| format!("cannot read {}", path.display()))?
+        .with_context(|| format!("cannot read {}", crate::text::path(&path)))?
         .into_dimensions()
-        .with_context(|| format!("cannot read the image header of {}", path.display()))
+        .with_context(|| {
+            format!(
+                "cannot read the image header of {}",
+                crate::text::path(&path)
+            )
+        })
 }
 
 /// Bytes that decoding a `w`×`h` image whose decoder buffer is `native` bytes holds at its peak:

@@ -98,8 +98,18 @@ impl Issue {
         let p = self.path.strip_prefix(root).unwrap_or(&self.path);
         // Paths, values and COCO file names come from the data: shown escaped.
         let line = match self.line {
-            Some(l) => format!("{}:{l}: {} → {}", p.display(), self.value, self.action),
-            None => format!("{}: {} → {}", p.display(), self.value, self.action),
+            Some(l) => format!(
+                "{}:{l}: {} → {}",
+                crate::text::path(&p),
+                self.value,
+                self.action
+            ),
+            None => format!(
+                "{}: {} → {}",
+                crate::text::path(&p),
+                self.value,
+                self.action
+            ),
         };
         crate::text::escape(&line).into_owned()
     }

@@ -321,7 +321,7 @@ pub fn scan_split(cfg: &DataConfig, split: Split, opts: &ScanOptions) -> Result<
         coco_ids,
     };
     if opts.print {
-        eprint!("{}", scan.report(&cfg.root, &cfg.names));
+        crate::text::err!("{}", scan.report(&cfg.root, &cfg.names));
     }
     Ok(scan)
 }
@@ -451,7 +451,7 @@ fn scan_images(
             line: None,
             value: format!(
                 "no label file at {} but .txt files beside the images",
-                expected.parent().unwrap_or(&d).display()
+                crate::text::path(&expected.parent().unwrap_or(&d))
             ),
             action: "used the .txt files beside the images as labels".to_string(),
             kind: IssueKind::SidecarLabels,

@@ -102,7 +102,7 @@ impl DataConfig {
             return Err(e).with_context(|| {
                 format!(
                     "cannot read dataset description {} (pass --data with the path of an existing data.yaml)",
-                    yaml_path.display()
+                    crate::text::path(&yaml_path)
                 )
             });
         }
@@ -114,7 +114,7 @@ impl DataConfig {
     /// against its folder). Same errors as [`DataConfig::load`].
     pub fn from_yaml_str(text: &str, yaml_path: &Path) -> Result<DataConfig> {
         let yaml_path = absolute(yaml_path)?;
-        let shown = yaml_path.display();
+        let shown = crate::text::path(&yaml_path);
         crate::bounded::check_yaml(text).with_context(|| format!("{shown}"))?;
         let doc: Value = serde_yaml_ng::from_str(text).with_context(|| {
             format!("{shown} is not valid YAML (fix the syntax at the position above)")
@@ -191,14 +191,14 @@ impl DataConfig {
                 let skipped = walk_images(src, &mut out).with_context(|| {
                     format!(
                         "{}: cannot list images in {} (key `{split}`)",
-                        self.yaml_path.display(),
-                        src.display()
+                        crate::text::path(&self.yaml_path),
+                        crate::text::path(&src)
                     )
                 })?;
                 if !skipped.is_empty() {
                     tracing::warn!(
                         "{} (key `{split}`): {}",
-                        src.display(),
+                        crate::text::path(&src),
                         super::fsio::summarize_skipped(&skipped, 3)
                     );
                 }
@@ -206,8 +206,8 @@ impl DataConfig {
                 let text = std::fs::read_to_string(src).with_context(|| {
                     format!(
                         "cannot read image list {} (key `{split}` of {})",
-                        src.display(),
-                        self.yaml_path.display()
+                        crate::text::path(&src),
+                        crate::text::path(&self.yaml_path)
                     )
                 })?;
                 let base = src.parent().unwrap_or(Path::new("/"));
@@ -237,7 +237,7 @@ pub fn has_image_extension(p: &Path) -> bool {
 /// and file once, FIFOs and other non-regular files skipped) and what was skipped.
 fn walk_images(dir: &Path, out: &mut Vec<PathBuf>) -> Result<Vec<(PathBuf, String)>> {
     let w = super::fsio::walk_files(dir, &has_image_extension)
-        .with_context(|| format!("cannot read directory {}", dir.display()))?;
+        .with_context(|| format!("cannot read directory {}", crate::text::path(&dir)))?;
     out.extend(w.files);
     Ok(w.skipped)
 }
@@ -264,7 +264,7 @@ impl<'a> Doc<'a> {
 
     /// The dataset root: `path:` joined to `yaml_dir` (the yaml's folder), or that folder.
     fn root(&self, yaml_dir: &Path) -> Result<PathBuf> {
-        let shown = self.yaml_path.display();
+        let shown = crate::text::path(&self.yaml_path);
         let Some(v) = self.get("path") else {
             return Ok(yaml_dir.to_path_buf());
         };
@@ -276,8 +276,8 @@ impl<'a> Doc<'a> {
             bail!(
                 "{shown}: key `path` ({s:?}) resolves to {}, which is not an existing directory \
                  (relative paths resolve against the yaml's own folder {}; fix `path`)",
-                p.display(),
-                yaml_dir.display()
+                crate::text::path(&p),
+                crate::text::path(&yaml_dir)
             );
         }
         Ok(p)
@@ -287,7 +287,7 @@ impl<'a> Doc<'a> {
     /// empty when the key is absent and not `required`.
     fn sources(&mut self, root: &Path, split: Split, required: bool) -> Result<Vec<PathBuf>> {
         let yaml_path = self.yaml_path;
-        let shown = yaml_path.display();
+        let shown = crate::text::path(&yaml_path);
         let key = split.key();
         let Some(v) = self.get(key) else {
             if required {
@@ -321,8 +321,8 @@ impl<'a> Doc<'a> {
                         self.notice(format!(
                             "{shown}: `{key}: {s}` does not exist at {}; using {} (the path without \
                              the leading `../`, as Roboflow exports expect)",
-                            p.display(),
-                            alt.display()
+                            crate::text::path(&p),
+                            crate::text::path(&alt)
                         ));
                         p = alt;
                     }
@@ -335,14 +335,14 @@ impl<'a> Doc<'a> {
             } else if p.exists() {
                 bail!(
                     "{shown}: key `{key}` ({s:?}) resolves to {}, which is neither a directory, a .txt list of images nor a COCO .json file",
-                    p.display()
+                    crate::text::path(&p)
                 );
             } else {
                 bail!(
                     "{shown}: key `{key}` ({s:?}) resolves to {}, which does not exist (expected a directory of \
                      images or a .txt list; relative paths resolve against `path` = {})",
-                    p.display(),
-                    root.display()
+                    crate::text::path(&p),
+                    crate::text::path(&root)
                 );
             }
         }
@@ -351,7 +351,7 @@ impl<'a> Doc<'a> {
 
     /// `nc:`, when given: a positive integer up to [`MAX_CLASSES`].
     fn nc(&self) -> Result<Option<usize>> {
-        let shown = self.yaml_path.display();
+        let shown = crate::text::path(&self.yaml_path);
         let nc_key = match self.get("nc") {
             None => None,
             Some(v) => Some(v.as_u64().filter(|&n| n > 0).with_context(|| {
@@ -374,7 +374,7 @@ impl<'a> Doc<'a> {
             return Ok(None);
         }
         let yaml_path = self.yaml_path;
-        let shown = yaml_path.display();
+        let shown = crate::text::path(&yaml_path);
         let c = super::coco_json::read_classes(jsons)
             .with_context(|| format!("{shown}: reading the classes of its COCO JSON split"))?;
         for note in &c.notices {
@@ -397,7 +397,7 @@ impl<'a> Doc<'a> {
         coco: Option<&super::coco_json::CocoClasses>,
     ) -> Result<Vec<String>> {
         let yaml_path = self.yaml_path;
-        let shown = yaml_path.display();
+        let shown = crate::text::path(&yaml_path);
         let mut names = match (self.get("names"), coco) {
             (None, Some(c)) => c.names.clone(),
             (None, None) => match nc_key {
@@ -513,7 +513,7 @@ fn show_value(v: &Value) -> String {
 
 /// `p` made absolute against the current directory (only when relative) and lexically normalized.
 pub fn absolute(p: &Path) -> Result<PathBuf> {
-    let abs =
-        std::path::absolute(p).with_context(|| format!("cannot make {} absolute", p.display()))?;
+    let abs = std::path::absolute(p)
+        .with_context(|| format!("cannot make {} absolute", crate::text::path(&p)))?;
     Ok(normalize(&abs))
 }

@@ -109,7 +109,7 @@ impl Detector {
         let path = path.as_ref();
         let weights = crate::model::weights::Weights::load(path)?;
         let model = out(load_model(&weights, &device, dtype)
-            .with_context(|| format!("building the model from {}", path.display())))?;
+            .with_context(|| format!("building the model from {}", crate::text::path(&path))))?;
         Ok(Self::from_boxed(model, device))
     }
 

@@ -80,7 +80,7 @@ impl Sinks {
         if opts.save_txt {
             let labels = dir.join("labels");
             std::fs::create_dir_all(&labels)
-                .with_context(|| format!("cannot create {}", labels.display()))?;
+                .with_context(|| format!("cannot create {}", crate::text::path(&labels)))?;
         }
         let jsonl = if opts.json {
             let p = dir.join("predictions.jsonl");
@@ -321,10 +321,10 @@ pub fn save_crops(
         };
         let dir = save_dir.join("crops").join(safe_dir_name(&d.class_name));
         std::fs::create_dir_all(&dir)
-            .with_context(|| format!("cannot create {}", dir.display()))?;
+            .with_context(|| format!("cannot create {}", crate::text::path(&dir)))?;
         let p = crate::runs::first_free(&dir, stem, ".jpg");
         crate::outfile::save_image(&crop, &p, &crate::outfile::Inputs::none())
-            .with_context(|| format!("cannot save the crop {}", p.display()))?;
+            .with_context(|| format!("cannot save the crop {}", crate::text::path(&p)))?;
     }
     Ok(())
 }

@@ -79,7 +79,7 @@ fn expand_glob(pattern: &str) -> Result<(Vec<PathBuf>, Skipped), String> {
         pat.matches_path_with(q, opts)
     };
     let w = crate::data::fsio::walk_files(&root, &keep)
-        .map_err(|e| format!("{}: {e}", root.display()))?;
+        .map_err(|e| format!("{}: {e}", crate::text::path(&root)))?;
     Ok((w.files, w.skipped))
 }
 
@@ -154,7 +154,7 @@ pub fn expand_sources(sources: &[PathBuf]) -> Result<Sources> {
         let list: Vec<String> = out
             .skipped
             .iter()
-            .map(|(p, r)| format!("{}: {r}", p.display()))
+            .map(|(p, r)| format!("{}: {r}", crate::text::path(&p)))
             .collect();
         bail!(
             "no input files found in {:?}{}",

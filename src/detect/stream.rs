@@ -154,7 +154,7 @@ fn webcam_args(i: u32) -> Result<Vec<String>> {
         bail!(
             "webcam {i}: {} does not exist (cameras here: {}); pass the index of a connected \
              camera, or a stream URL (rtsp://, rtmp://, http://)",
-            dev.display(),
+            crate::text::path(&dev),
             if have.is_empty() {
                 "none".to_string()
             } else {
@@ -166,7 +166,7 @@ fn webcam_args(i: u32) -> Result<Vec<String>> {
         "-f".into(),
         "v4l2".into(),
         "-i".into(),
-        dev.display().to_string(),
+        crate::text::path(&dev).to_string(),
     ])
 }
 

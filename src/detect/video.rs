@@ -126,7 +126,7 @@ pub fn probe(path: &Path) -> Result<VideoInfo> {
     if !out.status.success() {
         bail!(
             "{}: ffprobe cannot read it: {}",
-            path.display(),
+            crate::text::path(&path),
             String::from_utf8_lossy(&out.stderr).trim()
         );
     }
@@ -137,13 +137,16 @@ pub fn probe(path: &Path) -> Result<VideoInfo> {
             .map(str::trim)
     };
     let (Some(w), Some(h)) = (field("width"), field("height")) else {
-        bail!("{}: no video stream (ffprobe found none)", path.display());
+        bail!(
+            "{}: no video stream (ffprobe found none)",
+            crate::text::path(&path)
+        );
     };
     let (mut width, mut height): (u32, u32) = (
         w.parse()
-            .with_context(|| format!("{}: width {w:?}", path.display()))?,
+            .with_context(|| format!("{}: width {w:?}", crate::text::path(&path)))?,
         h.parse()
-            .with_context(|| format!("{}: height {h:?}", path.display()))?,
+            .with_context(|| format!("{}: height {h:?}", crate::text::path(&path)))?,
     );
     // ffmpeg turns frames upright by the stream's rotation (phone videos): a quarter turn
     // swaps the frame's sides.
@@ -156,7 +159,7 @@ pub fn probe(path: &Path) -> Result<VideoInfo> {
     if !(1..=16_384).contains(&width) || !(1..=16_384).contains(&height) {
         bail!(
             "{}: frames of {width}x{height} are outside 1..=16384 pixels a side",
-            path.display()
+            crate::text::path(&path)
         );
     }
     let fps = field("avg_frame_rate")
@@ -203,7 +206,7 @@ impl FrameReader {
             err,
             width: info.width,
             height: info.height,
-            path: path.display().to_string(),
+            path: crate::text::path(&path).to_string(),
         })
     }
 
@@ -346,7 +349,7 @@ impl FrameWriter {
             err,
             width,
             height,
-            path: path.display().to_string(),
+            path: crate::text::path(&path).to_string(),
             tmp,
             dest: path.to_path_buf(),
         })

@@ -261,7 +261,7 @@ impl Progress {
     fn note(&self, line: &str) {
         match &self.bar {
             Some(b) if !b.is_hidden() => b.println(line),
-            Some(_) => eprintln!("{line}"),
+            Some(_) => crate::text::errln!("{line}"),
             None => {}
         }
     }

@@ -59,7 +59,7 @@ pub enum HubError {
         limit: u64,
     },
     /// A cached file differs from its manifest record.
-    #[error("{}: SHA-256 {actual} differs from {recorded} recorded when it was cached; the file changed: delete it to fetch it again", .path.display())]
+    #[error("{}: SHA-256 {actual} differs from {recorded} recorded when it was cached; the file changed: delete it to fetch it again", crate::text::path(.path))]
     HashMismatch {
         /// The cached file.
         path: PathBuf,
@@ -86,7 +86,7 @@ pub enum HubError {
         value: String,
     },
     /// The cache folder or a file in it cannot be created, read or written.
-    #[error("{}: {message}", .path.display())]
+    #[error("{}: {message}", crate::text::path(.path))]
     Cache {
         /// The folder or file.
         path: PathBuf,

@@ -113,12 +113,12 @@ fn fetch(p: &Published, opts: &HubOptions) -> Result<PathBuf, HubError> {
             None => {
                 // Placed by hand: verified and recorded now.
                 cache.ensure()?;
-                let w = load_verified(&converted, p, &converted.display().to_string())?;
+                let w = load_verified(&converted, p, &crate::text::path(&converted).to_string())?;
                 drop(w);
                 let bytes = std::fs::metadata(&converted).map(|m| m.len()).unwrap_or(0);
                 let r = Record {
                     name: p.name.to_string(),
-                    source: converted.display().to_string(),
+                    source: crate::text::path(&converted).to_string(),
                     source_sha256: actual.clone(),
                     source_bytes: bytes,
                     sha256: actual,
@@ -134,7 +134,7 @@ fn fetch(p: &Published, opts: &HubOptions) -> Result<PathBuf, HubError> {
     let placed = cache.placed(p.name);
     if placed.is_file() {
         cache.ensure()?;
-        let source = placed.display().to_string();
+        let source = crate::text::path(&placed).to_string();
         let out = install(&cache, p, &placed, &source, opts)?;
         let _ = std::fs::remove_file(&placed);
         return Ok(out);
@@ -176,7 +176,7 @@ fn fetch(p: &Published, opts: &HubOptions) -> Result<PathBuf, HubError> {
 
 fn say(opts: &HubOptions, line: &str) {
     if opts.verbose {
-        eprintln!("{line}");
+        crate::text::errln!("{line}");
     }
 }
 
@@ -190,7 +190,7 @@ fn load_verified(path: &Path, p: &Published, source: &str) -> Result<Weights, Hu
         bad(format!(
             "not a checkpoint yolo9 reads ({}); the download may be damaged",
             e.to_string()
-                .replace(&path.display().to_string(), "the file")
+                .replace(&crate::text::path(&path).to_string(), "the file")
         ))
     })?;
     if w.meta.arch.name != p.arch {
@@ -295,7 +295,7 @@ fn install(
             record.source_sha256,
             p.arch,
             record.parameters,
-            out.display(),
+            crate::text::path(&out),
             record.sha256
         ),
     );

@@ -793,7 +793,7 @@ impl<'a> PhaseClock<'a> {
         if let Some(t) = self.last {
             self.dev.synchronize()?;
             let now = std::time::Instant::now();
-            eprintln!(
+            crate::text::errln!(
                 "loss {} {phase}: {:.2} ms",
                 self.which,
                 (now - t).as_secs_f64() * 1e3

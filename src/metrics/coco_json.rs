@@ -236,10 +236,11 @@ impl From<&CocoAnnotation> for CocoGt {
 impl CocoDataset {
     /// Reads an annotations file. Errors name the file (and serde's line/column).
     pub fn load(path: &Path) -> Result<CocoDataset> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read COCO annotations {}", path.display()))?;
+        let text = std::fs::read_to_string(path).with_context(|| {
+            format!("cannot read COCO annotations {}", crate::text::path(&path))
+        })?;
         serde_json::from_str(&text)
-            .with_context(|| format!("{}: not a COCO annotations file", path.display()))
+            .with_context(|| format!("{}: not a COCO annotations file", crate::text::path(&path)))
     }
 
     /// Evaluates `results` against this ground truth over all its images and categories
@@ -256,9 +257,9 @@ impl CocoDataset {
 /// Reads a results file (`predictions.json`). Errors name the file.
 pub fn read_results(path: &Path) -> Result<Vec<CocoResult>> {
     let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read COCO results {}", path.display()))?;
+        .with_context(|| format!("cannot read COCO results {}", crate::text::path(&path)))?;
     serde_json::from_str(&text)
-        .with_context(|| format!("{}: not a COCO results list", path.display()))
+        .with_context(|| format!("{}: not a COCO results list", crate::text::path(&path)))
 }
 
 /// Writes a results file as compact JSON (as the official `json.dump`), atomically
@@ -425,7 +426,7 @@ pub fn save_and_evaluate(
     let gt = val_ground_truth(images, dets, ids, names, cats);
     let ev = gt
         .evaluate(&back)
-        .with_context(|| format!("evaluating {}", path.display()))?;
+        .with_context(|| format!("evaluating {}", crate::text::path(&path)))?;
     Ok((path, ev))
 }
 

@@ -27,7 +27,7 @@ pub fn register_font() {
 pub fn save_rgb(buf: Vec<u8>, size: (u32, u32), out: &Path) -> Result<()> {
     let img = image::RgbImage::from_raw(size.0, size.1, buf).context("plot: buffer size")?;
     crate::outfile::save_image(&img, out, &crate::outfile::Inputs::none())
-        .with_context(|| format!("{}: cannot write the plot", out.display()))
+        .with_context(|| format!("{}: cannot write the plot", crate::text::path(&out)))
 }
 
 /// The white-to-blue colour of `v` in `0..=1` (matplotlib's "Blues", approximately).
@@ -390,7 +390,7 @@ pub fn plot_mosaic(
         image::imageops::replace(&mut canvas, &cell, gx as i64, gy as i64);
     }
     crate::outfile::save_image(&canvas, out, &crate::outfile::Inputs::none())
-        .with_context(|| format!("{}: cannot write the plot", out.display()))?;
+        .with_context(|| format!("{}: cannot write the plot", crate::text::path(&out)))?;
     Ok(())
 }
 

@@ -210,20 +210,24 @@ impl Arch {
             return Self::builtin(s);
         }
         let bytes = read_small(path)
-            .with_context(|| format!("{}: cannot read the model yaml", path.display()))?;
+            .with_context(|| format!("{}: cannot read the model yaml", crate::text::path(&path)))?;
         ensure!(
             bytes.len() <= 1 << 20,
             "{}: {} bytes is too large for a model yaml (1 MiB at most)",
-            path.display(),
+            crate::text::path(&path),
             bytes.len()
         );
-        let text = String::from_utf8(bytes)
-            .with_context(|| format!("{}: the model yaml is not UTF-8 text", path.display()))?;
+        let text = String::from_utf8(bytes).with_context(|| {
+            format!(
+                "{}: the model yaml is not UTF-8 text",
+                crate::text::path(&path)
+            )
+        })?;
         let name = path
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "custom".into());
-        Self::from_yaml(&text, &name).with_context(|| format!("{}", path.display()))
+        Self::from_yaml(&text, &name).with_context(|| format!("{}", crate::text::path(&path)))
     }
 
     /// [`Arch::from_name_or_path`] for the `--cfg` option of train, detect, val, serve and

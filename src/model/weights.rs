@@ -214,7 +214,7 @@ impl Weights {
     /// [`Weights::load`], also returning the provenance stored in yolo9 safetensors metadata
     /// (`None` for other files).
     pub fn load_with_provenance(path: &Path) -> Result<(Self, Option<Provenance>)> {
-        let file = path.display().to_string();
+        let file = crate::text::path(&path).to_string();
         if sniff(path)?.starts_with(b"PK") {
             return Ok((Self::load_detailed(path)?.0, None));
         }
@@ -226,7 +226,7 @@ impl Weights {
     /// [`Weights::load`] plus notes for a conversion summary: `(weights, notes, how it was read,
     /// number of tensors imported)`.
     pub fn load_detailed(path: &Path) -> Result<(Self, Vec<String>, String, usize)> {
-        let file = path.display().to_string();
+        let file = crate::text::path(&path).to_string();
         if sniff(path)?.starts_with(b"PK") {
             return from_pt(path);
         }
@@ -251,7 +251,7 @@ impl Weights {
         half: bool,
         source: Option<&Provenance>,
     ) -> Result<()> {
-        let file = path.display().to_string();
+        let file = crate::text::path(&path).to_string();
         let meta = MetaJson {
             format: "yolo9-weights".into(),
             version: 1,
@@ -546,7 +546,7 @@ pub fn graph_of(arch: &Arch) -> Graph {
 /// The first bytes of a file (up to 8), for format detection; errors on an empty file.
 fn sniff(path: &Path) -> Result<Vec<u8>> {
     use std::io::Read;
-    let file = path.display().to_string();
+    let file = crate::text::path(&path).to_string();
     let mut f = crate::bounded::open_regular(path)
         .with_context(|| format!("{file}: cannot open the weights file (check the path)"))?;
     let mut head = Vec::with_capacity(8);
@@ -569,7 +569,7 @@ fn sniff(path: &Path) -> Result<Vec<u8>> {
 /// after reading it all.
 fn read_file(path: &Path) -> Result<Vec<u8>> {
     use std::io::{Read, Seek};
-    let file = path.display().to_string();
+    let file = crate::text::path(&path).to_string();
     let mut f = crate::bounded::open_regular(path)
         .with_context(|| format!("{file}: cannot read the weights file (check the path)"))?;
     let len = f
@@ -623,7 +623,7 @@ const MAX_HEADER: u64 = 100_000_000;
 
 /// Builds and validates [`Weights`] from imported `.pt` tensors.
 fn from_pt(path: &Path) -> Result<(Weights, Vec<String>, String, usize)> {
-    let file = path.display().to_string();
+    let file = crate::text::path(&path).to_string();
     let imp = crate::pt::import_pt(path)?;
     let imported = imp.tensors.len();
     let tensors: HashMap<String, Tensor> = imp.tensors.into_iter().collect();

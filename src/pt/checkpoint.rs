@@ -33,8 +33,11 @@ impl Checkpoint<std::io::BufReader<std::fs::File>> {
     /// Opens `path` as a torch zip checkpoint and locates its single `<prefix>/data.pkl`.
     pub fn open(path: &Path) -> Result<Self> {
         let f = std::fs::File::open(path)
-            .with_context(|| format!("{}: cannot open the checkpoint", path.display()))?;
-        Self::new(std::io::BufReader::new(f), &path.display().to_string())
+            .with_context(|| format!("{}: cannot open the checkpoint", crate::text::path(&path)))?;
+        Self::new(
+            std::io::BufReader::new(f),
+            &crate::text::path(&path).to_string(),
+        )
     }
 }
 

@@ -83,7 +83,7 @@ fn describe(o: &Object) -> String {
 /// damage: not a zip / truncated, no `data.pkl`, a forbidden pickle global, a missing or short
 /// storage record, an absurd shape.
 pub fn import_pt(path: &Path) -> Result<Imported> {
-    let file = path.display().to_string();
+    let file = crate::text::path(&path).to_string();
     let mut ck = checkpoint::Checkpoint::open(path)?;
     let pkl = ck.pickle_bytes()?;
     let what = format!("{file}: {}/data.pkl", ck.prefix);

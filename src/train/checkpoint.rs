@@ -157,13 +157,18 @@ pub fn save_state(
     let info: HashMap<String, String> =
         [(STATE_KEY.to_string(), serde_json::to_string(meta)?)].into();
     let bytes = safetensors::serialize(named.iter().map(|(n, t)| (n.as_str(), t)), Some(info))
-        .with_context(|| format!("{}: cannot serialize the training state", path.display()))?;
+        .with_context(|| {
+            format!(
+                "{}: cannot serialize the training state",
+                crate::text::path(&path)
+            )
+        })?;
     write_atomic(path, &bytes)
 }
 
 /// Reads a training state written by [`save_state`]. Errors name the file and what is wrong.
 pub fn load_state(path: &Path) -> Result<TrainState> {
-    let file = path.display().to_string();
+    let file = crate::text::path(&path).to_string();
     let bytes = std::fs::read(path).with_context(|| format!("{file}: cannot read"))?;
     let (_, md) = safetensors::SafeTensors::read_metadata(&bytes)
         .with_context(|| format!("{file}: not a safetensors file"))?;
@@ -181,7 +186,7 @@ pub fn load_state(path: &Path) -> Result<TrainState> {
         "{file}: training state version {} is not supported by this yolo9 (1 or 2); \
          start a new run with --weights {}",
         meta.version,
-        path.with_file_name("last.safetensors").display()
+        crate::text::path(&path.with_file_name("last.safetensors"))
     );
     if meta.version == 1 {
         // Version 1 stored the last *completed* epoch and was only written at epoch ends.

@@ -316,7 +316,7 @@ fn train_batches(
         }
         pr.skipped += batch.skipped.len();
         for (p, why) in &batch.skipped {
-            run.log(obs, format!("skipped {}: {why}", p.display()));
+            run.log(obs, format!("skipped {}: {why}", crate::text::path(&p)));
         }
         // A data-parallel rank trains on (a share can be empty): the others wait for it.
         if batch.len == 0 && run.comm.is_none() {

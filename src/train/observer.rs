@@ -46,19 +46,19 @@ impl Console {
 
 impl TrainObserver for Console {
     fn line(&mut self, line: &str) {
-        println!("{line}");
+        crate::text::outln!("{line}");
     }
 
     fn text(&mut self, text: &str) {
-        print!("{text}");
+        crate::text::out!("{text}");
     }
 
     fn note(&mut self, line: &str) {
-        eprintln!("{line}");
+        crate::text::errln!("{line}");
     }
 
     fn epoch_start(&mut self, header: &str, batches: usize, first: usize) {
-        println!("{header}");
+        crate::text::outln!("{header}");
         let pb = indicatif::ProgressBar::new(batches as u64);
         pb.set_style(
             indicatif::ProgressStyle::with_template(
@@ -72,8 +72,8 @@ impl TrainObserver for Console {
 
     fn epoch_line(&mut self, line: &str) {
         match &self.bar {
-            Some(pb) => pb.println(line),
-            None => eprintln!("{line}"),
+            Some(pb) => pb.println(crate::text::message(line)),
+            None => crate::text::errln!("{line}"),
         }
     }
 

@@ -422,7 +422,7 @@ impl Hyp {
         let not_hyp = || {
             format!(
                 "--hyp {}: not a hyp yaml (expected keys like `lr0: 0.01`)",
-                path.display()
+                crate::text::path(&path)
             )
         };
         let map =
@@ -436,7 +436,7 @@ impl Hyp {
             if !HYP_KEYS.contains(&key) && !IGNORED_HYP_KEYS.contains(&key) {
                 anyhow::bail!(
                     "--hyp {}: unknown key `{}`; did you mean `{}`? (valid keys: {})",
-                    path.display(),
+                    crate::text::path(&path),
                     serde_yaml_ng::to_string(k).unwrap_or_default().trim(),
                     nearest(key, HYP_KEYS),
                     HYP_KEYS.join(", ")
@@ -446,11 +446,11 @@ impl Hyp {
         let h: Hyp = serde_yaml_ng::from_str(&text).with_context(|| {
             format!(
                 "--hyp {}: not a hyp yaml (expected keys like `lr0: 0.01`, numbers only)",
-                path.display()
+                crate::text::path(&path)
             )
         })?;
         h.validate()
-            .with_context(|| format!("--hyp {}", path.display()))?;
+            .with_context(|| format!("--hyp {}", crate::text::path(&path)))?;
         Ok(h)
     }
 

@@ -118,8 +118,9 @@ pub(crate) fn append_results_csv(run_dir: &Path, report: &EpochReport) -> Result
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
         Err(e) => {
-            return Err(e)
-                .with_context(|| format!("{}: cannot read results.csv", run_dir.display()))
+            return Err(e).with_context(|| {
+                format!("{}: cannot read results.csv", crate::text::path(&run_dir))
+            })
         }
     };
     if !text.is_empty() && !text.ends_with('\n') {
@@ -127,8 +128,14 @@ pub(crate) fn append_results_csv(run_dir: &Path, report: &EpochReport) -> Result
     }
     text.push_str(&csv_row(report));
     text.push('\n');
-    crate::outfile::write(&csv, text.as_bytes(), &crate::outfile::Inputs::none())
-        .with_context(|| format!("{}: cannot append to results.csv", run_dir.display()))
+    crate::outfile::write(&csv, text.as_bytes(), &crate::outfile::Inputs::none()).with_context(
+        || {
+            format!(
+                "{}: cannot append to results.csv",
+                crate::text::path(&run_dir)
+            )
+        },
+    )
 }
 
 /// The ten panels: (title, column names accepted for it in a results.csv).
@@ -163,7 +170,7 @@ pub struct Curves {
 /// Reads a results.csv written by `yolo9 train` or by the official `train_dual.py` (column
 /// names trimmed of padding). Errors name the file, and the line of a non-numeric value.
 pub fn read_results_csv(path: &Path, label: &str) -> Result<Curves> {
-    let file = path.display().to_string();
+    let file = crate::text::path(&path).to_string();
     let text = std::fs::read_to_string(path).with_context(|| format!("{file}: cannot read"))?;
     let mut lines = text.lines().filter(|l| !l.trim().is_empty());
     let header: Vec<String> = lines

@@ -172,10 +172,14 @@ fn resume_args(
     } else {
         r.to_path_buf()
     };
-    let st = load_state(&ckpt)
-        .with_context(|| format!("--resume {}: cannot read the training state", r.display()))?;
+    let st = load_state(&ckpt).with_context(|| {
+        format!(
+            "--resume {}: cannot read the training state",
+            crate::text::path(&r)
+        )
+    })?;
     let mut o: TrainOptions = serde_json::from_value(st.meta.args.clone())
-        .with_context(|| format!("{}: bad run arguments", ckpt.display()))?;
+        .with_context(|| format!("{}: bad run arguments", crate::text::path(&ckpt)))?;
     o.resume = Some(ckpt.clone());
     o.verbose = opts.verbose;
     // `--data` given with `--resume`: the dataset moved (or is a copy); use it instead of
@@ -184,8 +188,8 @@ fn resume_args(
         if opts.verbose {
             obs.line(&format!(
                 "resume: using --data {} instead of the run's {}",
-                opts.data.display(),
-                o.data.display()
+                crate::text::path(&opts.data),
+                crate::text::path(&o.data)
             ));
         }
         o.data = opts.data.clone();
@@ -194,12 +198,12 @@ fn resume_args(
         .parent()
         .and_then(|p| p.parent())
         .map(Path::to_path_buf)
-        .with_context(|| format!("{}: not inside RUN/weights/", ckpt.display()))?;
+        .with_context(|| format!("{}: not inside RUN/weights/", crate::text::path(&ckpt)))?;
     if let Some(e) = opts.extend_epochs {
         ensure!(
             e >= st.meta.epoch.max(1),
             "--resume {} --epochs {e}: the run has already done {} epochs",
-            r.display(),
+            crate::text::path(&r),
             st.meta.epoch
         );
         o.epochs = e;
@@ -208,9 +212,9 @@ fn resume_args(
         st.meta.epoch < o.epochs,
         "--resume {}: the run already finished its {} epochs; to train it longer, \
          resume with more epochs: yolo9 train --resume {} --epochs {}",
-        r.display(),
+        crate::text::path(&r),
         o.epochs,
-        dir.display(),
+        crate::text::path(&dir),
         o.epochs * 2
     );
     Ok((o, Some(st), dir))
@@ -330,7 +334,7 @@ fn scan_data(
             obs.line(&format!(
                 "--single-cls: training the {} classes of {} as one class `{}`",
                 cfg.nc,
-                cfg.yaml_path.display(),
+                crate::text::path(&cfg.yaml_path),
                 cfg.names[0]
             ));
         }
@@ -358,9 +362,9 @@ fn scan_data(
     ensure!(
         items.iter().any(|i| !i.labels.is_empty()),
         "{}: no train image with a valid box (after --min-items {}); run `yolo9 check --data {}`",
-        cfg.yaml_path.display(),
+        crate::text::path(&cfg.yaml_path),
         opts.min_items,
-        cfg.yaml_path.display()
+        crate::text::path(&cfg.yaml_path)
     );
     let mut vimages = val_scan.as_ref().map(val_images).unwrap_or_default();
     if opts.single_cls {
@@ -372,7 +376,7 @@ fn scan_data(
         obs.line(&format!(
             "warning: the validation split of {} has no usable image: no metrics will be computed, \
              and best.safetensors will be the last epoch's weights",
-            cfg.yaml_path.display()
+            crate::text::path(&cfg.yaml_path)
         ));
     }
     Ok(Data {
@@ -387,7 +391,9 @@ fn scan_data(
 /// weights' model, else yolov9-s.
 fn load_model(opts: &TrainOptions) -> Result<(Option<Weights>, Arc<crate::model::Arch>)> {
     let weights = match &opts.weights {
-        Some(p) => Some(Weights::load(p).with_context(|| format!("--weights {}", p.display()))?),
+        Some(p) => {
+            Some(Weights::load(p).with_context(|| format!("--weights {}", crate::text::path(&p)))?)
+        }
         None => None,
     };
     let arch = match (&opts.cfg, &weights) {
@@ -507,7 +513,7 @@ pub(crate) fn build<'a>(
             opts.epochs,
             crate::device::name_of(&device),
             if model.amp() { " with mixed precision (bf16)" } else { "" },
-            run_dir.display()
+            crate::text::path(&run_dir)
         ));
     }
     let good = GoodState::take(&model, &opt, &ema, "the start of this run".into())?;
@@ -716,12 +722,18 @@ fn claim_outputs(
 ) -> Result<PathBuf> {
     if new_run && rank0 {
         *run_dir = crate::runs::claim_run_dir(&opts.project, &opts.name, opts.exist_ok)
-            .with_context(|| format!("{}: cannot create the run folder", run_dir.display()))?;
+            .with_context(|| {
+                format!(
+                    "{}: cannot create the run folder",
+                    crate::text::path(&run_dir)
+                )
+            })?;
     }
     let wdir = run_dir.join("weights");
     if rank0 {
-        std::fs::create_dir_all(&wdir)
-            .with_context(|| format!("{}: cannot create the run folder", wdir.display()))?;
+        std::fs::create_dir_all(&wdir).with_context(|| {
+            format!("{}: cannot create the run folder", crate::text::path(&wdir))
+        })?;
     }
     // Temporary files of a writer killed mid-checkpoint (the checkpoints themselves are intact).
     if let Some(entries) = rank0.then(|| std::fs::read_dir(&wdir).ok()).flatten() {
@@ -754,7 +766,7 @@ fn write_run_files(opts: &TrainOptions, r: &Resolved, obs: &mut dyn TrainObserve
         ("hyp.yaml", serde_yaml_ng::to_string(&r.hyp)?),
     ] {
         crate::outfile::write(&run_dir.join(name), text.as_bytes(), &inputs)
-            .with_context(|| format!("{}: cannot write {name}", run_dir.display()))?;
+            .with_context(|| format!("{}: cannot write {name}", crate::text::path(&run_dir)))?;
     }
     create_results_csv(run_dir)?;
     if !opts.noplots {
@@ -860,7 +872,7 @@ fn transfer_lines(model: &YoloV9Train, w: &Path, weights_nc: Option<usize>) -> V
         "transferred {}/{} tensors from {} (those whose name and shape match)",
         n.saturating_sub(init.len()),
         n,
-        w.display()
+        crate::text::path(&w)
     )];
     let reshaped = model.reshaped();
     if !reshaped.is_empty() {

@@ -207,7 +207,7 @@ impl Run<'_> {
             &acc,
         )?;
         tracing::debug!(
-            path = %self.state_path.display(),
+            path = %crate::text::path(&self.state_path),
             epoch,
             next_batch,
             "training state saved"
@@ -250,7 +250,7 @@ impl Run<'_> {
 
     /// The command that continues this run.
     pub fn resume_command(&self) -> String {
-        format!("yolo9 train --resume {}", self.run_dir.display())
+        format!("yolo9 train --resume {}", crate::text::path(&self.run_dir))
     }
 }
 
@@ -315,6 +315,7 @@ fn ema_weights(model: &YoloV9Train, ema: &Ema) -> Result<Weights> {
 
 /// Copies `src` to `dst` atomically (see [`crate::model::weights::write_atomic`]).
 pub(crate) fn copy_atomic(src: &Path, dst: &Path) -> Result<()> {
-    let bytes = std::fs::read(src).with_context(|| format!("{}: cannot read", src.display()))?;
+    let bytes =
+        std::fs::read(src).with_context(|| format!("{}: cannot read", crate::text::path(&src)))?;
     crate::model::weights::write_atomic(dst, &bytes)
 }

@@ -540,3 +540,69 @@ fn the_checker_reads_paths_groups_and_contexts() {
     assert_eq!(e.len(), 3, "{e:?}");
     assert!(!e.iter().any(|(_, b, _)| b == "d"));
 }
+
+/// Files that may print with the standard macros or show a path with `Path::display`, and why.
+const RAW_OUTPUT_ALLOWED: &[(&str, &str)] = &[
+    ("text.rs", "the escaping writers themselves"),
+    (
+        "launcher.rs",
+        "also compiled alone into the `cuda` launcher binary (standard library only); it prints \
+         only its own program's path and the names of missing system libraries",
+    ),
+];
+
+/// The lines of stripped code, outside `#[cfg(test)]` modules, that print with `println!`,
+/// `print!`, `eprintln!` or `eprint!` (rather than `text::outln!` and its kin) or show a path
+/// with `.display()` (rather than `text::path`): `(line number, what)`.
+fn raw_output(code: &str) -> Vec<(usize, &'static str)> {
+    let ctx = line_contexts(code);
+    let mut found = Vec::new();
+    for (i, line) in code.lines().enumerate() {
+        if ctx[i].is_none() {
+            continue;
+        }
+        for what in ["println!", "print!", "eprintln!", "eprint!"] {
+            let raw = line.match_indices(what).any(|(at, _)| {
+                let head = &line[..at];
+                !head.ends_with("text::") && !head.chars().next_back().is_some_and(is_ident)
+            });
+            if raw {
+                found.push((i + 1, what));
+            }
+        }
+        if line.contains(".display()") {
+            found.push((i + 1, ".display()"));
+        }
+    }
+    found
+}
+
+/// Issue 36, "hygiene", for its whole kind: every line the library and the commands print goes
+/// through `yolo9::text` (control characters and bidirectional overrides escaped, URL
+/// credentials redacted), and every path shown in a message or error through `text::path`.
+#[test]
+fn every_print_and_every_shown_path_goes_through_text() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut bad = Vec::new();
+    for rel in rust_files(&src) {
+        if RAW_OUTPUT_ALLOWED.iter().any(|a| a.0 == rel) {
+            continue;
+        }
+        let code = strip(&std::fs::read_to_string(src.join(&rel)).unwrap());
+        for (line, what) in raw_output(&code) {
+            bad.push(format!("src/{rel}:{line}: {what}"));
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "raw output (use crate::text::outln!/out!/errln!/err! and crate::text::path): {bad:#?}"
+    );
+    // The checker finds what it should, and not in tests or through the writers.
+    let sample = "fn f(p: &Path) {\n    println!(\"{}\", p.display());\n    \
+                  crate::text::outln!(\"x\");\n    std::eprint!(\"y\");\n}\n\
+                  #[cfg(test)]\nmod tests {\n    fn g() { println!(\"z\"); }\n}\n";
+    assert_eq!(
+        raw_output(&strip(sample)),
+        vec![(2, "println!"), (2, ".display()"), (4, "eprint!")]
+    );
+}

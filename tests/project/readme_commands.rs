@@ -548,14 +548,30 @@ fn check_outputs(command: &str, root: &Path, out: &str, err: &str) {
     }
 }
 
+/// Each command in its own copy of the repository, two at a time (a CI machine has 2 cores and
+/// most commands wait on one).
 #[test]
 fn runnable_readme_commands_succeed() {
-    for (k, command) in RUN.iter().enumerate() {
-        let root = clone_like(&format!("readme-{k}"));
-        let (code, out, err) = run(command, &root);
-        assert_eq!(code, 0, "{command}\n{out}\n{err}");
-        assert!(!err.contains("panicked"), "{command}\n{err}");
-        check_outputs(command, &root, &out, &err);
-        let _ = std::fs::remove_dir_all(root.parent().unwrap());
-    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        let workers: Vec<_> = (0..2)
+            .map(|_| {
+                s.spawn(|| loop {
+                    let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(command) = RUN.get(k) else { break };
+                    let root = clone_like(&format!("readme-{k}"));
+                    let (code, out, err) = run(command, &root);
+                    assert_eq!(code, 0, "{command}\n{out}\n{err}");
+                    assert!(!err.contains("panicked"), "{command}\n{err}");
+                    check_outputs(command, &root, &out, &err);
+                    let _ = std::fs::remove_dir_all(root.parent().unwrap());
+                })
+            })
+            .collect();
+        for w in workers {
+            if let Err(e) = w.join() {
+                std::panic::resume_unwind(e);
+            }
+        }
+    });
 }

@@ -90,9 +90,9 @@ pub(super) fn write_cache<R: Serialize, C: Serialize>(
     cache: &CacheFile<R, C>,
 ) -> std::result::Result<(), String> {
     let dir = path.parent().ok_or("no parent folder")?;
-    let meta = std::fs::metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let meta = std::fs::metadata(dir).map_err(|e| format!("{}: {e}", crate::text::path(&dir)))?;
     if meta.permissions().readonly() {
-        return Err(format!("{} is read-only", dir.display()));
+        return Err(format!("{} is read-only", crate::text::path(&dir)));
     }
     let text = serde_json::to_string(cache).map_err(|e| format!("cannot serialize: {e}"))?;
     crate::outfile::write(path, text.as_bytes(), &crate::outfile::Inputs::none())
