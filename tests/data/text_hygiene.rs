@@ -140,3 +140,37 @@ fn stream_credentials_are_redacted_everywhere() {
     scan(&project);
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// Class names from a `data.yaml` that carry an escape sequence and a bidirectional override:
+/// `val` prints its table, the label mapping and the summary with them escaped (through
+/// `yolo9::text`, as every line the commands print).
+#[test]
+fn val_prints_hostile_class_names_escaped() {
+    let d = tmpdir("hostile-classes");
+    common::tiny_dataset(&d, 1);
+    std::fs::write(
+        d.join("data.yaml"),
+        "path: .\ntrain: images/train\nval: images/val\n\
+         names: [\"RBC\\e[8m\", \"W\\u202eCBW\", Platelets]\n",
+    )
+    .unwrap();
+    let (code, out, err) = yolo9(&[
+        "val",
+        "--data",
+        d.join("data.yaml").to_str().unwrap(),
+        "--weights",
+        &weights(),
+        "--img",
+        "320",
+        "--device",
+        "cpu",
+        "--project",
+        d.join("runs").to_str().unwrap(),
+    ]);
+    let all = format!("{out}{err}");
+    assert_eq!(code, 0, "{all}");
+    assert!(!all.contains(ESC) && !all.contains('\u{202e}'), "{all:?}");
+    assert!(all.contains("RBC\\u{1b}[8m"), "{all}");
+    assert!(all.contains("W\\u{202e}CBW"), "{all}");
+    let _ = std::fs::remove_dir_all(&d);
+}
