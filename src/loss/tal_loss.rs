@@ -529,27 +529,7 @@ impl DualTalLoss {
         let pbox_dev = pbox.detach().broadcast_mul(&stride)?.transpose(1, 2)?; // (B, A, 4)
         let (pbox_px, cls_host) = host_copies(&pbox_dev, &cls_logits.detach(), anc_px, gt)
             .with_context(|| format!("loss: copying the {which} head outputs to the host"))?;
-        if let Some(i) = pbox_px.iter().position(|v| !v.is_finite()) {
-            bail!(
-                "loss: the {which} head output has a non-finite box (decoded value {}) at image \
-                 {}, anchor {}; training diverged or the input is broken (lower the learning \
-                 rate, check the images)",
-                pbox_px[i],
-                i / (4 * na),
-                (i / 4) % na
-            );
-        }
-        if let Some(i) = cls_host.iter().position(|v| !v.is_finite()) {
-            bail!(
-                "loss: the {which} head output has a non-finite class logit ({}) at (b, class, \
-                 anchor) = ({}, {}, {}); training diverged or the input is broken (lower the \
-                 learning rate, check the images)",
-                cls_host[i],
-                i / (nc * na),
-                (i / na) % nc,
-                i % na
-            );
-        }
+        finite_head(which, &pbox_px, &cls_host, na, nc)?;
         clock.mark("decode + host copies")?;
         let pd_bboxes: Vec<[f32; 4]> = pbox_px
             .chunks_exact(4)
@@ -557,31 +537,7 @@ impl DualTalLoss {
             .collect();
 
         let asg = match given {
-            Some(a) => {
-                ensure!(
-                    a.batch == bs
-                        && a.num_anchors == na
-                        && a.num_classes == nc
-                        && a.fg_mask.len() == bs * na
-                        && a.target_labels.len() == bs * na
-                        && a.target_bboxes.len() == bs * na
-                        && a.target_score.len() == bs * na,
-                    "loss: the given {which} assignment is for batch {} x {} anchors x {} classes, \
-                     the head has {bs} x {na} x {nc}",
-                    a.batch,
-                    a.num_anchors,
-                    a.num_classes,
-                );
-                if let Some(i) = (0..bs * na).find(|&i| {
-                    a.fg_mask[i] && (a.target_labels[i] < 0 || a.target_labels[i] as usize >= nc)
-                }) {
-                    bail!(
-                        "loss: the given {which} assignment has label {} at anchor {i}",
-                        a.target_labels[i]
-                    );
-                }
-                a.clone()
-            }
+            Some(a) => given_assignment(a, which, bs, na, nc)?,
             None => self.assigner.assign(&AssignerInput {
                 scores: Scores::HeadLogits {
                     data: &cls_host,
@@ -632,6 +588,67 @@ impl DualTalLoss {
         clock.mark("loss terms")?;
         Ok(([bx, cls, dfl], Some(asg), tss_t))
     }
+}
+
+/// The host copies of a branch's head output (`pbox_px` `(B, A, 4)` pixels, `cls_host`
+/// `(B, nc, A)` logits) are finite; else an error naming the first bad value and where it is.
+fn finite_head(which: &str, pbox_px: &[f32], cls_host: &[f32], na: usize, nc: usize) -> Result<()> {
+    if let Some(i) = pbox_px.iter().position(|v| !v.is_finite()) {
+        bail!(
+            "loss: the {which} head output has a non-finite box (decoded value {}) at image \
+             {}, anchor {}; training diverged or the input is broken (lower the learning \
+             rate, check the images)",
+            pbox_px[i],
+            i / (4 * na),
+            (i / 4) % na
+        );
+    }
+    if let Some(i) = cls_host.iter().position(|v| !v.is_finite()) {
+        bail!(
+            "loss: the {which} head output has a non-finite class logit ({}) at (b, class, \
+             anchor) = ({}, {}, {}); training diverged or the input is broken (lower the \
+             learning rate, check the images)",
+            cls_host[i],
+            i / (nc * na),
+            (i / na) % nc,
+            i % na
+        );
+    }
+    Ok(())
+}
+
+/// A caller's assignment ([`TalLoss::compute_with_assignments`]) checked against the head's
+/// batch `bs`, anchors `na` and classes `nc`.
+fn given_assignment(
+    a: &Assignment,
+    which: &str,
+    bs: usize,
+    na: usize,
+    nc: usize,
+) -> Result<Assignment> {
+    ensure!(
+        a.batch == bs
+            && a.num_anchors == na
+            && a.num_classes == nc
+            && a.fg_mask.len() == bs * na
+            && a.target_labels.len() == bs * na
+            && a.target_bboxes.len() == bs * na
+            && a.target_score.len() == bs * na,
+        "loss: the given {which} assignment is for batch {} x {} anchors x {} classes, \
+         the head has {bs} x {na} x {nc}",
+        a.batch,
+        a.num_anchors,
+        a.num_classes,
+    );
+    if let Some(i) = (0..bs * na)
+        .find(|&i| a.fg_mask[i] && (a.target_labels[i] < 0 || a.target_labels[i] as usize >= nc))
+    {
+        bail!(
+            "loss: the given {which} assignment has label {} at anchor {i}",
+            a.target_labels[i]
+        );
+    }
+    Ok(a.clone())
 }
 
 /// The assigner's inputs on the host: `pbox` `(B, A, 4)` pixels and `cls` `(B, nc, A)` logits,

@@ -606,3 +606,75 @@ fn every_print_and_every_shown_path_goes_through_text() {
         vec![(2, "println!"), (2, ".display()"), (4, "eprint!")]
     );
 }
+
+/// Functions of `src/` longer than `limit` lines (from the `fn` line to its closing brace, as
+/// rustfmt lays them out) without a plain `//` comment line right above them (attributes
+/// skipped) saying why they are one piece: `file:line name (lines)`.
+fn long_functions(rel: &str, text: &str, limit: usize) -> Vec<String> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < lines.len() {
+        let t = lines[i].trim_start();
+        let indent = &lines[i][..lines[i].len() - t.len()];
+        let head = t
+            .split_whitespace()
+            .skip_while(|w| w.starts_with("pub") || matches!(*w, "const" | "async" | "unsafe"))
+            .collect::<Vec<_>>();
+        if head.first() != Some(&"fn") {
+            i += 1;
+            continue;
+        }
+        let name = head.get(1).map_or("", |n| n.split(['(', '<']).next().unwrap_or(""));
+        // The signature ends at the line that opens the body (or a `;`: no body).
+        let mut j = i;
+        while j < lines.len() && !lines[j].ends_with('{') && !lines[j].ends_with(';') {
+            j += 1;
+        }
+        if j >= lines.len() || lines[j].ends_with(';') {
+            i = j + 1;
+            continue;
+        }
+        let close = format!("{indent}}}");
+        let end = (j + 1..lines.len())
+            .find(|&k| lines[k] == close)
+            .unwrap_or(lines.len() - 1);
+        let n = end - i + 1;
+        if n > limit {
+            let above = (0..i)
+                .rev()
+                .map(|k| lines[k].trim())
+                .find(|l| !l.starts_with("#["));
+            let why = above.is_some_and(|l| l.starts_with("// "));
+            if !why {
+                out.push(format!("src/{rel}:{} {name} ({n} lines)", i + 1));
+            }
+        }
+        i = end + 1;
+    }
+    out
+}
+
+/// Issue 35: every function of `src/` over 150 lines is split along the steps it has, or says
+/// in one `//` line above it why it is one piece.
+#[test]
+fn long_functions_are_split_or_say_why() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut long = Vec::new();
+    for rel in rust_files(&src) {
+        long.extend(long_functions(
+            &rel,
+            &std::fs::read_to_string(src.join(&rel)).unwrap(),
+            150,
+        ));
+    }
+    assert!(long.is_empty(), "functions over 150 lines: {long:#?}");
+    let body = |n: usize| "    x();\n".repeat(n);
+    let sample = format!(
+        "/// Docs.\npub fn a() {{\n{}}}\n\n// One match over the opcodes.\n#[inline]\nfn b(\n    x: u8,\n) -> u8 {{\n{}}}\nfn c() {{\n{}}}\n",
+        body(4),
+        body(4),
+        body(2)
+    );
+    assert_eq!(long_functions("s.rs", &sample, 5), vec!["src/s.rs:2 a (6 lines)"]);
+}
