@@ -517,7 +517,8 @@ fn track_video(
 
 /// Tracks a webcam or stream until it ends or a stop request. The tracker's frame index is the
 /// stream's frame number plus, after each reconnection, the frames the outage lasted at `--fps`
-/// (beyond those counted; [`FrameClock`]), so the filter steps over the gap and IDs survive.
+/// (from the last frame read to the reopening; [`FrameClock`]), so the filter steps over the gap
+/// and IDs survive.
 fn track_stream(
     detector: &Detector,
     run: &mut Run,
