@@ -17,6 +17,7 @@ use crate::detect::detector::{Detection, Detector};
 use crate::detect::output::{annotated_name, unique_stems};
 use crate::detect::stream::{LiveReader, StreamOptions, StreamSource};
 use crate::track::byte::{ByteTracker, Track, TrackerConfig};
+use crate::track::clock::FrameClock;
 use crate::track::draw::{clipped, draw_tracks, mot_line, ClassCounts};
 use crate::track::trail::Trails;
 use anyhow::{bail, Context, Result};
@@ -516,7 +517,8 @@ fn track_video(
 
 /// Tracks a webcam or stream until it ends or a stop request. The tracker's frame index is the
 /// stream's frame number plus, after each reconnection, the frames the outage lasted at `--fps`
-/// (beyond those counted), so the filter steps over the gap and IDs survive.
+/// (from the last frame read to the reopening; [`FrameClock`]), so the filter steps over the gap
+/// and IDs survive.
 fn track_stream(
     detector: &Detector,
     run: &mut Run,
@@ -538,20 +540,11 @@ fn track_stream(
     let mut seq = Sequence::open(run, name.clone(), stem.to_string(), fps, names)?;
     let out = run.dir.join(format!("{stem}.mp4"));
     let mut writer: Option<FrameWriter> = None;
-    let (mut extra, mut last): (u64, Option<(u64, Instant, u64)>) = (0, None);
+    let mut clock = FrameClock::new(fps);
     let result = (|| -> Result<()> {
         while let Some(mut f) = reader.next(cancel)? {
             let now = Instant::now();
-            let reconnects = reader.stats().reconnects;
-            if let Some((prev_frame, prev_t, prev_rc)) = last {
-                if reconnects > prev_rc {
-                    let by_time = (now - prev_t).as_secs_f64() * fps;
-                    let counted = (f.frame - prev_frame) as f64;
-                    extra += (by_time - counted).max(0.0).round() as u64;
-                }
-            }
-            last = Some((f.frame, now, reconnects));
-            let index = f.frame + extra;
+            let index = clock.index(f.frame, f.connection, f.outage);
             let dets = detector
                 .detect_rgb(&f.image)
                 .with_context(|| format!("frame {}", f.frame))?;

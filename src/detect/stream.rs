@@ -14,7 +14,9 @@
 //! Breaks: when ffmpeg ends or fails, or no frame arrives for [`StreamOptions::stall`], a live
 //! stream is reopened after 0.5 s, 1 s, 2 s, … (at most 8 s), up to [`StreamOptions::retries`]
 //! attempts in a row, each announced on stderr; after the last one the stream ends (an error
-//! naming the source and ffmpeg's reason when no frame ever came). A frame that arrives damaged
+//! naming the source and ffmpeg's reason when no frame ever came). Each frame carries its
+//! connection and how long the stream was away before it ([`LiveFrame::outage`]), which
+//! `yolo9 track` turns into frames (`crate::track::clock`). A frame that arrives damaged
 //! (a bad header, cut off when the connection broke) is skipped and counted
 //! ([`StreamStats::corrupt`]); ffmpeg itself drops packets its demuxer flags as corrupt
 //! (`-fflags +discardcorrupt`).
@@ -23,7 +25,7 @@
 //! separate probe has to connect to the stream first (a camera or a one-client server may accept
 //! one connection only); the pixels are ffmpeg's RGB24 conversion, as for video files.
 //!
-//! Why one file (about 720 lines of code, then its unit tests): the reader thread, the
+//! Why one file (about 750 lines of code, then its unit tests): the reader thread, the
 //! newest-frame hand-over, the reopening with back-off and the PPM frame parser are one live
 //! source's reader.
 
@@ -240,6 +242,12 @@ pub struct LiveFrame {
     pub image: RgbImage,
     /// Its number among all frames read, from 1, across reopenings.
     pub frame: u64,
+    /// The connection it was read on: the reopenings before it (0 for the first).
+    pub connection: u64,
+    /// How long the stream was away before that connection: from the last frame read on an
+    /// earlier one to the opening of this one (zero while no frame was read before it). The
+    /// frames a new connection gathers while ffmpeg probes it come after, read and numbered.
+    pub outage: Duration,
 }
 
 /// Why a stream ended.
@@ -259,6 +267,10 @@ struct State {
     ending: Option<Ending>,
     /// The last frame, or the start of the current connection.
     activity: Instant,
+    /// When the last frame was read, on any connection.
+    last_read: Option<Instant>,
+    /// The current connection's [`LiveFrame::outage`].
+    outage: Duration,
     stalled: bool,
 }
 
@@ -312,6 +324,8 @@ impl LiveReader {
                 stats: StreamStats::default(),
                 ending: None,
                 activity: Instant::now(),
+                last_read: None,
+                outage: Duration::ZERO,
                 stalled: false,
             }),
             cv: Condvar::new(),
@@ -550,7 +564,9 @@ fn read_loop(sh: &Shared, name: &str, input: &[String], live: bool, opts: &Strea
         }
         {
             let mut st = sh.lock();
-            st.activity = Instant::now();
+            let now = Instant::now();
+            st.activity = now;
+            st.outage = st.last_read.map_or(Duration::ZERO, |t| now - t);
             st.stalled = false;
         }
         let reason = match connect(sh, input) {
@@ -690,6 +706,7 @@ fn pump(sh: &Shared, out: std::process::ChildStdout, live: bool, opts: &StreamOp
                 let mut st = sh.lock();
                 st.stats.read += 1;
                 st.activity = Instant::now();
+                st.last_read = Some(st.activity);
                 let frame = st.stats.read;
                 if !(frame - 1).is_multiple_of(opts.vid_stride as u64) {
                     st.stats.strided += 1;
@@ -706,7 +723,13 @@ fn pump(sh: &Shared, out: std::process::ChildStdout, live: bool, opts: &StreamOp
                         st.activity = Instant::now();
                     }
                 }
-                if st.slot.replace(LiveFrame { image, frame }).is_some() {
+                let frame = LiveFrame {
+                    image,
+                    frame,
+                    connection: st.stats.reconnects,
+                    outage: st.outage,
+                };
+                if st.slot.replace(frame).is_some() {
                     st.stats.dropped += 1;
                 }
                 sh.cv.notify_all();

@@ -4,12 +4,14 @@
 //!   returns the confirmed tracks), as the authors' code, with the Ultralytics option names.
 //! - [`kalman`]: its constant-velocity Kalman filter on `(cx, cy, aspect, height)`.
 //! - [`assign`]: the linear assignment with a cost limit (Kuhn–Munkres of `pathfinding`).
+//! - [`clock`]: the tracker's frame index of a live stream's frames, outages included.
 //! - [`mot`]: MOT metrics (MOTA, ID switches, IDF1) of tracks against ground truth.
 //! - [`trail`]: the recent centres of each track, for drawing trails.
 //! - [`draw`]: the MOTChallenge line, the annotated frame with IDs and trails, counts per class.
 
 pub mod assign;
 pub mod byte;
+pub mod clock;
 #[cfg(feature = "media")]
 pub mod draw;
 pub mod kalman;
