@@ -625,7 +625,9 @@ fn long_functions(rel: &str, text: &str, limit: usize) -> Vec<String> {
             i += 1;
             continue;
         }
-        let name = head.get(1).map_or("", |n| n.split(['(', '<']).next().unwrap_or(""));
+        let name = head
+            .get(1)
+            .map_or("", |n| n.split(['(', '<']).next().unwrap_or(""));
         // The signature ends at the line that opens the body (or a `;`: no body).
         let mut j = i;
         while j < lines.len() && !lines[j].ends_with('{') && !lines[j].ends_with(';') {
@@ -676,5 +678,8 @@ fn long_functions_are_split_or_say_why() {
         body(4),
         body(2)
     );
-    assert_eq!(long_functions("s.rs", &sample, 5), vec!["src/s.rs:2 a (6 lines)"]);
+    assert_eq!(
+        long_functions("s.rs", &sample, 5),
+        vec!["src/s.rs:2 a (6 lines)"]
+    );
 }
