@@ -17,6 +17,17 @@ fn weights() -> String {
         .to_string()
 }
 
+/// `out` + `err` of a successful run: none of the `raw` characters appears, each of `escaped`
+/// does (the hostile text as `yolo9::text` shows it).
+fn assert_shown_escaped((code, out, err): (i32, String, String), raw: &[char], escaped: &[&str]) {
+    let all = format!("{out}{err}");
+    assert_eq!(code, 0, "{all}");
+    assert!(!all.contains(raw), "{all:?}");
+    for e in escaped {
+        assert!(all.contains(e), "no {e:?} in {all}");
+    }
+}
+
 #[test]
 fn the_helpers_escape_and_redact() {
     assert_eq!(escape("x\u{1b}]0;pwned\u{7}"), "x\\u{1b}]0;pwned\\u{7}");
@@ -41,7 +52,7 @@ fn detect_prints_hostile_file_names_escaped() {
     let good = d.join("a\u{1b}[31mred.jpg");
     std::fs::copy(&src, &good).unwrap();
     std::fs::write(d.join("b\u{1b}]0;pwned\u{7}.jpg"), b"not an image").unwrap();
-    let (code, out, err) = yolo9(&[
+    let run = yolo9(&[
         "detect",
         "--weights",
         &weights(),
@@ -53,11 +64,11 @@ fn detect_prints_hostile_file_names_escaped() {
         "cpu",
         "--nosave",
     ]);
-    let all = format!("{out}{err}");
-    assert_eq!(code, 0, "{all}");
-    assert!(!all.contains(ESC) && !all.contains('\u{7}'), "{all:?}");
-    assert!(all.contains("a\\u{1b}[31mred.jpg"), "{all}");
-    assert!(all.contains("b\\u{1b}]0;pwned\\u{7}.jpg"), "{all}");
+    assert_shown_escaped(
+        run,
+        &[ESC, '\u{7}'],
+        &["a\\u{1b}[31mred.jpg", "b\\u{1b}]0;pwned\\u{7}.jpg"],
+    );
     let _ = std::fs::remove_dir_all(&d);
 }
 
@@ -87,11 +98,8 @@ fn check_prints_hostile_coco_file_names_escaped() {
         "train: valid/_annotations.coco.json\nval: valid/_annotations.coco.json\n",
     )
     .unwrap();
-    let (code, out, err) = yolo9(&["check", "--data", d.join("data.yaml").to_str().unwrap()]);
-    let all = format!("{out}{err}");
-    assert_eq!(code, 0, "{all}");
-    assert!(!all.contains(ESC) && !all.contains('\u{7}'), "{all:?}");
-    assert!(all.contains("gone\\u{1b}]0;pwned\\u{7}.jpg"), "{all}");
+    let run = yolo9(&["check", "--data", d.join("data.yaml").to_str().unwrap()]);
+    assert_shown_escaped(run, &[ESC, '\u{7}'], &["gone\\u{1b}]0;pwned\\u{7}.jpg"]);
     let _ = std::fs::remove_dir_all(&d);
 }
 
@@ -154,7 +162,7 @@ fn val_prints_hostile_class_names_escaped() {
          names: [\"RBC\\e[8m\", \"W\\u202eCBW\", Platelets]\n",
     )
     .unwrap();
-    let (code, out, err) = yolo9(&[
+    let run = yolo9(&[
         "val",
         "--data",
         d.join("data.yaml").to_str().unwrap(),
@@ -167,10 +175,6 @@ fn val_prints_hostile_class_names_escaped() {
         "--project",
         d.join("runs").to_str().unwrap(),
     ]);
-    let all = format!("{out}{err}");
-    assert_eq!(code, 0, "{all}");
-    assert!(!all.contains(ESC) && !all.contains('\u{202e}'), "{all:?}");
-    assert!(all.contains("RBC\\u{1b}[8m"), "{all}");
-    assert!(all.contains("W\\u{202e}CBW"), "{all}");
+    assert_shown_escaped(run, &[ESC, '\u{202e}'], &["RBC\\u{1b}[8m", "W\\u{202e}CBW"]);
     let _ = std::fs::remove_dir_all(&d);
 }

@@ -28,31 +28,33 @@ pub(crate) fn make_stream(dir: &Path, seconds: u32) -> PathBuf {
         "/examples/images/BloodImage_00007.jpg"
     );
     let ts = dir.join(format!("cells{seconds}.ts"));
-    common::ffmpeg(&[
-        "-loop",
-        "1",
-        "-i",
-        img,
-        "-t",
-        &seconds.to_string(),
-        "-r",
-        "10",
-        "-vf",
-        "scale=320:240",
-        "-c:v",
-        "libx264",
-        "-qp",
-        "0",
-        "-pix_fmt",
-        "yuv420p",
-        "-g",
-        "10",
-        "-f",
-        "mpegts",
-        ts.to_str().unwrap(),
-    ]);
+    common::ffmpeg(
+        &[
+            "-loop",
+            "1",
+            "-i",
+            img,
+            "-t",
+            &seconds.to_string(),
+            "-r",
+            "10",
+            "-vf",
+            "scale=320:240",
+        ]
+        .iter()
+        .chain(LOSSLESS_TS_10FPS)
+        .copied()
+        .chain([ts.to_str().unwrap()])
+        .collect::<Vec<_>>(),
+    );
     ts
 }
+
+/// ffmpeg output options of the test streams: H.264 lossless (`-qp 0`), yuv420p, a keyframe
+/// every 10 frames (a second at 10 fps), MPEG-TS; the output file follows.
+pub(crate) const LOSSLESS_TS_10FPS: &[&str] = &[
+    "-c:v", "libx264", "-qp", "0", "-pix_fmt", "yuv420p", "-g", "10", "-f", "mpegts",
+];
 
 /// A child process killed when dropped (a failing test leaves no server or detector behind).
 pub(crate) struct Killed(pub(crate) Child);

@@ -357,29 +357,25 @@ fn encode(scene: &Scene, ts: std::ops::Range<u32>, out: &std::path::Path) {
     }
     std::fs::write(&raw, bytes).unwrap();
     let size = format!("{}x{}", scene.w, scene.h);
-    common::ffmpeg(&[
-        "-f",
-        "rawvideo",
-        "-pix_fmt",
-        "rgb24",
-        "-s",
-        &size,
-        "-framerate",
-        "10",
-        "-i",
-        raw.to_str().unwrap(),
-        "-c:v",
-        "libx264",
-        "-qp",
-        "0",
-        "-pix_fmt",
-        "yuv420p",
-        "-g",
-        "10",
-        "-f",
-        "mpegts",
-        out.to_str().unwrap(),
-    ]);
+    common::ffmpeg(
+        &[
+            "-f",
+            "rawvideo",
+            "-pix_fmt",
+            "rgb24",
+            "-s",
+            &size,
+            "-framerate",
+            "10",
+            "-i",
+            raw.to_str().unwrap(),
+        ]
+        .iter()
+        .chain(super::stream::LOSSLESS_TS_10FPS)
+        .copied()
+        .chain([out.to_str().unwrap()])
+        .collect::<Vec<_>>(),
+    );
 }
 
 /// The moving scene served live over loopback (the stream tests' ffmpeg server), cut in the

@@ -431,8 +431,24 @@ fn cycle_edges(g: &Graph) -> Vec<(String, String, String)> {
     out
 }
 
+fn src_dir() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+}
+
 fn src_graph() -> Graph {
-    file_graph(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"))
+    file_graph(&src_dir())
+}
+
+/// Every file of `src/`: its path relative to `src/` and its text.
+fn src_texts() -> Vec<(String, String)> {
+    let src = src_dir();
+    rust_files(&src)
+        .into_iter()
+        .map(|rel| {
+            let text = std::fs::read_to_string(src.join(&rel)).unwrap();
+            (rel, text)
+        })
+        .collect()
 }
 
 #[test]
@@ -582,13 +598,12 @@ fn raw_output(code: &str) -> Vec<(usize, &'static str)> {
 /// credentials redacted), and every path shown in a message or error through `text::path`.
 #[test]
 fn every_print_and_every_shown_path_goes_through_text() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut bad = Vec::new();
-    for rel in rust_files(&src) {
+    for (rel, text) in src_texts() {
         if RAW_OUTPUT_ALLOWED.iter().any(|a| a.0 == rel) {
             continue;
         }
-        let code = strip(&std::fs::read_to_string(src.join(&rel)).unwrap());
+        let code = strip(&text);
         for (line, what) in raw_output(&code) {
             bad.push(format!("src/{rel}:{line}: {what}"));
         }
@@ -661,14 +676,9 @@ fn long_functions(rel: &str, text: &str, limit: usize) -> Vec<String> {
 /// in one `//` line above it why it is one piece.
 #[test]
 fn long_functions_are_split_or_say_why() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut long = Vec::new();
-    for rel in rust_files(&src) {
-        long.extend(long_functions(
-            &rel,
-            &std::fs::read_to_string(src.join(&rel)).unwrap(),
-            150,
-        ));
+    for (rel, text) in src_texts() {
+        long.extend(long_functions(&rel, &text, 150));
     }
     assert!(long.is_empty(), "functions over 150 lines: {long:#?}");
     let body = |n: usize| "    x();\n".repeat(n);
