@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Data-parallel training throughput (issue 38): yolo9 at 1 GPU and at 2 GPUs (`--device 0,1`, one
-# process per GPU, gradients summed over TCP; `train::dist`), and the official DDP
+# Data-parallel training throughput (issue 38): yolo9 at 1 GPU, as a group of one on it, and at 2
+# GPUs (`--device 0,1`, one process per GPU, gradients summed by NCCL; `train::dist`), and the official DDP
 # (`torchrun --nproc_per_node N train_dual.py --device 0,...`) beside it when a checkout is given.
 #
 # usage (on the GPU machine, from the repository root, a `cuda` release build in target/release):
@@ -24,7 +24,7 @@ OUT=$(mktemp -d)
 GPUS=$(nvidia-smi -L 2>/dev/null | wc -l || echo 0)
 NTRAIN=$(ls "$(dirname "$DATA")/images/train" | wc -l)
 
-yolo9_run() { # $1 = device list, $2 = label
+yolo9_run() { # $1 = device list, $2 = label; env passes through (WORLD_SIZE=1 for a group of one)
   local log="$OUT/yolo9_$2.log"
   "$BIN" train --data "$DATA" --device "$1" --batch "$BATCH" --img "$IMG" --epochs "$EPOCHS" \
     --workers "$WORKERS" --noval --noplots --project "$OUT/runs" --name "$2" >"$log" 2>&1
@@ -46,6 +46,10 @@ official_run() { # $1 = number of GPUs
 }
 
 echo "ddp_yolo9_gpus1_img_per_s $(yolo9_run 0 g1)"
+# The same GPU as rank 0 of a group of one: the data-parallel path (NCCL by default), which
+# runs the ordinary step (no CUDA-graph replay in a group yet).
+echo "ddp_yolo9_group1_img_per_s $(WORLD_SIZE=1 RANK=0 MASTER_PORT=${MASTER_PORT:-29517} yolo9_run 0 group1)"
+grep -h "data-parallel training" "$OUT/yolo9_group1.log" || echo "(no backend line: see $OUT/yolo9_group1.log)"
 if [ "$GPUS" -ge 2 ]; then
   echo "ddp_yolo9_gpus2_img_per_s $(yolo9_run 0,1 g2)"
 else

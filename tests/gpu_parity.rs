@@ -1181,3 +1181,96 @@ fn inference_pools_dfl_and_channels_last_bias_act_equal_cpu() {
         assert!(r < 3e-3, "C {c} f16 rel {r}");
     }
 }
+
+/// NCCL with a group of one (issue 38; run alone: it sets `YOLO9_TRAIN_GRAPH=0` for the process,
+/// `cargo test --features cuda --test gpu_parity nccl -- --test-threads 1`, needs NCCL and the
+/// BCCD images of `YOLO9_SHARED`): the group's operations run through NCCL on the GPU and give
+/// back exactly what went in (host buffers, a 10M-element tensor, agreement, barrier); and a
+/// tiny training run as rank 0 of 1 (gradients exchanged through NCCL) ends with the weights of
+/// the same run without a group, within what two runs without a group differ by (cuDNN's
+/// weight gradients add with atomics). Groups run the ordinary step, so both runs here do.
+#[test]
+fn nccl_group_of_one_gives_back_its_input_and_trains_as_one_gpu() {
+    use std::collections::HashMap;
+    use std::time::Duration;
+    use yolo9::device::DeviceSpec;
+    use yolo9::train::checkpoint::load_state;
+    use yolo9::train::dist::local::local_group;
+    use yolo9::train::dist::nccl::{version, NcclRank};
+    use yolo9::train::dist::Collective;
+    use yolo9::train::trainer::{train_group, train_with, StopFlag, TrainObserver};
+    struct Quiet;
+    impl TrainObserver for Quiet {
+        fn line(&mut self, _: &str) {}
+        fn text(&mut self, _: &str) {}
+        fn note(&mut self, _: &str) {}
+        fn epoch_start(&mut self, _: &str, _: usize, _: usize) {}
+        fn epoch_line(&mut self, _: &str) {}
+        fn batch_done(&mut self, _: &str) {}
+        fn epoch_abandoned(&mut self) {}
+        fn epoch_trained(&mut self) {}
+        fn epoch_closed(&mut self) {}
+    }
+    let dev = yolo9::device::select(DeviceSpec::Cuda(0)).unwrap();
+    let group = || {
+        let ctl = local_group(1, Duration::from_secs(120)).unwrap().remove(0);
+        NcclRank::new(Box::new(ctl), &dev).expect("an NCCL group of one on GPU 0")
+    };
+    println!("NCCL {}", version().unwrap());
+    let mut c = group();
+    let v0: Vec<f32> = (0..1000).map(|i| (i as f32 * 0.37).sin() * 1e3).collect();
+    let mut v = v0.clone();
+    c.all_reduce_sum(&mut v).unwrap();
+    assert_eq!(v, v0, "all-reduce of one rank");
+    c.broadcast(&mut v).unwrap();
+    assert_eq!(v, v0, "broadcast of one rank");
+    c.barrier().unwrap();
+    assert_eq!(c.agree(5).unwrap().flags, vec![5]);
+    let t = rand(&[10_000_000], 3, 1.0, 0.0).to_device(&dev).unwrap();
+    let s = c.all_reduce_sum_tensor(&t).unwrap();
+    assert!(s.device().same_device(&dev));
+    let cpu = |t: &Tensor| t.to_device(&Device::Cpu).unwrap().to_vec1::<f32>().unwrap();
+    assert!(cpu(&s) == cpu(&t), "the tensor all-reduce of one rank");
+    let b = c.broadcast_tensor(&t).unwrap();
+    assert!(cpu(&b) == cpu(&t), "the tensor broadcast of one rank");
+    drop(c);
+
+    std::env::set_var(yolo9::train::graphed::TRAIN_GRAPH_ENV, "0");
+    let dir = common::tmpdir("nccl1");
+    let mut o = common::tiny_run_options(&dir, "solo");
+    o.device = DeviceSpec::Cuda(0);
+    o.batch = 2;
+    o.epochs = 2;
+    o.noplots = true;
+    let stop = StopFlag::install().unwrap();
+    let a = train_with(&o, &stop, &mut Quiet).unwrap();
+    o.name = "solo2".into();
+    let a2 = train_with(&o, &stop, &mut Quiet).unwrap();
+    o.name = "group".into();
+    let g = train_group(&o, &stop, &mut Quiet, Box::new(group())).unwrap();
+    std::env::remove_var(yolo9::train::graphed::TRAIN_GRAPH_ENV);
+    let state = |s: &yolo9::train::trainer::TrainSummary| {
+        load_state(&s.run_dir.join("weights/state.safetensors")).unwrap()
+    };
+    let (sa, sa2, sg) = (state(&a), state(&a2), state(&g));
+    assert_eq!(sg.meta.iterations, sa.meta.iterations);
+    let max_rel = |x: &HashMap<String, Tensor>, y: &HashMap<String, Tensor>| {
+        let mut worst = 0f64;
+        for (k, tx) in x {
+            let ty = &y[k];
+            worst = worst.max(common::max_abs(tx, ty) / common::abs_max(tx).max(1e-12));
+        }
+        worst
+    };
+    let (noise, d) = (
+        max_rel(&sa.model, &sa2.model),
+        max_rel(&sa.model, &sg.model),
+    );
+    println!(
+        "group of one vs without a group: {d:e} relative; two runs without a group: {noise:e} \
+         (train loss {:?} / {:?})",
+        g.epochs[1].train_loss, a.epochs[1].train_loss
+    );
+    // Bitwise when the GPU repeats itself, else within a few times its own spread.
+    assert!(d <= 4.0 * noise, "{d:e} > 4 x {noise:e}");
+}

@@ -105,8 +105,14 @@ pub fn run(a: TrainArgs) -> Result<()> {
             opts.device = devices.for_local_rank(g.local_rank)?;
             // Rank 0 speaks for the group; the others print their errors only.
             opts.verbose &= g.rank == 0;
-            let comm = g.connect()?;
-            let s = train_group(&opts, &stop, &mut Console::new(), Box::new(comm))?;
+            let (comm, backend) = g.form(opts.device)?;
+            if opts.verbose {
+                crate::text::outln!(
+                    "data-parallel training: {} ranks, gradients summed through {backend}",
+                    g.world
+                );
+            }
+            let s = train_group(&opts, &stop, &mut Console::new(), comm)?;
             if g.rank != 0 {
                 return Ok(());
             }

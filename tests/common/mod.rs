@@ -69,6 +69,9 @@ pub fn tiny_run_options(dir: &std::path::Path, name: &str) -> yolo9::train::trai
         tiny_dataset(dir, 2)
     };
     let mut o = yolo9::train::trainer::TrainOptions::new(yaml);
+    // The smallest model: what these runs check (the engine: resume, guards, groups, budget)
+    // does not depend on the model's size, and yolov9-t trains several times faster than -s.
+    o.cfg = Some("yolov9-t".into());
     o.epochs = 3;
     o.img = 64;
     o.batch = 1;

@@ -12,10 +12,12 @@
 //! one rank in a group everything is compared, bitwise, with a run without a group.
 
 use crate::common;
+use candle_core::{DType, Device, Tensor};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 use yolo9::data::loader::shard_range;
 use yolo9::train::checkpoint::load_state;
+use yolo9::train::dist::env::{Backend, BACKEND_ENV};
 use yolo9::train::dist::local::local_group;
 use yolo9::train::dist::socket::SocketRank;
 use yolo9::train::dist::{Collective, DistError};
@@ -116,9 +118,26 @@ fn collectives_sum_in_rank_order_broadcast_and_agree() {
             c.barrier().unwrap();
             let mut m = [r as f32 * 3.0];
             c.all_reduce_mean(&mut m).unwrap();
-            (s, b, a, m)
+            // The tensor forms (the gradients' exchange): flat f32 sums and rank 0's.
+            let t = Tensor::new(&[[1f32, 2.0], [3.0, 4.0]], &Device::Cpu).unwrap();
+            let t = (t * (r as f64 + 1.0))
+                .unwrap()
+                .to_dtype(DType::BF16)
+                .unwrap();
+            let ts = c.all_reduce_sum_tensor(&t).unwrap();
+            let tb = c.broadcast_tensor(&t).unwrap();
+            assert_eq!((ts.dims(), ts.dtype()), (&[4usize][..], DType::F32));
+            let ts = ts.to_vec1::<f32>().unwrap();
+            let tb = tb.to_vec1::<f32>().unwrap();
+            (s, b, a, m, ts, tb)
         });
-        for (r, (s, b, a, m)) in out.iter().enumerate() {
+        for (r, (s, b, a, m, ts, tb)) in out.iter().enumerate() {
+            assert_eq!(
+                *ts,
+                [6.0, 12.0, 18.0, 24.0],
+                "{name} rank {r}: (1 + 2 + 3) t"
+            );
+            assert_eq!(*tb, [1.0, 2.0, 3.0, 4.0], "{name} rank {r}: rank 0's t");
             assert_eq!(*s, [0.0, 1.5], "{name} rank {r}: the sum in rank order");
             assert_eq!(*b, [7.0; 3], "{name} rank {r}: rank 0's buffer");
             assert_eq!(a.flags, vec![0, 1, 6], "{name} rank {r}");
@@ -127,6 +146,26 @@ fn collectives_sum_in_rank_order_broadcast_and_agree() {
             assert_eq!(*m, [3.0], "{name} rank {r}: mean of 0, 3, 6");
         }
     }
+}
+
+/// `YOLO9_DIST_BACKEND`: NCCL by default on CUDA devices, TCP on the CPU; `nccl` on the CPU and
+/// unknown names are refused, naming the variable.
+#[test]
+fn the_backend_defaults_to_nccl_on_cuda_and_tcp_elsewhere() {
+    assert_eq!(Backend::choose(None, true).unwrap(), Backend::Nccl);
+    assert_eq!(Backend::choose(None, false).unwrap(), Backend::Tcp);
+    assert_eq!(Backend::choose(Some(" TCP "), true).unwrap(), Backend::Tcp);
+    assert_eq!(Backend::choose(Some("gloo"), false).unwrap(), Backend::Tcp);
+    assert_eq!(Backend::choose(Some("nccl"), true).unwrap(), Backend::Nccl);
+    let e = Backend::choose(Some("nccl"), false)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with(&format!("{BACKEND_ENV}=nccl needs CUDA")),
+        "{e}"
+    );
+    let e = Backend::choose(Some("mpi"), true).unwrap_err().to_string();
+    assert_eq!(e, format!("{BACKEND_ENV}=mpi: expected nccl or tcp"));
 }
 
 /// A rank that stops because another is gone passes the cause on before it ends: a rank that
@@ -439,6 +478,8 @@ fn rank_process(
         &p("runs"),
         "--name",
         "exp",
+        "--cfg",
+        "yolov9-t",
         "--device",
         "cpu",
         "--noplots",

@@ -266,6 +266,8 @@ fn cli_args(dir: &Path, name: &str, epochs: usize) -> Vec<String> {
         ("--close-mosaic", "0"),
         ("--save-interval", "0"),
         ("--name", name),
+        // The model of common::tiny_run_options.
+        ("--cfg", "yolov9-t"),
     ] {
         v.push(k.into());
         v.push(val.into());

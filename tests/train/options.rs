@@ -411,6 +411,7 @@ fn fine_tune_single_class_frozen_adamw_cached_and_resumed() -> anyhow::Result<()
     let weights =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("weights/yolov9-s-bccd.safetensors");
     o.weights = Some(weights.clone());
+    o.cfg = None; // the model of the weights
     o.epochs = 1;
     o.noplots = true;
     o.verbose = true;

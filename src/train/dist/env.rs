@@ -1,6 +1,7 @@
 //! The torchrun-style environment of a rank: `WORLD_SIZE`, `RANK`, `LOCAL_RANK`, `MASTER_ADDR`,
-//! `MASTER_PORT` (the names of `torch.distributed.run`), and `YOLO9_DIST_TIMEOUT` (seconds, the
-//! timeout of every collective operation, default [`super::DEFAULT_TIMEOUT`]).
+//! `MASTER_PORT` (the names of `torch.distributed.run`), `YOLO9_DIST_TIMEOUT` (seconds, the
+//! timeout of every collective operation, default [`super::DEFAULT_TIMEOUT`]) and
+//! `YOLO9_DIST_BACKEND` (how gradients are summed, [`Backend`]).
 
 use super::socket::SocketRank;
 use anyhow::{ensure, Context, Result};
@@ -8,6 +9,38 @@ use std::time::Duration;
 
 /// Environment variable: the timeout of every collective operation in seconds.
 pub const TIMEOUT_ENV: &str = "YOLO9_DIST_TIMEOUT";
+
+/// Environment variable: the backend, `nccl` or `tcp` ([`Backend`]).
+pub const BACKEND_ENV: &str = "YOLO9_DIST_BACKEND";
+
+/// How the ranks sum their gradients (torch.distributed's `backend`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// On the GPUs through NCCL ([`super::nccl::NcclRank`]; `cuda` builds, CUDA devices): the
+    /// default on a CUDA device.
+    Nccl,
+    /// Through the host over TCP ([`SocketRank`]): the default on the CPU.
+    Tcp,
+}
+
+impl Backend {
+    /// The backend `value` of [`BACKEND_ENV`] names (`None`: unset, the default for `cuda`
+    /// devices or not). Errors name the variable and the value.
+    pub fn choose(value: Option<&str>, on_cuda: bool) -> Result<Backend> {
+        match value.map(|v| v.trim().to_ascii_lowercase()).as_deref() {
+            None | Some("") => Ok(if on_cuda { Backend::Nccl } else { Backend::Tcp }),
+            Some("nccl") => {
+                ensure!(
+                    on_cuda,
+                    "{BACKEND_ENV}=nccl needs CUDA devices (--device 0,1,...); the CPU sums                      through tcp"
+                );
+                Ok(Backend::Nccl)
+            }
+            Some("tcp") | Some("gloo") => Ok(Backend::Tcp),
+            Some(v) => anyhow::bail!("{BACKEND_ENV}={v}: expected nccl or tcp"),
+        }
+    }
+}
 
 /// A rank's place in a group, as the environment gives it.
 #[derive(Debug, Clone, PartialEq)]
@@ -82,6 +115,37 @@ impl GroupEnv {
             },
             timeout,
         }))
+    }
+
+    /// Forms the group for a rank training on `device`: over TCP ([`SocketRank::connect`]),
+    /// then, with the [`Backend::Nccl`] backend ([`BACKEND_ENV`], the default on CUDA), the
+    /// NCCL communicator on that device with the TCP group as its control plane. Also returns
+    /// the backend in words (`TCP`, `NCCL 2.27.3`).
+    pub fn form(
+        &self,
+        device: crate::device::DeviceSpec,
+    ) -> Result<(Box<dyn super::Collective>, String)> {
+        let on_cuda = matches!(device, crate::device::DeviceSpec::Cuda(_));
+        let backend = Backend::choose(std::env::var(BACKEND_ENV).ok().as_deref(), on_cuda)?;
+        let ctl = self.connect()?;
+        match backend {
+            Backend::Tcp => Ok((Box::new(ctl), "TCP".into())),
+            #[cfg(feature = "cuda")]
+            Backend::Nccl => {
+                let d = crate::device::select(device)?;
+                let r = super::nccl::NcclRank::new(Box::new(ctl), &d).with_context(|| {
+                    format!(
+                        "rank {} of {}: forming the NCCL group on {device}",
+                        self.rank, self.world
+                    )
+                })?;
+                Ok((Box::new(r), format!("NCCL {}", super::nccl::version()?)))
+            }
+            #[cfg(not(feature = "cuda"))]
+            Backend::Nccl => anyhow::bail!(
+                "{BACKEND_ENV}=nccl: this yolo9 was built without CUDA (the `cuda` feature)"
+            ),
+        }
     }
 
     /// Forms the group over TCP ([`SocketRank::connect`]).

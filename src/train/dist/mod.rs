@@ -32,17 +32,23 @@
 //! - [`local::LocalRank`]: ranks as threads of one process (std channels), for tests;
 //! - [`socket::SocketRank`]: ranks as processes over TCP (loopback or a network), rank 0 the
 //!   hub (torchrun's `MASTER_ADDR:MASTER_PORT`);
-//! - NCCL (`cuda` feature): not written yet (see the notes in the README).
+//! - [`nccl::NcclRank`] (`cuda` feature): the sums and broadcasts on the GPUs through NCCL, the
+//!   agreements and the naming of a rank at fault through a control-plane rank (the socket one);
+//!   chosen by `yolo9 train` for CUDA devices unless [`env::BACKEND_ENV`] says `tcp`.
 //!
-//! Sums are taken in rank order (`((r0 + r1) + r2) + …`) in every implementation, so every rank
-//! holds bitwise the same result, and that result equals a single device's micro-batch
-//! accumulation (`prev + next`, in micro-batch order).
+//! Every implementation gives every rank bitwise the same sum. The local and socket ones add in
+//! rank order (`((r0 + r1) + r2) + …`), which equals a single device's micro-batch accumulation
+//! (`prev + next`, in micro-batch order); NCCL does too with one or two ranks, and in its own
+//! order with more.
 
 pub mod env;
 pub mod local;
+#[cfg(feature = "cuda")]
+pub mod nccl;
 pub mod socket;
 pub mod sync;
 
+use candle_core::{DType, Tensor};
 use std::time::Duration;
 
 /// The default timeout of every collective operation (`--dist-timeout`): 30 minutes, as
@@ -89,16 +95,21 @@ pub enum DistError {
     /// could not be formed (bad rank/world, address in use, a rank that never connected).
     #[error("{0}")]
     Setup(String),
+    /// Moving an operand between this rank's device and the exchange failed (a device error,
+    /// e.g. out of memory, on this rank).
+    #[error("the exchange's device operation failed: {0}")]
+    Device(String),
 }
 
 impl DistError {
-    /// The rank at fault, or `None` for [`DistError::Setup`] (no one rank).
+    /// The rank at fault, or `None` for [`DistError::Setup`] and [`DistError::Device`] (no one
+    /// rank, or this one).
     pub fn rank(&self) -> Option<usize> {
         match self {
             DistError::Gone { rank, .. }
             | DistError::Failed { rank, .. }
             | DistError::Timeout { rank, .. } => Some(*rank),
-            DistError::Setup(_) => None,
+            DistError::Setup(_) | DistError::Device(_) => None,
         }
     }
 }
@@ -147,6 +158,22 @@ pub trait Collective: Send {
     /// the error `why`: their pending or next operation fails with [`DistError::Failed`].
     fn abort(&mut self, why: &str);
 
+    /// [`Collective::all_reduce_sum`] of a tensor (any shape and float dtype, the same element
+    /// count on every rank): the sum as a flat f32 tensor on `t`'s device. Implementations whose
+    /// transport is the device (NCCL) sum it there; the default copies it through the host.
+    fn all_reduce_sum_tensor(&mut self, t: &Tensor) -> Result<Tensor, DistError> {
+        let mut v = host_f32(t)?;
+        self.all_reduce_sum(&mut v)?;
+        Tensor::from_vec(v, t.elem_count(), t.device()).map_err(device_error)
+    }
+
+    /// [`Collective::broadcast`] of a tensor, as [`Collective::all_reduce_sum_tensor`].
+    fn broadcast_tensor(&mut self, t: &Tensor) -> Result<Tensor, DistError> {
+        let mut v = host_f32(t)?;
+        self.broadcast(&mut v)?;
+        Tensor::from_vec(v, t.elem_count(), t.device()).map_err(device_error)
+    }
+
     /// Returns once every rank called it.
     fn barrier(&mut self) -> Result<(), DistError> {
         let mut b = [0f32];
@@ -177,6 +204,18 @@ pub trait Collective: Send {
             flags: buf.iter().map(|&v| v as u32).collect(),
         })
     }
+}
+
+fn device_error(e: candle_core::Error) -> DistError {
+    DistError::Device(e.to_string())
+}
+
+/// `t`'s elements as f32 on the host, in row-major order.
+fn host_f32(t: &Tensor) -> Result<Vec<f32>, DistError> {
+    t.flatten_all()
+        .and_then(|f| f.to_dtype(DType::F32))
+        .and_then(|f| f.to_vec1::<f32>())
+        .map_err(device_error)
 }
 
 /// A rank's place in a group: `rank` of `world`.

@@ -369,6 +369,8 @@ fn encode_abort(e: &DistError) -> Vec<u8> {
         DistError::Failed { rank, why } => (1, *rank, 0.0, why.clone()),
         DistError::Timeout { rank, op, secs } => (2, *rank, *secs, op.clone()),
         DistError::Setup(t) => (3, 0, 0.0, t.clone()),
+        // The sender's own device failed: the others name the sender.
+        DistError::Device(_) => (4, 0, 0.0, e.to_string()),
     };
     let mut p = vec![code];
     p.extend_from_slice(&(rank as u32).to_le_bytes());
@@ -394,6 +396,10 @@ fn decode_abort(p: &[u8], from: usize) -> DistError {
             rank,
             op: text,
             secs,
+        },
+        4 => DistError::Failed {
+            rank: from,
+            why: text,
         },
         _ => DistError::Setup(text),
     }

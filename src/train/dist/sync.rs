@@ -40,10 +40,10 @@ pub struct Global {
 const NAN: u32 = 1;
 
 /// Exchanges this rank's batch outcome: one [`Collective::agree`] (NaN flags and micro-batches),
-/// then, unless a rank's loss was not finite, one [`Collective::all_reduce_sum`] of the flat
-/// buffer `[gradients of opt.params() in order (f32, zeros where absent) | one presence count per
-/// parameter | items · len | len]`. The summed gradients come back on `device` with their
-/// parameters' shapes.
+/// then, unless a rank's loss was not finite, one [`Collective::all_reduce_sum_tensor`] of the
+/// flat f32 tensor `[gradients of opt.params() in order (zeros where absent) | one presence count
+/// per parameter | items · len | len]`, built on `device` (so that NCCL sums it there). The summed
+/// gradients come back on `device` with their parameters' shapes and dtypes.
 pub fn exchange(
     comm: &mut dyn Collective,
     local: Local,
@@ -64,37 +64,49 @@ pub fn exchange(
         });
     }
     let params = opt.params();
-    let sizes: Vec<usize> = params.iter().map(|p| p.var.elem_count()).collect();
-    let total: usize = sizes.iter().sum();
-    let mut buf = vec![0f32; total + params.len() + 4];
     let grads = local.grads.unwrap_or_default();
-    let mut off = 0;
-    for (k, (p, n)) in params.iter().zip(&sizes).enumerate() {
-        if let Some(g) = grads.get(p.var.as_tensor()) {
-            let v = g.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-            buf[off..off + n].copy_from_slice(&v);
-            buf[total + k] = 1.0;
+    // One flat f32 tensor on the device: the gradients, zeros where absent, then the tail.
+    let mut parts = Vec::with_capacity(params.len() + 1);
+    let mut tail = vec![0f32; params.len() + 4];
+    for (k, p) in params.iter().enumerate() {
+        let n = p.var.elem_count();
+        match grads.get(p.var.as_tensor()) {
+            Some(g) => {
+                parts.push(g.to_dtype(DType::F32)?.flatten_all()?);
+                tail[k] = 1.0;
+            }
+            None => parts.push(Tensor::zeros(n, DType::F32, device)?),
         }
-        off += n;
     }
-    let tail = total + params.len();
+    let t0 = params.len();
     for (j, v) in local.items.iter().enumerate() {
-        buf[tail + j] = (*v * local.len as f64) as f32;
+        tail[t0 + j] = (*v * local.len as f64) as f32;
     }
-    buf[tail + 3] = local.len as f32;
-    comm.all_reduce_sum(&mut buf)?;
+    tail[t0 + 3] = local.len as f32;
+    parts.push(Tensor::from_vec(tail, params.len() + 4, device)?);
+    let flat = Tensor::cat(&parts, 0)?;
+    drop(parts);
+    let total = flat.elem_count() - (params.len() + 4);
+    let sum = comm.all_reduce_sum_tensor(&flat)?;
+    drop(flat);
+    let buf = sum.narrow(0, total, params.len() + 4)?.to_vec1::<f32>()?;
     let mut out = GradStore::default();
     let mut off = 0;
-    for (k, (p, n)) in params.iter().zip(&sizes).enumerate() {
-        if buf[total + k] > 0.0 {
-            let t = Tensor::from_slice(&buf[off..off + n], p.var.shape(), device)?
+    for (k, p) in params.iter().enumerate() {
+        let n = p.var.elem_count();
+        if buf[k] > 0.0 {
+            let t = sum
+                .narrow(0, off, n)?
+                .reshape(p.var.shape())?
                 .to_dtype(p.var.dtype())?;
             out.insert(p.var.as_tensor(), t);
         }
         off += n;
     }
-    let len = buf[tail + 3] as usize;
-    let items = std::array::from_fn(|j| buf[tail + j] as f64 / len.max(1) as f64);
+    // `buf`: the presence counts, then the items and the image count.
+    let at = params.len();
+    let len = buf[at + 3] as usize;
+    let items = std::array::from_fn(|j| buf[at + j] as f64 / len.max(1) as f64);
     Ok(Global {
         grads: Some(out),
         items,
