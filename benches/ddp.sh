@@ -42,7 +42,7 @@ official_run() { # $1 = number of GPUs
     --hyp hyp.scratch-high.yaml --epochs "$EPOCHS" --workers "$WORKERS" --noval --noplots \
     --close-mosaic 0 --project "$OUT/official" --name "g$1" >"$OUT/official_$1.log" 2>&1)
   t1=$(date +%s.%N)
-  echo "$NTRAIN * $EPOCHS / ($t1 - $t0)" | bc -l | xargs printf '%.1f'
+  awk -v n="$NTRAIN" -v e="$EPOCHS" -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", n * e / (b - a) }'
 }
 
 echo "ddp_yolo9_gpus1_img_per_s $(yolo9_run 0 g1)"

@@ -123,7 +123,10 @@ pub fn bn_act_backward(
     let dy = dy.contiguous()?;
     let q = x.apply_op3_no_bwd(&dy, p, &BnActGradSums(op))?;
     let dx = if need_dx {
-        Some(x.apply_op3_no_bwd(&dy, &q, &BnActGradInput(op))?)
+        // --sync-bn: dx from the sums over every rank's micro-batch (dγ, dβ stay this rank's).
+        let (n, _, h, w) = x.dims4()?;
+        let qg = super::bn_sync::global_grad_sums(&q, (n * h * w) as f64)?;
+        Some(x.apply_op3_no_bwd(&dy, qg.as_ref().unwrap_or(&q), &BnActGradInput(op))?)
     } else {
         None
     };

@@ -87,6 +87,14 @@ impl BatchNorm2d {
         }
         let (b, _, h, w) = x.dims4()?;
         let n = (b * h * w) as f64;
+        if super::bn_sync::active() {
+            anyhow::bail!(
+                "--sync-bn runs on the fused train-mode BN only (f32 on the CPU, f32/bf16 on \
+                 CUDA), not {:?} on {:?}",
+                x.dtype(),
+                x.device()
+            );
+        }
         let (y, mean, var) = self.train_composite(x, n)?;
         let y = if silu { y.silu()? } else { y };
         self.update_running(
@@ -103,6 +111,14 @@ impl BatchNorm2d {
     pub fn fused_block(&self, x: &Tensor) -> Result<Tensor> {
         let (b, _, h, w) = x.dims4()?;
         let n = (b * h * w) as f64;
+        if super::bn_sync::active() {
+            // --sync-bn: the statistics of every rank's micro-batch together.
+            let p = bn_act::stats_block(x, &self.weight, &self.bias)?;
+            let (p, n_all) = super::bn_sync::pooled_block(&p, n)?;
+            let stats = p.narrow(0, 2, 2)?;
+            self.update_running(&stats.get(0)?, &stats.get(1)?, n_all)?;
+            return Ok(p);
+        }
         if let Some(p) = bn_act::stats_block_updating(
             x,
             &self.weight,

@@ -26,6 +26,7 @@ pub mod arch;
 pub mod bias_act;
 pub mod blocks;
 pub mod bn_act;
+pub mod bn_sync;
 pub mod conv;
 pub mod cpu;
 pub mod cpu_conv;

@@ -643,10 +643,26 @@ impl Run<'_> {
         times: &mut StepTimes,
     ) -> Result<(BatchOutcome, usize)> {
         let bn = self.model.snapshot_bn()?;
+        // --sync-bn: this rank's collective serves the BN layers during the step.
+        let mut sync = if self.opts.sync_bn {
+            self.comm.take()
+        } else {
+            None
+        };
         let this = &*self;
         let r = halve_on_oom(
             self.micro,
             |micro| {
+                if let Some(c) = sync.as_mut() {
+                    anyhow::ensure!(
+                        micro == this.micro,
+                        "--sync-bn: out of memory at micro-batch {} on rank {}; the ranks cannot \
+                         halve apart (their BN layers meet in every forward): lower --batch, \
+                         set --micro-batch, or drop --sync-bn",
+                        this.micro,
+                        c.rank()
+                    );
+                }
                 let parts = StepParts {
                     model: &this.model,
                     loss: &this.loss,
@@ -655,7 +671,12 @@ impl Run<'_> {
                     graphs: Some(&this.graphs),
                 };
                 let input = StepInput::of(batch, this.opts.img as usize);
-                step(&parts, &input, micro, &this.faults, ni, times)
+                match sync.as_mut() {
+                    Some(c) => crate::model::bn_sync::with_sync(&mut SyncOf(c.as_mut()), || {
+                        step(&parts, &input, micro, &this.faults, ni, times)
+                    }),
+                    None => step(&parts, &input, micro, &this.faults, ni, times),
+                }
             },
             |old, new| {
                 this.model.restore_bn(&bn)?;
@@ -675,6 +696,9 @@ impl Run<'_> {
                 Ok(())
             },
         );
+        if sync.is_some() {
+            self.comm = sync;
+        }
         match r {
             Ok((o, micro, halvings)) => {
                 self.micro = micro;
@@ -692,5 +716,22 @@ impl Run<'_> {
             }
             Err(e) => Err(e),
         }
+    }
+}
+
+/// A rank's [`crate::train::dist::Collective`] as the BN layers' [`crate::model::bn_sync::BnSync`].
+struct SyncOf<'a>(&'a mut dyn crate::train::dist::Collective);
+
+impl crate::model::bn_sync::BnSync for SyncOf<'_> {
+    fn rank(&self) -> usize {
+        self.0.rank()
+    }
+    fn world(&self) -> usize {
+        self.0.world()
+    }
+    fn sum(&mut self, t: &candle_core::Tensor) -> candle_core::Result<candle_core::Tensor> {
+        self.0
+            .all_reduce_sum_tensor(t)
+            .map_err(|e| candle_core::Error::Msg(format!("--sync-bn: {e}")))
     }
 }

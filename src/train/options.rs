@@ -164,6 +164,13 @@ pub struct TrainOptions {
     #[serde(default)]
     #[cfg_attr(feature = "cli", arg(long))]
     pub single_cls: bool,
+    /// Data-parallel runs: batch norm over the whole global micro-batch, every rank's images
+    /// (official `--sync-bn`, PyTorch's `SyncBatchNorm`; [`crate::model::bn_sync`]). Ignored
+    /// without a group. An out-of-memory error then stops the run instead of halving the
+    /// micro-batch (the ranks' BN layers meet in every forward).
+    #[serde(default)]
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub sync_bn: bool,
     /// Freeze layers (official semantics): one number N freezes model.0 … model.N-1 (e.g. 10 =
     /// the backbone of yolov9-c); several numbers freeze exactly those layers (e.g. --freeze 0 1
     /// 2); none or 0 freezes nothing. Frozen parameters get no optimizer update, no weight decay
@@ -288,6 +295,7 @@ impl TrainOptions {
             hyp: None,
             resume: None,
             single_cls: false,
+            sync_bn: false,
             freeze: Vec::new(),
             optimizer: OptimizerKind::Sgd,
             cache: ImageCache::None,

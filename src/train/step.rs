@@ -183,8 +183,8 @@ pub fn step(
     let mut grads: Option<GradStore> = None;
     let mut items = [0f64; 3];
     let mut start = 0;
-    while start < n {
-        let len = micro.min(n - start);
+    // `micro`-sized micro-batches; under --sync-bn the same number on every rank.
+    for len in crate::model::bn_sync::agreed_split(n, micro, device)? {
         let x = Tensor::from_slice(
             &input.images[start * per_image..(start + len) * per_image],
             (len, 3, s, s),
@@ -251,7 +251,7 @@ pub fn step(
         if faults.nan_at.contains(&ni) {
             li = [f32::NAN; 3];
         }
-        if li.iter().any(|v| !v.is_finite()) {
+        if crate::model::bn_sync::any(li.iter().any(|v| !v.is_finite()), device)? {
             return Ok(BatchOutcome {
                 items: li.map(|v| v as f64),
                 grads: None,

@@ -380,6 +380,126 @@ fn two_and_three_ranks_train_the_weights_of_one_rank_with_their_shares_as_micro_
     }
 }
 
+/// A rank's collective as the BN layers' synchronisation.
+struct SyncOf<'a>(&'a mut dyn Collective);
+
+impl yolo9::model::bn_sync::BnSync for SyncOf<'_> {
+    fn rank(&self) -> usize {
+        self.0.rank()
+    }
+    fn world(&self) -> usize {
+        self.0.world()
+    }
+    fn sum(&mut self, t: &Tensor) -> candle_core::Result<Tensor> {
+        self.0
+            .all_reduce_sum_tensor(t)
+            .map_err(|e| candle_core::Error::Msg(e.to_string()))
+    }
+}
+
+/// `--sync-bn`'s BN (`yolo9::model::bn_sync`): 2 ranks (threads) holding 3 and 2 images of a
+/// batch of 5 normalise with the statistics of all 5, and their backward gives each its slice of
+/// the whole batch's input gradient, with dγ and dβ that add up to the whole batch's: the fused
+/// BN + SiLU forward and backward of one rank on the 5 images, within f32 rounding.
+#[test]
+fn sync_bn_normalises_and_differentiates_as_one_rank_on_the_whole_batch() {
+    use yolo9::model::bn_act::{bn_act_apply, bn_act_backward, stats_block};
+    use yolo9::model::bn_sync::{pooled_block, with_sync};
+    let (c, eps) = (4usize, 1e-3);
+    let u = |shape: &[usize], seed| common::uniform(shape, seed).to_dtype(DType::F32).unwrap();
+    let x = u(&[5, c, 6, 7], 11).affine(3.0, 0.5).unwrap();
+    let dy = u(&[5, c, 6, 7], 12);
+    let g = u(&[c], 13).affine(1.0, 1.0).unwrap();
+    let b = u(&[c], 14);
+    let p = stats_block(&x, &g, &b).unwrap();
+    let y = bn_act_apply(&x, &p, eps, true).unwrap();
+    let (dx, dg, db) = bn_act_backward(&x, &dy, &p, eps, true, true).unwrap();
+    let dx = dx.unwrap();
+    let parts = [(0usize, 3usize), (3, 2)];
+    let inputs: Vec<_> = parts
+        .iter()
+        .map(|&(s, n)| {
+            (
+                x.narrow(0, s, n).unwrap().contiguous().unwrap(),
+                dy.narrow(0, s, n).unwrap().contiguous().unwrap(),
+            )
+        })
+        .collect();
+    let inputs = std::sync::Arc::new(inputs);
+    let (g2, b2) = (g.clone(), b.clone());
+    let out = on_threads(boxed_local(2, Duration::from_secs(30)), move |mut comm| {
+        let (xr, dyr) = &inputs[comm.rank()];
+        let mut s = SyncOf(comm.as_mut());
+        with_sync(&mut s, || {
+            let (n, _, h, w) = xr.dims4().unwrap();
+            let pr = stats_block(xr, &g2, &b2).unwrap();
+            let (pr, all) = pooled_block(&pr, (n * h * w) as f64).unwrap();
+            let yr = bn_act_apply(xr, &pr, eps, true).unwrap();
+            let (dxr, dgr, dbr) = bn_act_backward(xr, dyr, &pr, eps, true, true).unwrap();
+            (pr, all, yr, dxr.unwrap(), dgr, dbr)
+        })
+    });
+    let rel = |a: &Tensor, b: &Tensor| common::max_abs(a, b) / common::abs_max(b);
+    for (r, (pr, all, yr, dxr, _, _)) in out.iter().enumerate() {
+        assert_eq!(
+            *all,
+            (5 * 6 * 7) as f64,
+            "rank {r}: the count of all ranks' values"
+        );
+        let stats = rel(&pr.narrow(0, 2, 2).unwrap(), &p.narrow(0, 2, 2).unwrap());
+        let (s, n) = parts[r];
+        let yd = rel(yr, &y.narrow(0, s, n).unwrap());
+        let dxd = rel(dxr, &dx.narrow(0, s, n).unwrap());
+        eprintln!("rank {r}: statistics {stats:e}, output {yd:e}, dx {dxd:e}");
+        assert!(stats <= 1e-6 && yd <= 1e-5 && dxd <= 1e-5, "rank {r}");
+    }
+    let dg_sum = (&out[0].4 + &out[1].4).unwrap();
+    let db_sum = (&out[0].5 + &out[1].5).unwrap();
+    assert!(rel(&dg_sum, &dg) <= 1e-5 && rel(&db_sum, &db) <= 1e-5);
+    // Without the synchronisation, rank 0's statistics are its 3 images' (far from all 5).
+    let own = stats_block(&inputs_own(&x), &g, &b).unwrap();
+    assert!(rel(&own.narrow(0, 2, 2).unwrap(), &p.narrow(0, 2, 2).unwrap()) > 1e-3);
+}
+
+fn inputs_own(x: &Tensor) -> Tensor {
+    x.narrow(0, 0, 3).unwrap().contiguous().unwrap()
+}
+
+/// `--sync-bn` through the trainer: 2 ranks (shares of 3 images) end with BN running statistics
+/// and weights much closer to one rank training the whole batch of 6 in one micro-batch than 2
+/// ranks without it. Not equal: the TAL loss normalises by each micro-batch's target-score sum,
+/// so the shares' losses do not add up to the whole batch's (as in the official DDP).
+#[test]
+fn sync_bn_ranks_train_closer_to_one_rank_on_the_whole_batch() {
+    let dir = common::tmpdir("syncbn");
+    let mut reference = options(&dir, "whole", 6, 6);
+    reference.micro_batch = Some(6);
+    let r = train_with(
+        &reference,
+        &StopFlag::install().unwrap(),
+        &mut Lines::default(),
+    )
+    .unwrap();
+    let st_ref = load_state(&r.run_dir.join("weights/state.safetensors")).unwrap();
+    let mut d = Vec::new();
+    for sync in [true, false] {
+        let mut o = options(&dir, &format!("sync{sync}"), 6, 6);
+        o.sync_bn = sync;
+        let runs = train_threads(&o, 2, Vec::new());
+        let st = load_state(&runs[0].0.run_dir.join("weights/state.safetensors")).unwrap();
+        let params = max_rel(&st.model, &st_ref.model, |k| !is_buffer(k));
+        let buffers = max_rel(&st.model, &st_ref.model, |k| {
+            k.ends_with("running_mean") || k.ends_with("running_var")
+        });
+        eprintln!("sync-bn {sync}: parameters {params:e}, BN running statistics {buffers:e}");
+        d.push((params, buffers));
+    }
+    assert!(
+        d[0].0 * 10.0 < d[1].0 && d[0].1 * 100.0 < d[1].1,
+        "with / without --sync-bn: {d:?}"
+    );
+}
+
 #[test]
 fn one_rank_in_a_group_trains_bitwise_as_a_run_without_one() {
     let dir = common::tmpdir("ddp1");

@@ -271,7 +271,11 @@ impl NcclRank {
             )));
         }
         match t.device() {
-            Device::Cuda(d) if d.same_device(&self.device) => {}
+            // The same GPU (another `CudaDevice` of it is another candle device, with the same
+            // context and this thread's stream).
+            Device::Cuda(d)
+                if d.cuda_stream().context().ordinal()
+                    == self.device.cuda_stream().context().ordinal() => {}
             d => return Err(bad(format!("tensor on {d:?}, not the group's GPU"))),
         }
         let (st, l) = t.storage_and_layout();
