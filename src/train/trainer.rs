@@ -119,8 +119,10 @@ fn run_training(
     if let Some(c) = &comm {
         let (b, w) = (opts.batch, c.world());
         if b == 0 || b < w {
-            let e = anyhow::anyhow!(
-                "--batch {}: a data-parallel run of {w} ranks needs the global batch given, at                  least one image per rank (--batch auto sizes one device's batch)",
+            let e =
+                anyhow::anyhow!(
+                "--batch {}: a data-parallel run of {w} ranks needs the global batch given, at \
+                 least one image per rank (--batch auto sizes one device's batch)",
                 if b == 0 { "auto".to_string() } else { b.to_string() }
             );
             abort_group(comm.as_deref_mut(), &e);

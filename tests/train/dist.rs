@@ -17,10 +17,10 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 use yolo9::data::loader::shard_range;
 use yolo9::train::checkpoint::load_state;
-use yolo9::train::dist::env::{Backend, BACKEND_ENV};
+use yolo9::train::dist::env::Backend;
 use yolo9::train::dist::local::local_group;
 use yolo9::train::dist::socket::SocketRank;
-use yolo9::train::dist::{Collective, DistError};
+use yolo9::train::dist::{Collective, DistError, BACKEND_ENV};
 use yolo9::train::guard::Faults;
 use yolo9::train::trainer::{train_group, train_with, StopFlag, TrainObserver, TrainOptions};
 

@@ -4,14 +4,12 @@
 //! `YOLO9_DIST_BACKEND` (how gradients are summed, [`Backend`]).
 
 use super::socket::SocketRank;
+use super::BACKEND_ENV;
 use anyhow::{ensure, Context, Result};
 use std::time::Duration;
 
 /// Environment variable: the timeout of every collective operation in seconds.
 pub const TIMEOUT_ENV: &str = "YOLO9_DIST_TIMEOUT";
-
-/// Environment variable: the backend, `nccl` or `tcp` ([`Backend`]).
-pub const BACKEND_ENV: &str = "YOLO9_DIST_BACKEND";
 
 /// How the ranks sum their gradients (torch.distributed's `backend`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,7 +30,8 @@ impl Backend {
             Some("nccl") => {
                 ensure!(
                     on_cuda,
-                    "{BACKEND_ENV}=nccl needs CUDA devices (--device 0,1,...); the CPU sums                      through tcp"
+                    "{BACKEND_ENV}=nccl needs CUDA devices (--device 0,1,...); the CPU sums \
+                     through tcp"
                 );
                 Ok(Backend::Nccl)
             }

@@ -34,7 +34,7 @@
 //!   hub (torchrun's `MASTER_ADDR:MASTER_PORT`);
 //! - [`nccl::NcclRank`] (`cuda` feature): the sums and broadcasts on the GPUs through NCCL, the
 //!   agreements and the naming of a rank at fault through a control-plane rank (the socket one);
-//!   chosen by `yolo9 train` for CUDA devices unless [`env::BACKEND_ENV`] says `tcp`.
+//!   chosen by `yolo9 train` for CUDA devices unless [`BACKEND_ENV`] says `tcp`.
 //!
 //! Every implementation gives every rank bitwise the same sum. The local and socket ones add in
 //! rank order (`((r0 + r1) + r2) + …`), which equals a single device's micro-batch accumulation
@@ -50,6 +50,9 @@ pub mod sync;
 
 use candle_core::{DType, Tensor};
 use std::time::Duration;
+
+/// Environment variable: the backend of a group, `nccl` or `tcp` ([`env::Backend`]).
+pub const BACKEND_ENV: &str = "YOLO9_DIST_BACKEND";
 
 /// The default timeout of every collective operation (`--dist-timeout`): 30 minutes, as
 /// `torch.distributed`'s default. It must cover rank 0's validation, which the others wait for.

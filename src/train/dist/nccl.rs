@@ -85,7 +85,7 @@ fn missing(why: &str) -> DistError {
         "NCCL could not be loaded ({why}): install it (the pip package nvidia-nccl-cu13, or the \
          distribution's libnccl2) and add the folder of libnccl.so.2 to LD_LIBRARY_PATH, or set \
          {}=tcp to sum the gradients through the host instead",
-        super::env::BACKEND_ENV
+        super::BACKEND_ENV
     ))
 }
 
@@ -177,7 +177,7 @@ impl NcclRank {
             return Err(DistError::Setup(format!(
                 "the NCCL backend needs a CUDA device, got {device:?}; set {}=tcp for another \
                  device",
-                super::env::BACKEND_ENV
+                super::BACKEND_ENV
             )));
         };
         // Every rank learns here whether NCCL loads; one that cannot says so to the others.
