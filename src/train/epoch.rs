@@ -8,6 +8,7 @@ use crate::memory::{fmt_size, halve_on_oom, is_oom};
 use crate::metrics::validate::{validate, ValConfig, ValImage, ValModel};
 use crate::model::yolov9::YoloV9Train;
 use crate::train::checkpoint::EpochProgress;
+use crate::train::dist::sync::BnSyncOf;
 use crate::train::guard::{Phase, StopFlag};
 use crate::train::observer::TrainObserver;
 use crate::train::report::{append_results_csv, EpochReport};
@@ -672,7 +673,7 @@ impl Run<'_> {
                 };
                 let input = StepInput::of(batch, this.opts.img as usize);
                 match sync.as_mut() {
-                    Some(c) => crate::model::bn_sync::with_sync(&mut SyncOf(c.as_mut()), || {
+                    Some(c) => crate::model::bn_sync::with_sync(&mut BnSyncOf(c.as_mut()), || {
                         step(&parts, &input, micro, &this.faults, ni, times)
                     }),
                     None => step(&parts, &input, micro, &this.faults, ni, times),
@@ -716,22 +717,5 @@ impl Run<'_> {
             }
             Err(e) => Err(e),
         }
-    }
-}
-
-/// A rank's [`crate::train::dist::Collective`] as the BN layers' [`crate::model::bn_sync::BnSync`].
-struct SyncOf<'a>(&'a mut dyn crate::train::dist::Collective);
-
-impl crate::model::bn_sync::BnSync for SyncOf<'_> {
-    fn rank(&self) -> usize {
-        self.0.rank()
-    }
-    fn world(&self) -> usize {
-        self.0.world()
-    }
-    fn sum(&mut self, t: &candle_core::Tensor) -> candle_core::Result<candle_core::Tensor> {
-        self.0
-            .all_reduce_sum_tensor(t)
-            .map_err(|e| candle_core::Error::Msg(format!("--sync-bn: {e}")))
     }
 }

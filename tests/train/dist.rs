@@ -20,6 +20,7 @@ use yolo9::train::checkpoint::load_state;
 use yolo9::train::dist::env::Backend;
 use yolo9::train::dist::local::local_group;
 use yolo9::train::dist::socket::SocketRank;
+use yolo9::train::dist::sync::BnSyncOf;
 use yolo9::train::dist::{Collective, DistError, BACKEND_ENV};
 use yolo9::train::guard::Faults;
 use yolo9::train::trainer::{train_group, train_with, StopFlag, TrainObserver, TrainOptions};
@@ -305,6 +306,16 @@ fn train_threads(
     })
 }
 
+/// Trains `o` as one rank without a group.
+fn train_alone(o: &TrainOptions) -> yolo9::train::trainer::TrainSummary {
+    train_with(o, &StopFlag::install().unwrap(), &mut Lines::default()).unwrap()
+}
+
+/// The training state a run saved last.
+fn state_of(s: &yolo9::train::trainer::TrainSummary) -> yolo9::train::checkpoint::TrainState {
+    load_state(&s.run_dir.join("weights/state.safetensors")).unwrap()
+}
+
 fn is_buffer(name: &str) -> bool {
     name.ends_with("running_mean")
         || name.ends_with("running_var")
@@ -339,12 +350,7 @@ fn two_and_three_ranks_train_the_weights_of_one_rank_with_their_shares_as_micro_
         // The global batch of 6 images: shares of 3 (2 ranks) or 2 (3 ranks).
         let mut reference = options(&dir, &format!("ref{world}"), 6, 6);
         reference.micro_batch = Some(6 / world);
-        let r = train_with(
-            &reference,
-            &StopFlag::install().unwrap(),
-            &mut Lines::default(),
-        )
-        .unwrap();
+        let r = train_alone(&reference);
         let o = options(&dir, &format!("ddp{world}"), 6, 6);
         let runs = train_threads(&o, world, Vec::new());
         assert_eq!(runs[0].0.run_dir, dir.join(format!("runs/ddp{world}")));
@@ -355,8 +361,8 @@ fn two_and_three_ranks_train_the_weights_of_one_rank_with_their_shares_as_micro_
             2 * (world - 1),
             "{world} ranks: one folder per run"
         );
-        let st_ref = load_state(&r.run_dir.join("weights/state.safetensors")).unwrap();
-        let st = load_state(&runs[0].0.run_dir.join("weights/state.safetensors")).unwrap();
+        let st_ref = state_of(&r);
+        let st = state_of(&runs[0].0);
         assert_eq!(st.meta.iterations, 2);
         let params = max_rel(&st.model, &st_ref.model, |k| !is_buffer(k));
         let ema_a: HashMap<_, _> = st.ema.into_iter().collect();
@@ -377,23 +383,6 @@ fn two_and_three_ranks_train_the_weights_of_one_rank_with_their_shares_as_micro_
             }
         }
         assert!(runs[0].0.epochs[1].validated && !runs[1].0.epochs[1].validated);
-    }
-}
-
-/// A rank's collective as the BN layers' synchronisation.
-struct SyncOf<'a>(&'a mut dyn Collective);
-
-impl yolo9::model::bn_sync::BnSync for SyncOf<'_> {
-    fn rank(&self) -> usize {
-        self.0.rank()
-    }
-    fn world(&self) -> usize {
-        self.0.world()
-    }
-    fn sum(&mut self, t: &Tensor) -> candle_core::Result<Tensor> {
-        self.0
-            .all_reduce_sum_tensor(t)
-            .map_err(|e| candle_core::Error::Msg(e.to_string()))
     }
 }
 
@@ -429,7 +418,7 @@ fn sync_bn_normalises_and_differentiates_as_one_rank_on_the_whole_batch() {
     let (g2, b2) = (g.clone(), b.clone());
     let out = on_threads(boxed_local(2, Duration::from_secs(30)), move |mut comm| {
         let (xr, dyr) = &inputs[comm.rank()];
-        let mut s = SyncOf(comm.as_mut());
+        let mut s = BnSyncOf(comm.as_mut());
         with_sync(&mut s, || {
             let (n, _, h, w) = xr.dims4().unwrap();
             let pr = stats_block(xr, &g2, &b2).unwrap();
@@ -474,19 +463,14 @@ fn sync_bn_ranks_train_closer_to_one_rank_on_the_whole_batch() {
     let dir = common::tmpdir("syncbn");
     let mut reference = options(&dir, "whole", 6, 6);
     reference.micro_batch = Some(6);
-    let r = train_with(
-        &reference,
-        &StopFlag::install().unwrap(),
-        &mut Lines::default(),
-    )
-    .unwrap();
-    let st_ref = load_state(&r.run_dir.join("weights/state.safetensors")).unwrap();
+    let r = train_alone(&reference);
+    let st_ref = state_of(&r);
     let mut d = Vec::new();
     for sync in [true, false] {
         let mut o = options(&dir, &format!("sync{sync}"), 6, 6);
         o.sync_bn = sync;
         let runs = train_threads(&o, 2, Vec::new());
-        let st = load_state(&runs[0].0.run_dir.join("weights/state.safetensors")).unwrap();
+        let st = state_of(&runs[0].0);
         let params = max_rel(&st.model, &st_ref.model, |k| !is_buffer(k));
         let buffers = max_rel(&st.model, &st_ref.model, |k| {
             k.ends_with("running_mean") || k.ends_with("running_var")
@@ -504,11 +488,11 @@ fn sync_bn_ranks_train_closer_to_one_rank_on_the_whole_batch() {
 fn one_rank_in_a_group_trains_bitwise_as_a_run_without_one() {
     let dir = common::tmpdir("ddp1");
     let o = options(&dir, "solo", 2, 2);
-    let a = train_with(&o, &StopFlag::install().unwrap(), &mut Lines::default()).unwrap();
+    let a = train_alone(&o);
     let o = options(&dir, "group", 2, 2);
     let b = &train_threads(&o, 1, Vec::new())[0].0;
-    let sa = load_state(&a.run_dir.join("weights/state.safetensors")).unwrap();
-    let sb = load_state(&b.run_dir.join("weights/state.safetensors")).unwrap();
+    let sa = state_of(&a);
+    let sb = state_of(b);
     assert_eq!(max_rel(&sa.model, &sb.model, |_| true), 0.0);
     let ea: HashMap<_, _> = sa.ema.into_iter().collect();
     let eb: HashMap<_, _> = sb.ema.into_iter().collect();
@@ -544,7 +528,7 @@ fn a_nan_on_one_rank_drops_the_batch_and_rolls_back_on_all() {
             "rank {r}: {lines:#?}"
         );
     }
-    let st = load_state(&runs[0].0.run_dir.join("weights/state.safetensors")).unwrap();
+    let st = state_of(&runs[0].0);
     assert_eq!(st.meta.counters.nan_rollbacks, 1);
     assert_eq!(st.meta.counters.lr_scale, 0.5);
     // One rank with the NaN at the same iteration, the shares as micro-batches.
@@ -552,13 +536,8 @@ fn a_nan_on_one_rank_drops_the_batch_and_rolls_back_on_all() {
     single.nan_patience = 1;
     single.micro_batch = Some(2);
     single.faults = nan;
-    let s = train_with(
-        &single,
-        &StopFlag::install().unwrap(),
-        &mut Lines::default(),
-    )
-    .unwrap();
-    let s1 = load_state(&s.run_dir.join("weights/state.safetensors")).unwrap();
+    let s = train_alone(&single);
+    let s1 = state_of(&s);
     assert!(max_rel(&st.model, &s1.model, |k| !is_buffer(k)) <= 1e-6);
 }
 

@@ -123,3 +123,22 @@ pub fn broadcast_bn(comm: &mut dyn Collective, model: &YoloV9Train) -> Result<()
     comm.broadcast(&mut buf)?;
     model.set_bn_flat(&buf)
 }
+
+/// A rank's [`Collective`] as the BN layers' synchronisation under `--sync-bn`
+/// ([`crate::model::bn_sync::BnSync`]): its sum is [`Collective::all_reduce_sum_tensor`], an
+/// error of the group becoming the op's error (prefixed `--sync-bn:`).
+pub struct BnSyncOf<'a>(pub &'a mut dyn Collective);
+
+impl crate::model::bn_sync::BnSync for BnSyncOf<'_> {
+    fn rank(&self) -> usize {
+        self.0.rank()
+    }
+    fn world(&self) -> usize {
+        self.0.world()
+    }
+    fn sum(&mut self, t: &Tensor) -> candle_core::Result<Tensor> {
+        self.0
+            .all_reduce_sum_tensor(t)
+            .map_err(|e| candle_core::Error::Msg(format!("--sync-bn: {e}")))
+    }
+}
