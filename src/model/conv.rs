@@ -635,8 +635,10 @@ pub fn conv2d_any(
 }
 
 /// The convolution of training forwards, tracked or not: cuDNN on CUDA
-/// ([`crate::cuda::conv::conv2d`]), candle's `conv2d` elsewhere — never the CPU inference
-/// convolution, so a taped forward computes the same values as the untaped one.
+/// ([`crate::cuda::conv::conv2d`]); on the CPU (f32, groups 1) the CPU convolution as a tracked op
+/// ([`super::cpu_conv::conv2d_tracked`], whose backward is GEMMs instead of candle's
+/// `conv_transpose2d`); candle's `conv2d` otherwise (and with `YOLO9_CPU_CONV=candle`). A taped
+/// forward and an untaped one use the same op, so they compute the same values.
 pub fn conv2d_train(
     x: &Tensor,
     w: &Tensor,
@@ -644,6 +646,9 @@ pub fn conv2d_train(
     stride: usize,
     groups: usize,
 ) -> candle_core::Result<Tensor> {
+    if super::cpu_conv::applies_tracked(x, w, groups) && own_cpu_conv() {
+        return super::cpu_conv::conv2d_tracked(x, w, padding, stride);
+    }
     #[cfg(feature = "cuda")]
     {
         crate::cuda::conv::conv2d(x, w, padding, stride, groups)
@@ -656,8 +661,9 @@ pub fn conv2d_train(
 
 /// The gradients of [`conv2d_any`] `y = conv(x, w)` for the output gradient `dy`: `dx` (when
 /// `need_dx`) and `dw`, each of its argument's shape and dtype. On CUDA this is cuDNN's
-/// backward-data and backward-filter ([`crate::cuda::conv::conv2d_backward`]); elsewhere candle's
-/// own convolution backward through [`tape::vjp`].
+/// backward-data and backward-filter ([`crate::cuda::conv::conv2d_backward`]); on the CPU
+/// [`super::cpu_conv::conv2d_backward`] (f32, groups 1); elsewhere candle's own convolution
+/// backward through [`tape::vjp`].
 pub fn conv2d_backward_any(
     x: &Tensor,
     w: &Tensor,
@@ -672,6 +678,11 @@ pub fn conv2d_backward_any(
     {
         return Ok(r);
     }
+    if super::cpu_conv::applies_tracked(x, w, groups) && own_cpu_conv() {
+        return Ok(super::cpu_conv::conv2d_backward(
+            x, w, dy, padding, stride, need_dx,
+        )?);
+    }
     let mut g = tape::vjp(
         |v| v[0].conv2d(&v[1], padding, stride, 1, groups),
         &[x, w],
@@ -682,7 +693,8 @@ pub fn conv2d_backward_any(
     Ok((dx, dw))
 }
 
-/// Whether the own CPU inference convolution is on (unless `YOLO9_CPU_CONV=candle`).
+/// Whether the own CPU convolution (inference and training) is on (unless
+/// `YOLO9_CPU_CONV=candle`).
 fn own_cpu_conv() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("YOLO9_CPU_CONV").as_deref() != Ok("candle"))
