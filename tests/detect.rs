@@ -1,6 +1,7 @@
-//! Detection tests: letterbox, NMS, the pipeline end to end, crops, video and streams, the
-//! `detect` command line, the library's errors, the up-front size check and `yolo9 serve` (one
-//! test binary; the files are in `tests/detect/`).
+//! Detection and validation tests, one test binary: letterbox, NMS, the pipeline end to end,
+//! crops, video and streams, tracking, the `detect` command line, the library's errors, the
+//! up-front size check and `yolo9 serve` (`tests/detect/`); AP and mAP, the confusion matrix and
+//! plots, COCO evaluation and JSON, `yolo9 val` (`tests/metrics/`).
 mod common;
 
 mod detect {
@@ -21,4 +22,16 @@ mod detect {
     mod track_oracle;
     mod track_synthetic;
     mod video;
+}
+
+// `#[path]` names the folder for rustfmt, which otherwise looks for these files in the
+// folder of the first module above (rustc finds them either way).
+#[path = "metrics"]
+mod metrics {
+    mod coco;
+    mod coco_ids;
+    mod confusion;
+    mod map_case;
+    mod val_coco;
+    mod val_metrics;
 }

@@ -6,7 +6,7 @@
 //! Weights: `Weights::load(../shared/reference/yolov9-s.pt)` (the converter), or, when the
 //! environment variable `YOLO9_STATE_DICT` names a plain fp32 state_dict safetensors of that
 //! checkpoint, that file. About two minutes on a 2-core CPU (forward + backward of yolov9-s at
-//! 640x640); run alone with `cargo test --test loss batch -- --nocapture` to see the figures.
+//! 640x640); run alone with `cargo test --test train loss::batch -- --nocapture` to see the figures.
 
 use crate::common;
 

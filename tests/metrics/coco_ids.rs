@@ -131,11 +131,11 @@ fn save_json_on_a_coco_split_writes_its_own_ids_and_scores_against_it() {
 /// The same `predictions.json` scored by pycocotools itself (`COCOeval`, iouType `bbox`) gives
 /// the AP and AP50 that `val` printed, within 0.001. Needs a Python with pycocotools, so it is
 /// `#[ignore]`d; run it with
-/// `YOLO9_PYTHON=/path/to/python cargo test --test metrics pycocotools -- --ignored --nocapture`
+/// `YOLO9_PYTHON=/path/to/python cargo test --test detect pycocotools -- --ignored --nocapture`
 /// (`YOLO9_PYTHON` defaults to `python3`; `python3 -m venv /tmp/coco && /tmp/coco/bin/pip install
 /// pycocotools` makes one).
 #[test]
-#[ignore = "needs python3 with pycocotools: YOLO9_PYTHON=... cargo test --test metrics pycocotools -- --ignored"]
+#[ignore = "needs python3 with pycocotools: YOLO9_PYTHON=... cargo test --test detect pycocotools -- --ignored"]
 fn save_json_on_a_coco_split_gives_the_printed_ap_under_pycocotools() {
     let dir = common::tmpdir("coco-ids-pycocotools");
     let (gt_path, out) = val_on_a_coco_split(&dir);
