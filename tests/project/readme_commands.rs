@@ -60,6 +60,10 @@ const SKIPPED: &[(&str, &str)] = &[
     ),
     ("yolo9 train --budget 8GiB", FRAGMENT),
     (
+        "yolo9 train --data ../shared/datasets/bccd/data.yaml --cfg yolov9-t --img 320 --batch 16 --epochs 1 --device cpu --workers 2 --noval",
+        "a CPU speed measurement (3 minutes on 2 cores); tests/train/tiny.rs trains tiny runs on the CPU",
+    ),
+    (
         "yolo9 train --data data.yaml --device 0,1 --batch 64",
         "needs two CUDA GPUs; tests/train/dist.rs trains 2 and 3 ranks on the CPU",
     ),
