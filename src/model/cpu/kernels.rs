@@ -36,6 +36,18 @@ impl Exec<'_> {
     }
 }
 
+/// Floats in 64 bytes: one cache line, one AVX-512 vector.
+pub(crate) const ALIGN_FLOATS: usize = 16;
+
+/// The `len` floats of `buf` from its first 64-byte aligned float (`buf` holds at least
+/// `len + ALIGN_FLOATS - 1`). A vector load or store at a 64-byte multiple from there never
+/// straddles two cache lines; from malloc's 16-byte alignment three loads in four would (each
+/// then costs two cache accesses), and which ones changed from one process to the next.
+pub(crate) fn aligned(buf: &mut [f32], len: usize) -> &mut [f32] {
+    let off = buf.as_ptr().align_offset(64).min(ALIGN_FLOATS);
+    &mut buf[off..off + len]
+}
+
 /// A convolution's folded weights, repacked once for the GEMM: per group the
 /// `(k·k·C_in/g) × (C_out/g)` matrix whose row `(ky·k + kx)·C_in/g + ci` holds the kernel taps
 /// of input channel `ci` at `(ky, kx)` (the column order of the im2col rows), in the panels of
@@ -53,8 +65,10 @@ pub(crate) struct ConvWeights {
     /// Output channels.
     pub co: usize,
     pub act: bool,
-    /// Per group [`gemm::packed_len`]`(K, cog)` floats, K = k·k·cig.
+    /// Per group [`gemm::packed_len`]`(K, cog)` floats, K = k·k·cig, from float `w0` (the
+    /// first 64-byte aligned one: every panel row then starts a cache line).
     pub w: Vec<f32>,
+    pub w0: usize,
     pub bias: Vec<f32>,
 }
 
@@ -86,10 +100,12 @@ impl ConvWeights {
             .to_vec1::<f32>()?;
         let kk = k * k * cig;
         let per = gemm::packed_len(kk, cog);
-        let mut w = vec![0f32; groups * per];
+        let mut w = vec![0f32; groups * per + ALIGN_FLOATS];
+        let w0 = w.as_ptr().align_offset(64).min(ALIGN_FLOATS);
+        let packed = aligned(&mut w, groups * per);
         for g in 0..groups {
             // Row (ky·k + kx)·cig + ci, column j of group g's matrix.
-            gemm::pack(kk, cog, &mut w[g * per..(g + 1) * per], |row, j| {
+            gemm::pack(kk, cog, &mut packed[g * per..(g + 1) * per], |row, j| {
                 let (tap, ci) = (row / cig, row % cig);
                 let (ky, kx) = (tap / k, tap % k);
                 src[(((g * cog + j) * cig + ci) * k + ky) * k + kx]
@@ -120,6 +136,7 @@ impl ConvWeights {
             co,
             act,
             w,
+            w0,
             bias,
         })
     }
@@ -273,7 +290,7 @@ pub(crate) fn conv(ex: Exec, x: Act, y: Act, res: Option<Act>, cw: &ConvWeights,
         for g in 0..cw.groups {
             let per = gemm::packed_len(kk, cw.cog);
             // Group g's panels from the one holding column j0.
-            let wg = cw.w[g * per + j0 * kk..].as_ptr();
+            let wg = cw.w[cw.w0 + g * per + j0 * kk..].as_ptr();
             let bias = &cw.bias[g * cw.cog + j0..g * cw.cog + j0 + n];
             // SAFETY: pointers stay within the activations and weights described by the plan;
             // this task alone writes output pixels p0..p0+m, channels g·cog + j0 .. + n.
@@ -597,6 +614,27 @@ pub(crate) fn decode(ex: Exec, levels: &[Act], strides: &[u32], out: &mut [f32])
         }
     };
     ex.each(tasks.len(), |i| run(&tasks[i]));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whatever the buffer's own alignment (every 4-byte offset within a cache line), the slice
+    /// starts on a 64-byte boundary, holds `len` floats and lies inside the buffer.
+    #[test]
+    fn aligned_slices_start_a_cache_line() {
+        let mut v = vec![0f32; 1000 + 2 * ALIGN_FLOATS];
+        for shift in 0..ALIGN_FLOATS {
+            let buf = &mut v[shift..shift + 1000 + ALIGN_FLOATS];
+            let (lo, hi) = (buf.as_ptr() as usize, buf.as_ptr() as usize + buf.len() * 4);
+            let a = aligned(buf, 1000);
+            let p = a.as_ptr() as usize;
+            assert_eq!(p % 64, 0, "shift {shift}");
+            assert_eq!(a.len(), 1000);
+            assert!(p >= lo && p + 4000 <= hi, "shift {shift}");
+        }
+    }
 }
 
 #[cfg(test)]
