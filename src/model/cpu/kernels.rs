@@ -41,8 +41,9 @@ pub(crate) const ALIGN_FLOATS: usize = 16;
 
 /// The `len` floats of `buf` from its first 64-byte aligned float (`buf` holds at least
 /// `len + ALIGN_FLOATS - 1`). A vector load or store at a 64-byte multiple from there never
-/// straddles two cache lines; from malloc's 16-byte alignment three loads in four would (each
-/// then costs two cache accesses), and which ones changed from one process to the next.
+/// straddles two cache lines. Malloc aligns to 16 bytes only: at three of the four possible
+/// offsets every such load or store straddles two lines (two cache accesses each), and which
+/// offset a buffer got changed from one process to the next.
 pub(crate) fn aligned(buf: &mut [f32], len: usize) -> &mut [f32] {
     let off = buf.as_ptr().align_offset(64).min(ALIGN_FLOATS);
     &mut buf[off..off + len]
