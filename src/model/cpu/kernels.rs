@@ -9,29 +9,32 @@
 
 use super::gemm;
 use super::math;
+use super::pool::Pool;
 use anyhow::{ensure, Result};
 use candle_core::Tensor;
-use rayon::prelude::*;
-use rayon::ThreadPool;
 
 /// Where a kernel runs its tasks: over the engine's pool, or all on the calling thread (an
 /// image of a batch whose images run side by side, one per thread).
 #[derive(Clone, Copy)]
-pub(crate) struct Exec<'a>(pub Option<&'a ThreadPool>);
+pub(crate) struct Exec<'a>(pub Option<&'a Pool>);
 
 impl Exec<'_> {
     /// Threads the tasks are spread over.
     pub fn threads(&self) -> usize {
-        self.0.map_or(1, |p| p.current_num_threads())
+        self.0.map_or(1, |p| p.threads())
     }
 
     /// Runs `f(0..n)`, in parallel when there are threads and tasks for it.
-    fn each(&self, n: usize, f: impl Fn(usize) + Sync + Send) {
+    fn each(&self, n: usize, f: impl Fn(usize) + Sync) {
+        self.each_on(n, |i, _| f(i))
+    }
+
+    /// Runs `f(task, thread)` for tasks `0..n`; `thread` < [`Exec::threads`] names the thread
+    /// running the task (its scratch).
+    fn each_on(&self, n: usize, f: impl Fn(usize, usize) + Sync) {
         match self.0 {
-            Some(pool) if n > 1 && pool.current_num_threads() > 1 => {
-                pool.install(|| (0..n).into_par_iter().for_each(f))
-            }
-            _ => (0..n).for_each(f),
+            Some(pool) => pool.each(n, &f),
+            None => (0..n).for_each(|i| f(i, 0)),
         }
     }
 }
@@ -239,16 +242,11 @@ unsafe impl Send for Scratch {}
 unsafe impl Sync for Scratch {}
 
 impl Scratch {
-    /// The slice of the running thread: its index in the engine's pool when `parallel`, else
-    /// the first slice.
+    /// The slice of thread `t` (its index in [`Exec::each_on`]).
     ///
-    /// SAFETY: with `parallel`, called from a thread of the pool the scratch was sized for.
-    unsafe fn mine<'a>(self, parallel: bool) -> &'a mut [f32] {
-        let t = if parallel {
-            rayon::current_thread_index().unwrap_or(0)
-        } else {
-            0
-        };
+    /// SAFETY: `t` is below the thread count the scratch was sized for, and no other running
+    /// task has the same `t`.
+    unsafe fn mine<'a>(self, t: usize) -> &'a mut [f32] {
         std::slice::from_raw_parts_mut(self.ptr.add(t * self.per), self.per)
     }
 }
@@ -271,7 +269,6 @@ pub(crate) fn conv(ex: Exec, x: Act, y: Act, res: Option<Act>, cw: &ConvWeights,
     let bw = panels.div_ceil(nb) * gemm::NR;
     let nb = cw.cog.div_ceil(bw);
     let tasks = tiles * nb;
-    let parallel = threads > 1 && tasks > 1;
     // The implicit convolution's taps: offset of tap (ky, kx) from the window's corner, and its
     // depth (made once per conv, not per task).
     let implicit_on =
@@ -282,7 +279,7 @@ pub(crate) fn conv(ex: Exec, x: Act, y: Act, res: Option<Act>, cw: &ConvWeights,
             .collect(),
         false => Vec::new(),
     };
-    let run = |task: usize| {
+    let run = |task: usize, thread: usize| {
         let (t, jb) = (task / nb, task % nb);
         let p0 = t * mt;
         let m = mt.min(pixels - p0);
@@ -306,17 +303,17 @@ pub(crate) fn conv(ex: Exec, x: Act, y: Act, res: Option<Act>, cw: &ConvWeights,
                     let lhs = x.ptr.add(p0 * x.ld + g * cw.cig);
                     gemm::gemm(m, n, kk, lhs, x.ld, wg, dst, y.ld, epi);
                 } else if implicit_on {
-                    let col = scratch.mine(parallel);
+                    let col = scratch.mine(thread);
                     implicit(x, y, res, cw, &taps, g, p0, m, (j0, n), wg, bias, col);
                 } else {
-                    let col = scratch.mine(parallel);
+                    let col = scratch.mine(thread);
                     im2col(x, y, cw, g, p0, m, col);
                     gemm::gemm(m, n, kk, col.as_ptr(), kk, wg, dst, y.ld, epi);
                 }
             }
         }
     };
-    ex.each(tasks, run);
+    ex.each_on(tasks, run);
 }
 
 /// Output pixels `p0..p0+m`, columns `j0..j0+n` of group `g` of a k > 1 convolution (see
@@ -646,10 +643,18 @@ mod rate {
     #[test]
     #[ignore]
     fn conv_rate() {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(1)
-            .build()
-            .unwrap();
+        let threads: Vec<usize> = std::env::var("YOLO9_RATE_THREADS")
+            .unwrap_or_else(|_| "1".into())
+            .split(',')
+            .filter_map(|t| t.trim().parse().ok())
+            .collect();
+        for &t in &threads {
+            println!("threads {t}");
+            rate_on(&Pool::new(t).unwrap());
+        }
+    }
+
+    fn rate_on(pool: &Pool) {
         for &(ci, co, k, s, h, w) in &[
             (64usize, 64usize, 1usize, 1usize, 120usize, 160usize),
             (64, 64, 1, 1, 20, 24),
@@ -659,13 +664,17 @@ mod rate {
             (128, 128, 3, 1, 60, 80),
             (3, 32, 3, 2, 480, 640),
             (64, 64, 3, 1, 60, 80),
+            (48, 48, 3, 1, 30, 40),
+            (64, 32, 1, 1, 60, 80),
+            (128, 128, 3, 1, 15, 20),
         ] {
             let wt = Tensor::rand(-0.1f32, 0.1, (co, ci, k, k), &candle_core::Device::Cpu).unwrap();
             let cw = ConvWeights::pack(&wt, None, s, k / 2, 1, true).unwrap();
             let (ho, wo) = cw.out_hw(h, w);
             let mut xb = vec![0.5f32; h * w * ci];
             let mut yb = vec![0f32; ho * wo * co];
-            let mut sc = vec![0f32; cw.scratch().max(1)];
+            let per = cw.scratch().max(1);
+            let mut sc = vec![0f32; per * pool.threads()];
             let x = Act {
                 ptr: xb.as_mut_ptr(),
                 ld: ci,
@@ -684,11 +693,11 @@ mod rate {
             };
             let scratch = Scratch {
                 ptr: sc.as_mut_ptr(),
-                per: sc.len(),
+                per,
             };
             let flop = 2.0 * (ho * wo * co * ci * k * k) as f64;
             let reps = (1e9 / flop).ceil() as usize;
-            let ex = Exec(Some(&pool));
+            let ex = Exec(Some(pool));
             conv(ex, x, y, None, &cw, scratch);
             // The best of 5 rounds: this rate is for comparing kernels on a shared machine.
             let sec = (0..5)

@@ -15,6 +15,9 @@
 //!   (12 × 32, bias + SiLU + residual applied in its registers) where the CPU has AVX-512, the
 //!   `gemm` crate (AVX2/FMA or baseline, chosen at run time) elsewhere.
 //! - [`math`]: the vectorised `exp`, SiLU and sigmoid.
+//! - [`pool`]: the engine's threads: each op's tasks in one contiguous range per thread (the
+//!   same rows from layer to layer), stolen from when a thread falls behind; workers spin
+//!   between ops.
 //!
 //! The engine owns its thread pool ([`CpuEngine::new`]'s `threads`), so a process embedding
 //! several detectors decides how many cores each takes and none competes with rayon's global
@@ -32,10 +35,12 @@ mod isa;
 mod kernels;
 mod math;
 mod plan;
+mod pool;
 
 use self::graph::{Graph, Kind};
 use self::kernels::{Exec, Scratch};
 use self::plan::Plan;
+use self::pool::Pool;
 use crate::model::arch::STRIDES;
 use anyhow::{ensure, Context, Result};
 use candle_core::{DType, Device, Tensor};
@@ -71,7 +76,7 @@ struct Planned {
 /// forwards from several threads run at once, each in an arena of its own.
 pub struct CpuEngine {
     graph: Graph,
-    pool: rayon::ThreadPool,
+    pool: Pool,
     plans: Mutex<HashMap<(usize, usize, usize), Planned>>,
     calls: std::sync::atomic::AtomicU64,
     arenas_made: std::sync::atomic::AtomicUsize,
@@ -114,11 +119,7 @@ impl CpuEngine {
         } else {
             threads
         };
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .thread_name(|i| format!("yolo9-cpu-{i}"))
-            .build()
-            .context("starting the CPU engine's threads")?;
+        let pool = Pool::new(threads).context("starting the CPU engine's threads")?;
         tracing::debug!(
             nodes = graph.nodes.len(),
             threads,
@@ -146,7 +147,7 @@ impl CpuEngine {
 
     /// Threads of the engine's pool.
     pub fn threads(&self) -> usize {
-        self.pool.current_num_threads()
+        self.pool.threads()
     }
 
     /// (plans kept, arenas allocated so far): one arena per input shape for forwards that
@@ -202,38 +203,34 @@ impl CpuEngine {
         // (one malloc arena), never on a worker: a loop of calls then keeps a flat resident size.
         let mut out = vec![0f32; b * per_out];
         if side_by_side {
-            use rayon::prelude::*;
+            // One arena per thread: a thread runs one image at a time, each op on itself.
             let mut arenas = vec![arena];
-            for _ in 1..threads.min(b) {
+            for _ in 1..threads {
                 arenas.push(self.checkout(1, h, w)?.1);
             }
-            let free = Mutex::new(arenas);
-            let each = |(i, o): (usize, &mut [f32])| {
-                let mut arena = free
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .pop()
-                    .expect("one arena per thread");
+            let slots: Vec<Mutex<Vec<f32>>> = arenas.into_iter().map(Mutex::new).collect();
+            let outs: Vec<Mutex<&mut [f32]>> = out.chunks_mut(per_out).map(Mutex::new).collect();
+            self.pool.each(b, &|i, t| {
+                // Uncontended: thread t alone takes slot t, and image i alone its output.
+                let mut arena = slots[t].lock().unwrap_or_else(|e| e.into_inner());
+                let mut o = outs[i].lock().unwrap_or_else(|e| e.into_inner());
                 let src = &src[i * per_in..(i + 1) * per_in];
-                self.run(Exec(None), &plan, &mut arena, src, o, None);
-                free.lock().unwrap_or_else(|e| e.into_inner()).push(arena);
-            };
-            self.pool
-                .install(|| out.par_chunks_mut(per_out).enumerate().for_each(each));
-            for arena in free.into_inner().unwrap_or_else(|e| e.into_inner()) {
-                self.checkin((1, h, w), arena);
+                self.run(Exec(None), &plan, &mut arena, src, &mut o, None);
+            });
+            drop(outs);
+            for arena in slots {
+                self.checkin(
+                    (1, h, w),
+                    arena.into_inner().unwrap_or_else(|e| e.into_inner()),
+                );
             }
         } else {
-            // The whole forward runs on one of the engine's workers, so each op splits its work
-            // from inside the pool: no hand-off to the pool and wake-up of the caller per op
-            // (~230 ops per forward).
+            // The ops run one after another on this thread, each split over the pool.
             let ex = Exec(Some(&self.pool));
-            self.pool.install(|| {
-                for (i, o) in out.chunks_mut(per_out).enumerate() {
-                    let src = &src[i * per_in..(i + 1) * per_in];
-                    self.run(ex, &plan, &mut arena, src, o, None);
-                }
-            });
+            for (i, o) in out.chunks_mut(per_out).enumerate() {
+                let src = &src[i * per_in..(i + 1) * per_in];
+                self.run(ex, &plan, &mut arena, src, o, None);
+            }
             self.checkin((1, h, w), arena);
         }
         Ok(Tensor::from_vec(
@@ -259,8 +256,7 @@ impl CpuEngine {
         let mut times = vec![0f64; self.graph.nodes.len() + 2];
         let ex = Exec(Some(&self.pool));
         let mut out = vec![0f32; (4 + self.nc()) * plan.anchors];
-        self.pool
-            .install(|| self.run(ex, &plan, &mut arena, &src, &mut out, Some(&mut times)));
+        self.run(ex, &plan, &mut arena, &src, &mut out, Some(&mut times));
         self.checkin((b, h, w), arena);
         let mut by: HashMap<String, (f64, f64)> = HashMap::new();
         let mut total = (0.0, 0.0);
