@@ -223,29 +223,46 @@ mod avx512 {
         }
     }
 
-    /// All `m` rows of one panel: [`MR`] at a time, then the remainder.
+    /// All `m` rows of one panel: [`MR`] at a time, then the remainder; only the first half of
+    /// the panel where its other 16 columns are not stored.
     #[target_feature(enable = "avx512f")]
     unsafe fn rows(m: usize, a: *const f32, b: *const f32, c: *mut f32, st: &Step) {
+        if st.mask >> 16 == 0 {
+            rows_of::<1>(m, a, b, c, st)
+        } else {
+            rows_of::<2>(m, a, b, c, st)
+        }
+    }
+
+    /// [`rows`] on `H` halves of the panel (see [`kern`]).
+    #[target_feature(enable = "avx512f")]
+    unsafe fn rows_of<const H: usize>(
+        m: usize,
+        a: *const f32,
+        b: *const f32,
+        c: *mut f32,
+        st: &Step,
+    ) {
         let (lda, ldc) = (st.lda, st.ldc);
         let mut r = 0;
         while r + MR <= m {
-            kern::<MR>(a.add(r * lda), b, c.add(r * ldc), r, st);
+            kern::<MR, H>(a.add(r * lda), b, c.add(r * ldc), r, st);
             r += MR;
         }
         let (a, c) = (a.add(r * lda), c.add(r * ldc));
         match m - r {
             0 => {}
-            1 => kern::<1>(a, b, c, r, st),
-            2 => kern::<2>(a, b, c, r, st),
-            3 => kern::<3>(a, b, c, r, st),
-            4 => kern::<4>(a, b, c, r, st),
-            5 => kern::<5>(a, b, c, r, st),
-            6 => kern::<6>(a, b, c, r, st),
-            7 => kern::<7>(a, b, c, r, st),
-            8 => kern::<8>(a, b, c, r, st),
-            9 => kern::<9>(a, b, c, r, st),
-            10 => kern::<10>(a, b, c, r, st),
-            _ => kern::<11>(a, b, c, r, st),
+            1 => kern::<1, H>(a, b, c, r, st),
+            2 => kern::<2, H>(a, b, c, r, st),
+            3 => kern::<3, H>(a, b, c, r, st),
+            4 => kern::<4, H>(a, b, c, r, st),
+            5 => kern::<5, H>(a, b, c, r, st),
+            6 => kern::<6, H>(a, b, c, r, st),
+            7 => kern::<7, H>(a, b, c, r, st),
+            8 => kern::<8, H>(a, b, c, r, st),
+            9 => kern::<9, H>(a, b, c, r, st),
+            10 => kern::<10, H>(a, b, c, r, st),
+            _ => kern::<11, H>(a, b, c, r, st),
         }
     }
 
@@ -306,7 +323,10 @@ mod avx512 {
     /// the residual.
     #[target_feature(enable = "avx512f")]
     #[inline]
-    unsafe fn kern<const R: usize>(
+    ///
+    /// `H` = 2 computes both 16-column halves of the panel; `H` = 1 only the first (a last
+    /// panel of at most 16 columns: 48 output channels are a panel and a half).
+    unsafe fn kern<const R: usize, const H: usize>(
         a: *const f32,
         b: *const f32,
         c: *mut f32,
@@ -320,7 +340,9 @@ mod avx512 {
         if st.acc {
             for r in 0..R {
                 c0[r] = _mm512_maskz_loadu_ps(m0, c.add(r * ldc));
-                c1[r] = _mm512_maskz_loadu_ps(m1, c.add(r * ldc + 16));
+                if H == 2 {
+                    c1[r] = _mm512_maskz_loadu_ps(m1, c.add(r * ldc + 16));
+                }
             }
         }
         let mut b = b;
@@ -328,11 +350,18 @@ mod avx512 {
             let a = a.offset(off);
             for kk in 0..len {
                 let b0 = _mm512_loadu_ps(b.add(kk * NR));
-                let b1 = _mm512_loadu_ps(b.add(kk * NR + 16));
-                for r in 0..R {
-                    let av = _mm512_set1_ps(*a.add(r * lda + kk));
-                    c0[r] = _mm512_fmadd_ps(av, b0, c0[r]);
-                    c1[r] = _mm512_fmadd_ps(av, b1, c1[r]);
+                if H == 2 {
+                    let b1 = _mm512_loadu_ps(b.add(kk * NR + 16));
+                    for r in 0..R {
+                        let av = _mm512_set1_ps(*a.add(r * lda + kk));
+                        c0[r] = _mm512_fmadd_ps(av, b0, c0[r]);
+                        c1[r] = _mm512_fmadd_ps(av, b1, c1[r]);
+                    }
+                } else {
+                    for r in 0..R {
+                        let av = _mm512_set1_ps(*a.add(r * lda + kk));
+                        c0[r] = _mm512_fmadd_ps(av, b0, c0[r]);
+                    }
                 }
             }
             b = b.add(len * NR);
@@ -342,21 +371,29 @@ mod avx512 {
             let bias1 = _mm512_maskz_loadu_ps(m1, e.bias.add(16));
             for r in 0..R {
                 c0[r] = _mm512_add_ps(c0[r], bias0);
-                c1[r] = _mm512_add_ps(c1[r], bias1);
+                if H == 2 {
+                    c1[r] = _mm512_add_ps(c1[r], bias1);
+                }
                 if e.act {
                     c0[r] = silu(c0[r]);
-                    c1[r] = silu(c1[r]);
+                    if H == 2 {
+                        c1[r] = silu(c1[r]);
+                    }
                 }
                 if let Some((q, ld)) = e.res {
                     let q = q.add((r0 + r) * ld);
                     c0[r] = _mm512_add_ps(c0[r], _mm512_maskz_loadu_ps(m0, q));
-                    c1[r] = _mm512_add_ps(c1[r], _mm512_maskz_loadu_ps(m1, q.add(16)));
+                    if H == 2 {
+                        c1[r] = _mm512_add_ps(c1[r], _mm512_maskz_loadu_ps(m1, q.add(16)));
+                    }
                 }
             }
         }
         for r in 0..R {
             _mm512_mask_storeu_ps(c.add(r * ldc), m0, c0[r]);
-            _mm512_mask_storeu_ps(c.add(r * ldc + 16), m1, c1[r]);
+            if H == 2 {
+                _mm512_mask_storeu_ps(c.add(r * ldc + 16), m1, c1[r]);
+            }
         }
     }
 }
@@ -555,6 +592,7 @@ mod tests {
             (25, 45, 257),
             (12, 64, 27),
             (7, 17, 512),
+            (13, 48, 300),
         ];
         let mut kernels = vec![Kernel::Generic];
         #[cfg(target_arch = "x86_64")]

@@ -161,13 +161,14 @@ impl ConvWeights {
         self.k == 1 && self.stride == 1 && self.pad == 0
     }
 
-    /// Floats of im2col scratch one task needs (0 for a pointwise conv).
+    /// Floats of scratch one task needs (0 for a pointwise conv): the im2col rows of a tile,
+    /// then the outputs of a batch of [`BORDER_BATCH`] border pixels ([`implicit`]).
     pub fn scratch(&self) -> usize {
         if self.pointwise() {
             0
         } else {
             let kk = self.k * self.k * self.cig;
-            tile_rows(kk) * kk
+            tile_rows(kk) * kk + BORDER_BATCH * self.cog
         }
     }
 }
@@ -190,6 +191,10 @@ fn implicit_max_threads() -> usize {
             .unwrap_or(IMPLICIT_MAX_THREADS)
     })
 }
+
+/// Border pixels (windows overlapping the padding) of an implicit convolution gathered into one
+/// GEMM: one or two per output row, each alone would run the micro-kernel on one row of A.
+const BORDER_BATCH: usize = 2 * gemm::MR;
 
 /// Output pixels per task of a conv whose GEMM depth is `kk`: the tile's rows of A stay near
 /// 512 KiB (in L2), a multiple of the micro-kernel's rows, between 24 and 480.
@@ -319,9 +324,12 @@ pub(crate) fn conv(ex: Exec, x: Act, y: Act, res: Option<Act>, cw: &ConvWeights,
 /// Output pixels `p0..p0+m`, columns `j0..j0+n` of group `g` of a k > 1 convolution (see
 /// [`conv`]): each run of pixels of one output row whose taps all fall inside the input goes
 /// through [`gemm::conv_taps`] reading the input in place; the pixels whose window overlaps
-/// the padding (a few per row, and the rows at the top and bottom) through im2col into `col`.
+/// the padding through im2col into `col`: whole border rows (top, bottom) as one GEMM each, the
+/// one or two at the ends of the other rows gathered [`BORDER_BATCH`] at a time into one GEMM
+/// whose rows are then stored (with the residual) at their pixels. Every pixel's sums are those
+/// of one row of the micro-kernel whichever way it is gathered (the same bits).
 ///
-/// SAFETY: as [`conv`]'s; [`gemm::taps_supported`].
+/// SAFETY: as [`conv`]'s; [`gemm::taps_supported`]; `col` holds [`ConvWeights::scratch`].
 #[allow(clippy::too_many_arguments)]
 unsafe fn implicit(
     x: Act,
@@ -339,6 +347,7 @@ unsafe fn implicit(
 ) {
     let (k, s, pad, cig) = (cw.k, cw.stride, cw.pad, cw.cig);
     let kk = k * k * cig;
+    let (col, outs) = col.split_at_mut(tile_rows(kk) * kk);
     // Output columns whose window lies inside the input: ox·s ≥ pad and ox·s − pad + k ≤ W.
     let lo = pad.div_ceil(s);
     let hi = if x.w + pad >= k {
@@ -354,11 +363,62 @@ unsafe fn implicit(
         };
         (y.ptr.add(q * y.ld + g * cw.cog + j0), epi)
     };
-    let border = |q: usize, len: usize, col: &mut [f32]| {
-        if len > 0 {
+    // Gathered border pixels: im2col row i of `col` is pixel `pend[i]`.
+    let mut pend = [0usize; BORDER_BATCH];
+    let mut np = 0;
+    let flush = |pend: &[usize], col: &mut [f32], outs: &mut [f32]| {
+        if pend.is_empty() {
+            return;
+        }
+        let epi = gemm::Epilogue {
+            bias,
+            act: cw.act,
+            res: None,
+        };
+        gemm::gemm(
+            pend.len(),
+            n,
+            kk,
+            col.as_ptr(),
+            kk,
+            wg,
+            outs.as_mut_ptr(),
+            n,
+            epi,
+        );
+        for (i, &q) in pend.iter().enumerate() {
+            let src = &outs[i * n..(i + 1) * n];
+            let dst = std::slice::from_raw_parts_mut(y.ptr.add(q * y.ld + g * cw.cog + j0), n);
+            match res {
+                Some(r) => {
+                    let r = std::slice::from_raw_parts(r.ptr.add(q * r.ld + g * cw.cog + j0), n);
+                    for ((d, v), r) in dst.iter_mut().zip(src).zip(r) {
+                        *d = v + r;
+                    }
+                }
+                None => dst.copy_from_slice(src),
+            }
+        }
+    };
+    let mut border = |q: usize, len: usize, col: &mut [f32], outs: &mut [f32]| {
+        if len >= gemm::MR {
+            // A whole border row: one GEMM of its own (after the gathered rows, whose im2col
+            // rows it would overwrite).
+            flush(&pend[..np], col, outs);
+            np = 0;
             im2col(x, y, cw, g, q, len, col);
             let (dst, epi) = out(q);
             gemm::gemm(len, n, kk, col.as_ptr(), kk, wg, dst, y.ld, epi);
+            return;
+        }
+        for q in q..q + len {
+            if np == BORDER_BATCH {
+                flush(&pend, col, outs);
+                np = 0;
+            }
+            im2col(x, y, cw, g, q, 1, &mut col[np * kk..(np + 1) * kk]);
+            pend[np] = q;
+            np += 1;
         }
     };
     let end = p0 + m;
@@ -377,7 +437,7 @@ unsafe fn implicit(
             (last, last)
         };
         // [ox, a) border, [a, b) inside, [b, last) border.
-        border(q, a - ox, col);
+        border(q, a - ox, col, outs);
         if b > a {
             let qa = q + (a - ox);
             let base = x
@@ -386,9 +446,11 @@ unsafe fn implicit(
             let (dst, epi) = out(qa);
             gemm::conv_taps(b - a, n, taps, base, s * x.ld, wg, dst, y.ld, epi);
         }
-        border(q + (b - ox), last - b, col);
+        border(q + (b - ox), last - b, col, outs);
         q = row_end;
     }
+    drop(border);
+    flush(&pend[..np], col, outs);
 }
 
 /// The im2col rows of output pixels `p0..p0+m` of group `g` into `col` (`m × k·k·cig`),
