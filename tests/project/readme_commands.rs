@@ -64,6 +64,11 @@ const SKIPPED: &[(&str, &str)] = &[
         "a CPU speed measurement (3 minutes on 2 cores); tests/train/tiny.rs trains tiny runs on the CPU",
     ),
     (
+        "yolo9 val --data ../shared/datasets/bccd/data.yaml --split test --device cpu",
+        "a CPU speed measurement on the whole test split; `yolo9 val --data bccd/data.yaml \
+         --split test` runs here, and val_metrics asserts the full split's table",
+    ),
+    (
         "yolo9 train --data data.yaml --device 0,1 --batch 64",
         "needs two CUDA GPUs; tests/train/dist.rs trains 2 and 3 ranks on the CPU",
     ),
