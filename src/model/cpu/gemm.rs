@@ -326,6 +326,8 @@ mod avx512 {
     ///
     /// `H` = 2 computes both 16-column halves of the panel; `H` = 1 only the first (a last
     /// panel of at most 16 columns: 48 output channels are a panel and a half).
+    // Row loops index the accumulator arrays side by side (registers once unrolled).
+    #[allow(clippy::needless_range_loop)]
     unsafe fn kern<const R: usize, const H: usize>(
         a: *const f32,
         b: *const f32,

@@ -449,7 +449,6 @@ unsafe fn implicit(
         border(q + (b - ox), last - b, col, outs);
         q = row_end;
     }
-    drop(border);
     flush(&pend[..np], col, outs);
 }
 

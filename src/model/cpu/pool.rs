@@ -107,7 +107,7 @@ impl Shared {
                 return g;
             }
             spins += 1;
-            if spins % 64 == 0 {
+            if spins.is_multiple_of(64) {
                 let waited = t0.elapsed();
                 if waited > SPIN {
                     break;
@@ -223,7 +223,7 @@ impl Pool {
             .store(&fat as *const &Job as *mut (), Ordering::Relaxed);
         // Publish: a new op number, open, no worker inside (the last op's were waited for).
         let epoch = s.gate.load(Ordering::Relaxed) / EPOCH + 1;
-        s.gate.store(epoch * EPOCH | OPEN, Ordering::SeqCst);
+        s.gate.store((epoch * EPOCH) | OPEN, Ordering::SeqCst);
         if s.sleepers.load(Ordering::SeqCst) > 0 {
             let _g = s.sleep.lock().unwrap_or_else(|e| e.into_inner());
             s.wake.notify_all();
@@ -236,7 +236,7 @@ impl Pool {
         while s.gate.load(Ordering::Acquire) & ACTIVE != 0 {
             std::hint::spin_loop();
             spins += 1;
-            if spins % 64 == 0 && t0.elapsed() > SPIN {
+            if spins.is_multiple_of(64) && t0.elapsed() > SPIN {
                 std::thread::yield_now();
             }
         }
