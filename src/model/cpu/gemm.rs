@@ -321,11 +321,11 @@ mod avx512 {
 
     /// `R` rows × 32 columns over depth `kc` (see [`Step`]); rows `r0..r0+R` of the tile, for
     /// the residual.
-    #[target_feature(enable = "avx512f")]
-    #[inline]
     ///
     /// `H` = 2 computes both 16-column halves of the panel; `H` = 1 only the first (a last
     /// panel of at most 16 columns: 48 output channels are a panel and a half).
+    #[target_feature(enable = "avx512f")]
+    #[inline]
     // Row loops index the accumulator arrays side by side (registers once unrolled).
     #[allow(clippy::needless_range_loop)]
     unsafe fn kern<const R: usize, const H: usize>(
