@@ -336,7 +336,8 @@ fn sigkill_at_a_random_moment_then_resume_gives_the_same_weights_and_sigterm_sav
         seed = seed
             .wrapping_mul(6364136223846793005)
             .wrapping_add(1442695040888963407);
-        let delay = 300 + (seed >> 33) % 2500;
+        // Short enough that the resumed runs (a few seconds of training in all) are still going.
+        let delay = 200 + (seed >> 33) % 1300;
         if round % 2 == 1 {
             // Odd rounds: kill the moment a checkpoint is being written.
             let t0 = std::time::Instant::now();
