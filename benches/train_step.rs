@@ -312,6 +312,24 @@ fn main() -> Result<()> {
             bs as f64 * 1e3 / it
         );
         println!("{k}_graphed_counts {:?}", sg.counts());
+        // What the trainer adds per micro-step: its gradients summed into the batch's
+        // (`yolo9::train::step::add_param_grads`, one add per parameter tensor).
+        let mut acc = None;
+        let mut ta = Vec::new();
+        for _ in 0..6 {
+            let out = sg.micro_step(&model, &loss, &pt, &x, &t, (img, img))?;
+            let mut grads = out.grads.context("non-finite loss")?;
+            sync(&dev)?;
+            let t0 = Instant::now();
+            yolo9::train::step::add_param_grads(&mut acc, &mut grads, &opt)?;
+            sync(&dev)?;
+            ta.push(t0.elapsed().as_secs_f64() * 1e3);
+        }
+        println!(
+            "{k}_graphed_accumulate_ms {:.1} ms (per micro-step after the first)",
+            median(ta[1..].to_vec())
+        );
+        drop(acc);
         #[cfg(feature = "cuda")]
         if let Device::Cuda(c) = &dev {
             println!(

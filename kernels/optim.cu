@@ -92,3 +92,20 @@ extern "C" __global__ void mt_ema_f32(const u64 *e_ptrs, const u64 *m_ptrs, cons
     for (i64 i = s + threadIdx.x; i < e; i += BLOCK)
         ev[i] = __fadd_rn(__fmul_rn(ev[i], d), __fmul_rn(m[i], one_minus_d));
 }
+
+// Gradient accumulation: out[t] = a[t] + b[t], or out[t] = b[t] where a_ptrs is null (a copy). out
+// may be a (in place); the sum is rounded as candle's element-wise add.
+extern "C" __global__ void mt_add_f32(const u64 *out_ptrs, const u64 *a_ptrs, const u64 *b_ptrs,
+                                      const i64 *sizes, const i64 *chunk_t, const i64 *chunk_s,
+                                      i64 chunk) {
+    const Span sp = span(sizes, chunk_t, chunk_s, chunk);
+    const i64 t = sp.t, s = sp.start, e = sp.end;
+    float *o = (float *)out_ptrs[t];
+    const float *b = (const float *)b_ptrs[t];
+    if (a_ptrs == nullptr) {
+        for (i64 i = s + threadIdx.x; i < e; i += BLOCK) o[i] = b[i];
+    } else {
+        const float *a = (const float *)a_ptrs[t];
+        for (i64 i = s + threadIdx.x; i < e; i += BLOCK) o[i] = __fadd_rn(a[i], b[i]);
+    }
+}

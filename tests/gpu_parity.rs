@@ -512,6 +512,91 @@ fn fused_sgd_clip_and_ema_equal_cpu() {
     }
 }
 
+/// The gradient accumulation of the training step (`train::step::add_param_grads`, on CUDA one
+/// multi-tensor launch into one new buffer) equals candle's per-tensor adds on the CPU, bit for
+/// bit, over three micro-batches, and moves the parameters' gradients out of each store.
+#[test]
+fn fused_gradient_accumulation_equals_per_tensor_adds() {
+    use yolo9::train::optimizer::Sgd;
+    use yolo9::train::step::add_param_grads;
+    let g = gpu();
+    let shapes: [&[usize]; 4] = [&[64, 32, 3, 3], &[64], &[70001], &[7, 5]];
+    let names = ["a.conv.weight", "a.bn.weight", "b.conv.weight", "c.bias"];
+    let params: Vec<(String, Var)> = shapes
+        .iter()
+        .zip(names)
+        .enumerate()
+        .map(|(i, (s, n))| {
+            let t = rand(s, 40 + i as u64, 0.5, 0.0).to_device(&g).unwrap();
+            (n.to_string(), Var::from_tensor(&t).unwrap())
+        })
+        .collect();
+    let opt = Sgd::new(params.clone(), 0.01, 0.937, 5e-4);
+    let grads_of = |k: u64| {
+        let loss = params
+            .iter()
+            .enumerate()
+            .map(|(i, (_, v))| {
+                let c = rand(v.dims(), 200 + k * 10 + i as u64, 3.0, -1.0)
+                    .to_device(&g)
+                    .unwrap();
+                (v.as_tensor().sqr().unwrap() * &c)
+                    .unwrap()
+                    .sum_all()
+                    .unwrap()
+            })
+            .reduce(|a, b| (a + b).unwrap())
+            .unwrap();
+        loss.backward().unwrap()
+    };
+    let mut acc = None;
+    let mut want: Vec<Tensor> = Vec::new();
+    for k in 0..3 {
+        let mut gs = grads_of(k);
+        let cpu: Vec<Tensor> = params
+            .iter()
+            .map(|(_, v)| {
+                gs.get(v.as_tensor())
+                    .unwrap()
+                    .to_device(&Device::Cpu)
+                    .unwrap()
+            })
+            .collect();
+        want = if want.is_empty() {
+            cpu
+        } else {
+            want.iter()
+                .zip(&cpu)
+                .map(|(a, b)| (a + b).unwrap())
+                .collect()
+        };
+        add_param_grads(&mut acc, &mut gs, &opt).unwrap();
+        for (_, v) in &params {
+            assert!(
+                gs.get(v.as_tensor()).is_none(),
+                "gradient left in the store"
+            );
+        }
+    }
+    let acc = acc.unwrap();
+    for ((n, v), w) in params.iter().zip(&want) {
+        let got = acc.get(v.as_tensor()).unwrap();
+        assert_eq!(got.dims(), w.dims(), "{n}");
+        let bits = |t: &Tensor| -> Vec<u32> {
+            t.flatten_all()
+                .unwrap()
+                .to_device(&Device::Cpu)
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap()
+                .into_iter()
+                .map(f32::to_bits)
+                .collect()
+        };
+        assert_eq!(bits(got), bits(w), "{n}: accumulated gradient");
+    }
+}
+
 /// The folded-BN inference epilogue (`kernels/bias_act.cu`) against its CPU op, f32 exactly up to
 /// `expf` rounding and f16 within f16 rounding, with and without SiLU, on a shape with more
 /// rows than one grid dimension covers in one step.

@@ -389,12 +389,63 @@ mod imp {
             .ok_or_else(|| anyhow!("the capture recorded nothing"))
     }
 
+    /// The parameter gradients copied out of the backward graph's memory (which the next
+    /// replay overwrites): one multi-tensor copy into one buffer where they are contiguous f32
+    /// (always, in practice), else a copy per tensor.
     fn copy_grads(grads: &[(Tensor, Tensor)]) -> Result<GradStore> {
+        let gs: Vec<&Tensor> = grads.iter().map(|(_, g)| g).collect();
+        let copies = if crate::train::step::fused_grads() && crate::cuda::optim::applies(&gs) {
+            crate::cuda::optim::sum_new(None, &gs)?
+        } else {
+            gs.iter()
+                .map(|g| g.copy())
+                .collect::<candle_core::Result<_>>()?
+        };
         let mut out = GradStore::default();
-        for (p, g) in grads {
-            out.insert(p, g.copy()?);
+        for ((p, _), c) in grads.iter().zip(copies) {
+            out.insert(p, c);
         }
         Ok(out)
+    }
+
+    /// `YOLO9_GRAPH_TIMES=1`: each replay prints its phases' milliseconds, the device
+    /// synchronised at each boundary (input copy, forward graph, loss, loss backward into the
+    /// seeds, backward graph, gradient copies); off by default (no synchronisation).
+    struct Lap {
+        dev: Option<Device>,
+        t: std::time::Instant,
+        ms: [f64; 6],
+    }
+
+    impl Lap {
+        fn new(dev: &Device) -> Self {
+            let on = std::env::var("YOLO9_GRAPH_TIMES").is_ok_and(|v| v == "1");
+            Self {
+                dev: on.then(|| dev.clone()),
+                t: std::time::Instant::now(),
+                ms: [0.0; 6],
+            }
+        }
+
+        fn mark(&mut self, i: usize) -> Result<()> {
+            if let Some(d) = &self.dev {
+                d.synchronize()?;
+                self.ms[i] = self.t.elapsed().as_secs_f64() * 1e3;
+                self.t = std::time::Instant::now();
+            }
+            Ok(())
+        }
+
+        fn report(&self, batch: usize) {
+            if self.dev.is_some() {
+                let m = self.ms;
+                eprintln!(
+                    "graph_times batch={batch} input={:.2} fwd={:.2} loss={:.2} seeds={:.2} \
+                     bwd={:.2} copy_grads={:.2} ms",
+                    m[0], m[1], m[2], m[3], m[4], m[5]
+                );
+            }
+        }
     }
 
     impl Captured {
@@ -510,12 +561,16 @@ mod imp {
             targets: &Tensor,
             img_hw: (usize, usize),
         ) -> Result<MicroOutcome> {
+            let mut lap = Lap::new(x.device());
             self.input.slice_set(&x.contiguous()?, 0, 0)?;
+            lap.mark(0)?;
             self.fwd
                 .launch()
                 .map_err(|e| anyhow!("training forward replay: {e:?}"))?;
             model.count_batch();
+            lap.mark(1)?;
             let lo = loss.compute(&self.raw.aux, &self.raw.main, targets, img_hw)?;
+            lap.mark(2)?;
             if lo.items.iter().any(|v| !v.is_finite()) {
                 return Ok(MicroOutcome {
                     items: lo.items,
@@ -530,12 +585,17 @@ mod imp {
                 }
             }
             drop(lg);
+            lap.mark(3)?;
             self.bwd
                 .launch()
                 .map_err(|e| anyhow!("training backward replay: {e:?}"))?;
+            lap.mark(4)?;
+            let grads = copy_grads(&self.grads)?;
+            lap.mark(5)?;
+            lap.report(x.dims()[0]);
             Ok(MicroOutcome {
                 items: lo.items,
-                grads: Some(copy_grads(&self.grads)?),
+                grads: Some(grads),
             })
         }
     }
