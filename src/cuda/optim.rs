@@ -149,6 +149,13 @@ pub fn sum_squares(ts: &[&Tensor]) -> Result<f64> {
     Ok(host.iter().sum())
 }
 
+/// Whether the training step copies and sums its parameter gradients with [`sum_new`]
+/// (`YOLO9_FUSED_GRADS`, default on; `0`: one candle op per tensor, for comparisons).
+pub fn fused_grads() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("YOLO9_FUSED_GRADS").map_or(true, |v| v.trim() != "0"))
+}
+
 /// For every tensor `i`: `b[i]` (`a` = `None`) or `a[i] + b[i]`, written into one new flat f32
 /// buffer on `b`'s device; returns a view of it per tensor, shaped as `b[i]`. One allocation,
 /// one memset and one launch for the whole list, instead of one copy or add per tensor (the

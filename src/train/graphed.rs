@@ -394,7 +394,7 @@ mod imp {
     /// (always, in practice), else a copy per tensor.
     fn copy_grads(grads: &[(Tensor, Tensor)]) -> Result<GradStore> {
         let gs: Vec<&Tensor> = grads.iter().map(|(_, g)| g).collect();
-        let copies = if crate::train::step::fused_grads() && crate::cuda::optim::applies(&gs) {
+        let copies = if crate::cuda::optim::fused_grads() && crate::cuda::optim::applies(&gs) {
             crate::cuda::optim::sum_new(None, &gs)?
         } else {
             gs.iter()
@@ -439,10 +439,15 @@ mod imp {
         fn report(&self, batch: usize) {
             if self.dev.is_some() {
                 let m = self.ms;
-                eprintln!(
+                crate::text::errln!(
                     "graph_times batch={batch} input={:.2} fwd={:.2} loss={:.2} seeds={:.2} \
                      bwd={:.2} copy_grads={:.2} ms",
-                    m[0], m[1], m[2], m[3], m[4], m[5]
+                    m[0],
+                    m[1],
+                    m[2],
+                    m[3],
+                    m[4],
+                    m[5]
                 );
             }
         }

@@ -329,7 +329,7 @@ fn add_param_grads_fused(
     g: &mut GradStore,
     opt: &Optimizer,
 ) -> Result<bool> {
-    if !fused_grads() {
+    if !crate::cuda::optim::fused_grads() {
         return Ok(false);
     }
     let params: Vec<&Tensor> = opt
@@ -375,10 +375,4 @@ fn add_param_grads_fused(
         store.insert(p, s);
     }
     Ok(true)
-}
-
-/// Whether the multi-tensor gradient copies and sums run (`YOLO9_FUSED_GRADS`, default on).
-pub fn fused_grads() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("YOLO9_FUSED_GRADS").map_or(true, |v| v.trim() != "0"))
 }
