@@ -313,7 +313,8 @@ fn main() -> Result<()> {
         );
         println!("{k}_graphed_counts {:?}", sg.counts());
         // What the trainer adds per micro-step: its gradients summed into the batch's
-        // (`yolo9::train::step::add_param_grads`, one add per parameter tensor).
+        // (`yolo9::train::step::add_param_grads`: one multi-tensor launch on CUDA, one add per
+        // parameter tensor with `YOLO9_FUSED_GRADS=0`).
         let mut acc = None;
         let mut ta = Vec::new();
         for _ in 0..6 {

@@ -171,17 +171,14 @@ pub fn sum_new(a: Option<&[&Tensor]>, b: &[&Tensor]) -> Result<Vec<Tensor>> {
         {
             return Err(err("sum: lists of different lengths or sizes"));
         }
-        if !applies(a) {
-            return Err(err("sum: an addend is not a contiguous f32 CUDA tensor"));
-        }
     }
-    if !applies(b) {
-        return Err(err("sum: an addend is not a contiguous f32 CUDA tensor"));
-    }
-    let total: usize = b.iter().map(|t| t.elem_count()).sum();
     let Some(first) = b.first() else {
         return Ok(Vec::new());
     };
+    if !applies(b) || a.is_some_and(|a| !applies(a)) {
+        return Err(err("sum: an addend is not a contiguous f32 CUDA tensor"));
+    }
+    let total: usize = b.iter().map(|t| t.elem_count()).sum();
     let flat = Tensor::zeros(total, DType::F32, first.device())?;
     let mut out = Vec::with_capacity(b.len());
     let mut off = 0;

@@ -419,7 +419,8 @@ mod imp {
 
     impl Lap {
         fn new(dev: &Device) -> Self {
-            let on = std::env::var("YOLO9_GRAPH_TIMES").is_ok_and(|v| v == "1");
+            static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+            let on = *ON.get_or_init(|| std::env::var("YOLO9_GRAPH_TIMES").is_ok_and(|v| v == "1"));
             Self {
                 dev: on.then(|| dev.clone()),
                 t: std::time::Instant::now(),

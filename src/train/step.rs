@@ -291,8 +291,8 @@ pub fn optimizer_step(
 
 /// Moves the parameter gradients of `g` into `acc` (summing), leaving everything else behind.
 ///
-/// On CUDA, when every gradient is a contiguous f32 tensor and `acc` holds either none or all of
-/// them, the sums (or copies) are written by one multi-tensor launch into one new buffer
+/// On CUDA, when every gradient is a contiguous f32 tensor and `acc` already holds all of them,
+/// the sums are written by one multi-tensor launch into one new buffer
 /// ([`crate::cuda::optim::sum_new`]) instead of one add per parameter tensor: this runs after
 /// every micro-batch and every batch, and ~900 small launches took longer on the host than the
 /// GPU needed for them. The values are the same (one f32 add per element).
@@ -322,55 +322,39 @@ pub fn add_param_grads(
     Ok(())
 }
 
-/// The one-launch form of [`add_param_grads`]; `false` (nothing moved) where it does not apply.
+/// The one-launch form of [`add_param_grads`] for a window that already holds every one of
+/// `g`'s parameter gradients (the first micro-batch's are moved in, as the per-tensor path
+/// does: no copy); `false` (nothing moved) where it does not apply.
 #[cfg(feature = "cuda")]
 fn add_param_grads_fused(
     acc: &mut Option<GradStore>,
     g: &mut GradStore,
     opt: &Optimizer,
 ) -> Result<bool> {
+    let Some(store) = acc.as_mut() else {
+        return Ok(false);
+    };
     if !crate::cuda::optim::fused_grads() {
         return Ok(false);
     }
-    let params: Vec<&Tensor> = opt
-        .params()
-        .iter()
-        .map(|p| p.var.as_tensor())
-        .filter(|p| g.get(p).is_some())
-        .collect();
-    let Some(b) = params
-        .iter()
-        .map(|p| g.get(p).cloned())
-        .collect::<Option<Vec<Tensor>>>()
-    else {
-        return Ok(false);
-    };
-    let b_refs: Vec<&Tensor> = b.iter().collect();
-    if b.is_empty() || !crate::cuda::optim::applies(&b_refs) {
-        return Ok(false);
-    }
-    let a: Option<Vec<Tensor>> = match acc.as_ref() {
-        None => None,
-        Some(a) => {
-            let held: Option<Vec<Tensor>> = params.iter().map(|p| a.get(p).cloned()).collect();
-            match held {
-                Some(h) if h.iter().zip(&b).all(|(x, y)| x.dims() == y.dims()) => Some(h),
-                // Some held and some not, or other shapes: the per-tensor path.
-                _ if params.iter().any(|p| a.get(p).is_some()) => return Ok(false),
-                _ => None,
+    // (parameter, held sum, new gradient) for every parameter with a gradient in `g`.
+    let mut triples = Vec::new();
+    for p in opt.params().iter().map(|p| p.var.as_tensor()) {
+        if let Some(b) = g.get(p) {
+            match store.get(p) {
+                Some(a) if a.dims() == b.dims() => triples.push((p, a.clone(), b.clone())),
+                _ => return Ok(false),
             }
         }
-    };
-    let a_refs: Option<Vec<&Tensor>> = a.as_ref().map(|a| a.iter().collect());
-    if a_refs
-        .as_ref()
-        .is_some_and(|a| !crate::cuda::optim::applies(a))
-    {
+    }
+    let a: Vec<&Tensor> = triples.iter().map(|(_, a, _)| a).collect();
+    let b: Vec<&Tensor> = triples.iter().map(|(_, _, b)| b).collect();
+    let apply = crate::cuda::optim::applies;
+    if b.is_empty() || !apply(&a) || !apply(&b) {
         return Ok(false);
     }
-    let sums = crate::cuda::optim::sum_new(a_refs.as_deref(), &b_refs)?;
-    let store = acc.get_or_insert_with(GradStore::default);
-    for (p, s) in params.iter().zip(sums) {
+    let sums = crate::cuda::optim::sum_new(Some(&a), &b)?;
+    for ((p, _, _), s) in triples.iter().zip(sums) {
         g.remove(p);
         store.insert(p, s);
     }
