@@ -12,7 +12,9 @@
 //!   is outside it. The peak is the pool's *reserved* high-water mark
 //!   (`CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH`: what it holds from the driver, fragmentation and cache
 //!   included) plus the memory outside the pool (`cuMemGetInfo` total − free − the pool's reserved
-//!   memory, read at the end of the window). Memory that other processes hold on the same GPU
+//!   memory, read at the end of the window; where that outside memory grows within the window, as
+//!   when a CUDA graph is captured, [`MemoryProbe::fold_peak`] splits the window there). Memory
+//!   that other processes hold on the same GPU
 //!   counts as outside the pool too: on a shared GPU a budget is the more conservative for it.
 //!   In use now is the pool's `USED_MEM_CURRENT`; free = `cuMemGetInfo` free + memory the pool
 //!   holds but does not use. The probe raises the pool's release threshold so freed blocks are
@@ -138,6 +140,22 @@ impl MemoryProbe {
             #[cfg(feature = "cuda")]
             Inner::Unknown => 0,
         }
+    }
+
+    /// [`MemoryProbe::release_cached`] before the memory outside the pool grows for the rest of
+    /// the window (a CUDA-graph capture maps its own memory there): the window's peak so far is
+    /// kept, the pool's cache is returned, and the pool's high-water mark starts again from
+    /// what it holds then. Without it [`MemoryProbe::peak_bytes`] would add the pool's earlier
+    /// high (its cache included) to the larger outside memory of later, though the two never
+    /// coexisted. On the CPU the same as `release_cached` (the RSS high-water mark is one
+    /// number).
+    pub fn fold_peak(&self) {
+        #[cfg(feature = "cuda")]
+        if let Inner::Cuda(p) = &self.inner {
+            p.fold_peak();
+            return;
+        }
+        self.release_cached();
     }
 
     /// Returns memory the device's allocator keeps cached but unused (on CUDA, trims the pool
@@ -366,7 +384,37 @@ mod cuda {
             };
         }
 
+        /// Peaks folded by [`Pool::fold_peak`] since the last reset, per pool.
+        fn folded() -> &'static std::sync::Mutex<std::collections::HashMap<usize, u64>> {
+            static F: std::sync::OnceLock<std::sync::Mutex<std::collections::HashMap<usize, u64>>> =
+                std::sync::OnceLock::new();
+            F.get_or_init(Default::default)
+        }
+
+        fn folded_peak(&self) -> u64 {
+            let f = Self::folded().lock().unwrap_or_else(|e| e.into_inner());
+            f.get(&(self.pool as usize)).copied().unwrap_or(0)
+        }
+
+        pub fn fold_peak(&self) {
+            let now = self.window_peak();
+            {
+                let mut f = Self::folded().lock().unwrap_or_else(|e| e.into_inner());
+                let e = f.entry(self.pool as usize).or_insert(0);
+                *e = (*e).max(now);
+            }
+            self.trim();
+            self.set(
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH,
+                0,
+            );
+        }
+
         pub fn reset_peak(&self) {
+            Self::folded()
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&(self.pool as usize));
             self.set(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH, 0);
             self.set(
                 sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH,
@@ -387,8 +435,13 @@ mod cuda {
             let _ = unsafe { mem_pool::trim_to(self.pool, 0) };
         }
 
-        /// The pool's reserved high-water mark plus the memory outside the pool now.
+        /// The pool's reserved high-water mark plus the memory outside the pool now, or a
+        /// larger peak folded earlier in the window.
         pub fn peak(&self) -> u64 {
+            self.window_peak().max(self.folded_peak())
+        }
+
+        fn window_peak(&self) -> u64 {
             self.get(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH) + self.outside()
         }
 

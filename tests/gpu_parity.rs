@@ -698,7 +698,9 @@ fn inference_forward_replayed_from_a_cuda_graph_equals_launched() {
 
 /// The training micro-step replayed from CUDA graphs (`yolo9::train::graphed`) equals the
 /// ordinary taped step: loss items and every parameter gradient, at the capture and at later
-/// replays (new targets each time), with the BN running statistics and `num_batches_tracked`
+/// replays (new targets each time, GT rows padded to the capture's capacity), again after a
+/// batch with more GT rows than that capacity made it capture again, with the BN running
+/// statistics and `num_batches_tracked`
 /// of two models driven the same way equal too.
 #[test]
 fn graphed_training_step_equals_ordinary() {
@@ -708,16 +710,27 @@ fn graphed_training_step_equals_ordinary() {
         .unwrap()
         .to_device(&dev)
         .unwrap();
-    let tg = |k: f32| {
-        Tensor::new(
-            &[
-                [0f32, 0., 0.30 + k, 0.30, 0.20, 0.25],
-                [0., 1., 0.60, 0.55 - k, 0.35, 0.30],
-                [1., 2., 0.50, 0.50, 0.40 + k, 0.40],
-            ],
-            &Device::Cpu,
-        )
-        .unwrap()
+    // Three rows, or 20 more in image 0 (more than the capture's first GT capacity of 16 rows
+    // per image: the step captures again with room for 32).
+    let tg = |k: f32, extra: usize| {
+        let mut rows = vec![
+            [0f32, 0., 0.30 + k, 0.30, 0.20, 0.25],
+            [0., 1., 0.60, 0.55 - k, 0.35, 0.30],
+            [1., 2., 0.50, 0.50, 0.40 + k, 0.40],
+        ];
+        for j in 0..extra {
+            let f = j as f32 / extra as f32;
+            rows.push([
+                0.,
+                (j % 3) as f32,
+                0.1 + 0.8 * f,
+                0.9 - 0.8 * f,
+                0.08,
+                0.1 + k,
+            ]);
+        }
+        let n = rows.len();
+        Tensor::from_vec(rows.concat(), (n, 6), &Device::Cpu).unwrap()
     };
     let loss = DualTalLoss::new(3, &[8, 16, 32]).unwrap();
     let a = YoloV9Train::new(None, 3, Vec::new(), &dev, 3).unwrap();
@@ -726,8 +739,17 @@ fn graphed_training_step_equals_ordinary() {
     let pb: Vec<Tensor> = b.vars().iter().map(|v| v.var.as_tensor().clone()).collect();
     let mut sg = StepGraphs::new();
     assert!(sg.applies(&x));
-    for (i, k) in [0.0f32, 0.02, 0.05, -0.03].into_iter().enumerate() {
-        let t = tg(k);
+    let steps = [
+        (0.0f32, 0),
+        (0.02, 0),
+        (0.05, 0),
+        (-0.03, 0),
+        (0.01, 20),
+        (0.0, 20),
+        (0.03, 20),
+    ];
+    for (i, (k, extra)) in steps.into_iter().enumerate() {
+        let t = tg(k, extra);
         let want = ordinary(&a, &loss, &pa, &x, &t, (160, 160)).unwrap();
         let got = sg.micro_step(&b, &loss, &pb, &x, &t, (160, 160)).unwrap();
         assert_eq!(want.items, got.items, "step {i}: loss items");
@@ -754,7 +776,8 @@ fn graphed_training_step_equals_ordinary() {
         // atomics); a replay reading a stale or wrong buffer is off by far more.
         assert!(worst <= 1e-4, "step {i}: worst gradient difference {worst}");
     }
-    assert_eq!(sg.counts(), (1, 2));
+    // Steps 0 and 4 ran ordinarily (a new key), 1 and 5 captured, the others replayed.
+    assert_eq!(sg.counts(), (2, 3));
     assert_eq!(a.batches_tracked(), b.batches_tracked());
     for layer in ["model.0.bn", "model.29.cv5.0.1.bn"] {
         let (ma, va) = a.bn_running_stats(layer).expect(layer);
@@ -806,6 +829,19 @@ fn tal_assigner_on_gpu_equals_cpu() {
         if m > 0 {
             assert!(fg > 0, "the case has positives");
         }
+        // The GT rows padded to a larger capacity (what the replayed training step uploads):
+        // the padding rows are never valid, so the planes are the same, bit for bit.
+        let dg = yolo9::loss::DeviceGt::new(anchors.clone(), &gt, m + 13, nc, &dev).unwrap();
+        let padded = yolo9::loss::assign_op::assign_device(&assigner, &pg, &lg, layout, &dg)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
+        assert!(
+            padded == g,
+            "{img}px b{bs} m{m}: padded GT rows change the planes"
+        );
     }
 }
 

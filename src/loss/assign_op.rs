@@ -20,6 +20,7 @@ use candle_core::{CpuStorage, CustomOp2, DType, Layout, Shape, Tensor};
 
 use super::anchors::Anchors;
 use super::assigner::{AssignerInput, Assignment, GtBatch, Scores, TaskAlignedAssigner};
+use super::device_gt::DeviceGt;
 use super::targets::{expand_fg_rows, fg_rows};
 
 /// Number of planes of the op's output.
@@ -66,6 +67,31 @@ pub fn assign_dense(
         gt.batch,
         anchors.len()
     );
+    let dg = DeviceGt::new(anchors.clone(), gt, gt.n_max_boxes, nc, pbox.device())?;
+    assign_device(assigner, pbox, scores, layout, &dg)
+}
+
+/// [`assign_dense`] with the GT rows and anchors already on the device ([`DeviceGt`]: what a
+/// CUDA-graph capture reads at fixed addresses). `pbox` and `scores` as there, for `dg`'s
+/// batch and anchors.
+///
+/// Errors: shapes that do not agree with `dg`, a CUDA launch failure.
+pub fn assign_device(
+    assigner: &TaskAlignedAssigner,
+    pbox: &Tensor,
+    scores: &Tensor,
+    layout: ScoreLayout,
+    dg: &DeviceGt,
+) -> Result<Tensor> {
+    let (bs, four, na) = pbox.dims3().context("assigner: boxes must be (B, 4, A)")?;
+    ensure!(
+        four == 4 && bs == dg.batch() && na == dg.anchors().len(),
+        "assigner: boxes {:?} for GT rows of a batch of {} and {} anchors",
+        pbox.dims(),
+        dg.batch(),
+        dg.anchors().len()
+    );
+    let nc = assigner.num_classes;
     let want: Vec<usize> = match layout {
         ScoreLayout::Probs => vec![bs, na, nc],
         ScoreLayout::HeadLogits { channels, offset } => {
@@ -82,37 +108,12 @@ pub fn assign_dense(
         "assigner: scores {:?}, expected {want:?}",
         scores.dims()
     );
-    if let Some((i, l)) = gt
-        .labels
-        .iter()
-        .enumerate()
-        .find(|(_, &l)| l < 0 || l as usize >= nc)
-    {
-        anyhow::bail!("assigner: GT row {i} has label {l}, outside 0..{nc}");
-    }
-    let dev = pbox.device();
-    // At least one row per image: padded rows are never valid.
-    let m = gt.n_max_boxes.max(1);
-    let mut rows = vec![0f32; bs * m * 6];
-    for b in 0..bs {
-        for j in 0..gt.n_max_boxes {
-            let r = b * gt.n_max_boxes + j;
-            let o = (b * m + j) * 6;
-            rows[o..o + 4].copy_from_slice(&gt.bboxes[r]);
-            rows[o + 4] = gt.labels[r] as f32;
-            rows[o + 5] = gt.mask[r] as u8 as f32;
-        }
-    }
-    let mut anc = Vec::with_capacity(na * 3);
-    for (p, &s) in anchors.points.iter().zip(&anchors.strides) {
-        anc.extend_from_slice(&[p[0], p[1], s]);
-    }
     let op = AssignOp {
         assigner: assigner.clone(),
         layout,
-        rows: m,
-        gt: Tensor::from_vec(rows, (bs * m, 6), dev)?,
-        anchors: Tensor::from_vec(anc, (na, 3), dev)?,
+        rows: dg.per_image(),
+        gt: dg.rows().clone(),
+        anchors: dg.anchors_xys().clone(),
     };
     let pbox = pbox.to_dtype(DType::F32)?.contiguous()?;
     let scores = scores.to_dtype(DType::F32)?.contiguous()?;

@@ -36,8 +36,9 @@ use candle_core::{DType, Device, Tensor};
 use rayon::prelude::*;
 
 use super::anchors::Anchors;
-use super::assign_op::{assign_dense, ScoreLayout};
+use super::assign_op::{assign_device, ScoreLayout};
 use super::assigner::{inside_gt, AssignerInput, Assignment, GtBatch, Scores, TaskAlignedAssigner};
+use super::device_gt::{anc4_of, DeviceGt};
 use super::iou::ciou_tensor;
 use super::targets::DenseTargets;
 
@@ -49,6 +50,9 @@ pub const GAINS: [f32; 3] = [7.5, 0.5, 1.5];
 
 /// One branch's levels concatenated: `(B, 64 + nc, A)` f32, the level sizes `(H, W)`, and B.
 type Flattened = (Tensor, Vec<(usize, usize)>, usize);
+
+/// Every branch's levels concatenated (`[aux, main]`, or `[main]`), the level sizes, and B.
+type Branches = (Vec<Tensor>, Vec<(usize, usize)>, usize);
 
 /// Loss of one branch, before the branch weight and the gains (host values), with its assignment.
 #[derive(Debug, Clone)]
@@ -79,6 +83,22 @@ pub struct LossOutput {
     pub aux: BranchLoss,
     /// Main branch details.
     pub main: BranchLoss,
+}
+
+/// Result of [`DualTalLoss::compute_on_device`]: nothing read back yet.
+#[derive(Debug, Clone)]
+pub struct DeviceLoss {
+    /// As [`LossOutput::total`].
+    pub total: Tensor,
+    /// `(8,)` f32 (dual head: the aux branch's box, cls, dfl, the main branch's, then both `S`)
+    /// or `(4,)` (single head: box, cls, dfl, `S`), detached; read back and given to
+    /// [`DualTalLoss::items_of`].
+    pub values: Tensor,
+}
+
+/// The loss values of [`DualTalLoss`] read back to the host (one device synchronisation).
+fn read_values(values: &Tensor) -> Result<Vec<f32>> {
+    values.to_vec1().context("loss: reading the loss items")
 }
 
 /// The dual-branch TAL loss of YOLOv9 (official `ComputeLoss` of `loss_tal_dual.py`).
@@ -225,157 +245,90 @@ impl DualTalLoss {
         img_hw: (usize, usize),
         given: Option<[&Assignment; 2]>,
     ) -> Result<LossOutput> {
-        if aux.is_empty() {
-            return self.compute_single(main, targets, img_hw, given.map(|g| g[1]));
+        let (flats, hw, bs) = self.flatten_branches(aux, main)?;
+        let anchors = self.anchors_for(&hw, img_hw)?;
+        let gt = self.gt_batch(targets, bs, img_hw)?;
+        let dev = flats[0].device().clone();
+        if given.is_none() && self.assigns_on(&dev) {
+            let dg = DeviceGt::new(anchors, &gt, gt.n_max_boxes, self.nc, &dev)?;
+            let d = self.device_terms(&flats, &dg)?;
+            let v = read_values(&d.values)?;
+            return Ok(self.output(d.total, &v, vec![None; flats.len()]));
         }
-        let (flat_aux, hw_aux, bs) = self.flatten_levels(aux, "aux")?;
-        let (flat_main, hw_main, bs_main) = self.flatten_levels(main, "main")?;
-        ensure!(
-            hw_aux == hw_main && bs == bs_main,
-            "loss: aux levels {hw_aux:?} (batch {bs}) and main levels {hw_main:?} (batch \
-             {bs_main}) differ; both branches must come from the same forward pass"
-        );
-        let (anchors, gt) = self.anchors_and_targets(&hw_aux, bs, targets, img_hw)?;
         let anc_px = anchors.points_px();
-
-        let (t_aux, asg_aux, tss_aux) = self.branch(
-            &flat_aux,
-            &anchors,
-            &anc_px,
-            &gt,
-            "aux",
-            given.map(|g| g[0]),
-        )?;
-        let (t_main, asg_main, tss_main) = self.branch(
-            &flat_main,
-            &anchors,
-            &anc_px,
-            &gt,
-            "main",
-            given.map(|g| g[1]),
-        )?;
-
-        let (mut t_aux, mut t_main) = (t_aux, t_main);
-        if self.label_smoothing > 0.0 {
-            t_aux[1] = self.smoothed_cls(&t_aux[1], &flat_aux, &tss_aux)?;
-            t_main[1] = self.smoothed_cls(&t_main[1], &flat_main, &tss_main)?;
+        let anc4 = anc4_of(&anchors, &dev)?;
+        let dual = flats.len() == 2;
+        let mut terms = Vec::with_capacity(flats.len());
+        let mut asgs = Vec::with_capacity(flats.len());
+        for (i, flat) in flats.iter().enumerate() {
+            let which = if dual && i == 0 { "aux" } else { "main" };
+            let g = given.map(|g| g[if dual { i } else { 1 }]);
+            let (t, asg, tss) = self.branch(flat, &anchors, &anc_px, &anc4, &gt, which, g)?;
+            terms.push((t, tss));
+            asgs.push(asg);
         }
-        let aw = AUX_WEIGHT as f64;
-        let mut parts = Vec::with_capacity(3);
-        for i in 0..3 {
-            let t = ((t_aux[i].affine(aw, 0.0)? + &t_main[i])? * GAINS[i] as f64)?;
-            parts.push(t);
-        }
-        let total = ((&parts[0] + &parts[1])? + &parts[2])?.affine(bs as f64, 0.0)?;
-        // One read-back for the six logged values and the two target-score sums.
-        let all: Vec<&Tensor> = t_aux
-            .iter()
-            .chain(&t_main)
-            .chain([&tss_aux, &tss_main])
-            .collect();
-        let v: Vec<f32> = Tensor::stack(&all, 0)?
-            .detach()
-            .to_vec1()
-            .context("loss: reading the loss items")?;
-        let aux_r = BranchLoss {
-            box_loss: v[0],
-            cls_loss: v[1],
-            dfl_loss: v[2],
-            target_scores_sum: v[6],
-            assignment: asg_aux,
-        };
-        let main_r = BranchLoss {
-            box_loss: v[3],
-            cls_loss: v[4],
-            dfl_loss: v[5],
-            target_scores_sum: v[7],
-            assignment: asg_main,
-        };
-        let item = |a: f32, m: f32, g: f32| (a * AUX_WEIGHT + m) * g;
-        let items = [
-            item(aux_r.box_loss, main_r.box_loss, GAINS[0]),
-            item(aux_r.cls_loss, main_r.cls_loss, GAINS[1]),
-            item(aux_r.dfl_loss, main_r.dfl_loss, GAINS[2]),
-        ];
-        Ok(LossOutput {
-            total,
-            items,
-            aux: aux_r,
-            main: main_r,
-        })
+        let (total, values) = self.combine(&flats, terms, bs)?;
+        let v = read_values(&values)?;
+        Ok(self.output(total, &v, asgs))
     }
 
-    /// The single-branch loss of a `DDetect` model (official `utils/loss_tal.py ComputeLoss`):
-    /// the main branch's terms times the gains, `total = (box + cls + dfl) * batch_size`.
-    fn compute_single(
+    /// The loss of a batch whose GT rows and anchors are already on the head's device
+    /// ([`DeviceGt`], e.g. refilled in place for a CUDA-graph replay), computed without any
+    /// device synchronisation or upload of more than a few constants: the assignment on the
+    /// device, the fused terms. `aux`, `main` and `img_hw` as in [`Self::compute`]; `dg` for the
+    /// same batch and the levels' anchors. Returns the differentiable `total` and the unread
+    /// values that [`Self::items_of`] turns into the loss items.
+    ///
+    /// Errors: as [`Self::compute`] for the shapes; a loss that does not run on this device
+    /// this way ([`Self::assigns_on`] is false).
+    pub fn compute_on_device(
         &self,
+        aux: &[Tensor],
         main: &[Tensor],
-        targets: &Tensor,
+        dg: &DeviceGt,
         img_hw: (usize, usize),
-        given: Option<&Assignment>,
-    ) -> Result<LossOutput> {
-        let (flat, hw, bs) = self.flatten_levels(main, "main")?;
-        let (anchors, gt) = self.anchors_and_targets(&hw, bs, targets, img_hw)?;
-        let anc_px = anchors.points_px();
-        let (mut t, asg, tss) = self.branch(&flat, &anchors, &anc_px, &gt, "main", given)?;
-        if self.label_smoothing > 0.0 {
-            t[1] = self.smoothed_cls(&t[1], &flat, &tss)?;
-        }
-        let parts: Vec<Tensor> = (0..3)
-            .map(|i| t[i].affine(GAINS[i] as f64, 0.0))
-            .collect::<candle_core::Result<_>>()?;
-        let total = ((&parts[0] + &parts[1])? + &parts[2])?.affine(bs as f64, 0.0)?;
-        let all: Vec<&Tensor> = t.iter().chain([&tss]).collect();
-        let v: Vec<f32> = Tensor::stack(&all, 0)?
-            .detach()
-            .to_vec1()
-            .context("loss: reading the loss items")?;
-        let main_r = BranchLoss {
-            box_loss: v[0],
-            cls_loss: v[1],
-            dfl_loss: v[2],
-            target_scores_sum: v[3],
-            assignment: asg,
-        };
-        let items = [
-            main_r.box_loss * GAINS[0],
-            main_r.cls_loss * GAINS[1],
-            main_r.dfl_loss * GAINS[2],
-        ];
-        Ok(LossOutput {
-            total,
-            items,
-            aux: BranchLoss {
-                box_loss: 0.0,
-                cls_loss: 0.0,
-                dfl_loss: 0.0,
-                target_scores_sum: 0.0,
-                assignment: None,
-            },
-            main: main_r,
-        })
+    ) -> Result<DeviceLoss> {
+        let (flats, hw, bs) = self.flatten_branches(aux, main)?;
+        let anchors = self.anchors_for(&hw, img_hw)?;
+        ensure!(
+            &anchors == dg.anchors() && bs == dg.batch(),
+            "loss: the head outputs (batch {bs}, {} anchors) do not match the GT buffer (batch \
+             {}, {} anchors)",
+            anchors.len(),
+            dg.batch(),
+            dg.anchors().len()
+        );
+        ensure!(
+            self.assigns_on(flats[0].device()),
+            "loss: the device-only loss needs the fused terms and the device assigner on CUDA"
+        );
+        self.device_terms(&flats, dg)
     }
 
-    /// The anchors of levels `hw` (checked against `img_hw` and the strides) and the validated
-    /// ground truth of `targets` for a batch of `bs`.
-    fn anchors_and_targets(
-        &self,
-        hw: &[(usize, usize)],
-        bs: usize,
-        targets: &Tensor,
-        img_hw: (usize, usize),
-    ) -> Result<(Anchors, GtBatch)> {
-        for (i, (&(h, w), &s)) in hw.iter().zip(&self.strides).enumerate() {
-            let s = s as usize;
-            ensure!(
-                h * s == img_hw.0 && w * s == img_hw.1,
-                "loss: level {i} is {h}x{w} at stride {s}, which does not cover the input \
-                 {}x{} (h x w); pass img_hw = the network input size, a multiple of 32",
-                img_hw.0,
-                img_hw.1
-            );
+    /// Whether the loss assigns on `dev` itself (the fused terms and the device assigner on a
+    /// CUDA device): then [`Self::compute_on_device`] applies.
+    pub fn assigns_on(&self, dev: &Device) -> bool {
+        self.fused && self.device_assign && dev.is_cuda()
+    }
+
+    /// The `[box, cls, dfl]` items (as [`LossOutput::items`]) of the values of a
+    /// [`DeviceLoss`] read back: 8 values for the dual head, 4 for a single head.
+    pub fn items_of(&self, values: &[f32]) -> [f32; 3] {
+        if values.len() == 8 {
+            let item = |i: usize| (values[i] * AUX_WEIGHT + values[3 + i]) * GAINS[i];
+            [item(0), item(1), item(2)]
+        } else {
+            [
+                values[0] * GAINS[0],
+                values[1] * GAINS[1],
+                values[2] * GAINS[2],
+            ]
         }
-        let anchors = Anchors::new(hw, &self.strides)?;
+    }
+
+    /// The GT rows of `targets` (N, 6) for a batch of `bs` at `img_hw` (validated, see
+    /// [`GtBatch::from_targets`]).
+    pub fn gt_batch(&self, targets: &Tensor, bs: usize, img_hw: (usize, usize)) -> Result<GtBatch> {
         let (n, six) = targets
             .dims2()
             .with_context(|| format!("loss: targets must be (N, 6), got {:?}", targets.dims()))?;
@@ -395,8 +348,138 @@ impl DualTalLoss {
                 [c[0], c[1], c[2], c[3], c[4], c[5]]
             })
             .collect();
-        let gt = GtBatch::from_targets(&rows, bs, img_hw, self.nc)?;
-        Ok((anchors, gt))
+        GtBatch::from_targets(&rows, bs, img_hw, self.nc)
+    }
+
+    /// A [`DeviceGt`] for `gt` with room for `per_image` rows per image, on `dev`, with the
+    /// anchors of the head at `img_hw` (levels `img_hw / stride`).
+    ///
+    /// Errors: an `img_hw` that is not a multiple of every stride; those of [`DeviceGt::new`].
+    pub fn device_gt(
+        &self,
+        gt: &GtBatch,
+        per_image: usize,
+        img_hw: (usize, usize),
+        dev: &Device,
+    ) -> Result<DeviceGt> {
+        let hw: Vec<(usize, usize)> = self
+            .strides
+            .iter()
+            .map(|&s| (img_hw.0 / s as usize, img_hw.1 / s as usize))
+            .collect();
+        let anchors = self.anchors_for(&hw, img_hw)?;
+        DeviceGt::new(anchors, gt, per_image, self.nc, dev)
+    }
+
+    /// Both branches' levels flattened (`[aux, main]`, or `[main]` for a single head), their
+    /// level sizes and the batch.
+    fn flatten_branches(&self, aux: &[Tensor], main: &[Tensor]) -> Result<Branches> {
+        let (flat_main, hw_main, bs_main) = self.flatten_levels(main, "main")?;
+        if aux.is_empty() {
+            return Ok((vec![flat_main], hw_main, bs_main));
+        }
+        let (flat_aux, hw_aux, bs) = self.flatten_levels(aux, "aux")?;
+        ensure!(
+            hw_aux == hw_main && bs == bs_main,
+            "loss: aux levels {hw_aux:?} (batch {bs}) and main levels {hw_main:?} (batch \
+             {bs_main}) differ; both branches must come from the same forward pass"
+        );
+        Ok((vec![flat_aux, flat_main], hw_main, bs))
+    }
+
+    /// The device path of every branch ([`Self::branch_on_device`]) combined.
+    fn device_terms(&self, flats: &[Tensor], dg: &DeviceGt) -> Result<DeviceLoss> {
+        let mut terms = Vec::with_capacity(flats.len());
+        for (i, flat) in flats.iter().enumerate() {
+            let which = if flats.len() == 2 && i == 0 {
+                "aux"
+            } else {
+                "main"
+            };
+            terms.push(self.branch_on_device(flat, dg, which)?);
+        }
+        let (total, values) = self.combine(flats, terms, dg.batch())?;
+        Ok(DeviceLoss { total, values })
+    }
+
+    /// The branches' `[box, cls, dfl]` terms and `S` (label smoothing applied) combined into
+    /// `total = (box + cls + dfl) * bs` with the branch weight and gains, and the values to read
+    /// back: each branch's three terms, then each branch's `S` (detached).
+    fn combine(
+        &self,
+        flats: &[Tensor],
+        mut terms: Vec<([Tensor; 3], Tensor)>,
+        bs: usize,
+    ) -> Result<(Tensor, Tensor)> {
+        if self.label_smoothing > 0.0 {
+            for (flat, (t, tss)) in flats.iter().zip(terms.iter_mut()) {
+                t[1] = self.smoothed_cls(&t[1], flat, tss)?;
+            }
+        }
+        let parts: Vec<Tensor> = if terms.len() == 2 {
+            let (a, m) = (&terms[0].0, &terms[1].0);
+            let aw = AUX_WEIGHT as f64;
+            (0..3)
+                .map(|i| (a[i].affine(aw, 0.0)? + &m[i])? * GAINS[i] as f64)
+                .collect::<candle_core::Result<_>>()?
+        } else {
+            let t = &terms[0].0;
+            (0..3)
+                .map(|i| t[i].affine(GAINS[i] as f64, 0.0))
+                .collect::<candle_core::Result<_>>()?
+        };
+        let total = ((&parts[0] + &parts[1])? + &parts[2])?.affine(bs as f64, 0.0)?;
+        let all: Vec<&Tensor> = terms
+            .iter()
+            .flat_map(|(t, _)| t.iter())
+            .chain(terms.iter().map(|(_, s)| s))
+            .collect();
+        Ok((total, Tensor::stack(&all, 0)?.detach()))
+    }
+
+    /// The [`LossOutput`] of `total` and the values read back (see [`Self::combine`]), with the
+    /// branches' assignments (`[aux, main]` or `[main]`).
+    fn output(&self, total: Tensor, v: &[f32], asgs: Vec<Option<Assignment>>) -> LossOutput {
+        let items = self.items_of(v);
+        let mut asgs = asgs.into_iter();
+        let branch = |t: &[f32], s: f32, assignment| BranchLoss {
+            box_loss: t[0],
+            cls_loss: t[1],
+            dfl_loss: t[2],
+            target_scores_sum: s,
+            assignment,
+        };
+        if v.len() == 8 {
+            let (a, m) = (asgs.next().flatten(), asgs.next().flatten());
+            LossOutput {
+                total,
+                items,
+                aux: branch(&v[0..3], v[6], a),
+                main: branch(&v[3..6], v[7], m),
+            }
+        } else {
+            LossOutput {
+                total,
+                items,
+                aux: branch(&[0.0; 3], 0.0, None),
+                main: branch(&v[0..3], v[3], asgs.next().flatten()),
+            }
+        }
+    }
+
+    /// The anchors of levels `hw`, checked against `img_hw` and the strides.
+    fn anchors_for(&self, hw: &[(usize, usize)], img_hw: (usize, usize)) -> Result<Anchors> {
+        for (i, (&(h, w), &s)) in hw.iter().zip(&self.strides).enumerate() {
+            let s = s as usize;
+            ensure!(
+                h * s == img_hw.0 && w * s == img_hw.1,
+                "loss: level {i} is {h}x{w} at stride {s}, which does not cover the input \
+                 {}x{} (h x w); pass img_hw = the network input size, a multiple of 32",
+                img_hw.0,
+                img_hw.1
+            );
+        }
+        Anchors::new(hw, &self.strides)
     }
 
     /// The class loss `cls` of a branch with label smoothing (see
@@ -458,6 +541,40 @@ impl DualTalLoss {
         Ok((Tensor::cat(&flat, 2)?, hw, bs))
     }
 
+    /// The device path of one branch: the decode, the assignment ([`assign_device`]) and the
+    /// fused terms on the head's device, nothing read back. Non-finite head outputs give
+    /// non-finite terms (the trainer's NaN guard), not an error. Returns `[box, cls, dfl]` and
+    /// `S` (device scalars).
+    fn branch_on_device(
+        &self,
+        flat: &Tensor,
+        dg: &DeviceGt,
+        which: &str,
+    ) -> Result<([Tensor; 3], Tensor)> {
+        let mut clock = PhaseClock::new(flat.device(), which);
+        let detached = flat.detach();
+        let (_, pbox) = decode_flat(&detached, dg.anchors_xyxy())?;
+        let planes = assign_device(
+            &self.assigner,
+            &pbox,
+            &detached,
+            ScoreLayout::HeadLogits {
+                channels: 4 * REG_MAX + self.nc,
+                offset: 4 * REG_MAX,
+            },
+            dg,
+        )
+        .with_context(|| format!("loss: assigning the {which} branch on the device"))?;
+        clock.mark("assign (device)")?;
+        let tss = planes.get(0)?.sum_all()?.maximum(1f32)?;
+        let terms =
+            super::terms::branch_terms(flat, &planes.narrow(0, 0, 10)?, dg.anchors_xy(), self.nc)?;
+        let part = |i: usize| -> Result<Tensor> { Ok(terms.get(i)?.broadcast_div(&tss)?) };
+        let out = [part(0)?, part(1)?, part(2)?];
+        clock.mark("loss terms")?;
+        Ok((out, tss))
+    }
+
     /// Loss of one branch: `[box, cls, dfl]` scalar tensors before weights and gains, plus the
     /// assignment and `S`.
     ///
@@ -467,11 +584,13 @@ impl DualTalLoss {
     /// `w = 0`). Nothing is gathered, so the backward is a handful of element-wise kernels
     /// instead of scattering into the head output. The assigner reads host copies of the decoded
     /// boxes and class logits ([`host_copies`]: on a GPU only the anchors inside a GT box).
+    #[allow(clippy::too_many_arguments)]
     fn branch(
         &self,
         flat: &Tensor,
         anchors: &Anchors,
         anc_px: &[[f32; 2]],
+        anc4: &Tensor,
         gt: &GtBatch,
         which: &str,
         given: Option<&Assignment>,
@@ -479,50 +598,12 @@ impl DualTalLoss {
         let (bs, _no, na) = flat.dims3()?;
         let nc = self.nc;
         let dev = flat.device().clone();
-
-        // Predicted side distances (official `bbox_decode`): softmax over the 16 bins of each
-        // side, expectation `sum_k p_k * k`, in grid units; boxes xyxy `(B, 4, A)`.
         let mut clock = PhaseClock::new(&dev, which);
         let fused = self.fused;
         // With the fused terms the decode below only feeds the assigner: no graph.
         let src = if fused { flat.detach() } else { flat.clone() };
-        let box_logits = src
-            .narrow(1, 0, 4 * REG_MAX)?
-            .reshape((bs, 4, REG_MAX, na))?;
-        let mut anc4 = Vec::with_capacity(4 * na);
-        for c in 0..4 {
-            anc4.extend(anchors.points.iter().map(|p| p[c % 2]));
-        }
-        let anc4 = Tensor::from_vec(anc4, (1, 4, na), &dev)?;
-        let (logp, pbox) = decode_bins(&box_logits, &anc4)?; // pbox (B, 4, A) grid units
+        let (logp, pbox) = decode_flat(&src, anc4)?; // pbox (B, 4, A) grid units
         let cls_logits = flat.narrow(1, 4 * REG_MAX, nc)?; // (B, nc, A)
-
-        if fused && given.is_none() && self.device_assign && dev.is_cuda() {
-            // Assignment and targets on the device: nothing crosses to the host, and the
-            // target-score sum stays a device scalar. Non-finite head outputs give non-finite
-            // loss items (the trainer's NaN guard), not an error.
-            let planes = assign_dense(
-                &self.assigner,
-                &pbox,
-                &flat.detach(),
-                ScoreLayout::HeadLogits {
-                    channels: 4 * REG_MAX + nc,
-                    offset: 4 * REG_MAX,
-                },
-                anchors,
-                gt,
-            )
-            .with_context(|| format!("loss: assigning the {which} branch on the device"))?;
-            clock.mark("assign (device)")?;
-            let tss = planes.get(0)?.sum_all()?.maximum(1f32)?;
-            let anc: Vec<f32> = anchors.points.iter().flatten().copied().collect();
-            let anc = Tensor::from_vec(anc, (na, 2), &dev)?;
-            let terms = super::terms::branch_terms(flat, &planes.narrow(0, 0, 10)?, &anc, nc)?;
-            let part = |i: usize| -> Result<Tensor> { Ok(terms.get(i)?.broadcast_div(&tss)?) };
-            let (bx, cls, dfl) = (part(0)?, part(1)?, part(2)?);
-            clock.mark("loss terms")?;
-            return Ok(([bx, cls, dfl], None, tss));
-        }
 
         // Host copies for the assigner: boxes in pixels (B, A, 4) and class logits (B, nc, A).
         let stride = Tensor::from_slice(&anchors.strides, (1, 1, na), &dev)?;
@@ -748,6 +829,16 @@ fn decode_bins(logits: &Tensor, anc4: &Tensor) -> Result<(Tensor, Tensor)> {
         .reshape((1, 4, 1))?;
     let pbox = dist.broadcast_mul(&sign)?.broadcast_add(anc4)?;
     Ok((logp, pbox))
+}
+
+/// [`decode_bins`] of a branch's flattened head output `(B, 64 + nc, A)`: the bins' log-probabilities
+/// `(B, 4, 16, A)` and the boxes `(B, 4, A)` xyxy in grid units.
+fn decode_flat(flat: &Tensor, anc4: &Tensor) -> Result<(Tensor, Tensor)> {
+    let (bs, _, na) = flat.dims3()?;
+    let box_logits = flat
+        .narrow(1, 0, 4 * REG_MAX)?
+        .reshape((bs, 4, REG_MAX, na))?;
+    decode_bins(&box_logits, anc4)
 }
 
 /// Distribution Focal Loss on the bins layout (official `BboxLoss._df_loss`): `logp` `(B, 4, 16,

@@ -20,9 +20,8 @@
 //! measurement at the sizes that worked.
 //!
 //! Where the training step is replayed from CUDA graphs ([`crate::train::graphed`]), that step
-//! is sized first, with its real peak: the graphs hold their memory in a pool of their own (the
-//! forward's saved tensors stay mapped while the backward graph's own allocations are made, so
-//! at one micro-batch the graphed step needs more memory than the ordinary one). When the
+//! is sized first, with its real peak: the graph holds its memory in a pool of its own, outside
+//! the stream-ordered pool, and its peak is not assumed to be the ordinary step's. When the
 //! graphed micro-batch is the whole loader batch it is taken; otherwise the ordinary step is
 //! sized as well and the faster of the two at its own micro-batch (measured images per second)
 //! is chosen, and the run log says which, with both figures ([`BudgetDecision::choice`]).
@@ -311,8 +310,13 @@ fn size_kind(
     };
     // The last measurement of each size (the search measures its choice last).
     let mut seen = std::collections::HashMap::new();
+    let margin = match kind {
+        StepKind::Graphed => crate::budget::GRAPHED_MARGIN,
+        StepKind::Ordinary => crate::budget::MARGIN,
+    };
     let mut d = search(
         req.budget,
+        margin,
         req.max_batch,
         device,
         probe,

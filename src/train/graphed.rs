@@ -1,38 +1,45 @@
-//! The training micro-step (taped forward → loss → tape backward) with its forward and backward
-//! replayed from CUDA graphs.
+//! The training micro-step (taped forward → loss → loss backward → tape backward) replayed from
+//! one CUDA graph.
 //!
-//! The step is bound by the host: enqueueing the ~1,700 kernels of the taped forward and the
-//! ~3,600 of its backward takes longer than the GPU needs to run them (`benches/train_step.rs`:
-//! `forward_host_ms` ≈ the forward phase). A CUDA graph replays a recorded sequence with one
-//! launch (see [`crate::cuda::graph`] for the mechanism and its requirements).
+//! The step is bound by the host: enqueueing the ~1,700 kernels of the taped forward, the loss
+//! and the ~3,600 of the backward takes longer than the GPU needs to run them
+//! (`benches/train_step.rs`: `forward_host_ms` ≈ the forward phase). A CUDA graph replays a
+//! recorded sequence with one launch (see [`crate::cuda::graph`] for the mechanism and its
+//! requirements).
 //!
-//! [`StepGraphs::micro_step`] captures two graphs for one input shape and precision:
-//! - **forward**: the taped forward ([`YoloV9Train::forward_taped`]) from a fixed input buffer;
-//!   its head outputs (the loss's inputs) and the tape (each node's saved tensors) live in graph
-//!   memory, at the same addresses at every replay, and the BN running statistics are updated in
-//!   place as in an ordinary forward;
-//! - **backward**: [`crate::model::tape::Tape::backward`] from fixed gradient-seed buffers to the
-//!   parameter gradients; it frees the forward's saved tensors as it goes, as the ordinary backward
-//!   does.
+//! [`StepGraphs::micro_step`] captures the whole micro-step, for one input shape, precision and
+//! GT capacity, as **one** graph: the taped forward ([`YoloV9Train::forward_taped`]) from a fixed
+//! input buffer, the loss with its assignment on the device
+//! ([`DualTalLoss::compute_on_device`]) from GT rows refilled in place before each replay
+//! ([`crate::loss::DeviceGt`], padded to a power-of-two row count per image; a batch with more
+//! rows captures again with room for them), candle's backward of the loss, and the tape's
+//! backward to the parameter gradients. The BN running statistics are updated in place as in an
+//! ordinary forward. Nothing is read back inside the step: after the replay the parameter
+//! gradients are copied out of graph memory (the next replay reuses it) and the loss values are
+//! read, once.
 //!
-//! Between the two, the loss (with its CPU assigner) runs as ordinary launches on the forward's
-//! outputs, and candle's backward of the loss fills the seed buffers. The parameter gradients are
-//! copied out of graph memory before they are returned (the next replay reuses it).
+//! Why one graph: memory. A graph's allocations are mapped when it is launched; within one graph
+//! the physical memory of what the step frees (the forward's saved tensors, as the backward
+//! consumes them) is reused by what it allocates later (the backward's gradients), as in the
+//! ordinary step. Captured as two graphs (forward, then backward) the forward's saved tensors
+//! stayed mapped while the backward's allocations were made, and the replayed step needed ~1.8x
+//! the ordinary step's memory, too much for a memory budget at the same micro-batch.
 //!
-//! Policy: the first micro-step of a shape runs ordinarily (choosing the cuDNN algorithms and
-//! filling candle's cache of small uploads, which a capture needs); later ones capture once and
-//! replay. One capture is kept. Under a memory budget (whose sizing measured one step's memory,
-//! not two) a micro-batch of another shape (a smaller last batch) drops it and runs ordinarily,
-//! and [`StepGraphs::release_for_other_work`] drops it before validation, so a capture's memory
-//! is never held while something else needs memory; the next micro-step of a known shape
-//! captures again. Without a budget ([`StepGraphs::set_keep`]) the capture survives both: the
-//! other shape runs ordinarily beside it and validation runs beside it (an out-of-memory error in
-//! validation drops it before the retry). [`StepGraphs::reset`] drops it after an out-of-memory
-//! error of the step. Before capturing, the memory the ordinary
+//! Policy: the first micro-step of a key runs the same step with ordinary launches (choosing the
+//! cuDNN algorithms and filling candle's cache of small uploads, which a capture needs); later
+//! ones capture once and replay. One capture is kept. Under a memory budget (whose sizing
+//! measured the graphed step's memory) a micro-batch of another shape (a smaller last batch)
+//! drops it and runs ordinarily, and [`StepGraphs::release_for_other_work`] drops it before
+//! validation, so a capture's memory is never held while something else needs memory; the next
+//! micro-step of a known shape captures again. Without a budget ([`StepGraphs::set_keep`]) the
+//! capture survives both: the other shape runs ordinarily beside it and validation runs beside
+//! it (an out-of-memory error in validation drops it before the retry). [`StepGraphs::reset`]
+//! drops it after an out-of-memory error of the step. Before capturing, the memory the ordinary
 //! steps left cached in the stream-ordered pool is returned, and after dropping a capture its
 //! graph memory, so the device holds one step's memory, not two.
 //! A capture that fails (an out-of-memory included) turns the graphs off for the run with one
-//! warning. `YOLO9_TRAIN_GRAPH=0` turns them off; they need the tape ([`crate::model::tape`]).
+//! warning. `YOLO9_TRAIN_GRAPH=0` turns them off; they need the tape ([`crate::model::tape`])
+//! and the loss on the device ([`DualTalLoss::assigns_on`]; otherwise the ordinary step runs).
 //! The values are those of the ordinary step (`tests/gpu_parity.rs` compares every gradient).
 
 use crate::loss::DualTalLoss;
@@ -175,34 +182,7 @@ pub fn ordinary(
     targets: &Tensor,
     img_hw: (usize, usize),
 ) -> Result<MicroOutcome> {
-    ordinary_step(model, loss, params, x, targets, img_hw, false)
-}
-
-/// [`ordinary`], with candle's cache of small host-to-device uploads on around the forward and
-/// the backward when `cache_uploads` (and `x` is on CUDA): what a capture of the same shape needs
-/// to find cached. The loss runs outside it (its uploads change with every batch).
-fn ordinary_step(
-    model: &YoloV9Train,
-    loss: &DualTalLoss,
-    params: &[Tensor],
-    x: &Tensor,
-    targets: &Tensor,
-    img_hw: (usize, usize),
-    cache_uploads: bool,
-) -> Result<MicroOutcome> {
-    // The guard's type is not nameable outside candle; it only has to live for the phase.
-    let uploads_cached = || -> Option<Box<dyn std::any::Any>> {
-        #[cfg(feature = "cuda")]
-        if let (true, candle_core::Device::Cuda(d)) = (cache_uploads, x.device()) {
-            return Some(Box::new(d.enable_cuda_graph_htod_cache()));
-        }
-        let _ = cache_uploads;
-        None
-    };
-    let (raw, tape) = {
-        let _cache = uploads_cached();
-        crate::train::pass::train_forward(model, x)?
-    };
+    let (raw, tape) = crate::train::pass::train_forward(model, x)?;
     let lo = loss.compute(&raw.aux, &raw.main, targets, img_hw)?;
     if lo.items.iter().any(|v| !v.is_finite()) {
         return Ok(MicroOutcome {
@@ -210,10 +190,7 @@ fn ordinary_step(
             grads: None,
         });
     }
-    let mut g = {
-        let _cache = uploads_cached();
-        crate::train::pass::train_backward(&lo.total, raw, tape)?
-    };
+    let mut g = crate::train::pass::train_backward(&lo.total, raw, tape)?;
     let mut out = GradStore::default();
     for p in params {
         if let Some(t) = g.remove(p) {
@@ -228,10 +205,9 @@ fn ordinary_step(
 
 #[cfg(feature = "cuda")]
 mod imp {
-    use super::{ordinary, ordinary_step, MicroOutcome};
-    use crate::loss::DualTalLoss;
+    use super::{ordinary, MicroOutcome};
+    use crate::loss::{DeviceGt, DualTalLoss, GtBatch};
     use crate::model::yolov9::YoloV9Train;
-    use crate::model::DualRaw;
     use anyhow::{anyhow, Context, Result};
     use candle_core::backend::BackendDevice;
     use candle_core::backprop::GradStore;
@@ -239,37 +215,41 @@ mod imp {
     use cudarc::driver::safe::CudaGraph;
     use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 
-    type Key = (Vec<usize>, DType, bool);
+    /// Input dims, dtype, AMP, GT rows per image.
+    type Key = (Vec<usize>, DType, bool, usize);
+
+    /// The GT row capacity per image for a batch whose largest image has `n` rows: a power of
+    /// two, at least 16, so that a run recaptures a few times at most as its batches grow.
+    fn row_capacity(n: usize) -> usize {
+        n.max(16).next_power_of_two()
+    }
 
     /// One captured shape.
     pub(super) struct Captured {
-        // Graphs first: destroyed before the memory held below is freed.
-        fwd: CudaGraph,
-        bwd: CudaGraph,
+        // The graph first: destroyed before the memory held below is freed.
+        graph: CudaGraph,
         key: Key,
         input: Tensor,
-        raw: DualRaw,
-        /// (head-output variable, its gradient-seed buffer), aux then main.
-        seeds: Vec<(Tensor, Tensor)>,
-        /// (parameter, its gradient in the backward graph's memory).
+        gt: DeviceGt,
+        /// The loss values ([`crate::loss::DeviceLoss::values`]) in graph memory.
+        values: Tensor,
+        /// (parameter, its gradient in graph memory).
         grads: Vec<(Tensor, Tensor)>,
-        /// The backward graph's other outputs (the gradients of parameters the optimizer does
-        /// not step: `--freeze` layers): never read, but the graph writes them on every replay,
-        /// so their memory must live as long as the graph.
-        _unread: Vec<Tensor>,
         /// Replays so far.
         replays: usize,
     }
 
     #[derive(Default)]
     pub(super) struct State {
-        /// Shapes that ran an ordinary step under the upload cache (ready to capture).
+        /// Shapes whose whole step ran ordinarily under the upload cache (ready to capture).
         warm: Vec<Key>,
         /// Shapes whose capture was dropped for another shape before it was replayed twice:
         /// shapes that alternate (micro-batches of unequal size) run ordinarily, since a capture
         /// per micro-step costs more than it saves.
         unprofitable: Vec<Key>,
         cap: Option<Captured>,
+        /// GT rows per image of the captures (grows with the batches, never shrinks).
+        rows: usize,
         /// Keep the capture when another shape runs (see `StepGraphs::set_keep`).
         pub(super) keep: bool,
         pub(super) off: bool,
@@ -277,16 +257,13 @@ mod imp {
         pub(super) replays: usize,
     }
 
-    fn key_of(model: &YoloV9Train, x: &Tensor) -> Key {
+    fn key_of(model: &YoloV9Train, x: &Tensor, rows: usize) -> Key {
         (
             x.dims().to_vec(),
             x.dtype(),
             model.amp() || crate::cuda::conv::strict_fp32(),
+            rows,
         )
-    }
-
-    fn outputs(raw: &DualRaw) -> impl Iterator<Item = &Tensor> {
-        raw.aux.iter().chain(raw.main.iter())
     }
 
     impl State {
@@ -318,20 +295,31 @@ mod imp {
             let Device::Cuda(dev) = x.device() else {
                 return ordinary(model, loss, params, x, targets, img_hw);
             };
-            let key = key_of(model, x);
+            if !loss.assigns_on(x.device()) {
+                // The loss reads host copies mid-step: nothing to capture.
+                return ordinary(model, loss, params, x, targets, img_hw);
+            }
+            let gt = loss.gt_batch(targets, x.dim(0)?, img_hw)?;
+            self.rows = self.rows.max(row_capacity(gt.n_max_boxes));
+            let key = key_of(model, x, self.rows);
             if let Some(c) = &mut self.cap {
                 if c.key == key {
                     self.replays += 1;
                     c.replays += 1;
-                    return c.replay(model, loss, x, targets, img_hw);
+                    return c.replay(model, loss, x, &gt);
                 }
             }
-            if self.keep && self.cap.is_some() {
+            // The same shape with more GT rows than the capture has room for: capture again.
+            let grown = self
+                .cap
+                .as_ref()
+                .is_some_and(|c| c.key.0 == key.0 && c.key.1 == key.1);
+            if self.keep && self.cap.is_some() && !grown {
                 // Another shape (the epoch's last partial batch): ordinary, beside the capture.
                 return ordinary(model, loss, params, x, targets, img_hw);
             }
             if let Some(c) = &self.cap {
-                if c.replays < 2 && !self.unprofitable.contains(&c.key) {
+                if !grown && c.replays < 2 && !self.unprofitable.contains(&c.key) {
                     self.unprofitable.push(c.key.clone());
                 }
             }
@@ -340,17 +328,18 @@ mod imp {
                 return ordinary(model, loss, params, x, targets, img_hw);
             }
             if !self.warm.contains(&key) {
-                // First sighting: an ordinary step under candle's upload cache, so that the
-                // capture finds every small kernel-parameter upload cached and every cuDNN
-                // algorithm chosen.
+                // First sighting: the same step with ordinary launches under candle's upload
+                // cache, so that the capture finds every small upload (kernel parameters,
+                // constants) cached and every cuDNN algorithm chosen.
                 self.warm.push(key);
-                return ordinary_step(model, loss, params, x, targets, img_hw, true);
+                return warm_step(dev, model, loss, params, x, &gt, img_hw, self.rows);
             }
             // The ordinary steps' memory, cached in the stream-ordered pool, goes back first, so
-            // the graphs' pool can take it.
+            // the graph's pool can take it (and a measured peak does not count it beside the
+            // graph's memory).
             dev.synchronize()?;
-            crate::memory::MemoryProbe::new(x.device())?.release_cached();
-            match Captured::capture(dev, model, loss, params, x, targets, img_hw, key) {
+            crate::memory::MemoryProbe::new(x.device())?.fold_peak();
+            match Captured::capture(dev, model, loss, params, x, &gt, img_hw, key) {
                 Ok((c, out)) => {
                     self.captures += 1;
                     self.cap = Some(c);
@@ -368,6 +357,66 @@ mod imp {
                 }
             }
         }
+    }
+
+    /// The whole micro-step on a device-resident batch: taped forward, the loss on the device
+    /// ([`DualTalLoss::compute_on_device`]), its backward and the tape's. Returns the unread
+    /// loss values and the gradients of `params`; everything else is dropped before it returns
+    /// (inside a capture: freed inside the graph, so its memory is reused by later kernels of
+    /// the same graph).
+    fn whole(
+        model: &YoloV9Train,
+        loss: &DualTalLoss,
+        params: &[Tensor],
+        x: &Tensor,
+        gt: &DeviceGt,
+        img_hw: (usize, usize),
+    ) -> Result<(Tensor, Vec<(Tensor, Tensor)>)> {
+        let (raw, tape) = crate::train::pass::train_forward(model, x)?;
+        let lo = loss.compute_on_device(&raw.aux, &raw.main, gt, img_hw)?;
+        let mut pg = crate::train::pass::train_backward(&lo.total, raw, tape)?;
+        let grads = params
+            .iter()
+            .filter_map(|p| pg.remove(p).map(|g| (p.clone(), g)))
+            .collect();
+        Ok((lo.values, grads))
+    }
+
+    /// The micro-step's outcome from its loss values (read back here: a synchronisation) and
+    /// gradients; no gradients when a value is not finite.
+    fn outcome(loss: &DualTalLoss, values: &Tensor, grads: GradStore) -> Result<MicroOutcome> {
+        let v: Vec<f32> = values.to_vec1().context("reading the loss items")?;
+        let items = loss.items_of(&v);
+        let finite = v.iter().all(|x| x.is_finite());
+        Ok(MicroOutcome {
+            items,
+            grads: finite.then_some(grads),
+        })
+    }
+
+    /// The first micro-step of a shape: [`whole`] with ordinary launches, candle's upload cache
+    /// on (the GT rows are uploaded before, outside it: they change with every batch).
+    #[allow(clippy::too_many_arguments)]
+    fn warm_step(
+        dev: &candle_core::CudaDevice,
+        model: &YoloV9Train,
+        loss: &DualTalLoss,
+        params: &[Tensor],
+        x: &Tensor,
+        gt: &GtBatch,
+        img_hw: (usize, usize),
+        rows: usize,
+    ) -> Result<MicroOutcome> {
+        let dg = loss.device_gt(gt, rows, img_hw, x.device())?;
+        let (values, grads) = {
+            let _cache = dev.enable_cuda_graph_htod_cache();
+            whole(model, loss, params, x, &dg, img_hw)?
+        };
+        let mut store = GradStore::default();
+        for (p, g) in grads {
+            store.insert(&p, g);
+        }
+        outcome(loss, &values, store)
     }
 
     /// A capture failure (fall back to ordinary launches) or an error of the step itself.
@@ -389,8 +438,8 @@ mod imp {
             .ok_or_else(|| anyhow!("the capture recorded nothing"))
     }
 
-    /// The parameter gradients copied out of the backward graph's memory (which the next
-    /// replay overwrites): one multi-tensor copy into one buffer where they are contiguous f32
+    /// The parameter gradients copied out of the graph's memory (which the next replay
+    /// overwrites): one multi-tensor copy into one buffer where they are contiguous f32
     /// (always, in practice), else a copy per tensor.
     fn copy_grads(grads: &[(Tensor, Tensor)]) -> Result<GradStore> {
         let gs: Vec<&Tensor> = grads.iter().map(|(_, g)| g).collect();
@@ -409,12 +458,12 @@ mod imp {
     }
 
     /// `YOLO9_GRAPH_TIMES=1`: each replay prints its phases' milliseconds, the device
-    /// synchronised at each boundary (input copy, forward graph, loss, loss backward into the
-    /// seeds, backward graph, gradient copies); off by default (no synchronisation).
+    /// synchronised at each boundary (input and GT copies, the graph, the gradient copies and
+    /// the loss read-back); off by default (no synchronisation).
     struct Lap {
         dev: Option<Device>,
         t: std::time::Instant,
-        ms: [f64; 6],
+        ms: [f64; 3],
     }
 
     impl Lap {
@@ -424,7 +473,7 @@ mod imp {
             Self {
                 dev: on.then(|| dev.clone()),
                 t: std::time::Instant::now(),
-                ms: [0.0; 6],
+                ms: [0.0; 3],
             }
         }
 
@@ -441,14 +490,10 @@ mod imp {
             if self.dev.is_some() {
                 let m = self.ms;
                 crate::text::errln!(
-                    "graph_times batch={batch} input={:.2} fwd={:.2} loss={:.2} seeds={:.2} \
-                     bwd={:.2} copy_grads={:.2} ms",
+                    "graph_times batch={batch} inputs={:.2} step={:.2} grads_items={:.2} ms",
                     m[0],
                     m[1],
-                    m[2],
-                    m[3],
-                    m[4],
-                    m[5]
+                    m[2]
                 );
             }
         }
@@ -462,7 +507,7 @@ mod imp {
             loss: &DualTalLoss,
             params: &[Tensor],
             x: &Tensor,
-            targets: &Tensor,
+            gt: &GtBatch,
             img_hw: (usize, usize),
             key: Key,
         ) -> std::result::Result<(Self, MicroOutcome), CaptureError> {
@@ -474,88 +519,36 @@ mod imp {
                 .contiguous()
                 .and_then(|t| t.copy())
                 .map_err(|e| Step(e.into()))?;
-            dev.synchronize().map_err(|e| Step(e.into()))?;
-            // Forward graph.
-            let (fwd, raw, tape) = {
-                let _cache = dev.enable_cuda_graph_htod_cache();
-                begin(dev).map_err(Graph)?;
-                let r = model.forward_taped(&input);
-                let g = end(dev);
-                let (raw, tape) = r
-                    .context("taped forward in a CUDA graph capture")
-                    .map_err(Graph)?;
-                (g.map_err(Graph)?, raw, tape)
-            };
-            fwd.launch()
-                .map_err(|e| Graph(anyhow!("forward replay: {e:?}")))?;
-            let lo = loss
-                .compute(&raw.aux, &raw.main, targets, img_hw)
+            let dg = loss
+                .device_gt(gt, key.3, img_hw, x.device())
                 .map_err(Step)?;
-            if lo.items.iter().any(|v| !v.is_finite()) {
-                return Err(Step(anyhow!(
-                    "non-finite loss {:?} in the capture step",
-                    lo.items
-                )));
-            }
-            let items = lo.items;
-            let mut lg = lo.total.backward().map_err(|e| Step(e.into()))?;
-            // Seed buffers: the loss gradients, copied to memory of their own.
-            let mut seeds = Vec::new();
-            let mut store = GradStore::default();
-            for v in outputs(&raw) {
-                let s = match lg.remove(v) {
-                    Some(g) => g.contiguous().and_then(|g| g.copy()),
-                    None => v.zeros_like(),
-                }
-                .map_err(|e| Step(e.into()))?;
-                store.insert(v, s.clone());
-                seeds.push((v.clone(), s));
-            }
-            drop(lg);
-            drop(lo);
             dev.synchronize().map_err(|e| Step(e.into()))?;
-            // Backward graph.
-            let (bwd, mut pg) = {
+            let (graph, values, grads) = {
                 let _cache = dev.enable_cuda_graph_htod_cache();
                 begin(dev).map_err(Graph)?;
-                let r = tape.backward(&mut store);
-                drop(store);
+                let r = whole(model, loss, params, &input, &dg, img_hw);
                 let g = end(dev);
-                let pg = r
-                    .context("tape backward in a CUDA graph capture")
+                let (values, grads) = r
+                    .context("training step in a CUDA graph capture")
                     .map_err(Graph)?;
-                (g.map_err(Graph)?, pg)
+                (g.map_err(Graph)?, values, grads)
             };
-            let grads: Vec<(Tensor, Tensor)> = params
-                .iter()
-                .filter_map(|p| pg.remove(p).map(|g| (p.clone(), g)))
-                .collect();
-            let unread: Vec<Tensor> = pg
-                .get_ids()
-                .filter_map(|id| pg.get_id(*id).cloned())
-                .collect();
-            drop(pg);
-            bwd.launch()
-                .map_err(|e| Graph(anyhow!("backward replay: {e:?}")))?;
-            let out = copy_grads(&grads).map_err(Step)?;
+            graph
+                .launch()
+                .map_err(|e| Graph(anyhow!("training step replay: {e:?}")))?;
             let c = Captured {
-                fwd,
-                bwd,
+                graph,
                 key,
                 input,
-                raw,
-                seeds,
+                gt: dg,
+                values,
                 grads,
-                _unread: unread,
                 replays: 0,
             };
-            Ok((
-                c,
-                MicroOutcome {
-                    items,
-                    grads: Some(out),
-                },
-            ))
+            let out = copy_grads(&c.grads)
+                .and_then(|g| outcome(loss, &c.values, g))
+                .map_err(Step)?;
+            Ok((c, out))
         }
 
         /// One replayed micro-step (see the module docs).
@@ -564,45 +557,22 @@ mod imp {
             model: &YoloV9Train,
             loss: &DualTalLoss,
             x: &Tensor,
-            targets: &Tensor,
-            img_hw: (usize, usize),
+            gt: &GtBatch,
         ) -> Result<MicroOutcome> {
             let mut lap = Lap::new(x.device());
             self.input.slice_set(&x.contiguous()?, 0, 0)?;
+            self.gt.set(gt, loss.num_classes())?;
             lap.mark(0)?;
-            self.fwd
+            self.graph
                 .launch()
-                .map_err(|e| anyhow!("training forward replay: {e:?}"))?;
+                .map_err(|e| anyhow!("training step replay: {e:?}"))?;
             model.count_batch();
             lap.mark(1)?;
-            let lo = loss.compute(&self.raw.aux, &self.raw.main, targets, img_hw)?;
-            lap.mark(2)?;
-            if lo.items.iter().any(|v| !v.is_finite()) {
-                return Ok(MicroOutcome {
-                    items: lo.items,
-                    grads: None,
-                });
-            }
-            let mut lg = lo.total.backward()?;
-            for (v, s) in &self.seeds {
-                match lg.remove(v) {
-                    Some(g) => s.slice_set(&g.contiguous()?, 0, 0)?,
-                    None => s.slice_set(&s.zeros_like()?, 0, 0)?,
-                }
-            }
-            drop(lg);
-            lap.mark(3)?;
-            self.bwd
-                .launch()
-                .map_err(|e| anyhow!("training backward replay: {e:?}"))?;
-            lap.mark(4)?;
             let grads = copy_grads(&self.grads)?;
-            lap.mark(5)?;
+            let out = outcome(loss, &self.values, grads)?;
+            lap.mark(2)?;
             lap.report(x.dims()[0]);
-            Ok(MicroOutcome {
-                items: lo.items,
-                grads: Some(grads),
-            })
+            Ok(out)
         }
     }
 }
