@@ -210,6 +210,23 @@ impl MemoryProbe {
         }
     }
 
+    /// One line of the memory in use now, for traces: on CUDA the pool's used and reserved
+    /// bytes and the device memory outside the pool (`used … reserved … outside …`, MiB), on
+    /// the CPU the RSS.
+    pub fn trace_line(&self) -> String {
+        const MIB: u64 = 1 << 20;
+        #[cfg(feature = "cuda")]
+        if let Inner::Cuda(p) = &self.inner {
+            return format!(
+                "used {} MiB, reserved {} MiB, outside {} MiB",
+                p.current() / MIB,
+                p.reserved() / MIB,
+                p.outside() / MIB
+            );
+        }
+        format!("rss {} MiB", self.current_bytes() / MIB)
+    }
+
     /// Bytes that this process could still allocate on the device now (0 where unknown).
     pub fn free_bytes(&self) -> u64 {
         match &self.inner {
@@ -456,6 +473,10 @@ mod cuda {
                 .saturating_sub(reserved)
         }
 
+        pub fn reserved(&self) -> u64 {
+            self.get(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)
+        }
+
         pub fn current(&self) -> u64 {
             self.get(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)
         }
@@ -472,6 +493,22 @@ mod cuda {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpu_trace_line_is_the_rss_in_mib() {
+        let p = MemoryProbe::new(&Device::Cpu).unwrap();
+        let line = p.trace_line();
+        let mib: u64 = line
+            .strip_prefix("rss ")
+            .and_then(|r| r.strip_suffix(" MiB"))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("unexpected trace line {line:?}"));
+        // A test process holds at least a few MiB resident, and far less than 1 TiB.
+        assert!((1..1 << 20).contains(&mib), "{line}");
+        // Folding the peak on the CPU only returns malloc's free heap: the peak stays readable.
+        p.fold_peak();
+        assert!(p.peak_bytes() >= mib << 20 || p.peak_bytes() == 0);
+    }
 
     #[test]
     fn halving_retries_out_of_memory_only_and_stops_at_one() {

@@ -51,6 +51,15 @@ use candle_core::Tensor;
 /// Environment variable that turns CUDA-graph replay of the training step off (`0`).
 pub const TRAIN_GRAPH_ENV: &str = "YOLO9_TRAIN_GRAPH";
 
+/// `YOLO9_MEM_TRACE=1`: after each micro-step on CUDA, one line on stderr with what it was
+/// (`warm`, `capture`, `replay`, `ordinary`), the GT row capacity and the device memory in use
+/// ([`crate::memory::MemoryProbe::trace_line`]); read once.
+#[cfg(feature = "cuda")]
+fn mem_trace() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("YOLO9_MEM_TRACE").is_ok_and(|v| v == "1"))
+}
+
 /// Whether [`TRAIN_GRAPH_ENV`] allows training graphs (default yes).
 pub fn train_graphs_enabled() -> bool {
     std::env::var(TRAIN_GRAPH_ENV).map_or(true, |v| v.trim() != "0")
@@ -165,9 +174,23 @@ impl StepGraphs {
         img_hw: (usize, usize),
     ) -> Result<MicroOutcome> {
         #[cfg(feature = "cuda")]
-        return self
-            .inner
-            .micro_step(model, loss, params, x, targets, img_hw);
+        {
+            let out = self
+                .inner
+                .micro_step(model, loss, params, x, targets, img_hw);
+            if mem_trace() {
+                if let Ok(p) = crate::memory::MemoryProbe::new(x.device()) {
+                    crate::text::errln!(
+                        "mem_trace {} batch={} gt_rows={}: {}",
+                        self.inner.event,
+                        x.dims()[0],
+                        self.inner.rows(),
+                        p.trace_line()
+                    );
+                }
+            }
+            out
+        }
         #[cfg(not(feature = "cuda"))]
         ordinary(model, loss, params, x, targets, img_hw)
     }
@@ -250,6 +273,8 @@ mod imp {
         cap: Option<Captured>,
         /// GT rows per image of the captures (grows with the batches, never shrinks).
         rows: usize,
+        /// What the last micro-step was (for `YOLO9_MEM_TRACE`).
+        pub(super) event: &'static str,
         /// Keep the capture when another shape runs (see `StepGraphs::set_keep`).
         pub(super) keep: bool,
         pub(super) off: bool,
@@ -267,6 +292,11 @@ mod imp {
     }
 
     impl State {
+        /// GT rows per image of the captures so far.
+        pub(super) fn rows(&self) -> usize {
+            self.rows
+        }
+
         /// Drops the capture, if any, and returns its graph memory to the device.
         pub(super) fn drop_capture(&mut self) {
             if let Some(c) = self.cap.take() {
@@ -292,6 +322,7 @@ mod imp {
             targets: &Tensor,
             img_hw: (usize, usize),
         ) -> Result<MicroOutcome> {
+            self.event = "ordinary";
             let Device::Cuda(dev) = x.device() else {
                 return ordinary(model, loss, params, x, targets, img_hw);
             };
@@ -304,6 +335,7 @@ mod imp {
             let key = key_of(model, x, self.rows);
             if let Some(c) = &mut self.cap {
                 if c.key == key {
+                    self.event = "replay";
                     self.replays += 1;
                     c.replays += 1;
                     return c.replay(model, loss, x, &gt);
@@ -332,6 +364,7 @@ mod imp {
                 // cache, so that the capture finds every small upload (kernel parameters,
                 // constants) cached and every cuDNN algorithm chosen.
                 self.warm.push(key);
+                self.event = "warm";
                 return warm_step(dev, model, loss, params, x, &gt, img_hw, self.rows);
             }
             // The ordinary steps' memory, cached in the stream-ordered pool, goes back first, so
@@ -341,6 +374,7 @@ mod imp {
             crate::memory::MemoryProbe::new(x.device())?.fold_peak();
             match Captured::capture(dev, model, loss, params, x, &gt, img_hw, key) {
                 Ok((c, out)) => {
+                    self.event = "capture";
                     self.captures += 1;
                     self.cap = Some(c);
                     Ok(out)
