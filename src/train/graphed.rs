@@ -331,6 +331,14 @@ mod imp {
                 return ordinary(model, loss, params, x, targets, img_hw);
             }
             let gt = loss.gt_batch(targets, x.dim(0)?, img_hw)?;
+            let step_in = StepIn {
+                model,
+                loss,
+                params,
+                x,
+                gt: &gt,
+                img_hw,
+            };
             self.rows = self.rows.max(row_capacity(gt.n_max_boxes));
             let key = key_of(model, x, self.rows);
             if let Some(c) = &mut self.cap {
@@ -365,14 +373,14 @@ mod imp {
                 // constants) cached and every cuDNN algorithm chosen.
                 self.warm.push(key);
                 self.event = "warm";
-                return warm_step(dev, model, loss, params, x, &gt, img_hw, self.rows);
+                return warm_step(dev, &step_in, self.rows);
             }
             // The ordinary steps' memory, cached in the stream-ordered pool, goes back first, so
             // the graph's pool can take it (and a measured peak does not count it beside the
             // graph's memory).
             dev.synchronize()?;
             crate::memory::MemoryProbe::new(x.device())?.fold_peak();
-            match Captured::capture(dev, model, loss, params, x, &gt, img_hw, key) {
+            match Captured::capture(dev, &step_in, key) {
                 Ok((c, out)) => {
                     self.event = "capture";
                     self.captures += 1;
@@ -429,28 +437,30 @@ mod imp {
     }
 
     /// The first micro-step of a shape: [`whole`] with ordinary launches, candle's upload cache
-    /// on (the GT rows are uploaded before, outside it: they change with every batch).
-    #[allow(clippy::too_many_arguments)]
-    fn warm_step(
-        dev: &candle_core::CudaDevice,
-        model: &YoloV9Train,
-        loss: &DualTalLoss,
-        params: &[Tensor],
-        x: &Tensor,
-        gt: &GtBatch,
-        img_hw: (usize, usize),
-        rows: usize,
-    ) -> Result<MicroOutcome> {
-        let dg = loss.device_gt(gt, rows, img_hw, x.device())?;
+    /// on (the GT rows, `rows` per image, are uploaded before, outside it: they change with
+    /// every batch).
+    fn warm_step(dev: &candle_core::CudaDevice, s: &StepIn, rows: usize) -> Result<MicroOutcome> {
+        let dg = s.loss.device_gt(s.gt, rows, s.img_hw, s.x.device())?;
         let (values, grads) = {
             let _cache = dev.enable_cuda_graph_htod_cache();
-            whole(model, loss, params, x, &dg, img_hw)?
+            whole(s.model, s.loss, s.params, s.x, &dg, s.img_hw)?
         };
         let mut store = GradStore::default();
         for (p, g) in grads {
             store.insert(&p, g);
         }
-        outcome(loss, &values, store)
+        outcome(s.loss, &values, store)
+    }
+
+    /// What one micro-step is given (see `StepGraphs::micro_step`), with its GT rows read.
+    #[derive(Clone, Copy)]
+    struct StepIn<'a> {
+        model: &'a YoloV9Train,
+        loss: &'a DualTalLoss,
+        params: &'a [Tensor],
+        x: &'a Tensor,
+        gt: &'a GtBatch,
+        img_hw: (usize, usize),
     }
 
     /// A capture failure (fall back to ordinary launches) or an error of the step itself.
@@ -534,18 +544,20 @@ mod imp {
     }
 
     impl Captured {
-        #[allow(clippy::too_many_arguments)]
         fn capture(
             dev: &candle_core::CudaDevice,
-            model: &YoloV9Train,
-            loss: &DualTalLoss,
-            params: &[Tensor],
-            x: &Tensor,
-            gt: &GtBatch,
-            img_hw: (usize, usize),
+            s: &StepIn,
             key: Key,
         ) -> std::result::Result<(Self, MicroOutcome), CaptureError> {
             use CaptureError::{Graph, Step};
+            let StepIn {
+                model,
+                loss,
+                params,
+                x,
+                gt,
+                img_hw,
+            } = *s;
             if dev.is_event_tracking() {
                 return Err(Graph(anyhow!("the device tracks CUDA events")));
             }
