@@ -20,7 +20,9 @@
 //!   holds but does not use. The probe raises the pool's release threshold so freed blocks are
 //!   reused instead of returned to the driver at every synchronization (PyTorch's caching
 //!   allocator behaves the same way); [`MemoryProbe::cap_cache`] lowers it again to keep the
-//!   cache within a budget.
+//!   cache within a budget, and that cap holds for every probe of the pool created later (until
+//!   2026-12-04 a new probe, such as the one a CUDA-graph capture makes, raised it again, so the
+//!   cap of `--budget` was lost at the first capture).
 //!
 //! Used by the memory-budget batch sizing ([`crate::budget`]) and the per-epoch peak in
 //! `results.csv`.
@@ -199,6 +201,17 @@ impl MemoryProbe {
         }
     }
 
+    /// The allocator's cache limit in bytes (on CUDA the pool's release threshold: `u64::MAX`
+    /// unless [`MemoryProbe::cap_cache`] lowered it; a cap holds for every probe of the pool
+    /// created later); `u64::MAX` on the CPU.
+    pub fn cache_cap(&self) -> u64 {
+        #[cfg(feature = "cuda")]
+        if let Inner::Cuda(p) = &self.inner {
+            return p.release_threshold();
+        }
+        u64::MAX
+    }
+
     /// Bytes in use now (RSS, or the pool's used memory).
     pub fn current_bytes(&self) -> u64 {
         match &self.inner {
@@ -357,7 +370,14 @@ mod cuda {
             // SAFETY: the device comes from a live context.
             let pool = unsafe { device::get_mem_pool(ctx.cu_device()) }
                 .context("querying the CUDA memory pool")?;
-            let mut keep: u64 = u64::MAX;
+            // The cap a probe of this pool set (`cap_cache`) holds for every later probe: a
+            // new probe raises the threshold only where none was set.
+            let mut keep: u64 = Self::caps()
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&(pool as usize))
+                .copied()
+                .unwrap_or(u64::MAX);
             // SAFETY: valid pool; the attribute takes a u64.
             unsafe {
                 mem_pool::set_attribute(
@@ -439,7 +459,22 @@ mod cuda {
             );
         }
 
+        /// Release thresholds set by [`MemoryProbe::cap_cache`], per pool.
+        fn caps() -> &'static std::sync::Mutex<std::collections::HashMap<usize, u64>> {
+            static C: std::sync::OnceLock<std::sync::Mutex<std::collections::HashMap<usize, u64>>> =
+                std::sync::OnceLock::new();
+            C.get_or_init(Default::default)
+        }
+
+        pub fn release_threshold(&self) -> u64 {
+            self.get(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)
+        }
+
         pub fn set_release_threshold(&self, bytes: u64) {
+            Self::caps()
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(self.pool as usize, bytes);
             self.set(
                 sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
                 bytes,
@@ -505,6 +540,9 @@ mod tests {
             .unwrap_or_else(|| panic!("unexpected trace line {line:?}"));
         // A test process holds at least a few MiB resident, and far less than 1 TiB.
         assert!((1..1 << 20).contains(&mib), "{line}");
+        // No allocator cache to cap on the CPU.
+        p.cap_cache(1 << 20);
+        assert_eq!(p.cache_cap(), u64::MAX);
         // Folding the peak on the CPU only returns malloc's free heap: the peak stays readable.
         p.fold_peak();
         assert!(p.peak_bytes() >= mib << 20 || p.peak_bytes() == 0);

@@ -1397,3 +1397,18 @@ fn nccl_group_of_one_gives_back_its_input_and_trains_as_one_gpu() {
     // Bitwise when the GPU repeats itself, else within a few times its own spread.
     assert!(d <= 4.0 * noise, "{d:e} > 4 x {noise:e}");
 }
+
+/// A cache cap (`MemoryProbe::cap_cache`, what `--budget` sets after sizing) holds for probes of
+/// the same pool created later: the CUDA-graph capture of the training step makes one, and it
+/// used to raise the pool's release threshold back to unlimited.
+#[test]
+fn a_cache_cap_survives_a_new_probe() {
+    let dev = gpu();
+    let a = yolo9::memory::MemoryProbe::new(&dev).unwrap();
+    a.cap_cache(3 << 30);
+    assert_eq!(a.cache_cap(), 3 << 30);
+    let b = yolo9::memory::MemoryProbe::new(&dev).unwrap();
+    assert_eq!(b.cache_cap(), 3 << 30, "a new probe lifted the cap");
+    b.cap_cache(u64::MAX);
+    assert_eq!(a.cache_cap(), u64::MAX);
+}
