@@ -362,6 +362,26 @@ mod cuda {
     unsafe impl Send for Pool {}
     unsafe impl Sync for Pool {}
 
+    /// What every probe of one pool shares, whichever probe object set it: the peak folded by
+    /// [`Pool::fold_peak`] since the last reset, and the release threshold set by
+    /// [`MemoryProbe::cap_cache`](super::MemoryProbe::cap_cache).
+    #[derive(Default)]
+    struct Shared {
+        folded: u64,
+        cap: Option<u64>,
+    }
+
+    /// Runs `f` on the shared state of `pool`.
+    fn shared<R>(pool: sys::CUmemoryPool, f: impl FnOnce(&mut Shared) -> R) -> R {
+        type Map = std::collections::HashMap<usize, Shared>;
+        static S: std::sync::OnceLock<std::sync::Mutex<Map>> = std::sync::OnceLock::new();
+        let mut m = S
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        f(m.entry(pool as usize).or_default())
+    }
+
     impl Pool {
         pub fn new(d: &candle_core::CudaDevice) -> Result<Pool> {
             let stream = d.cuda_stream();
@@ -372,12 +392,7 @@ mod cuda {
                 .context("querying the CUDA memory pool")?;
             // The cap a probe of this pool set (`cap_cache`) holds for every later probe: a
             // new probe raises the threshold only where none was set.
-            let mut keep: u64 = Self::caps()
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .get(&(pool as usize))
-                .copied()
-                .unwrap_or(u64::MAX);
+            let mut keep: u64 = shared(pool, |s| s.cap).unwrap_or(u64::MAX);
             // SAFETY: valid pool; the attribute takes a u64.
             unsafe {
                 mem_pool::set_attribute(
@@ -421,25 +436,9 @@ mod cuda {
             };
         }
 
-        /// Peaks folded by [`Pool::fold_peak`] since the last reset, per pool.
-        fn folded() -> &'static std::sync::Mutex<std::collections::HashMap<usize, u64>> {
-            static F: std::sync::OnceLock<std::sync::Mutex<std::collections::HashMap<usize, u64>>> =
-                std::sync::OnceLock::new();
-            F.get_or_init(Default::default)
-        }
-
-        fn folded_peak(&self) -> u64 {
-            let f = Self::folded().lock().unwrap_or_else(|e| e.into_inner());
-            f.get(&(self.pool as usize)).copied().unwrap_or(0)
-        }
-
         pub fn fold_peak(&self) {
             let now = self.window_peak();
-            {
-                let mut f = Self::folded().lock().unwrap_or_else(|e| e.into_inner());
-                let e = f.entry(self.pool as usize).or_insert(0);
-                *e = (*e).max(now);
-            }
+            shared(self.pool, |s| s.folded = s.folded.max(now));
             self.trim();
             self.set(
                 sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH,
@@ -448,10 +447,7 @@ mod cuda {
         }
 
         pub fn reset_peak(&self) {
-            Self::folded()
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&(self.pool as usize));
+            shared(self.pool, |s| s.folded = 0);
             self.set(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH, 0);
             self.set(
                 sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH,
@@ -459,22 +455,12 @@ mod cuda {
             );
         }
 
-        /// Release thresholds set by [`MemoryProbe::cap_cache`], per pool.
-        fn caps() -> &'static std::sync::Mutex<std::collections::HashMap<usize, u64>> {
-            static C: std::sync::OnceLock<std::sync::Mutex<std::collections::HashMap<usize, u64>>> =
-                std::sync::OnceLock::new();
-            C.get_or_init(Default::default)
-        }
-
         pub fn release_threshold(&self) -> u64 {
             self.get(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)
         }
 
         pub fn set_release_threshold(&self, bytes: u64) {
-            Self::caps()
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(self.pool as usize, bytes);
+            shared(self.pool, |s| s.cap = Some(bytes));
             self.set(
                 sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
                 bytes,
@@ -490,7 +476,7 @@ mod cuda {
         /// The pool's reserved high-water mark plus the memory outside the pool now, or a
         /// larger peak folded earlier in the window.
         pub fn peak(&self) -> u64 {
-            self.window_peak().max(self.folded_peak())
+            self.window_peak().max(shared(self.pool, |s| s.folded))
         }
 
         fn window_peak(&self) -> u64 {

@@ -18,12 +18,15 @@
 //! gradients are copied out of graph memory (the next replay reuses it) and the loss values are
 //! read, once.
 //!
-//! Why one graph: memory. A graph's allocations are mapped when it is launched; within one graph
-//! the physical memory of what the step frees (the forward's saved tensors, as the backward
-//! consumes them) is reused by what it allocates later (the backward's gradients), as in the
-//! ordinary step. Captured as two graphs (forward, then backward) the forward's saved tensors
-//! stayed mapped while the backward's allocations were made, and the replayed step needed ~1.8x
-//! the ordinary step's memory, too much for a memory budget at the same micro-batch.
+//! Why one graph: memory, and no host read in the middle of the step. Within one graph the
+//! physical memory of what the step frees (the forward's saved tensors, as the backward consumes
+//! them) can be reused by what it allocates later; captured as two graphs (forward, then
+//! backward) the forward's saved tensors stayed mapped while the backward's allocations were
+//! made. Measured on the H200 (2026-12-04, `benches/train_step.rs`): graph pool 4.22 GiB at bs16
+//! AMP against 4.53 GiB with two graphs, 16.53 against 17.5–18.2 GiB at bs64 — less than hoped:
+//! the budget probe still measures the replayed step at more memory per image than the ordinary
+//! one (README, "Building with CUDA"), so a budget sizes it with a larger margin
+//! ([`crate::budget::GRAPHED_MARGIN`]).
 //!
 //! Policy: the first micro-step of a key runs the same step with ordinary launches (choosing the
 //! cuDNN algorithms and filling candle's cache of small uploads, which a capture needs); later
