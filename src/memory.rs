@@ -224,16 +224,18 @@ impl MemoryProbe {
     }
 
     /// One line of the memory in use now, for traces: on CUDA the pool's used and reserved
-    /// bytes and the device memory outside the pool (`used … reserved … outside …`, MiB), on
-    /// the CPU the RSS.
+    /// bytes, its reserved high-water mark since the window began ([`MemoryProbe::reset_peak`],
+    /// [`MemoryProbe::fold_peak`]) and the device memory outside the pool
+    /// (`used … reserved … high … outside …`, MiB), on the CPU the RSS.
     pub fn trace_line(&self) -> String {
         const MIB: u64 = 1 << 20;
         #[cfg(feature = "cuda")]
         if let Inner::Cuda(p) = &self.inner {
             return format!(
-                "used {} MiB, reserved {} MiB, outside {} MiB",
+                "used {} MiB, reserved {} MiB, high {} MiB, outside {} MiB",
                 p.current() / MIB,
                 p.reserved() / MIB,
+                p.reserved_high() / MIB,
                 p.outside() / MIB
             );
         }
@@ -248,6 +250,25 @@ impl MemoryProbe {
             Inner::Cuda(p) => p.free(),
             #[cfg(feature = "cuda")]
             Inner::Unknown => 0,
+        }
+    }
+}
+
+/// `YOLO9_MEM_TRACE=1` (read once): [`mem_trace`] prints; the README's "Building with CUDA"
+/// documents the lines.
+pub fn mem_trace_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("YOLO9_MEM_TRACE").is_ok_and(|v| v == "1"))
+}
+
+/// With `YOLO9_MEM_TRACE=1`: one stderr line `mem_trace {what}: {memory now}` (the
+/// [`MemoryProbe::trace_line`] of `device`), to find where a run holds more memory than its
+/// budget probe measured: the graphed training step writes one after each micro-step
+/// (`crate::train::graphed`), the trainer one after each validation. Nothing without it.
+pub fn mem_trace(device: &Device, what: std::fmt::Arguments<'_>) {
+    if mem_trace_on() {
+        if let Ok(p) = MemoryProbe::new(device) {
+            crate::text::errln!("mem_trace {what}: {}", p.trace_line());
         }
     }
 }
@@ -492,6 +513,10 @@ mod cuda {
             (total as u64)
                 .saturating_sub(free as u64)
                 .saturating_sub(reserved)
+        }
+
+        pub fn reserved_high(&self) -> u64 {
+            self.get(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)
         }
 
         pub fn reserved(&self) -> u64 {

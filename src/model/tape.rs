@@ -45,6 +45,46 @@ pub fn enabled_for(dev: &candle_core::Device) -> bool {
     }
 }
 
+thread_local! {
+    /// The hook [`with_node_hook`] sets for this thread.
+    static NODE_HOOK: RefCell<Option<Box<dyn Fn()>>> = const { RefCell::new(None) };
+}
+
+/// Runs `f` with `hook` called after each node a taped forward records, after each node's
+/// backward and at each [`node_done`] (on this thread; nested calls keep the outer hook).
+/// The graphed training step's warm-up passes a hook that settles the device memory pool
+/// (`crate::train::graphed`).
+pub fn with_node_hook<R>(hook: impl Fn() + 'static, f: impl FnOnce() -> R) -> R {
+    let set = NODE_HOOK.with(|h| {
+        let mut h = h.borrow_mut();
+        if h.is_some() {
+            return false;
+        }
+        *h = Some(Box::new(hook));
+        true
+    });
+    // Cleared on return and on unwind alike.
+    struct Clear(bool);
+    impl Drop for Clear {
+        fn drop(&mut self) {
+            if self.0 {
+                NODE_HOOK.with(|h| *h.borrow_mut() = None);
+            }
+        }
+    }
+    let _clear = Clear(set);
+    f()
+}
+
+/// Calls this thread's [`with_node_hook`] hook, if any (nothing otherwise).
+pub fn node_done() {
+    NODE_HOOK.with(|h| {
+        if let Some(h) = &*h.borrow() {
+            h()
+        }
+    });
+}
+
 /// A node's backward: given the gradient of its output and which of its inputs need one
 /// (activations first, then parameters, in the order recorded), the gradient of each input
 /// (`None` where not needed).
@@ -109,6 +149,7 @@ impl Tape {
             output: output.id(),
             backward: Box::new(backward),
         });
+        node_done();
     }
 
     /// A graph output handed to candle (e.g. to the loss): a variable copy of `t`, so candle's
@@ -139,6 +180,7 @@ impl Tape {
                 continue;
             };
             let gs = (node.backward)(&dy, &node.need)?;
+            drop(dy);
             ensure!(
                 gs.len() == node.inputs.len(),
                 "tape: a backward returned {} gradients for {} inputs",
@@ -150,6 +192,8 @@ impl Tape {
                     accumulate(&mut grads, *id, g)?;
                 }
             }
+            // The node's backward (with what it saved) and its output's gradient are dropped.
+            node_done();
         }
         let mut out = GradStore::default();
         for (id, g) in grads {

@@ -5,9 +5,9 @@
 //! Method: on the actual device, image size and model, run complete training steps — the
 //! trainer's own [`crate::train::step::step`] and [`crate::train::step::optimizer_step`] on
 //! synthetic u8 images: forward of the training graph (both branches, BN in train mode), the
-//! dual TAL loss with the assigner at a realistic target count (mosaic joins 4 images, so 4× the
-//! most labels of any train image), backward, gradient clipping, the SGD step and the EMA update
-//! — at a few micro-batch sizes, reading the peak of each with [`MemoryProbe`]. A least-squares
+//! dual TAL loss with the assigner at the most targets one sample can carry (mosaic joins 4
+//! images and mixup blends two mosaics, so up to 8× the most labels of any train image),
+//! backward, gradient clipping, the SGD step and the EMA update — at a few micro-batch sizes, reading the peak of each with [`MemoryProbe`]. A least-squares
 //! line `peak(b) = base + b · per_image` through the points gives the largest `b` whose predicted
 //! peak fits the budget minus a safety margin ([`crate::budget::MARGIN`]); that size is then measured once more
 //! and lowered while it does not fit. The nominal batch (64) is kept by gradient accumulation in
@@ -49,7 +49,8 @@ pub struct BudgetRequest {
     pub nc: usize,
     /// Square training size, pixels.
     pub img: u32,
-    /// Targets per image in the synthetic steps (4 × the most labels of any train image).
+    /// Targets per image in the synthetic steps: the most one training sample can carry (the
+    /// most labels of any train image, ×4 with mosaic, ×2 more with mixup).
     pub targets_per_image: usize,
     /// Upper bound of the micro-batch (the loader batch, or 64 for `--batch auto`).
     pub max_batch: usize,
@@ -181,8 +182,9 @@ struct Measured {
 /// peak memory and time of the step of `kind`, so the probe measures the step that runs.
 ///
 /// The graphed kind runs the trainer's policy on a fresh [`StepGraphs`]: one ordinary step
-/// (the warm-up a capture needs), the capture, and one replay; the window covers the capture
-/// and the replay, and the peak includes the graphs' own memory (outside the stream-ordered
+/// (the warm-up a capture needs, unless this thread warmed the shape before), the capture,
+/// and one replay; the window covers the capture
+/// and the replay (two replays when the first step captured), and the peak includes the graphs' own memory (outside the stream-ordered
 /// pool, read while the capture is held). The capture is dropped (its memory returned) before
 /// this returns. A capture that does not happen is reported as out of memory at this size when
 /// `batch` > 1 (the search then stops at the sizes that worked), as an error otherwise.
@@ -230,7 +232,9 @@ fn step_peak(
     let counts = graphs.borrow().counts();
     graphs.borrow_mut().reset();
     let m = measured?;
-    if counts != (1, 1) {
+    // (1, 1) after a warm-up step; (1, 2) when this thread had warmed the shape already (the
+    // search's warm-up measures batch 1 twice), so the first step captured.
+    if counts.0 != 1 || counts.1 == 0 {
         if batch > 1 {
             return Err(crate::memory::OutOfMemory {
                 what: format!(
@@ -331,6 +335,7 @@ fn size_kind(
         },
     )?;
     d.graphed = kind == StepKind::Graphed;
+    d.gt_rows = req.targets_per_image;
     let at_micro = *seen.get(&d.micro).ok_or_else(|| {
         anyhow::anyhow!("memory budget probe: micro-batch {} not measured", d.micro)
     })?;

@@ -595,6 +595,7 @@ fn validate_ema(
         },
     )?;
     pr.oom_events += halvings;
+    crate::memory::mem_trace(val.model.device(), format_args!("validation batch={vb}"));
     if opts.verbose {
         obs.text(&r.metrics.table(&val.names));
     }

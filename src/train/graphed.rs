@@ -54,15 +54,6 @@ use candle_core::Tensor;
 /// Environment variable that turns CUDA-graph replay of the training step off (`0`).
 pub const TRAIN_GRAPH_ENV: &str = "YOLO9_TRAIN_GRAPH";
 
-/// `YOLO9_MEM_TRACE=1`: after each micro-step on CUDA, one line on stderr with what it was
-/// (`warm`, `capture`, `replay`, `ordinary`), the GT row capacity and the device memory in use
-/// ([`crate::memory::MemoryProbe::trace_line`]); read once.
-#[cfg(feature = "cuda")]
-fn mem_trace() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("YOLO9_MEM_TRACE").is_ok_and(|v| v == "1"))
-}
-
 /// Whether [`TRAIN_GRAPH_ENV`] allows training graphs (default yes).
 pub fn train_graphs_enabled() -> bool {
     std::env::var(TRAIN_GRAPH_ENV).map_or(true, |v| v.trim() != "0")
@@ -120,6 +111,20 @@ impl StepGraphs {
             self.inner.keep = keep;
         }
         let _ = keep;
+    }
+
+    /// Starts the GT row capacity of the captures at room for `n` rows per image (a power of
+    /// two, at least 16; it still grows when a batch has more). Under a memory budget the run
+    /// starts at the rows its sizing measured ([`crate::budget::BudgetDecision::gt_rows`]):
+    /// each growth is an ordinary warm-up step and a new capture, whose first-use allocations
+    /// (candle's cached uploads of the new shapes) can keep freed pool memory reserved, so a run
+    /// that grew held more memory than its probe (2026-12-04, `YOLO9_MEM_TRACE=1`).
+    pub fn reserve_rows(&mut self, n: usize) {
+        #[cfg(feature = "cuda")]
+        if n > 0 {
+            self.inner.reserve_rows(n);
+        }
+        let _ = n;
     }
 
     /// Before other work that needs device memory (validation): drops the capture unless it is
@@ -181,17 +186,17 @@ impl StepGraphs {
             let out = self
                 .inner
                 .micro_step(model, loss, params, x, targets, img_hw);
-            if mem_trace() {
-                if let Ok(p) = crate::memory::MemoryProbe::new(x.device()) {
-                    crate::text::errln!(
-                        "mem_trace {} batch={} gt_rows={}: {}",
-                        self.inner.event,
-                        x.dims()[0],
-                        self.inner.rows(),
-                        p.trace_line()
-                    );
-                }
-            }
+            // `YOLO9_MEM_TRACE=1`: what the micro-step was (`warm`, `capture`, `replay`,
+            // `ordinary`), the GT row capacity and the memory after it.
+            crate::memory::mem_trace(
+                x.device(),
+                format_args!(
+                    "{} batch={} gt_rows={}",
+                    self.inner.event,
+                    x.dims()[0],
+                    self.inner.rows()
+                ),
+            );
             out
         }
         #[cfg(not(feature = "cuda"))]
@@ -244,6 +249,16 @@ mod imp {
     /// Input dims, dtype, AMP, GT rows per image.
     type Key = (Vec<usize>, DType, bool, usize);
 
+    thread_local! {
+        /// Keys whose whole step ran ordinarily on this thread under candle's upload cache
+        /// (ready to capture). Per thread, as that cache is (cuDNN's algorithm choices are
+        /// process-wide): a key warmed by the budget probe's steps is not warmed again by the run
+        /// that follows on the same thread, whose pool would otherwise grow to an ordinary
+        /// step's size once more before the first capture (2026-12-04: 0.4 GiB more held at
+        /// micro-batch 16 for the whole run).
+        static WARM: std::cell::RefCell<Vec<Key>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+
     /// The GT row capacity per image for a batch whose largest image has `n` rows: a power of
     /// two, at least 16, so that a run recaptures a few times at most as its batches grow.
     fn row_capacity(n: usize) -> usize {
@@ -267,8 +282,6 @@ mod imp {
 
     #[derive(Default)]
     pub(super) struct State {
-        /// Shapes whose whole step ran ordinarily under the upload cache (ready to capture).
-        warm: Vec<Key>,
         /// Shapes whose capture was dropped for another shape before it was replayed twice:
         /// shapes that alternate (micro-batches of unequal size) run ordinarily, since a capture
         /// per micro-step costs more than it saves.
@@ -298,6 +311,11 @@ mod imp {
         /// GT rows per image of the captures so far.
         pub(super) fn rows(&self) -> usize {
             self.rows
+        }
+
+        /// Room for `n` GT rows per image in the next captures (see `StepGraphs::reserve_rows`).
+        pub(super) fn reserve_rows(&mut self, n: usize) {
+            self.rows = self.rows.max(row_capacity(n));
         }
 
         /// Drops the capture, if any, and returns its graph memory to the device.
@@ -370,11 +388,11 @@ mod imp {
             if self.unprofitable.contains(&key) {
                 return ordinary(model, loss, params, x, targets, img_hw);
             }
-            if !self.warm.contains(&key) {
-                // First sighting: the same step with ordinary launches under candle's upload
-                // cache, so that the capture finds every small upload (kernel parameters,
-                // constants) cached and every cuDNN algorithm chosen.
-                self.warm.push(key);
+            if !WARM.with(|w| w.borrow().contains(&key)) {
+                // First sighting on this thread: the same step with ordinary launches under
+                // candle's upload cache, so that the capture finds every small upload (kernel
+                // parameters, constants) cached and every cuDNN algorithm chosen.
+                WARM.with(|w| w.borrow_mut().push(key));
                 self.event = "warm";
                 return warm_step(dev, &step_in, self.rows);
             }
@@ -419,6 +437,7 @@ mod imp {
     ) -> Result<(Tensor, Vec<(Tensor, Tensor)>)> {
         let (raw, tape) = crate::train::pass::train_forward(model, x)?;
         let lo = loss.compute_on_device(&raw.aux, &raw.main, gt, img_hw)?;
+        crate::model::tape::node_done();
         let mut pg = crate::train::pass::train_backward(&lo.total, raw, tape)?;
         let grads = params
             .iter()
@@ -446,7 +465,22 @@ mod imp {
         let dg = s.loss.device_gt(s.gt, rows, s.img_hw, s.x.device())?;
         let (values, grads) = {
             let _cache = dev.enable_cuda_graph_htod_cache();
-            whole(s.model, s.loss, s.params, s.x, &dg, s.img_hw)?
+            // After each node: wait for the device and return the pool's free memory, so what
+            // this first step keeps for good (candle's cached uploads of its shapes, a few
+            // hundred small allocations) is not placed inside memory the step frees later; a
+            // pool returns only whole blocks, and such blocks would stay reserved for the whole
+            // run. Measured on the H200 (2026-12-04, 16x BCCD, `--budget 8GiB`, micro-batch 16,
+            // `YOLO9_MEM_TRACE=1`): pool reserved after the capture 2.5–2.6 GiB against 3.1–3.4
+            // without, run peak 7.40 against 8.12 GiB. A second or less, once per shape.
+            let probe = crate::memory::MemoryProbe::new(s.x.device())?;
+            let d = dev.clone();
+            crate::model::tape::with_node_hook(
+                move || {
+                    let _ = d.synchronize();
+                    probe.release_cached();
+                },
+                || whole(s.model, s.loss, s.params, s.x, &dg, s.img_hw),
+            )?
         };
         let mut store = GradStore::default();
         for (p, g) in grads {

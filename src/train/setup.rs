@@ -121,7 +121,7 @@ pub(crate) fn resolve(
             if faults.stop_in == Some(Phase::Sizing) {
                 stop.request();
             }
-            let d = size_batch(&opts, &data, &arch, &device, &probe, stop, obs)?;
+            let d = size_batch(&opts, &hyp, &data, &arch, &device, &probe, stop, obs)?;
             if opts.batch == 0 {
                 opts.batch = d.micro;
             }
@@ -406,8 +406,10 @@ fn load_model(opts: &TrainOptions) -> Result<(Option<Weights>, Arc<crate::model:
 
 /// `--budget` or `--batch auto` on a new run: the micro-batch (and batch) measured to fit the
 /// budget (`--budget`, else a share of the free memory) for the images of `data`.
+#[allow(clippy::too_many_arguments)]
 fn size_batch(
     opts: &TrainOptions,
+    hyp: &Hyp,
     data: &Data,
     arch: &Arc<crate::model::Arch>,
     device: &Device,
@@ -425,7 +427,7 @@ fn size_batch(
         &BudgetRequest {
             nc: cfg.nc,
             img: opts.img,
-            targets_per_image: (4 * max_labels).max(1),
+            targets_per_image: targets_per_sample(max_labels, hyp),
             max_batch: if opts.batch == 0 {
                 64.min(items.len())
             } else {
@@ -447,6 +449,16 @@ fn size_batch(
         obs.line(&d.describe());
     }
     Ok(d)
+}
+
+/// The most labels one training sample can carry when no image has more than `max_labels`:
+/// a mosaic joins four images and a mixup blends two mosaics (official `load_mosaic`,
+/// `mixup`), so 4× with mosaic and 2× that with mixup. The budget probe's synthetic batches
+/// carry this many per image, and a budgeted run's CUDA graphs start with room for it.
+pub(crate) fn targets_per_sample(max_labels: usize, hyp: &Hyp) -> usize {
+    let mosaic = if hyp.augment.mosaic > 0.0 { 4 } else { 1 };
+    let mixup = if hyp.augment.mixup > 0.0 { 2 } else { 1 };
+    (mosaic * mixup * max_labels).max(1)
 }
 
 /// Builds the run of the final options `opts`: model, loss, optimizer and EMA (restored from the
@@ -839,8 +851,12 @@ fn choose_step_launch(run: &Run, obs: &mut dyn TrainObserver) {
     if !graphed {
         run.graphs.borrow_mut().disable();
     }
-    // Without a budget the capture survives validation and the epoch's last partial batch.
+    // Without a budget the capture survives validation and the epoch's last partial batch;
+    // with one, the captures start at the GT rows the sizing measured.
     run.graphs.borrow_mut().set_keep(run.budget.is_none());
+    if let Some(d) = &run.budget {
+        run.graphs.borrow_mut().reserve_rows(d.gt_rows);
+    }
     if run.opts.verbose && run.device.is_cuda() {
         let how = match (graphed, &run.budget) {
             (true, None) => {
