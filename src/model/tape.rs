@@ -579,3 +579,52 @@ impl<'a> Ctx<'a> {
         Ok(y)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+    use std::rc::Rc;
+
+    /// The hook of `with_node_hook` runs after each recorded node, after each node's backward
+    /// (by then its saved tensors are dropped) and at `node_done`; only within the call, and a
+    /// nested call keeps the outer hook.
+    #[test]
+    fn node_hook_runs_after_each_node_forward_and_backward() -> Result<()> {
+        let dev = Device::Cpu;
+        let w = Var::new(&[2f32, 3.0], &dev)?;
+        let x = Tensor::new(&[1f32, 4.0], &dev)?;
+        let calls = Rc::new(std::cell::Cell::new(0usize));
+        let c = calls.clone();
+        let grads = with_node_hook(
+            move || c.set(c.get() + 1),
+            || -> Result<GradStore> {
+                let tape = Tape::new();
+                // y = x · w, z = 2 · y: two nodes.
+                let y = (&x * w.as_tensor())?;
+                let xs = x.clone();
+                tape.record(&[], &[w.as_tensor()], &y, move |dy, _| {
+                    Ok(vec![Some((dy * &xs)?)])
+                });
+                let z = (&y * 2.0)?;
+                tape.record(&[&y], &[], &z, |dy, _| Ok(vec![Some((dy * 2.0)?)]));
+                assert_eq!(tape.len(), 2);
+                let out = tape.output(&z)?;
+                node_done();
+                // A nested hook is ignored: the outer one still counts.
+                with_node_hook(|| panic!("inner hook called"), node_done);
+                let mut lg = out.sum_all()?.backward()?;
+                tape.backward(&mut lg)
+            },
+        )?;
+        // 2 records + node_done + the nested node_done + 2 backward nodes.
+        assert_eq!(calls.get(), 6);
+        // dz/dw = 2 · x.
+        let g = grads.get(w.as_tensor()).expect("gradient of w");
+        assert_eq!(g.to_vec1::<f32>()?, vec![2.0, 8.0]);
+        // Outside the call there is no hook.
+        node_done();
+        assert_eq!(calls.get(), 6);
+        Ok(())
+    }
+}

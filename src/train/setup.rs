@@ -978,3 +978,27 @@ fn ram_cache(
     }
     Ok(Some(cache))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The budget probe's targets per image: BCCD's busiest image has 28 labels, so a sample of
+    /// the default augmentation (mosaic 1.0, mixup 0.15) can carry 4 · 2 · 28 = 224 (a 16x BCCD
+    /// run grew its graphs' GT capacity to 256 rows per image, past the 4× = 112 the probe
+    /// measured before).
+    #[test]
+    fn targets_per_sample_count_mosaic_and_mixup() {
+        let mut hyp = Hyp::default();
+        assert_eq!((hyp.augment.mosaic, hyp.augment.mixup), (1.0, 0.15));
+        assert_eq!(targets_per_sample(28, &hyp), 224);
+        hyp.augment.mixup = 0.0;
+        assert_eq!(targets_per_sample(28, &hyp), 112);
+        hyp.augment.mosaic = 0.0;
+        assert_eq!(targets_per_sample(28, &hyp), 28);
+        hyp.augment.mixup = 0.5;
+        assert_eq!(targets_per_sample(28, &hyp), 56);
+        // A dataset of background images still gets one synthetic target per image.
+        assert_eq!(targets_per_sample(0, &hyp), 1);
+    }
+}
