@@ -158,6 +158,10 @@ pub(crate) fn run_epoch(
     if opts.verbose {
         obs.line(&report.summary(epochs, train_secs, val_secs, run.probe.what(), fi));
     }
+    // `YOLO9_STEP_TIMES=1`: the epoch end's phases too (a run stalled ~28 s before its third
+    // epoch on the H200 host, 2026-12-04; this says where).
+    let end_times = StepTimes::new(&run.device).report().is_some();
+    let t_end = std::time::Instant::now();
     if !opts.noplots {
         let csv = run.run_dir.join("results.csv");
         let drawn = crate::train::plots::read_results_csv(&csv, "yolo9").and_then(|c| {
@@ -168,11 +172,16 @@ pub(crate) fn run_epoch(
         }
     }
 
+    let t_plots = t_end.elapsed().as_secs_f64();
+
     // `--time`: the epoch count re-estimated (and kept in the state saved next).
     let time_up = run.retime(epoch, obs);
 
     // Save (last, best, periodic, state).
+    let t_save = std::time::Instant::now();
+    let mut t_best = 0.0;
     if run.save(epoch + 1, 0, &EpochProgress::default(), obs)? {
+        let t = std::time::Instant::now();
         if improved {
             copy_atomic(&run.last, &run.best)?;
         }
@@ -180,6 +189,14 @@ pub(crate) fn run_epoch(
             let wdir = run.run_dir.join("weights");
             copy_atomic(&run.last, &wdir.join(format!("epoch{epoch}.safetensors")))?;
         }
+        t_best = t.elapsed().as_secs_f64();
+    }
+    if end_times {
+        obs.line(&format!(
+            "epoch end times (s): plots {t_plots:.2}, checkpoint {:.2}, best/periodic copies \
+             {t_best:.2}",
+            t_save.elapsed().as_secs_f64() - t_best
+        ));
     }
 
     let mut early_stop = time_up;

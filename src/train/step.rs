@@ -37,7 +37,9 @@ pub const MAX_GRAD_NORM: f64 = 10.0;
 
 /// Environment variable that turns on per-phase timing of the training loop
 /// (`YOLO9_STEP_TIMES=1`): the device is synchronized at each phase boundary and the summed
-/// seconds per phase are printed after each epoch. Off by default (no synchronization, no output).
+/// seconds per phase are printed after each epoch, then the seconds of the epoch's end (results
+/// plot, checkpoint, best/periodic copies; `crate::train::epoch`). Off by default (no
+/// synchronization, no output).
 pub const STEP_TIMES_ENV: &str = "YOLO9_STEP_TIMES";
 
 /// Names of the phases timed by [`StepTimes`], in loop order (the indices of
