@@ -352,6 +352,34 @@ pub(crate) fn search(
 mod tests {
     use super::*;
 
+    /// `search` on the CPU with the 5% margin over synthetic peaks: the sizes it ran (in order)
+    /// and its decision.
+    fn searched(
+        budget: u64,
+        max_batch: usize,
+        allowed: &dyn Fn(usize) -> usize,
+        peak: impl Fn(usize) -> u64,
+    ) -> (Vec<usize>, BudgetDecision) {
+        let probe = MemoryProbe::new(&Device::Cpu).unwrap();
+        let mut calls = Vec::new();
+        let d = search(
+            budget,
+            MARGIN,
+            max_batch,
+            &Device::Cpu,
+            &probe,
+            "one image",
+            64,
+            allowed,
+            |b| {
+                calls.push(b);
+                Ok(peak(b))
+            },
+        )
+        .unwrap();
+        (calls, d)
+    }
+
     #[test]
     fn fit_is_exact_on_a_line_and_inverts() {
         let pts: Vec<BudgetPoint> = [1usize, 2, 4, 8]
@@ -374,23 +402,7 @@ mod tests {
     fn search_never_probes_a_size_predicted_over_the_budget() {
         // peak(b) = 100 + 100·b; budget 450 → limit 427.5. Points 1 (200) and 2 (300) predict
         // 500 at 4, above the budget: 4 is never run; 3 (400) is chosen and measured.
-        let probe = MemoryProbe::new(&Device::Cpu).unwrap();
-        let mut calls = Vec::new();
-        let d = search(
-            450,
-            MARGIN,
-            64,
-            &Device::Cpu,
-            &probe,
-            "one image",
-            64,
-            &|b| b,
-            |b| {
-                calls.push(b);
-                Ok(100 + 100 * b as u64)
-            },
-        )
-        .unwrap();
+        let (calls, d) = searched(450, 64, &|b| b, |b| 100 + 100 * b as u64);
         assert_eq!(calls, vec![1, 1, 2, 3], "warm-up, 1, 2, then the choice");
         assert_eq!((d.micro, d.measured), (3, 400));
     }
@@ -401,29 +413,13 @@ mod tests {
         // limit but within the budget, so 4 is measured; it peaks at 900 (memory grows less
         // than linearly with the batch) and is chosen. Under the rule before (probe only sizes
         // predicted within the limit) 4 was never tried and 3 was chosen.
-        let probe = MemoryProbe::new(&Device::Cpu).unwrap();
-        let mut calls = Vec::new();
         let peak = |b: usize| match b {
             1 => 300,
             2 => 530,
             4 => 900,
             _ => 70 + 230 * b as u64,
         };
-        let d = search(
-            1000,
-            MARGIN,
-            4,
-            &Device::Cpu,
-            &probe,
-            "one image",
-            64,
-            &|b| b,
-            |b| {
-                calls.push(b);
-                Ok(peak(b))
-            },
-        )
-        .unwrap();
+        let (calls, d) = searched(1000, 4, &|b| b, peak);
         assert_eq!(calls, vec![1, 1, 2, 4], "warm-up, 1, 2, then 4");
         assert_eq!((d.micro, d.measured), (4, 900));
     }
@@ -433,24 +429,8 @@ mod tests {
         // peak(b) = 100 + 100·b; budget 1000 → limit 950: the line allows 8, but only divisors
         // of 12 may be chosen (a CUDA-graph step replays one micro-batch shape), so 6 is
         // measured and chosen.
-        let probe = MemoryProbe::new(&Device::Cpu).unwrap();
         let divisor_of_12 = |b: usize| (1..=b.min(12)).rev().find(|d| 12 % d == 0).unwrap_or(1);
-        let mut calls = Vec::new();
-        let d = search(
-            1000,
-            MARGIN,
-            12,
-            &Device::Cpu,
-            &probe,
-            "one image",
-            64,
-            &divisor_of_12,
-            |b| {
-                calls.push(b);
-                Ok(100 + 100 * b as u64)
-            },
-        )
-        .unwrap();
+        let (calls, d) = searched(1000, 12, &divisor_of_12, |b| 100 + 100 * b as u64);
         // Warm-up, 1, 2, 4 (the CPU's last point), then the rounded choice.
         assert_eq!(calls, vec![1, 1, 2, 4, 6]);
         assert_eq!((d.micro, d.measured), (6, 700));

@@ -158,46 +158,9 @@ pub(crate) fn run_epoch(
     if opts.verbose {
         obs.line(&report.summary(epochs, train_secs, val_secs, run.probe.what(), fi));
     }
-    // `YOLO9_STEP_TIMES=1`: the epoch end's phases too (a run stalled ~28 s before its third
-    // epoch on the H200 host, 2026-12-04; this says where).
-    let end_times = StepTimes::new(&run.device).report().is_some();
-    let t_end = std::time::Instant::now();
-    if !opts.noplots {
-        let csv = run.run_dir.join("results.csv");
-        let drawn = crate::train::plots::read_results_csv(&csv, "yolo9").and_then(|c| {
-            crate::train::plots::plot_results(&[c], &run.run_dir.join("results.png"))
-        });
-        if let Err(e) = drawn {
-            obs.line(&format!("warning: results.png not drawn: {e:#}"));
-        }
-    }
-
-    let t_plots = t_end.elapsed().as_secs_f64();
-
     // `--time`: the epoch count re-estimated (and kept in the state saved next).
     let time_up = run.retime(epoch, obs);
-
-    // Save (last, best, periodic, state).
-    let t_save = std::time::Instant::now();
-    let mut t_best = 0.0;
-    if run.save(epoch + 1, 0, &EpochProgress::default(), obs)? {
-        let t = std::time::Instant::now();
-        if improved {
-            copy_atomic(&run.last, &run.best)?;
-        }
-        if opts.save_period > 0 && (epoch + 1).is_multiple_of(opts.save_period as usize) {
-            let wdir = run.run_dir.join("weights");
-            copy_atomic(&run.last, &wdir.join(format!("epoch{epoch}.safetensors")))?;
-        }
-        t_best = t.elapsed().as_secs_f64();
-    }
-    if end_times {
-        obs.line(&format!(
-            "epoch end times (s): plots {t_plots:.2}, checkpoint {:.2}, best/periodic copies \
-             {t_best:.2}",
-            t_save.elapsed().as_secs_f64() - t_best
-        ));
-    }
+    write_epoch_end(run, epoch, improved, obs)?;
 
     let mut early_stop = time_up;
     if let Some(be) = run.counters.best_epoch {
@@ -550,6 +513,50 @@ fn apply_step(
                 run.nan_streak
             ),
         );
+    }
+    Ok(())
+}
+
+/// The epoch's files: `results.png` (unless `--noplots`), the epoch-end checkpoint (`last`,
+/// the state), `best` when the epoch `improved`, and the `--save-period` copy. With
+/// `YOLO9_STEP_TIMES=1` one line gives the seconds of each (a 16x BCCD run on the H200 host
+/// stalled ~28 s in the second epoch's checkpoint, 2026-12-04).
+fn write_epoch_end(
+    run: &mut Run<'_>,
+    epoch: usize,
+    improved: bool,
+    obs: &mut dyn TrainObserver,
+) -> Result<()> {
+    let opts = run.opts;
+    let t_plots = std::time::Instant::now();
+    if !opts.noplots {
+        let csv = run.run_dir.join("results.csv");
+        let drawn = crate::train::plots::read_results_csv(&csv, "yolo9").and_then(|c| {
+            crate::train::plots::plot_results(&[c], &run.run_dir.join("results.png"))
+        });
+        if let Err(e) = drawn {
+            obs.line(&format!("warning: results.png not drawn: {e:#}"));
+        }
+    }
+    let plots = t_plots.elapsed().as_secs_f64();
+    let t_save = std::time::Instant::now();
+    let (mut checkpoint, mut copies) = (0.0, 0.0);
+    if run.save(epoch + 1, 0, &EpochProgress::default(), obs)? {
+        checkpoint = t_save.elapsed().as_secs_f64();
+        if improved {
+            copy_atomic(&run.last, &run.best)?;
+        }
+        if opts.save_period > 0 && (epoch + 1).is_multiple_of(opts.save_period as usize) {
+            let wdir = run.run_dir.join("weights");
+            copy_atomic(&run.last, &wdir.join(format!("epoch{epoch}.safetensors")))?;
+        }
+        copies = t_save.elapsed().as_secs_f64() - checkpoint;
+    }
+    if StepTimes::new(&run.device).report().is_some() {
+        obs.line(&format!(
+            "epoch end times (s): plots {plots:.2}, checkpoint {checkpoint:.2}, best/periodic \
+             copies {copies:.2}"
+        ));
     }
     Ok(())
 }

@@ -246,14 +246,16 @@ mod imp {
     use cudarc::driver::safe::CudaGraph;
     use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 
-    /// Input dims, dtype, AMP, GT rows per image.
-    type Key = (Vec<usize>, DType, bool, usize);
+    /// Input dims, dtype, AMP, GT rows per image, and a hash of the parameters' shapes (the
+    /// model: a warm-up fills the upload cache for one model's shapes only).
+    type Key = (Vec<usize>, DType, bool, usize, u64);
 
     thread_local! {
         /// Keys whose whole step ran ordinarily on this thread under candle's upload cache
         /// (ready to capture). Per thread, as that cache is (cuDNN's algorithm choices are
-        /// process-wide): a key warmed by the budget probe's steps is not warmed again by the run
-        /// that follows on the same thread, whose pool would otherwise grow to an ordinary
+        /// process-wide), and per model (the key hashes the parameters' shapes): a key warmed by
+        /// the budget probe's steps is not warmed again by the run that follows on the same
+        /// thread, whose pool would otherwise grow to an ordinary
         /// step's size once more before the first capture (2026-12-04: 0.4 GiB more held at
         /// micro-batch 16 for the whole run).
         static WARM: std::cell::RefCell<Vec<Key>> = const { std::cell::RefCell::new(Vec::new()) };
@@ -298,12 +300,20 @@ mod imp {
         pub(super) replays: usize,
     }
 
-    fn key_of(model: &YoloV9Train, x: &Tensor, rows: usize) -> Key {
+    fn key_of(model: &YoloV9Train, x: &Tensor, rows: usize, params: &[Tensor]) -> Key {
+        use std::hash::{Hash, Hasher};
+        // In any order: the budget probe's optimizer lists the model's variables as built, the
+        // trainer's by parameter group.
+        let mut shapes: Vec<&[usize]> = params.iter().map(|p| p.dims()).collect();
+        shapes.sort_unstable();
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        shapes.hash(&mut h);
         (
             x.dims().to_vec(),
             x.dtype(),
             model.amp() || crate::cuda::conv::strict_fp32(),
             rows,
+            h.finish(),
         )
     }
 
@@ -361,7 +371,7 @@ mod imp {
                 img_hw,
             };
             self.rows = self.rows.max(row_capacity(gt.n_max_boxes));
-            let key = key_of(model, x, self.rows);
+            let key = key_of(model, x, self.rows, params);
             if let Some(c) = &mut self.cap {
                 if c.key == key {
                     self.event = "replay";
@@ -374,7 +384,7 @@ mod imp {
             let grown = self
                 .cap
                 .as_ref()
-                .is_some_and(|c| c.key.0 == key.0 && c.key.1 == key.1);
+                .is_some_and(|c| c.key.0 == key.0 && c.key.1 == key.1 && c.key.4 == key.4);
             if self.keep && self.cap.is_some() && !grown {
                 // Another shape (the epoch's last partial batch): ordinary, beside the capture.
                 return ordinary(model, loss, params, x, targets, img_hw);
