@@ -23,14 +23,15 @@
 //! them) can be reused by what it allocates later; captured as two graphs (forward, then
 //! backward) the forward's saved tensors stayed mapped while the backward's allocations were
 //! made. Measured on the H200 (2026-12-04, `benches/train_step.rs`): graph pool 4.22 GiB at bs16
-//! AMP against 4.53 GiB with two graphs, 16.53 against 17.5–18.2 GiB at bs64 — less than hoped:
-//! the budget probe still measures the replayed step at more memory per image than the ordinary
-//! one (README, "Building with CUDA"), so a budget sizes it with a larger margin
-//! ([`crate::budget::GRAPHED_MARGIN`]).
+//! AMP against 4.53 GiB with two graphs, 16.53 against 17.5–18.2 GiB at bs64. A budget sizes the
+//! replayed step with its own measured peak and margin ([`crate::budget::GRAPHED_MARGIN`]).
 //!
-//! Policy: the first micro-step of a key runs the same step with ordinary launches (choosing the
-//! cuDNN algorithms and filling candle's cache of small uploads, which a capture needs); later
-//! ones capture once and replay. One capture is kept. Under a memory budget (whose sizing
+//! Policy: the first micro-step of a key on a thread runs the same step with ordinary launches
+//! (choosing the cuDNN algorithms and filling candle's cache of small uploads, which a capture
+//! needs; the pool is trimmed after each tape node, so that what it caches for good does not keep
+//! freed blocks reserved); later ones capture once and replay. A key the budget probe warmed up
+//! is captured by the run at once, and a budgeted run's GT capacity starts at the probe's
+//! ([`StepGraphs::reserve_rows`]), so the run replays what the probe measured. One capture is kept. Under a memory budget (whose sizing
 //! measured the graphed step's memory) a micro-batch of another shape (a smaller last batch)
 //! drops it and runs ordinarily, and [`StepGraphs::release_for_other_work`] drops it before
 //! validation, so a capture's memory is never held while something else needs memory; the next
