@@ -452,13 +452,17 @@ fn size_batch(
 }
 
 /// The most labels one training sample can carry when no image has more than `max_labels`:
-/// a mosaic joins four images and a mixup blends two mosaics (official `load_mosaic`,
-/// `mixup`), so 4× with mosaic and 2× that with mixup. The budget probe's synthetic batches
-/// carry this many per image, and a budgeted run's CUDA graphs start with room for it.
+/// a mosaic joins four images and a mixup blends a second mosaic into a mosaic sample (official
+/// `__getitem__`: mixup only inside the mosaic branch; `crate::data::augment`), so 4× with
+/// mosaic and 8× with mosaic and mixup. The budget probe's synthetic batches carry this many per
+/// image, and a budgeted run's CUDA graphs start with room for it.
 pub(crate) fn targets_per_sample(max_labels: usize, hyp: &Hyp) -> usize {
-    let mosaic = if hyp.augment.mosaic > 0.0 { 4 } else { 1 };
-    let mixup = if hyp.augment.mixup > 0.0 { 2 } else { 1 };
-    (mosaic * mixup * max_labels).max(1)
+    let per = match (hyp.augment.mosaic > 0.0, hyp.augment.mixup > 0.0) {
+        (true, true) => 8,
+        (true, false) => 4,
+        (false, _) => 1,
+    };
+    (per * max_labels).max(1)
 }
 
 /// Builds the run of the final options `opts`: model, loss, optimizer and EMA (restored from the
@@ -996,8 +1000,9 @@ mod tests {
         assert_eq!(targets_per_sample(28, &hyp), 112);
         hyp.augment.mosaic = 0.0;
         assert_eq!(targets_per_sample(28, &hyp), 28);
+        // Mixup blends mosaics only: without mosaic a sample is one image.
         hyp.augment.mixup = 0.5;
-        assert_eq!(targets_per_sample(28, &hyp), 56);
+        assert_eq!(targets_per_sample(28, &hyp), 28);
         // A dataset of background images still gets one synthetic target per image.
         assert_eq!(targets_per_sample(0, &hyp), 1);
     }
