@@ -256,7 +256,7 @@ impl MemoryProbe {
 
 /// `YOLO9_MEM_TRACE=1` (read once): [`mem_trace`] prints; the README's "Building with CUDA"
 /// documents the lines.
-pub fn mem_trace_on() -> bool {
+fn mem_trace_on() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("YOLO9_MEM_TRACE").is_ok_and(|v| v == "1"))
 }

@@ -7,17 +7,19 @@
 //! synthetic u8 images: forward of the training graph (both branches, BN in train mode), the
 //! dual TAL loss with the assigner at the most targets one sample can carry (mosaic joins 4
 //! images and mixup blends two mosaics, so up to 8× the most labels of any train image),
-//! backward, gradient clipping, the SGD step and the EMA update — at a few micro-batch sizes, reading the peak of each with [`MemoryProbe`]. A least-squares
-//! line `peak(b) = base + b · per_image` through the points gives the largest `b` whose predicted
-//! peak fits the budget minus a safety margin ([`crate::budget::MARGIN`]); that size is then measured once more
-//! and lowered while it does not fit. The nominal batch (64) is kept by gradient accumulation in
-//! the trainer.
+//! backward, gradient clipping, the SGD step and the EMA update — at a few micro-batch sizes,
+//! reading the peak of each with [`MemoryProbe`]. A least-squares line
+//! `peak(b) = base + b · per_image` through the points gives the largest `b` whose predicted
+//! peak fits the budget minus a safety margin ([`crate::budget::MARGIN`], or
+//! [`crate::budget::GRAPHED_MARGIN`] for the graphed step); that size is then measured once
+//! more and lowered while it does not fit. The nominal batch (64) is kept by gradient
+//! accumulation in the trainer.
 //!
 //! On CUDA the peak is the whole process's device memory (the memory pool's reserved
 //! high-water mark plus the CUDA context, kernels and library handles outside it, as
 //! `nvidia-smi` counts it), and after sizing the pool's cache is kept within the budget; on the
-//! CPU the process RSS high-water mark (see [`crate::memory`]). An out-of-memory error while measuring ends the
-//! measurement at the sizes that worked.
+//! CPU the process RSS high-water mark (see [`crate::memory`]). An out-of-memory error while
+//! measuring ends the measurement at the sizes that worked.
 //!
 //! Where the training step is replayed from CUDA graphs ([`crate::train::graphed`]), that step
 //! is sized first, with its real peak: the graph holds its memory in a pool of its own, outside
@@ -183,8 +185,8 @@ struct Measured {
 ///
 /// The graphed kind runs the trainer's policy on a fresh [`StepGraphs`]: one ordinary step
 /// (the warm-up a capture needs, unless this thread warmed the shape before), the capture,
-/// and one replay; the window covers the capture
-/// and the replay (two replays when the first step captured), and the peak includes the graphs' own memory (outside the stream-ordered
+/// and one replay; the window covers the capture and the replay (two replays when the first
+/// step captured), and the peak includes the graphs' own memory (outside the stream-ordered
 /// pool, read while the capture is held). The capture is dropped (its memory returned) before
 /// this returns. A capture that does not happen is reported as out of memory at this size when
 /// `batch` > 1 (the search then stops at the sizes that worked), as an error otherwise.

@@ -552,7 +552,7 @@ fn write_epoch_end(
         }
         copies = t_save.elapsed().as_secs_f64() - checkpoint;
     }
-    if StepTimes::new(&run.device).report().is_some() {
+    if StepTimes::enabled() {
         obs.line(&format!(
             "epoch end times (s): plots {plots:.2}, checkpoint {checkpoint:.2}, best/periodic \
              copies {copies:.2}"

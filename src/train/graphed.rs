@@ -31,7 +31,8 @@
 //! needs; the pool is trimmed after each tape node, so that what it caches for good does not keep
 //! freed blocks reserved); later ones capture once and replay. A key the budget probe warmed up
 //! is captured by the run at once, and a budgeted run's GT capacity starts at the probe's
-//! ([`StepGraphs::reserve_rows`]), so the run replays what the probe measured. One capture is kept. Under a memory budget (whose sizing
+//! ([`StepGraphs::reserve_rows`]), so the run replays what the probe measured. One capture is
+//! kept. Under a memory budget (whose sizing
 //! measured the graphed step's memory) a micro-batch of another shape (a smaller last batch)
 //! drops it and runs ordinarily, and [`StepGraphs::release_for_other_work`] drops it before
 //! validation, so a capture's memory is never held while something else needs memory; the next
@@ -256,9 +257,8 @@ mod imp {
         /// (ready to capture). Per thread, as that cache is (cuDNN's algorithm choices are
         /// process-wide), and per model (the key hashes the parameters' shapes): a key warmed by
         /// the budget probe's steps is not warmed again by the run that follows on the same
-        /// thread, whose pool would otherwise grow to an ordinary
-        /// step's size once more before the first capture (2026-12-04: 0.4 GiB more held at
-        /// micro-batch 16 for the whole run).
+        /// thread, whose pool would otherwise grow to an ordinary step's size once more before
+        /// the first capture (2026-12-04: 0.4 GiB more held at micro-batch 16 for the whole run).
         static WARM: std::cell::RefCell<Vec<Key>> = const { std::cell::RefCell::new(Vec::new()) };
     }
 

@@ -61,11 +61,15 @@ pub struct StepTimes {
 }
 
 impl StepTimes {
-    /// On when [`STEP_TIMES_ENV`] is set to something other than empty or `0`; off otherwise.
+    /// Whether [`STEP_TIMES_ENV`] is set to something other than empty or `0`.
+    pub fn enabled() -> bool {
+        std::env::var_os(STEP_TIMES_ENV).is_some_and(|v| !v.is_empty() && v != "0")
+    }
+
+    /// On when [`StepTimes::enabled`]; off otherwise.
     pub fn new(device: &Device) -> Self {
-        let on = std::env::var_os(STEP_TIMES_ENV).is_some_and(|v| !v.is_empty() && v != "0");
         StepTimes {
-            device: on.then(|| device.clone()),
+            device: Self::enabled().then(|| device.clone()),
             last: std::time::Instant::now(),
             secs: [0.0; PHASES.len()],
         }
