@@ -20,6 +20,11 @@
 
 #include "elem.cuh"
 
+// Vector path of the kernels below: 16-byte loads and stores (8 bf16 or 4 f32 per access) when
+// every pointer is 16-byte aligned, H*W (and a reduction's chunk) is a multiple of the vector
+// width and the vector count fits in 32 bits (one 32-bit division per vector, not a 64-bit one
+// per element); the scalar loops otherwise. Both paths compute the same per-element values.
+
 __device__ __forceinline__ double block_sum(double v, double* shared) {
     for (int off = 16; off > 0; off >>= 1) v += __shfl_down_sync(0xffffffffu, v, off);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -57,16 +62,31 @@ template <typename T>
 __device__ void stats_partial(const T* __restrict__ x, double* __restrict__ part, int N, int C, int HW,
                               long long chunk) {
     __shared__ double sh[BLOCK / 32];
+    constexpr int V = VecOf<T>::N;
     const int c = blockIdx.x, s = blockIdx.y;
     const long long total = (long long)N * HW;
     const long long start = (long long)s * chunk;
     const long long end = min(start + chunk, total);
     double a = 0.0, b = 0.0;
-    for (long long j = start + threadIdx.x; j < end; j += BLOCK) {
-        const long long n = j / HW, i = j - n * HW;
-        const double v = (double)ld(x, (n * C + c) * HW + i);
-        a += v;
-        b += v * v;
+    if (HW % V == 0 && chunk % V == 0 && aligned16(x) && total / V <= 0xffffffffLL) {
+        const unsigned hwv = HW / V, ev = (unsigned)(end / V);
+        for (unsigned jv = (unsigned)(start / V) + threadIdx.x; jv < ev; jv += BLOCK) {
+            const unsigned n = jv / hwv, i = jv - n * hwv;
+            const Vec<T> u = ldv(x + ((long long)n * C + c) * HW + (long long)i * V);
+#pragma unroll
+            for (int k = 0; k < V; ++k) {
+                const double v = (double)ld(u.e, k);
+                a += v;
+                b += v * v;
+            }
+        }
+    } else {
+        for (long long j = start + threadIdx.x; j < end; j += BLOCK) {
+            const long long n = j / HW, i = j - n * HW;
+            const double v = (double)ld(x, (n * C + c) * HW + i);
+            a += v;
+            b += v * v;
+        }
     }
     a = block_sum(a, sh);
     b = block_sum(b, sh);
@@ -93,14 +113,34 @@ extern "C" __global__ void bn_stats_final(const double* __restrict__ part, int S
 }
 
 template <typename T>
+__device__ __forceinline__ float bn_fwd1(float xv, const Chan& k, int silu) {
+    const float z = (xv - k.mean) * k.scale + k.beta;
+    return silu ? z / (1.0f + expf(-z)) : z;
+}
+
+template <typename T>
 __device__ void act_fwd(const T* __restrict__ x, const float* __restrict__ p, T* __restrict__ y,
                         long long total, int C, int HW, float eps, int silu) {
-    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
-         idx += (long long)gridDim.x * blockDim.x) {
+    constexpr int V = VecOf<T>::N;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    if (HW % V == 0 && aligned16(x) && aligned16(y) && total / V <= 0xffffffffLL) {
+        const unsigned hwv = HW / V;
+        const long long nv = total / V;
+        for (long long v = blockIdx.x * (long long)blockDim.x + threadIdx.x; v < nv; v += stride) {
+            const int c = (int)(((unsigned)v / hwv) % (unsigned)C);
+            const Chan k = chan(p, C, c, eps);
+            const Vec<T> u = ldv(x + v * V);
+            Vec<T> o;
+#pragma unroll
+            for (int e = 0; e < V; ++e) st(o.e, e, bn_fwd1<T>(ld(u.e, e), k, silu));
+            stv(y + v * V, o);
+        }
+        return;
+    }
+    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total; idx += stride) {
         const int c = (int)((idx / HW) % C);
         const Chan k = chan(p, C, c, eps);
-        const float z = (ld(x, idx) - k.mean) * k.scale + k.beta;
-        st(y, idx, silu ? z / (1.0f + expf(-z)) : z);
+        st(y, idx, bn_fwd1<T>(ld(x, idx), k, silu));
     }
 }
 
@@ -110,21 +150,40 @@ __device__ void grad_partial(const T* __restrict__ x, const T* __restrict__ dy,
                              const float* __restrict__ p, double* __restrict__ part, int N, int C,
                              int HW, long long chunk, float eps, int silu) {
     __shared__ double sh[BLOCK / 32];
+    constexpr int V = VecOf<T>::N;
     const int c = blockIdx.x, s = blockIdx.y;
     const Chan k = chan(p, C, c, eps);
     const long long total = (long long)N * HW;
     const long long start = (long long)s * chunk;
     const long long end = min(start + chunk, total);
     double a = 0.0, b = 0.0;
-    for (long long j = start + threadIdx.x; j < end; j += BLOCK) {
-        const long long n = j / HW, i = j - n * HW;
-        const long long e = (n * C + c) * HW + i;
-        const float xv = ld(x, e);
-        float g = ld(dy, e);
-        if (silu) g *= silu_grad((xv - k.mean) * k.scale + k.beta);
-        const float xhat = (xv - k.mean) * k.inv;
-        a += (double)g;
-        b += (double)g * (double)xhat;
+    if (HW % V == 0 && chunk % V == 0 && aligned16(x) && aligned16(dy) && total / V <= 0xffffffffLL) {
+        const unsigned hwv = HW / V, ev = (unsigned)(end / V);
+        for (unsigned jv = (unsigned)(start / V) + threadIdx.x; jv < ev; jv += BLOCK) {
+            const unsigned n = jv / hwv, i = jv - n * hwv;
+            const long long e = ((long long)n * C + c) * HW + (long long)i * V;
+            const Vec<T> ux = ldv(x + e), ug = ldv(dy + e);
+#pragma unroll
+            for (int q = 0; q < V; ++q) {
+                const float xv = ld(ux.e, q);
+                float g = ld(ug.e, q);
+                if (silu) g *= silu_grad((xv - k.mean) * k.scale + k.beta);
+                const float xhat = (xv - k.mean) * k.inv;
+                a += (double)g;
+                b += (double)g * (double)xhat;
+            }
+        }
+    } else {
+        for (long long j = start + threadIdx.x; j < end; j += BLOCK) {
+            const long long n = j / HW, i = j - n * HW;
+            const long long e = (n * C + c) * HW + i;
+            const float xv = ld(x, e);
+            float g = ld(dy, e);
+            if (silu) g *= silu_grad((xv - k.mean) * k.scale + k.beta);
+            const float xhat = (xv - k.mean) * k.inv;
+            a += (double)g;
+            b += (double)g * (double)xhat;
+        }
     }
     a = block_sum(a, sh);
     b = block_sum(b, sh);
@@ -184,19 +243,39 @@ extern "C" __global__ void bn_block_final(const double* __restrict__ part, int S
 }
 
 template <typename T>
+__device__ __forceinline__ float bn_dx1(float xv, float g, const Chan& k, float mg, float mgx,
+                                        int silu) {
+    if (silu) g *= silu_grad((xv - k.mean) * k.scale + k.beta);
+    const float xhat = (xv - k.mean) * k.inv;
+    return (g - mg - xhat * mgx) * k.scale;
+}
+
+template <typename T>
 __device__ void act_dx(const T* __restrict__ x, const T* __restrict__ dy, const float* __restrict__ q,
                        T* __restrict__ dx, long long total, int C, int HW, float m, float eps,
                        int silu) {
-    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
-         idx += (long long)gridDim.x * blockDim.x) {
+    constexpr int V = VecOf<T>::N;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    if (HW % V == 0 && aligned16(x) && aligned16(dy) && aligned16(dx) && total / V <= 0xffffffffLL) {
+        const unsigned hwv = HW / V;
+        const long long nv = total / V;
+        for (long long v = blockIdx.x * (long long)blockDim.x + threadIdx.x; v < nv; v += stride) {
+            const int c = (int)(((unsigned)v / hwv) % (unsigned)C);
+            const Chan k = chan(q, C, c, eps);
+            const float mg = q[4 * C + c] / m, mgx = q[5 * C + c] / m;
+            const Vec<T> ux = ldv(x + v * V), ug = ldv(dy + v * V);
+            Vec<T> o;
+#pragma unroll
+            for (int e = 0; e < V; ++e) st(o.e, e, bn_dx1<T>(ld(ux.e, e), ld(ug.e, e), k, mg, mgx, silu));
+            stv(dx + v * V, o);
+        }
+        return;
+    }
+    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total; idx += stride) {
         const int c = (int)((idx / HW) % C);
         const Chan k = chan(q, C, c, eps);
-        const float xv = ld(x, idx);
-        float g = ld(dy, idx);
-        if (silu) g *= silu_grad((xv - k.mean) * k.scale + k.beta);
-        const float xhat = (xv - k.mean) * k.inv;
         const float mg = q[4 * C + c] / m, mgx = q[5 * C + c] / m;
-        st(dx, idx, (g - mg - xhat * mgx) * k.scale);
+        st(dx, idx, bn_dx1<T>(ld(x, idx), ld(dy, idx), k, mg, mgx, silu));
     }
 }
 
@@ -226,8 +305,22 @@ __device__ void act_dx(const T* __restrict__ x, const T* __restrict__ dy, const 
 template <typename T>
 __device__ void silu_bwd(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
                          long long total) {
-    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
-         idx += (long long)gridDim.x * blockDim.x) {
+    constexpr int V = VecOf<T>::N;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    long long done = 0;
+    if (aligned16(x) && aligned16(dy) && aligned16(dx)) {
+        const long long nv = total / V;
+        for (long long v = blockIdx.x * (long long)blockDim.x + threadIdx.x; v < nv; v += stride) {
+            const Vec<T> ux = ldv(x + v * V), ug = ldv(dy + v * V);
+            Vec<T> o;
+#pragma unroll
+            for (int e = 0; e < V; ++e) st(o.e, e, ld(ug.e, e) * silu_grad(ld(ux.e, e)));
+            stv(dx + v * V, o);
+        }
+        done = nv * V;
+    }
+    for (long long idx = done + blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
+         idx += stride) {
         st(dx, idx, ld(dy, idx) * silu_grad(ld(x, idx)));
     }
 }

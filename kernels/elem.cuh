@@ -13,3 +13,19 @@ __device__ __forceinline__ float ld(const __nv_bfloat16* p, long long i) { retur
 __device__ __forceinline__ void st(float* p, long long i, float v) { p[i] = v; }
 __device__ __forceinline__ void st(__half* p, long long i, float v) { p[i] = __float2half(v); }
 __device__ __forceinline__ void st(__nv_bfloat16* p, long long i, float v) { p[i] = __float2bfloat16(v); }
+
+// 16-byte vectors of the element type (8 bf16/f16 or 4 f32), for the kernels' vector paths:
+// ldv/stv move one whole vector (the pointer must be 16-byte aligned: check with aligned16).
+template <typename T>
+struct VecOf {
+    static constexpr int N = 16 / sizeof(T);
+};
+template <typename T>
+struct alignas(16) Vec {
+    T e[VecOf<T>::N];
+};
+__device__ __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<unsigned long long>(p) & 15ull) == 0; }
+template <typename T>
+__device__ __forceinline__ Vec<T> ldv(const T* p) { return *reinterpret_cast<const Vec<T>*>(p); }
+template <typename T>
+__device__ __forceinline__ void stv(T* p, const Vec<T>& v) { *reinterpret_cast<Vec<T>*>(p) = v; }

@@ -167,6 +167,30 @@ __device__ void avg2_nchw(const T* __restrict__ x, T* __restrict__ y, long long 
     }
 }
 
+// Input gradient of avg2_nchw: dx[p, i, j] = (dy[i-1,j-1] + dy[i-1,j] + dy[i,j-1] + dy[i,j]) / 4
+// over the terms inside dy's (H-1) x (W-1) plane, added in that order (the order of the
+// composite backward it replaces: the gradient padded by one zero on every side, the four
+// shifted views added), for dx planes of H x W.
+template <typename T>
+__device__ void avg2_bwd_nchw(const T* __restrict__ dy, T* __restrict__ dx, long long planes, int H,
+                              int W) {
+    const int Ho = H - 1, Wo = W - 1;
+    const long long total = planes * H * W;
+    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
+         idx += (long long)gridDim.x * blockDim.x) {
+        const long long plane = idx / ((long long)H * W);
+        const int rem = (int)(idx - plane * H * W);
+        const int i = rem / W, j = rem - (rem / W) * W;
+        const T* g = dy + plane * Ho * Wo;
+        const bool up = i > 0, down = i < Ho, left = j > 0, right = j < Wo;
+        float s = (up && left) ? ld(g, (long long)(i - 1) * Wo + j - 1) : 0.0f;
+        s += (up && right) ? ld(g, (long long)(i - 1) * Wo + j) : 0.0f;
+        s += (down && left) ? ld(g, (long long)i * Wo + j - 1) : 0.0f;
+        s += (down && right) ? ld(g, (long long)i * Wo + j) : 0.0f;
+        st(dx, idx, s * 0.25f);
+    }
+}
+
 // The same on channels-last (N, H, W, C) → (N, H-1, W-1, C).
 template <typename T>
 __device__ void avg2_nhwc(const T* __restrict__ x, T* __restrict__ y, long long total, int H, int W, int C) {
@@ -197,6 +221,10 @@ __device__ void avg2_nhwc(const T* __restrict__ x, T* __restrict__ y, long long 
     extern "C" __global__ void avgpool2_nhwc_##SUF(const T* x, T* y, long long total, int H,     \
                                                    int W, int C) {                                \
         avg2_nhwc<T>(x, y, total, H, W, C);                                                       \
+    }                                                                                             \
+    extern "C" __global__ void avgpool2_bwd_nchw_##SUF(const T* dy, T* dx, long long planes,     \
+                                                       int H, int W) {                            \
+        avg2_bwd_nchw<T>(dy, dx, planes, H, W);                                                   \
     }
 
 extern "C" __global__ void maxpool_same_fwd_f16(const __half* x, __half* y, long long planes, int H, int W,

@@ -1,6 +1,7 @@
 //! Arguments of the custom ops that both their CPU implementations (`model`, `loss`) and their
 //! CUDA launches (`cuda`) read: layout checks of NCHW activations and parameter blocks, the
-//! in-place running-statistics update of train-mode BatchNorm, and which inference pool runs. A module of its own so that
+//! in-place running-statistics update of train-mode BatchNorm, which inference pool runs, and
+//! the row-strided layout of the element-wise ops ([`Rows`]). A module of its own so that
 //! `cuda` depends on no higher layer (`model` and `loss` call `cuda`, never the reverse).
 
 use candle_core::{Layout, Result};
@@ -60,4 +61,54 @@ pub enum InferPool {
     Avg2Nchw,
     /// `avg_pool2d(2, stride 1)` on channels-last: (N, H, W, C) → (N, H−1, W−1, C).
     Avg2Nhwc,
+}
+
+/// A row-strided layout, in elements of the operand's storage: `rows` runs of `len` contiguous
+/// elements, `stride` apart (`crate::model::ew`, `crate::cuda::ew`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rows {
+    /// Offset of the first element.
+    pub start: usize,
+    /// Number of rows.
+    pub rows: usize,
+    /// Contiguous elements per row.
+    pub len: usize,
+    /// Distance between row starts (`len` or more).
+    pub stride: usize,
+}
+
+/// The row form of `l`: a contiguous layout is one row; otherwise dimensions 1.. must be packed
+/// (stride 1 innermost, each outer stride the product of the inner sizes) and dimension 0 gives
+/// the rows. `None` for any other layout (broadcasts, transposes, narrows of inner dimensions).
+pub fn rows_of(l: &Layout) -> Option<Rows> {
+    let dims = l.dims();
+    let n = l.shape().elem_count();
+    if l.is_contiguous() {
+        return Some(Rows {
+            start: l.start_offset(),
+            rows: 1,
+            len: n,
+            stride: n,
+        });
+    }
+    let strides = l.stride();
+    if dims.len() < 2 {
+        return None;
+    }
+    let mut packed = 1usize;
+    for i in (1..dims.len()).rev() {
+        if dims[i] != 1 && strides[i] != packed {
+            return None;
+        }
+        packed *= dims[i];
+    }
+    if dims[0] > 1 && strides[0] < packed {
+        return None;
+    }
+    Some(Rows {
+        start: l.start_offset(),
+        rows: dims[0],
+        len: packed,
+        stride: if dims[0] > 1 { strides[0] } else { packed },
+    })
 }

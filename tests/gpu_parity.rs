@@ -1412,3 +1412,76 @@ fn a_cache_cap_survives_a_new_probe() {
     b.cap_cache(u64::MAX);
     assert_eq!(a.cache_cap(), u64::MAX);
 }
+
+#[test]
+fn row_kernels_add_and_copy_channel_slices_as_candle() {
+    use yolo9::model::ew;
+    let dev = gpu();
+    // (shape, slice start, slice length): H·W = 1600 takes the 16-byte vector path, 7·5 the
+    // scalar one; the last case slices one image (contiguous again).
+    for (shape, start, len) in [
+        ([4, 24, 40, 40], 8, 8),
+        ([3, 10, 7, 5], 3, 4),
+        ([1, 6, 8, 8], 2, 3),
+    ] {
+        let x = rand(&shape, 11, 2.0, 0.1);
+        let mut small = shape;
+        small[1] = len;
+        let y = rand(&small, 12, 2.0, -0.3);
+        for dtype in [DType::F32, DType::BF16] {
+            let xg = x.to_dtype(dtype).unwrap().to_device(&dev).unwrap();
+            let yg = y.to_dtype(dtype).unwrap().to_device(&dev).unwrap();
+            let s = xg.narrow(1, start, len).unwrap();
+            let t = xg.narrow(1, 0, len).unwrap();
+            for (a, b) in [(&s, &yg), (&yg, &s), (&s, &t), (&yg, &yg)] {
+                let got = ew::add(a, b).unwrap();
+                assert!(got.is_contiguous());
+                let want = (a + b).unwrap();
+                let d = common::max_abs(
+                    &got.to_dtype(DType::F32).unwrap(),
+                    &want.to_dtype(DType::F32).unwrap(),
+                );
+                println!("ew add {shape:?} [{start}, +{len}) {dtype:?}: max |diff| {d:e}");
+                // f32 is the same sum; bf16 may differ by one rounding step where candle rounds
+                // the bf16 sum differently (values here are below 8, so an ulp is ≤ 2^-5).
+                let tol = if dtype == DType::F32 { 0.0 } else { 1.0 / 32.0 };
+                assert!(d <= tol, "{dtype:?} add differs by {d}");
+            }
+            let got = ew::contiguous(&s).unwrap();
+            assert!(got.is_contiguous());
+            let d = common::max_abs(
+                &got.to_dtype(DType::F32).unwrap(),
+                &s.contiguous().unwrap().to_dtype(DType::F32).unwrap(),
+            );
+            assert_eq!(d, 0.0, "{dtype:?} copy of the slice differs");
+        }
+    }
+    // The avg-pool backward kernel against its CPU version (f32 exactly; bf16 rounds once).
+    let dy = rand(&[2, 5, 9, 7], 14, 2.0, 0.0);
+    let want = yolo9::model::pool::avg_pool_2x2_s1_backward(&dy).unwrap();
+    for dtype in [DType::F32, DType::BF16] {
+        let got = yolo9::model::pool::avg_pool_2x2_s1_backward(
+            &dy.to_dtype(dtype).unwrap().to_device(&dev).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(got.dims(), &[2, 5, 10, 8]);
+        let d = common::max_abs(&got.to_dtype(DType::F32).unwrap(), &want);
+        let tol = if dtype == DType::F32 { 0.0 } else { 2.0 / 64.0 };
+        assert!(d <= tol, "{dtype:?} avg-pool backward differs by {d}");
+    }
+    // Tensors candle's autograd tracks keep candle's ops, so their gradients still flow.
+    let v = Var::from_tensor(&rand(&[2, 4, 8, 8], 13, 1.0, 0.0).to_device(&dev).unwrap()).unwrap();
+    let s = v.as_tensor().narrow(1, 1, 2).unwrap();
+    let z = ew::add(&s, &ew::contiguous(&s).unwrap()).unwrap();
+    let g = z.sum_all().unwrap().backward().unwrap();
+    let gv = g
+        .get(v.as_tensor())
+        .expect("gradient through ew::add")
+        .narrow(1, 1, 2)
+        .unwrap();
+    assert_eq!(
+        common::abs_max(&(gv - 2.0).unwrap()),
+        0.0,
+        "d(s + s)/ds is 2"
+    );
+}

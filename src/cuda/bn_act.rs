@@ -68,17 +68,24 @@ fn i32_of(v: usize, what: &str) -> Result<i32> {
     i32::try_from(v).map_err(|_| err(format!("{what} = {v} does not fit in i32")))
 }
 
-/// Splits a channel's `m` elements into `s` chunks of `chunk` for a (C, S) reduction grid.
+/// Elements per 16-byte vector of the kernels' vector paths (8 bf16; f32 takes 4): chunks are
+/// multiples of it, and an element-wise launch gives each thread about one vector.
+const VEC: usize = 8;
+
+/// Splits a channel's `m` elements into `s` chunks of `chunk` (a multiple of [`VEC`], so that the
+/// kernels' vector path applies) for a (C, S) reduction grid.
 fn split(c: usize, m: usize) -> (usize, usize) {
     let want = TARGET_BLOCKS.div_ceil(c.max(1)).max(1);
     let most = m.div_ceil(MIN_CHUNK).max(1);
     let s = want.min(most);
-    let chunk = m.div_ceil(s);
+    let chunk = m.div_ceil(s).next_multiple_of(VEC);
     (m.div_ceil(chunk), chunk)
 }
 
 fn elementwise_cfg(total: usize) -> LaunchConfig {
-    let blocks = total.div_ceil(BLOCK as usize).clamp(1, 65_535 * 8) as u32;
+    let blocks = total
+        .div_ceil(BLOCK as usize * VEC / 2)
+        .clamp(1, 65_535 * 8) as u32;
     LaunchConfig {
         grid_dim: (blocks, 1, 1),
         block_dim: (BLOCK, 1, 1),

@@ -14,6 +14,8 @@
 //! - [`pool`]: the SPPELAN max pool forward and backward, and the inference pools on NCHW and
 //!   channels-last tensors (`kernels/pool.cu`).
 //! - [`dfl`]: the head's DFL expectation in one launch (`kernels/dfl.cu`).
+//! - [`ew`]: `a + b` and contiguous copies of row-strided tensors (`kernels/ew.cu`), for
+//!   [`crate::model::ew`].
 //! - [`optim`]: multi-tensor SGD, gradient-norm and EMA kernels (`kernels/optim.cu`): one launch
 //!   per optimizer phase for all parameters.
 //!
@@ -27,6 +29,7 @@ pub mod bn_act;
 pub mod conv;
 pub mod conv_params;
 pub mod dfl;
+pub mod ew;
 pub mod graph;
 pub mod nms;
 pub mod optim;

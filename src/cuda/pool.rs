@@ -233,3 +233,47 @@ fn infer_t<T: CudaDType + DeviceRepr>(
     unsafe { bld.launch(cfg(total)) }.w()?;
     Ok((CudaStorage::wrap_cuda_slice(y, dev), shape))
 }
+
+/// The input gradient of `avg_pool2d(2, stride 1)` on NCHW: the contiguous `dy` (N, C, H−1, W−1)
+/// (f32, f16 or bf16) → `dx` (N, C, H, W), each output gradient spread as a quarter over its 2×2
+/// window (`avgpool2_bwd_nchw` in `kernels/pool.cu`).
+pub fn avg2_backward(s: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
+    match s.dtype() {
+        DType::F32 => avg2_backward_t::<f32>(s, l),
+        DType::F16 => avg2_backward_t::<half::f16>(s, l),
+        DType::BF16 => avg2_backward_t::<half::bf16>(s, l),
+        d => Err(err(format!("dtype {d:?}; f32, f16 and bf16 are supported"))),
+    }
+}
+
+fn avg2_backward_t<T: CudaDType + DeviceRepr>(
+    s: &CudaStorage,
+    l: &Layout,
+) -> Result<(CudaStorage, Shape)> {
+    let suf = suffix(s.dtype())?;
+    let (a, b) = l
+        .contiguous_offsets()
+        .ok_or_else(|| err("dy is not contiguous"))?;
+    let (n, c, ho, wo) = l.shape().dims4()?;
+    let (h, w) = (ho + 1, wo + 1);
+    let i32_of = |v: usize, what: &str| -> Result<i32> {
+        i32::try_from(v).map_err(|_| err(format!("{what} = {v} does not fit in i32")))
+    };
+    let (h_, w_) = (i32_of(h, "H")?, i32_of(w, "W")?);
+    let dev = s.device().clone();
+    let dy = s.as_cuda_slice::<T>()?.slice(a..b);
+    let total = n * c * h * w;
+    let shape = Shape::from((n, c, h, w));
+    // SAFETY: every element is written by the kernel before it is read.
+    let mut dx = unsafe { dev.alloc::<T>(total)? };
+    if total == 0 {
+        return Ok((CudaStorage::wrap_cuda_slice(dx, dev), shape));
+    }
+    let planes = (n * c) as i64;
+    let f = dev.get_or_load_custom_func(&format!("avgpool2_bwd_nchw_{suf}"), MODULE, PTX)?;
+    let mut bld = f.builder();
+    bld.arg(&dy).arg(&mut dx).arg(&planes).arg(&h_).arg(&w_);
+    // SAFETY: dy holds the gradient's elements, dx the input's; the arguments match the kernel.
+    unsafe { bld.launch(cfg(total)) }.w()?;
+    Ok((CudaStorage::wrap_cuda_slice(dx, dev), shape))
+}

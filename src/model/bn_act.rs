@@ -104,7 +104,7 @@ pub fn param_block(gamma: &Tensor, beta: &Tensor, stats: &Tensor) -> Result<Tens
 /// The forward of [`bn_act_train`] from a parameter block `p` of [`param_block`], without
 /// autograd (the training graph's tape records its own node, `crate::model::tape`).
 pub fn bn_act_apply(x: &Tensor, p: &Tensor, eps: f64, silu: bool) -> Result<Tensor> {
-    x.contiguous()?.apply_op2_no_bwd(p, &BnAct { eps, silu })
+    super::ew::contiguous(x)?.apply_op2_no_bwd(p, &BnAct { eps, silu })
 }
 
 /// The closed-form backward of [`bn_act_train`] (module docs) at `x` (N, C, H, W) for the output
@@ -119,8 +119,8 @@ pub fn bn_act_backward(
     need_dx: bool,
 ) -> Result<(Option<Tensor>, Tensor, Tensor)> {
     let op = BnAct { eps, silu };
-    let x = x.contiguous()?;
-    let dy = dy.contiguous()?;
+    let x = super::ew::contiguous(x)?;
+    let dy = super::ew::contiguous(dy)?;
     let q = x.apply_op3_no_bwd(&dy, p, &BnActGradSums(op))?;
     let dx = if need_dx {
         // --sync-bn: dx from the sums over every rank's micro-batch (dγ, dβ stay this rank's).
@@ -162,8 +162,7 @@ pub fn stats_block(x: &Tensor, gamma: &Tensor, beta: &Tensor) -> Result<Tensor> 
 /// derivative as the fused BN + SiLU backward). Not differentiable.
 pub fn silu_backward(x: &Tensor, dy: &Tensor) -> Result<Tensor> {
     x.dims4()?;
-    x.contiguous()?
-        .apply_op2_no_bwd(&dy.contiguous()?, &SiluGrad)
+    super::ew::contiguous(x)?.apply_op2_no_bwd(&super::ew::contiguous(dy)?, &SiluGrad)
 }
 
 /// The op of [`silu_backward`]: args `x`, `dy` → `dx`.

@@ -459,7 +459,8 @@ impl Conv {
         } else {
             w
         };
-        let z = conv2d_train(x, &w, pad, stride, groups)?;
+        // A channel slice (a `chunk`) is copied by the row kernel, not inside the convolution.
+        let z = conv2d_train(&super::ew::contiguous(x)?, &w, pad, stride, groups)?;
         let xs = x.clone();
         if let Some(bn) = &self.bn {
             ensure!(
@@ -478,6 +479,7 @@ impl Conv {
                 move |dy, need| {
                     let (dz, dg, db) = bn_act::bn_act_backward(&z, dy, &p, BN_EPS, silu, true)?;
                     let dz = dz.context("BN backward returned no input gradient")?;
+                    let xs = super::ew::contiguous(&xs)?;
                     let (dx, dw) = conv2d_backward_any(&xs, &w, &dz, pad, stride, groups, need[0])?;
                     Ok(vec![dx, Some(dw.to_dtype(wt)?), Some(dg), Some(db)])
                 },
@@ -490,8 +492,14 @@ impl Conv {
         );
         let (y, bias) = match (&self.bias, &self.bias_var) {
             (Some(b4), Some(bv)) => {
-                let b4 = b4.detach().to_dtype(z.dtype())?;
-                (z.broadcast_add(&b4)?, Some(bv.clone()))
+                // On CUDA one pass of the bias kernel instead of candle's broadcast add.
+                let y = if z.device().is_cuda() && z.rank() == 4 && bv.rank() == 1 {
+                    let b = bv.detach().to_dtype(z.dtype())?;
+                    super::bias_act::bias_act(&z, &b, false)?
+                } else {
+                    z.broadcast_add(&b4.detach().to_dtype(z.dtype())?)?
+                };
+                (y, Some(bv.clone()))
             }
             _ => (z, None),
         };
@@ -499,7 +507,8 @@ impl Conv {
         params.extend(bias.clone());
         let params: Vec<&Tensor> = params.iter().collect();
         tape.record(&[x], &params, &y, move |dy, need| {
-            let dy = dy.contiguous()?;
+            let dy = super::ew::contiguous(dy)?;
+            let xs = super::ew::contiguous(&xs)?;
             let (dx, dw) = conv2d_backward_any(&xs, &w, &dy, pad, stride, groups, need[0])?;
             let mut g = vec![dx, Some(dw.to_dtype(wt)?)];
             if let Some(b) = &bias {

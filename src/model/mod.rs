@@ -10,6 +10,7 @@
 //! - [`cpu`]: the CPU inference engine (planned, NHWC, fused, multi-threaded) that runs
 //!   [`YoloV9::forward`] on the CPU.
 //! - [`cpu_conv`]: the CPU convolution of candle-op forwards (im2col + one GEMM).
+//! - [`ew`]: `a + b` and contiguous copies of channel slices in one vectorized pass on CUDA.
 //! - [`blocks`]: `RepConvN`, `RepNBottleneck`, `RepNCSP`, `RepNCSPELAN4`, `ELAN1`, `AConv`,
 //!   `ADown`, `SPPELAN`, `CBLinear`.
 //! - [`pool`]: PyTorch-exact, differentiable avg/max pooling and nearest upsampling.
@@ -30,6 +31,7 @@ pub mod bn_sync;
 pub mod conv;
 pub mod cpu;
 pub mod cpu_conv;
+pub mod ew;
 pub mod graphs;
 pub mod head;
 pub mod keys;

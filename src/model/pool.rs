@@ -191,7 +191,7 @@ pub mod nhwc {
 /// [`max_pool_same_backward`].
 pub fn max_pool_same_op(x: &Tensor, k: usize) -> Result<Tensor> {
     x.dims4()?;
-    Ok(x.contiguous()?.apply_op1_no_bwd(&MaxPoolSame { k })?)
+    Ok(super::ew::contiguous(x)?.apply_op1_no_bwd(&MaxPoolSame { k })?)
 }
 
 /// The input gradient of [`max_pool_same_op`] at `x` for the output gradient `dy`: each output's
@@ -199,8 +199,8 @@ pub fn max_pool_same_op(x: &Tensor, k: usize) -> Result<Tensor> {
 /// `max_pool2d_with_indices_backward`), summed in row-major order of the outputs.
 pub fn max_pool_same_backward(x: &Tensor, dy: &Tensor, k: usize) -> Result<Tensor> {
     x.dims4()?;
-    Ok(x.contiguous()?
-        .apply_op2_no_bwd(&dy.contiguous()?, &MaxPoolSameGrad { k })?)
+    Ok(super::ew::contiguous(x)?
+        .apply_op2_no_bwd(&super::ew::contiguous(dy)?, &MaxPoolSameGrad { k })?)
 }
 
 /// Whether [`max_pool_same_op`] runs for this device and dtype.
@@ -371,7 +371,61 @@ pub fn infer_pool_runs(x: &Tensor) -> bool {
 /// Runs the inference pool `p` ([`InferPoolOp`]) on `x` (made contiguous first).
 pub fn infer_pool(x: &Tensor, p: InferPool) -> Result<Tensor> {
     x.dims4()?;
-    Ok(x.contiguous()?.apply_op1_no_bwd(&InferPoolOp(p))?)
+    Ok(super::ew::contiguous(x)?.apply_op1_no_bwd(&InferPoolOp(p))?)
+}
+
+/// The input gradient of [`avg_pool_2x2_s1`] as one op ([`Avg2Grad`]): `dy` (B, C, H−1, W−1) →
+/// `dx` (B, C, H, W), `dx[i, j] = (dy[i−1, j−1] + dy[i−1, j] + dy[i, j−1] + dy[i, j]) / 4` over
+/// the terms inside `dy`, added in that order in f32 (the order of the composite backward of
+/// `crate::model::tape::Ctx::avg_pool_2x2_s1`: the same f32 values). CUDA f32/f16/bf16
+/// (`kernels/pool.cu`), CPU f32. Not differentiable.
+pub fn avg_pool_2x2_s1_backward(dy: &Tensor) -> Result<Tensor> {
+    dy.dims4()?;
+    Ok(super::ew::contiguous(dy)?.apply_op1_no_bwd(&Avg2Grad)?)
+}
+
+/// The op of [`avg_pool_2x2_s1_backward`].
+#[derive(Debug, Clone, Copy)]
+pub struct Avg2Grad;
+
+impl CustomOp1 for Avg2Grad {
+    fn name(&self) -> &'static str {
+        "avg-pool-2x2-s1-grad"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (n, c, ho, wo) = l.shape().dims4()?;
+        let (Some((a, b)), CpuStorage::F32(v)) = (l.contiguous_offsets(), s) else {
+            return Err(candle_core::Error::Msg(
+                "avg_pool_2x2_s1_backward: the CPU version takes a contiguous f32 gradient".into(),
+            ));
+        };
+        let (h, w) = (ho + 1, wo + 1);
+        let mut dx = Vec::with_capacity(n * c * h * w);
+        for g in v[a..b].chunks(ho * wo.max(1)).take(n * c) {
+            for i in 0..h {
+                for j in 0..w {
+                    let at = |ii: usize, jj: usize| g[ii * wo + jj];
+                    let (up, down, left, right) = (i > 0, i < ho, j > 0, j < wo);
+                    let mut s = if up && left { at(i - 1, j - 1) } else { 0.0 };
+                    s += if up && right { at(i - 1, j) } else { 0.0 };
+                    s += if down && left { at(i, j - 1) } else { 0.0 };
+                    s += if down && right { at(i, j) } else { 0.0 };
+                    dx.push(s * 0.25);
+                }
+            }
+        }
+        Ok((CpuStorage::F32(dx), Shape::from((n, c, h, w))))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        crate::cuda::pool::avg2_backward(s, l)
+    }
 }
 
 /// The pools of inference as one op each, no backward: SPPELAN's max pool on channels-last
@@ -499,6 +553,28 @@ mod tests {
             })
             .collect();
         Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+    }
+
+    #[test]
+    fn avg_pool_backward_op_equals_autograd_of_the_composite_exactly() {
+        let x = candle_core::Var::from_tensor(&seeded((2, 3, 5, 6), 7)).unwrap();
+        let y = avg_pool_2x2_s1(x.as_tensor(), true).unwrap();
+        let dy = seeded((2, 3, 4, 5), 9);
+        let g = (&y * &dy).unwrap().sum_all().unwrap().backward().unwrap();
+        let want = g.get(x.as_tensor()).unwrap();
+        let got = avg_pool_2x2_s1_backward(&dy).unwrap();
+        assert_eq!(got.dims(), &[2, 3, 5, 6]);
+        assert_eq!(
+            got.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+            want.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+        );
+        // Hand case: dy = [[4, 8]] on a 2x3 input: corners get 1 and 2, the middle 1 + 2 = 3.
+        let dy = Tensor::from_vec(vec![4f32, 8.0], (1, 1, 1, 2), &Device::Cpu).unwrap();
+        let dx = avg_pool_2x2_s1_backward(&dy).unwrap();
+        assert_eq!(
+            dx.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+            vec![1.0, 3.0, 2.0, 1.0, 3.0, 2.0]
+        );
     }
 
     #[test]
