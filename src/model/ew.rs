@@ -19,11 +19,12 @@ use crate::op_args::{rows_of, Rows};
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Error, Layout, Result, Shape, Tensor};
 
-/// Whether the fast ops apply to `t`: a CUDA tensor of f32/f16/bf16 in row form that candle's
+/// Whether the fast ops apply to `t`: a non-empty CUDA tensor of f32/f16/bf16 in row form that candle's
 /// autograd does not track (the ops have no backward: the tape's forward runs on detached
 /// tensors and records its own nodes; a plain training forward keeps candle's ops).
 fn applies(t: &Tensor) -> bool {
     !t.track_op()
+        && t.elem_count() > 0
         && t.device().is_cuda()
         && matches!(t.dtype(), DType::F32 | DType::F16 | DType::BF16)
         && rows_of(t.layout()).is_some()
