@@ -112,7 +112,6 @@ extern "C" __global__ void bn_stats_final(const double* __restrict__ part, int S
     out[C + c] = (float)(var > 0.0 ? var : 0.0);
 }
 
-template <typename T>
 __device__ __forceinline__ float bn_fwd1(float xv, const Chan& k, int silu) {
     const float z = (xv - k.mean) * k.scale + k.beta;
     return silu ? z / (1.0f + expf(-z)) : z;
@@ -132,7 +131,7 @@ __device__ void act_fwd(const T* __restrict__ x, const float* __restrict__ p, T*
             const Vec<T> u = ldv(x + v * V);
             Vec<T> o;
 #pragma unroll
-            for (int e = 0; e < V; ++e) st(o.e, e, bn_fwd1<T>(ld(u.e, e), k, silu));
+            for (int e = 0; e < V; ++e) st(o.e, e, bn_fwd1(ld(u.e, e), k, silu));
             stv(y + v * V, o);
         }
         return;
@@ -140,7 +139,7 @@ __device__ void act_fwd(const T* __restrict__ x, const float* __restrict__ p, T*
     for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total; idx += stride) {
         const int c = (int)((idx / HW) % C);
         const Chan k = chan(p, C, c, eps);
-        st(y, idx, bn_fwd1<T>(ld(x, idx), k, silu));
+        st(y, idx, bn_fwd1(ld(x, idx), k, silu));
     }
 }
 
@@ -242,7 +241,6 @@ extern "C" __global__ void bn_block_final(const double* __restrict__ part, int S
     }
 }
 
-template <typename T>
 __device__ __forceinline__ float bn_dx1(float xv, float g, const Chan& k, float mg, float mgx,
                                         int silu) {
     if (silu) g *= silu_grad((xv - k.mean) * k.scale + k.beta);
@@ -266,7 +264,7 @@ __device__ void act_dx(const T* __restrict__ x, const T* __restrict__ dy, const 
             const Vec<T> ux = ldv(x + v * V), ug = ldv(dy + v * V);
             Vec<T> o;
 #pragma unroll
-            for (int e = 0; e < V; ++e) st(o.e, e, bn_dx1<T>(ld(ux.e, e), ld(ug.e, e), k, mg, mgx, silu));
+            for (int e = 0; e < V; ++e) st(o.e, e, bn_dx1(ld(ux.e, e), ld(ug.e, e), k, mg, mgx, silu));
             stv(dx + v * V, o);
         }
         return;
@@ -275,7 +273,7 @@ __device__ void act_dx(const T* __restrict__ x, const T* __restrict__ dy, const 
         const int c = (int)((idx / HW) % C);
         const Chan k = chan(q, C, c, eps);
         const float mg = q[4 * C + c] / m, mgx = q[5 * C + c] / m;
-        st(dx, idx, bn_dx1<T>(ld(x, idx), ld(dy, idx), k, mg, mgx, silu));
+        st(dx, idx, bn_dx1(ld(x, idx), ld(dy, idx), k, mg, mgx, silu));
     }
 }
 

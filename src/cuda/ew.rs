@@ -48,15 +48,6 @@ fn cfg(rows: usize, len: usize) -> LaunchConfig {
     }
 }
 
-fn suffix(d: DType) -> Result<&'static str> {
-    match d {
-        DType::F32 => Ok("f32"),
-        DType::F16 => Ok("f16"),
-        DType::BF16 => Ok("bf16"),
-        d => Err(err(format!("dtype {d:?}; f32, f16 and bf16 are supported"))),
-    }
-}
-
 /// `a + b` for two operands of `rows` rows of `len` elements; returns `shape`'s contiguous tensor.
 pub fn add(
     a: Operand,
@@ -72,65 +63,55 @@ pub fn add(
             b.0.dtype()
         )));
     }
-    match a.0.dtype() {
-        DType::F32 => add_t::<f32>(a, b, rows, len, shape),
-        DType::F16 => add_t::<half::f16>(a, b, rows, len, shape),
-        DType::BF16 => add_t::<half::bf16>(a, b, rows, len, shape),
-        d => Err(err(format!("dtype {d:?}; f32, f16 and bf16 are supported"))),
-    }
-}
-
-fn add_t<T: CudaDType + DeviceRepr>(
-    a: Operand,
-    b: Operand,
-    rows: usize,
-    len: usize,
-    shape: &Shape,
-) -> Result<(CudaStorage, Shape)> {
-    let dev = a.0.device().clone();
-    let suf = suffix(a.0.dtype())?;
-    let (sa, sb) = (a.1.stride as i64, b.1.stride as i64);
-    let (va, vb) = (view::<T>(a, rows, len)?, view::<T>(b, rows, len)?);
-    let mut y = unsafe { dev.alloc::<T>(rows * len)? };
-    let (r, l) = (rows as i64, len as i64);
-    let f = dev.get_or_load_custom_func(&format!("ew_add_rows_{suf}"), MODULE, PTX)?;
-    let mut k = f.builder();
-    k.arg(&va)
-        .arg(&sa)
-        .arg(&vb)
-        .arg(&sb)
-        .arg(&mut y)
-        .arg(&r)
-        .arg(&l);
-    unsafe { k.launch(cfg(rows, len)) }.w()?;
-    Ok((CudaStorage::wrap_cuda_slice(y, dev), shape.clone()))
+    run(a, Some(b), rows, len, shape)
 }
 
 /// A contiguous copy of an operand of `rows` rows of `len` elements, as `shape`.
 pub fn copy(a: Operand, rows: usize, len: usize, shape: &Shape) -> Result<(CudaStorage, Shape)> {
+    run(a, None, rows, len, shape)
+}
+
+/// `ew_add_rows` (with `b`) or `ew_copy_rows` (without) in `a`'s dtype.
+fn run(
+    a: Operand,
+    b: Option<Operand>,
+    rows: usize,
+    len: usize,
+    shape: &Shape,
+) -> Result<(CudaStorage, Shape)> {
     match a.0.dtype() {
-        DType::F32 => copy_t::<f32>(a, rows, len, shape),
-        DType::F16 => copy_t::<half::f16>(a, rows, len, shape),
-        DType::BF16 => copy_t::<half::bf16>(a, rows, len, shape),
+        DType::F32 => run_t::<f32>(a, b, rows, len, shape),
+        DType::F16 => run_t::<half::f16>(a, b, rows, len, shape),
+        DType::BF16 => run_t::<half::bf16>(a, b, rows, len, shape),
         d => Err(err(format!("dtype {d:?}; f32, f16 and bf16 are supported"))),
     }
 }
 
-fn copy_t<T: CudaDType + DeviceRepr>(
+fn run_t<T: CudaDType + DeviceRepr>(
     a: Operand,
+    b: Option<Operand>,
     rows: usize,
     len: usize,
     shape: &Shape,
 ) -> Result<(CudaStorage, Shape)> {
     let dev = a.0.device().clone();
-    let suf = suffix(a.0.dtype())?;
+    let suf = super::kernel_suffix(a.0.dtype()).ok_or_else(|| err("dtype"))?;
     let sa = a.1.stride as i64;
     let va = view::<T>(a, rows, len)?;
+    let vb = b.map(|b| view::<T>(b, rows, len)).transpose()?;
+    let sb = b.map_or(0, |b| b.1.stride as i64);
     let mut y = unsafe { dev.alloc::<T>(rows * len)? };
     let (r, l) = (rows as i64, len as i64);
-    let f = dev.get_or_load_custom_func(&format!("ew_copy_rows_{suf}"), MODULE, PTX)?;
+    let name = if vb.is_some() { "add" } else { "copy" };
+    let f = dev.get_or_load_custom_func(&format!("ew_{name}_rows_{suf}"), MODULE, PTX)?;
     let mut k = f.builder();
-    k.arg(&va).arg(&sa).arg(&mut y).arg(&r).arg(&l);
+    k.arg(&va).arg(&sa);
+    if let Some(vb) = &vb {
+        k.arg(vb).arg(&sb);
+    }
+    k.arg(&mut y).arg(&r).arg(&l);
+    // SAFETY: the views hold `rows` rows of `len` elements `stride` apart, y `rows * len`
+    // elements; the arguments match the kernel.
     unsafe { k.launch(cfg(rows, len)) }.w()?;
     Ok((CudaStorage::wrap_cuda_slice(y, dev), shape.clone()))
 }

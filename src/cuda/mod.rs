@@ -35,3 +35,14 @@ pub mod nms;
 pub mod optim;
 pub mod pool;
 pub mod tal;
+
+/// The kernel-name suffix of an element type the half-precision-capable kernels are compiled for
+/// (`_f32`, `_f16`, `_bf16`); `None` for other dtypes.
+pub(crate) fn kernel_suffix(d: candle_core::DType) -> Option<&'static str> {
+    match d {
+        candle_core::DType::F32 => Some("f32"),
+        candle_core::DType::F16 => Some("f16"),
+        candle_core::DType::BF16 => Some("bf16"),
+        _ => None,
+    }
+}

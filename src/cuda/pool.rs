@@ -31,12 +31,8 @@ fn cfg(total: usize) -> LaunchConfig {
 }
 
 fn suffix(d: DType) -> Result<&'static str> {
-    match d {
-        DType::F32 => Ok("f32"),
-        DType::F16 => Ok("f16"),
-        DType::BF16 => Ok("bf16"),
-        d => Err(err(format!("dtype {d:?}; f32, f16 and bf16 are supported"))),
-    }
+    super::kernel_suffix(d)
+        .ok_or_else(|| err(format!("dtype {d:?}; f32, f16 and bf16 are supported")))
 }
 
 /// (planes, H, W) of a contiguous NCHW layout, checked to fit the kernels' ints.
