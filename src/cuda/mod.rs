@@ -16,6 +16,8 @@
 //! - [`dfl`]: the head's DFL expectation in one launch (`kernels/dfl.cu`).
 //! - [`ew`]: `a + b` and contiguous copies of row-strided tensors (`kernels/ew.cu`), for
 //!   [`crate::model::ew`].
+//! - [`upload`]: a batch's image bytes uploaded through pinned staging memory (experimental,
+//!   `YOLO9_PINNED_UPLOAD=1`).
 //! - [`optim`]: multi-tensor SGD, gradient-norm and EMA kernels (`kernels/optim.cu`): one launch
 //!   per optimizer phase for all parameters.
 //!
@@ -35,6 +37,7 @@ pub mod nms;
 pub mod optim;
 pub mod pool;
 pub mod tal;
+pub mod upload;
 
 /// The kernel-name suffix of an element type the half-precision-capable kernels are compiled for
 /// (`_f32`, `_f16`, `_bf16`); `None` for other dtypes.

@@ -110,6 +110,21 @@ impl StepTimes {
     }
 }
 
+/// A micro-batch's image bytes (u8, CHW per image) as a tensor on `device`: through pinned
+/// staging memory on CUDA when `YOLO9_PINNED_UPLOAD=1` (`crate::cuda::upload`), by
+/// `Tensor::from_slice` otherwise.
+fn upload_images(
+    bytes: &[u8],
+    shape: (usize, usize, usize, usize),
+    device: &Device,
+) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if device.is_cuda() && crate::cuda::upload::pinned_upload_on() {
+        return Ok(crate::cuda::upload::upload_u8(bytes, shape, device)?);
+    }
+    Ok(Tensor::from_slice(bytes, shape, device)?)
+}
+
 /// What one step trains: a loader batch's images and targets
 /// (see [`crate::data::loader::Batch`]).
 #[derive(Debug, Clone, Copy)]
@@ -191,7 +206,7 @@ pub fn step(
     let mut start = 0;
     // `micro`-sized micro-batches; under --sync-bn the same number on every rank.
     for len in crate::model::bn_sync::agreed_split(n, micro, device)? {
-        let x = Tensor::from_slice(
+        let x = upload_images(
             &input.images[start * per_image..(start + len) * per_image],
             (len, 3, s, s),
             device,

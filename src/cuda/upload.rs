@@ -1,0 +1,105 @@
+//! Host-to-device upload of a training batch's image bytes through page-locked (pinned) staging
+//! memory, behind [`PINNED_UPLOAD_ENV`] (off by default until measured).
+//!
+//! `Tensor::from_slice` copies from pageable memory, which cudarc follows with a synchronization
+//! of the stream (the host slice must outlive the copy): the host waits for the previous step's
+//! kernels, then the copy runs while the GPU idles. On the 16x BCCD runs of the training-speed
+//! issue this was 1.9 s per epoch (9 ms per batch of 16 at 640, `YOLO9_STEP_TIMES=1`'s `input`)
+//! next to 13 s of replayed steps. From pinned memory the copy is asynchronous: the bytes are
+//! copied into a staging buffer kept per thread and size (cudarc's `PinnedHostSlice`, whose event
+//! makes the next write into it wait until the copy has read it), and the device copy is queued
+//! on the stream after the work already there, with no host synchronization.
+
+use candle_core::backend::BackendStorage;
+use candle_core::cuda_backend::cudarc::driver::PinnedHostSlice;
+use candle_core::cuda_backend::WrapErr;
+use candle_core::{CpuStorage, CustomOp1, DType, Device, Error, Layout, Result, Shape, Tensor};
+use std::cell::RefCell;
+use std::sync::Arc;
+
+/// Environment variable that turns the pinned upload on (`1`); unset or anything else: off
+/// (`Tensor::from_slice`). Experimental: not yet measured on the GPU.
+pub const PINNED_UPLOAD_ENV: &str = "YOLO9_PINNED_UPLOAD";
+
+/// Whether [`PINNED_UPLOAD_ENV`] is `1`.
+pub fn pinned_upload_on() -> bool {
+    std::env::var(PINNED_UPLOAD_ENV).is_ok_and(|v| v.trim() == "1")
+}
+
+/// Staging buffers kept per thread: at most this many sizes (a full and a last partial batch).
+const KEEP: usize = 2;
+
+thread_local! {
+    static STAGING: RefCell<Vec<PinnedHostSlice<u8>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// `data` (u8, `shape`'s element count) as a new u8 tensor on the CUDA `device`, copied through
+/// pinned staging memory (module docs). Errors: `device` is not CUDA, the length does not match
+/// `shape`, CUDA errors (out of memory included).
+pub fn upload_u8(data: &[u8], shape: impl Into<Shape>, device: &Device) -> Result<Tensor> {
+    let shape = shape.into();
+    if shape.elem_count() != data.len() {
+        return Err(Error::Msg(format!(
+            "pinned upload: {} bytes for shape {shape:?}",
+            data.len()
+        )));
+    }
+    if !device.is_cuda() {
+        return Err(Error::Msg("pinned upload: not a CUDA device".into()));
+    }
+    // The op's input only carries the device; the result is the uploaded bytes.
+    Tensor::zeros(1, DType::U8, device)?.apply_op1_no_bwd(&UploadU8 { data, shape })
+}
+
+/// The op of [`upload_u8`].
+struct UploadU8<'a> {
+    data: &'a [u8],
+    shape: Shape,
+}
+
+impl CustomOp1 for UploadU8<'_> {
+    fn name(&self) -> &'static str {
+        "pinned-upload-u8"
+    }
+
+    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
+        Err(Error::Msg("pinned upload: CUDA only".into()))
+    }
+
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        _: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let dev = s.device().clone();
+        let stream = dev.cuda_stream();
+        let n = self.data.len();
+        STAGING.with(|st| {
+            let mut st = st.borrow_mut();
+            let found = st
+                .iter()
+                .position(|b| b.len() == n && Arc::ptr_eq(b.context(), stream.context()));
+            let i = match found {
+                Some(i) => i,
+                None => {
+                    if st.len() >= KEEP {
+                        st.remove(0);
+                    }
+                    // SAFETY: every byte is written below before the copy reads it.
+                    st.push(unsafe { stream.context().alloc_pinned::<u8>(n) }.w()?);
+                    st.len() - 1
+                }
+            };
+            let buf = &mut st[i];
+            // Waits until the previous copy from this buffer has read it.
+            buf.as_mut_slice().w()?.copy_from_slice(self.data);
+            // SAFETY: the copy below writes all n bytes before anything reads them.
+            let mut dst = unsafe { dev.alloc::<u8>(n)? };
+            stream.memcpy_htod(&*buf, &mut dst).w()?;
+            Ok((
+                candle_core::CudaStorage::wrap_cuda_slice(dst, dev.clone()),
+                self.shape.clone(),
+            ))
+        })
+    }
+}
