@@ -1485,3 +1485,21 @@ fn row_kernels_add_and_copy_channel_slices_as_candle() {
         "d(s + s)/ds is 2"
     );
 }
+
+#[test]
+fn pinned_upload_equals_from_slice() {
+    let dev = gpu();
+    let bytes: Vec<u8> = (0..2 * 3 * 8 * 8).map(|i| (i * 7 % 251) as u8).collect();
+    // Twice per size (the staging buffer is reused) and a second size (a last partial batch).
+    for n in [2usize, 2, 1, 2] {
+        let part = &bytes[..n * 3 * 8 * 8];
+        let got = yolo9::cuda::upload::upload_u8(part, (n, 3, 8, 8), &dev).unwrap();
+        let want = Tensor::from_slice(part, (n, 3, 8, 8), &dev).unwrap();
+        assert_eq!(got.dims(), want.dims());
+        assert_eq!(
+            got.flatten_all().unwrap().to_vec1::<u8>().unwrap(),
+            want.flatten_all().unwrap().to_vec1::<u8>().unwrap()
+        );
+    }
+    assert!(yolo9::cuda::upload::upload_u8(&bytes[..10], (1, 3, 8, 8), &dev).is_err());
+}
