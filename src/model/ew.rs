@@ -5,23 +5,23 @@
 //! candle's CUDA add and copy run one element per thread, and on a strided operand (the channel
 //! slice that a concatenation's backward or a `chunk` hands on) they decode every element's
 //! index through all dimensions: in the bs64 mixed-precision training step (ncu, H200) its
-//! `badd`/`ucopy` kernels took 56 and 19 ms of the step's 270 ms at 0.35–1 TB/s. Here an operand
-//! is [`Rows`] ([`rows_of`]): `rows` runs of `len` contiguous elements `stride` apart, which covers a
-//! contiguous tensor (one row) and a narrow along dimension 1 of a contiguous NCHW tensor (N rows
-//! of n·H·W); the kernels (`kernels/ew.cu`) move 16-byte vectors.
+//! `badd`/`ucopy` kernels took 56 and 19 ms of the step's 270 ms at 0.35–1 TB/s. Here an
+//! operand is [`Rows`] ([`rows_of`]): `rows` runs of `len` contiguous elements `stride` apart,
+//! which covers a contiguous tensor (one row) and a narrow along dimension 1 of a contiguous NCHW
+//! tensor (N rows of n·H·W); the kernels (`kernels/ew.cu`) move 16-byte vectors.
 //!
 //! [`add`] and [`contiguous`] use the ops on CUDA for f32/f16/bf16 operands of that form outside
 //! candle's autograd, and candle's ops everywhere else (the CPU, other layouts, other dtypes,
-//! tensors candle's autograd tracks), with the same values: the
-//! sum is computed in f32 and rounded once to the element type, as candle's.
+//! tensors candle's autograd tracks), with the same values: the sum is computed in f32 and
+//! rounded once to the element type, as candle's.
 
 use crate::op_args::{rows_of, Rows};
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Error, Layout, Result, Shape, Tensor};
 
-/// Whether the fast ops apply to `t`: a non-empty CUDA tensor of f32/f16/bf16 in row form that candle's
-/// autograd does not track (the ops have no backward: the tape's forward runs on detached
-/// tensors and records its own nodes; a plain training forward keeps candle's ops).
+/// Whether the fast ops apply to `t`: a non-empty CUDA tensor of f32/f16/bf16 in row form that
+/// candle's autograd does not track (the ops have no backward: the tape's forward runs on
+/// detached tensors and records its own nodes; a plain training forward keeps candle's ops).
 fn applies(t: &Tensor) -> bool {
     !t.track_op()
         && t.elem_count() > 0

@@ -509,8 +509,8 @@ impl<'a> Ctx<'a> {
     /// a quarter of each output gradient over its 2×2 window: with `g` the gradient padded by one
     /// zero row and column on every side, `dx[i, j] = (g[i, j] + g[i, j+1] + g[i+1, j] +
     /// g[i+1, j+1]) / 4`. On CUDA both are one kernel (the inference pool's forward and
-    /// [`super::pool::avg_pool_2x2_s1_backward`]): the same f32 sums in the same order; in bf16 each
-    /// result is rounded once instead of after every addition.
+    /// [`super::pool::avg_pool_2x2_s1_backward`]): the same f32 sums in the same order; in bf16
+    /// each result is rounded once instead of after every addition.
     pub fn avg_pool_2x2_s1(&self, x: &Tensor) -> Result<Tensor> {
         if self.nhwc {
             return super::pool::nhwc::avg_pool_2x2_s1(x);
