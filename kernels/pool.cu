@@ -32,15 +32,23 @@ __device__ __forceinline__ int argmax_at(const T* __restrict__ x, int H, int W, 
 }
 
 // y[p, i, j] = max of the k x k window around (i, j).
+// (plane, i, j) of element `idx` of contiguous planes of H x W (NCHW: plane = n * C + c).
+__device__ __forceinline__ void nchw_at(long long idx, int H, int W, long long& plane, int& i, int& j) {
+    plane = idx / ((long long)H * W);
+    const int rem = (int)(idx - plane * H * W);
+    i = rem / W;
+    j = rem - (rem / W) * W;
+}
+
 template <typename T>
 __device__ void pool_fwd(const T* __restrict__ x, T* __restrict__ y, long long planes, int H, int W, int k) {
     const long long total = planes * H * W;
     const int r = k / 2;
     for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
          idx += (long long)gridDim.x * blockDim.x) {
-        const long long plane = idx / ((long long)H * W);
-        const int rem = (int)(idx - plane * H * W);
-        const int i = rem / W, j = rem - (rem / W) * W;
+        long long plane;
+        int i, j;
+        nchw_at(idx, H, W, plane, i, j);
         const T* xp = x + plane * H * W;
         const int arg = argmax_at(xp, H, W, k, i, j);
         const int a = i + arg / k - r, b = j + arg % k - r;
@@ -55,9 +63,9 @@ __device__ void pool_arg(const T* __restrict__ x, unsigned char* __restrict__ ar
     const long long total = planes * H * W;
     for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
          idx += (long long)gridDim.x * blockDim.x) {
-        const long long plane = idx / ((long long)H * W);
-        const int rem = (int)(idx - plane * H * W);
-        const int i = rem / W, j = rem - (rem / W) * W;
+        long long plane;
+        int i, j;
+        nchw_at(idx, H, W, plane, i, j);
         arg[idx] = (unsigned char)argmax_at(x + plane * H * W, H, W, k, i, j);
     }
 }
@@ -71,9 +79,9 @@ __device__ void pool_bwd(const unsigned char* __restrict__ arg, const T* __restr
     const int r = k / 2;
     for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
          idx += (long long)gridDim.x * blockDim.x) {
-        const long long plane = idx / ((long long)H * W);
-        const int rem = (int)(idx - plane * H * W);
-        const int a = rem / W, b = rem - (rem / W) * W;
+        long long plane;
+        int a, b;
+        nchw_at(idx, H, W, plane, a, b);
         const long long base = plane * H * W;
         float acc = 0.0f;
         for (int i = a - r; i <= a + r; ++i) {
@@ -156,9 +164,9 @@ __device__ void avg2_nchw(const T* __restrict__ x, T* __restrict__ y, long long 
     const long long total = planes * Ho * Wo;
     for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
          idx += (long long)gridDim.x * blockDim.x) {
-        const long long plane = idx / ((long long)Ho * Wo);
-        const int rem = (int)(idx - plane * Ho * Wo);
-        const int i = rem / Wo, j = rem - (rem / Wo) * Wo;
+        long long plane;
+        int i, j;
+        nchw_at(idx, Ho, Wo, plane, i, j);
         const long long o = plane * H * W + (long long)i * W + j;
         float s = ld(x, o) + ld(x, o + 1);
         s += ld(x, o + W);
@@ -178,9 +186,9 @@ __device__ void avg2_bwd_nchw(const T* __restrict__ dy, T* __restrict__ dx, long
     const long long total = planes * H * W;
     for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
          idx += (long long)gridDim.x * blockDim.x) {
-        const long long plane = idx / ((long long)H * W);
-        const int rem = (int)(idx - plane * H * W);
-        const int i = rem / W, j = rem - (rem / W) * W;
+        long long plane;
+        int i, j;
+        nchw_at(idx, H, W, plane, i, j);
         const T* g = dy + plane * Ho * Wo;
         const bool up = i > 0, down = i < Ho, left = j > 0, right = j < Wo;
         float s = (up && left) ? ld(g, (long long)(i - 1) * Wo + j - 1) : 0.0f;
