@@ -30,6 +30,10 @@ fn cfg(total: usize) -> LaunchConfig {
     }
 }
 
+fn i32_of(v: usize, what: &str) -> Result<i32> {
+    i32::try_from(v).map_err(|_| err(format!("{what} = {v} does not fit in i32")))
+}
+
 fn suffix(d: DType) -> Result<&'static str> {
     super::kernel_suffix(d)
         .ok_or_else(|| err(format!("dtype {d:?}; f32, f16 and bf16 are supported")))
@@ -155,9 +159,6 @@ fn infer_t<T: CudaDType + DeviceRepr>(
         .contiguous_offsets()
         .ok_or_else(|| err("x is not contiguous"))?;
     let (d0, d1, d2, d3) = l.shape().dims4()?;
-    let i32_of = |v: usize, what: &str| -> Result<i32> {
-        i32::try_from(v).map_err(|_| err(format!("{what} = {v} does not fit in i32")))
-    };
     let dev = s.device().clone();
     let x = s.as_cuda_slice::<T>()?.slice(a..b);
     let (shape, name) = match p {
@@ -252,9 +253,6 @@ fn avg2_backward_t<T: CudaDType + DeviceRepr>(
         .ok_or_else(|| err("dy is not contiguous"))?;
     let (n, c, ho, wo) = l.shape().dims4()?;
     let (h, w) = (ho + 1, wo + 1);
-    let i32_of = |v: usize, what: &str| -> Result<i32> {
-        i32::try_from(v).map_err(|_| err(format!("{what} = {v} does not fit in i32")))
-    };
     let (h_, w_) = (i32_of(h, "H")?, i32_of(w, "W")?);
     let dev = s.device().clone();
     let dy = s.as_cuda_slice::<T>()?.slice(a..b);

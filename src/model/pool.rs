@@ -402,7 +402,10 @@ impl CustomOp1 for Avg2Grad {
         };
         let (h, w) = (ho + 1, wo + 1);
         let mut dx = Vec::with_capacity(n * c * h * w);
-        for g in v[a..b].chunks(ho * wo.max(1)).take(n * c) {
+        let v = &v[a..b];
+        for p in 0..n * c {
+            // A plane of dy; empty when H−1 or W−1 is 0 (every dx term is then outside it).
+            let g = &v[p * ho * wo..(p + 1) * ho * wo];
             for i in 0..h {
                 for j in 0..w {
                     let at = |ii: usize, jj: usize| g[ii * wo + jj];
@@ -567,6 +570,16 @@ mod tests {
         assert_eq!(
             got.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
             want.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+        );
+        // An empty gradient plane (a 1-row input) gives a zero input gradient, not a panic.
+        let dx = avg_pool_2x2_s1_backward(
+            &Tensor::zeros((1, 2, 0, 3), DType::F32, &Device::Cpu).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(dx.dims(), &[1, 2, 1, 4]);
+        assert_eq!(
+            dx.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+            vec![0.0; 8]
         );
         // Hand case: dy = [[4, 8]] on a 2x3 input: corners get 1 and 2, the middle 1 + 2 = 3.
         let dy = Tensor::from_vec(vec![4f32, 8.0], (1, 1, 1, 2), &Device::Cpu).unwrap();
