@@ -460,6 +460,8 @@ impl Conv {
             w
         };
         // A channel slice (a `chunk`) is copied by the row kernel, not inside the convolution.
+        // The node saves the slice itself and its backward copies it again: keeping the copy
+        // would hold one more activation until the backward.
         let z = conv2d_train(&super::ew::contiguous(x)?, &w, pad, stride, groups)?;
         let xs = x.clone();
         if let Some(bn) = &self.bn {
