@@ -16,8 +16,8 @@
 //! - [`dfl`]: the head's DFL expectation in one launch (`kernels/dfl.cu`).
 //! - [`ew`]: `a + b` and contiguous copies of row-strided tensors (`kernels/ew.cu`), for
 //!   [`crate::model::ew`].
-//! - [`upload`]: a batch's image bytes uploaded through pinned staging memory (experimental,
-//!   `YOLO9_PINNED_UPLOAD=1`).
+//! - [`upload`]: a batch's image bytes uploaded through pinned staging memory, without a host
+//!   synchronization (the training loop's upload of the next batch).
 //! - [`optim`]: multi-tensor SGD, gradient-norm and EMA kernels (`kernels/optim.cu`): one launch
 //!   per optimizer phase for all parameters.
 //!

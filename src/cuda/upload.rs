@@ -1,14 +1,16 @@
 //! Host-to-device upload of a training batch's image bytes through page-locked (pinned) staging
-//! memory, behind [`PINNED_UPLOAD_ENV`] (off by default until measured).
+//! memory, queued on the stream without a host synchronization.
 //!
 //! `Tensor::from_slice` copies from pageable memory, which cudarc follows with a synchronization
-//! of the stream (the host slice must outlive the copy): the host waits for the previous step's
-//! kernels, then the copy runs while the GPU idles. On the 16x BCCD runs of the training-speed
-//! issue this was 1.9 s per epoch (9 ms per batch of 16 at 640, `YOLO9_STEP_TIMES=1`'s `input`)
-//! next to 13 s of replayed steps. From pinned memory the copy is asynchronous: the bytes are
-//! copied into a staging buffer kept per thread and size (cudarc's `PinnedHostSlice`, whose event
-//! makes the next write into it wait until the copy has read it), and the device copy is queued
-//! on the stream after the work already there, with no host synchronization.
+//! of the stream (the host slice must outlive the copy): the host waits for the kernels already
+//! queued, then the copy runs while the GPU idles. From pinned memory the copy is asynchronous:
+//! the bytes are copied into a staging buffer kept per thread and size (cudarc's
+//! `PinnedHostSlice`, whose event makes the next write into it wait until the copy has read it),
+//! and the device copy is queued after the work already on the stream. The training loop uses it
+//! to upload the next batch while the current step's replay runs (`crate::train::step`,
+//! `StepInput::next`). Used in place of `from_slice` for the batch about to run, it gained
+//! nothing: the host copy into the staging buffer then sits where the pageable copy did (16x
+//! BCCD on the H200, 2026-12-04: 0.85 against 0.64 s of upload per epoch).
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::PinnedHostSlice;
@@ -16,15 +18,6 @@ use candle_core::cuda_backend::WrapErr;
 use candle_core::{CpuStorage, CustomOp1, DType, Device, Error, Layout, Result, Shape, Tensor};
 use std::cell::RefCell;
 use std::sync::Arc;
-
-/// Environment variable that turns the pinned upload on (`1`); unset or anything else: off
-/// (`Tensor::from_slice`). Experimental: not yet measured on the GPU.
-pub const PINNED_UPLOAD_ENV: &str = "YOLO9_PINNED_UPLOAD";
-
-/// Whether [`PINNED_UPLOAD_ENV`] is `1`.
-pub fn pinned_upload_on() -> bool {
-    std::env::var(PINNED_UPLOAD_ENV).is_ok_and(|v| v.trim() == "1")
-}
 
 /// Staging buffers kept per thread: at most this many sizes (a full and a last partial batch).
 const KEEP: usize = 2;

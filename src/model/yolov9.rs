@@ -751,8 +751,26 @@ impl YoloV9Train {
     /// back, so that a training step that failed halfway (out of memory) can be redone exactly.
     pub fn snapshot_bn(&self) -> Result<BnSnapshot> {
         let mut stats = Vec::with_capacity(self.buffers.len());
-        for (_, m, v) in &self.buffers {
-            stats.push((m.as_tensor().copy()?, v.as_tensor().copy()?));
+        #[cfg(feature = "cuda")]
+        {
+            // One multi-tensor copy on CUDA: this runs before every training batch, where a copy
+            // per statistic is an allocation and a launch for each of several hundred tensors.
+            let all: Vec<&Tensor> = self
+                .buffers
+                .iter()
+                .flat_map(|(_, m, v)| [m.as_tensor(), v.as_tensor()])
+                .collect();
+            if crate::cuda::optim::applies(&all) {
+                let mut c = crate::cuda::optim::sum_new(None, &all)?.into_iter();
+                while let (Some(m), Some(v)) = (c.next(), c.next()) {
+                    stats.push((m, v));
+                }
+            }
+        }
+        if stats.is_empty() {
+            for (_, m, v) in &self.buffers {
+                stats.push((m.as_tensor().copy()?, v.as_tensor().copy()?));
+            }
         }
         Ok(BnSnapshot {
             stats,

@@ -204,6 +204,8 @@ fn step_peak(
         targets: &targets,
         len: batch,
         img: req.img as usize,
+        on_device: None,
+        next: None,
     };
     // The window starts from what is live (the model, optimizer and EMA), not from the cache
     // the previous step left.

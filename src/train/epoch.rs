@@ -14,7 +14,7 @@ use crate::train::observer::TrainObserver;
 use crate::train::report::{append_results_csv, EpochReport};
 use crate::train::state::{copy_atomic, Run, Start};
 use crate::train::step::{
-    add_param_grads, optimizer_step, step, BatchOutcome, StepInput, StepParts, StepTimes,
+    add_param_grads, optimizer_step, phase, step, BatchOutcome, StepInput, StepParts, StepTimes,
 };
 use anyhow::Result;
 use candle_core::Tensor;
@@ -279,7 +279,12 @@ fn train_batches(
             first,
         );
     }
-    for batch in loader.epoch(epoch, first) {
+    // The next batch's images are uploaded during this batch's replayed step (CUDA): peeked
+    // here, handed over as `pre`.
+    let prefetch = crate::train::step::prefetch_on(&run.device);
+    let mut batches = loader.epoch(epoch, first).peekable();
+    let mut pre: Option<(usize, Tensor)> = None;
+    while let Some(batch) = batches.next() {
         let i = batch.index;
         let ni = i + nb * epoch;
         // Stop request or mid-epoch checkpoint, before this batch (state = batches < i).
@@ -306,7 +311,7 @@ fn train_batches(
         if ni < 3 && !opts.noplots && run.rank0 && batch.len > 0 {
             plot_batch(run, &batch, ni, names, obs);
         }
-        times.mark(0)?;
+        times.mark(phase::WAIT)?;
         let st = run.sched.at(ni, epoch, nb, opts.batch);
         run.opt.lr = st.lr.map(|l| l * run.counters.lr_scale);
         run.opt.momentum = st.momentum;
@@ -316,22 +321,37 @@ fn train_batches(
                 BatchOutcome {
                     items: [0.0; 3],
                     grads,
+                    next_images: None,
                 },
                 0,
             )
         } else {
-            run.train_batch_recovering(&batch, ni, epoch, obs, &mut times)?
+            let on_device = pre.take().filter(|(k, _)| *k == i).map(|(_, t)| t);
+            let next = batches
+                .peek()
+                .filter(|b| prefetch && b.len > 0)
+                .map(|b| (b.index, b.images.as_slice()));
+            let input = StepInput {
+                on_device: on_device.as_ref(),
+                next: next.map(|(_, b)| b),
+                ..StepInput::of(&batch, opts.img as usize)
+            };
+            let (mut out, ooms) =
+                run.train_batch_recovering(&batch, &input, ni, epoch, obs, &mut times)?;
+            pre = next.zip(out.next_images.take()).map(|((k, _), t)| (k, t));
+            (out, ooms)
         };
         pr.oom_events += ooms;
         let (out, images) = exchange(run, out, batch.len, obs)?;
         accumulate(run, &mut pr, out, images, (epoch, i), obs)?;
+        times.mark(phase::ACCUMULATE)?;
         if ni as i64 - run.counters.last_opt_step >= st.accumulate as i64 {
             if let Some(g) = run.acc.take() {
                 apply_step(run, &mut pr, g, (epoch, i), obs)?;
             }
             run.counters.last_opt_step = ni as i64;
         }
-        times.mark(5)?;
+        times.mark(phase::OPTIMIZER)?;
         if run.nan_streak >= opts.nan_patience {
             let why = format!("{} non-finite steps in a row", run.nan_streak);
             run.rollback(&why, obs)?;
@@ -441,6 +461,7 @@ fn exchange(
                 BatchOutcome {
                     items: g.items,
                     grads: g.grads,
+                    next_images: None,
                 },
                 g.len,
             )
@@ -663,12 +684,14 @@ impl Run<'_> {
     fn train_batch_recovering(
         &mut self,
         batch: &Batch,
+        input: &StepInput<'_>,
         ni: usize,
         epoch: usize,
         obs: &mut dyn TrainObserver,
         times: &mut StepTimes,
     ) -> Result<(BatchOutcome, usize)> {
         let bn = self.model.snapshot_bn()?;
+        times.mark(phase::BN_SNAPSHOT)?;
         // --sync-bn: this rank's collective serves the BN layers during the step.
         let mut sync = if self.opts.sync_bn {
             self.comm.take()
@@ -696,12 +719,11 @@ impl Run<'_> {
                     device: &this.device,
                     graphs: Some(&this.graphs),
                 };
-                let input = StepInput::of(batch, this.opts.img as usize);
                 match sync.as_mut() {
                     Some(c) => crate::model::bn_sync::with_sync(&mut BnSyncOf(c.as_mut()), || {
-                        step(&parts, &input, micro, &this.faults, ni, times)
+                        step(&parts, input, micro, &this.faults, ni, times)
                     }),
-                    None => step(&parts, &input, micro, &this.faults, ni, times),
+                    None => step(&parts, input, micro, &this.faults, ni, times),
                 }
             },
             |old, new| {

@@ -183,11 +183,37 @@ impl StepGraphs {
         targets: &Tensor,
         img_hw: (usize, usize),
     ) -> Result<MicroOutcome> {
+        self.micro_step_with(model, loss, params, x, targets, img_hw, &mut || Ok(()))
+    }
+
+    /// [`StepGraphs::micro_step`], calling `between` once: right after a replayed step is
+    /// queued and before its loss values are read back (the host waits for the device there), so
+    /// that host work in `between` (the next batch's upload) overlaps the replay; after the step
+    /// in the other cases. An error of `between` is the micro-step's.
+    #[allow(clippy::too_many_arguments)]
+    pub fn micro_step_with(
+        &mut self,
+        model: &YoloV9Train,
+        loss: &DualTalLoss,
+        params: &[Tensor],
+        x: &Tensor,
+        targets: &Tensor,
+        img_hw: (usize, usize),
+        between: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<MicroOutcome> {
         #[cfg(feature = "cuda")]
         {
+            let mut called = false;
             let out = self
                 .inner
-                .micro_step(model, loss, params, x, targets, img_hw);
+                .micro_step(model, loss, params, x, targets, img_hw, &mut || {
+                    called = true;
+                    between()
+                });
+            let out = match out {
+                Ok(o) if !called => between().map(|()| o),
+                other => other,
+            };
             // `YOLO9_MEM_TRACE=1`: what the micro-step was (`warm`, `capture`, `replay`,
             // `ordinary`), the GT row capacity and the memory after it.
             crate::memory::mem_trace(
@@ -202,7 +228,11 @@ impl StepGraphs {
             out
         }
         #[cfg(not(feature = "cuda"))]
-        ordinary(model, loss, params, x, targets, img_hw)
+        {
+            let out = ordinary(model, loss, params, x, targets, img_hw)?;
+            between()?;
+            Ok(out)
+        }
     }
 }
 
@@ -353,6 +383,7 @@ mod imp {
             x: &Tensor,
             targets: &Tensor,
             img_hw: (usize, usize),
+            between: &mut dyn FnMut() -> Result<()>,
         ) -> Result<MicroOutcome> {
             self.event = "ordinary";
             let Device::Cuda(dev) = x.device() else {
@@ -378,7 +409,7 @@ mod imp {
                     self.event = "replay";
                     self.replays += 1;
                     c.replays += 1;
-                    return c.replay(model, loss, x, &gt);
+                    return c.replay(model, loss, x, &gt, between);
                 }
             }
             // The same shape with more GT rows than the capture has room for: capture again.
@@ -652,6 +683,7 @@ mod imp {
             loss: &DualTalLoss,
             x: &Tensor,
             gt: &GtBatch,
+            between: &mut dyn FnMut() -> Result<()>,
         ) -> Result<MicroOutcome> {
             let mut lap = Lap::new(x.device());
             self.input.slice_set(&x.contiguous()?, 0, 0)?;
@@ -663,6 +695,7 @@ mod imp {
             model.count_batch();
             lap.mark(1)?;
             let grads = copy_grads(&self.grads)?;
+            between()?;
             let out = outcome(loss, &self.values, grads)?;
             lap.mark(2)?;
             lap.report(x.dims()[0]);

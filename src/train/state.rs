@@ -139,6 +139,7 @@ impl Run<'_> {
         progress: &EpochProgress,
         obs: &mut dyn TrainObserver,
     ) -> Result<bool> {
+        let t0 = std::time::Instant::now();
         let vars: Vec<Tensor> = self
             .model
             .vars()
@@ -152,15 +153,25 @@ impl Run<'_> {
             )?;
             return Ok(false);
         }
+        let t_write = std::time::Instant::now();
         if self.rank0 {
             self.write_state(epoch, next_batch, progress)?;
         }
+        let t_good = std::time::Instant::now();
         self.good = GoodState::take(
             &self.model,
             &self.opt,
             &self.ema,
             format!("epoch {} batch {}", epoch + 1, next_batch),
         )?;
+        if crate::train::step::StepTimes::enabled() {
+            obs.line(&format!(
+                "checkpoint times (s): finite check {:.2}, write {:.2}, rollback copy {:.2}",
+                (t_write - t0).as_secs_f64(),
+                (t_good - t_write).as_secs_f64(),
+                t_good.elapsed().as_secs_f64()
+            ));
+        }
         Ok(true)
     }
 

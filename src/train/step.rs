@@ -44,14 +44,36 @@ pub const STEP_TIMES_ENV: &str = "YOLO9_STEP_TIMES";
 
 /// Names of the phases timed by [`StepTimes`], in loop order (the indices of
 /// [`StepTimes::mark`]).
-pub const PHASES: [&str; 6] = [
+pub const PHASES: [&str; 8] = [
     "wait",
+    "bn snapshot",
     "input",
     "forward",
     "loss",
     "backward",
+    "accumulate",
     "optimizer+ema",
 ];
+
+/// Indices of [`PHASES`], for [`StepTimes::mark`].
+pub mod phase {
+    /// Waiting for the loader's batch.
+    pub const WAIT: usize = 0;
+    /// The BN statistics' snapshot (for out-of-memory recovery).
+    pub const BN_SNAPSHOT: usize = 1;
+    /// Upload and cast of the images.
+    pub const INPUT: usize = 2;
+    /// The taped forward (ordinary steps).
+    pub const FORWARD: usize = 3;
+    /// The loss (ordinary steps).
+    pub const LOSS: usize = 4;
+    /// The backward (with the forward and loss when the step is replayed from a CUDA graph).
+    pub const BACKWARD: usize = 5;
+    /// Adding the batch's gradients to the accumulation window.
+    pub const ACCUMULATE: usize = 6;
+    /// Gradient clipping, the optimizer step and the EMA update.
+    pub const OPTIMIZER: usize = 7;
+}
 
 /// Opt-in wall-clock time per training-loop phase (see [`STEP_TIMES_ENV`]).
 pub struct StepTimes {
@@ -110,19 +132,30 @@ impl StepTimes {
     }
 }
 
-/// A micro-batch's image bytes (u8, CHW per image) as a tensor on `device`: through pinned
-/// staging memory on CUDA when `YOLO9_PINNED_UPLOAD=1` (`crate::cuda::upload`), by
-/// `Tensor::from_slice` otherwise.
-fn upload_images(
-    bytes: &[u8],
-    shape: (usize, usize, usize, usize),
-    device: &Device,
-) -> Result<Tensor> {
-    #[cfg(feature = "cuda")]
-    if device.is_cuda() && crate::cuda::upload::pinned_upload_on() {
-        return Ok(crate::cuda::upload::upload_u8(bytes, shape, device)?);
+/// Environment variable that turns off (`0`) the upload of the next batch's images during the
+/// current step's replay ([`StepInput::next`]; for comparisons).
+pub const PREFETCH_ENV: &str = "YOLO9_PREFETCH";
+
+/// Whether the next batch's images are uploaded during the current step (a CUDA device and
+/// [`PREFETCH_ENV`] not `0`).
+pub fn prefetch_on(device: &Device) -> bool {
+    device.is_cuda() && std::env::var(PREFETCH_ENV).map_or(true, |v| v.trim() != "0")
+}
+
+/// The next batch's image bytes (`n × 3 × img × img`) on the CUDA `device`, queued as an
+/// asynchronous copy from pinned memory ([`crate::cuda::upload::upload_u8`]); `None` elsewhere.
+fn prefetch(bytes: &[u8], img: usize, device: &Device) -> Result<Option<Tensor>> {
+    let per_image = 3 * img * img;
+    if bytes.is_empty() || per_image == 0 || !bytes.len().is_multiple_of(per_image) {
+        return Ok(None);
     }
-    Ok(Tensor::from_slice(bytes, shape, device)?)
+    #[cfg(feature = "cuda")]
+    if device.is_cuda() {
+        let shape = (bytes.len() / per_image, 3, img, img);
+        return Ok(Some(crate::cuda::upload::upload_u8(bytes, shape, device)?));
+    }
+    let _ = device;
+    Ok(None)
 }
 
 /// What one step trains: a loader batch's images and targets
@@ -137,6 +170,13 @@ pub struct StepInput<'a> {
     pub len: usize,
     /// Square image side in pixels.
     pub img: usize,
+    /// `images` already on the step's device (u8, `len × 3 × img × img`): what the previous
+    /// step uploaded as its [`BatchOutcome::next_images`]. `None`: uploaded by the step.
+    pub on_device: Option<&'a Tensor>,
+    /// The next batch's image bytes (same layout): on CUDA, the step uploads them while its last
+    /// replayed micro-step runs (the host would otherwise copy them while the GPU waits) and
+    /// returns them as [`BatchOutcome::next_images`].
+    pub next: Option<&'a [u8]>,
 }
 
 impl<'a> StepInput<'a> {
@@ -147,6 +187,8 @@ impl<'a> StepInput<'a> {
             targets: &batch.targets,
             len: batch.len,
             img,
+            on_device: None,
+            next: None,
         }
     }
 }
@@ -174,6 +216,8 @@ pub struct BatchOutcome {
     pub items: [f64; 3],
     /// Parameter gradients of the batch (`None` when the loss was not finite).
     pub grads: Option<GradStore>,
+    /// [`StepInput::next`] on the device, when the step uploaded it.
+    pub next_images: Option<Tensor>,
 }
 
 /// Trains one loader batch as micro-batches of `micro` images and returns the summed parameter
@@ -204,16 +248,25 @@ pub fn step(
     let mut grads: Option<GradStore> = None;
     let mut items = [0f64; 3];
     let mut start = 0;
+    let mut next_images = None;
+    let on_device = input
+        .on_device
+        .filter(|t| t.dims() == [n, 3, s, s] && t.device().same_device(device));
     // `micro`-sized micro-batches; under --sync-bn the same number on every rank.
-    for len in crate::model::bn_sync::agreed_split(n, micro, device)? {
-        let x = upload_images(
-            &input.images[start * per_image..(start + len) * per_image],
-            (len, 3, s, s),
-            device,
-        )?
+    let splits = crate::model::bn_sync::agreed_split(n, micro, device)?;
+    let last = splits.len().saturating_sub(1);
+    for (k, len) in splits.into_iter().enumerate() {
+        let x = match on_device {
+            Some(t) => t.narrow(0, start, len)?,
+            None => Tensor::from_slice(
+                &input.images[start * per_image..(start + len) * per_image],
+                (len, 3, s, s),
+                device,
+            )?,
+        }
         .to_dtype(DType::F32)?
         .affine(1.0 / 255.0, 0.0)?;
-        times.mark(1)?;
+        times.mark(phase::INPUT)?;
         let rows: Vec<[f32; 6]> = input
             .targets
             .iter()
@@ -234,10 +287,22 @@ pub fn step(
                 .iter()
                 .map(|p| p.var.as_tensor().clone())
                 .collect();
-            let out = gr
-                .borrow_mut()
-                .micro_step(model, loss, &params, &x, &t, (s, s))?;
-            times.mark(4)?;
+            let mut between = || -> Result<()> {
+                if let Some(b) = input.next.filter(|_| k == last) {
+                    next_images = prefetch(b, s, device)?;
+                }
+                Ok(())
+            };
+            let out = gr.borrow_mut().micro_step_with(
+                model,
+                loss,
+                &params,
+                &x,
+                &t,
+                (s, s),
+                &mut between,
+            )?;
+            times.mark(phase::BACKWARD)?;
             let mut li = out.items;
             if faults.nan_at.contains(&ni) {
                 li = [f32::NAN; 3];
@@ -246,6 +311,7 @@ pub fn step(
                 return Ok(BatchOutcome {
                     items: li.map(|v| v as f64),
                     grads: None,
+                    next_images,
                 });
             };
             add_param_grads(&mut grads, &mut g, opt)?;
@@ -256,7 +322,7 @@ pub fn step(
             continue;
         }
         let (raw, tape) = train_forward(model, &x)?;
-        times.mark(2)?;
+        times.mark(phase::FORWARD)?;
         if faults.kill_at == Some(ni) {
             crate::train::guard::die();
         }
@@ -267,7 +333,7 @@ pub fn step(
             .into());
         }
         let lo = loss.compute(&raw.aux, &raw.main, &t, (s, s))?;
-        times.mark(3)?;
+        times.mark(phase::LOSS)?;
         let mut li = lo.items;
         if faults.nan_at.contains(&ni) {
             li = [f32::NAN; 3];
@@ -276,11 +342,12 @@ pub fn step(
             return Ok(BatchOutcome {
                 items: li.map(|v| v as f64),
                 grads: None,
+                next_images,
             });
         }
         let mut g = train_backward(&lo.total, raw, tape)?;
         add_param_grads(&mut grads, &mut g, opt)?;
-        times.mark(4)?;
+        times.mark(phase::BACKWARD)?;
         for (m, v) in items.iter_mut().zip(li) {
             *m += v as f64 * len as f64;
         }
@@ -289,6 +356,7 @@ pub fn step(
     Ok(BatchOutcome {
         items: items.map(|v| v / n.max(1) as f64),
         grads,
+        next_images,
     })
 }
 
