@@ -1549,7 +1549,9 @@ fn step_uploads_the_next_batch_and_trains_on_device_images() {
     use yolo9::train::guard::Faults;
     use yolo9::train::optimizer::Sgd;
     use yolo9::train::step::{step, StepInput, StepParts, StepTimes};
-    let dev = gpu();
+    // As the trainer opens it (CUDA event tracking off: a capture needs that), strict f32.
+    let dev = yolo9::device::select(yolo9::device::DeviceSpec::Cuda(0)).unwrap();
+    yolo9::cuda::conv::set_strict_fp32(true);
     let img = 160;
     let bytes = |seed: u64| -> Vec<u8> {
         let t = rand(&[2 * 3 * img * img], seed, 127.0, 128.0);
@@ -1636,4 +1638,29 @@ fn step_uploads_the_next_batch_and_trains_on_device_images() {
         }
     }
     assert_eq!(graphs[0].borrow().counts(), (1, 2));
+}
+
+/// `device::to_host` of a view copies the view's elements only (candle's `to_device` copies the
+/// whole storage: a checkpoint of the gradient window, ~900 views of one buffer, took 17.8 s),
+/// with the values of the view.
+#[test]
+fn to_host_copies_a_views_elements_only() {
+    let dev = gpu();
+    let flat = rand(&[1 << 20], 9, 1.0, 0.0).to_device(&dev).unwrap();
+    let view = flat.narrow(0, 1000, 60).unwrap().reshape((6, 10)).unwrap();
+    let h = yolo9::device::to_host(&view).unwrap();
+    let (storage, layout) = h.storage_and_layout();
+    let candle_core::Storage::Cpu(c) = &*storage else {
+        panic!("not on the CPU")
+    };
+    assert_eq!(c.as_slice::<f32>().unwrap().len(), 60);
+    assert_eq!(layout.start_offset(), 0);
+    drop(storage);
+    let want = flat
+        .to_device(&Device::Cpu)
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap()[1000..1060]
+        .to_vec();
+    assert_eq!(h.flatten_all().unwrap().to_vec1::<f32>().unwrap(), want);
 }

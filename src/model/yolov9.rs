@@ -702,17 +702,20 @@ impl YoloV9Train {
         let cpu = Device::Cpu;
         let mut out = HashMap::new();
         for v in &self.vars {
-            out.insert(v.name.clone(), v.var.as_tensor().to_device(&cpu)?.copy()?);
+            out.insert(
+                v.name.clone(),
+                crate::device::to_host(v.var.as_tensor())?.copy()?,
+            );
         }
         let nbt = Tensor::new(self.batches_tracked(), &cpu)?;
         for (p, m, v) in &self.buffers {
             out.insert(
                 format!("{p}.running_mean"),
-                m.as_tensor().to_device(&cpu)?.copy()?,
+                crate::device::to_host(m.as_tensor())?.copy()?,
             );
             out.insert(
                 format!("{p}.running_var"),
-                v.as_tensor().to_device(&cpu)?.copy()?,
+                crate::device::to_host(v.as_tensor())?.copy()?,
             );
             out.insert(format!("{p}.num_batches_tracked"), nbt.clone());
         }

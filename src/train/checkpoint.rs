@@ -15,6 +15,7 @@
 //! `yolo9-train-state` holds [`CheckpointMeta`] as JSON. The official equivalent is the `last.pt`
 //! dict of `train_dual.py` (`epoch`, `best_fitness`, `model`, `ema`, `updates`, `optimizer`, `opt`).
 
+use crate::device::to_host;
 use crate::model::weights::write_atomic;
 use anyhow::{ensure, Context, Result};
 use candle_core::{Device, Tensor};
@@ -137,22 +138,21 @@ pub fn save_state(
     optim: &[(String, Tensor)],
     acc: &[(String, Tensor)],
 ) -> Result<()> {
-    let cpu = Device::Cpu;
     let mut named: Vec<(String, Tensor)> = Vec::new();
     let mut keys: Vec<&String> = model.keys().collect();
     keys.sort();
     for k in keys {
-        named.push((format!("model/{k}"), model[k].to_device(&cpu)?));
+        named.push((format!("model/{k}"), to_host(&model[k])?));
     }
     for (i, (k, t)) in ema.iter().enumerate() {
         // Index prefix keeps the EMA order (safetensors sorts names).
-        named.push((format!("ema/{i:05}/{k}"), t.to_device(&cpu)?));
+        named.push((format!("ema/{i:05}/{k}"), to_host(t)?));
     }
     for (k, t) in optim {
-        named.push((format!("optim/{k}"), t.to_device(&cpu)?));
+        named.push((format!("optim/{k}"), to_host(t)?));
     }
     for (k, t) in acc {
-        named.push((format!("acc/{k}"), t.to_device(&cpu)?));
+        named.push((format!("acc/{k}"), to_host(t)?));
     }
     let info: HashMap<String, String> =
         [(STATE_KEY.to_string(), serde_json::to_string(meta)?)].into();

@@ -316,7 +316,7 @@ pub(crate) fn restore(
 fn ema_weights(model: &YoloV9Train, ema: &Ema) -> Result<Weights> {
     let mut sd = model.state_dict()?;
     for (k, t) in &ema.state {
-        sd.insert(k.clone(), t.to_device(&Device::Cpu)?);
+        sd.insert(k.clone(), crate::device::to_host(t)?);
     }
     Ok(Weights {
         tensors: sd,
