@@ -540,8 +540,9 @@ fn apply_step(
 
 /// The epoch's files: `results.png` (unless `--noplots`), the epoch-end checkpoint (`last`,
 /// the state), `best` when the epoch `improved`, and the `--save-period` copy. With
-/// `YOLO9_STEP_TIMES=1` one line gives the seconds of each (a 16x BCCD run on the H200 host
-/// stalled ~28 s in the second epoch's checkpoint, 2026-12-04).
+/// `YOLO9_STEP_TIMES=1` one line gives the seconds of each (and `Run::save` its parts: a 16x BCCD
+/// run on the H200 host stalled 18–31 s in a checkpoint written mid accumulation window, until the
+/// window's gradients were copied to the host with `crate::device::to_host`, 2026-12-04).
 fn write_epoch_end(
     run: &mut Run<'_>,
     epoch: usize,

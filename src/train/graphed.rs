@@ -375,6 +375,7 @@ mod imp {
             }
         }
 
+        #[allow(clippy::too_many_arguments)]
         pub(super) fn micro_step(
             &mut self,
             model: &YoloV9Train,
