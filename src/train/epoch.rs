@@ -327,10 +327,13 @@ fn train_batches(
             )
         } else {
             let on_device = pre.take().filter(|(k, _)| *k == i).map(|(_, t)| t);
-            let next = batches
-                .peek()
-                .filter(|b| prefetch && b.len > 0)
-                .map(|b| (b.index, b.images.as_slice()));
+            // Peeking waits for the loader's next batch (its workers keep filling the queue).
+            let next = if prefetch {
+                batches.peek().filter(|b| b.len > 0)
+            } else {
+                None
+            }
+            .map(|b| (b.index, b.images.as_slice()));
             let input = StepInput {
                 on_device: on_device.as_ref(),
                 next: next.map(|(_, b)| b),
