@@ -231,7 +231,8 @@ pub fn error_head(e: &dyn std::fmt::Display) -> String {
 /// a tensor elsewhere. candle's `to_device` copies the whole storage a tensor is a view of, and
 /// the training loop's gradients are ~900 views of one buffer (one multi-tensor launch writes
 /// them): saving a checkpoint mid-window copied that buffer once per tensor (16x BCCD on the
-/// H200, 2026-12-04: 17.8 s and ~25 GB of host memory for one checkpoint). Errors: device errors.
+/// H200, 2026-12-04: 17.8 s for one checkpoint; by count ~900 × 28 MB ≈ 25 GB of host copies,
+/// not measured). Errors: device errors.
 pub fn to_host(t: &candle_core::Tensor) -> candle_core::Result<candle_core::Tensor> {
     match t.device() {
         Device::Cpu => Ok(t.clone()),
