@@ -1,7 +1,8 @@
-//! Bounded reading of the YAML files yolo9 parses (`--data`, `--cfg`, `--hyp`): the YAML parser's
-//! time grows with the square of the nesting depth (a 400 KB file of nested brackets took 90 s),
-//! so every YAML text is checked here, by a cheap linear scan, **before** it reaches
-//! `serde_yaml_ng`:
+//! Bounded reading of every file yolo9 reads whole: [`read_capped`] (regular files only, a size
+//! cap per [`FileKind`]) and, for the YAML files it parses (`--data`, `--cfg`, `--hyp`),
+//! [`read_yaml`]. The YAML parser's time grows with the square of the nesting depth (a 400 KB
+//! file of nested brackets took 90 s), so every YAML text is checked here, by a cheap linear
+//! scan, **before** it reaches `serde_yaml_ng`:
 //!
 //! - at most [`MAX_YAML_BYTES`] bytes (the file's size is checked before it is read, and the read
 //!   itself stops there; a FIFO or device is refused without blocking);
@@ -46,6 +47,103 @@ pub fn read_yaml(path: &Path, what: &str) -> Result<String> {
         .map_err(|e| anyhow::anyhow!("{what} {shown}: not UTF-8 text ({e})"))?;
     check_yaml(&text).with_context(|| format!("{what} {shown}"))?;
     Ok(text)
+}
+
+/// The kinds of file yolo9 reads whole (besides YAML, read by [`read_yaml`], and weights, whose
+/// readers check sizes against the file's own header), each with the most bytes it may have. A
+/// file over its cap is refused before it is read, so a link to `/dev/zero`, a huge sparse file
+/// or a FIFO under a known name costs nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileKind {
+    /// An encoded image (JPEG, PNG, …): at most the decoding-bomb guard's decoded bytes
+    /// (`data::image::MAX_DECODE_BYTES`, 1 GiB), the size of the largest uncompressed BMP
+    /// accepted.
+    Image,
+    /// A YOLO label file (`labels/*.txt`): 64 MiB (about a million boxes).
+    LabelText,
+    /// The dataset scan's label cache (`labels/*.yolo9-cache.json`): 1 GiB.
+    LabelCache,
+    /// A COCO annotation JSON (`instances_train2017.json` is 448 MB): 2 GiB.
+    CocoJson,
+    /// A `results.csv` of a training run (one line per epoch): 64 MiB.
+    ResultsCsv,
+    /// A small record or manifest (`*.json` of the weights cache, `args.yaml`, the cuDNN
+    /// algorithm cache): 16 MiB.
+    Record,
+    /// A training state or checkpoint copied or read whole (`state.safetensors`, `last.*`): 16 GiB
+    /// (yolov9-e with its optimizer state is under 1 GiB).
+    Checkpoint,
+}
+
+impl FileKind {
+    /// The cap in bytes.
+    pub const fn cap(self) -> u64 {
+        match self {
+            FileKind::Image => 1 << 30,
+            FileKind::LabelText => 64 << 20,
+            FileKind::LabelCache => 1 << 30,
+            FileKind::CocoJson => 2 << 30,
+            FileKind::ResultsCsv => 64 << 20,
+            FileKind::Record => 16 << 20,
+            FileKind::Checkpoint => 16 << 30,
+        }
+    }
+
+    /// What the file is, for messages.
+    pub const fn what(self) -> &'static str {
+        match self {
+            FileKind::Image => "an image file",
+            FileKind::LabelText => "a label file",
+            FileKind::LabelCache => "a label cache",
+            FileKind::CocoJson => "a COCO annotation file",
+            FileKind::ResultsCsv => "a results.csv",
+            FileKind::Record => "a record file",
+            FileKind::Checkpoint => "a checkpoint",
+        }
+    }
+}
+
+/// The bytes of the regular file `path`, at most `kind.cap()` of them: the one reader of every
+/// file yolo9 reads whole. Opened by [`open_regular`] (a FIFO, device or folder is refused
+/// without blocking); the size is checked on the open descriptor before anything is read, and
+/// the read itself stops one byte past the cap (a file that grows while it is read).
+///
+/// Errors (`std::io::Error`, so callers add the file's name): the open's own error;
+/// `InvalidInput` for a file that is not a regular file; `InvalidData` for a file over the cap,
+/// naming its size, the cap and the kind.
+pub fn read_capped(path: &Path, kind: FileKind) -> std::io::Result<Vec<u8>> {
+    let f = open_regular(path)?;
+    let len = f.metadata()?.len();
+    let cap = kind.cap();
+    let over = |n: u64| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!(
+                "{n} bytes; {} may have at most {cap} bytes (is it the right file?)",
+                kind.what()
+            ),
+        )
+    };
+    if len > cap {
+        return Err(over(len));
+    }
+    let mut bytes = Vec::with_capacity(len as usize);
+    f.take(cap + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > cap {
+        return Err(over(bytes.len() as u64));
+    }
+    Ok(bytes)
+}
+
+/// [`read_capped`] as UTF-8 text. Errors: those of [`read_capped`], or `InvalidData` for text
+/// that is not UTF-8.
+pub fn read_text_capped(path: &Path, kind: FileKind) -> std::io::Result<String> {
+    String::from_utf8(read_capped(path, kind)?).map_err(|e| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("not UTF-8 text ({e})"),
+        )
+    })
 }
 
 /// Opens `path` for reading if it is a regular file (after following symlinks), without blocking
@@ -172,6 +270,55 @@ fn opens(prev: Option<u8>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(unix)]
+    #[test]
+    fn capped_reads_refuse_devices_fifos_and_oversized_files_without_reading_them() {
+        let d = std::env::temp_dir().join(format!("yolo9-bounded-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        // A link to /dev/zero: refused as a device, at once.
+        let zero = d.join("labels.yolo9-cache.json");
+        std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+        let e = read_capped(&zero, FileKind::LabelCache).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput, "{e}");
+        assert!(e.to_string().contains("a device"), "{e}");
+        // A FIFO: refused without blocking.
+        let fifo = d.join("results.csv");
+        let st = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let e = read_capped(&fifo, FileKind::ResultsCsv).unwrap_err();
+        assert!(e.to_string().contains("FIFO"), "{e}");
+        // A sparse file one byte over the cap: refused by its size, nothing read.
+        let big = d.join("args.yaml");
+        let f = std::fs::File::create(&big).unwrap();
+        f.set_len(FileKind::Record.cap() + 1).unwrap();
+        let e = read_capped(&big, FileKind::Record).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidData);
+        assert!(
+            e.to_string()
+                .contains(&format!("{} bytes", FileKind::Record.cap() + 1)),
+            "{e}"
+        );
+        // At the cap: read.
+        f.set_len(FileKind::Record.cap()).unwrap();
+        assert_eq!(
+            read_capped(&big, FileKind::Record).unwrap().len() as u64,
+            FileKind::Record.cap()
+        );
+        let small = d.join("r.json");
+        std::fs::write(&small, "{\"a\":1}").unwrap();
+        assert_eq!(
+            read_text_capped(&small, FileKind::Record).unwrap(),
+            "{\"a\":1}"
+        );
+        std::fs::write(&small, [0xffu8, 0xfe]).unwrap();
+        assert!(read_text_capped(&small, FileKind::Record).is_err());
+        let _ = std::fs::remove_dir_all(&d);
+    }
 
     #[test]
     fn ordinary_yaml_passes_and_deep_nesting_is_refused_by_line() {

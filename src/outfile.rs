@@ -309,11 +309,64 @@ pub fn save_image(img: &image::RgbImage, path: &Path, inputs: &Inputs) -> Result
     })
 }
 
-/// Opens `path` for an output that grows as it is written (truncated when it exists), after the
-/// refusals of [`check`].
+/// Opens `path` for an output that grows as it is written (`predictions.jsonl`, track's MOT
+/// files), after the refusals of [`check`]. The file is a **new** one: it is created exclusively
+/// beside `path` and renamed over it before the first byte is written, so an old file, a symlink
+/// or a hard link at `path` is replaced as a name and whatever it pointed to is left intact (a
+/// `predictions.jsonl` that links to the weights never truncates the weights).
+///
+/// Errors: those of [`check`], or the folder cannot hold a new file.
 pub fn create_stream(path: &Path, inputs: &Inputs) -> Result<File> {
     check(path, inputs)?;
-    File::create(path).with_context(|| format!("cannot create {}", crate::text::path(&path)))
+    let shown = crate::text::path(&path).to_string();
+    let (tmp, file) = create_temp(path, "")?;
+    let moved = check(path, inputs).and_then(|()| {
+        std::fs::rename(&tmp, path).with_context(|| {
+            format!(
+                "{shown}: cannot move {} into place",
+                crate::text::path(&tmp)
+            )
+        })
+    });
+    if let Err(e) = moved {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    sync_folder(path);
+    Ok(file)
+}
+
+/// Opens `path` to append to it (a log that several calls extend, such as the cuDNN algorithm
+/// cache): created when missing; a symlink at `path`, or a FIFO, device or folder, is refused
+/// (`O_NOFOLLOW`, and the kind checked on the open descriptor), so an append never writes
+/// through a link into another file.
+///
+/// Errors: the path and what it is.
+pub fn open_append(path: &Path) -> Result<File> {
+    let shown = crate::text::path(&path);
+    let mut o = std::fs::OpenOptions::new();
+    o.create(true).append(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        o.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
+    }
+    let f = o.open(path).with_context(|| {
+        format!(
+            "{shown}: cannot open to append (a symbolic link is refused; is it a regular file?)"
+        )
+    })?;
+    let ft = f
+        .metadata()
+        .with_context(|| format!("{shown}: cannot inspect"))?
+        .file_type();
+    if !ft.is_file() {
+        bail!(
+            "{shown}: is {}, not a regular file; refusing to append to it",
+            kind_of(&ft)
+        );
+    }
+    Ok(f)
 }
 
 #[cfg(test)]
@@ -341,6 +394,41 @@ mod tests {
         assert!(format!("{e:#}").contains("boom"));
         assert_eq!(std::fs::read(&p).unwrap(), b"two");
         assert_eq!(std::fs::read_dir(&d).unwrap().count(), 1);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn streams_and_appends_never_write_through_a_link() {
+        let d = dir("links");
+        let weights = d.join("w.safetensors");
+        std::fs::write(&weights, b"precious").unwrap();
+        let link = d.join("predictions.jsonl");
+        std::os::unix::fs::symlink(&weights, &link).unwrap();
+        let mut f = create_stream(&link, &Inputs::none()).unwrap();
+        f.write_all(b"{}\n").unwrap();
+        drop(f);
+        assert_eq!(std::fs::read(&weights).unwrap(), b"precious");
+        assert!(!std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert_eq!(std::fs::read(&link).unwrap(), b"{}\n");
+        // A hard link is replaced as a name too.
+        let hard = d.join("mot.txt");
+        std::fs::hard_link(&weights, &hard).unwrap();
+        create_stream(&hard, &Inputs::none()).unwrap();
+        assert_eq!(std::fs::read(&weights).unwrap(), b"precious");
+        // Appending through a symlink is refused; to a regular file it appends.
+        let alink = d.join("cache.tsv");
+        std::os::unix::fs::symlink(&weights, &alink).unwrap();
+        let e = format!("{:#}", open_append(&alink).unwrap_err());
+        assert!(e.contains("cache.tsv"), "{e}");
+        assert_eq!(std::fs::read(&weights).unwrap(), b"precious");
+        let plain = d.join("log.tsv");
+        open_append(&plain).unwrap().write_all(b"a").unwrap();
+        open_append(&plain).unwrap().write_all(b"b").unwrap();
+        assert_eq!(std::fs::read(&plain).unwrap(), b"ab");
         let _ = std::fs::remove_dir_all(&d);
     }
 

@@ -57,6 +57,78 @@ pub fn claim_run_dir(project: &Path, name: &str, exist_ok: bool) -> std::io::Res
     }
 }
 
+/// The name of the lock file in a run folder ([`lock_run_dir`]).
+pub const LOCK_FILE: &str = ".yolo9.lock";
+
+/// A run folder owned by this process: held while the value lives; the operating system releases
+/// it when the process ends, however it ends (a killed run leaves no stale lock).
+#[derive(Debug)]
+pub struct RunLock {
+    _file: std::fs::File,
+    path: PathBuf,
+}
+
+impl RunLock {
+    /// The lock file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// Takes the run folder `dir` for this process: an exclusive advisory lock (`flock`) on
+/// `dir/.yolo9.lock`, which then holds this process's id. Two trainings into one folder (two
+/// `--resume`s of one run, two `--exist-ok` runs of one name) would interleave `results.csv` and
+/// overwrite each other's weights; the second is refused instead, naming the owner.
+///
+/// Errors: the folder is owned by another running process (its process id, what to do); the lock
+/// file cannot be created or is not a regular file (a symlink is refused).
+pub fn lock_run_dir(dir: &Path) -> anyhow::Result<RunLock> {
+    use std::io::{Read, Seek, Write};
+    let path = dir.join(LOCK_FILE);
+    let shown = crate::text::path(&dir);
+    let mut o = std::fs::OpenOptions::new();
+    o.read(true).write(true).create(true).truncate(false);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        o.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
+    }
+    let mut f = o.open(&path).map_err(|e| {
+        anyhow::anyhow!(
+            "{}: cannot create the run folder's lock ({e}; a symbolic link is refused)",
+            crate::text::path(&path)
+        )
+    })?;
+    if !f.metadata().is_ok_and(|m| m.is_file()) {
+        anyhow::bail!("{}: is not a regular file", crate::text::path(&path));
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::io::AsRawFd;
+        // SAFETY: flock on a descriptor this function owns.
+        let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if r != 0 {
+            let err = std::io::Error::last_os_error();
+            if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                let mut owner = String::new();
+                let _ = (&mut f).take(64).read_to_string(&mut owner);
+                let owner = owner.trim();
+                let owner = if owner.is_empty() { "unknown" } else { owner };
+                anyhow::bail!(
+                    "{shown}: this run folder is in use by another yolo9 process (process id                      {owner}); wait for it to end, or pass another --name (or leave out                      --exist-ok)",
+                    owner = crate::text::escape(owner)
+                );
+            }
+            return Err(err)
+                .map_err(|e| anyhow::anyhow!("{}: cannot lock ({e})", crate::text::path(&path)));
+        }
+    }
+    let _ = f.set_len(0);
+    let _ = f.rewind();
+    let _ = writeln!(f, "{}", std::process::id());
+    Ok(RunLock { _file: f, path })
+}
+
 /// The first of `inputs` that `dest` is or holds, compared by canonical path (so `./x`, `x`, a
 /// symlink to it and `a/../x` all count). `dest` is an output file or a folder the outputs go
 /// into; when it does not exist nothing is in it and the answer is `None`, as for inputs that
@@ -101,6 +173,30 @@ pub fn refuse_reused_dir<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_locked_run_folder_is_refused_naming_the_owner_and_freed_on_drop() {
+        let d = std::env::temp_dir().join(format!("yolo9-runs-lock-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        let held = lock_run_dir(&d).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(held.path()).unwrap().trim(),
+            std::process::id().to_string()
+        );
+        // flock locks belong to the open file description: a second open in this process
+        // conflicts as another process's would.
+        let e = format!("{:#}", lock_run_dir(&d).unwrap_err());
+        assert!(
+            e.contains("in use by another yolo9 process")
+                && e.contains(&std::process::id().to_string()),
+            "{e}"
+        );
+        drop(held);
+        let again = lock_run_dir(&d).unwrap();
+        drop(again);
+        let _ = std::fs::remove_dir_all(&d);
+    }
 
     #[test]
     fn concurrent_claims_get_distinct_run_folders() {

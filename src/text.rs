@@ -134,22 +134,56 @@ impl std::io::Write for CleanStderr {
     }
 }
 
+/// Writes `s` to stdout (what [`outln!`](outln) and `out!` print). When stdout is closed (the
+/// reader of a pipe ended, as in `yolo9 detect … | head -1`), the command ends quietly as Unix
+/// tools do: the process is ended by `SIGPIPE` with its default action, without a panic or a
+/// message (`println!` would panic). Every output file is written atomically, so ending there
+/// leaves each of them whole (or not yet written). Other write errors are ignored, as a
+/// terminal that went away must not fail a training run.
+#[doc(hidden)]
+pub fn write_stdout(s: &str) {
+    use std::io::Write;
+    let mut o = std::io::stdout().lock();
+    let r = o.write_all(s.as_bytes()).and_then(|()| o.flush());
+    if let Err(e) = r {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            stdout_closed();
+        }
+    }
+}
+
+/// Ends the process as a Unix tool does when its stdout pipe closes.
+fn stdout_closed() -> ! {
+    #[cfg(unix)]
+    // SAFETY: restoring a signal's default action and raising it in this process.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        libc::raise(libc::SIGPIPE);
+    }
+    std::process::exit(141)
+}
+
 /// `println!` through [`message`]: the writer of every line a command prints on stdout (file
-/// names, class names and stream URLs in it come out escaped and redacted).
+/// names, class names and stream URLs in it come out escaped and redacted); a closed stdout ends
+/// the command quietly ([`write_stdout`]).
 #[allow(unused_macros)] // the detector-only build prints nothing
 macro_rules! outln {
     ($($arg:tt)*) => {
-        ::std::println!("{}", $crate::text::message(&::std::format!($($arg)*)))
+        $crate::text::write_stdout(&::std::format!(
+            "{}\n",
+            $crate::text::message(&::std::format!($($arg)*))
+        ))
     };
 }
 #[allow(unused_imports)]
 pub(crate) use outln;
 
-/// `print!` through [`message`] (a block of lines that ends with its own line break).
+/// `print!` through [`message`] (a block of lines that ends with its own line break); a closed
+/// stdout ends the command quietly ([`write_stdout`]).
 #[allow(unused_macros)] // the detector-only build prints nothing
 macro_rules! out {
     ($($arg:tt)*) => {
-        ::std::print!("{}", $crate::text::message(&::std::format!($($arg)*)))
+        $crate::text::write_stdout(&$crate::text::message(&::std::format!($($arg)*)))
     };
 }
 #[allow(unused_imports)]

@@ -5,6 +5,7 @@ pub mod check;
 pub mod convert;
 pub mod detect;
 pub mod export;
+mod hints;
 pub mod plot;
 #[cfg(feature = "serve")]
 pub mod serve;
@@ -52,7 +53,17 @@ pub enum Command {
 /// and a non-zero exit code (never a panic or a stack trace).
 pub fn main() -> ExitCode {
     init_tracing();
-    let cli = Cli::parse();
+    let (args, notes) = match hints::prepare(std::env::args_os().collect()) {
+        Ok(x) => x,
+        Err(hint) => {
+            crate::text::errln!("error: {hint}");
+            return ExitCode::from(2);
+        }
+    };
+    for n in notes {
+        crate::text::errln!("{n}");
+    }
+    let cli = Cli::parse_from(args);
     let result = match cli.command {
         Command::Detect(a) => detect::run(a),
         Command::Convert(a) => convert::run(a),

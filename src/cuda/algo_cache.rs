@@ -122,7 +122,8 @@ impl AlgoCache {
     pub fn open(path: PathBuf, gpu: &str, cudnn: usize, math: &str) -> Self {
         let prefix = format!("{}\t{cudnn}\t{math}", gpu.replace('\t', " "));
         let mut entries = HashMap::new();
-        if let Ok(text) = std::fs::read_to_string(&path) {
+        if let Ok(text) = crate::bounded::read_text_capped(&path, crate::bounded::FileKind::Record)
+        {
             for line in text.lines() {
                 let Some(rest) = line.strip_prefix(&prefix) else {
                     continue;
@@ -174,10 +175,8 @@ impl AlgoCache {
             if let Some(dir) = self.path.parent() {
                 std::fs::create_dir_all(dir)?;
             }
-            let mut f = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&self.path)?;
+            let mut f = crate::outfile::open_append(&self.path)
+                .map_err(|e| std::io::Error::other(format!("{e:#}")))?;
             f.write_all(line.as_bytes())
         })();
         if let Err(e) = r {

@@ -159,7 +159,7 @@ enum RawAnnotation {
 
 /// Reads and parses `path`. Errors name the file, and the line and column for bad JSON.
 fn read_file(path: &Path) -> Result<RawFile> {
-    let bytes = super::fsio::read_regular(path)
+    let bytes = super::fsio::read_regular(path, crate::bounded::FileKind::CocoJson)
         .with_context(|| format!("cannot read COCO annotations {}", crate::text::path(&path)))?;
     let raw: RawFile = serde_json::from_slice(&bytes).map_err(|e| {
         let what = if e.is_eof() {

@@ -12,7 +12,7 @@
 
 use std::collections::HashSet;
 use std::fs::File;
-use std::io::{self, Read};
+use std::io;
 use std::path::{Path, PathBuf};
 
 /// What a non-regular file is, for messages ([`crate::outfile::kind_of`]).
@@ -27,12 +27,10 @@ pub fn open_regular(path: &Path) -> io::Result<File> {
     crate::bounded::open_regular(path)
 }
 
-/// The bytes of the regular file `path` (see [`open_regular`]).
-pub fn read_regular(path: &Path) -> io::Result<Vec<u8>> {
-    let mut f = open_regular(path)?;
-    let mut b = Vec::with_capacity(f.metadata().map_or(0, |m| m.len() as usize));
-    f.read_to_end(&mut b)?;
-    Ok(b)
+/// The bytes of the regular file `path`, at most `kind`'s cap of them
+/// ([`crate::bounded::read_capped`]).
+pub fn read_regular(path: &Path, kind: crate::bounded::FileKind) -> io::Result<Vec<u8>> {
+    crate::bounded::read_capped(path, kind)
 }
 
 /// Result of [`walk_files`].

@@ -57,7 +57,7 @@ pub const MAX_DECODE_BYTES: u64 = 1 << 30;
 /// Errors (each names the file): unreadable file, empty file, unrecognised content (not an image,
 /// e.g. text or video), corrupt or truncated data, an image over the decoding-bomb limits.
 pub fn load_rgb8(path: &Path) -> Result<RgbImage> {
-    let bytes = super::fsio::read_regular(path)
+    let bytes = super::fsio::read_regular(path, crate::bounded::FileKind::Image)
         .with_context(|| format!("cannot read file {}", crate::text::path(&path)))?;
     decode_rgb8(&bytes).with_context(|| format!("cannot decode image {}", crate::text::path(&path)))
 }

@@ -557,7 +557,7 @@ fn scan_one(img: &Path, nc: usize, coco: Option<&CocoImage>) -> OneScan {
     let (mut polygons, mut duplicates) = (0, 0);
     let (boxes, status) = match &label {
         None => (Vec::new(), LabelStatus::Missing),
-        Some(lp) => match super::fsio::read_regular(lp) {
+        Some(lp) => match super::fsio::read_regular(lp, crate::bounded::FileKind::LabelText) {
             Err(e) => {
                 issues.push(Issue {
                     path: lp.clone(),
@@ -626,7 +626,8 @@ pub struct ImageProbe {
 /// block (12345 bytes; …)`.
 pub fn probe_image(path: &Path) -> std::result::Result<ImageProbe, String> {
     // the format comes from the content only (`with_guessed_format` would fall back to the extension)
-    let bytes = super::fsio::read_regular(path).map_err(|e| format!("cannot read: {e}"))?;
+    let bytes = super::fsio::read_regular(path, crate::bounded::FileKind::Image)
+        .map_err(|e| format!("cannot read: {e}"))?;
     let format = image::guess_format(&bytes[..bytes.len().min(64)]).map_err(|_| {
         "unknown image format (content is not JPEG, PNG, BMP, TIFF, WebP or GIF)".to_string()
     })?;

@@ -60,8 +60,8 @@ pub struct DetectorConfig {
     #[cfg_attr(feature = "cli", arg(long = "max-det", default_value_t = defaults::MAX_DET,
         value_parser = crate::parse::positive, allow_negative_numbers = true))]
     pub max_det: usize,
-    /// Keep only these class ids, e.g. --classes 0 2 (default: every class).
-    #[cfg_attr(feature = "cli", arg(long, num_args = 1..))]
+    /// Keep only these class ids, e.g. --classes 0 2 or --classes 0,2 (default: every class).
+    #[cfg_attr(feature = "cli", arg(long, num_args = 1.., value_delimiter = ','))]
     pub classes: Option<Vec<usize>>,
     /// Class-agnostic NMS (boxes of different classes suppress each other).
     #[serde(alias = "agnostic_nms")]

@@ -116,7 +116,8 @@ impl Cache {
             path: p.clone(),
             message: format!("{m}; delete it and the cached {name}.safetensors to fetch again"),
         };
-        let text = std::fs::read_to_string(&p).map_err(|e| bad(format!("unreadable ({e})")))?;
+        let text = crate::bounded::read_text_capped(&p, crate::bounded::FileKind::Record)
+            .map_err(|e| bad(format!("unreadable ({e})")))?;
         let r: Record =
             serde_json::from_str(&text).map_err(|e| bad(format!("not a manifest record ({e})")))?;
         Ok(Some(r))
@@ -152,9 +153,13 @@ impl Cache {
     }
 }
 
-/// Writes `bytes` to a new file at `path` and fsyncs it.
+/// Writes `bytes` to a new file at `path` (created exclusively: an existing file or link of
+/// that name is never opened) and fsyncs it.
 fn write_synced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let mut f = std::fs::File::create(path)?;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)?;
     f.write_all(bytes)?;
     f.sync_all()
 }

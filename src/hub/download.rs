@@ -29,7 +29,7 @@ enum Attempt {
     Fail(HubError),
 }
 
-/// Downloads `url` into `part` (created or truncated here; appended to when the server resumes).
+/// Downloads `url` into `part` (created here, exclusively; appended to when the server resumes).
 /// On error the `.part` file is removed.
 ///
 /// Errors: [`HubError::Http`] for a 4xx answer (404: the file is not at that URL),
@@ -48,9 +48,10 @@ fn download_inner(url: &str, part: &Path, opts: &HubOptions) -> Result<Fetched, 
         path: part.to_path_buf(),
         message: format!("cannot write the download ({e})"),
     };
+    // `part` is a name of this process's own (`Cache::temp_path`): created exclusively, so an
+    // existing file or link of that name is never opened.
     let mut file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(true)
+        .create_new(true)
         .read(true)
         .write(true)
         .open(part)

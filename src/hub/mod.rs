@@ -69,6 +69,8 @@ fn unknown(spec: &str) -> HubError {
     let converted = format!("{key}-converted");
     let hint = if registry::lookup(&converted).is_some() {
         format!("; {key} is published only as {converted}")
+    } else if let Some(p) = registry::near_miss(key) {
+        format!("; did you mean {}?", p.name)
     } else {
         String::new()
     };

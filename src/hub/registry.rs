@@ -79,6 +79,20 @@ pub fn lookup(spec: &str) -> Option<&'static Published> {
     PUBLISHED.iter().find(|p| p.name == key)
 }
 
+/// The published checkpoint a user most likely meant by `key` when it is not published as
+/// written: the Ultralytics spellings (`yolov9s`, `YOLOv9-S`, `yolov9s.pt`), compared without
+/// case, dashes and underscores.
+pub fn near_miss(key: &str) -> Option<&'static Published> {
+    let squash = |s: &str| -> String {
+        s.chars()
+            .filter(|c| *c != '-' && *c != '_')
+            .flat_map(char::to_lowercase)
+            .collect()
+    };
+    let k = squash(strip_pt(key));
+    PUBLISHED.iter().find(|p| squash(p.name) == k)
+}
+
 /// Whether `spec` looks like a model name rather than a file path: no directory separator and
 /// no extension other than `.pt` (`yolov9-s`, `gelan-c.pt`, `yolov9-x`).
 pub fn looks_like_name(spec: &str) -> bool {
@@ -119,6 +133,14 @@ mod tests {
             lookup("yolov9-s-converted.pt").unwrap().parameters,
             7_226_208
         );
+    }
+
+    #[test]
+    fn ultralytics_spellings_find_the_published_name() {
+        assert_eq!(near_miss("yolov9s").unwrap().name, "yolov9-s");
+        assert_eq!(near_miss("YOLOv9-C.pt").unwrap().name, "yolov9-c");
+        assert_eq!(near_miss("gelan_c").unwrap().name, "gelan-c");
+        assert!(near_miss("yolov8n").is_none());
     }
 
     #[test]

@@ -236,9 +236,10 @@ impl From<&CocoAnnotation> for CocoGt {
 impl CocoDataset {
     /// Reads an annotations file. Errors name the file (and serde's line/column).
     pub fn load(path: &Path) -> Result<CocoDataset> {
-        let text = std::fs::read_to_string(path).with_context(|| {
-            format!("cannot read COCO annotations {}", crate::text::path(&path))
-        })?;
+        let text = crate::bounded::read_text_capped(path, crate::bounded::FileKind::CocoJson)
+            .with_context(|| {
+                format!("cannot read COCO annotations {}", crate::text::path(&path))
+            })?;
         serde_json::from_str(&text)
             .with_context(|| format!("{}: not a COCO annotations file", crate::text::path(&path)))
     }
@@ -256,7 +257,7 @@ impl CocoDataset {
 
 /// Reads a results file (`predictions.json`). Errors name the file.
 pub fn read_results(path: &Path) -> Result<Vec<CocoResult>> {
-    let text = std::fs::read_to_string(path)
+    let text = crate::bounded::read_text_capped(path, crate::bounded::FileKind::CocoJson)
         .with_context(|| format!("cannot read COCO results {}", crate::text::path(&path)))?;
     serde_json::from_str(&text)
         .with_context(|| format!("{}: not a COCO results list", crate::text::path(&path)))

@@ -123,6 +123,14 @@ impl<R: Read + Seek> Checkpoint<R> {
                 buf.len()
             )
         }
+        // The zip reader checks the CRC-32 only when it is read to its end, which `take(size)`
+        // never does: every record is checked here, before any of its bytes is used.
+        let (expected, actual) = (entry.crc32(), crc32fast::hash(&buf));
+        if expected != actual {
+            bail!(
+                "{file}: record {name} is damaged: its bytes have CRC-32 {actual:08x} where the                  zip records {expected:08x} (the file was altered or corrupted after it was                  written); download or copy it again"
+            )
+        }
         Ok(buf)
     }
 

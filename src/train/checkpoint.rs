@@ -169,7 +169,8 @@ pub fn save_state(
 /// Reads a training state written by [`save_state`]. Errors name the file and what is wrong.
 pub fn load_state(path: &Path) -> Result<TrainState> {
     let file = crate::text::path(&path).to_string();
-    let bytes = std::fs::read(path).with_context(|| format!("{file}: cannot read"))?;
+    let bytes = crate::bounded::read_capped(path, crate::bounded::FileKind::Checkpoint)
+        .with_context(|| format!("{file}: cannot read"))?;
     let (_, md) = safetensors::SafeTensors::read_metadata(&bytes)
         .with_context(|| format!("{file}: not a safetensors file"))?;
     let meta_json = md

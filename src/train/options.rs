@@ -69,7 +69,8 @@ pub struct TrainOptions {
     /// allows, at most 64 (`auto` is 0 here; args.yaml records the size in effect). Nominal batch
     /// 64 is kept by gradient accumulation.
     #[cfg_attr(feature = "cli", arg(long, default_value_t = defaults::BATCH,
-        value_parser = crate::parse::batch, allow_negative_numbers = true))]
+        visible_alias = "batch-size", value_parser = crate::parse::batch,
+        allow_negative_numbers = true))]
     pub batch: usize,
     /// Images per forward/backward, ≥ 1 (default: the whole batch, or what --budget picks); the
     /// gradients of a batch's micro-batches are summed.
@@ -152,8 +153,10 @@ pub struct TrainOptions {
     /// Hyper-parameter yaml (official `hyp.scratch-high.yaml` format; default: its values).
     #[cfg_attr(feature = "cli", arg(long))]
     pub hyp: Option<PathBuf>,
-    /// Resume a run: its folder or its weights/state.safetensors.
-    #[cfg_attr(feature = "cli", arg(long))]
+    /// Resume a run: its folder, its weights/state.safetensors (or the last/best.safetensors
+    /// beside it); `--resume` alone resumes the most recent run under --project.
+    #[cfg_attr(feature = "cli", arg(long, num_args = 0..=1,
+        default_missing_value = crate::train::options::RESUME_LATEST))]
     pub resume: Option<PathBuf>,
     /// Show progress bars and per-epoch lines (always on for `yolo9 train`).
     #[cfg_attr(feature = "cli", arg(skip = true))]
@@ -356,6 +359,10 @@ impl Default for Hyp {
         }
     }
 }
+
+/// What `--resume` alone stands for: the most recent run under `--project` (official
+/// `train_dual.py --resume` without a value).
+pub const RESUME_LATEST: &str = "@latest";
 
 /// The keys of a hyp yaml that yolo9 reads.
 pub const HYP_KEYS: &[&str] = &[

@@ -114,15 +114,16 @@ pub(crate) fn create_results_csv(run_dir: &Path) -> Result<()> {
 /// the previous epochs' file, never a torn line. A missing file starts from the row alone.
 pub(crate) fn append_results_csv(run_dir: &Path, report: &EpochReport) -> Result<()> {
     let csv = run_dir.join("results.csv");
-    let mut text = match std::fs::read_to_string(&csv) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
-        Err(e) => {
-            return Err(e).with_context(|| {
-                format!("{}: cannot read results.csv", crate::text::path(&run_dir))
-            })
-        }
-    };
+    let mut text =
+        match crate::bounded::read_text_capped(&csv, crate::bounded::FileKind::ResultsCsv) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+            Err(e) => {
+                return Err(e).with_context(|| {
+                    format!("{}: cannot read results.csv", crate::text::path(&run_dir))
+                })
+            }
+        };
     if !text.is_empty() && !text.ends_with('\n') {
         text.push('\n');
     }
@@ -171,7 +172,8 @@ pub struct Curves {
 /// names trimmed of padding). Errors name the file, and the line of a non-numeric value.
 pub fn read_results_csv(path: &Path, label: &str) -> Result<Curves> {
     let file = crate::text::path(&path).to_string();
-    let text = std::fs::read_to_string(path).with_context(|| format!("{file}: cannot read"))?;
+    let text = crate::bounded::read_text_capped(path, crate::bounded::FileKind::ResultsCsv)
+        .with_context(|| format!("{file}: cannot read"))?;
     let mut lines = text.lines().filter(|l| !l.trim().is_empty());
     let header: Vec<String> = lines
         .next()

@@ -160,6 +160,34 @@ pub(crate) fn resolve(
     ))
 }
 
+/// The run folder under `project` whose `weights/state.safetensors` was written last (`--resume`
+/// without a value). Errors: there is none, naming the folder searched.
+fn latest_run(project: &Path) -> Result<PathBuf> {
+    let mut best: Option<(std::time::SystemTime, PathBuf)> = None;
+    for e in std::fs::read_dir(project)
+        .with_context(|| {
+            format!(
+                "--resume: cannot list {} to find the most recent run; pass --resume RUN_FOLDER",
+                crate::text::path(&project)
+            )
+        })?
+        .flatten()
+    {
+        let state = e.path().join("weights").join("state.safetensors");
+        if let Ok(t) = std::fs::metadata(&state).and_then(|m| m.modified()) {
+            if best.as_ref().is_none_or(|(b, _)| t > *b) {
+                best = Some((t, e.path()));
+            }
+        }
+    }
+    best.map(|(_, p)| p).with_context(|| {
+        format!(
+            "--resume: no run under {} has weights/state.safetensors; pass --resume RUN_FOLDER              (or --project where the runs are)",
+            crate::text::path(&project)
+        )
+    })
+}
+
 /// `--resume r`: the arguments of the run `r` names (with `--data` and `--epochs` of `opts`
 /// applied), its saved state and its folder.
 fn resume_args(
@@ -167,10 +195,38 @@ fn resume_args(
     r: &Path,
     obs: &mut dyn TrainObserver,
 ) -> Result<(TrainOptions, Option<TrainState>, PathBuf)> {
+    let latest;
+    let r = if r.as_os_str() == crate::train::options::RESUME_LATEST {
+        latest = latest_run(&opts.project)?;
+        obs.line(&format!(
+            "--resume: the most recent run under {} is {}",
+            crate::text::path(&opts.project),
+            crate::text::path(&latest)
+        ));
+        latest.as_path()
+    } else {
+        r
+    };
     let ckpt = if r.is_dir() {
         r.join("weights").join("state.safetensors")
     } else {
-        r.to_path_buf()
+        // `--resume runs/train/exp/weights/last.safetensors` (or best): the run's state is the
+        // state.safetensors beside it; last/best hold weights only.
+        let beside = r.with_file_name("state.safetensors");
+        let weights_only = matches!(
+            r.file_name().and_then(|n| n.to_str()),
+            Some("last.safetensors" | "best.safetensors")
+        );
+        if weights_only && beside.is_file() {
+            obs.line(&format!(
+                "--resume {}: resuming from the run's state, {}",
+                crate::text::path(&r),
+                crate::text::path(&beside)
+            ));
+            beside
+        } else {
+            r.to_path_buf()
+        }
     };
     let st = load_state(&ckpt).with_context(|| {
         format!(
@@ -492,7 +548,7 @@ pub(crate) fn build<'a>(
     } = parts(opts, &mut r, obs)?;
 
     // Outputs (rank 0 of a data-parallel run alone writes them).
-    let wdir = claim_outputs(opts, &mut r.run_dir, r.state.is_none(), rank0, obs)?;
+    let (wdir, lock) = claim_outputs(opts, &mut r.run_dir, r.state.is_none(), rank0, obs)?;
     let args_json = serde_json::to_value(opts)?;
     if r.state.is_none() && rank0 {
         write_run_files(opts, &r, obs)?;
@@ -566,6 +622,7 @@ pub(crate) fn build<'a>(
         start_epoch: start.epoch,
         comm: None,
         rank0,
+        _lock: lock,
     };
     choose_step_launch(&run, obs);
     Ok(Prepared {
@@ -728,14 +785,16 @@ fn optimizer(
 /// The run folder's `weights/` folder, created (on rank 0) and cleared of the temporary files of
 /// an interrupted checkpoint write. A new run claims its folder first (`run_dir` becomes the one
 /// claimed), exclusively: another run started meanwhile with the same --project/--name gets the
-/// next one instead of sharing it.
+/// next one instead of sharing it. Rank 0 then locks the folder for the run's life
+/// ([`crate::runs::lock_run_dir`]): a second `--resume` of the run or a second `--exist-ok` run
+/// into it is refused, naming this process.
 fn claim_outputs(
     opts: &TrainOptions,
     run_dir: &mut PathBuf,
     new_run: bool,
     rank0: bool,
     obs: &mut dyn TrainObserver,
-) -> Result<PathBuf> {
+) -> Result<(PathBuf, Option<crate::runs::RunLock>)> {
     if new_run && rank0 {
         *run_dir = crate::runs::claim_run_dir(&opts.project, &opts.name, opts.exist_ok)
             .with_context(|| {
@@ -745,6 +804,11 @@ fn claim_outputs(
                 )
             })?;
     }
+    let lock = if rank0 {
+        Some(crate::runs::lock_run_dir(run_dir)?)
+    } else {
+        None
+    };
     let wdir = run_dir.join("weights");
     if rank0 {
         std::fs::create_dir_all(&wdir).with_context(|| {
@@ -763,7 +827,7 @@ fn claim_outputs(
             }
         }
     }
-    Ok(wdir)
+    Ok((wdir, lock))
 }
 
 /// A new run's files in its folder: `args.yaml`, `hyp.yaml`, the header of `results.csv` and

@@ -80,6 +80,8 @@ pub(crate) struct Run<'a> {
     pub comm: Option<Box<dyn crate::train::dist::Collective>>,
     /// Whether this rank writes the run folder (rank 0, or a single-device run).
     pub rank0: bool,
+    /// The run folder's lock, held by rank 0 for the run's life ([`crate::runs::lock_run_dir`]).
+    pub _lock: Option<crate::runs::RunLock>,
 }
 
 impl Run<'_> {
@@ -326,7 +328,7 @@ fn ema_weights(model: &YoloV9Train, ema: &Ema) -> Result<Weights> {
 
 /// Copies `src` to `dst` atomically (see [`crate::model::weights::write_atomic`]).
 pub(crate) fn copy_atomic(src: &Path, dst: &Path) -> Result<()> {
-    let bytes =
-        std::fs::read(src).with_context(|| format!("{}: cannot read", crate::text::path(&src)))?;
+    let bytes = crate::bounded::read_capped(src, crate::bounded::FileKind::Checkpoint)
+        .with_context(|| format!("{}: cannot read", crate::text::path(&src)))?;
     crate::model::weights::write_atomic(dst, &bytes)
 }

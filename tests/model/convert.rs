@@ -582,6 +582,45 @@ fn truncated_and_non_zip_checkpoints() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// Issue 51, "silently damaged checkpoints": a `.pt` whose tensor record has flipped bytes (its
+/// CRC-32 no longer matching, the zip's structure intact) is refused, naming the file and the
+/// record, before any tensor is used; the same damage in `data.pkl` too.
+#[test]
+fn a_record_with_a_bad_crc_is_refused() {
+    let dir = tmpdir("crc");
+    let full = std::fs::read(common::reference("yolov9-s-converted.pt")).unwrap();
+    let mut z = zip::ZipArchive::new(std::io::Cursor::new(&full)).unwrap();
+    let pick = |z: &mut zip::ZipArchive<_>, suffix: &str| -> (String, u64, u64) {
+        let name = z
+            .file_names()
+            .filter_map(|n| n.ok())
+            .find(|n| n.ends_with(suffix))
+            .unwrap()
+            .to_string();
+        let e = z.by_name(&name).unwrap();
+        (name, e.data_start().unwrap(), e.compressed_size())
+    };
+    for suffix in ["/data/0", "/data/1", "/data.pkl"] {
+        let (name, start, len) = pick(&mut z, suffix);
+        assert!(len > 4, "{name}");
+        let mut bad = full.clone();
+        // Flip bytes in the middle of the record (stored records: the bytes are the data).
+        let at = (start + len / 2) as usize;
+        bad[at] ^= 0x5a;
+        bad[at + 1] ^= 0xa5;
+        let p = dir.join("flipped.pt");
+        std::fs::write(&p, &bad).unwrap();
+        let e = err_of(Weights::load(&p));
+        assert!(
+            e.contains("flipped.pt") && e.contains(&name) && e.contains("CRC-32"),
+            "{suffix}: {e}"
+        );
+    }
+    // The undamaged file loads.
+    Weights::load(common::reference("yolov9-s-converted.pt")).unwrap();
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 fn pt_with_pickle(dir: &Path, name: &str, pkl: Vec<u8>, storages: &[(&str, Vec<u8>)]) -> PathBuf {
     let p = dir.join(name);
     let mut recs = vec![("data.pkl".to_string(), pkl)];

@@ -79,7 +79,7 @@ pub(super) fn read_cache<R: DeserializeOwned, C: DeserializeOwned>(
     version: u32,
     key: &str,
 ) -> Option<CacheFile<R, C>> {
-    let text = std::fs::read_to_string(path).ok()?;
+    let text = crate::bounded::read_text_capped(path, crate::bounded::FileKind::LabelCache).ok()?;
     let c: CacheFile<R, C> = serde_json::from_str(&text).ok()?;
     (c.version == version && c.key == key).then_some(c)
 }
