@@ -61,6 +61,9 @@ pub enum FileKind {
     Image,
     /// A YOLO label file (`labels/*.txt`): 64 MiB (about a million boxes).
     LabelText,
+    /// A list of image paths (`train: train.txt` of a data.yaml): 256 MiB (about two million
+    /// paths).
+    ImageList,
     /// The dataset scan's label cache (`labels/*.yolo9-cache.json`): 1 GiB.
     LabelCache,
     /// A COCO annotation JSON (`instances_train2017.json` is 448 MB): 2 GiB.
@@ -81,6 +84,7 @@ impl FileKind {
         match self {
             FileKind::Image => 1 << 30,
             FileKind::LabelText => 64 << 20,
+            FileKind::ImageList => 256 << 20,
             FileKind::LabelCache => 1 << 30,
             FileKind::CocoJson => 2 << 30,
             FileKind::ResultsCsv => 64 << 20,
@@ -94,6 +98,7 @@ impl FileKind {
         match self {
             FileKind::Image => "an image file",
             FileKind::LabelText => "a label file",
+            FileKind::ImageList => "an image list",
             FileKind::LabelCache => "a label cache",
             FileKind::CocoJson => "a COCO annotation file",
             FileKind::ResultsCsv => "a results.csv",

@@ -267,14 +267,15 @@ pub fn scan_split(cfg: &DataConfig, split: Split, opts: &ScanOptions) -> Result<
                 cache_status = match &cache_path {
                     None => CacheStatus::Disabled,
                     Some(cp) => {
-                        let cache = CacheFile {
+                        let mut cache = CacheFile {
                             version: SCAN_VERSION,
                             key: key.clone(),
+                            digest: String::new(),
                             records: records.clone(),
                             issues: issues.clone(),
                             counts: counts.clone(),
                         };
-                        match write_cache(cp, &cache) {
+                        match write_cache(cp, &mut cache) {
                             Ok(()) => CacheStatus::Written(cp.clone()),
                             Err(reason) => CacheStatus::NotWritten {
                                 path: cp.clone(),

@@ -203,13 +203,15 @@ impl DataConfig {
                     );
                 }
             } else {
-                let text = std::fs::read_to_string(src).with_context(|| {
-                    format!(
-                        "cannot read image list {} (key `{split}` of {})",
-                        crate::text::path(&src),
-                        crate::text::path(&self.yaml_path)
-                    )
-                })?;
+                let text =
+                    crate::bounded::read_text_capped(src, crate::bounded::FileKind::ImageList)
+                        .with_context(|| {
+                            format!(
+                                "cannot read image list {} (key `{split}` of {})",
+                                crate::text::path(&src),
+                                crate::text::path(&self.yaml_path)
+                            )
+                        })?;
                 let base = src.parent().unwrap_or(Path::new("/"));
                 for line in text.lines() {
                     let entry = line.trim();

@@ -552,13 +552,10 @@ impl Arch {
 }
 
 /// The bytes of a regular file of at most 1 MiB + 1 (larger files are cut there and refused by
-/// the caller).
+/// the caller); a FIFO or device is refused without blocking ([`crate::bounded::open_regular`]).
 fn read_small(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
     use std::io::Read;
-    let f = std::fs::File::open(path)?;
-    if !f.metadata()?.is_file() {
-        return Err(std::io::Error::other("not a regular file"));
-    }
+    let f = crate::bounded::open_regular(path)?;
     let mut b = Vec::new();
     f.take((1 << 20) + 1).read_to_end(&mut b)?;
     Ok(b)

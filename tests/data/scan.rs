@@ -467,6 +467,26 @@ fn label_cache_round_trip_and_invalidation() {
             h: 0.2
         }]
     );
+    // a cache edited in place (issue 51, "trusted caches": a box's class changed, the key and
+    // every source file untouched) is rebuilt, not used
+    let text = std::fs::read_to_string(&cache_file).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let boxes = v["records"]
+        .as_array_mut()
+        .unwrap()
+        .iter_mut()
+        .find_map(|r| {
+            let b = r.get_mut("labels").or_else(|| r.get_mut("boxes"))?;
+            b.as_array_mut().filter(|a| !a.is_empty())
+        })
+        .expect("a record with boxes in the cache");
+    let edited = serde_json::to_string(&*boxes).unwrap();
+    boxes.push(boxes[0].clone());
+    assert_ne!(serde_json::to_string(&*boxes).unwrap(), edited);
+    std::fs::write(&cache_file, serde_json::to_string(&v).unwrap()).unwrap();
+    let tampered = scan_cached(&yaml, Split::Train);
+    assert_eq!(tampered.cache, CacheStatus::Written(cache_file.clone()));
+    assert_eq!(tampered.records, third.records);
     // a corrupt cache file is ignored and rewritten
     std::fs::write(&cache_file, "{not json").unwrap();
     let fourth = scan_cached(&yaml, Split::Train);

@@ -361,3 +361,271 @@ fn plot_onto_its_own_results_csv_is_refused() {
     assert_eq!(std::fs::read_to_string(&csv).unwrap(), text);
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// Every `src/` file (path relative to `src/`, text without its trailing `#[cfg(test)] mod`
+/// block, which rustfmt keeps last) with its code lines: comments dropped.
+fn src_code() -> Vec<(String, Vec<(usize, String)>)> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                walk(&p, out);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
+            }
+        }
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    walk(&root, &mut files);
+    files.sort();
+    files
+        .into_iter()
+        .map(|p| {
+            let text = std::fs::read_to_string(&p).unwrap();
+            let lines: Vec<(usize, String)> = text
+                .lines()
+                .enumerate()
+                .take_while(|(i, l)| {
+                    !(l.trim() == "#[cfg(test)]"
+                        && text
+                            .lines()
+                            .nth(i + 1)
+                            .is_some_and(|n| n.trim_start().starts_with("mod tests")))
+                })
+                .filter(|(_, l)| !l.trim_start().starts_with("//"))
+                .map(|(i, l)| (i + 1, l.to_string()))
+                .collect();
+            let rel = p
+                .strip_prefix(&root)
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
+            (rel, lines)
+        })
+        .collect()
+}
+
+/// Files that open files for writing themselves rather than through `yolo9::outfile`, and why.
+const RAW_WRITERS_ALLOWED: &[(&str, &str)] = &[
+    ("outfile.rs", "the one writer"),
+    (
+        "runs.rs",
+        "the run folder's lock file (O_NOFOLLOW, locked, never replaced)",
+    ),
+    (
+        "hub/cache.rs",
+        "new files of the cache's own unique names (create_new: an existing file or link is \
+         never opened), renamed into place",
+    ),
+    (
+        "hub/download.rs",
+        "the download's .part file, a new file of a unique name (create_new)",
+    ),
+    (
+        "launcher.rs",
+        "writes nothing (compiled alone into the cuda launcher)",
+    ),
+    (
+        "memory.rs",
+        "the kernel's /proc/self/clear_refs knob (a window's peak), not a file of the user's",
+    ),
+];
+
+/// Issue 51, "writers that follow links", for its whole kind: no code of `src/` outside the
+/// writers above opens a file for writing (`File::create`, `fs::write`, `OpenOptions` with
+/// write, append, create or truncate); each of them goes through `yolo9::outfile`, which refuses
+/// inputs and replaces links instead of writing through them.
+#[test]
+fn every_file_written_goes_through_the_one_writer() {
+    let patterns = [
+        "File::create(",
+        "fs::write(",
+        ".append(true)",
+        ".truncate(true)",
+        ".create(true)",
+        ".write(true)",
+        "create_new(true)",
+    ];
+    let mut bad = Vec::new();
+    let mut seen_allowed = std::collections::BTreeSet::new();
+    for (rel, lines) in src_code() {
+        for (n, l) in &lines {
+            if let Some(p) = patterns.iter().find(|p| l.contains(*p)) {
+                if RAW_WRITERS_ALLOWED.iter().any(|a| a.0 == rel) {
+                    seen_allowed.insert(rel.clone());
+                } else {
+                    bad.push(format!("src/{rel}:{n}: {p}"));
+                }
+            }
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "files opened for writing outside yolo9::outfile: {bad:#?}"
+    );
+    // The scan finds what it should: each allowed writer (but the launcher) is one.
+    for (f, _) in RAW_WRITERS_ALLOWED {
+        assert!(
+            seen_allowed.contains(*f) || *f == "launcher.rs",
+            "{f} is allowed but writes nothing: drop it from the list"
+        );
+    }
+}
+
+/// Files that read a file whole or open it themselves rather than through
+/// `yolo9::bounded::read_capped`/`open_regular`, and why.
+const RAW_READERS_ALLOWED: &[(&str, &str)] = &[
+    ("bounded.rs", "the one reader"),
+    (
+        "memory.rs",
+        "the kernel's /proc/self/status and /proc/meminfo (small, not user files)",
+    ),
+    (
+        "hub/cache.rs",
+        "hashes a cached checkpoint in 1 MiB blocks (never held whole)",
+    ),
+    (
+        "pt/checkpoint.rs",
+        "a checkpoint zip read record by record, each record's declared size capped",
+    ),
+    (
+        "convert/mod.rs",
+        "opens the checkpoint for the zip reader (records capped by pt/checkpoint.rs)",
+    ),
+    ("launcher.rs", "reads nothing but its own program's path"),
+    (
+        "outfile.rs",
+        "opens what it wrote, and the folder, to fsync them",
+    ),
+    ("hub/mod.rs", "opens the cache folder to fsync it"),
+    (
+        "model/weights.rs",
+        "reads a weights file only after its header's sizes were checked against the file's \
+         size (a regular file, opened by bounded::open_regular)",
+    ),
+];
+
+/// Issue 51, "unbounded reads", for its whole kind: no code of `src/` outside the readers above
+/// reads a file whole (`fs::read`, `read_to_string`) or opens one with `File::open`: every other
+/// read goes through `bounded::read_capped` (regular files only, a cap per kind), so a link to
+/// `/dev/zero`, a FIFO or a huge sparse file costs nothing.
+#[test]
+fn every_file_read_whole_goes_through_the_capped_reader() {
+    let patterns = [
+        "fs::read(",
+        "fs::read_to_string(",
+        "File::open(",
+        "read_to_end(",
+    ];
+    let mut bad = Vec::new();
+    for (rel, lines) in src_code() {
+        if RAW_READERS_ALLOWED.iter().any(|a| a.0 == rel) {
+            continue;
+        }
+        for (n, l) in &lines {
+            if let Some(p) = patterns.iter().find(|p| l.contains(*p)) {
+                // A reader bounded on the line itself (`.take(N)`) is fine.
+                if !l.contains(".take(") {
+                    bad.push(format!("src/{rel}:{n}: {p}"));
+                }
+            }
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "files read outside yolo9::bounded (use bounded::read_capped with a FileKind): {bad:#?}"
+    );
+}
+
+/// Issue 51, "writers that follow links", end to end: with `--exist-ok`, a `predictions.jsonl`
+/// in the reused run folder that is a symlink to the weights (or a hard link of them) is
+/// replaced by the new file; the weights stay byte-identical (before: truncated to the JSON).
+#[test]
+fn detect_json_replaces_a_link_to_the_weights_and_keeps_them() {
+    let d = tmpdir("detect-json-link");
+    let w = weights_copy(&d);
+    let before = std::fs::read(&w).unwrap();
+    let src = common::shared_dir().join("datasets/bccd/images/test/BloodImage_00007.jpg");
+    let img = d.join("in/BloodImage_00007.jpg");
+    std::fs::create_dir_all(img.parent().unwrap()).unwrap();
+    std::fs::copy(&src, &img).unwrap();
+    let run = d.join("runs/exp");
+    std::fs::create_dir_all(&run).unwrap();
+    let jsonl = run.join("predictions.jsonl");
+    std::os::unix::fs::symlink(&w, &jsonl).unwrap();
+    let project = d.join("runs");
+    let args = [
+        "detect",
+        "--weights",
+        w.to_str().unwrap(),
+        img.to_str().unwrap(),
+        "--img",
+        "320",
+        "--device",
+        "cpu",
+        "--json",
+        "--nosave",
+        "--project",
+        project.to_str().unwrap(),
+        "--name",
+        "exp",
+        "--exist-ok",
+    ];
+    let (code, err, _) = yolo9_bounded(&args, Duration::from_secs(300));
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        std::fs::read(&w).unwrap(),
+        before,
+        "the weights were written through the link"
+    );
+    let meta = std::fs::symlink_metadata(&jsonl).unwrap();
+    assert!(
+        meta.file_type().is_file(),
+        "predictions.jsonl is a new regular file"
+    );
+    let text = std::fs::read_to_string(&jsonl).unwrap();
+    let first: serde_json::Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+    assert!(first.get("image").is_some(), "{first}");
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// Issue 51, "a command line that scripts can trust": `yolo9 detect … | head -1` — a stdout
+/// whose reader is gone ends the command quietly (no panic, no message; ended by SIGPIPE as
+/// Unix tools are, or exit 0), where `println!` panicked with exit 101.
+#[test]
+fn a_closed_stdout_ends_detect_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    let d = tmpdir("detect-epipe");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_yolo9"))
+        .args([
+            "detect",
+            "--weights",
+            shipped_weights().to_str().unwrap(),
+            concat!(env!("CARGO_MANIFEST_DIR"), "/examples/images"),
+            "--img",
+            "320",
+            "--device",
+            "cpu",
+            "--nosave",
+            "--project",
+            d.join("runs").to_str().unwrap(),
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The reader goes away before the first line is written.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(
+        out.status.signal() == Some(13) || out.status.code() == Some(0),
+        "{:?}: {err}",
+        out.status
+    );
+    assert_ne!(out.status.code(), Some(101), "{err}");
+    let _ = std::fs::remove_dir_all(&d);
+}

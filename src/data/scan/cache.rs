@@ -14,9 +14,27 @@ use std::path::{Path, PathBuf};
 pub(super) struct CacheFile<R, C> {
     pub version: u32,
     pub key: String,
+    /// SHA-256 of `key` and the records, issues and counts as serialized ([`content_digest`]):
+    /// a cache edited in place (a class changed, a box added) no longer matches and is rebuilt
+    /// instead of going into training. Filled by [`write_cache`]; absent in older caches, which
+    /// are rebuilt once.
+    #[serde(default)]
+    pub digest: String,
     pub records: Vec<R>,
     pub issues: Vec<Issue>,
     pub counts: C,
+}
+
+/// SHA-256 (hex) of `key` and the JSON of `(records, issues, counts)`. The JSON of values read
+/// back from the cache is the JSON that was written (serde_json writes floats in their shortest
+/// round-trip form), so an untouched cache matches.
+fn content_digest<R: Serialize, C: Serialize>(c: &CacheFile<R, C>) -> Option<String> {
+    let body = serde_json::to_vec(&(&c.records, &c.issues, &c.counts)).ok()?;
+    let mut h = Sha256::new();
+    h.update(c.key.as_bytes());
+    h.update([0]);
+    h.update(&body);
+    Some(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// `<labels folder>.yolo9-cache.json`, beside the folder holding `label`.
@@ -73,22 +91,25 @@ pub(super) fn scan_key(
     h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// The cache at `path` when it was written by rules `version` under `key`.
-pub(super) fn read_cache<R: DeserializeOwned, C: DeserializeOwned>(
+/// The cache at `path` when it was written by rules `version` under `key` and its content is
+/// what was written (its digest matches); `None` otherwise (the split is scanned again).
+pub(super) fn read_cache<R: DeserializeOwned + Serialize, C: DeserializeOwned + Serialize>(
     path: &Path,
     version: u32,
     key: &str,
 ) -> Option<CacheFile<R, C>> {
     let text = crate::bounded::read_text_capped(path, crate::bounded::FileKind::LabelCache).ok()?;
     let c: CacheFile<R, C> = serde_json::from_str(&text).ok()?;
-    (c.version == version && c.key == key).then_some(c)
+    let intact = content_digest(&c).is_some_and(|d| d == c.digest);
+    (c.version == version && c.key == key && intact).then_some(c)
 }
 
 /// Atomic write ([`crate::outfile::write`]). `Err` is the reason, for a warning.
 pub(super) fn write_cache<R: Serialize, C: Serialize>(
     path: &Path,
-    cache: &CacheFile<R, C>,
+    cache: &mut CacheFile<R, C>,
 ) -> std::result::Result<(), String> {
+    cache.digest = content_digest(cache).ok_or("cannot serialize")?;
     let dir = path.parent().ok_or("no parent folder")?;
     let meta = std::fs::metadata(dir).map_err(|e| format!("{}: {e}", crate::text::path(&dir)))?;
     if meta.permissions().readonly() {
