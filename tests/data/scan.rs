@@ -471,15 +471,13 @@ fn label_cache_round_trip_and_invalidation() {
     // every source file untouched) is rebuilt, not used
     let text = std::fs::read_to_string(&cache_file).unwrap();
     let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
-    let boxes = v["records"]
+    let rec = v["records"]
         .as_array_mut()
         .unwrap()
         .iter_mut()
-        .find_map(|r| {
-            let b = r.get_mut("labels").or_else(|| r.get_mut("boxes"))?;
-            b.as_array_mut().filter(|a| !a.is_empty())
-        })
+        .find(|r| r["boxes"].as_array().is_some_and(|a| !a.is_empty()))
         .expect("a record with boxes in the cache");
+    let boxes = rec["boxes"].as_array_mut().unwrap();
     let edited = serde_json::to_string(&*boxes).unwrap();
     boxes.push(boxes[0].clone());
     assert_ne!(serde_json::to_string(&*boxes).unwrap(), edited);
