@@ -832,7 +832,7 @@ fn detect_stream(
         if reader.is_live() {
             "live: the newest frame is detected, frames that arrive meanwhile are dropped"
         } else {
-            "a video file: every frame"
+            "a file (a video or a picture): every frame"
         }
     );
     let names = detector.names();

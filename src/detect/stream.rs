@@ -55,6 +55,11 @@ pub const STREAM_SCHEMES: &[&str] = &["rtsp://", "rtmp://", "http://", "https://
 impl StreamSource {
     /// The stream `source` names, or `None` for a path (file, directory, glob). A string of
     /// digits is a webcam unless a file or folder of that name exists.
+    /// Picture extensions of an URL read as one image rather than a live stream.
+    const PICTURES: &'static [&'static str] =
+        &["jpg", "jpeg", "png", "bmp", "tif", "tiff", "webp", "gif"];
+
+    /// Parses a source: a webcam index or a stream URL; `None` for a path.
     pub fn parse(source: &str) -> Option<StreamSource> {
         let lower = source.to_ascii_lowercase();
         if STREAM_SCHEMES.iter().any(|s| lower.starts_with(s)) {
@@ -77,8 +82,12 @@ impl StreamSource {
             StreamSource::Webcam(_) => true,
             StreamSource::Url(u) => {
                 let path = u.split(['?', '#']).next().unwrap_or(u);
-                let after_host = path.splitn(4, '/').nth(3).unwrap_or("");
-                after_host.is_empty() || !super::video::is_video(Path::new(after_host))
+                let after_host = Path::new(path.splitn(4, '/').nth(3).unwrap_or(""));
+                let image = after_host
+                    .extension()
+                    .and_then(|e| e.to_str())
+                    .is_some_and(|e| Self::PICTURES.contains(&e.to_ascii_lowercase().as_str()));
+                after_host.as_os_str().is_empty() || !(super::video::is_video(after_host) || image)
             }
         }
     }
@@ -616,7 +625,15 @@ fn read_loop(sh: &Shared, name: &str, input: &[String], live: bool, opts: &Strea
         if sh.stop.load(Ordering::SeqCst) {
             break;
         }
-        let clean_end = !live && reason == "the stream ended";
+        // An URL whose content is one picture (a snapshot URL, a JPEG served over HTTP): ffmpeg
+        // reads one frame and ends cleanly on the first connection. That is one image, not a
+        // live stream to reopen for ever (each reopening gave the same picture again).
+        let one_picture = live
+            && matches!(input.last(), Some(u) if u.contains("://"))
+            && reason == "the stream ended"
+            && sh.lock().stats.read == 1
+            && sh.lock().stats.reconnects == 0;
+        let clean_end = (!live || one_picture) && reason == "the stream ended";
         if clean_end || attempt >= opts.retries || (!live && ever) {
             let why = if clean_end || (!live && ever) {
                 reason
@@ -773,6 +790,8 @@ mod tests {
         assert!(StreamSource::Url("http://h:8080/live".into()).is_live());
         assert!(StreamSource::Url("rtsp://h/stream1".into()).is_live());
         assert!(!StreamSource::Url("https://h/clips/a.MP4?sig=1".into()).is_live());
+        assert!(!StreamSource::Url("http://h/img/cells.JPG?x=1".into()).is_live());
+        assert!(!StreamSource::Url("https://h/a.png".into()).is_live());
         assert_eq!(
             StreamSource::Url("rtsp://user:pw@10.0.0.2:554/h264/ch1".into()).stem(),
             "10.0.0.2_554_h264_ch1"

@@ -393,3 +393,72 @@ fn a_refused_url_is_retried_then_named_and_a_missing_webcam_too() {
         );
     }
 }
+
+/// A loopback HTTP server answering every request with `body` as `image/jpeg` (as a camera's
+/// snapshot URL or an image host does); counts the requests.
+fn serve_picture(body: Vec<u8>) -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::io::{Read, Write};
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let hits = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let h = hits.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut s) = conn else { continue };
+            h.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let mut req = [0u8; 4096];
+            let _ = s.read(&mut req);
+            let head = format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: image/jpeg\r\nContent-Length: {}\r\n\
+                 Connection: close\r\n\r\n",
+                body.len()
+            );
+            let _ = s.write_all(head.as_bytes());
+            let _ = s.write_all(&body);
+        }
+    });
+    (port, hits)
+}
+
+/// Issue 51: `yolo9 detect http://host/img.jpg` (and a snapshot URL without an extension) is
+/// one image, detected once, where it used to be reopened as a live stream until interrupted
+/// (132 detections of the same picture in 120 s).
+#[test]
+fn an_url_whose_content_is_a_picture_is_one_image() {
+    let jpg =
+        std::fs::read(common::shared_dir().join("datasets/bccd/images/test/BloodImage_00007.jpg"))
+            .unwrap();
+    let (port, hits) = serve_picture(jpg);
+    let dir = common::tmpdir("detect_url_picture");
+    for path in ["cells.jpg", "snapshot"] {
+        let url = format!("http://127.0.0.1:{port}/{path}");
+        let t0 = std::time::Instant::now();
+        let out = yolo9(&[
+            &url,
+            "--img",
+            "320",
+            "--nosave",
+            "--project",
+            dir.to_str().unwrap(),
+            "--stream-retries",
+            "3",
+        ])
+        .output()
+        .unwrap();
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        assert!(out.status.success(), "{path}: {stdout}{stderr}");
+        assert!(t0.elapsed() < std::time::Duration::from_secs(60), "{path}");
+        let (detected, read, _, reopened) = summary(&format!("{stdout}{stderr}"));
+        assert_eq!(
+            (detected, read, reopened),
+            (1, 1, 0),
+            "{path}: {stdout}{stderr}"
+        );
+        assert!(!stderr.contains("reopening"), "{path}: {stderr}");
+    }
+    assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 2);
+    let _ = std::fs::remove_dir_all(&dir);
+}
