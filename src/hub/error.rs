@@ -30,6 +30,26 @@ pub enum HubError {
         /// Where to place it.
         place: PathBuf,
     },
+    /// A download failed ([`HubError::Http`], [`HubError::Network`], [`HubError::TooLarge`]):
+    /// the reason, and where to place the file fetched another way, as offline mode says.
+    #[error("{reason}; or download {url} another way and place it at {} (it is verified and converted on the next run)", crate::text::path(.place))]
+    DownloadFailed {
+        /// Why the download failed.
+        reason: Box<HubError>,
+        /// The release file's URL.
+        url: String,
+        /// Where to place it.
+        place: PathBuf,
+    },
+    /// `--weights` names something that exists but is not a regular file (a folder, a FIFO, a
+    /// device).
+    #[error("{}: is {kind}, not a weights file; pass a .safetensors or .pt file (or the name of a published model)", crate::text::path(.path))]
+    NotAFile {
+        /// What was given.
+        path: PathBuf,
+        /// What it is.
+        kind: &'static str,
+    },
     /// The server answered with an error status that retrying does not fix (4xx).
     #[error("{url}: HTTP {status}{}", if *.status == 404 { " (not found: check the name, or YOLO9_WEIGHTS_URL)" } else { "" })]
     Http {

@@ -57,6 +57,12 @@ pub fn resolve(spec: &Path, opts: &HubOptions) -> Result<PathBuf, HubError> {
     if spec.is_file() {
         return Ok(spec.to_path_buf());
     }
+    if let Ok(m) = std::fs::metadata(spec) {
+        return Err(HubError::NotAFile {
+            path: spec.to_path_buf(),
+            kind: crate::outfile::kind_of(&m.file_type()),
+        });
+    }
     let text = spec.to_string_lossy();
     match registry::lookup(&text) {
         Some(p) => fetch(p, opts),
@@ -162,7 +168,11 @@ fn fetch(p: &Published, opts: &HubOptions) -> Result<PathBuf, HubError> {
         cache.ensure()?;
         let part = cache.temp_path(&format!("{}.pt", p.name));
         say(opts, &format!("downloading {url}"));
-        let got = download::download(&url, &part, opts)?;
+        let got = download::download(&url, &part, opts).map_err(|e| HubError::DownloadFailed {
+            reason: Box::new(e),
+            url: url.clone(),
+            place: placed.clone(),
+        })?;
         let r = install(&cache, p, &part, &url, opts);
         let _ = std::fs::remove_file(&part);
         let out = r?;

@@ -277,10 +277,22 @@ fn a_cut_body_resumes_with_range_and_without_range_support_fails_cleanly() {
     let server = Server::start(body, move |_| Reply::Cut { cut });
     let e = hub::fetch_name("yolov9-s", &options(&home, &server.base)).unwrap_err();
     let text = one_line(&e);
-    assert!(matches!(e, HubError::Network { attempts: 3, .. }), "{text}");
+    assert!(
+        matches!(failed(&e), HubError::Network { attempts: 3, .. }),
+        "{text}"
+    );
     assert!(text.contains("of 20515869 bytes"), "{text}");
     assert_eq!(server.requests(), 3);
     assert_eq!(listing(&home), Vec::<String>::new(), "{text}");
+}
+
+/// The reason of a failed download, which the error wraps with the place for a file fetched
+/// another way (issue 51).
+fn failed(e: &HubError) -> &HubError {
+    match e {
+        HubError::DownloadFailed { reason, .. } => reason,
+        other => panic!("not a failed download: {other}"),
+    }
 }
 
 #[test]
@@ -306,8 +318,16 @@ fn status_errors_404_is_final_500_is_retried() {
     let opts = options(&home, &format!("{}/elsewhere", server.base));
     let e = hub::fetch_name("gelan-c", &opts).unwrap_err();
     let text = one_line(&e);
-    assert!(matches!(e, HubError::Http { status: 404, .. }), "{text}");
+    assert!(
+        matches!(failed(&e), HubError::Http { status: 404, .. }),
+        "{text}"
+    );
     assert!(text.contains("/elsewhere/gelan-c.pt"), "{text}");
+    // As offline mode does, the error says where a file fetched another way goes.
+    assert!(
+        text.contains("another way and place it at") && text.contains("gelan-c.pt (it is verified"),
+        "{text}"
+    );
     assert_eq!(listing(&home), Vec::<String>::new());
     // 500 then the file: retried, cached.
     let home = common::tmpdir("500").join("cache");
@@ -343,7 +363,10 @@ fn a_stalled_server_times_out() {
     let e = hub::fetch_name("yolov9-s", &opts).unwrap_err();
     let took = t.elapsed();
     let text = one_line(&e);
-    assert!(matches!(e, HubError::Network { attempts: 2, .. }), "{text}");
+    assert!(
+        matches!(failed(&e), HubError::Network { attempts: 2, .. }),
+        "{text}"
+    );
     assert!(text.contains("timed out"), "{text}");
     assert!(took < Duration::from_secs(5), "took {took:?}");
     assert_eq!(listing(&home), Vec::<String>::new());
@@ -360,7 +383,10 @@ fn a_stalled_server_times_out() {
     let e = hub::fetch_name("yolov9-s", &opts).unwrap_err();
     let took = t.elapsed();
     let text = one_line(&e);
-    assert!(matches!(e, HubError::Network { attempts: 2, .. }), "{text}");
+    assert!(
+        matches!(failed(&e), HubError::Network { attempts: 2, .. }),
+        "{text}"
+    );
     assert!(text.contains("of 20515869 bytes"), "{text}");
     assert!(took < Duration::from_secs(5), "took {took:?}");
     assert_eq!(server.requests(), 2);
@@ -377,7 +403,7 @@ fn a_file_over_the_limit_is_refused() {
     let text = one_line(&e);
     assert!(
         matches!(
-            e,
+            failed(&e),
             HubError::TooLarge {
                 bytes: 20_515_869,
                 limit: 1_000_000,
@@ -695,4 +721,33 @@ fn two_processes_fetching_one_name_at_once_leave_one_good_file() {
         yolo9::Weights::load(&path).unwrap().parameter_count(),
         9_804_512
     );
+}
+
+/// Issue 51: `--weights` given an existing folder or FIFO says what it is, not "not found"; a
+/// name in the Ultralytics spelling gets the published name as a hint.
+#[test]
+fn weights_that_exist_but_are_not_files_say_what_they_are() {
+    let d = common::tmpdir("weights-kind");
+    let opts = options(&d.join("cache"), "http://127.0.0.1:9");
+    let e = hub::resolve(&d, &opts).unwrap_err();
+    let text = one_line(&e);
+    assert!(matches!(e, HubError::NotAFile { .. }), "{text}");
+    assert!(
+        text.contains("is a directory, not a weights file"),
+        "{text}"
+    );
+    let fifo = d.join("w.safetensors");
+    assert!(std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    let text = one_line(&hub::resolve(&fifo, &opts).unwrap_err());
+    assert!(
+        text.contains("a FIFO") && text.contains("w.safetensors"),
+        "{text}"
+    );
+    let text = one_line(&hub::resolve(std::path::Path::new("yolov9s"), &opts).unwrap_err());
+    assert!(text.contains("did you mean yolov9-s?"), "{text}");
+    let _ = std::fs::remove_dir_all(&d);
 }
