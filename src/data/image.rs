@@ -36,7 +36,12 @@
 //!   `train`): at most [`MAX_SIDE`] pixels per side and [`MAX_DECODE_BYTES`] bytes of decoded
 //!   pixels, counted as the decoder's buffer plus the 8-bit RGB copy ([`decoded_need`]: a grey or
 //!   1-bit picture triples or more); a larger image is refused with an error that names the file,
-//!   its size and the limit, before the pixel buffer is allocated.
+//!   its size and the limit, before the pixel buffer is allocated. The bytes are those the
+//!   decoder really holds ([`decode_need`]: a progressive JPEG's coefficient buffer, a 16-bit
+//!   PNG's 16-bit buffer), the same figure `serve` reserves from its decode budget before it
+//!   decodes ([`declared_need`]). A PNG's compressed ancillary chunks (an ICC profile, text) are
+//!   dropped before decoding ([`png_without_compressed_ancillary`]), and a JPEG of more than
+//!   [`MAX_JPEG_SCANS`] scans (a scan bomb) is refused before libjpeg runs.
 use anyhow::{bail, Context, Result};
 use image::{DynamicImage, ImageDecoder, ImageReader, Limits, RgbImage};
 use std::io::Cursor;
@@ -68,6 +73,10 @@ pub fn decode_rgb8(bytes: &[u8]) -> Result<RgbImage> {
     if bytes.is_empty() {
         bail!("the file is empty (0 bytes)");
     }
+    // A PNG's compressed ancillary chunks (an ICC profile that inflates to 1 GiB, compressed
+    // text) are never used here: the decoder gets the picture without them.
+    let stripped = png_without_compressed_ancillary(bytes);
+    let bytes: &[u8] = stripped.as_deref().unwrap_or(bytes);
     let mut reader = ImageReader::new(Cursor::new(bytes))
         .with_guessed_format()
         .context("cannot sniff the image format")?;
@@ -97,6 +106,20 @@ pub fn decode_rgb8(bytes: &[u8]) -> Result<RgbImage> {
     })?;
     let (w, h) = decoder.dimensions();
     size_guard(w, h, decoder.total_bytes())?;
+    let need = decode_need(format, bytes, w, h, decoder.total_bytes());
+    if need > MAX_DECODE_BYTES {
+        bail!(
+            "{w}x{h} {} needs about {:.0} MB to decode (its decoder's buffers and the 8-bit RGB \
+             copy), over the decoding-bomb guard's {} MB; downscale it first (or save it as a \
+             baseline JPEG / 8-bit PNG)",
+            format!("{format:?}").to_uppercase(),
+            need as f64 / 1e6,
+            MAX_DECODE_BYTES / 1_000_000
+        );
+    }
+    if format == image::ImageFormat::Jpeg {
+        jpeg_scan_guard(bytes, w, h)?;
+    }
     // A malformed EXIF block must not make a good picture unreadable.
     let orientation = decoder
         .orientation()
@@ -129,8 +152,8 @@ pub fn decode_rgb8(bytes: &[u8]) -> Result<RgbImage> {
 pub const BOUNDED_DECODE_BYTES: u64 = 2 * MAX_DECODE_BYTES;
 
 /// [`decode_rgb8`] for parallel callers (the dataset scan decodes every image on every core):
-/// first waits until this picture's decoded bytes (its header size as 8-bit RGBA plus the RGB copy,
-/// at most [`MAX_DECODE_BYTES`]) fit beside those of the other bounded decodes in progress within
+/// first waits until this picture's decoded bytes ([`declared_need`], at most
+/// [`MAX_DECODE_BYTES`]) fit beside those of the other bounded decodes in progress within
 /// [`BOUNDED_DECODE_BYTES`]; one decode always proceeds alone. The verdict is [`decode_rgb8`]'s.
 pub fn decode_rgb8_bounded(bytes: &[u8]) -> Result<RgbImage> {
     static GATE: gate::Gate = gate::Gate::new(BOUNDED_DECODE_BYTES);
@@ -143,12 +166,249 @@ pub fn decode_rgb8_bounded(bytes: &[u8]) -> Result<RgbImage> {
 /// size as 8-bit RGBA plus the RGB copy, [`decoded_need`]), read without decoding: `(width,
 /// height, bytes)`; `None` when the header cannot be read (the decode then says why).
 pub fn declared_need(bytes: &[u8]) -> Option<(u32, u32, u64)> {
-    let (w, h) = ImageReader::new(Cursor::new(bytes))
+    let reader = ImageReader::new(Cursor::new(bytes))
         .with_guessed_format()
-        .ok()?
-        .into_dimensions()
         .ok()?;
-    Some((w, h, decoded_need(w, h, 4 * u64::from(w) * u64::from(h))))
+    let format = reader.format()?;
+    let (w, h) = reader.into_dimensions().ok()?;
+    let px = u64::from(w) * u64::from(h);
+    let native = match format {
+        image::ImageFormat::Png => png_native_bytes(bytes, w, h).unwrap_or(4 * px),
+        // libjpeg and zune-jpeg both give 8-bit RGB.
+        image::ImageFormat::Jpeg => 3 * px,
+        _ => 4 * px,
+    };
+    Some((w, h, decode_need(format, bytes, w, h, native)))
+}
+
+/// Bytes decoding `bytes` (a `format` picture of `w`×`h` whose decoder output is `native` bytes)
+/// holds at its peak, by what the decoder really keeps:
+///
+/// - **JPEG** (libjpeg): the 8-bit RGB output (3 B/px; no second copy), plus for a
+///   **progressive** file the whole coefficient buffer libjpeg keeps until the last scan
+///   (2 bytes per coefficient, one per sample of each component at its sampling factor: 6 B/px
+///   at 4:4:4, 3 B/px at 4:2:0), rounded up to whole 8×8 blocks;
+/// - **others** (image-rs): the decoder's own buffer (`native`: a 16-bit RGBA PNG is 8 B/px)
+///   plus the 8-bit RGB copy ([`decoded_need`]);
+///
+/// plus a 2% margin (row buffers, block rounding).
+pub fn decode_need(format: image::ImageFormat, bytes: &[u8], w: u32, h: u32, native: u64) -> u64 {
+    let px = u64::from(w) * u64::from(h);
+    let base = match format {
+        image::ImageFormat::Jpeg => {
+            let coef = match jpeg_info(bytes) {
+                Some(j) if j.progressive => j.coefficient_bytes(),
+                _ => 0,
+            };
+            // The libjpeg path's RGB output; a CMYK file goes through image-rs (4 B/px + RGB).
+            (3 * px).max(native) + coef + if native > 3 * px { 3 * px } else { 0 }
+        }
+        _ => decoded_need(w, h, native),
+    };
+    base + base / 50
+}
+
+/// The most scans a JPEG may have. A progressive JPEG from an encoder has at most a few dozen
+/// (jpegtran's default script: 10; mozjpeg's: under 20); repeated scans are a known decoding
+/// bomb (libjpeg-turbo's tools take `-maxscans` for it), each costing a pass over the picture.
+pub const MAX_JPEG_SCANS: usize = 100;
+
+/// The most scan work a JPEG may ask for: scans × pixels (a 12 MP photo of 100 scans is 1.2e9;
+/// one scan of the largest picture the guard accepts is 0.36e9).
+pub const MAX_JPEG_SCAN_WORK: u64 = 4_000_000_000;
+
+/// Refuses a JPEG of more than [`MAX_JPEG_SCANS`] scans, or whose scans × pixels exceed
+/// [`MAX_JPEG_SCAN_WORK`], before libjpeg decodes it.
+fn jpeg_scan_guard(bytes: &[u8], w: u32, h: u32) -> Result<()> {
+    let Some(j) = jpeg_info(bytes) else {
+        return Ok(());
+    };
+    let work = j.scans as u64 * u64::from(w) * u64::from(h);
+    if j.scans > MAX_JPEG_SCANS || work > MAX_JPEG_SCAN_WORK {
+        bail!(
+            "JPEG of {} scans at {w}x{h}: over the scan limit of the decoding-bomb guard (at most \
+             {MAX_JPEG_SCANS} scans and {MAX_JPEG_SCAN_WORK} scans x pixels); a real picture has \
+             a few dozen. Re-encode it (e.g. as a baseline JPEG)",
+            j.scans
+        );
+    }
+    Ok(())
+}
+
+/// What a JPEG's markers declare, read by walking its segments (no decoding).
+#[derive(Debug, Clone, PartialEq)]
+pub struct JpegInfo {
+    /// A progressive frame (SOF2/SOF6/SOF10/SOF14).
+    pub progressive: bool,
+    /// Start-of-scan markers.
+    pub scans: usize,
+    /// Width and height of the frame.
+    pub size: (u32, u32),
+    /// Horizontal and vertical sampling factors of each component.
+    pub sampling: Vec<(u8, u8)>,
+}
+
+impl JpegInfo {
+    /// Bytes of libjpeg's whole-image coefficient buffer (progressive mode): 64 coefficients of
+    /// 2 bytes per 8×8 block of each component, in whole MCUs.
+    pub fn coefficient_bytes(&self) -> u64 {
+        let (w, h) = (u64::from(self.size.0), u64::from(self.size.1));
+        let hmax = self
+            .sampling
+            .iter()
+            .map(|s| u64::from(s.0))
+            .max()
+            .unwrap_or(1)
+            .max(1);
+        let vmax = self
+            .sampling
+            .iter()
+            .map(|s| u64::from(s.1))
+            .max()
+            .unwrap_or(1)
+            .max(1);
+        let (mcux, mcuy) = (w.div_ceil(8 * hmax), h.div_ceil(8 * vmax));
+        self.sampling
+            .iter()
+            .map(|&(hs, vs)| mcux * u64::from(hs) * mcuy * u64::from(vs) * 64 * 2)
+            .sum()
+    }
+}
+
+/// Walks the markers of JPEG `bytes`: the frame header and the number of scans; `None` when it
+/// is not a JPEG or has no frame header. The entropy-coded data after each scan header is
+/// skipped to the next marker (`FF` followed by neither `00` nor a restart marker).
+pub fn jpeg_info(bytes: &[u8]) -> Option<JpegInfo> {
+    if !bytes.starts_with(&[0xff, 0xd8]) {
+        return None;
+    }
+    let mut info = JpegInfo {
+        progressive: false,
+        scans: 0,
+        size: (0, 0),
+        sampling: Vec::new(),
+    };
+    let mut frame = false;
+    let mut p = 2usize;
+    while p + 4 <= bytes.len() {
+        if bytes[p] != 0xff {
+            p += 1;
+            continue;
+        }
+        let m = bytes[p + 1];
+        if m == 0xff || m == 0x00 || (0xd0..=0xd7).contains(&m) || m == 0x01 {
+            p += if m == 0xff { 1 } else { 2 };
+            continue;
+        }
+        if m == 0xd9 {
+            break;
+        }
+        let len = usize::from(u16::from_be_bytes([bytes[p + 2], bytes[p + 3]]));
+        let seg = bytes.get(p + 4..(p + 2 + len).min(bytes.len()))?;
+        match m {
+            0xc0..=0xcf if !matches!(m, 0xc4 | 0xc8 | 0xcc) => {
+                if seg.len() >= 6 {
+                    info.progressive = matches!(m, 0xc2 | 0xc6 | 0xca | 0xce);
+                    let hh = u16::from_be_bytes([seg[1], seg[2]]);
+                    let ww = u16::from_be_bytes([seg[3], seg[4]]);
+                    info.size = (u32::from(ww), u32::from(hh));
+                    let n = usize::from(seg[5]);
+                    info.sampling = (0..n)
+                        .filter_map(|i| seg.get(6 + 3 * i + 1))
+                        .map(|s| (s >> 4, s & 0x0f))
+                        .collect();
+                    frame = true;
+                }
+            }
+            0xda => {
+                info.scans += 1;
+                // Skip the entropy-coded data to the next real marker.
+                let mut q = p + 2 + len;
+                while q + 1 < bytes.len() {
+                    if bytes[q] == 0xff
+                        && bytes[q + 1] != 0
+                        && !(0xd0..=0xd7).contains(&bytes[q + 1])
+                    {
+                        break;
+                    }
+                    q += 1;
+                }
+                p = q;
+                continue;
+            }
+            _ => {}
+        }
+        p += 2 + len;
+    }
+    frame.then_some(info)
+}
+
+/// The bytes of the decoder's buffer for PNG `bytes` of `w`×`h` (from `IHDR`: channels × bytes
+/// per sample per pixel, as image-rs decodes it: palette expanded to RGB(A), sub-8-bit to 8);
+/// `None` for other formats.
+fn png_native_bytes(bytes: &[u8], w: u32, h: u32) -> Option<u64> {
+    if !bytes.starts_with(b"\x89PNG\r\n\x1a\n") || bytes.len() < 33 || &bytes[12..16] != b"IHDR" {
+        return None;
+    }
+    let (depth, color) = (bytes[24], bytes[25]);
+    let channels: u64 = match color {
+        0 => 1,
+        2 | 3 => 3,
+        4 => 2,
+        6 => 4,
+        _ => 4,
+    };
+    let channels = if color == 3 && png_has_chunk(bytes, b"tRNS") {
+        4
+    } else {
+        channels
+    };
+    let sample = if depth == 16 { 2 } else { 1 };
+    Some(u64::from(w) * u64::from(h) * channels * sample)
+}
+
+/// Whether PNG `bytes` has a chunk of `kind` before its image data.
+fn png_has_chunk(bytes: &[u8], kind: &[u8; 4]) -> bool {
+    png_chunks(bytes).any(|(k, _)| k == kind)
+}
+
+/// The chunks of PNG `bytes` as `(kind, whole chunk with length and CRC)`, up to the first one
+/// that is cut off.
+fn png_chunks(bytes: &[u8]) -> impl Iterator<Item = (&[u8], &[u8])> {
+    let mut p = 8usize;
+    std::iter::from_fn(move || {
+        let len = u32::from_be_bytes(bytes.get(p..p + 4)?.try_into().ok()?) as usize;
+        let end = p.checked_add(12)?.checked_add(len)?;
+        let chunk = bytes.get(p..end)?;
+        p = end;
+        Some((&chunk[4..8], chunk))
+    })
+}
+
+/// PNG `bytes` without its compressed ancillary chunks (`iCCP`, `zTXt`, `iTXt`) and text
+/// (`tEXt`), which yolo9 never uses and whose decompression the decoder would otherwise pay (an
+/// ICC profile of 1.1 MB can inflate to 1 GiB); `None` when `bytes` is not a PNG or has none.
+/// Everything else (and anything after a damaged chunk) is kept byte for byte, so the decoder
+/// judges the picture as before.
+pub fn png_without_compressed_ancillary(bytes: &[u8]) -> Option<Vec<u8>> {
+    const DROP: [&[u8]; 4] = [b"iCCP", b"zTXt", b"iTXt", b"tEXt"];
+    if !bytes.starts_with(b"\x89PNG\r\n\x1a\n") {
+        return None;
+    }
+    if !png_chunks(bytes).any(|(k, _)| DROP.contains(&k)) {
+        return None;
+    }
+    let mut out = Vec::with_capacity(bytes.len());
+    out.extend_from_slice(&bytes[..8]);
+    let mut used = 8;
+    for (k, chunk) in png_chunks(bytes) {
+        used += chunk.len();
+        if !DROP.contains(&k) {
+            out.extend_from_slice(chunk);
+        }
+    }
+    out.extend_from_slice(&bytes[used..]);
+    Some(out)
 }
 
 /// A byte budget shared by threads: [`Gate::acquire`] blocks while the bytes held plus the
@@ -225,9 +485,10 @@ fn decode_jpeg_libjpeg(bytes: &[u8], w: u32, h: u32) -> Result<Option<RgbImage>>
             C::JCS_YCbCr | C::JCS_GRAYSCALE | C::JCS_RGB => {
                 let mut started = d.rgb().ok()?;
                 let (dw, dh) = (started.width(), started.height());
-                let px: Vec<[u8; 3]> = started.read_scanlines().ok()?;
+                // One buffer of 3 bytes a pixel (no second, flattened copy).
+                let px: Vec<u8> = started.read_scanlines().ok()?;
                 started.finish().ok()?;
-                Some((dw, dh, px.into_iter().flatten().collect()))
+                Some((dw, dh, px))
             }
             C::JCS_CMYK | C::JCS_YCCK => {
                 let mut started = d.to_colorspace(C::JCS_CMYK).ok()?;
