@@ -1,6 +1,6 @@
 //! Build script: with the `cuda` feature, compiles every `kernels/*.cu` to PTX in `OUT_DIR`
 //! (`nvcc --ptx`), for the compute capability in `CUDA_COMPUTE_CAP` (default 90). nvcc is taken
-//! from `NVCC`, else `$CUDA_HOME/bin/nvcc`, else `PATH` (see README "Building with CUDA").
+//! from `NVCC`, else `$CUDA_HOME/bin/nvcc`, else `PATH` (see docs/cuda-build.md).
 //! Without the feature it does nothing, so the default CPU build needs no CUDA toolkit.
 
 use std::path::PathBuf;
@@ -47,7 +47,7 @@ fn main() {
             .unwrap_or_else(|e| {
                 panic!(
                     "the cuda feature needs nvcc to compile {}: running `{nvcc}` failed: {e}. \
-                     Set NVCC or CUDA_HOME (README: Building with CUDA)",
+                     Set NVCC or CUDA_HOME (docs/cuda-build.md)",
                     src.display()
                 )
             });

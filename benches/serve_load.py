@@ -1,4 +1,4 @@
-"""Bounded load test (README, Serve) of `yolo9 serve`: N client threads each POST the example images M times in turn.
+"""Bounded load test (docs/serve.md) of `yolo9 serve`: N client threads each POST the example images M times in turn.
 usage: python3 benches/serve_load.py HOST:PORT THREADS REQUESTS_PER_THREAD IMAGE...  Prints requests/s, p50/p99 latency, codes."""
 import http.client, sys, threading, time
 host, port = sys.argv[1].split(':'); n, m = int(sys.argv[2]), int(sys.argv[3]); imgs = [open(p, 'rb').read() for p in sys.argv[4:]]

@@ -872,7 +872,8 @@ fn cosine(a: &Tensor, b: &Tensor) -> f64 {
 /// 0.979) and ≥ 0.975 for the first, a middle and the head layer (0.985, 0.982, 0.9999). That is
 /// bf16 rounding (8 significant bits, about 0.4% per value, compounding through ~50 layers of
 /// bf16 activations in the backward), far below the noise of a mini-batch gradient; the
-/// 50-epoch BCCD run with AMP reached test mAP50-95 0.544 against 0.523 in f32 (README).
+/// 50-epoch BCCD run with AMP reached test mAP50-95 0.536 against 0.523 in f32
+/// (docs/training.md).
 /// A collapse of these figures means a broken cast, not rounding.
 #[test]
 fn mixed_precision_step_of_a_trained_model_follows_f32() {

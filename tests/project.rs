@@ -1,5 +1,5 @@
-//! Whole-project tests: the crate's import layering and the README's commands (one test
-//! binary; the files are in `tests/project/`).
+//! Whole-project tests: the crate's import layering, the output writers, and the commands of
+//! README.md and docs/ (one test binary; the files are in `tests/project/`).
 mod common;
 
 mod project {

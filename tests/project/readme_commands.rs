@@ -1,18 +1,21 @@
-//! Every `yolo9 …` command README.md shows is either run here exactly as written, or listed in
-//! [`SKIPPED`] with the reason it cannot run offline on the CPU in seconds (a GPU, an official
-//! checkpoint that is not shipped, hours of training, a synopsis with `[optional]` parts).
+//! Every `yolo9 …` command README.md and the topic pages `docs/*.md` show is either run here
+//! exactly as written, or listed in [`SKIPPED`] with the reason it cannot run offline on the CPU in
+//! seconds (a GPU, an official checkpoint that is not shipped, hours of training, a synopsis with
+//! `[optional]` parts).
 //!
-//! The commands are read from the README itself: the lines of its code blocks that start with
-//! `yolo9 ` (or `$ yolo9 `, joined over `\` line continuations, a trailing `# comment` cut), the
-//! block's `cargo run --release -- ARGS` (run as `yolo9 ARGS`: the same program, without building
-//! it again), and the inline code spans of the prose that start with `yolo9 ` and have at least
-//! one argument (`yolo9 check` alone names a subcommand, it is not a command). A command the
-//! README gains or changes fails [`every_readme_command_is_run_or_skipped_with_a_reason`] until
-//! it is added to [`RUN`] or [`SKIPPED`]; an entry the README no longer shows fails it too.
+//! The commands are read from the documents themselves ([`documents`]: README.md, then every
+//! `docs/*.md`): the lines of their code blocks that start with `yolo9 ` (or `$ yolo9 `, joined
+//! over `\` line continuations, a trailing `# comment` cut), the blocks'
+//! `cargo run --release -- ARGS` (run as `yolo9 ARGS`: the same program, without building it
+//! again), and the inline code spans of the prose that start with `yolo9 ` and have at least one
+//! argument (`yolo9 check` alone names a subcommand, it is not a command). A command a document
+//! gains or changes fails [`every_readme_command_is_run_or_skipped_with_a_reason`] until it is
+//! added to [`RUN`] or [`SKIPPED`]; an entry no document shows any more fails it too. README.md
+//! itself stays a README: [`readme_is_at_most_300_lines`].
 //!
 //! Each command of [`RUN`] runs in a fresh folder laid out like the repository root of a new user's
 //! clone: copies of `examples/images`, `examples/videos`, `weights/` and `docs/bccd-run/`,
-//! `../shared` beside it (a link to the shared folder), and the files the README's placeholders
+//! `../shared` beside it (a link to the shared folder), and the files the documents' placeholders
 //! stand for: `data.yaml` (a 2-image dataset), `best.safetensors` (a copy of the shipped weights)
 //! and `bccd/data.yaml` (BCCD's layout and classes, 3 images per split, so validation takes
 //! seconds; the full test split's numbers are asserted by
@@ -22,7 +25,7 @@ use crate::common;
 
 use std::path::{Path, PathBuf};
 
-/// README commands run by [`runnable_readme_commands_succeed`], as the README writes them.
+/// Commands of the documents run by [`runnable_readme_commands_succeed`], as they are written.
 const RUN: &[&str] = &[
     "cargo run --release -- detect examples/images",
     "yolo9 detect examples/images",
@@ -47,7 +50,7 @@ const DOWNLOAD: &str = "downloads an official checkpoint from the release (no te
                         against a release server on loopback";
 const FRAGMENT: &str = "a fragment of a sentence whose data and weights the prose names";
 
-/// README commands that are not run here, with the reason.
+/// Commands of the documents that are not run here, with the reason.
 const SKIPPED: &[(&str, &str)] = &[
     ("yolo9 train --data data.yaml", TRAINING),
     (
@@ -140,10 +143,6 @@ const SKIPPED: &[(&str, &str)] = &[
         "yolo9 train --cfg yolov9-X --data bccd/data.yaml --epochs 3 --img 640 --batch 16 --budget 8GiB --device 0",
         GPU,
     ),
-    (
-        "yolo9 train --data bccd/data.yaml --epochs 2 --batch 16 --budget 4GiB|8GiB --device 0",
-        GPU,
-    ),
     ("yolo9 serve --device 0", GPU),
     (
         "yolo9 detect 0",
@@ -199,10 +198,12 @@ const SKIPPED: &[(&str, &str)] = &[
     ("yolo9 convert yolov9-c --infer --half", DOWNLOAD),
 ];
 
-/// A command found in the README: its text (whitespace collapsed) and the line it starts on.
+/// A command found in a document: its text (whitespace collapsed), the document and the line it
+/// starts on.
 #[derive(Debug, Clone)]
 struct Found {
     text: String,
+    file: String,
     line: usize,
 }
 
@@ -233,9 +234,10 @@ fn strip_comment(s: &str) -> &str {
     s
 }
 
-/// The commands of `readme` (see the module doc for the rules).
-fn readme_commands(readme: &str) -> Vec<Found> {
-    let lines: Vec<&str> = readme.lines().collect();
+/// The commands of the markdown text `md` (see the module doc for the rules), with an empty
+/// [`Found::file`].
+fn readme_commands(md: &str) -> Vec<Found> {
+    let lines: Vec<&str> = md.lines().collect();
     let mut found = Vec::new();
     let mut fence = false;
     // The prose (outside code blocks) with the line number of each of its lines.
@@ -261,6 +263,7 @@ fn readme_commands(readme: &str) -> Vec<Found> {
             if is_command(s) {
                 found.push(Found {
                     text: squash(strip_comment(s)),
+                    file: String::new(),
                     line: start,
                 });
             }
@@ -284,6 +287,7 @@ fn readme_commands(readme: &str) -> Vec<Found> {
         if is_command(&span) && span.split(' ').count() > 2 {
             found.push(Found {
                 text: span,
+                file: String::new(),
                 line: line_of[open],
             });
         }
@@ -293,8 +297,51 @@ fn readme_commands(readme: &str) -> Vec<Found> {
     found
 }
 
-fn readme() -> String {
-    std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap()
+/// The documents whose commands are checked, as (path relative to the repository, text):
+/// README.md, then every `docs/*.md` in name order.
+fn documents() -> Vec<(String, String)> {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut names = vec!["README.md".to_string()];
+    let mut docs: Vec<String> = std::fs::read_dir(repo.join("docs"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".md"))
+        .map(|n| format!("docs/{n}"))
+        .collect();
+    docs.sort();
+    names.extend(docs);
+    names
+        .into_iter()
+        .map(|n| {
+            let text = std::fs::read_to_string(repo.join(&n)).unwrap();
+            (n, text)
+        })
+        .collect()
+}
+
+/// The commands of every document of [`documents`].
+fn documented_commands() -> Vec<Found> {
+    documents()
+        .into_iter()
+        .flat_map(|(name, text)| {
+            readme_commands(&text).into_iter().map(move |f| Found {
+                file: name.clone(),
+                ..f
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn readme_is_at_most_300_lines() {
+    let readme = &documents()[0];
+    assert_eq!(readme.0, "README.md");
+    let n = readme.1.lines().count();
+    assert!(
+        n <= 300,
+        "README.md has {n} lines: keep it a README (what it is, set-up, commands, models, a \
+         library snippet, one speed table, links) and move topics into docs/"
+    );
 }
 
 #[test]
@@ -325,17 +372,17 @@ fn the_extraction_reads_blocks_continuations_comments_and_inline_spans() {
 
 #[test]
 fn every_readme_command_is_run_or_skipped_with_a_reason() {
-    let found = readme_commands(&readme());
+    let found = documented_commands();
     assert!(found.len() >= 20, "only {} commands found", found.len());
     let unlisted: Vec<String> = found
         .iter()
         .filter(|f| !RUN.contains(&f.text.as_str()) && !SKIPPED.iter().any(|(c, _)| *c == f.text))
-        .map(|f| format!("README.md:{}: {}", f.line, f.text))
+        .map(|f| format!("{}:{}: {}", f.file, f.line, f.text))
         .collect();
     assert!(
         unlisted.is_empty(),
-        "README commands neither run nor skipped with a reason (add them to RUN or SKIPPED in \
-         tests/project/readme_commands.rs):\n{}",
+        "commands of README.md or docs/ neither run nor skipped with a reason (add them to RUN or \
+         SKIPPED in tests/project/readme_commands.rs):\n{}",
         unlisted.join("\n")
     );
     let stale: Vec<&str> = RUN
@@ -344,14 +391,26 @@ fn every_readme_command_is_run_or_skipped_with_a_reason() {
         .chain(SKIPPED.iter().map(|(c, _)| *c))
         .filter(|c| !found.iter().any(|f| f.text == *c))
         .collect();
-    assert!(stale.is_empty(), "not in README.md any more: {stale:#?}");
+    assert!(
+        stale.is_empty(),
+        "not in README.md or docs/*.md any more: {stale:#?}"
+    );
+    // The README's set-up commands are the main job and the tests.
+    let readme = &documents()[0].1;
+    for c in [
+        "cargo run --release -- detect examples/images",
+        "cargo test --locked",
+    ] {
+        assert!(readme.contains(c), "README.md does not show `{c}`");
+    }
     // The intro's example detects a shipped image.
     for f in found.iter().filter(|f| f.text.starts_with("yolo9 detect ")) {
         for arg in f.text.split(' ').skip(2).filter(|a| a.ends_with(".jpg")) {
             assert!(
                 SKIPPED.iter().any(|(c, _)| *c == f.text)
                     || Path::new(env!("CARGO_MANIFEST_DIR")).join(arg).is_file(),
-                "README.md:{}: {arg} is not in the repository",
+                "{}:{}: {arg} is not in the repository",
+                f.file,
                 f.line
             );
         }
