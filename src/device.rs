@@ -242,21 +242,15 @@ pub fn to_host(t: &candle_core::Tensor) -> candle_core::Result<candle_core::Tens
     }
 }
 
-/// Environment variable that keeps cudarc's per-tensor CUDA event tracking on (`1`).
-pub const CUDA_EVENTS_ENV: &str = "YOLO9_CUDA_EVENTS";
-
 /// yolo9 runs all work of a device on candle's one stream of that device, so cudarc's event
 /// tracking (a `cuEventRecord`/`cuStreamWaitEvent` per kernel argument, there to order work across
-/// streams) only costs launch time; it is turned off for the new device unless
-/// `YOLO9_CUDA_EVENTS=1`.
+/// streams) only costs launch time; it is turned off for every new device.
 fn single_stream(d: &Device) {
     #[cfg(feature = "cuda")]
     if let Device::Cuda(c) = d {
-        if std::env::var(CUDA_EVENTS_ENV).as_deref() != Ok("1") {
-            // SAFETY: called before any tensor of this device exists, and every tensor of it is
-            // used on the device's single stream (cuDNN is bound to the same stream).
-            unsafe { c.disable_event_tracking() };
-        }
+        // SAFETY: called before any tensor of this device exists, and every tensor of it is
+        // used on the device's single stream (cuDNN is bound to the same stream).
+        unsafe { c.disable_event_tracking() };
     }
     #[cfg(not(feature = "cuda"))]
     let _ = d;

@@ -87,6 +87,7 @@ pub mod pt;
 pub mod runs;
 #[cfg(feature = "serve")]
 pub mod serve;
+pub mod switches;
 pub mod text;
 pub mod track;
 #[cfg(feature = "train")]

@@ -254,11 +254,11 @@ impl MemoryProbe {
     }
 }
 
-/// `YOLO9_MEM_TRACE=1` (read once): [`mem_trace`] prints; the README's "Building with CUDA"
+/// `YOLO9_MEM_TRACE=1` (read once): [`mem_trace`] prints; docs/cuda-build.md ("Diagnostics")
 /// documents the lines.
 fn mem_trace_on() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("YOLO9_MEM_TRACE").is_ok_and(|v| v == "1"))
+    *ON.get_or_init(|| crate::switches::one("YOLO9_MEM_TRACE"))
 }
 
 /// With `YOLO9_MEM_TRACE=1`: one stderr line `mem_trace {what}: {memory now}` (the

@@ -86,8 +86,9 @@ pub fn main() -> ExitCode {
 }
 
 fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("YOLO9_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let filter = crate::switches::value("YOLO9_LOG")
+        .and_then(|f| tracing_subscriber::EnvFilter::try_new(f).ok())
+        .unwrap_or_else(|| tracing_subscriber::EnvFilter::new("warn"));
     // A command line's messages: level and text, no timestamp or module path (YOLO9_LOG=debug
     // or yolo9=trace shows more).
     let _ = tracing_subscriber::fmt()

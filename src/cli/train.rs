@@ -91,7 +91,7 @@ impl TrainArgs {
 /// ([`launch`]); or, with torchrun's `WORLD_SIZE` in the environment, one rank of a group.
 pub fn run(a: TrainArgs) -> Result<()> {
     let devices = a.device.clone();
-    let env = GroupEnv::read(|k| std::env::var(k).ok())?;
+    let env = GroupEnv::read(crate::switches::var)?;
     if env.is_none() && devices.0.len() > 1 {
         return launch(&devices);
     }
@@ -157,7 +157,7 @@ fn launch(devices: &DeviceList) -> Result<()> {
         );
     }
     let n = devices.0.len();
-    let port = match std::env::var("MASTER_PORT") {
+    let port = match crate::switches::var("MASTER_PORT").ok_or(()) {
         Ok(p) => p,
         Err(_) => std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())

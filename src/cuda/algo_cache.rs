@@ -55,13 +55,15 @@ pub struct AlgoCache {
 
 /// The cache file's path from [`CACHE_ENV`] and the XDG/HOME defaults (`None`: disabled).
 pub fn default_path() -> Option<PathBuf> {
-    match std::env::var(CACHE_ENV) {
-        Ok(v) if v.trim().is_empty() || v.trim() == "off" => None,
-        Ok(v) => Some(PathBuf::from(v)),
-        Err(_) => {
-            let base = std::env::var_os("XDG_CACHE_HOME")
+    match crate::switches::var(CACHE_ENV) {
+        Some(v) if v.trim().is_empty() || v.trim() == "off" => None,
+        Some(v) => Some(PathBuf::from(v)),
+        None => {
+            let base = crate::switches::var_os("XDG_CACHE_HOME")
                 .map(PathBuf::from)
-                .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+                .or_else(|| {
+                    crate::switches::var_os("HOME").map(|h| PathBuf::from(h).join(".cache"))
+                })?;
             Some(base.join("yolo9").join("cudnn-algos.txt"))
         }
     }

@@ -99,7 +99,7 @@ pub fn strict_fp32() -> bool {
         1 => false,
         2 => true,
         _ => {
-            let v = std::env::var(STRICT_FP32_ENV).unwrap_or_default();
+            let v = crate::switches::var(STRICT_FP32_ENV).unwrap_or_default();
             let strict = matches!(v.trim(), "1" | "true" | "yes");
             set_strict_fp32(strict);
             strict
@@ -134,13 +134,11 @@ pub const F32_MATH_ENV: &str = "YOLO9_CUDNN_F32_MATH";
 /// The math type of TF32-allowed f32 convolutions ([`F32_MATH_ENV`], read once).
 fn tf32_math() -> cudnnMathType_t {
     static M: OnceLock<cudnnMathType_t> = OnceLock::new();
-    *M.get_or_init(
-        || match std::env::var(F32_MATH_ENV).as_deref().map(str::trim) {
-            Ok("default") => cudnnMathType_t::CUDNN_DEFAULT_MATH,
-            Ok("convert") => cudnnMathType_t::CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION,
-            _ => cudnnMathType_t::CUDNN_TENSOR_OP_MATH,
-        },
-    )
+    *M.get_or_init(|| match crate::switches::value(F32_MATH_ENV).as_deref() {
+        Some("default") => cudnnMathType_t::CUDNN_DEFAULT_MATH,
+        Some("convert") => cudnnMathType_t::CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION,
+        _ => cudnnMathType_t::CUDNN_TENSOR_OP_MATH,
+    })
 }
 
 /// Environment variable that makes the algorithm search print, for every convolution shape it
@@ -149,7 +147,7 @@ pub const TRACE_ENV: &str = "YOLO9_CUDNN_TRACE";
 
 fn trace_on() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var(TRACE_ENV).is_ok_and(|v| v.trim() == "1"))
+    *ON.get_or_init(|| crate::switches::one(TRACE_ENV))
 }
 
 /// The current algorithm search (from [`ALGO_ENV`] until [`set_algo_search`] is called).
@@ -158,7 +156,7 @@ pub fn algo_search() -> AlgoSearch {
         1 => AlgoSearch::Heuristic,
         2 => AlgoSearch::Benchmark,
         _ => {
-            let v = std::env::var(ALGO_ENV).unwrap_or_default();
+            let v = crate::switches::var(ALGO_ENV).unwrap_or_default();
             let s = match v.trim().to_ascii_lowercase().as_str() {
                 "heuristic" | "heuristics" => AlgoSearch::Heuristic,
                 _ => AlgoSearch::Benchmark,
@@ -186,7 +184,7 @@ pub fn cudnn_conv_enabled() -> bool {
         1 => true,
         2 => false,
         _ => {
-            let v = std::env::var(CONV_ENV).unwrap_or_default();
+            let v = crate::switches::var(CONV_ENV).unwrap_or_default();
             let on = !v.trim().eq_ignore_ascii_case("candle");
             set_cudnn_conv_enabled(on);
             on

@@ -153,7 +153,7 @@ pub fn sum_squares(ts: &[&Tensor]) -> Result<f64> {
 /// (`YOLO9_FUSED_GRADS`, default on; `0`: one candle op per tensor, for comparisons).
 pub fn fused_grads() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("YOLO9_FUSED_GRADS").map_or(true, |v| v.trim() != "0"))
+    *ON.get_or_init(|| !crate::switches::off("YOLO9_FUSED_GRADS"))
 }
 
 /// For every tensor `i`: `b[i]` (`a` = `None`) or `a[i] + b[i]`, written into one new flat f32

@@ -35,7 +35,7 @@ pub fn non_max_suppression(pred: &Tensor, opts: &NmsOptions) -> Result<Vec<Vec<R
 /// Whether NMS of an output on `device` runs there ([`super::device_nms`]): on every device but
 /// the CPU, unless `YOLO9_GPU_NMS=0`.
 pub fn device_nms_enabled(device: &candle_core::Device) -> bool {
-    !device.is_cpu() && std::env::var("YOLO9_GPU_NMS").map_or(true, |v| v.trim() != "0")
+    !device.is_cpu() && !crate::switches::off("YOLO9_GPU_NMS")
 }
 
 /// The columns of one image's decoded output that can become detections, on the host.

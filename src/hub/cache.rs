@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// `%LOCALAPPDATA%\yolo9` (Windows); `None` when none of those variables is set.
 pub fn default_home() -> Option<PathBuf> {
     let var = |k: &str| {
-        std::env::var_os(k)
+        crate::switches::var_os(k)
             .filter(|v| !v.is_empty())
             .map(PathBuf::from)
     };

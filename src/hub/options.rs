@@ -56,7 +56,7 @@ impl HubOptions {
     /// Errors: [`HubError::Env`] for a variable that is not a non-negative number.
     pub fn from_env() -> Result<Self, HubError> {
         let d = Self::default();
-        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+        let var = |k: &str| crate::switches::var(k).filter(|v| !v.trim().is_empty());
         let num = |k: &str| -> Result<Option<f64>, HubError> {
             match var(k) {
                 None => Ok(None),

@@ -866,7 +866,7 @@ pub const FUSED_LOSS_ENV: &str = "YOLO9_FUSED_LOSS";
 /// Whether [`FUSED_LOSS_ENV`] selects the fused terms (read once).
 fn fused_terms() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var(FUSED_LOSS_ENV).as_deref().map(str::trim) != Ok("0"))
+    *ON.get_or_init(|| !crate::switches::off(FUSED_LOSS_ENV))
 }
 
 /// Environment variable that turns the device assigner off (`0`); see
@@ -875,7 +875,7 @@ pub const DEVICE_ASSIGN_ENV: &str = "YOLO9_DEVICE_ASSIGN";
 
 fn device_assigner() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var(DEVICE_ASSIGN_ENV).as_deref().map(str::trim) != Ok("0"))
+    *ON.get_or_init(|| !crate::switches::off(DEVICE_ASSIGN_ENV))
 }
 
 /// `YOLO9_LOSS_TIMES=1`: each branch prints the seconds of its phases (device-synchronised) to
@@ -889,7 +889,7 @@ struct PhaseClock<'a> {
 impl<'a> PhaseClock<'a> {
     fn new(dev: &'a Device, which: &'a str) -> Self {
         static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        let on = *ON.get_or_init(|| std::env::var("YOLO9_LOSS_TIMES").as_deref() == Ok("1"));
+        let on = *ON.get_or_init(|| crate::switches::one("YOLO9_LOSS_TIMES"));
         PhaseClock {
             dev,
             which,

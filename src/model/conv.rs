@@ -570,18 +570,9 @@ impl Conv {
     }
 }
 
-/// Environment variable that turns the GEMM form of pointwise inference convolutions off
-/// (`0`): [`pointwise_gemm`].
-pub const POINTWISE_GEMM_ENV: &str = "YOLO9_POINTWISE_GEMM";
-
-fn pointwise_gemm_on() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var(POINTWISE_GEMM_ENV).map_or(true, |v| v.trim() != "0"))
-}
-
 /// A channels-last 1×1 convolution (stride 1, no padding, one group) of inference on CUDA as
 /// one matrix product (cuBLAS through candle's `matmul`), or `None` where that does not apply
-/// (another kernel, the CPU, [`POINTWISE_GEMM_ENV`] = 0): `x` (B, H, W, C) is the (B·H·W, C)
+/// (another kernel, the CPU): `x` (B, H, W, C) is the (B·H·W, C)
 /// matrix and `w` (K, 1, 1, C) gives (B·H·W, K) = x · wᵀ, already (B, H, W, K). cuDNN's legacy
 /// API runs many yolov9 1×1 shapes channels-last on its FMA kernel (`implicit_convolve_sgemm`);
 /// on the H200 (yolov9-s, batch 32, 480x640, `benches/detect.rs`, one device command) the f16
@@ -594,7 +585,7 @@ pub fn pointwise_gemm(
     w: &Tensor,
     (pad, stride, groups): (usize, usize, usize),
 ) -> Result<Option<Tensor>> {
-    if !x.device().is_cuda() || pad != 0 || stride != 1 || groups != 1 || !pointwise_gemm_on() {
+    if !x.device().is_cuda() || pad != 0 || stride != 1 || groups != 1 {
         return Ok(None);
     }
     let (k, kh, kw, c) = w.dims4()?;
@@ -639,7 +630,7 @@ pub fn conv2d_any(
     stride: usize,
     groups: usize,
 ) -> candle_core::Result<Tensor> {
-    if super::cpu_conv::applies(x, w, groups) && own_cpu_conv() {
+    if super::cpu_conv::applies(x, w, groups) {
         return super::cpu_conv::conv2d(x, w, padding, stride);
     }
     conv2d_train(x, w, padding, stride, groups)
@@ -657,7 +648,7 @@ pub fn conv2d_train(
     stride: usize,
     groups: usize,
 ) -> candle_core::Result<Tensor> {
-    if super::cpu_conv::applies_tracked(x, w, groups) && own_cpu_conv() {
+    if super::cpu_conv::applies_tracked(x, w, groups) {
         return super::cpu_conv::conv2d_tracked(x, w, padding, stride);
     }
     #[cfg(feature = "cuda")]
@@ -689,7 +680,7 @@ pub fn conv2d_backward_any(
     {
         return Ok(r);
     }
-    if super::cpu_conv::applies_tracked(x, w, groups) && own_cpu_conv() {
+    if super::cpu_conv::applies_tracked(x, w, groups) {
         return Ok(super::cpu_conv::conv2d_backward(
             x, w, dy, padding, stride, need_dx,
         )?);
@@ -702,13 +693,6 @@ pub fn conv2d_backward_any(
     let dw = g.pop().context("vjp returned no kernel gradient")?;
     let dx = g.pop().filter(|_| need_dx);
     Ok((dx, dw))
-}
-
-/// Whether the own CPU convolution (inference and training) is on (unless
-/// `YOLO9_CPU_CONV=candle`).
-fn own_cpu_conv() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("YOLO9_CPU_CONV").as_deref() != Ok("candle"))
 }
 
 /// Folds an eval-mode BN into the preceding bias-free conv: returns the kernel (C_out, …) and the

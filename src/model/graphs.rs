@@ -29,7 +29,7 @@ pub const MAX_GRAPHS: usize = 2;
 
 /// Whether replays are allowed by [`GRAPH_ENV`] (default yes).
 pub fn graphs_enabled() -> bool {
-    std::env::var(GRAPH_ENV).map_or(true, |v| v.trim() != "0")
+    !crate::switches::off(GRAPH_ENV)
 }
 
 /// Input shape, dtype, and whether f32 convolutions are strict (the capture records the math

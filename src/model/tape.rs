@@ -38,9 +38,9 @@ pub const TAPE_ENV: &str = "YOLO9_TAPE";
 /// Whether the training step on `dev` runs the taped forward and [`Tape::backward`] (see
 /// [`TAPE_ENV`]).
 pub fn enabled_for(dev: &candle_core::Device) -> bool {
-    match std::env::var(TAPE_ENV).as_deref().map(str::trim) {
-        Ok("1") => true,
-        Ok("0") => false,
+    match crate::switches::value(TAPE_ENV).as_deref() {
+        Some("1") => true,
+        Some("0") => false,
         _ => dev.is_cuda(),
     }
 }

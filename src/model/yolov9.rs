@@ -113,7 +113,7 @@ pub fn default_layout(device: &Device) -> Layout {
     if !device.is_cuda() {
         return Layout::Nchw;
     }
-    match std::env::var("YOLO9_NHWC").ok().as_deref().map(str::trim) {
+    match crate::switches::value("YOLO9_NHWC").as_deref() {
         Some("0") => Layout::Nchw,
         Some("1") => Layout::Nhwc,
         _ => Layout::Auto,
@@ -218,7 +218,7 @@ impl YoloV9 {
         if !matches!(self.device, Device::Cpu) || self.dtype != DType::F32 {
             return None;
         }
-        if std::env::var("YOLO9_CPU_ENGINE").is_ok_and(|v| v.trim() == "0") {
+        if crate::switches::off("YOLO9_CPU_ENGINE") {
             return None;
         }
         let e = self.cpu.get_or_init(|| {

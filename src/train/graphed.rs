@@ -58,7 +58,7 @@ pub const TRAIN_GRAPH_ENV: &str = "YOLO9_TRAIN_GRAPH";
 
 /// Whether [`TRAIN_GRAPH_ENV`] allows training graphs (default yes).
 pub fn train_graphs_enabled() -> bool {
-    std::env::var(TRAIN_GRAPH_ENV).map_or(true, |v| v.trim() != "0")
+    !crate::switches::off(TRAIN_GRAPH_ENV)
 }
 
 /// The outcome of one micro-step: the loss items and, when they are finite, the parameter
@@ -593,7 +593,7 @@ mod imp {
     impl Lap {
         fn new(dev: &Device) -> Self {
             static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-            let on = *ON.get_or_init(|| std::env::var("YOLO9_GRAPH_TIMES").is_ok_and(|v| v == "1"));
+            let on = *ON.get_or_init(|| crate::switches::one("YOLO9_GRAPH_TIMES"));
             Self {
                 dev: on.then(|| dev.clone()),
                 t: std::time::Instant::now(),

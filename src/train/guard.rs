@@ -138,7 +138,7 @@ impl Faults {
 
     /// Faults from the `YOLO9_FAULTS` environment variable (none when unset).
     pub fn from_env() -> Result<Faults> {
-        match std::env::var("YOLO9_FAULTS") {
+        match crate::switches::var("YOLO9_FAULTS").ok_or(()) {
             Ok(s) => Faults::parse(&s),
             Err(_) => Ok(Faults::default()),
         }

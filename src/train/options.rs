@@ -211,6 +211,12 @@ pub struct TrainOptions {
     #[serde(skip)]
     #[cfg_attr(feature = "cli", arg(skip))]
     pub extend_epochs: Option<usize>,
+    /// The environment switches set when the run started that change what it computes
+    /// ([`crate::switches::recorded`]), name → value: written to `args.yaml` so the run can be
+    /// reproduced from its folder (informational: a resumed run uses its own environment).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    #[cfg_attr(feature = "cli", arg(skip))]
+    pub switches: std::collections::BTreeMap<String, String>,
     /// Injected faults (tests); empty = read `YOLO9_FAULTS`.
     #[serde(skip)]
     #[cfg_attr(feature = "cli", arg(skip))]
@@ -306,6 +312,7 @@ impl TrainOptions {
             label_smoothing: 0.0,
             verbose: true,
             extend_epochs: None,
+            switches: Default::default(),
             faults: Faults::default(),
         }
     }

@@ -841,8 +841,11 @@ fn write_run_files(opts: &TrainOptions, r: &Resolved, obs: &mut dyn TrainObserve
             .chain(opts.hyp.clone())
             .chain(opts.weights.clone()),
     );
+    // The run's arguments with the environment switches that change what it computes.
+    let mut args = opts.clone();
+    args.switches = crate::switches::recorded();
     for (name, text) in [
-        ("args.yaml", serde_yaml_ng::to_string(opts)?),
+        ("args.yaml", serde_yaml_ng::to_string(&args)?),
         ("hyp.yaml", serde_yaml_ng::to_string(&r.hyp)?),
     ] {
         crate::outfile::write(&run_dir.join(name), text.as_bytes(), &inputs)

@@ -85,7 +85,7 @@ pub struct StepTimes {
 impl StepTimes {
     /// Whether [`STEP_TIMES_ENV`] is set to something other than empty or `0`.
     pub fn enabled() -> bool {
-        std::env::var_os(STEP_TIMES_ENV).is_some_and(|v| !v.is_empty() && v != "0")
+        crate::switches::var_os(STEP_TIMES_ENV).is_some_and(|v| !v.is_empty() && v != "0")
     }
 
     /// On when [`StepTimes::enabled`]; off otherwise.
@@ -139,7 +139,7 @@ pub const PREFETCH_ENV: &str = "YOLO9_PREFETCH";
 /// Whether the next batch's images are uploaded during the current step (a CUDA device and
 /// [`PREFETCH_ENV`] not `0`).
 pub fn prefetch_on(device: &Device) -> bool {
-    device.is_cuda() && std::env::var(PREFETCH_ENV).map_or(true, |v| v.trim() != "0")
+    device.is_cuda() && !crate::switches::off(PREFETCH_ENV)
 }
 
 /// The next batch's image bytes (`n × 3 × img × img`) on the CUDA `device`, queued as an

@@ -693,3 +693,70 @@ fn long_functions_are_split_or_say_why() {
         vec!["src/s.rs:2 a (6 lines)"]
     );
 }
+
+/// Issue 52, "one home for switches": `src/switches.rs` is the only code of `src/` that reads the
+/// environment (`std::env::var`, `var_os`, `vars`, tracing's `try_from_env`).
+#[test]
+fn the_environment_is_read_in_one_module() {
+    let mut bad = Vec::new();
+    for (rel, text) in src_texts() {
+        if rel == "switches.rs" {
+            continue;
+        }
+        for (n, line) in strip(&text).lines().enumerate() {
+            for what in ["env::var(", "env::var_os(", "env::vars(", "try_from_env("] {
+                if line.contains(what) {
+                    bad.push(format!("src/{rel}:{}: {what}", n + 1));
+                }
+            }
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "environment read outside yolo9::switches: {bad:#?}"
+    );
+}
+
+/// Every `YOLO9_*` name the code of `src/` uses is a switch of the table, every switch of the
+/// table is used somewhere, and `docs/configuration.md` holds the table as the code prints it.
+#[test]
+fn every_switch_is_in_the_table_and_the_table_is_documented() {
+    let mut used = std::collections::BTreeSet::new();
+    for (rel, text) in src_texts() {
+        if rel == "switches.rs" {
+            continue;
+        }
+        let mut rest = text.as_str();
+        while let Some(at) = rest.find("\"YOLO9_") {
+            let name: String = rest[at + 1..]
+                .chars()
+                .take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_')
+                .collect();
+            used.insert(name);
+            rest = &rest[at + 1..];
+        }
+    }
+    let table: std::collections::BTreeSet<String> = yolo9::switches::SWITCHES
+        .iter()
+        .map(|s| s.name.to_string())
+        .collect();
+    let unlisted: Vec<_> = used.difference(&table).collect();
+    let unused: Vec<_> = table.difference(&used).collect();
+    assert!(
+        unlisted.is_empty(),
+        "switches read but not in yolo9::switches::SWITCHES: {unlisted:?}"
+    );
+    assert!(
+        unused.is_empty(),
+        "switches listed but read nowhere: {unused:?}"
+    );
+    let doc = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/configuration.md"),
+    )
+    .unwrap();
+    let expected = yolo9::switches::markdown_table();
+    assert!(
+        doc.contains(&expected),
+        "docs/configuration.md does not hold the table of yolo9::switches; it should read:\n{expected}"
+    );
+}

@@ -16,7 +16,7 @@ pub(crate) enum Kernel {
 pub(crate) fn kernel() -> Kernel {
     static K: std::sync::OnceLock<Kernel> = std::sync::OnceLock::new();
     *K.get_or_init(|| {
-        let forced = std::env::var("YOLO9_CPU_GEMM").unwrap_or_default();
+        let forced = crate::switches::value("YOLO9_CPU_GEMM").unwrap_or_default();
         #[cfg(target_arch = "x86_64")]
         {
             let has = |f: &str| match f {

@@ -185,8 +185,7 @@ const IMPLICIT_MAX_THREADS: usize = 4;
 fn implicit_max_threads() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *N.get_or_init(|| {
-        std::env::var("YOLO9_CPU_IMPLICIT_MAX_THREADS")
-            .ok()
+        crate::switches::value("YOLO9_CPU_IMPLICIT_MAX_THREADS")
             .and_then(|s| s.trim().parse().ok())
             .unwrap_or(IMPLICIT_MAX_THREADS)
     })
@@ -704,7 +703,7 @@ mod rate {
     #[test]
     #[ignore]
     fn conv_rate() {
-        let threads: Vec<usize> = std::env::var("YOLO9_RATE_THREADS")
+        let threads: Vec<usize> = crate::switches::var("YOLO9_RATE_THREADS")
             .unwrap_or_else(|_| "1".into())
             .split(',')
             .filter_map(|t| t.trim().parse().ok())

@@ -59,8 +59,7 @@ const ARENA_SLACK: usize = kernels::ALIGN_FLOATS;
 /// The number of threads a CPU engine uses when none is set: `YOLO9_THREADS`, else the
 /// number of CPUs this process may run on.
 pub fn default_threads() -> usize {
-    std::env::var("YOLO9_THREADS")
-        .ok()
+    crate::switches::value("YOLO9_THREADS")
         .and_then(|s| s.trim().parse::<usize>().ok())
         .filter(|&n| n > 0)
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
@@ -266,7 +265,7 @@ impl CpuEngine {
                     let (oh, ow) = plan.hw[n.y];
                     let f = 2.0 * (b * oh * ow * w.co * w.k * w.k * w.cig) as f64 / 1e9;
                     let r = if residual.is_some() { "+res" } else { "" };
-                    if std::env::var("YOLO9_CPU_PROFILE_SHAPES").is_ok() {
+                    if crate::switches::var("YOLO9_CPU_PROFILE_SHAPES").is_some() {
                         (
                             format!(
                                 "conv{}x{}/s{}{r} {}->{} g{} {oh}x{ow} #{i}",

@@ -57,7 +57,7 @@ pub struct GroupEnv {
 }
 
 impl GroupEnv {
-    /// Reads the environment through `get` (e.g. `|k| std::env::var(k).ok()`): `None` when
+    /// Reads the environment through `get` (e.g. `crate::switches::var`): `None` when
     /// `WORLD_SIZE` is unset. Errors name the variable and its value (not a number, a rank not
     /// below the world size, a timeout that is not a positive number of seconds).
     pub fn read(get: impl Fn(&str) -> Option<String>) -> Result<Option<GroupEnv>> {
@@ -125,7 +125,7 @@ impl GroupEnv {
         device: crate::device::DeviceSpec,
     ) -> Result<(Box<dyn super::Collective>, String)> {
         let on_cuda = matches!(device, crate::device::DeviceSpec::Cuda(_));
-        let backend = Backend::choose(std::env::var(BACKEND_ENV).ok().as_deref(), on_cuda)?;
+        let backend = Backend::choose(crate::switches::var(BACKEND_ENV).as_deref(), on_cuda)?;
         let ctl = self.connect()?;
         match backend {
             Backend::Tcp => Ok((Box::new(ctl), "TCP".into())),
