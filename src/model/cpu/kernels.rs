@@ -704,7 +704,7 @@ mod rate {
     #[ignore]
     fn conv_rate() {
         let threads: Vec<usize> = crate::switches::var("YOLO9_RATE_THREADS")
-            .unwrap_or_else(|_| "1".into())
+            .unwrap_or_else(|| "1".into())
             .split(',')
             .filter_map(|t| t.trim().parse().ok())
             .collect();
