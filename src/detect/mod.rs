@@ -18,6 +18,8 @@ pub mod detector;
 pub mod device_nms;
 #[cfg(feature = "media")]
 pub mod draw;
+#[cfg(feature = "media")]
+pub mod job;
 pub mod letterbox;
 pub mod nms;
 #[cfg(feature = "media")]

@@ -727,14 +727,17 @@ async fn read_body(
 /// whole budget of images in flight.
 fn too_big_image(svc: &Service, w: u32, h: u32, n: u64) -> Response {
     let mb = |b: u64| b.div_ceil(1 << 20);
+    let limit = svc.mem.cap.min(crate::data::image::MAX_DECODE_BYTES);
     fail(
         svc,
         StatusCode::PAYLOAD_TOO_LARGE,
         format!(
-            "the image declares {w}x{h} pixels: decoding it needs about {} MB, over the \
-             service's budget of {} MB for images in flight (--decode-budget-mb)",
+            "the image declares {w}x{h} pixels: decoding it needs about {} MB, over the {} MB \
+             an image may take (the service's budget for images in flight, --decode-budget-mb, \
+             and the decoding-bomb guard's {} MB)",
             mb(n),
-            mb(svc.mem.cap)
+            mb(limit),
+            mb(crate::data::image::MAX_DECODE_BYTES)
         ),
     )
 }
@@ -897,7 +900,8 @@ fn reserve_decode(
         return Ok(());
     };
     let mb = |b: u64| b.div_ceil(1 << 20);
-    if n > svc.mem.cap {
+    // Over the budget, or over what the decoder's own guard accepts: refused before any decode.
+    if n > svc.mem.cap || n > crate::data::image::MAX_DECODE_BYTES {
         return Err(Box::new(too_big_image(svc, w, h, n)));
     }
     if !mem.grow(n) {

@@ -14,6 +14,8 @@ pub mod byte;
 pub mod clock;
 #[cfg(feature = "media")]
 pub mod draw;
+#[cfg(feature = "media")]
+pub mod job;
 pub mod kalman;
 pub mod mot;
 pub mod trail;

@@ -38,10 +38,13 @@ fn defaults_like_detect_dual() {
     );
     assert_eq!(parse(&["--device", "cpu"]).unwrap().device, DeviceSpec::Cpu);
     assert!(yolo9::device::parse_devices("auto,0").is_err());
-    assert_eq!(a.project, std::path::PathBuf::from("runs/detect"));
-    assert_eq!(a.name, "exp");
-    assert_eq!(a.output.draw, yolo9::detect::draw::DrawOptions::default());
-    assert_eq!(a.output.draw.line_thickness, 3);
+    assert_eq!(a.job.project, std::path::PathBuf::from("runs/detect"));
+    assert_eq!(a.job.name, "exp");
+    assert_eq!(
+        a.job.output.draw,
+        yolo9::detect::draw::DrawOptions::default()
+    );
+    assert_eq!(a.job.output.draw.line_thickness, 3);
     assert!(!a.config.half);
     assert!(parse(&["--half"]).unwrap().config.half);
     // --half is f32 on the CPU (as the official detect), f16 on a GPU.

@@ -201,7 +201,15 @@ fn detect_loop_on_mixed_directory_writes_outputs() {
     ]);
     let s = yolo9::detect::source::expand_sources(&args.source).unwrap();
     let det = conf(Detector::from_model(Fake::new(), Device::Cpu), 0.5);
-    yolo9::cli::detect::run_with(&det, &args, &s.files, &s.skipped).unwrap();
+    yolo9::detect::job::run(
+        &det,
+        &args.job,
+        &s.files,
+        &s.skipped,
+        &[],
+        &yolo9::cancel::Cancel::never(),
+    )
+    .unwrap();
     let run = tmp.join("exp");
     assert!(run.join("a.jpg").is_file());
     assert!(run.join("d.webp.jpg").is_file());
@@ -223,14 +231,30 @@ fn detect_loop_on_mixed_directory_writes_outputs() {
         assert!(f[1..5].iter().all(|v| (0.0..=1.0).contains(v)), "{l}");
     }
     // A second run goes to exp2.
-    yolo9::cli::detect::run_with(&det, &args, &s.files[..1], &[]).unwrap();
+    yolo9::detect::job::run(
+        &det,
+        &args.job,
+        &s.files[..1],
+        &[],
+        &[],
+        &yolo9::cancel::Cancel::never(),
+    )
+    .unwrap();
     assert!(tmp.join("exp2").is_dir());
     // Only bad files: an error, after trying all.
     let bad: Vec<PathBuf> = ["empty.jpg", "notes.txt", "clip.mp4"]
         .iter()
         .map(|f| inputs.join(f))
         .collect();
-    let e = yolo9::cli::detect::run_with(&det, &args, &bad, &[]).unwrap_err();
+    let e = yolo9::detect::job::run(
+        &det,
+        &args.job,
+        &bad,
+        &[],
+        &[],
+        &yolo9::cancel::Cancel::never(),
+    )
+    .unwrap_err();
     assert!(format!("{e:#}").contains("3 skipped"), "{e:#}");
     let _ = std::fs::remove_dir_all(&tmp);
 }

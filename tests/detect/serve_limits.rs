@@ -328,8 +328,8 @@ fn requests_that_timed_out_are_not_detected() {
 }
 
 /// One budget for the images in flight: a picture whose header declares more than the budget is
-/// a 413 before any decode (a 1 KB PNG declaring 20000x20000: 2.8 GB); two 1000x1000 pictures
-/// (7 MB to decode, 3 MB held after) do not fit a 9 MB budget at once: one is answered 503 with
+/// a 413 before any decode (a 1 KB PNG declaring 20000x20000: 1.2 GB, over the decoding-bomb
+/// guard too); two 1000x1000 RGBA pictures (7.1 MB to decode, 3 MB held after) do not fit a 9 MB budget at once: one is answered 503 with
 /// Retry-After, and once the first is answered the budget is free again.
 #[test]
 fn images_in_flight_share_one_memory_budget() {
@@ -372,7 +372,8 @@ fn images_in_flight_share_one_memory_budget() {
         std::thread::sleep(Duration::from_millis(50));
     }
     let mut png = Vec::new();
-    image::RgbImage::from_pixel(1000, 1000, image::Rgb([90, 30, 200]))
+    // RGBA: 4 bytes a pixel in the decoder plus the RGB copy (an RGB PNG decodes in place: 3 MB).
+    image::RgbaImage::from_pixel(1000, 1000, image::Rgba([90, 30, 200, 255]))
         .write_to(&mut std::io::Cursor::new(&mut png), image::ImageFormat::Png)
         .unwrap();
     let answers: Vec<(u16, String)> = std::thread::scope(|s| {

@@ -29,7 +29,7 @@ fn tracker_flags_have_the_bytetrack_defaults() {
         (0.5, 0.1, 0.6)
     );
     assert_eq!((c.track_buffer, c.match_thresh), (30, 0.8));
-    assert_eq!(a.detect.project, std::path::PathBuf::from("runs/track"));
+    assert_eq!(a.detect.job.project, std::path::PathBuf::from("runs/track"));
     assert_eq!(a.detect.config, yolo9::DetectorConfig::default());
     let a = parse(&[
         "--fuse-score",
@@ -42,7 +42,7 @@ fn tracker_flags_have_the_bytetrack_defaults() {
     .unwrap();
     assert!(!a.tracker.fuse_score);
     assert_eq!(a.tracker.config(60.0).unwrap().max_time_lost(), 120);
-    assert_eq!(a.detect.vid_stride, 2);
+    assert_eq!(a.detect.job.vid_stride, 2);
     for bad in [
         &["--track-high-thresh", "1.5"][..],
         &["--match-thresh", "1.1"],

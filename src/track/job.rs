@@ -1,0 +1,555 @@
+//! The tracking job: the sources of [`crate::detect::job`] through the detector and ByteTrack
+//! ([`ByteTracker`], one tracker per source) on videos, webcams, streams and image sequences (the
+//! images of one folder, in name order, are the frames of one sequence): [`run`], the loop of
+//! `yolo9 track` and of a Rust program that tracks.
+//!
+//! Outputs in the run folder: the annotated video `<stem>.mp4` (or annotated images for an image
+//! sequence) with `#ID class score` on each box and a trail of its last `trail` centres;
+//! `mot/<stem>.txt`, the MOTChallenge results (`frame,id,x,y,w,h,conf,-1,-1,-1`, source frame
+//! numbers from 1); with `json`, `predictions.jsonl` rows with `track_id`; at the end per source
+//! the number of tracks per class.
+//!
+//! Frame numbers are the source's: `vid_stride N` tracks frames 1, 1+N, ... and the filter
+//! predicts N steps between them; a live stream's frames dropped while detecting count as a gap,
+//! and so does the time a reconnection took (at `fps`), so IDs survive it.
+//!
+//! A video with tracking, through the library alone (the shipped clip, every 10th frame at 256
+//! px, nothing drawn):
+//!
+//! ```
+//! # fn main() -> anyhow::Result<()> {
+//! use yolo9::detect::job::JobOptions;
+//! use yolo9::track::job::{self, TrackOptions};
+//! use yolo9::{Detector, DetectorConfig};
+//! let weights = yolo9::Weights::builtin()?;
+//! let config = DetectorConfig { img_size: 256, ..DetectorConfig::default() };
+//! let detector = Detector::with_weights(&weights, candle_core::Device::Cpu, config)?;
+//! let dir = std::env::temp_dir().join(format!("yolo9-doc-track-{}", std::process::id()));
+//! let mut opts = JobOptions { project: dir.clone(), vid_stride: 10, ..JobOptions::default() };
+//! opts.output.nosave = true;
+//! let video = std::path::PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/videos/cells.mp4"));
+//! job::run(&detector, &opts, &TrackOptions::default(), &[video], &[], &[], &yolo9::cancel::Cancel::never())?;
+//! let mot = std::fs::read_to_string(dir.join("exp/mot/cells.txt"))?;
+//! assert!(mot.lines().count() > 0);
+//! # std::fs::remove_dir_all(&dir)?;
+//! # Ok(()) }
+//! ```
+use crate::detect::detector::{Detection, Detector};
+use crate::detect::job::JobOptions;
+use crate::detect::output::{annotated_name, unique_stems};
+use crate::detect::stream::{LiveReader, StreamOptions, StreamSource};
+use crate::track::byte::{ByteTracker, Track, TrackerConfig};
+use crate::track::clock::FrameClock;
+use crate::track::draw::{clipped, draw_tracks, mot_line, ClassCounts};
+use crate::track::trail::Trails;
+use anyhow::{bail, Context, Result};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// The tracking stage's settings.
+#[derive(Debug, Clone)]
+pub struct TrackOptions {
+    /// ByteTrack's settings; `frame_rate` is replaced per source (a video's own rate, else
+    /// [`TrackOptions::fps`]).
+    pub tracker: TrackerConfig,
+    /// Centres drawn as a trail behind each box (0: none).
+    pub trail: u32,
+    /// Frame rate of image sequences and live streams (videos use their own).
+    pub fps: f64,
+}
+
+impl Default for TrackOptions {
+    /// ByteTrack's defaults, trails of 30 centres, 30 fps.
+    fn default() -> Self {
+        Self {
+            tracker: TrackerConfig::default(),
+            trail: 30,
+            fps: 30.0,
+        }
+    }
+}
+
+impl TrackOptions {
+    /// The tracker's settings at `frame_rate`, checked ([`TrackerConfig::validate`]).
+    pub fn config(&self, frame_rate: f64) -> Result<TrackerConfig> {
+        let c = TrackerConfig {
+            frame_rate,
+            ..self.tracker.clone()
+        };
+        c.validate()?;
+        Ok(c)
+    }
+}
+
+/// One source's tracking state and outputs.
+struct Sequence<'a> {
+    source: String,
+    stem: String,
+    tracker: ByteTracker,
+    trails: Trails,
+    counts: ClassCounts,
+    mot: std::io::BufWriter<std::fs::File>,
+    names: &'a [String],
+}
+
+/// The run folder's shared outputs.
+struct Run {
+    dir: PathBuf,
+    jsonl: Option<std::io::BufWriter<std::fs::File>>,
+    job: JobOptions,
+    track: TrackOptions,
+}
+
+impl<'a> Sequence<'a> {
+    fn open(
+        run: &Run,
+        source: String,
+        stem: String,
+        fps: f64,
+        names: &'a [String],
+    ) -> Result<Self> {
+        let mot_dir = run.dir.join("mot");
+        std::fs::create_dir_all(&mot_dir)
+            .with_context(|| format!("cannot create {}", crate::text::path(&mot_dir)))?;
+        let mp = mot_dir.join(format!("{stem}.txt"));
+        let f = crate::outfile::create_stream(&mp, &crate::outfile::Inputs::none())?;
+        Ok(Self {
+            source,
+            stem,
+            tracker: ByteTracker::new(run.track.config(fps)?)?,
+            trails: Trails::new(run.track.trail.max(1) as usize),
+            counts: ClassCounts::default(),
+            mot: std::io::BufWriter::new(f),
+            names,
+        })
+    }
+
+    /// Tracks `dets` of source frame `frame` (of an image `size`), writes the MOT and jsonl rows
+    /// and draws the frame on `canvas` when given.
+    fn frame(
+        &mut self,
+        run: &mut Run,
+        frame: u64,
+        dets: &[Detection],
+        size: (u32, u32),
+        canvas: Option<&mut image::RgbImage>,
+    ) -> Result<Vec<Track>> {
+        let tracks = self
+            .tracker
+            .update(dets, frame)
+            .with_context(|| format!("{} frame {frame}", self.source))?;
+        self.trails.push(&tracks);
+        self.counts.add(&tracks);
+        for t in &tracks {
+            writeln!(self.mot, "{}", mot_line(frame, t)).context("writing the MOT file")?;
+        }
+        if let Some(out) = run.jsonl.as_mut() {
+            for t in &tracks {
+                let line = serde_json::json!({
+                    "image": self.source,
+                    "frame": frame,
+                    "track_id": t.id,
+                    "class_id": t.class_id,
+                    "class_name": self.names.get(t.class_id).cloned().unwrap_or_default(),
+                    "confidence": t.score,
+                    "xyxy": clipped(t, size),
+                });
+                writeln!(out, "{line}").context("writing predictions.jsonl")?;
+            }
+            out.flush().context("writing predictions.jsonl")?;
+        }
+        if let Some(c) = canvas {
+            // `--trail 0` keeps one point per ID: no segment is drawn.
+            draw_tracks(c, &tracks, &self.trails, self.names, &run.job.output.draw)?;
+        }
+        Ok(tracks)
+    }
+
+    fn finish(mut self) -> Result<String> {
+        self.mot.flush().context("writing the MOT file")?;
+        Ok(format!(
+            "{}: {} (mot/{}.txt)",
+            self.source,
+            self.counts.summary(self.names),
+            self.stem
+        ))
+    }
+}
+
+/// Runs the tracking job: image sequences (the images of `files` grouped by folder, in order),
+/// then the videos of `files`, then `streams`, each through the detector and its own tracker;
+/// `skipped` are sources already refused (reported, counted); `cancel` stops a video or stream
+/// cleanly. Prints a line per frame and a summary per source.
+///
+/// Errors: the tracker settings are invalid; the run folder cannot be created; no source could be
+/// tracked; an inference or write error.
+pub fn run(
+    detector: &Detector,
+    job: &JobOptions,
+    track: &TrackOptions,
+    files: &[PathBuf],
+    skipped: &[(PathBuf, String)],
+    streams: &[StreamSource],
+    cancel: &crate::cancel::Cancel,
+) -> Result<()> {
+    for (p, why) in skipped {
+        crate::text::errln!(
+            "skipped {}: {}",
+            crate::text::path(&p),
+            crate::text::message(why)
+        );
+    }
+    track.config(track.fps)?;
+    let mut run = Run::open(job, track, files)?;
+    let names = detector.names().to_vec();
+    let (videos, images): (Vec<PathBuf>, Vec<PathBuf>) = files
+        .iter()
+        .cloned()
+        .partition(|p| crate::detect::video::is_video(p));
+    let seqs = image_sequences(images);
+    let mut stems = Stems::default();
+    let (mut n_ok, mut n_bad) = (0usize, skipped.len());
+    let mut summaries = Vec::new();
+    let total = seqs.len() + videos.len() + streams.len();
+    let mut k = 0usize;
+    for (folder, frames) in &seqs {
+        k += 1;
+        let base = folder
+            .file_name()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "images".into());
+        let stem = stems.unique(crate::detect::output::safe_dir_name(&base));
+        let src = folder.to_string_lossy().into_owned();
+        let mut seq = Sequence::open(&run, src, stem, track.fps, &names)?;
+        track_images(
+            detector,
+            &mut run,
+            &mut seq,
+            frames,
+            files,
+            (k, total),
+            cancel,
+        )?;
+        summaries.push(seq.finish()?);
+        n_ok += 1;
+    }
+    for path in &videos {
+        k += 1;
+        if cancel.requested() {
+            break;
+        }
+        let base = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "video".into());
+        let stem = stems.unique(base);
+        match track_video(detector, &mut run, path, &stem, &names, (k, total), cancel) {
+            Ok(s) => {
+                summaries.push(s);
+                n_ok += 1;
+            }
+            Err(e) => {
+                crate::text::errln!(
+                    "skipped {}: {}",
+                    crate::text::path(&path),
+                    crate::text::message(&format!("{e:#}"))
+                );
+                n_bad += 1;
+            }
+        }
+    }
+    for st in streams {
+        k += 1;
+        if cancel.requested() {
+            break;
+        }
+        let stem = stems.unique(st.stem());
+        match track_stream(detector, &mut run, st, &stem, &names, (k, total), cancel) {
+            Ok(s) => {
+                summaries.push(s);
+                n_ok += 1;
+            }
+            Err(e) => {
+                crate::text::errln!(
+                    "skipped {}: {}",
+                    st.name(),
+                    crate::text::redact(&format!("{e:#}"))
+                );
+                n_bad += 1;
+            }
+        }
+    }
+    if let Some(mut j) = run.jsonl.take() {
+        j.flush().context("writing predictions.jsonl")?;
+    }
+    for s in &summaries {
+        crate::text::outln!("{s}");
+    }
+    crate::text::outln!("Results saved to {}", crate::text::path(&run.dir));
+    crate::text::outln!("{n_ok} sources tracked, {n_bad} skipped");
+    if n_ok == 0 {
+        bail!("no source could be tracked ({n_bad} skipped, reasons above)");
+    }
+    Ok(())
+}
+
+impl Run {
+    /// Claims the run folder (`--project`/`--name`; with `--exist-ok` one that holds none of
+    /// `files`) and opens `predictions.jsonl` in it with `--json`.
+    fn open(job: &JobOptions, track: &TrackOptions, files: &[PathBuf]) -> Result<Self> {
+        let d = job;
+        let inputs = files.iter().map(PathBuf::as_path);
+        crate::runs::refuse_reused_dir(&d.project, &d.name, d.exist_ok, inputs)?;
+        let dir =
+            crate::runs::claim_run_dir(&d.project, &d.name, d.exist_ok).with_context(|| {
+                format!(
+                    "cannot create the run folder under {}",
+                    crate::text::path(&d.project)
+                )
+            })?;
+        let jsonl = if d.output.json {
+            let p = dir.join("predictions.jsonl");
+            let f = crate::outfile::create_stream(&p, &crate::outfile::Inputs::none())?;
+            Some(std::io::BufWriter::new(f))
+        } else {
+            None
+        };
+        Ok(Run {
+            dir,
+            jsonl,
+            job: job.clone(),
+            track: track.clone(),
+        })
+    }
+}
+
+/// Image sequences: one per folder (with its images), in the order the files came.
+fn image_sequences(images: Vec<PathBuf>) -> Vec<(PathBuf, Vec<PathBuf>)> {
+    let mut seqs: Vec<(PathBuf, Vec<PathBuf>)> = Vec::new();
+    for p in images {
+        let parent = p.parent().map(Path::to_path_buf).unwrap_or_default();
+        match seqs.iter_mut().find(|(d, _)| *d == parent) {
+            Some((_, v)) => v.push(p),
+            None => seqs.push((parent, vec![p])),
+        }
+    }
+    seqs
+}
+
+/// The output stems of the run's sources, distinct: a repeated one gets `_2`, `_3`, ...
+#[derive(Default)]
+struct Stems {
+    used: std::collections::HashSet<String>,
+}
+
+impl Stems {
+    /// `base`, or the first of `base_2`, `base_3`, ... not given before.
+    fn unique(&mut self, base: String) -> String {
+        let mut stem = base.clone();
+        let mut n = 1;
+        while !self.used.insert(stem.clone()) {
+            n += 1;
+            stem = format!("{base}_{n}");
+        }
+        stem
+    }
+}
+
+/// Tracks every `--vid-stride`-th image of the sequence `frames` (frames numbered from 1) into
+/// `seq`; the annotated images go to `<run>/<stem>/` unless `--nosave` (never over one of
+/// `files`). An image that cannot be read is skipped; `cancel` ends the sequence early.
+fn track_images(
+    detector: &Detector,
+    run: &mut Run,
+    seq: &mut Sequence<'_>,
+    frames: &[PathBuf],
+    files: &[PathBuf],
+    (k, total): (usize, usize),
+    cancel: &crate::cancel::Cancel,
+) -> Result<()> {
+    let (vid_stride, nosave) = (run.job.vid_stride, run.job.output.nosave);
+    let out_dir = run.dir.join(&seq.stem);
+    let stems = unique_stems(frames);
+    for (i, path) in frames.iter().enumerate() {
+        if cancel.requested() {
+            break;
+        }
+        let frame = i as u64 + 1;
+        if !(frame - 1).is_multiple_of(vid_stride as u64) {
+            continue;
+        }
+        let t0 = Instant::now();
+        let img = match crate::data::image::load_rgb8(path) {
+            Ok(i) => i,
+            Err(e) => {
+                crate::text::errln!(
+                    "skipped {}: {}",
+                    crate::text::path(&path),
+                    crate::text::message(&format!("{e:#}"))
+                );
+                continue;
+            }
+        };
+        let dets = detector
+            .detect_rgb(&img)
+            .with_context(|| format!("detecting {}", crate::text::path(&path)))?;
+        let size = img.dimensions();
+        let mut canvas = (!nosave).then_some(img);
+        let tracks = seq.frame(run, frame, &dets, size, canvas.as_mut())?;
+        crate::text::outln!(
+            "sequence {k}/{total} (frame {frame}/{}) {}: {} tracks, {:.1}ms",
+            frames.len(),
+            crate::text::path(&path),
+            tracks.len(),
+            t0.elapsed().as_secs_f64() * 1e3
+        );
+        if let Some(c) = canvas {
+            std::fs::create_dir_all(&out_dir)
+                .with_context(|| format!("cannot create {}", crate::text::path(&out_dir)))?;
+            let op = out_dir.join(annotated_name(path, &stems[i]));
+            crate::outfile::save_image(&c, &op, &crate::outfile::Inputs::of(files))
+                .with_context(|| format!("cannot save {}", crate::text::path(&op)))?;
+        }
+    }
+    Ok(())
+}
+
+/// Tracks every `--vid-stride`-th frame of a video file (frames numbered from 1 as in
+/// `detect`); the annotated video `<stem>.mp4` at the source's frame rate unless `--nosave`.
+fn track_video(
+    detector: &Detector,
+    run: &mut Run,
+    path: &Path,
+    stem: &str,
+    names: &[String],
+    (k, total): (usize, usize),
+    cancel: &crate::cancel::Cancel,
+) -> Result<String> {
+    use crate::detect::video::{probe, FrameReader, FrameWriter};
+    let info = probe(path)?;
+    let mut reader = FrameReader::open(path, &info)?;
+    let nosave = run.job.output.nosave;
+    let stride = run.job.vid_stride as u64;
+    let out = run.dir.join(format!("{stem}.mp4"));
+    let mut writer = if nosave {
+        None
+    } else {
+        Some(FrameWriter::create(
+            &out,
+            info.width,
+            info.height,
+            info.fps,
+        )?)
+    };
+    let source = path.to_string_lossy().into_owned();
+    let mut seq = Sequence::open(run, source, stem.to_string(), info.fps_f64(), names)?;
+    let mut frame = 0u64;
+    while let Some(mut img) = reader.next_frame()? {
+        if cancel.requested() {
+            crate::text::errln!(
+                "stopped on request: {} ends at frame {frame}",
+                crate::text::path(&path)
+            );
+            break;
+        }
+        frame += 1;
+        if !(frame - 1).is_multiple_of(stride) {
+            continue;
+        }
+        let t0 = Instant::now();
+        let dets = detector
+            .detect_rgb(&img)
+            .with_context(|| format!("frame {frame}"))?;
+        let size = img.dimensions();
+        let canvas = writer.is_some().then_some(&mut img);
+        let tracks = seq.frame(run, frame, &dets, size, canvas)?;
+        crate::text::outln!(
+            "video {k}/{total} (frame {frame}) {}: {} tracks, {:.1}ms",
+            crate::text::path(&path),
+            tracks.len(),
+            t0.elapsed().as_secs_f64() * 1e3
+        );
+        if let Some(w) = writer.as_mut() {
+            w.write(&img)?;
+        }
+    }
+    let _ = reader.finish();
+    if let Some(w) = writer {
+        w.finish()?;
+    }
+    if frame == 0 {
+        bail!("no frame could be decoded");
+    }
+    seq.finish()
+}
+
+/// Tracks a webcam or stream until it ends or a stop request. The tracker's frame index is the
+/// stream's frame number plus, after each reconnection, the frames the outage lasted at `--fps`
+/// (from the last frame read to the reopening; [`FrameClock`]), so the filter steps over the gap
+/// and IDs survive.
+fn track_stream(
+    detector: &Detector,
+    run: &mut Run,
+    src: &StreamSource,
+    stem: &str,
+    names: &[String],
+    (k, total): (usize, usize),
+    cancel: &crate::cancel::Cancel,
+) -> Result<String> {
+    use crate::detect::video::FrameWriter;
+    let opts = StreamOptions {
+        vid_stride: run.job.vid_stride,
+        retries: run.job.stream_retries,
+        ..StreamOptions::default()
+    };
+    let mut reader = LiveReader::open(src.clone(), opts)?;
+    let name = src.name();
+    let fps = run.track.fps;
+    let mut seq = Sequence::open(run, name.clone(), stem.to_string(), fps, names)?;
+    let out = run.dir.join(format!("{stem}.mp4"));
+    let mut writer: Option<FrameWriter> = None;
+    let mut clock = FrameClock::new(fps);
+    let result = (|| -> Result<()> {
+        while let Some(mut f) = reader.next(cancel)? {
+            let now = Instant::now();
+            let index = clock.index(f.frame, f.connection, f.outage);
+            let dets = detector
+                .detect_rgb(&f.image)
+                .with_context(|| format!("frame {}", f.frame))?;
+            let size = f.image.dimensions();
+            if !run.job.output.nosave && writer.is_none() {
+                writer = Some(FrameWriter::create_live(&out, size.0, size.1)?);
+            }
+            let same = writer.as_ref().is_some_and(|w| w.size() == size);
+            let tracks = seq.frame(run, index, &dets, size, same.then_some(&mut f.image))?;
+            crate::text::outln!(
+                "stream {k}/{total} (frame {}) {name}: {} tracks, {:.1}ms",
+                f.frame,
+                tracks.len(),
+                now.elapsed().as_secs_f64() * 1e3
+            );
+            if same {
+                if let Some(w) = writer.as_mut() {
+                    w.write(&f.image)?;
+                }
+            }
+        }
+        Ok(())
+    })();
+    reader.stop();
+    let s = reader.stats();
+    if let Some(w) = writer {
+        w.finish()?;
+    }
+    result?;
+    if s.delivered == 0 {
+        bail!("no frame was tracked");
+    }
+    let mut summary = seq.finish()?;
+    summary.push_str(&format!(
+        "; {} of {} frames tracked, {} reopenings",
+        s.delivered, s.read, s.reconnects
+    ));
+    Ok(summary)
+}
