@@ -1,37 +1,17 @@
-//! `yolo9 detect`: detection on images, directories, globs, videos, webcams and streams, with the
-//! flags of the official `detect_dual.py`.
-//!
-//! Per image it prints `image 1/3 path: 448x640 25 RBC, 2 WBC, 12.3ms pre, 80.1ms infer, 0.4ms
-//! nms` (the size is the letterboxed network input, H x W). Files that cannot be decoded are
-//! skipped with one line each (`skipped path: reason`) and counted at the end.
-//!
-//! Outputs in the run folder (`--project runs/detect --name exp`, then `exp2`, `exp3`, ...
-//! unless `--exist-ok`): annotated images (unless `--nosave`; inputs larger than 4096 px are drawn
-//! on a copy scaled to 4096 px on the longer side), `labels/<stem>.txt` with `--save-txt` (`cls cx
-//! cy w h [conf]`, normalized, boxes rounded to whole pixels first as officially, numbers printed
-//! like Python's `%g`), and `predictions.jsonl` with `--json` (one object per detection, `xyxy` in
-//! original pixels). Inputs with the same file stem (`a/same.jpg`, `b/same.png`) get unique output
-//! names (`same`, `same_2`, ...; [`unique_stems`]), with a notice, so no output overwrites another.
-//!
-//! Memory: each image is decoded, letterboxed, and its full-resolution pixels are dropped at once
-//! (only a ≤ 4096 px drawing copy is kept when saving), so a 108-MP input costs one decoded buffer.
-//!
-//! Why one file (about 720 lines): the arguments of `yolo9 detect` (the detector's options, the
-//! outputs and the drawing are the library's `DetectorConfig`, `SinkOptions` and `DrawOptions`,
-//! flattened), the weights resolution `val` and `serve` share (`WeightsArgs`), and the per-source
-//! loops with their progress lines (images, video files, webcams/streams); the outputs are
-//! written by `crate::detect::output::Sinks`, the frames read by `crate::detect::video` and
-//! `crate::detect::stream`.
+//! `yolo9 detect`: the arguments (the flags of the official `detect_dual.py`; the detector's
+//! options, the outputs and the drawing are the library's `DetectorConfig`, `SinkOptions` and
+//! `DrawOptions`, flattened), the set-up shared with `track` ([`prepare`]: weights, device,
+//! memory) and one call of the library's detection job ([`crate::detect::job::run`], which
+//! documents what is printed and written).
 use crate::detect::config::DetectorConfig;
 use crate::detect::detector::Detector;
 use crate::detect::job::JobOptions;
-use crate::detect::letterbox::round_img_size;
 use crate::detect::source::{expand_sources, Sources};
 use crate::detect::stream::StreamSource;
 use crate::device::{parse_device, DeviceSpec};
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::Args;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// Arguments of `yolo9 detect`.
 #[derive(Debug, Clone, Args)]
@@ -73,26 +53,7 @@ impl DetectArgs {
     }
 }
 
-/// Splits `sources` into webcams/stream URLs ([`StreamSource::parse`]) and paths.
-pub fn split_streams(sources: &[PathBuf]) -> (Vec<StreamSource>, Vec<PathBuf>) {
-    let mut streams = Vec::new();
-    let mut paths = Vec::new();
-    for s in sources {
-        match s.to_str().and_then(StreamSource::parse) {
-            Some(st) => streams.push(st),
-            None => paths.push(s.clone()),
-        }
-    }
-    (streams, paths)
-}
-
-/// The `--img` actually used (next multiple of 32) and the notice to print when it changed.
-pub fn effective_img(img: u32) -> (u32, Option<String>) {
-    let r = round_img_size(img).unwrap_or(32);
-    let note = (r != img)
-        .then(|| format!("note: --img {img} is not a multiple of the stride 32; using --img {r}"));
-    (r, note)
-}
+pub use crate::detect::letterbox::effective_img;
 
 /// `--weights` and `--cfg`, the same in detect, val, serve and export.
 #[derive(Debug, Clone, Args)]
@@ -109,8 +70,7 @@ pub struct WeightsArgs {
     pub cfg: Option<String>,
 }
 
-/// What a command names the built-in weights in its messages (its file stem names exports).
-pub const BUILTIN_LABEL: &str = "built-in/yolov9-s-bccd.safetensors";
+pub use crate::hub::spec::{load_weights, resolve_weights, weights_file, BUILTIN_LABEL};
 
 impl WeightsArgs {
     /// The weights these arguments name, loaded ([`resolve_weights`], [`load_weights`]):
@@ -132,71 +92,10 @@ impl WeightsArgs {
             }
             None => Ok((
                 PathBuf::from(BUILTIN_LABEL),
-                builtin_weights(self.cfg.as_deref())?,
+                crate::hub::spec::builtin_weights(self.cfg.as_deref())?,
             )),
         }
     }
-}
-
-/// The built-in weights (feature `builtin-weights`, which `cli` enables), as the model `cfg` names
-/// when given; prints the one line that says the built-in model runs
-/// ([`crate::hub::BUILTIN_NOTE`]).
-fn builtin_weights(cfg: Option<&str>) -> Result<crate::model::weights::Weights> {
-    crate::text::errln!("{}", crate::hub::BUILTIN_NOTE);
-    let w = crate::model::weights::Weights::builtin()?;
-    match cfg {
-        None => Ok(w),
-        Some(c) => {
-            let arch = crate::model::arch::Arch::from_cfg(c)?;
-            Ok(w.with_arch(arch, &format!("--cfg {c}"))
-                .context("the built-in weights")?)
-        }
-    }
-}
-
-/// Loads `path` ([`crate::model::weights::Weights::load`]) as the model `cfg` names when given (`--cfg`: a
-/// built-in name such as `yolov9-c`, or a model yaml; see [`crate::model::weights::Weights::with_arch`]), else as
-/// the model its keys or metadata say. Errors name the file and, with `--cfg`, the first tensor
-/// that does not fit.
-pub fn load_weights(path: &Path, cfg: Option<&str>) -> Result<crate::model::weights::Weights> {
-    let w = crate::model::weights::Weights::load(path)
-        .with_context(|| format!("--weights {}", crate::text::path(&path)))?;
-    match cfg {
-        None => Ok(w),
-        Some(c) => {
-            let arch = crate::model::arch::Arch::from_cfg(c)?;
-            w.with_arch(arch, &format!("--cfg {c}"))
-                .with_context(|| format!("--weights {}", crate::text::path(&path)))
-        }
-    }
-}
-
-/// The weights file of `--weights`: an existing path as given, else an official checkpoint by
-/// name (`yolov9-s`, `gelan-c.pt`), from the cache or downloaded ([`weights_file`]); `None`
-/// without `--weights`: the built-in weights. Errors name the value and what to pass.
-pub fn resolve_weights(arg: Option<&Path>) -> Result<Option<PathBuf>> {
-    arg.map(weights_file).transpose()
-}
-
-/// The file a weights value means (`--weights` of every command, `convert`'s input): an existing
-/// path as given; a name of the official release resolved through the cache
-/// ([`crate::hub::resolve`], options from the environment); anything else an error naming the
-/// value and listing the published names.
-pub fn weights_file(p: &Path) -> Result<PathBuf> {
-    if p.is_file() {
-        return Ok(p.to_path_buf());
-    }
-    let text = p.to_string_lossy();
-    if !crate::hub::registry::looks_like_name(&text) {
-        bail!(
-            "weights file {} not found; pass an existing .safetensors or .pt, or the name of an \
-             official checkpoint ({})",
-            crate::text::path(p),
-            crate::hub::registry::published_names()
-        );
-    }
-    let opts = crate::hub::HubOptions::from_env()?;
-    Ok(crate::hub::resolve(p, &opts)?)
 }
 
 /// What `yolo9 detect` and `yolo9 track` set up before the first image: the detector, the
@@ -303,28 +202,8 @@ pub fn prepare(args: &DetectArgs) -> Result<Prepared> {
     })
 }
 
-/// `--classes` against the model's classes `names`: a class id the model lacks is refused before
-/// any work, with the model's classes listed.
-pub(crate) fn check_classes(classes: Option<&[usize]>, names: &[String]) -> Result<()> {
-    if let Some(bad) = classes.and_then(|cs| cs.iter().find(|&&c| c >= names.len())) {
-        bail!(
-            "--classes {bad}: the model has {} classes (0..={}: {})",
-            names.len(),
-            names.len().saturating_sub(1),
-            names.join(", ")
-        );
-    }
-    Ok(())
-}
-
-/// The network dtype for `--half` on `device` ([`crate::detect::config::inference_dtype`]), with
-/// a notice when `--half` has no effect (on the CPU).
-pub fn inference_dtype(half: bool, device: &candle_core::Device) -> candle_core::DType {
-    if half && device.is_cpu() {
-        crate::text::errln!("--half has no effect on the CPU: the network runs in f32");
-    }
-    crate::detect::config::inference_dtype(half, device)
-}
+pub use crate::detect::config::{check_classes, inference_dtype_noted as inference_dtype};
+pub use crate::detect::stream::split_streams;
 
 #[cfg(test)]
 mod tests {

@@ -184,6 +184,29 @@ pub fn inference_dtype(half: bool, device: &Device) -> DType {
     }
 }
 
+/// `--classes` against the model's classes `names`: a class id the model lacks is refused before
+/// any work, with the model's classes listed.
+pub fn check_classes(classes: Option<&[usize]>, names: &[String]) -> anyhow::Result<()> {
+    if let Some(bad) = classes.and_then(|cs| cs.iter().find(|&&c| c >= names.len())) {
+        anyhow::bail!(
+            "--classes {bad}: the model has {} classes (0..={}: {})",
+            names.len(),
+            names.len().saturating_sub(1),
+            names.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// The network dtype for `--half` on `device` ([`inference_dtype`]), with
+/// a notice when `--half` has no effect (on the CPU).
+pub fn inference_dtype_noted(half: bool, device: &Device) -> DType {
+    if half && device.is_cpu() {
+        crate::text::errln!("--half has no effect on the CPU: the network runs in f32");
+    }
+    crate::detect::config::inference_dtype(half, device)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

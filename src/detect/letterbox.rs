@@ -31,6 +31,14 @@ pub fn round_img_size(size: u32) -> Option<u32> {
     size.checked_add(STRIDE - 1).map(|s| s / STRIDE * STRIDE)
 }
 
+/// The `--img` actually used (next multiple of 32) and the notice to print when it changed.
+pub fn effective_img(img: u32) -> (u32, Option<String>) {
+    let r = round_img_size(img).unwrap_or(32);
+    let note = (r != img)
+        .then(|| format!("note: --img {img} is not a multiple of the stride 32; using --img {r}"));
+    (r, note)
+}
+
 /// Grey level of the letterbox padding (official value).
 pub const PAD_VALUE: u8 = 114;
 

@@ -766,6 +766,21 @@ fn pump(sh: &Shared, out: std::process::ChildStdout, live: bool, opts: &StreamOp
     }
 }
 
+/// Splits `sources` into webcams/stream URLs ([`StreamSource::parse`]) and paths.
+pub fn split_streams(
+    sources: &[std::path::PathBuf],
+) -> (Vec<StreamSource>, Vec<std::path::PathBuf>) {
+    let mut streams = Vec::new();
+    let mut paths = Vec::new();
+    for s in sources {
+        match s.to_str().and_then(StreamSource::parse) {
+            Some(st) => streams.push(st),
+            None => paths.push(s.clone()),
+        }
+    }
+    (streams, paths)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

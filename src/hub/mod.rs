@@ -25,6 +25,7 @@ pub mod download;
 pub mod error;
 pub mod options;
 pub mod registry;
+pub mod spec;
 
 use crate::model::weights::{Provenance, Weights};
 use cache::{Cache, Record};

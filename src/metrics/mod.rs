@@ -6,6 +6,7 @@ pub mod ap;
 pub mod coco;
 pub mod coco_json;
 pub mod confusion;
+pub mod job;
 pub mod plots;
 pub mod validate;
 

@@ -760,3 +760,36 @@ fn every_switch_is_in_the_table_and_the_table_is_documented() {
         "docs/configuration.md does not hold the table of yolo9::switches; it should read:\n{expected}"
     );
 }
+
+/// Issue 52, "the CLI is thin": `src/cli/` holds argument parsing and one library call per
+/// command (at most 1,600 lines in all), and no frame loop: the readers of videos and streams
+/// and the image decoder are used by the library's jobs only.
+#[test]
+fn the_command_line_is_thin_and_holds_no_frame_loop() {
+    let mut lines = 0;
+    let mut loops = Vec::new();
+    for (rel, text) in src_texts() {
+        let Some(cli) = rel.strip_prefix("cli/") else {
+            continue;
+        };
+        lines += text.lines().count();
+        for (n, line) in strip(&text).lines().enumerate() {
+            for what in [
+                "FrameReader",
+                "LiveReader",
+                "next_frame(",
+                "load_rgb8(",
+                "detect_rgb(",
+            ] {
+                if line.contains(what) {
+                    loops.push(format!("src/cli/{cli}:{}: {what}", n + 1));
+                }
+            }
+        }
+    }
+    assert!(lines <= 1600, "src/cli/ has {lines} lines (at most 1,600)");
+    assert!(
+        loops.is_empty(),
+        "frame loops in the command line: {loops:#?}"
+    );
+}

@@ -42,6 +42,7 @@
 //! order with more.
 
 pub mod env;
+pub mod launch;
 pub mod local;
 #[cfg(feature = "cuda")]
 pub mod nccl;
