@@ -257,7 +257,13 @@ impl AsyncWrite for Conn {
         let this = self.get_mut();
         match Pin::new(&mut this.io).poll_write(cx, buf) {
             Poll::Ready(r) => {
-                if matches!(r, Ok(n) if n > 0) {
+                // An interim answer (`100 Continue` to `Expect: 100-continue`, which curl sends
+                // above 1 MB) is not the answer: the body it asks for follows, under the body's
+                // own rate limit, not a new header deadline.
+                let interim = buf.starts_with(b"HTTP/1.") && buf.get(9) == Some(&b'1');
+                if matches!(r, Ok(n) if n > 0) && interim {
+                    this.progress();
+                } else if matches!(r, Ok(n) if n > 0) {
                     this.progress();
                     // An answer: the next request's header is due within the header timeout.
                     if !this.in_header {

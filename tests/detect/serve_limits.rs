@@ -466,3 +466,51 @@ fn shutdown_ends_within_the_drain_time_whatever_clients_do() {
     );
     drop(slow);
 }
+
+/// Issue 51: an upload sent with `Expect: 100-continue` (curl does so above 1 MB) is not cut by
+/// the header deadline that the interim `100 Continue` used to re-arm: with a 1 s header
+/// timeout, a 1.5 MB body paced over about 2.5 s (well above the minimum rate) is answered 200.
+#[test]
+fn an_upload_after_100_continue_is_not_cut_by_the_header_deadline() {
+    let cfg = ServeConfig {
+        header_timeout: Duration::from_secs(1),
+        ..ServeConfig::default()
+    };
+    let (addr, stop, done) = start(cfg);
+    // A noisy picture, so the PNG is large.
+    let img = image::RgbImage::from_fn(800, 700, |x, y| {
+        let v =
+            (x.wrapping_mul(2_654_435_761) ^ y.wrapping_mul(40_503)).wrapping_mul(2_246_822_519);
+        image::Rgb([(v >> 8) as u8, (v >> 16) as u8, (v >> 24) as u8])
+    });
+    let mut png = Vec::new();
+    img.write_to(&mut std::io::Cursor::new(&mut png), image::ImageFormat::Png)
+        .unwrap();
+    assert!(png.len() > 1_000_000, "{}", png.len());
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    write!(
+        s,
+        "POST /v1/detect HTTP/1.1\r\nHost: localhost\r\nContent-Length: {}\r\n\
+         Expect: 100-continue\r\nConnection: close\r\n\r\n",
+        png.len()
+    )
+    .unwrap();
+    let mut interim = [0u8; 25];
+    s.read_exact(&mut interim).unwrap();
+    assert!(
+        interim.starts_with(b"HTTP/1.1 100 Continue"),
+        "{}",
+        String::from_utf8_lossy(&interim)
+    );
+    for chunk in png.chunks(png.len() / 10 + 1) {
+        std::thread::sleep(Duration::from_millis(250));
+        s.write_all(chunk).unwrap();
+    }
+    let mut raw = String::new();
+    let _ = s.read_to_string(&mut raw);
+    assert!(raw.starts_with("HTTP/1.1 200"), "{raw}");
+    assert!(raw.contains("\"width\":800"), "{raw}");
+    let _ = stop.send(());
+    done.join().unwrap().unwrap();
+}
