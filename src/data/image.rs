@@ -306,19 +306,17 @@ pub fn jpeg_info(bytes: &[u8]) -> Option<JpegInfo> {
         let len = usize::from(u16::from_be_bytes([bytes[p + 2], bytes[p + 3]]));
         let seg = bytes.get(p + 4..(p + 2 + len).min(bytes.len()))?;
         match m {
-            0xc0..=0xcf if !matches!(m, 0xc4 | 0xc8 | 0xcc) => {
-                if seg.len() >= 6 {
-                    info.progressive = matches!(m, 0xc2 | 0xc6 | 0xca | 0xce);
-                    let hh = u16::from_be_bytes([seg[1], seg[2]]);
-                    let ww = u16::from_be_bytes([seg[3], seg[4]]);
-                    info.size = (u32::from(ww), u32::from(hh));
-                    let n = usize::from(seg[5]);
-                    info.sampling = (0..n)
-                        .filter_map(|i| seg.get(6 + 3 * i + 1))
-                        .map(|s| (s >> 4, s & 0x0f))
-                        .collect();
-                    frame = true;
-                }
+            0xc0..=0xcf if !matches!(m, 0xc4 | 0xc8 | 0xcc) && seg.len() >= 6 => {
+                info.progressive = matches!(m, 0xc2 | 0xc6 | 0xca | 0xce);
+                let hh = u16::from_be_bytes([seg[1], seg[2]]);
+                let ww = u16::from_be_bytes([seg[3], seg[4]]);
+                info.size = (u32::from(ww), u32::from(hh));
+                let n = usize::from(seg[5]);
+                info.sampling = (0..n)
+                    .filter_map(|i| seg.get(6 + 3 * i + 1))
+                    .map(|s| (s >> 4, s & 0x0f))
+                    .collect();
+                frame = true;
             }
             0xda => {
                 info.scans += 1;

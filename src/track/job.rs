@@ -75,7 +75,7 @@ impl TrackOptions {
     pub fn config(&self, frame_rate: f64) -> Result<TrackerConfig> {
         let c = TrackerConfig {
             frame_rate,
-            ..self.tracker.clone()
+            ..self.tracker
         };
         c.validate()?;
         Ok(c)
