@@ -101,11 +101,7 @@ pub fn run(
     cancel: &crate::cancel::Cancel,
 ) -> Result<()> {
     for (p, why) in skipped {
-        crate::text::errln!(
-            "skipped {}: {}",
-            crate::text::path(&p),
-            crate::text::message(why)
-        );
+        report_skipped(crate::text::path(&p), why);
     }
     let folder = RunFolder::open(opts, files)?;
     let mut sinks = Sinks::open(&folder.save_dir, opts.output.clone())?;
@@ -133,11 +129,7 @@ pub fn run(
             match detect_video(detector, opts, path, stem, &mut sinks, at, cancel) {
                 Ok(()) => tally.ok += 1,
                 Err(e) => {
-                    crate::text::errln!(
-                        "skipped {}: {}",
-                        crate::text::path(&path),
-                        crate::text::message(&format!("{e:#}"))
-                    );
+                    report_skipped(crate::text::path(&path), &format!("{e:#}"));
                     tally.bad += 1;
                 }
             }
@@ -163,6 +155,13 @@ pub fn run(
         );
     }
     Ok(())
+}
+
+/// Prints `skipped SOURCE: REASON`, the one line of a source (a file, a video, a stream) that is
+/// not processed; `source` as shown (`text::path` of a file, a stream's redacted name), `reason`
+/// redacted and escaped ([`crate::text::message`]).
+pub(crate) fn report_skipped(source: impl std::fmt::Display, reason: &str) {
+    crate::text::errln!("skipped {source}: {}", crate::text::message(reason));
 }
 
 /// The run folder of `yolo9 detect`: claimed (created, numbered) only when something is saved.
@@ -285,11 +284,7 @@ impl ImageJob<'_> {
                     .map(|c| c.to_string())
                     .collect::<Vec<_>>()
                     .join(": ");
-                crate::text::errln!(
-                    "skipped {}: {}",
-                    crate::text::path(&path),
-                    crate::text::message(&reason)
-                );
+                report_skipped(crate::text::path(&path), &reason);
                 tally.bad += 1;
                 return Ok(());
             }
@@ -298,11 +293,7 @@ impl ImageJob<'_> {
         let (lb, info) = match detector.preprocess(&img) {
             Ok(x) => x,
             Err(e) => {
-                crate::text::errln!(
-                    "skipped {}: {}",
-                    crate::text::path(&path),
-                    crate::text::message(&format!("{e:#}"))
-                );
+                report_skipped(crate::text::path(&path), &format!("{e:#}"));
                 tally.bad += 1;
                 return Ok(());
             }
@@ -412,11 +403,7 @@ fn detect_streams(
         match detect_stream(detector, opts, st, &stem, sinks, at, cancel) {
             Ok(()) => tally.ok += 1,
             Err(e) => {
-                crate::text::errln!(
-                    "skipped {}: {}",
-                    st.name(),
-                    crate::text::redact(&format!("{e:#}"))
-                );
+                report_skipped(st.name(), &format!("{e:#}"));
                 tally.bad += 1;
             }
         }

@@ -188,11 +188,7 @@ pub fn run(
     };
     let r = validate(ValModel::Infer(&model), &images, &vc)?;
     for (p, why) in &r.skipped {
-        crate::text::errln!(
-            "skipped {}: {}",
-            crate::text::path(&p),
-            crate::text::message(why)
-        );
+        crate::detect::job::report_skipped(crate::text::path(&p), why);
     }
     crate::text::out!("{}", r.metrics.table(&cfg.names));
     crate::text::outln!(

@@ -194,11 +194,7 @@ pub fn run(
     cancel: &crate::cancel::Cancel,
 ) -> Result<()> {
     for (p, why) in skipped {
-        crate::text::errln!(
-            "skipped {}: {}",
-            crate::text::path(&p),
-            crate::text::message(why)
-        );
+        crate::detect::job::report_skipped(crate::text::path(&p), why);
     }
     track.config(track.fps)?;
     let mut run = Run::open(job, track, files)?;
@@ -250,11 +246,7 @@ pub fn run(
                 n_ok += 1;
             }
             Err(e) => {
-                crate::text::errln!(
-                    "skipped {}: {}",
-                    crate::text::path(&path),
-                    crate::text::message(&format!("{e:#}"))
-                );
+                crate::detect::job::report_skipped(crate::text::path(&path), &format!("{e:#}"));
                 n_bad += 1;
             }
         }
@@ -271,11 +263,7 @@ pub fn run(
                 n_ok += 1;
             }
             Err(e) => {
-                crate::text::errln!(
-                    "skipped {}: {}",
-                    st.name(),
-                    crate::text::redact(&format!("{e:#}"))
-                );
+                crate::detect::job::report_skipped(st.name(), &format!("{e:#}"));
                 n_bad += 1;
             }
         }
@@ -383,11 +371,7 @@ fn track_images(
         let img = match crate::data::image::load_rgb8(path) {
             Ok(i) => i,
             Err(e) => {
-                crate::text::errln!(
-                    "skipped {}: {}",
-                    crate::text::path(&path),
-                    crate::text::message(&format!("{e:#}"))
-                );
+                crate::detect::job::report_skipped(crate::text::path(&path), &format!("{e:#}"));
                 continue;
             }
         };
