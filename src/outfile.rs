@@ -318,21 +318,10 @@ pub fn save_image(img: &image::RgbImage, path: &Path, inputs: &Inputs) -> Result
 /// Errors: those of [`check`], or the folder cannot hold a new file.
 pub fn create_stream(path: &Path, inputs: &Inputs) -> Result<File> {
     check(path, inputs)?;
-    let shown = crate::text::path(&path).to_string();
     let (tmp, file) = create_temp(path, "")?;
-    let moved = check(path, inputs).and_then(|()| {
-        std::fs::rename(&tmp, path).with_context(|| {
-            format!(
-                "{shown}: cannot move {} into place",
-                crate::text::path(&tmp)
-            )
-        })
-    });
-    if let Err(e) = moved {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e);
-    }
-    sync_folder(path);
+    // The empty new file moved over `path` as any finished temporary is (checks again, rename,
+    // the temporary removed on error).
+    commit(&tmp, path, inputs)?;
     Ok(file)
 }
 
