@@ -5,6 +5,7 @@
 pub mod augment;
 #[cfg(feature = "train")]
 pub mod coco_json;
+pub mod compose;
 pub mod fsio;
 pub mod image;
 #[cfg(feature = "train")]

@@ -79,6 +79,10 @@ pub struct DetectorConfig {
     /// CPU this process may use (or `YOLO9_THREADS`). Ignored on a GPU.
     #[cfg_attr(feature = "cli", arg(long, default_value_t = 0, value_name = "N"))]
     pub threads: usize,
+    /// Sliced inference for small objects in large images ([`crate::detect::tile`]); off by
+    /// default. In a config file: `"tile": {"size": 640, "overlap": 0.2}`.
+    #[cfg_attr(feature = "cli", command(flatten))]
+    pub tile: crate::detect::tile::TileOptions,
 }
 
 impl Default for DetectorConfig {
@@ -93,6 +97,7 @@ impl Default for DetectorConfig {
             multi_label: false,
             half: false,
             threads: 0,
+            tile: crate::detect::tile::TileOptions::default(),
         }
     }
 }
@@ -131,6 +136,7 @@ impl DetectorConfig {
                 self.threads
             ));
         }
+        self.tile.validate().map_err(Error::InvalidOption)?;
         self.effective_img_size().map(|_| ())
     }
 

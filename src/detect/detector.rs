@@ -312,13 +312,10 @@ impl Detector {
                 infos.len()
             );
         }
-        Ok(non_max_suppression(pred, nms)?
-            .into_iter()
-            .zip(infos)
-            .map(|(mut det, info)| {
-                scale_rows(&mut det, info);
-                self.to_detections(&det)
-            })
+        Ok(self
+            .rows_of(pred, infos, nms)?
+            .iter()
+            .map(|det| self.to_detections(det))
             .collect())
     }
 
@@ -350,9 +347,19 @@ impl Detector {
         self.detect_rgb(&img)
     }
 
-    /// Detects objects in an upright RGB image; boxes in its pixels.
+    /// Detects objects in an upright RGB image; boxes in its pixels. With tiles
+    /// ([`DetectorConfig::tile`]) the image is detected tile by tile ([`Detector::detect_tiled`]).
     pub fn detect_rgb(&self, img: &RgbImage) -> Out<Vec<Detection>> {
         out((|| -> Result<Vec<Detection>> {
+            if self.config.tile.on() {
+                let rows = self.tiled_rows(
+                    img,
+                    self.config.img_size,
+                    &self.config.nms(),
+                    &self.config.tile,
+                )?;
+                return Ok(self.to_detections(&rows));
+            }
             let (lb, info) = self.preprocess(img)?;
             let y = self.infer(&[&lb])?;
             Ok(self.postprocess(&y, &[info])?.pop().unwrap_or_default())
@@ -405,6 +412,25 @@ impl Detector {
     ) -> Out<Vec<Vec<Detection>>> {
         out((|| -> Result<Vec<Vec<Detection>>> {
             self.validate_call(img_size, nms)?;
+            if self.config.tile.on() {
+                return imgs
+                    .iter()
+                    .enumerate()
+                    .map(|(i, img)| {
+                        let rows = match img.as_rgb8() {
+                            Some(rgb) => self.tiled_rows(rgb, img_size, nms, &self.config.tile),
+                            None => self.tiled_rows(
+                                &crate::data::image::to_rgb8(img.clone()),
+                                img_size,
+                                nms,
+                                &self.config.tile,
+                            ),
+                        }
+                        .with_context(|| format!("image {i} of the batch"))?;
+                        Ok(self.to_detections(&rows))
+                    })
+                    .collect();
+            }
             let mut prepared = Vec::with_capacity(imgs.len());
             for (i, img) in imgs.iter().enumerate() {
                 let p = match img.as_rgb8() {
@@ -438,6 +464,113 @@ impl Detector {
             }
             Ok(out)
         })())
+    }
+}
+
+/// Tiles per forward of a tiled image: every tile of an image shares one input shape; the GPU
+/// takes this many at once, the CPU (whose forward gains little from a batch) fewer.
+const TILE_BATCH_GPU: usize = 16;
+const TILE_BATCH_CPU: usize = 4;
+
+impl Detector {
+    /// Sliced inference ([`crate::detect::tile`]) of an upright RGB image with the options
+    /// `tile` (whatever [`DetectorConfig::tile`] says): the tiles of [`crate::detect::tile::grid`]
+    /// letterboxed to the detector's inference size and detected in batches, the whole image
+    /// too when `tile.full_image`, their detections merged ([`crate::detect::tile::merge`]).
+    /// Boxes in the image's pixels. An image no larger than a tile is detected as
+    /// [`Detector::detect_rgb`] without tiles detects it.
+    ///
+    /// Errors: [`Error::InvalidOption`] for tile options out of range; a failed forward.
+    pub fn detect_tiled(
+        &self,
+        img: &RgbImage,
+        tile: &crate::detect::tile::TileOptions,
+    ) -> Out<Vec<Detection>> {
+        out((|| -> Result<Vec<Detection>> {
+            tile.validate().map_err(Error::InvalidOption)?;
+            let rows = self.tiled_rows(img, self.config.img_size, &self.config.nms(), tile)?;
+            Ok(self.to_detections(&rows))
+        })())
+    }
+
+    /// The rows of [`Detector::detect_tiled`] at `img_size` with the NMS options `nms` (each
+    /// tile's NMS, then the merge at `nms.iou_thres` and `nms.max_det`).
+    fn tiled_rows(
+        &self,
+        img: &RgbImage,
+        img_size: u32,
+        nms: &NmsOptions,
+        tile: &crate::detect::tile::TileOptions,
+    ) -> Result<Vec<Row>> {
+        use crate::detect::tile::{grid, merge, touches_inner_border, Piece};
+        let (w, h) = img.dimensions();
+        let rects = grid(w, h, tile.size, tile.overlap);
+        if rects.len() <= 1 {
+            let (lb, info) = self.preprocess_at(img, img_size)?;
+            let y = self.infer_padded(&[&lb], 0)?;
+            return Ok(self.rows_of(&y, &[info], nms)?.pop().unwrap_or_default());
+        }
+        // A box within 0.5 % of the tile size (at least 2 px) of an inner border is cut.
+        let margin = (tile.size as f32 * 0.005).max(2.0);
+        let per_forward = if self.device.is_cpu() {
+            TILE_BATCH_CPU
+        } else {
+            TILE_BATCH_GPU
+        };
+        let mut pieces = Vec::new();
+        for (c, chunk) in rects.chunks(per_forward).enumerate() {
+            let mut prepared = Vec::with_capacity(chunk.len());
+            for r in chunk {
+                let crop = image::imageops::crop_imm(img, r[0], r[1], r[2] - r[0], r[3] - r[1])
+                    .to_image();
+                prepared.push(self.preprocess_at(&crop, img_size)?);
+            }
+            let lbs: Vec<&RgbImage> = prepared.iter().map(|p| &p.0).collect();
+            let infos: Vec<LetterboxInfo> = prepared.iter().map(|p| p.1).collect();
+            let y = self.infer_padded(&lbs, 0)?;
+            for (k, rows) in self.rows_of(&y, &infos, nms)?.into_iter().enumerate() {
+                let r = chunk[k];
+                for mut row in rows {
+                    row[0] += r[0] as f32;
+                    row[1] += r[1] as f32;
+                    row[2] += r[0] as f32;
+                    row[3] += r[1] as f32;
+                    let b = [row[0], row[1], row[2], row[3]];
+                    pieces.push(Piece {
+                        row,
+                        tile: c * per_forward + k,
+                        cut: touches_inner_border(b, r, (w, h), margin),
+                    });
+                }
+            }
+        }
+        if tile.full_image {
+            let (lb, info) = self.preprocess_at(img, img_size)?;
+            let y = self.infer_padded(&[&lb], 0)?;
+            for row in self.rows_of(&y, &[info], nms)?.pop().unwrap_or_default() {
+                pieces.push(Piece {
+                    row,
+                    tile: usize::MAX,
+                    cut: false,
+                });
+            }
+        }
+        Ok(merge(
+            pieces,
+            nms.iou_thres as f32,
+            tile.match_thresh,
+            nms.agnostic,
+            nms.max_det,
+        ))
+    }
+
+    /// NMS of an output `(B, 4+nc, A)` with `nms`, scaled to each image's pixels (`infos[b]`).
+    fn rows_of(&self, pred: &Tensor, infos: &[LetterboxInfo], nms: &NmsOptions) -> Result<Vec<Vec<Row>>> {
+        let mut all = non_max_suppression(pred, nms)?;
+        for (det, info) in all.iter_mut().zip(infos) {
+            scale_rows(det, info);
+        }
+        Ok(all)
     }
 }
 

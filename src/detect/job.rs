@@ -290,6 +290,9 @@ impl ImageJob<'_> {
             }
         };
         let (w, h) = img.dimensions();
+        if detector.config().tile.on() {
+            return self.run_tiled(path, stem, img, t0, sinks, tally);
+        }
         let (lb, info) = match detector.preprocess(&img) {
             Ok(x) => x,
             Err(e) => {
@@ -332,6 +335,73 @@ impl ImageJob<'_> {
             info.out_w(),
             count_summary(&dets, detector.names())
         );
+        self.write(path, stem, (w, h), &dets, full, canvas, sinks)
+    }
+
+    /// [`ImageJob::run`] with tiles ([`crate::detect::tile`]): the whole detection is one
+    /// call, its time counted as inference.
+    fn run_tiled(
+        &self,
+        path: &Path,
+        stem: &str,
+        img: image::RgbImage,
+        t0: Instant,
+        sinks: &mut Sinks,
+        tally: &mut Tally,
+    ) -> Result<()> {
+        let (detector, out) = (self.detector, self.out);
+        let (w, h) = img.dimensions();
+        let tile = detector.config().tile;
+        let n_tiles = crate::detect::tile::grid(w, h, tile.size, tile.overlap).len();
+        let t1 = Instant::now();
+        let dets = detector
+            .detect_rgb(&img)
+            .with_context(|| format!("inference on {}", crate::text::path(&path)))?;
+        let t2 = Instant::now();
+        let ms = |a: Instant, b: Instant| (b - a).as_secs_f64() * 1e3;
+        let (p, i) = (ms(t0, t1), ms(t1, t2));
+        tally.pre_ms += p;
+        tally.infer_ms += i;
+        tally.ok += 1;
+        tally.images += 1;
+        let full = if n_tiles > 1 && tile.full_image {
+            " + the whole image"
+        } else {
+            ""
+        };
+        crate::text::outln!(
+            "image {}/{} {}: {w}x{h} in {n_tiles} tiles of {}{full} {}, {p:.1}ms decode, \
+             {i:.1}ms tiled detection",
+            self.at.0,
+            self.at.1,
+            crate::text::path(&path),
+            tile.size,
+            count_summary(&dets, detector.names())
+        );
+        let (full, canvas) = if out.save_crop {
+            (Some(img), None)
+        } else if !out.nosave {
+            (None, Some(canvas_for(img)))
+        } else {
+            (None, None)
+        };
+        self.write(path, stem, (w, h), &dets, full, canvas, sinks)
+    }
+
+    /// Writes the outputs of one detected image: the sinks' lines and crops (`full`: the
+    /// image at full resolution, for crops), the annotated copy (`canvas` and its scale).
+    #[allow(clippy::too_many_arguments)]
+    fn write(
+        &self,
+        path: &Path,
+        stem: &str,
+        (w, h): (u32, u32),
+        dets: &[crate::detect::detector::Detection],
+        full: Option<image::RgbImage>,
+        mut canvas: Option<(image::RgbImage, f64)>,
+        sinks: &mut Sinks,
+    ) -> Result<()> {
+        let (detector, out) = (self.detector, self.out);
         let max_det = detector.config().max_det;
         if dets.len() >= max_det {
             crate::text::errln!(
@@ -348,14 +418,14 @@ impl ImageJob<'_> {
             frame: None,
             size: (w, h),
         };
-        sinks.write(item, &dets, full.as_ref())?;
+        sinks.write(item, dets, full.as_ref())?;
         if let Some(img) = full {
             if !out.nosave {
                 canvas = Some(canvas_for(img));
             }
         }
         if let Some((mut canvas, scale)) = canvas {
-            draw_detections(&mut canvas, &dets, scale, &out.draw)?;
+            draw_detections(&mut canvas, dets, scale, &out.draw)?;
             let op = self.folder.save_dir.join(annotated_name(path, stem));
             if scale < 1.0 {
                 crate::text::errln!(

@@ -4,6 +4,7 @@
 //! - [`nms`]: torchvision-compatible greedy NMS.
 //! - [`postprocess`]: candidates, official `non_max_suppression`, `scale_boxes`, clipping.
 //! - [`device_nms`]: the NMS of a whole batch as one op on the output's device (a CUDA kernel).
+//! - [`tile`]: sliced inference (SAHI): tiles of a large image and the merging of their boxes.
 //! - [`detector`]: the public [`detector::Detector`]; [`config`]: its options.
 //!
 //! With the `media` feature (on with `cli`), the sources and sinks of `yolo9 detect`:
@@ -29,5 +30,6 @@ pub mod postprocess;
 pub mod source;
 #[cfg(feature = "media")]
 pub mod stream;
+pub mod tile;
 #[cfg(feature = "media")]
 pub mod video;

@@ -76,6 +76,10 @@ pub struct ValOptions {
     /// Add the confidence to --save-txt lines.
     #[cfg_attr(feature = "cli", arg(long = "save-conf"))]
     pub save_conf: bool,
+    /// Sliced inference ([`crate::detect::tile`]): each image detected tile by tile at --img
+    /// (`validate_tiled`), for datasets of large images.
+    #[cfg_attr(feature = "cli", command(flatten))]
+    pub tile: crate::detect::tile::TileOptions,
 }
 
 /// Parses `--split`.
@@ -186,7 +190,25 @@ pub fn run(
         collect: saving || !a.noplots,
         ..ValConfig::default()
     };
-    let r = validate(ValModel::Infer(&model), &images, &vc)?;
+    let r = if a.tile.on() {
+        a.tile
+            .validate()
+            .map_err(|e| anyhow::anyhow!("--tile: {e}"))?;
+        let detector = crate::Detector::from_model(model, device.clone()).with_config(
+            crate::DetectorConfig {
+                img_size: a.img,
+                conf: vc.conf_thres,
+                iou: f64::from(vc.iou_thres),
+                max_det: vc.max_det,
+                multi_label: true,
+                tile: a.tile,
+                ..crate::DetectorConfig::default()
+            },
+        )?;
+        crate::metrics::validate::validate_tiled(&detector, &images, &vc)?
+    } else {
+        validate(ValModel::Infer(&model), &images, &vc)?
+    };
     for (p, why) in &r.skipped {
         crate::detect::job::report_skipped(crate::text::path(&p), why);
     }

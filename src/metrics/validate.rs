@@ -525,9 +525,13 @@ fn native_space(im: &ValImage, det: &[[f32; 6]], p: &Prepared) -> (Vec<[f32; 6]>
             [b[0], b[1], b[2], b[3], d[4], d[5]]
         })
         .collect();
+    (detn, native_labels(im))
+}
+
+/// The labels of `im` as `[cls, x1, y1, x2, y2]` in original pixels, clipped to the image.
+fn native_labels(im: &ValImage) -> Vec<[f32; 5]> {
     let (w0, h0) = (im.width as f32, im.height as f32);
-    let labels = im
-        .labels
+    im.labels
         .iter()
         .map(|(c, l)| {
             [
@@ -538,6 +542,70 @@ fn native_space(im: &ValImage, det: &[[f32; 6]], p: &Prepared) -> (Vec<[f32; 6]>
                 ((l[1] + l[3] / 2.0) * h0).clamp(0.0, h0),
             ]
         })
-        .collect();
-    (detn, labels)
+        .collect()
+}
+
+/// Validation with sliced inference ([`crate::detect::tile`]): each image decoded whole and
+/// detected by `detector`, whose options ([`crate::DetectorConfig::tile`], and for the official
+/// protocol conf 0.001, IoU 0.7, max_det 300, multi-label) give the tiles and the NMS; the
+/// statistics as [`validate`]'s. Letterboxes are detect's (minimal stride padding per tile), not
+/// the rectangular batches of [`validate`]; `cfg.batch` is unused (tiles are batched per image).
+/// Errors: empty list, model failures (an image that cannot be decoded is skipped).
+pub fn validate_tiled(
+    detector: &crate::Detector,
+    images: &[ValImage],
+    cfg: &ValConfig,
+) -> Result<ValResult> {
+    ensure!(!images.is_empty(), "validation: no images to validate");
+    let t0 = std::time::Instant::now();
+    let nc = detector.names().len();
+    let mut stats = if cfg.confusion {
+        ValStats::with_confusion(nc)
+    } else {
+        ValStats::default()
+    };
+    let mut skipped = Vec::new();
+    let mut collected: Option<Vec<ImageDetections>> = cfg.collect.then(Vec::new);
+    let pb = cfg.progress.then(|| progress_bar(images.len()));
+    for (i, im) in images.iter().enumerate() {
+        cfg.cancel.check(VAL_PHASE)?;
+        if let Some(pb) = &pb {
+            pb.inc(1);
+        }
+        let img = match load_rgb8(&im.path) {
+            Ok(img) => img,
+            Err(e) => {
+                skipped.push((im.path.clone(), format!("{e:#}")));
+                continue;
+            }
+        };
+        let dets: Vec<[f32; 6]> = detector
+            .detect_rgb(&img)?
+            .iter()
+            .map(|d| {
+                let b = d.bbox;
+                [b[0], b[1], b[2], b[3], d.confidence, d.class_id as f32]
+            })
+            .collect();
+        let labels = native_labels(im);
+        stats.add_image(&dets, &labels);
+        if let Some(c) = collected.as_mut() {
+            c.push(ImageDetections {
+                image: i,
+                dets,
+                labels,
+            });
+        }
+    }
+    if let Some(pb) = pb {
+        pb.finish_and_clear();
+    }
+    Ok(ValResult {
+        metrics: stats.metrics(nc),
+        losses: None,
+        skipped,
+        seconds: t0.elapsed().as_secs_f64(),
+        confusion: stats.confusion.take(),
+        detections: collected,
+    })
 }

@@ -22,13 +22,15 @@
 //! use yolo9::track::job::{self, TrackOptions};
 //! use yolo9::{Detector, DetectorConfig};
 //! let weights = yolo9::Weights::builtin()?;
-//! let config = DetectorConfig { img_size: 256, ..DetectorConfig::default() };
+//! let track = TrackOptions::default();
+//! // Low-score detections reach the tracker (conf = the tracker's low threshold, 0.1).
+//! let config = track.detector_config(DetectorConfig { img_size: 256, ..DetectorConfig::default() });
 //! let detector = Detector::with_weights(&weights, candle_core::Device::Cpu, config)?;
 //! let dir = std::env::temp_dir().join(format!("yolo9-doc-track-{}", std::process::id()));
 //! let mut opts = JobOptions { project: dir.clone(), vid_stride: 10, ..JobOptions::default() };
 //! opts.output.nosave = true;
 //! let video = std::path::PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/videos/cells.mp4"));
-//! job::run(&detector, &opts, &TrackOptions::default(), &[video], &[], &[], &yolo9::cancel::Cancel::never())?;
+//! job::run(&detector, &opts, &track, &[video], &[], &[], &yolo9::cancel::Cancel::never())?;
 //! let mot = std::fs::read_to_string(dir.join("exp/mot/cells.txt"))?;
 //! assert!(mot.lines().count() > 0);
 //! # std::fs::remove_dir_all(&dir)?;
@@ -71,6 +73,20 @@ impl Default for TrackOptions {
 }
 
 impl TrackOptions {
+    /// `base` with the confidence threshold ByteTrack needs: the tracker's low threshold
+    /// ([`TrackerConfig::track_low_thresh`], 0.1), so that the detections of its second
+    /// association reach it (a detector at detect's 0.25 loses them; Ultralytics' `track`
+    /// lowers `conf` to 0.1 the same way).
+    pub fn detector_config(
+        &self,
+        base: crate::detect::config::DetectorConfig,
+    ) -> crate::detect::config::DetectorConfig {
+        crate::detect::config::DetectorConfig {
+            conf: self.tracker.track_low_thresh,
+            ..base
+        }
+    }
+
     /// The tracker's settings at `frame_rate`, checked ([`TrackerConfig::validate`]).
     pub fn config(&self, frame_rate: f64) -> Result<TrackerConfig> {
         let c = TrackerConfig {
@@ -196,7 +212,14 @@ pub fn run(
     for (p, why) in skipped {
         crate::detect::job::report_skipped(crate::text::path(&p), why);
     }
-    track.config(track.fps)?;
+    let low = track.config(track.fps)?.track_low_thresh;
+    let conf = detector.config().conf;
+    if conf > low {
+        crate::text::errln!(
+            "note: detections scored between {low} and --conf {conf} never reach the tracker's \
+             second association (--track-low-thresh {low}); lower --conf to {low} to keep them"
+        );
+    }
     let mut run = Run::open(job, track, files)?;
     let names = detector.names().to_vec();
     let (videos, images): (Vec<PathBuf>, Vec<PathBuf>) = files

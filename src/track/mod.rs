@@ -6,6 +6,7 @@
 //! - [`assign`]: the linear assignment with a cost limit (Kuhn–Munkres of `pathfinding`).
 //! - [`clock`]: the tracker's frame index of a live stream's frames, outages included.
 //! - [`mot`]: MOT metrics (MOTA, ID switches, IDF1) of tracks against ground truth.
+//! - [`tracker_file`]: `--tracker bytetrack.yaml` (Ultralytics' keys).
 //! - [`trail`]: the recent centres of each track, for drawing trails.
 //! - [`draw`]: the MOTChallenge line, the annotated frame with IDs and trails, counts per class.
 
@@ -19,3 +20,4 @@ pub mod job;
 pub mod kalman;
 pub mod mot;
 pub mod trail;
+pub mod tracker_file;

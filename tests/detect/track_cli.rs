@@ -30,7 +30,15 @@ fn tracker_flags_have_the_bytetrack_defaults() {
     );
     assert_eq!((c.track_buffer, c.match_thresh), (30, 0.8));
     assert_eq!(a.detect.job.project, std::path::PathBuf::from("runs/track"));
-    assert_eq!(a.detect.config, yolo9::DetectorConfig::default());
+    // The detector keeps the low-score detections ByteTrack's second association needs.
+    assert_eq!(
+        a.detect.config,
+        yolo9::DetectorConfig {
+            conf: 0.1,
+            ..yolo9::DetectorConfig::default()
+        }
+    );
+    assert_eq!(a.detect.config.conf, c.track_low_thresh);
     let a = parse(&[
         "--fuse-score",
         "false",
@@ -40,7 +48,8 @@ fn tracker_flags_have_the_bytetrack_defaults() {
         "2",
     ])
     .unwrap();
-    assert!(!a.tracker.fuse_score);
+    assert_eq!(a.tracker.fuse_score, Some(false));
+    assert!(!a.tracker.config(60.0).unwrap().fuse_score);
     assert_eq!(a.tracker.config(60.0).unwrap().max_time_lost(), 120);
     assert_eq!(a.detect.job.vid_stride, 2);
     for bad in [
@@ -56,6 +65,58 @@ fn tracker_flags_have_the_bytetrack_defaults() {
     let a = parse(&["--track-low-thresh", "0.7"]).unwrap();
     let e = a.tracker.config(30.0).unwrap_err().to_string();
     assert!(e.contains("--track-low-thresh 0.7"), "{e}");
+    // --conf given explicitly wins.
+    assert_eq!(parse(&["--conf", "0.3"]).unwrap().detect.config.conf, 0.3);
+}
+
+/// `--tracker FILE` (Ultralytics' bytetrack.yaml keys): its values over the defaults, the flags
+/// given over the file; a botsort file, an unknown key and a missing file are refused naming
+/// the file.
+#[test]
+fn tracker_file_then_flags() {
+    let dir = common::tmpdir("trackerfile");
+    let f = dir.join("bytetrack.yaml");
+    std::fs::write(
+        &f,
+        "tracker_type: bytetrack\ntrack_high_thresh: 0.25\ntrack_low_thresh: 0.1\n\
+         new_track_thresh: 0.25\ntrack_buffer: 30\nmatch_thresh: 0.8\nfuse_score: True\n",
+    )
+    .unwrap();
+    let fs = f.to_str().unwrap();
+    let c = parse(&["--tracker", fs]).unwrap().tracker.config(30.0).unwrap();
+    assert_eq!(
+        (c.track_high_thresh, c.new_track_thresh, c.track_buffer),
+        (0.25, 0.25, 30)
+    );
+    let c = parse(&["--tracker", fs, "--track-buffer", "90", "--new-track-thresh", "0.4"])
+        .unwrap()
+        .tracker
+        .config(30.0)
+        .unwrap();
+    assert_eq!(
+        (c.track_high_thresh, c.new_track_thresh, c.track_buffer),
+        (0.25, 0.4, 90)
+    );
+    let bot = dir.join("botsort.yaml");
+    std::fs::write(&bot, "tracker_type: botsort\ngmc_method: sparseOptFlow\n").unwrap();
+    let typo = dir.join("typo.yaml");
+    std::fs::write(&typo, "track_bufer: 30\n").unwrap();
+    for (p, want) in [
+        (bot, "tracker_type botsort: only bytetrack"),
+        (typo, "unknown key track_bufer"),
+        (dir.join("missing.yaml"), "cannot read"),
+    ] {
+        let e = parse(&["--tracker", p.to_str().unwrap()])
+            .unwrap()
+            .tracker
+            .config(30.0)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(p.file_name().unwrap().to_str().unwrap()) && e.contains(want),
+            "{e}"
+        );
+    }
 }
 
 #[test]

@@ -1,0 +1,359 @@
+//! Sliced (tiled) inference for small objects in large images, after SAHI (Akyon et al., "Slicing
+//! Aided Hyper Inference and Fine-tuning for Small Object Detection", ICIP 2022): the image is cut
+//! into overlapping square tiles of [`TileOptions::size`] source pixels, each tile is detected at
+//! the detector's inference size (one letterbox shape for every tile of an image, so the tiles
+//! run as batches), optionally the whole image is detected too (SAHI's "standard prediction"),
+//! and the detections, shifted back to image pixels, are merged by [`merge`].
+//!
+//! - [`grid`]: the tiles of an image (every tile the same size; the last tile of a row or
+//!   column is moved back to end at the image border rather than shrunk).
+//! - [`merge`]: greedy, class-aware (unless agnostic) merging of the tiles' detections: a box
+//!   whose IoU with a better one exceeds the NMS threshold is dropped (NMS across tiles); a box
+//!   cut by an inner tile border is recombined with the piece of the same object seen by another
+//!   tile: when their intersection over the smaller box (IoS, SAHI's merge metric) exceeds
+//!   [`TileOptions::match_thresh`], the better box grows to the union of both (SAHI's greedy
+//!   non-maximum merging), restricted to pieces of different tiles of which one is cut, so a
+//!   whole box is never widened by a neighbour.
+//!
+//! Boxes are `[x1, y1, x2, y2, conf, cls]` rows in image pixels ([`crate::detect::nms::Row`]).
+
+use crate::detect::nms::Row;
+use serde::{Deserialize, Serialize};
+
+/// The defaults of [`TileOptions`].
+pub mod defaults {
+    /// Overlap of neighbouring tiles, a fraction of the tile size (SAHI's `overlap_*_ratio`).
+    pub const OVERLAP: f32 = 0.2;
+    /// IoS above which two pieces of a cut box are merged (SAHI's `postprocess_match_threshold`).
+    pub const MATCH: f32 = 0.5;
+}
+
+/// Largest overlap fraction accepted (a tile advances at least a tenth of its size).
+pub const MAX_OVERLAP: f32 = 0.9;
+
+/// Smallest tile, pixels.
+pub const MIN_TILE: u32 = 32;
+
+/// Sliced inference settings of a [`crate::Detector`] (and `yolo9 detect`, `track`, `val`,
+/// `serve`: `--tile`, `--tile-overlap`, `--tile-full-image`). Off (`size` 0) by default.
+///
+/// ```
+/// let t: yolo9::detect::tile::TileOptions = serde_json::from_str(r#"{"size": 640}"#).unwrap();
+/// assert_eq!((t.size, t.overlap, t.full_image), (640, 0.2, true));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+pub struct TileOptions {
+    /// Tiled inference: the side of the square tiles in source pixels (0: off, else at least
+    /// 32). Each tile is letterboxed to the inference size (--img; equal sizes detect tiles at
+    /// full resolution). An image no larger than a tile is detected whole, as without tiles.
+    #[cfg_attr(feature = "cli", arg(long = "tile", value_name = "SIZE", default_value_t = 0,
+        value_parser = tile_size))]
+    pub size: u32,
+    /// Overlap of neighbouring tiles, a fraction of the tile size in [0, 0.9].
+    #[cfg_attr(feature = "cli", arg(long = "tile-overlap", value_name = "F",
+        default_value_t = defaults::OVERLAP, value_parser = overlap))]
+    pub overlap: f32,
+    /// With --tile, also detect the whole image letterboxed (large objects), merged with the
+    /// tiles' detections (true, false).
+    #[cfg_attr(feature = "cli", arg(long = "tile-full-image", value_name = "BOOL",
+        default_value_t = true, action = clap::ArgAction::Set))]
+    pub full_image: bool,
+    /// With --tile, the intersection over the smaller box above which two pieces of an object
+    /// cut by a tile border are merged into one box, in [0, 1].
+    #[cfg_attr(feature = "cli", arg(long = "tile-match", value_name = "IOS",
+        default_value_t = defaults::MATCH, value_parser = crate::parse::unit_f32))]
+    pub match_thresh: f32,
+}
+
+impl Default for TileOptions {
+    fn default() -> Self {
+        Self {
+            size: 0,
+            overlap: defaults::OVERLAP,
+            full_image: true,
+            match_thresh: defaults::MATCH,
+        }
+    }
+}
+
+#[cfg(feature = "cli")]
+fn tile_size(s: &str) -> Result<u32, String> {
+    match s.trim().parse::<u32>() {
+        Ok(v) if v == 0 || (MIN_TILE..=crate::detect::config::MAX_IMG_SIZE).contains(&v) => Ok(v),
+        _ => Err(format!(
+            "{s}: a tile size in pixels, {MIN_TILE}..={} (0: no tiles)",
+            crate::detect::config::MAX_IMG_SIZE
+        )),
+    }
+}
+
+#[cfg(feature = "cli")]
+fn overlap(s: &str) -> Result<f32, String> {
+    match s.trim().parse::<f32>() {
+        Ok(v) if (0.0..=MAX_OVERLAP).contains(&v) => Ok(v),
+        _ => Err(format!("{s}: an overlap fraction in [0, {MAX_OVERLAP}]")),
+    }
+}
+
+impl TileOptions {
+    /// Whether tiles are on.
+    pub fn on(&self) -> bool {
+        self.size > 0
+    }
+
+    /// Checks the values: size 0 or in [`MIN_TILE`]..=16384, overlap in [0, [`MAX_OVERLAP`]],
+    /// match threshold in [0, 1]. The error names the option and the value.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.size != 0 && !(MIN_TILE..=crate::detect::config::MAX_IMG_SIZE).contains(&self.size)
+        {
+            return Err(format!(
+                "tile size {} is outside {MIN_TILE}..={} (0: no tiles)",
+                self.size,
+                crate::detect::config::MAX_IMG_SIZE
+            ));
+        }
+        if !(0.0..=MAX_OVERLAP).contains(&self.overlap) {
+            return Err(format!(
+                "tile overlap {} is outside [0, {MAX_OVERLAP}]",
+                self.overlap
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.match_thresh) {
+            return Err(format!(
+                "tile match threshold {} is outside [0, 1]",
+                self.match_thresh
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The starts of the tiles along one axis of `len` pixels: 0, step, 2·step, … and a last tile
+/// ending at `len` (`[0]` when `len <= size`).
+fn starts(len: u32, size: u32, step: u32) -> Vec<u32> {
+    if len <= size {
+        return vec![0];
+    }
+    let mut v = Vec::new();
+    let mut s = 0u32;
+    while s + size < len {
+        v.push(s);
+        s += step;
+    }
+    v.push(len - size);
+    v.dedup();
+    v
+}
+
+/// The tiles `[x0, y0, x1, y1]` (pixels, end exclusive) of a `w × h` image: squares of `size`
+/// (cut to the image where it is smaller), neighbours overlapping by `overlap · size` pixels
+/// (rounded down; at least one pixel of advance), in rows from the top left. Every tile has the
+/// same size. `size` 0 gives the whole image.
+pub fn grid(w: u32, h: u32, size: u32, overlap: f32) -> Vec<[u32; 4]> {
+    if size == 0 {
+        return vec![[0, 0, w, h]];
+    }
+    let ov = (size as f64 * overlap.clamp(0.0, MAX_OVERLAP) as f64).floor() as u32;
+    let step = size.saturating_sub(ov).max(1);
+    let (tw, th) = (size.min(w), size.min(h));
+    let xs = starts(w, size, step);
+    let ys = starts(h, size, step);
+    let mut out = Vec::with_capacity(xs.len() * ys.len());
+    for &y in &ys {
+        for &x in &xs {
+            out.push([x, y, x + tw, y + th]);
+        }
+    }
+    out
+}
+
+/// One detection before merging: the row in image pixels, the tile it came from (an index into
+/// [`grid`], or `usize::MAX` for the whole-image pass) and whether it touches an inner tile
+/// border (a border of the tile that is not the image's), i.e. may be a piece of a larger box.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Piece {
+    /// `[x1, y1, x2, y2, conf, cls]`, image pixels.
+    pub row: Row,
+    /// The tile's index, `usize::MAX` for the whole image.
+    pub tile: usize,
+    /// Whether the box touches an inner border of its tile.
+    pub cut: bool,
+}
+
+/// Whether the box `b` (image pixels) touches a border of `tile` that lies inside a `w × h`
+/// image, within `margin` pixels.
+pub fn touches_inner_border(b: [f32; 4], tile: [u32; 4], (w, h): (u32, u32), margin: f32) -> bool {
+    let [x0, y0, x1, y1] = tile.map(|v| v as f32);
+    (tile[0] > 0 && b[0] <= x0 + margin)
+        || (tile[1] > 0 && b[1] <= y0 + margin)
+        || (tile[2] < w && b[2] >= x1 - margin)
+        || (tile[3] < h && b[3] >= y1 - margin)
+}
+
+fn area(b: &[f32]) -> f32 {
+    (b[2] - b[0]).max(0.0) * (b[3] - b[1]).max(0.0)
+}
+
+fn inter(a: &[f32], b: &[f32]) -> f32 {
+    let iw = (a[2].min(b[2]) - a[0].max(b[0])).max(0.0);
+    let ih = (a[3].min(b[3]) - a[1].max(b[1])).max(0.0);
+    iw * ih
+}
+
+/// Merges the detections of the tiles (and of the whole-image pass), best first:
+/// - a box of the same class (any class when `agnostic`) whose IoU with a kept box is above
+///   `iou_thres` is dropped (NMS across tiles, as the per-tile NMS);
+/// - otherwise, when the two come from different tiles, one of them is cut by its tile's inner
+///   border and their intersection over the smaller box is above `match_thresh`, the worse is
+///   dropped and, if the kept one is cut, it grows to the union of both (the pieces of one
+///   object); its confidence stays the best's.
+///
+/// Returns at most `max_det` rows by decreasing confidence.
+pub fn merge(
+    mut pieces: Vec<Piece>,
+    iou_thres: f32,
+    match_thresh: f32,
+    agnostic: bool,
+    max_det: usize,
+) -> Vec<Row> {
+    pieces.sort_by(|a, b| b.row[4].total_cmp(&a.row[4]));
+    let mut gone = vec![false; pieces.len()];
+    let mut out = Vec::new();
+    for i in 0..pieces.len() {
+        if gone[i] {
+            continue;
+        }
+        let mut k = pieces[i];
+        let mut tiles = vec![k.tile];
+        for j in i + 1..pieces.len() {
+            if gone[j] {
+                continue;
+            }
+            let p = pieces[j];
+            if !agnostic && p.row[5] != k.row[5] {
+                continue;
+            }
+            let i_ = inter(&k.row, &p.row);
+            let (ak, ap) = (area(&k.row), area(&p.row));
+            let iou = i_ / (ak + ap - i_ + 1e-7);
+            if iou > iou_thres {
+                gone[j] = true;
+                continue;
+            }
+            let ios = i_ / (ak.min(ap) + 1e-7);
+            if (k.cut || p.cut) && !tiles.contains(&p.tile) && ios > match_thresh {
+                gone[j] = true;
+                if k.cut {
+                    k.row[0] = k.row[0].min(p.row[0]);
+                    k.row[1] = k.row[1].min(p.row[1]);
+                    k.row[2] = k.row[2].max(p.row[2]);
+                    k.row[3] = k.row[3].max(p.row[3]);
+                    k.cut = p.cut;
+                    tiles.push(p.tile);
+                }
+            }
+        }
+        out.push(k.row);
+        if out.len() >= max_det {
+            break;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grid_covers_the_image_with_equal_overlapping_tiles() {
+        // 2560 wide, 640 tiles, overlap 0.2 -> step 512: 0, 512, 1024, 1536, then 1920 (end).
+        let g = grid(2560, 1920, 640, 0.2);
+        let xs: Vec<u32> = g.iter().filter(|t| t[1] == 0).map(|t| t[0]).collect();
+        let ys: Vec<u32> = g.iter().filter(|t| t[0] == 0).map(|t| t[1]).collect();
+        assert_eq!(xs, [0, 512, 1024, 1536, 1920]);
+        assert_eq!(ys, [0, 512, 1024, 1280]);
+        assert!(g.iter().all(|t| t[2] - t[0] == 640 && t[3] - t[1] == 640));
+        // Smaller than a tile: one tile, the image.
+        assert_eq!(grid(500, 300, 640, 0.2), vec![[0, 0, 500, 300]]);
+        // One axis larger: tiles as tall as the image.
+        assert_eq!(
+            grid(1000, 300, 640, 0.0),
+            vec![[0, 0, 640, 300], [360, 0, 1000, 300]]
+        );
+        // Exactly 2 tiles without overlap.
+        assert_eq!(grid(1280, 640, 640, 0.0).len(), 2);
+    }
+
+    #[test]
+    fn merge_recombines_a_cut_box_and_suppresses_duplicates() {
+        let p = |row: Row, tile, cut| Piece { row, tile, cut };
+        // An object 600..700 across the border at x = 640 of tiles 0 (0..640) and 1 (512..1152):
+        // tile 0 sees 600..640 (cut), tile 1 sees it whole 600..700.
+        let rows = merge(
+            vec![
+                p([600.0, 10.0, 640.0, 60.0, 0.9, 0.0], 0, true),
+                p([601.0, 11.0, 700.0, 61.0, 0.8, 0.0], 1, false),
+                // Another class at the same place is kept.
+                p([600.0, 10.0, 640.0, 60.0, 0.7, 1.0], 0, true),
+                // A duplicate of the whole box from the full-image pass is suppressed.
+                p([602.0, 10.0, 699.0, 60.0, 0.6, 0.0], usize::MAX, false),
+            ],
+            0.45,
+            0.5,
+            false,
+            100,
+        );
+        assert_eq!(
+            rows,
+            vec![
+                [600.0, 10.0, 700.0, 61.0, 0.9, 0.0],
+                [600.0, 10.0, 640.0, 60.0, 0.7, 1.0]
+            ]
+        );
+        // Two whole boxes (neither cut) overlapping with IoS > 0.5 but IoU < 0.45 stay apart,
+        // and a small box inside a whole one of another tile is not merged into it.
+        let rows = merge(
+            vec![
+                p([0.0, 0.0, 100.0, 100.0, 0.9, 0.0], 0, false),
+                p([50.0, 0.0, 110.0, 60.0, 0.8, 0.0], 1, false),
+            ],
+            0.45,
+            0.5,
+            false,
+            100,
+        );
+        assert_eq!(rows.len(), 2);
+        // A whole better box swallows a cut piece of another tile without growing.
+        let rows = merge(
+            vec![
+                p([0.0, 0.0, 100.0, 100.0, 0.9, 0.0], 0, false),
+                p([60.0, 0.0, 130.0, 100.0, 0.5, 0.0], 1, true),
+            ],
+            0.45,
+            0.5,
+            false,
+            100,
+        );
+        assert_eq!(rows, vec![[0.0, 0.0, 100.0, 100.0, 0.9, 0.0]]);
+        // max_det keeps the best.
+        let many: Vec<Piece> = (0..10)
+            .map(|i| p([i as f32 * 50.0, 0.0, i as f32 * 50.0 + 10.0, 10.0, i as f32 / 10.0, 0.0], 0, false))
+            .collect();
+        let rows = merge(many, 0.45, 0.5, false, 3);
+        assert_eq!(rows.iter().map(|r| r[4]).collect::<Vec<_>>(), [0.9, 0.8, 0.7]);
+    }
+
+    #[test]
+    fn inner_borders_only() {
+        let t = [512, 0, 1152, 640];
+        // Left border at 512 is inner; top at 0 is the image's.
+        assert!(touches_inner_border([513.0, 0.0, 600.0, 50.0], t, (2000, 2000), 2.0));
+        assert!(!touches_inner_border([520.0, 0.0, 600.0, 50.0], t, (2000, 2000), 2.0));
+        // Right border at 1152 = image width: not inner.
+        assert!(!touches_inner_border([1000.0, 10.0, 1152.0, 50.0], t, (1152, 2000), 2.0));
+        assert!(touches_inner_border([1000.0, 10.0, 1151.0, 50.0], t, (1153, 2000), 2.0));
+    }
+}
