@@ -18,7 +18,9 @@ mod detect {
     mod serve_limits;
     mod size_check;
     mod stream;
+    mod tiles;
     mod track_cli;
+    mod track_occlusion;
     mod track_oracle;
     mod track_synthetic;
     mod video;

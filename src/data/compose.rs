@@ -27,7 +27,7 @@ pub struct Composed {
 /// (YOLO `cls cx cy w h`, normalized to the large image) for each group of `g × g` consecutive
 /// usable images of `split` of the dataset `data` (row by row; each in a cell of the largest
 /// width and height of its group, at the cell's top left, the rest grey 114), and
-/// `out/data.yaml` naming the split as both `val` and `test`, with the dataset's classes.
+/// `out/data.yaml` naming the split as `train`, `val` and `test` (a test set), with the dataset's classes.
 /// At most `limit` large images (None: all).
 ///
 /// Errors: the dataset cannot be read, `g` is 0, fewer than `g × g` usable images, a write
@@ -46,6 +46,7 @@ pub fn compose(
         split,
         &ScanOptions {
             use_cache: false,
+            print: false,
             ..Default::default()
         },
     )?;
@@ -107,7 +108,7 @@ pub fn compose(
         .map(|n| serde_json::to_string(n).unwrap_or_default())
         .collect();
     let yaml = format!(
-        "# {g}x{g} groups of {} images of {}\npath: .\nval: images/{key}\ntest: images/{key}\nnc: {}\nnames: [{}]\n",
+        "# {g}x{g} groups of {} images of {} (train names the same images: a test set)\npath: .\ntrain: images/{key}\nval: images/{key}\ntest: images/{key}\nnc: {}\nnames: [{}]\n",
         key,
         crate::text::path(&data),
         cfg.nc,

@@ -502,7 +502,7 @@ impl Detector {
         nms: &NmsOptions,
         tile: &crate::detect::tile::TileOptions,
     ) -> Result<Vec<Row>> {
-        use crate::detect::tile::{grid, merge, touches_inner_border, Piece};
+        use crate::detect::tile::{cut_sides, grid, merge, Piece};
         let (w, h) = img.dimensions();
         let rects = grid(w, h, tile.size, tile.overlap);
         if rects.len() <= 1 {
@@ -539,20 +539,22 @@ impl Detector {
                     pieces.push(Piece {
                         row,
                         tile: c * per_forward + k,
-                        cut: touches_inner_border(b, r, (w, h), margin),
+                        cut: cut_sides(b, r, (w, h), margin),
                     });
                 }
             }
         }
         if tile.full_image {
+            // An object no longer than the overlap lies whole in some tile, seen there at full
+            // resolution: the whole-image pass adds only the larger ones.
+            let ov = tile.size as f32 * tile.overlap;
             let (lb, info) = self.preprocess_at(img, img_size)?;
             let y = self.infer_padded(&[&lb], 0)?;
             for row in self.rows_of(&y, &[info], nms)?.pop().unwrap_or_default() {
-                pieces.push(Piece {
-                    row,
-                    tile: usize::MAX,
-                    cut: false,
-                });
+                if row[2] - row[0] <= ov && row[3] - row[1] <= ov {
+                    continue;
+                }
+                pieces.push(Piece::whole(row, usize::MAX));
             }
         }
         Ok(merge(

@@ -149,11 +149,12 @@ impl Scene {
 
 fn detector(img: u32) -> Detector {
     let w = Weights::builtin().unwrap();
-    let config = DetectorConfig {
+    // `yolo9 track`'s detector: conf at the tracker's low threshold (0.1).
+    let config = yolo9::track::job::TrackOptions::default().detector_config(DetectorConfig {
         img_size: img,
         classes: Some(vec![1, 2]),
         ..DetectorConfig::default()
-    };
+    });
     Detector::with_weights(&w, Device::Cpu, config).unwrap()
 }
 
