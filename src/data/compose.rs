@@ -59,10 +59,7 @@ pub fn compose(
         scan.records.len()
     );
     let key = split.key();
-    let (img_dir, lab_dir) = (
-        out.join("images").join(key),
-        out.join("labels").join(key),
-    );
+    let (img_dir, lab_dir) = (out.join("images").join(key), out.join("labels").join(key));
     for d in [&img_dir, &lab_dir] {
         std::fs::create_dir_all(d)
             .with_context(|| format!("cannot create {}", crate::text::path(&d)))?;

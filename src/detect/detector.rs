@@ -521,8 +521,8 @@ impl Detector {
         for (c, chunk) in rects.chunks(per_forward).enumerate() {
             let mut prepared = Vec::with_capacity(chunk.len());
             for r in chunk {
-                let crop = image::imageops::crop_imm(img, r[0], r[1], r[2] - r[0], r[3] - r[1])
-                    .to_image();
+                let crop =
+                    image::imageops::crop_imm(img, r[0], r[1], r[2] - r[0], r[3] - r[1]).to_image();
                 prepared.push(self.preprocess_at(&crop, img_size)?);
             }
             let lbs: Vec<&RgbImage> = prepared.iter().map(|p| &p.0).collect();
@@ -567,7 +567,12 @@ impl Detector {
     }
 
     /// NMS of an output `(B, 4+nc, A)` with `nms`, scaled to each image's pixels (`infos[b]`).
-    fn rows_of(&self, pred: &Tensor, infos: &[LetterboxInfo], nms: &NmsOptions) -> Result<Vec<Vec<Row>>> {
+    fn rows_of(
+        &self,
+        pred: &Tensor,
+        infos: &[LetterboxInfo],
+        nms: &NmsOptions,
+    ) -> Result<Vec<Vec<Row>>> {
         let mut all = non_max_suppression(pred, nms)?;
         for (det, info) in all.iter_mut().zip(infos) {
             scale_rows(det, info);

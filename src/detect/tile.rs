@@ -346,7 +346,11 @@ mod tests {
         let p = |row: Row, tile, cut: bool| Piece {
             row,
             tile,
-            cut: if cut { [true, false, true, false] } else { [false; 4] },
+            cut: if cut {
+                [true, false, true, false]
+            } else {
+                [false; 4]
+            },
         };
         // An object 600..700 across the border at x = 640 of tiles 0 (0..640) and 1 (512..1152):
         // tile 0 sees 600..640 (cut), tile 1 sees it whole 600..700.
@@ -388,8 +392,16 @@ mod tests {
         let piece = |row: Row, tile, cut| Piece { row, tile, cut };
         let rows = merge(
             vec![
-                piece([500.0, 10.0, 640.0, 100.0, 0.9, 0.0], 0, [false, false, true, false]),
-                piece([512.0, 12.0, 690.0, 98.0, 0.8, 0.0], 1, [true, false, false, false]),
+                piece(
+                    [500.0, 10.0, 640.0, 100.0, 0.9, 0.0],
+                    0,
+                    [false, false, true, false],
+                ),
+                piece(
+                    [512.0, 12.0, 690.0, 98.0, 0.8, 0.0],
+                    1,
+                    [true, false, false, false],
+                ),
             ],
             0.45,
             0.5,
@@ -424,10 +436,26 @@ mod tests {
         assert_eq!(rows, vec![[0.0, 0.0, 100.0, 100.0, 0.9, 0.0]]);
         // max_det keeps the best.
         let many: Vec<Piece> = (0..10)
-            .map(|i| p([i as f32 * 50.0, 0.0, i as f32 * 50.0 + 10.0, 10.0, i as f32 / 10.0, 0.0], 0, false))
+            .map(|i| {
+                p(
+                    [
+                        i as f32 * 50.0,
+                        0.0,
+                        i as f32 * 50.0 + 10.0,
+                        10.0,
+                        i as f32 / 10.0,
+                        0.0,
+                    ],
+                    0,
+                    false,
+                )
+            })
             .collect();
         let rows = merge(many, 0.45, 0.5, false, 3);
-        assert_eq!(rows.iter().map(|r| r[4]).collect::<Vec<_>>(), [0.9, 0.8, 0.7]);
+        assert_eq!(
+            rows.iter().map(|r| r[4]).collect::<Vec<_>>(),
+            [0.9, 0.8, 0.7]
+        );
     }
 
     #[test]
@@ -438,9 +466,15 @@ mod tests {
             cut_sides([513.0, 0.0, 600.0, 50.0], t, (2000, 2000), 2.0),
             [true, false, false, false]
         );
-        assert_eq!(cut_sides([520.0, 0.0, 600.0, 640.0], t, (2000, 2000), 2.0), [false, false, false, true]);
+        assert_eq!(
+            cut_sides([520.0, 0.0, 600.0, 640.0], t, (2000, 2000), 2.0),
+            [false, false, false, true]
+        );
         // Right border at 1152 = image width: not inner.
-        assert_eq!(cut_sides([1000.0, 10.0, 1152.0, 50.0], t, (1152, 2000), 2.0), [false; 4]);
+        assert_eq!(
+            cut_sides([1000.0, 10.0, 1152.0, 50.0], t, (1152, 2000), 2.0),
+            [false; 4]
+        );
         assert_eq!(
             cut_sides([1000.0, 10.0, 1151.0, 50.0], t, (1153, 2000), 2.0),
             [false, false, true, false]

@@ -19,5 +19,5 @@ pub mod draw;
 pub mod job;
 pub mod kalman;
 pub mod mot;
-pub mod trail;
 pub mod tracker_file;
+pub mod trail;

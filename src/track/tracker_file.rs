@@ -42,7 +42,12 @@ pub fn parse(text: &str, origin: &str, base: TrackerConfig) -> Result<TrackerCon
     };
     let mut c = base;
     for (k, val) in &m {
-        let shown = || serde_yaml_ng::to_string(val).unwrap_or_default().trim().to_string();
+        let shown = || {
+            serde_yaml_ng::to_string(val)
+                .unwrap_or_default()
+                .trim()
+                .to_string()
+        };
         let Some(key) = k.as_str() else {
             return Err(bad(format!("key {}: not a name ({keys})", shown())));
         };
@@ -99,9 +104,16 @@ mod tests {
             (c.track_high_thresh, c.new_track_thresh, c.fuse_score),
             (0.25, 0.25, true)
         );
-        let err = |t: &str| parse(t, "b.yaml", TrackerConfig::default()).unwrap_err().to_string();
+        let err = |t: &str| {
+            parse(t, "b.yaml", TrackerConfig::default())
+                .unwrap_err()
+                .to_string()
+        };
         let e = err("tracker_type: botsort\nproximity_thresh: 0.5\n");
-        assert!(e.contains("b.yaml: tracker_type botsort: only bytetrack"), "{e}");
+        assert!(
+            e.contains("b.yaml: tracker_type botsort: only bytetrack"),
+            "{e}"
+        );
         let e = err("track_bufer: 30\n");
         assert!(e.contains("unknown key track_bufer"), "{e}");
         let e = err("track_low_thresh: 0.7\n");
@@ -109,7 +121,10 @@ mod tests {
         let e = err("match_thresh: high\n");
         assert!(e.contains("match_thresh: high is not a number"), "{e}");
         let e = err("track_buffer: -3\n");
-        assert!(e.contains("track_buffer: -3 is not a number of frames"), "{e}");
+        assert!(
+            e.contains("track_buffer: -3 is not a number of frames"),
+            "{e}"
+        );
         // Empty: the defaults.
         assert_eq!(
             parse("", "b.yaml", TrackerConfig::default()).unwrap(),

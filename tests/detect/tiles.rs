@@ -37,7 +37,10 @@ fn a_tile_as_large_as_the_image_changes_nothing() {
         },
     )
     .unwrap();
-    let p = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/images/BloodImage_00007.jpg");
+    let p = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/images/BloodImage_00007.jpg"
+    );
     let img = yolo9::data::image::load_rgb8(std::path::Path::new(p)).unwrap();
     assert!(img.width() <= 640 && img.height() <= 640);
     let a = plain.detect_rgb(&img).unwrap();
@@ -91,7 +94,10 @@ fn tiles_find_the_cells_of_a_large_image() {
         .unwrap();
     let t = validate_tiled(&detector, &images, &vc).unwrap();
     let (m0, m1) = (plain.metrics.map50, t.metrics.map50);
-    println!("1280x960, {} boxes: mAP50 whole image {m0:.4}, tiles of 640 {m1:.4}", c.boxes);
+    println!(
+        "1280x960, {} boxes: mAP50 whole image {m0:.4}, tiles of 640 {m1:.4}",
+        c.boxes
+    );
     // Measured: 0.589 whole, 0.716 with tiles.
     assert!(m1 > m0 + 0.08, "whole {m0}, tiles {m1}");
 }
@@ -115,7 +121,11 @@ fn command_line_tiles() {
     assert_eq!(code, 0, "{out}\n{err}");
     // 1280x960: tile starts x 0, 512, 640 and y 0, 320.
     assert!(out.contains("1280x960 in 6 tiles of 640"), "{out}");
-    for (flag, value) in [("--tile", "16"), ("--tile-overlap", "0.95"), ("--tile-match", "2")] {
+    for (flag, value) in [
+        ("--tile", "16"),
+        ("--tile-overlap", "0.95"),
+        ("--tile-match", "2"),
+    ] {
         let (code, _, err) = common::yolo9(&["detect", img.to_str().unwrap(), flag, value]);
         assert_eq!(code, 2, "{flag} {value}: {err}");
         assert!(err.contains(flag), "{err}");

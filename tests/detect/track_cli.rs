@@ -83,16 +83,27 @@ fn tracker_file_then_flags() {
     )
     .unwrap();
     let fs = f.to_str().unwrap();
-    let c = parse(&["--tracker", fs]).unwrap().tracker.config(30.0).unwrap();
-    assert_eq!(
-        (c.track_high_thresh, c.new_track_thresh, c.track_buffer),
-        (0.25, 0.25, 30)
-    );
-    let c = parse(&["--tracker", fs, "--track-buffer", "90", "--new-track-thresh", "0.4"])
+    let c = parse(&["--tracker", fs])
         .unwrap()
         .tracker
         .config(30.0)
         .unwrap();
+    assert_eq!(
+        (c.track_high_thresh, c.new_track_thresh, c.track_buffer),
+        (0.25, 0.25, 30)
+    );
+    let c = parse(&[
+        "--tracker",
+        fs,
+        "--track-buffer",
+        "90",
+        "--new-track-thresh",
+        "0.4",
+    ])
+    .unwrap()
+    .tracker
+    .config(30.0)
+    .unwrap();
     assert_eq!(
         (c.track_high_thresh, c.new_track_thresh, c.track_buffer),
         (0.25, 0.4, 90)

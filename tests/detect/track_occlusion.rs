@@ -27,7 +27,11 @@ fn scene() -> Vec<(Vec<(u64, [f32; 4])>, Vec<Detection>)> {
             } else {
                 (100.0 + 6.0 * 14.0, 100.0 + 6.0 * (t - 14.0))
             };
-            let s1 = if (15.0..=24.0).contains(&t) { 0.15 } else { 0.9 };
+            let s1 = if (15.0..=24.0).contains(&t) {
+                0.15
+            } else {
+                0.9
+            };
             let o1 = b(x1, y1);
             let o2 = b(600.0 - 5.0 * t, 400.0);
             (vec![(1, o1), (2, o2)], vec![d(o1, s1), d(o2, 0.85)])
