@@ -39,13 +39,6 @@ fn positive_fps(s: &str) -> Result<f64, String> {
     }
 }
 
-fn unit(s: &str) -> Result<f32, String> {
-    match s.parse::<f32>() {
-        Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
-        _ => Err(format!("{s}: a number between 0 and 1")),
-    }
-}
-
 /// ByteTrack's settings ([`TrackerConfig`]; Ultralytics' `bytetrack.yaml` names, the authors'
 /// defaults): a tracker file, then the flags given over it.
 #[derive(Debug, Clone, Args)]
@@ -56,21 +49,21 @@ pub struct TrackerArgs {
     #[arg(long, value_name = "FILE")]
     pub tracker: Option<std::path::PathBuf>,
     /// Detections above this score are associated first [default: 0.5].
-    #[arg(long = "track-high-thresh", value_parser = unit)]
+    #[arg(long = "track-high-thresh", value_parser = crate::parse::unit_f32)]
     pub track_high_thresh: Option<f32>,
     /// Detections between this and --track-high-thresh are associated second (with tracks
     /// tracked on the previous frame only) [default: 0.1]. Detections below --conf never reach
     /// the tracker: track's --conf defaults to 0.1 for this reason.
-    #[arg(long = "track-low-thresh", value_parser = unit)]
+    #[arg(long = "track-low-thresh", value_parser = crate::parse::unit_f32)]
     pub track_low_thresh: Option<f32>,
     /// An unmatched detection at or above this score starts a track [default: 0.6].
-    #[arg(long = "new-track-thresh", value_parser = unit)]
+    #[arg(long = "new-track-thresh", value_parser = crate::parse::unit_f32)]
     pub new_track_thresh: Option<f32>,
     /// Frames a lost track is kept, at 30 fps (scaled by the source's frame rate) [default: 30].
     #[arg(long = "track-buffer", value_parser = clap::value_parser!(u32).range(0..=100000))]
     pub track_buffer: Option<u32>,
     /// Largest matching distance (1 − IoU·score) of the first association [default: 0.8].
-    #[arg(long = "match-thresh", value_parser = unit)]
+    #[arg(long = "match-thresh", value_parser = crate::parse::unit_f32)]
     pub match_thresh: Option<f32>,
     /// Weigh the IoU by the detection score (true, false) [default: true].
     #[arg(long = "fuse-score", action = clap::ArgAction::Set)]

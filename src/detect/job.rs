@@ -127,7 +127,10 @@ pub fn run(
         if crate::detect::video::is_video(path) {
             let at = (k + 1, total);
             match detect_video(detector, opts, path, stem, &mut sinks, at, cancel) {
-                Ok(()) => tally.ok += 1,
+                Ok(()) => {
+                    tally.ok += 1;
+                    tally.videos += 1;
+                }
                 Err(e) => {
                     report_skipped(crate::text::path(&path), &format!("{e:#}"));
                     tally.bad += 1;
@@ -147,7 +150,8 @@ pub fn run(
         detector, opts, streams, &stems, &mut sinks, &mut tally, cancel,
     );
     let n_labels = sinks.finish()?;
-    tally.print(detector, opts, &folder, n_labels, streams.is_empty());
+    let images_only = streams.is_empty() && tally.videos == 0;
+    tally.print(detector, opts, &folder, n_labels, images_only);
     if tally.ok == 0 {
         bail!(
             "no image could be processed ({} skipped, reasons above)",
@@ -213,6 +217,8 @@ struct Tally {
     ok: usize,
     bad: usize,
     images: usize,
+    /// Video files processed (counted in `ok` too).
+    videos: usize,
     pre_ms: f64,
     infer_ms: f64,
     nms_ms: f64,
@@ -253,7 +259,8 @@ impl Tally {
             let noun = if n_ok == 1 { "image" } else { "images" };
             crate::text::outln!("{n_ok} {noun} processed, {n_bad} skipped");
         } else {
-            crate::text::outln!("{n_ok} sources processed, {n_bad} skipped");
+            let noun = if n_ok == 1 { "source" } else { "sources" };
+            crate::text::outln!("{n_ok} {noun} processed, {n_bad} skipped");
         }
     }
 }

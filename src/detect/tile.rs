@@ -35,6 +35,9 @@ pub const MAX_OVERLAP: f32 = 0.9;
 /// Smallest tile, pixels.
 pub const MIN_TILE: u32 = 32;
 
+/// Largest tile, pixels (the largest inference size a detector accepts).
+pub const MAX_TILE: u32 = 16_384;
+
 /// Sliced inference settings of a [`crate::Detector`] (and `yolo9 detect`, `track`, `val`,
 /// `serve`: `--tile`, `--tile-overlap`, `--tile-full-image`). Off (`size` 0) by default.
 ///
@@ -49,22 +52,22 @@ pub struct TileOptions {
     /// Tiled inference: the side of the square tiles in source pixels (0: off, else at least
     /// 32). Each tile is letterboxed to the inference size (--img; equal sizes detect tiles at
     /// full resolution). An image no larger than a tile is detected whole, as without tiles.
-    #[cfg_attr(feature = "cli", arg(long = "tile", value_name = "SIZE", default_value_t = 0,
+    #[cfg_attr(feature = "cli", arg(id = "tile", long = "tile", value_name = "SIZE", default_value_t = 0,
         value_parser = tile_size))]
     pub size: u32,
     /// Overlap of neighbouring tiles, a fraction of the tile size in [0, 0.9].
-    #[cfg_attr(feature = "cli", arg(long = "tile-overlap", value_name = "F",
+    #[cfg_attr(feature = "cli", arg(id = "tile_overlap", long = "tile-overlap", value_name = "F",
         default_value_t = defaults::OVERLAP, value_parser = overlap))]
     pub overlap: f32,
     /// With --tile, also detect the whole image letterboxed (SAHI's standard prediction) and
     /// add its boxes longer than the overlap (objects no tile sees whole) before merging
     /// (true, false). Off by default: on the BCCD large-image test it lowers mAP50.
-    #[cfg_attr(feature = "cli", arg(long = "tile-full-image", value_name = "BOOL",
+    #[cfg_attr(feature = "cli", arg(id = "tile_full_image", long = "tile-full-image", value_name = "BOOL",
         default_value_t = false, action = clap::ArgAction::Set))]
     pub full_image: bool,
     /// With --tile, the share of a box cut by a tile border inside another box (of another
     /// tile) above which both are one object, in [0, 1].
-    #[cfg_attr(feature = "cli", arg(long = "tile-match", value_name = "IOS",
+    #[cfg_attr(feature = "cli", arg(id = "tile_match", long = "tile-match", value_name = "IOS",
         default_value_t = defaults::MATCH, value_parser = crate::parse::unit_f32))]
     pub match_thresh: f32,
 }
@@ -83,10 +86,10 @@ impl Default for TileOptions {
 #[cfg(feature = "cli")]
 fn tile_size(s: &str) -> Result<u32, String> {
     match s.trim().parse::<u32>() {
-        Ok(v) if v == 0 || (MIN_TILE..=crate::detect::config::MAX_IMG_SIZE).contains(&v) => Ok(v),
+        Ok(v) if v == 0 || (MIN_TILE..=MAX_TILE).contains(&v) => Ok(v),
         _ => Err(format!(
             "{s}: a tile size in pixels, {MIN_TILE}..={} (0: no tiles)",
-            crate::detect::config::MAX_IMG_SIZE
+            MAX_TILE
         )),
     }
 }
@@ -108,12 +111,10 @@ impl TileOptions {
     /// Checks the values: size 0 or in [`MIN_TILE`]..=16384, overlap in [0, [`MAX_OVERLAP`]],
     /// match threshold in [0, 1]. The error names the option and the value.
     pub fn validate(&self) -> Result<(), String> {
-        if self.size != 0 && !(MIN_TILE..=crate::detect::config::MAX_IMG_SIZE).contains(&self.size)
-        {
+        if self.size != 0 && !(MIN_TILE..=MAX_TILE).contains(&self.size) {
             return Err(format!(
                 "tile size {} is outside {MIN_TILE}..={} (0: no tiles)",
-                self.size,
-                crate::detect::config::MAX_IMG_SIZE
+                self.size, MAX_TILE
             ));
         }
         if !(0.0..=MAX_OVERLAP).contains(&self.overlap) {

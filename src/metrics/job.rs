@@ -194,17 +194,16 @@ pub fn run(
         a.tile
             .validate()
             .map_err(|e| anyhow::anyhow!("--tile: {e}"))?;
-        let detector = crate::Detector::from_model(model, device.clone()).with_config(
-            crate::DetectorConfig {
+        let detector = crate::detect::detector::Detector::from_model(model, device.clone())
+            .with_config(crate::detect::config::DetectorConfig {
                 img_size: a.img,
                 conf: vc.conf_thres,
                 iou: f64::from(vc.iou_thres),
                 max_det: vc.max_det,
                 multi_label: true,
                 tile: a.tile,
-                ..crate::DetectorConfig::default()
-            },
-        )?;
+                ..crate::detect::config::DetectorConfig::default()
+            })?;
         crate::metrics::validate::validate_tiled(&detector, &images, &vc)?
     } else {
         validate(ValModel::Infer(&model), &images, &vc)?

@@ -546,13 +546,13 @@ fn native_labels(im: &ValImage) -> Vec<[f32; 5]> {
 }
 
 /// Validation with sliced inference ([`crate::detect::tile`]): each image decoded whole and
-/// detected by `detector`, whose options ([`crate::DetectorConfig::tile`], and for the official
+/// detected by `detector`, whose options ([`crate::detect::config::DetectorConfig::tile`], and for the official
 /// protocol conf 0.001, IoU 0.7, max_det 300, multi-label) give the tiles and the NMS; the
 /// statistics as [`validate`]'s. Letterboxes are detect's (minimal stride padding per tile), not
 /// the rectangular batches of [`validate`]; `cfg.batch` is unused (tiles are batched per image).
 /// Errors: empty list, model failures (an image that cannot be decoded is skipped).
 pub fn validate_tiled(
-    detector: &crate::Detector,
+    detector: &crate::detect::detector::Detector,
     images: &[ValImage],
     cfg: &ValConfig,
 ) -> Result<ValResult> {

@@ -245,3 +245,12 @@ fn exist_ok_into_the_source_folder_is_refused_and_nothing_is_overwritten() {
     assert!(tmp.join("out/crowd_640x480.jpg").is_file());
     let _ = std::fs::remove_dir_all(&tmp);
 }
+
+/// clap checks a command's definition (unique argument ids across flattened option groups, ...)
+/// only when it builds it, in debug builds: every subcommand is checked here, so a clash such as
+/// two `match_thresh` ids fails this test, not a user's first `yolo9 track`.
+#[test]
+fn every_subcommand_is_well_formed() {
+    use clap::CommandFactory;
+    yolo9::cli::Cli::command().debug_assert();
+}

@@ -81,6 +81,8 @@ fn video_frames_are_detected_like_images() {
     ]);
     assert!(ok, "{out}");
     assert!(out.contains("(frame 6/6)"), "{out}");
+    // A video is a source, not an image.
+    assert!(out.contains("1 source processed, 0 skipped"), "{out}");
     let run = runs.join("v");
     // The annotated video: 6 frames at 5 fps, 640x480.
     let info = yolo9::detect::video::probe(&run.join("cells.mp4")).unwrap();

@@ -155,8 +155,18 @@ const SKIPPED: &[(&str, &str)] = &[
          tests/detect/stream.rs serves a stream on loopback",
     ),
     (
-        "yolo9 track SOURCE... [every detect flag] [--track-high-thresh 0.5] [--track-low-thresh 0.1] [--new-track-thresh 0.6]",
+        "yolo9 track SOURCE... [every detect flag] [--tracker bytetrack.yaml] [--track-high-thresh 0.5] [--track-low-thresh 0.1]",
         SYNOPSIS,
+    ),
+    (
+        "yolo9 detect aerial.tif --tile 640",
+        "an example of a user's large image; tests/detect/tiles.rs runs detect --tile on a large \
+         image it composes from BCCD",
+    ),
+    (
+        "yolo9 val --data large/data.yaml --tile 640",
+        "needs a large-image dataset: benches/tiles.sh composes one from BCCD and runs this; \
+         tests/detect/tiles.rs validates with tiles",
     ),
     (
         "yolo9 detect rtsp://192.168.1.10:554/stream1 --vid-stride 2 --json",
