@@ -82,6 +82,8 @@ pub mod model;
 pub mod op_args;
 pub mod outfile;
 pub mod parse;
+#[cfg(any(feature = "train", feature = "download"))]
+pub(crate) mod progress;
 pub mod pt;
 #[cfg(feature = "media")]
 pub mod runs;

@@ -5,6 +5,7 @@
 pub mod augment;
 #[cfg(feature = "train")]
 pub mod coco_json;
+#[cfg(feature = "train")]
 pub mod compose;
 pub mod fsio;
 pub mod image;

@@ -233,12 +233,10 @@ impl Progress {
         }
         let bar =
             indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
-        bar.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{msg} {bar:30} {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}",
-            )
-            .expect("a valid progress template"),
-        );
+        bar.set_style(crate::progress::style(
+            "{msg} {bar:30} {bytes}/{total_bytes} {binary_bytes_per_sec} eta {remaining}",
+            0,
+        ));
         let file = url.rsplit('/').next().unwrap_or(url).to_string();
         bar.set_message(file);
         Self { bar: Some(bar) }

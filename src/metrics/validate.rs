@@ -356,12 +356,10 @@ pub fn validate(model: ValModel<'_>, images: &[ValImage], cfg: &ValConfig) -> Re
 /// The `validating` progress bar over `n` images.
 fn progress_bar(n: usize) -> indicatif::ProgressBar {
     let pb = indicatif::ProgressBar::new(n as u64);
-    pb.set_style(
-        indicatif::ProgressStyle::with_template(
-            "{msg:>22} {bar:30} {pos}/{len} [{elapsed_precise}<{eta_precise}]",
-        )
-        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-    );
+    pb.set_style(crate::progress::style(
+        "{msg:>22} {bar:30} {pos}/{len} [{elapsed_precise}<{remaining}]",
+        0,
+    ));
     pb.set_message("validating");
     pb
 }

@@ -60,12 +60,10 @@ impl TrainObserver for Console {
     fn epoch_start(&mut self, header: &str, batches: usize, first: usize) {
         crate::text::outln!("{header}");
         let pb = indicatif::ProgressBar::new(batches as u64);
-        pb.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{msg} {bar:20} {pos}/{len} [{elapsed_precise}<{eta_precise}, {per_sec}]",
-            )
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-        );
+        pb.set_style(crate::progress::style(
+            "{msg} {bar:20} {pos}/{len} [{elapsed_precise}<{remaining}, {rate}]",
+            first as u64,
+        ));
         pb.set_position(first as u64);
         self.bar = Some(pb);
     }
