@@ -335,20 +335,11 @@ pub fn open_append(path: &Path) -> Result<File> {
     let shown = crate::text::path(&path);
     let mut o = std::fs::OpenOptions::new();
     o.create(true).append(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        o.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
-    }
-    let f = o.open(path).with_context(|| {
+    let (f, ft) = open_no_follow(path, o).with_context(|| {
         format!(
             "{shown}: cannot open to append (a symbolic link is refused; is it a regular file?)"
         )
     })?;
-    let ft = f
-        .metadata()
-        .with_context(|| format!("{shown}: cannot inspect"))?
-        .file_type();
     if !ft.is_file() {
         bail!(
             "{shown}: is {}, not a regular file; refusing to append to it",
@@ -356,6 +347,27 @@ pub fn open_append(path: &Path) -> Result<File> {
         );
     }
     Ok(f)
+}
+
+/// Opens `path` with `o`, adding `O_NOFOLLOW | O_NONBLOCK` on Unix (a symbolic link at `path` is
+/// refused, a FIFO does not block the open), and returns the file with the kind of what was
+/// opened (read from the open descriptor, so it cannot change in between): the one way a
+/// writer opens a file it keeps in place ([`open_append`], the run folder's lock in
+/// [`crate::runs`]).
+///
+/// Errors: the open's (a link: `ELOOP`), or the descriptor cannot be inspected.
+pub fn open_no_follow(
+    path: &Path,
+    mut o: std::fs::OpenOptions,
+) -> std::io::Result<(File, std::fs::FileType)> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        o.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
+    }
+    let f = o.open(path)?;
+    let ft = f.metadata()?.file_type();
+    Ok((f, ft))
 }
 
 #[cfg(test)]

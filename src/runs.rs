@@ -88,18 +88,13 @@ pub fn lock_run_dir(dir: &Path) -> anyhow::Result<RunLock> {
     let shown = crate::text::path(&dir);
     let mut o = std::fs::OpenOptions::new();
     o.read(true).write(true).create(true).truncate(false);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        o.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
-    }
-    let mut f = o.open(&path).map_err(|e| {
+    let (mut f, ft) = crate::outfile::open_no_follow(&path, o).map_err(|e| {
         anyhow::anyhow!(
             "{}: cannot create the run folder's lock ({e}; a symbolic link is refused)",
             crate::text::path(&path)
         )
     })?;
-    if !f.metadata().is_ok_and(|m| m.is_file()) {
+    if !ft.is_file() {
         anyhow::bail!("{}: is not a regular file", crate::text::path(&path));
     }
     #[cfg(unix)]
