@@ -350,16 +350,10 @@ impl Detector {
     /// Detects objects in an upright RGB image; boxes in its pixels. With tiles
     /// ([`DetectorConfig::tile`]) the image is detected tile by tile ([`Detector::detect_tiled`]).
     pub fn detect_rgb(&self, img: &RgbImage) -> Out<Vec<Detection>> {
+        if self.config.tile.on() {
+            return self.detect_tiled(img, &self.config.tile);
+        }
         out((|| -> Result<Vec<Detection>> {
-            if self.config.tile.on() {
-                let rows = self.tiled_rows(
-                    img,
-                    self.config.img_size,
-                    &self.config.nms(),
-                    &self.config.tile,
-                )?;
-                return Ok(self.to_detections(&rows));
-            }
             let (lb, info) = self.preprocess(img)?;
             let y = self.infer(&[&lb])?;
             Ok(self.postprocess(&y, &[info])?.pop().unwrap_or_default())
@@ -371,10 +365,7 @@ impl Detector {
     /// as given: decode files with [`crate::data::image::load_rgb8`] to apply EXIF orientation.
     /// Boxes are in `img` pixels.
     pub fn detect(&self, img: &DynamicImage) -> Out<Vec<Detection>> {
-        match img.as_rgb8() {
-            Some(rgb) => self.detect_rgb(rgb),
-            None => self.detect_rgb(&crate::data::image::to_rgb8(img.clone())),
-        }
+        self.detect_rgb(&rgb_of(img))
     }
 
     /// Detects objects in several images. Images whose letterboxes have the same size run as one
@@ -417,27 +408,18 @@ impl Detector {
                     .iter()
                     .enumerate()
                     .map(|(i, img)| {
-                        let rows = match img.as_rgb8() {
-                            Some(rgb) => self.tiled_rows(rgb, img_size, nms, &self.config.tile),
-                            None => self.tiled_rows(
-                                &crate::data::image::to_rgb8(img.clone()),
-                                img_size,
-                                nms,
-                                &self.config.tile,
-                            ),
-                        }
-                        .with_context(|| format!("image {i} of the batch"))?;
+                        let rows = self
+                            .tiled_rows(&rgb_of(img), img_size, nms, &self.config.tile)
+                            .with_context(|| format!("image {i} of the batch"))?;
                         Ok(self.to_detections(&rows))
                     })
                     .collect();
             }
             let mut prepared = Vec::with_capacity(imgs.len());
             for (i, img) in imgs.iter().enumerate() {
-                let p = match img.as_rgb8() {
-                    Some(rgb) => self.preprocess_at(rgb, img_size),
-                    None => self.preprocess_at(&crate::data::image::to_rgb8(img.clone()), img_size),
-                }
-                .with_context(|| format!("image {i} of the batch"))?;
+                let p = self
+                    .preprocess_at(&rgb_of(img), img_size)
+                    .with_context(|| format!("image {i} of the batch"))?;
                 prepared.push(p);
             }
             let mut out: Vec<Vec<Detection>> = vec![Vec::new(); imgs.len()];
@@ -506,9 +488,7 @@ impl Detector {
         let (w, h) = img.dimensions();
         let rects = grid(w, h, tile.size, tile.overlap);
         if rects.len() <= 1 {
-            let (lb, info) = self.preprocess_at(img, img_size)?;
-            let y = self.infer_padded(&[&lb], 0)?;
-            return Ok(self.rows_of(&y, &[info], nms)?.pop().unwrap_or_default());
+            return self.whole_rows(img, img_size, nms);
         }
         // A box within 0.5 % of the tile size (at least 2 px) of an inner border is cut.
         let margin = (tile.size as f32 * 0.005).max(2.0);
@@ -548,9 +528,7 @@ impl Detector {
             // An object no longer than the overlap lies whole in some tile, seen there at full
             // resolution: the whole-image pass adds only the larger ones.
             let ov = tile.size as f32 * tile.overlap;
-            let (lb, info) = self.preprocess_at(img, img_size)?;
-            let y = self.infer_padded(&[&lb], 0)?;
-            for row in self.rows_of(&y, &[info], nms)?.pop().unwrap_or_default() {
+            for row in self.whole_rows(img, img_size, nms)? {
                 if row[2] - row[0] <= ov && row[3] - row[1] <= ov {
                     continue;
                 }
@@ -559,11 +537,19 @@ impl Detector {
         }
         Ok(merge(
             pieces,
-            nms.iou_thres as f32,
+            nms.iou_thres,
             tile.match_thresh,
             nms.agnostic,
             nms.max_det,
         ))
+    }
+
+    /// The rows of `img` detected whole: letterboxed at `img_size`, one forward, `nms`, in the
+    /// image's pixels.
+    fn whole_rows(&self, img: &RgbImage, img_size: u32, nms: &NmsOptions) -> Result<Vec<Row>> {
+        let (lb, info) = self.preprocess_at(img, img_size)?;
+        let y = self.infer_padded(&[&lb], 0)?;
+        Ok(self.rows_of(&y, &[info], nms)?.pop().unwrap_or_default())
     }
 
     /// NMS of an output `(B, 4+nc, A)` with `nms`, scaled to each image's pixels (`infos[b]`).
@@ -605,4 +591,13 @@ fn load_model(
     Ok(Box::new(crate::model::yolov9::YoloV9::load_dtype(
         weights, device, dtype,
     )?))
+}
+
+/// `img` as 8-bit RGB: borrowed when it is, else converted by the rule of
+/// [`crate::data::image::to_rgb8`] (grey replicated, alpha dropped, 16-bit / 257).
+fn rgb_of(img: &DynamicImage) -> std::borrow::Cow<'_, RgbImage> {
+    match img.as_rgb8() {
+        Some(rgb) => std::borrow::Cow::Borrowed(rgb),
+        None => std::borrow::Cow::Owned(crate::data::image::to_rgb8(img.clone())),
+    }
 }

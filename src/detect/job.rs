@@ -265,6 +265,23 @@ impl Tally {
     }
 }
 
+/// What the outputs of a detected image need of its pixels: the image itself for
+/// `--save-crop` (drawn later), else at most a 4096-px copy to draw on (`canvas_for`), else
+/// nothing.
+#[allow(clippy::type_complexity)]
+fn keep_for_outputs(
+    img: image::RgbImage,
+    out: &SinkOptions,
+) -> (Option<image::RgbImage>, Option<(image::RgbImage, f64)>) {
+    if out.save_crop {
+        (Some(img), None)
+    } else if !out.nosave {
+        (None, Some(canvas_for(img)))
+    } else {
+        (None, None)
+    }
+}
+
 /// Detection on one image file of a detect run.
 struct ImageJob<'a> {
     detector: &'a Detector,
@@ -310,15 +327,7 @@ impl ImageJob<'_> {
         };
         // Without --save-crop, drop the full-resolution pixels now and keep at most a 4096-px
         // copy for drawing.
-        let mut full = None;
-        let mut canvas = None;
-        if out.save_crop {
-            full = Some(img);
-        } else if !out.nosave {
-            canvas = Some(canvas_for(img));
-        } else {
-            drop(img);
-        }
+        let (full, canvas) = keep_for_outputs(img, out);
         let t1 = Instant::now();
         let y = detector
             .infer(&[&lb])
@@ -385,13 +394,7 @@ impl ImageJob<'_> {
             tile.size,
             count_summary(&dets, detector.names())
         );
-        let (full, canvas) = if out.save_crop {
-            (Some(img), None)
-        } else if !out.nosave {
-            (None, Some(canvas_for(img)))
-        } else {
-            (None, None)
-        };
+        let (full, canvas) = keep_for_outputs(img, out);
         self.write(path, stem, (w, h), &dets, full, canvas, sinks)
     }
 

@@ -15,7 +15,8 @@
 //!
 //! Boxes are `[x1, y1, x2, y2, conf, cls]` rows in image pixels ([`crate::detect::nms::Row`]).
 
-use crate::detect::nms::Row;
+use crate::boxes::{area, intersection};
+use crate::detect::nms::{nms, Row};
 use serde::{Deserialize, Serialize};
 
 /// The defaults of [`TileOptions`].
@@ -213,16 +214,6 @@ pub fn cut_sides(b: [f32; 4], tile: [u32; 4], (w, h): (u32, u32), margin: f32) -
     ]
 }
 
-fn area(b: &[f32]) -> f32 {
-    (b[2] - b[0]).max(0.0) * (b[3] - b[1]).max(0.0)
-}
-
-fn inter(a: &[f32], b: &[f32]) -> f32 {
-    let iw = (a[2].min(b[2]) - a[0].max(b[0])).max(0.0);
-    let ih = (a[3].min(b[3]) - a[1].max(b[1])).max(0.0);
-    iw * ih
-}
-
 /// Two pieces of one object as one box, side by side: a side cut in one piece and not in the
 /// other is the other's (that tile saw where the object ends); a side both saw is the better
 /// piece's (`k`, the first); a side both cut is the outermost. Confidence and class: `k`'s.
@@ -254,7 +245,7 @@ fn join(k: Piece, p: Piece) -> Piece {
 /// Returns at most `max_det` rows by decreasing confidence.
 pub fn merge(
     pieces: Vec<Piece>,
-    iou_thres: f32,
+    iou_thres: f64,
     match_thresh: f32,
     agnostic: bool,
     max_det: usize,
@@ -262,19 +253,18 @@ pub fn merge(
     let same_class = |a: &Row, b: &Row| agnostic || a[5] == b[5];
     let (whole, cut): (Vec<Piece>, Vec<Piece>) = pieces.into_iter().partition(|p| !p.is_cut());
     // 1. Pieces seen whole by another tile.
-    let cut: Vec<Piece> = cut
+    let mut cut: Vec<Piece> = cut
         .into_iter()
         .filter(|p| {
             let ap = area(&p.row);
             !whole.iter().any(|w| {
                 w.tile != p.tile
                     && same_class(&w.row, &p.row)
-                    && inter(&w.row, &p.row) > match_thresh * ap
+                    && intersection(&w.row, &p.row) > match_thresh * ap
             })
         })
         .collect();
     // 2. Pieces of the same object in several tiles.
-    let mut cut = cut;
     cut.sort_by(|a, b| b.row[4].total_cmp(&a.row[4]));
     let mut gone = vec![false; cut.len()];
     let mut rows: Vec<Row> = whole.iter().map(|p| p.row).collect();
@@ -289,32 +279,33 @@ pub fn merge(
             if gone[j] || tiles.contains(&p.tile) || !same_class(&k.row, &p.row) {
                 continue;
             }
-            if inter(&k.row, &p.row) > match_thresh * area(&k.row).min(area(&p.row)) {
+            if intersection(&k.row, &p.row) > match_thresh * area(&k.row).min(area(&p.row)) {
                 gone[j] = true;
                 tiles.push(p.tile);
                 k = join(k, p);
             }
         }
-        let k = k.row;
-        rows.push(k);
+        rows.push(k.row);
     }
-    // 3. NMS across tiles.
-    rows.sort_by(|a, b| b[4].total_cmp(&a[4]));
+    // 3. NMS across tiles: the detector's own NMS ([`nms`]) class by class (boxes of a large
+    // image can lie beyond the class offset of `batched_nms`).
+    let class_of = |r: &Row| if agnostic { 0 } else { r[5] as usize };
+    let mut classes: Vec<usize> = rows.iter().map(class_of).collect();
+    classes.sort_unstable();
+    classes.dedup();
     let mut out: Vec<Row> = Vec::new();
-    'next: for r in rows {
-        for o in &out {
-            if same_class(o, &r) {
-                let i = inter(o, &r);
-                if i / (area(o) + area(&r) - i + 1e-7) > iou_thres {
-                    continue 'next;
-                }
-            }
-        }
-        out.push(r);
-        if out.len() >= max_det {
-            break;
-        }
+    for c in classes {
+        let of_c: Vec<&Row> = rows.iter().filter(|r| class_of(r) == c).collect();
+        let boxes: Vec<[f32; 4]> = of_c.iter().map(|r| [r[0], r[1], r[2], r[3]]).collect();
+        let scores: Vec<f32> = of_c.iter().map(|r| r[4]).collect();
+        out.extend(
+            nms(&boxes, &scores, iou_thres)
+                .into_iter()
+                .map(|k| *of_c[k]),
+        );
     }
+    out.sort_by(|a, b| b[4].total_cmp(&a[4]));
+    out.truncate(max_det);
     out
 }
 
@@ -344,6 +335,8 @@ mod tests {
 
     #[test]
     fn merge_recombines_a_cut_box_and_suppresses_duplicates() {
+        // The detector's defaults: NMS IoU 0.45, merge above half the smaller box.
+        let merge_ = |pieces| merge(pieces, 0.45, 0.5, false, 100);
         let p = |row: Row, tile, cut: bool| Piece {
             row,
             tile,
@@ -355,20 +348,14 @@ mod tests {
         };
         // An object 600..700 across the border at x = 640 of tiles 0 (0..640) and 1 (512..1152):
         // tile 0 sees 600..640 (cut), tile 1 sees it whole 600..700.
-        let rows = merge(
-            vec![
-                p([600.0, 10.0, 640.0, 60.0, 0.9, 0.0], 0, true),
-                p([601.0, 11.0, 700.0, 61.0, 0.8, 0.0], 1, false),
-                // Another class at the same place is kept.
-                p([600.0, 10.0, 640.0, 60.0, 0.7, 1.0], 0, true),
-                // A duplicate of the whole box from the full-image pass is suppressed.
-                p([602.0, 10.0, 699.0, 60.0, 0.6, 0.0], usize::MAX, false),
-            ],
-            0.45,
-            0.5,
-            false,
-            100,
-        );
+        let rows = merge_(vec![
+            p([600.0, 10.0, 640.0, 60.0, 0.9, 0.0], 0, true),
+            p([601.0, 11.0, 700.0, 61.0, 0.8, 0.0], 1, false),
+            // Another class at the same place is kept.
+            p([600.0, 10.0, 640.0, 60.0, 0.7, 1.0], 0, true),
+            // A duplicate of the whole box from the full-image pass is suppressed.
+            p([602.0, 10.0, 699.0, 60.0, 0.6, 0.0], usize::MAX, false),
+        ]);
         assert_eq!(
             rows,
             vec![
@@ -377,63 +364,39 @@ mod tests {
             ]
         );
         // An object larger than the overlap, cut in both tiles: the pieces become their union.
-        let rows = merge(
-            vec![
-                p([500.0, 0.0, 640.0, 100.0, 0.9, 0.0], 0, true),
-                p([512.0, 0.0, 700.0, 100.0, 0.8, 0.0], 1, true),
-            ],
-            0.45,
-            0.5,
-            false,
-            100,
-        );
+        let rows = merge_(vec![
+            p([500.0, 0.0, 640.0, 100.0, 0.9, 0.0], 0, true),
+            p([512.0, 0.0, 700.0, 100.0, 0.8, 0.0], 1, true),
+        ]);
         assert_eq!(rows, vec![[500.0, 0.0, 700.0, 100.0, 0.9, 0.0]]);
         // Side by side: tile 0 (0..640) cut the right side, tile 1 (512..) the left; the merged
         // box takes x1 from tile 0, x2 from tile 1, and y from the better piece.
         let piece = |row: Row, tile, cut| Piece { row, tile, cut };
-        let rows = merge(
-            vec![
-                piece(
-                    [500.0, 10.0, 640.0, 100.0, 0.9, 0.0],
-                    0,
-                    [false, false, true, false],
-                ),
-                piece(
-                    [512.0, 12.0, 690.0, 98.0, 0.8, 0.0],
-                    1,
-                    [true, false, false, false],
-                ),
-            ],
-            0.45,
-            0.5,
-            false,
-            100,
-        );
+        let rows = merge_(vec![
+            piece(
+                [500.0, 10.0, 640.0, 100.0, 0.9, 0.0],
+                0,
+                [false, false, true, false],
+            ),
+            piece(
+                [512.0, 12.0, 690.0, 98.0, 0.8, 0.0],
+                1,
+                [true, false, false, false],
+            ),
+        ]);
         assert_eq!(rows, vec![[500.0, 10.0, 690.0, 100.0, 0.9, 0.0]]);
         // Two whole boxes (neither cut) overlapping with IoS > 0.5 but IoU < 0.45 stay apart,
         // and a small box inside a whole one of another tile is not merged into it.
-        let rows = merge(
-            vec![
-                p([0.0, 0.0, 100.0, 100.0, 0.9, 0.0], 0, false),
-                p([50.0, 0.0, 110.0, 60.0, 0.8, 0.0], 1, false),
-            ],
-            0.45,
-            0.5,
-            false,
-            100,
-        );
+        let rows = merge_(vec![
+            p([0.0, 0.0, 100.0, 100.0, 0.9, 0.0], 0, false),
+            p([50.0, 0.0, 110.0, 60.0, 0.8, 0.0], 1, false),
+        ]);
         assert_eq!(rows.len(), 2);
         // A whole box covers a cut piece of another tile: the piece is dropped, the box kept.
-        let rows = merge(
-            vec![
-                p([0.0, 0.0, 100.0, 100.0, 0.9, 0.0], 0, false),
-                p([60.0, 0.0, 130.0, 100.0, 0.5, 0.0], 1, true),
-            ],
-            0.45,
-            0.5,
-            false,
-            100,
-        );
+        let rows = merge_(vec![
+            p([0.0, 0.0, 100.0, 100.0, 0.9, 0.0], 0, false),
+            p([60.0, 0.0, 130.0, 100.0, 0.5, 0.0], 1, true),
+        ]);
         assert_eq!(rows, vec![[0.0, 0.0, 100.0, 100.0, 0.9, 0.0]]);
         // max_det keeps the best.
         let many: Vec<Piece> = (0..10)

@@ -191,9 +191,7 @@ pub fn run(
         ..ValConfig::default()
     };
     let r = if a.tile.on() {
-        a.tile
-            .validate()
-            .map_err(|e| anyhow::anyhow!("--tile: {e}"))?;
+        // `with_config` checks the tile options too.
         let detector = crate::detect::detector::Detector::from_model(model, device.clone())
             .with_config(crate::detect::config::DetectorConfig {
                 img_size: a.img,

@@ -292,7 +292,6 @@ pub fn validate(model: ValModel<'_>, images: &[ValImage], cfg: &ValConfig) -> Re
         "validation: --img {} must be a positive multiple of 32",
         cfg.img
     );
-    let t0 = std::time::Instant::now();
     let sizes: Vec<(u32, u32)> = images.iter().map(|i| (i.width, i.height)).collect();
     let (order, shapes) = rect_batches(&sizes, cfg.batch, cfg.img, 32, cfg.pad);
     let device = model.device().clone();
@@ -300,22 +299,13 @@ pub fn validate(model: ValModel<'_>, images: &[ValImage], cfg: &ValConfig) -> Re
         ValModel::Infer(m) => m.meta().nc,
         ValModel::Train { model, .. } => model.meta().nc,
     };
-    let mut stats = if cfg.confusion {
-        ValStats::with_confusion(nc)
-    } else {
-        ValStats::default()
-    };
-    let mut skipped = Vec::new();
-    let mut collected: Option<Vec<ImageDetections>> = cfg.collect.then(Vec::new);
+    let mut run = Collect::start(cfg, nc, images.len());
     let mut losses = LossSum::default();
-    let pb = cfg.progress.then(|| progress_bar(images.len()));
     for (bi, chunk) in order.chunks(cfg.batch.max(1)).enumerate() {
         cfg.cancel.check(VAL_PHASE)?;
         let shape = shapes[bi];
-        let ok = prepare_batch(images, chunk, cfg.img, shape, &mut skipped);
-        if let Some(pb) = &pb {
-            pb.inc(chunk.len() as u64);
-        }
+        let ok = prepare_batch(images, chunk, cfg.img, shape, &mut run.skipped);
+        run.advance(chunk.len());
         if ok.is_empty() {
             continue;
         }
@@ -329,28 +319,72 @@ pub fn validate(model: ValModel<'_>, images: &[ValImage], cfg: &ValConfig) -> Re
         for ok in ok.chunks(chunk) {
             let y = forward(&model, &device, images, ok, hw, &mut losses)?;
             for (i, (detn, labels)) in detections(&y, &device, images, ok, nc, cfg)? {
-                stats.add_image(&detn, &labels);
-                if let Some(c) = collected.as_mut() {
-                    c.push(ImageDetections {
-                        image: i,
-                        dets: detn,
-                        labels,
-                    });
-                }
+                run.add(i, detn, labels);
             }
         }
     }
-    if let Some(pb) = pb {
-        pb.finish_and_clear();
+    Ok(run.finish(nc, losses.mean()))
+}
+
+/// What a validation loop gathers ([`validate`], [`validate_tiled`]): the statistics, the
+/// collected detections ([`ValConfig::collect`]), the skipped images, the progress bar and the
+/// clock.
+struct Collect {
+    stats: ValStats,
+    collected: Option<Vec<ImageDetections>>,
+    skipped: Vec<(PathBuf, String)>,
+    pb: Option<indicatif::ProgressBar>,
+    t0: std::time::Instant,
+}
+
+impl Collect {
+    /// Starts the clock and the bar over `n` images, as `cfg` asks.
+    fn start(cfg: &ValConfig, nc: usize, n: usize) -> Self {
+        Self {
+            stats: if cfg.confusion {
+                ValStats::with_confusion(nc)
+            } else {
+                ValStats::default()
+            },
+            collected: cfg.collect.then(Vec::new),
+            skipped: Vec::new(),
+            pb: cfg.progress.then(|| progress_bar(n)),
+            t0: std::time::Instant::now(),
+        }
     }
-    Ok(ValResult {
-        metrics: stats.metrics(nc),
-        losses: losses.mean(),
-        skipped,
-        seconds: t0.elapsed().as_secs_f64(),
-        confusion: stats.confusion.take(),
-        detections: collected,
-    })
+
+    /// `n` more images read (validated or skipped).
+    fn advance(&mut self, n: usize) {
+        if let Some(pb) = &self.pb {
+            pb.inc(n as u64);
+        }
+    }
+
+    /// Image `image`'s detections and labels, in original pixels.
+    fn add(&mut self, image: usize, dets: Vec<[f32; 6]>, labels: Vec<[f32; 5]>) {
+        self.stats.add_image(&dets, &labels);
+        if let Some(c) = self.collected.as_mut() {
+            c.push(ImageDetections {
+                image,
+                dets,
+                labels,
+            });
+        }
+    }
+
+    fn finish(mut self, nc: usize, losses: Option<[f32; 3]>) -> ValResult {
+        if let Some(pb) = self.pb {
+            pb.finish_and_clear();
+        }
+        ValResult {
+            metrics: self.stats.metrics(nc),
+            losses,
+            skipped: self.skipped,
+            seconds: self.t0.elapsed().as_secs_f64(),
+            confusion: self.stats.confusion.take(),
+            detections: self.collected,
+        }
+    }
 }
 
 /// The `validating` progress bar over `n` images.
@@ -555,25 +589,15 @@ pub fn validate_tiled(
     cfg: &ValConfig,
 ) -> Result<ValResult> {
     ensure!(!images.is_empty(), "validation: no images to validate");
-    let t0 = std::time::Instant::now();
     let nc = detector.names().len();
-    let mut stats = if cfg.confusion {
-        ValStats::with_confusion(nc)
-    } else {
-        ValStats::default()
-    };
-    let mut skipped = Vec::new();
-    let mut collected: Option<Vec<ImageDetections>> = cfg.collect.then(Vec::new);
-    let pb = cfg.progress.then(|| progress_bar(images.len()));
+    let mut run = Collect::start(cfg, nc, images.len());
     for (i, im) in images.iter().enumerate() {
         cfg.cancel.check(VAL_PHASE)?;
-        if let Some(pb) = &pb {
-            pb.inc(1);
-        }
+        run.advance(1);
         let img = match load_rgb8(&im.path) {
             Ok(img) => img,
             Err(e) => {
-                skipped.push((im.path.clone(), format!("{e:#}")));
+                run.skipped.push((im.path.clone(), format!("{e:#}")));
                 continue;
             }
         };
@@ -585,25 +609,7 @@ pub fn validate_tiled(
                 [b[0], b[1], b[2], b[3], d.confidence, d.class_id as f32]
             })
             .collect();
-        let labels = native_labels(im);
-        stats.add_image(&dets, &labels);
-        if let Some(c) = collected.as_mut() {
-            c.push(ImageDetections {
-                image: i,
-                dets,
-                labels,
-            });
-        }
+        run.add(i, dets, native_labels(im));
     }
-    if let Some(pb) = pb {
-        pb.finish_and_clear();
-    }
-    Ok(ValResult {
-        metrics: stats.metrics(nc),
-        losses: None,
-        skipped,
-        seconds: t0.elapsed().as_secs_f64(),
-        confusion: stats.confusion.take(),
-        detections: collected,
-    })
+    Ok(run.finish(nc, None))
 }

@@ -83,16 +83,13 @@ fn tracker_file_then_flags() {
     )
     .unwrap();
     let fs = f.to_str().unwrap();
-    let c = parse(&["--tracker", fs])
-        .unwrap()
-        .tracker
-        .config(30.0)
-        .unwrap();
+    let config = |args: &[&str]| parse(args).unwrap().tracker.config(30.0);
+    let c = config(&["--tracker", fs]).unwrap();
     assert_eq!(
         (c.track_high_thresh, c.new_track_thresh, c.track_buffer),
         (0.25, 0.25, 30)
     );
-    let c = parse(&[
+    let c = config(&[
         "--tracker",
         fs,
         "--track-buffer",
@@ -100,9 +97,6 @@ fn tracker_file_then_flags() {
         "--new-track-thresh",
         "0.4",
     ])
-    .unwrap()
-    .tracker
-    .config(30.0)
     .unwrap();
     assert_eq!(
         (c.track_high_thresh, c.new_track_thresh, c.track_buffer),
@@ -117,10 +111,7 @@ fn tracker_file_then_flags() {
         (typo, "unknown key track_bufer"),
         (dir.join("missing.yaml"), "cannot read"),
     ] {
-        let e = parse(&["--tracker", p.to_str().unwrap()])
-            .unwrap()
-            .tracker
-            .config(30.0)
+        let e = config(&["--tracker", p.to_str().unwrap()])
             .unwrap_err()
             .to_string();
         assert!(
