@@ -2,10 +2,13 @@
 //! the memory in use now and the memory still free, in bytes.
 //!
 //! - **CPU**: the process resident set (Linux `/proc/self/status`: `VmRSS` now, `VmHWM` the
-//!   high-water mark, which [`MemoryProbe::reset_peak`] resets by writing `5` to
-//!   `/proc/self/clear_refs`); free = `MemAvailable` of `/proc/meminfo`. Where the reset is refused,
-//!   the peak is the process-lifetime high-water mark (never lower than the truth). Free heap
-//!   that malloc keeps is returned (`malloc_trim`) before a window starts, so it is not counted.
+//!   process-lifetime high-water mark); free = `MemAvailable` of `/proc/meminfo`. The kernel's
+//!   high-water mark is never reset (writing `/proc/self/clear_refs` would also lower the peak
+//!   that `/usr/bin/time` and `getrusage` report for the whole process): a window's peak is
+//!   `VmHWM` when the window raised it (exact), otherwise the largest RSS a sampling thread
+//!   saw in the window (every [`RSS_SAMPLE_MS`] ms, from [`MemoryProbe::reset_peak`] on; a spike
+//!   shorter than that may be missed). Free heap that malloc keeps is returned (`malloc_trim`)
+//!   before a window starts, so it is not counted.
 //! - **CUDA** (`cuda` feature): the device memory of the **process**, as `nvidia-smi` shows it —
 //!   what candle allocates goes through the device's current stream-ordered memory pool
 //!   (`cuMemAllocAsync`), and the rest (the CUDA context, loaded kernels, cuBLAS/cuDNN handles)
@@ -120,8 +123,7 @@ impl MemoryProbe {
                 // Freed heap that malloc still holds would count as resident: give it back
                 // first, so the window starts from what is really in use.
                 trim_heap();
-                // Refused in some sandboxes; the peak then stays the lifetime high-water mark.
-                let _ = std::fs::write("/proc/self/clear_refs", "5");
+                cpu_window::start();
             }
             #[cfg(feature = "cuda")]
             Inner::Cuda(p) => p.reset_peak(),
@@ -136,7 +138,7 @@ impl MemoryProbe {
     /// `nvidia-smi` shows for the process.
     pub fn peak_bytes(&self) -> u64 {
         match &self.inner {
-            Inner::Cpu => proc_status_kib("VmHWM:").unwrap_or(0) * 1024,
+            Inner::Cpu => cpu_window::peak(),
             #[cfg(feature = "cuda")]
             Inner::Cuda(p) => p.peak(),
             #[cfg(feature = "cuda")]
@@ -279,6 +281,54 @@ fn trim_heap() {
     // SAFETY: malloc_trim only releases memory that malloc itself holds free.
     unsafe {
         libc::malloc_trim(0);
+    }
+}
+
+/// How often the CPU window's sampling thread reads the RSS, milliseconds.
+pub const RSS_SAMPLE_MS: u64 = 2;
+
+/// The CPU measurement window of [`MemoryProbe`]: the kernel's lifetime high-water mark when
+/// the window started, and the largest RSS sampled since (one process-wide window, as there is one
+/// process RSS).
+mod cpu_window {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Once;
+
+    /// `VmHWM` at the window's start, bytes (`u64::MAX` before the first window: the lifetime
+    /// high-water mark is then the peak).
+    static HWM_AT_START: AtomicU64 = AtomicU64::new(u64::MAX);
+    /// The largest RSS sampled since the window's start, bytes.
+    static SAMPLED: AtomicU64 = AtomicU64::new(0);
+    static SAMPLER: Once = Once::new();
+
+    /// Starts a window now (and the sampling thread, once per process).
+    pub(super) fn start() {
+        HWM_AT_START.store(hwm(), Ordering::SeqCst);
+        SAMPLED.store(super::process_rss_bytes(), Ordering::SeqCst);
+        SAMPLER.call_once(|| {
+            let _ = std::thread::Builder::new()
+                .name("yolo9-rss".into())
+                .spawn(|| loop {
+                    std::thread::sleep(std::time::Duration::from_millis(super::RSS_SAMPLE_MS));
+                    SAMPLED.fetch_max(super::process_rss_bytes(), Ordering::Relaxed);
+                });
+        });
+    }
+
+    /// The window's peak, bytes: `VmHWM` when the window raised it, else the sampled maximum
+    /// (and the RSS now).
+    pub(super) fn peak() -> u64 {
+        let now = hwm();
+        if now > HWM_AT_START.load(Ordering::SeqCst) {
+            return now;
+        }
+        SAMPLED
+            .load(Ordering::SeqCst)
+            .max(super::process_rss_bytes())
+    }
+
+    fn hwm() -> u64 {
+        super::proc_status_kib("VmHWM:").unwrap_or(0) * 1024
     }
 }
 
@@ -539,6 +589,37 @@ mod cuda {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 51: a window's start must not lower the process's peak as the OS reports it
+    /// (`/usr/bin/time`, `getrusage`), and the window still sees its own peak.
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn a_window_keeps_the_process_peak_and_measures_its_own() {
+        let p = MemoryProbe::new(&Device::Cpu).unwrap();
+        let hwm = || proc_status_kib("VmHWM:").unwrap() * 1024;
+        let mib = 1u64 << 20;
+        let big = vec![1u8; 256 << 20];
+        std::hint::black_box(&big);
+        let lifetime = hwm();
+        assert!(lifetime >= 256 * mib, "{lifetime}");
+        drop(big);
+        p.reset_peak();
+        assert!(
+            hwm() >= lifetime,
+            "the window lowered VmHWM: {} < {lifetime}",
+            hwm()
+        );
+        let start = process_rss_bytes();
+        let held = vec![1u8; 64 << 20];
+        std::hint::black_box(&held);
+        std::thread::sleep(std::time::Duration::from_millis(20 * RSS_SAMPLE_MS));
+        drop(held);
+        let peak = p.peak_bytes();
+        assert!(
+            peak >= start + 60 * mib,
+            "peak {peak} < start {start} + 60 MiB"
+        );
+    }
 
     #[test]
     fn cpu_trace_line_is_the_rss_in_mib() {

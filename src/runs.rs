@@ -110,7 +110,9 @@ pub fn lock_run_dir(dir: &Path) -> anyhow::Result<RunLock> {
                 let owner = owner.trim();
                 let owner = if owner.is_empty() { "unknown" } else { owner };
                 anyhow::bail!(
-                    "{shown}: this run folder is in use by another yolo9 process (process id                      {owner}); wait for it to end, or pass another --name (or leave out                      --exist-ok)",
+                    "{shown}: this run folder is in use by another yolo9 process (process id \
+                     {owner}); wait for it to end, or pass another --name (or leave out \
+                     --exist-ok)",
                     owner = crate::text::escape(owner)
                 );
             }

@@ -128,7 +128,9 @@ impl<R: Read + Seek> Checkpoint<R> {
         let (expected, actual) = (entry.crc32(), crc32fast::hash(&buf));
         if expected != actual {
             bail!(
-                "{file}: record {name} is damaged: its bytes have CRC-32 {actual:08x} where the                  zip records {expected:08x} (the file was altered or corrupted after it was                  written); download or copy it again"
+                "{file}: record {name} is damaged: its bytes have CRC-32 {actual:08x} where the \
+                 zip records {expected:08x} (the file was altered or corrupted after it was \
+                 written); download or copy it again"
             )
         }
         Ok(buf)

@@ -182,7 +182,8 @@ fn latest_run(project: &Path) -> Result<PathBuf> {
     }
     best.map(|(_, p)| p).with_context(|| {
         format!(
-            "--resume: no run under {} has weights/state.safetensors; pass --resume RUN_FOLDER              (or --project where the runs are)",
+            "--resume: no run under {} has weights/state.safetensors; pass --resume RUN_FOLDER \
+             (or --project where the runs are)",
             crate::text::path(&project)
         )
     })

@@ -426,10 +426,6 @@ const RAW_WRITERS_ALLOWED: &[(&str, &str)] = &[
         "launcher.rs",
         "writes nothing (compiled alone into the cuda launcher)",
     ),
-    (
-        "memory.rs",
-        "the kernel's /proc/self/clear_refs knob (a window's peak), not a file of the user's",
-    ),
 ];
 
 /// Issue 51, "writers that follow links", for its whole kind: no code of `src/` outside the
