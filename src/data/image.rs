@@ -147,6 +147,43 @@ pub fn decode_rgb8(bytes: &[u8]) -> Result<RgbImage> {
     Ok(rgb)
 }
 
+/// The error of a decode that [`decode_rgb8_until`]'s `stop` ended early.
+#[derive(Debug, thiserror::Error)]
+#[error("the decode was stopped before it finished (its caller no longer wanted it)")]
+pub struct DecodeStopped;
+
+thread_local! {
+    /// The `stop` of the [`decode_rgb8_until`] running on this thread, if any.
+    static STOP: std::cell::RefCell<Option<std::rc::Rc<dyn Fn() -> bool>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Whether the [`decode_rgb8_until`] running on this thread should stop now.
+fn stop_requested() -> bool {
+    STOP.with(|s| s.borrow().as_ref().is_some_and(|f| f()))
+}
+
+/// [`decode_rgb8`] that ends early, with [`DecodeStopped`], once `stop()` returns true: a
+/// service's request whose client has gone or whose deadline passed stops burning a core.
+/// `stop` is asked before the decode starts and, for a JPEG, at every marker libjpeg reads
+/// (each scan of a progressive file begins with one, so a many-scan picture stops within one
+/// scan's work); other formats are asked only before they start. Libjpeg's state is freed on
+/// the way out.
+pub fn decode_rgb8_until(bytes: &[u8], stop: impl Fn() -> bool + 'static) -> Result<RgbImage> {
+    if stop() {
+        return Err(DecodeStopped.into());
+    }
+    struct Reset;
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            STOP.with(|s| s.borrow_mut().take());
+        }
+    }
+    STOP.with(|s| *s.borrow_mut() = Some(std::rc::Rc::new(stop)));
+    let _reset = Reset;
+    decode_rgb8(bytes)
+}
+
 /// Decoded bytes that the decodes of [`decode_rgb8_bounded`] may hold at once, all threads
 /// together: 2 GiB (two of the largest pictures the guard lets through).
 pub const BOUNDED_DECODE_BYTES: u64 = 2 * MAX_DECODE_BYTES;
@@ -499,6 +536,7 @@ fn decode_jpeg_libjpeg(bytes: &[u8], w: u32, h: u32) -> Result<Option<RgbImage>>
     });
     let decoded = match decoded {
         Ok(d) => d,
+        Err(payload) if payload.is::<jpeg_err::Stopped>() => return Err(DecodeStopped.into()),
         Err(payload) => match payload.downcast::<jpeg_err::CutOff>() {
             Ok(_) => bail!(
                 "JPEG cut off or damaged: its image data ends before the last block ({} bytes; \
@@ -528,6 +566,9 @@ mod jpeg_err {
     /// Unwinding payload: the image data ran out before the last block.
     pub(super) struct CutOff;
 
+    /// Unwinding payload: the caller's stop was asked for ([`super::decode_rgb8_until`]).
+    pub(super) struct Stopped;
+
     /// Unwinding payload: a libjpeg fatal error.
     struct Fatal;
 
@@ -548,6 +589,10 @@ mod jpeg_err {
     }
 
     extern "C-unwind" fn message(cinfo: &mut jpeg_common_struct, level: c_int) {
+        // libjpeg traces every marker it reads (each scan starts with one) through here.
+        if super::stop_requested() {
+            std::panic::resume_unwind(Box::new(Stopped));
+        }
         // SAFETY: libjpeg calls this with its own decompressor, whose `err` is this manager.
         let code = unsafe { cinfo.err.as_ref() }.map_or(-1, |e| e.msg_code);
         if level < 0 && code == JWRN_HIT_MARKER {

@@ -834,10 +834,24 @@ async fn detect(
     if let Err(r) = reserve_decode(&svc, &bytes, &mut mem) {
         return *r;
     }
+    // The decode stops (at the next JPEG scan) once this request is dropped (its client has
+    // gone) or its timeout has passed, instead of burning a core for nobody.
+    let gone = Arc::new(AtomicBool::new(false));
+    let _set_gone = SetOnDrop(gone.clone());
+    let deadline = t0 + svc.cfg.timeout;
+    let stop = move || gone.load(Ordering::Relaxed) || Instant::now() >= deadline;
     let decoded =
-        tokio::task::spawn_blocking(move || crate::data::image::decode_rgb8(&bytes)).await;
+        tokio::task::spawn_blocking(move || crate::data::image::decode_rgb8_until(&bytes, stop))
+            .await;
     let img = match decoded {
         Ok(Ok(img)) => img,
+        Ok(Err(e)) if e.is::<crate::data::image::DecodeStopped>() => {
+            return fail(
+                &svc,
+                StatusCode::GATEWAY_TIMEOUT,
+                format!("the image did not decode within {:?}", svc.cfg.timeout),
+            )
+        }
         Ok(Err(e)) => {
             return fail(
                 &svc,
@@ -885,6 +899,16 @@ async fn detect(
         },
     }))
     .into_response()
+}
+
+/// Sets its flag when dropped: the request it lives in is over (answered, or dropped because
+/// its client has gone).
+struct SetOnDrop(Arc<AtomicBool>);
+
+impl Drop for SetOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
 }
 
 /// The decode memory of the image `bytes`, from the size its header declares, added to `mem`

@@ -210,3 +210,37 @@ fn compressed_ancillary_png_chunks_are_dropped_and_16_bit_buffers_counted() {
     let base = 100 * 50 * (8 + 3);
     assert_eq!(declared_need(&png16).unwrap(), (100, 50, base + base / 50));
 }
+
+/// Issue 51, "abandoned decodes": a decode asked to stop ends at the next scan of a progressive
+/// JPEG with `DecodeStopped`, not after the whole picture; never asked, it decodes as before.
+#[test]
+fn a_progressive_decode_stops_at_the_scan_after_its_stop() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use yolo9::data::image::{decode_rgb8_until, jpeg_info, DecodeStopped};
+    let bytes = progressive_jpeg(64, 48);
+    let scans = jpeg_info(&bytes).unwrap().scans;
+    // Never true: the picture decodes, and the stop was asked at least once per scan.
+    let asked = Arc::new(AtomicUsize::new(0));
+    let a = asked.clone();
+    let img = decode_rgb8_until(&bytes, move || {
+        a.fetch_add(1, Ordering::Relaxed);
+        false
+    })
+    .unwrap();
+    assert_eq!(img, decode_rgb8(&bytes).unwrap());
+    let full = asked.load(Ordering::Relaxed);
+    assert!(full > scans, "asked {full} times for {scans} scans");
+    // True from the 3rd question on: stopped there, long before the end.
+    let asked = Arc::new(AtomicUsize::new(0));
+    let a = asked.clone();
+    let e = decode_rgb8_until(&bytes, move || a.fetch_add(1, Ordering::Relaxed) + 1 >= 3)
+        .unwrap_err();
+    assert!(e.is::<DecodeStopped>(), "{e:#}");
+    assert_eq!(asked.load(Ordering::Relaxed), 3);
+    // Already true: nothing is decoded, and the next plain decode on this thread is unaffected.
+    assert!(decode_rgb8_until(&bytes, || true)
+        .unwrap_err()
+        .is::<DecodeStopped>());
+    assert_eq!(decode_rgb8(&bytes).unwrap().dimensions(), (64, 48));
+}
