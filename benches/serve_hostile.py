@@ -4,6 +4,11 @@ PNGs in parallel, ask for oversized `img`, and disconnect right after sending a 
 ordinary clients' latency (p50/p99 per 5 s window and overall) and serve's RSS (from /proc) throughout;
 at the end sends SIGTERM and measures how long the process takes to exit. Loopback only, bounded in time.
 
+With --format-bombs (issue 51) attackers also POST a PNG whose ICC profile inflates to 1 GiB, a 16-bit
+RGBA PNG and a progressive JPEG of 100 scans (needs Pillow), each near the largest the decode budget
+admits; and after the run an abandonment phase POSTs the progressive JPEG, hangs up 0.3 s later and
+measures how long serve's CPU keeps burning (from /proc/PID/stat), against the same decode answered.
+
 usage: python3 benches/serve_hostile.py HOST:PORT SERVE_PID IMAGE [SECONDS=60] [IDLE=2000]
 Start serve first, e.g. `yolo9 serve --device cpu --img 320 --addr 127.0.0.1:8090 --drain-s 10 &`.
 Prints one line per window and a summary line; exits 1 when p99 > 1 s, RSS > budget + 300 MB
@@ -19,12 +24,12 @@ ap.add_argument('--bomb-rate', type=float, default=5.0, help='bombs per second p
 ap.add_argument('--term-at', type=float, default=0.0, help='send SIGTERM this many seconds into the run, attackers still active (0: after the run)')
 ap.add_argument('--no-attack', action='store_true', help='ordinary clients only (the baseline)')
 ap.add_argument('--bomb-side', type=int, default=18900, help='pixels per side the bomb PNG declares')
+ap.add_argument('--format-bombs', action='store_true', help='ICC, 16-bit and progressive-JPEG bombs, and the abandonment phase')
 a = ap.parse_args()
 host, port = a.addr.split(':'); port = int(port)
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
 resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(soft, a.idle + 1024)), hard))
 img = open(a.image, 'rb').read()
-end = time.time() + a.seconds
 stop = threading.Event()
 
 
@@ -37,6 +42,50 @@ def bomb_png(side=18900):
 
 
 BOMB = bomb_png(a.bomb_side)
+
+
+def png(w, h, depth, ctype, channels, extra=b''):
+    """A PNG of zero pixels (`depth` bits, colour type `ctype`), `extra` chunks before IDAT."""
+    def chunk(t, d):
+        return struct.pack('>I', len(d)) + t + d + struct.pack('>I', zlib.crc32(t + d) & 0xffffffff)
+    z = zlib.compressobj(9); row = b'\0' * (1 + channels * depth // 8 * w)
+    body = b''.join(z.compress(row) for _ in range(h)) + z.flush()
+    return (b'\x89PNG\r\n\x1a\n' + chunk(b'IHDR', struct.pack('>IIBBBBB', w, h, depth, ctype, 0, 0, 0)) + extra
+            + chunk(b'IDAT', body) + chunk(b'IEND', b''))
+
+
+def icc_bomb():
+    """A 64x64 PNG whose iCCP profile inflates to 1 GiB (about 1 MB on the wire)."""
+    z = zlib.compressobj(9); mb = b'\0' * (1 << 20)
+    prof = b''.join(z.compress(mb) for _ in range(1024)) + z.flush()
+    d = b'bomb\0\0' + prof
+    iccp = struct.pack('>I', len(d)) + b'iCCP' + d + struct.pack('>I', zlib.crc32(b'iCCP' + d) & 0xffffffff)
+    return png(64, 64, 8, 2, 3, iccp)
+
+
+def progressive_bomb(side=6000, scans=100):
+    """A side x side progressive JPEG (Pillow) whose last scan is repeated up to `scans` scans,
+    within the decoding-bomb guard's limits (100 scans, 4e9 scans x pixels)."""
+    import io
+    from PIL import Image
+    rnd = os.urandom(side * side // 64)
+    small = Image.frombytes('L', (side // 8, side // 8), rnd).convert('RGB')
+    b = io.BytesIO(); small.resize((side, side), Image.NEAREST).save(b, 'JPEG', quality=90, progressive=True)
+    d = b.getvalue()
+    sos = [i for i in range(len(d) - 1) if d[i] == 0xff and d[i + 1] == 0xda]
+    last = d[sos[-1]:-2]
+    return d[:-2] + last * (scans - len(sos)) + d[-2:]
+
+
+FORMAT_BOMBS = {}
+if a.format_bombs:
+    FORMAT_BOMBS['icc'] = icc_bomb()
+    # 16-bit RGBA: 8 B/px native + 3 B/px RGB; sized to about a third of the budget.
+    side16 = int((a.budget_mb * (1 << 20) / 3 / 11) ** 0.5)
+    FORMAT_BOMBS['png16'] = png(side16, side16, 16, 6, 4)
+    FORMAT_BOMBS['progressive'] = progressive_bomb()
+    print('format bombs (bytes): ' + ', '.join(f'{k} {len(v)}' for k, v in FORMAT_BOMBS.items()), flush=True)
+end = time.time() + a.seconds
 lock = threading.Lock()
 lat = []          # (time, seconds, status) of ordinary requests
 att = {}          # attacker outcome counts
@@ -123,6 +172,39 @@ def bombs():
         if a.bomb_rate > 0: time.sleep(1 / a.bomb_rate)
 
 
+def format_bomb(kind):
+    while time.time() < end:
+        try: count(f'{kind}_' + post_raw(FORMAT_BOMBS[kind]))
+        except Exception as e: count(f'{kind}_' + type(e).__name__)
+        time.sleep(0.2)
+
+
+def cpu_s():
+    f = open(f'/proc/{a.pid}/stat').read().rsplit(')', 1)[1].split()
+    return (int(f[11]) + int(f[12])) / os.sysconf('SC_CLK_TCK')
+
+
+def abandonment():
+    """Serve's CPU after a client hangs up on a slow decode: seconds until it goes idle."""
+    body = FORMAT_BOMBS['progressive']
+    t = time.perf_counter(); c0 = cpu_s()
+    answered = post_raw(body)
+    full_s, full_cpu = time.perf_counter() - t, cpu_s() - c0
+    time.sleep(1)
+    s = connect()
+    s.sendall(f'POST /v1/detect HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n'.encode() + body)
+    time.sleep(0.3); s.close(); hung_up = time.perf_counter()
+    # Idle: under 10% of a core over 200 ms.
+    prev_t, prev_c = time.perf_counter(), cpu_s()
+    while time.perf_counter() - hung_up < 60:
+        time.sleep(0.2)
+        now_t, now_c = time.perf_counter(), cpu_s()
+        if (now_c - prev_c) / (now_t - prev_t) < 0.1: break
+        prev_t, prev_c = now_t, now_c
+    # An upper bound: the end of the first idle window.
+    return answered, full_s, full_cpu, now_t - hung_up
+
+
 def oversized():
     while time.time() < end:
         try: count('img4096_' + post_raw(img, '/v1/detect?img=4096'))
@@ -176,6 +258,7 @@ if not a.no_attack:
   threads += [threading.Thread(target=bombs) for _ in range(4)]
   threads += [threading.Thread(target=oversized) for _ in range(2)]
   threads += [threading.Thread(target=early_disconnect) for _ in range(4)]
+  threads += [threading.Thread(target=format_bomb, args=(k,)) for k in FORMAT_BOMBS]
 for t in threads: t.start()
 for t in threads: t.join() if not t.daemon else None
 if a.term_at > 0:
@@ -191,6 +274,12 @@ for w0 in range(0, int(a.seconds), 5):
 all_lat = [d for (_, d, _) in lat]; codes = {}
 for (_, _, s) in lat: codes[s] = codes.get(s, 0) + 1
 max_rss = max((m for _, m in rss), default=float('nan'))
+abandon = None
+if FORMAT_BOMBS and a.term_at <= 0:
+    time.sleep(2)
+    abandon = abandonment()
+    print(f'abandonment: the progressive bomb answered {abandon[0]} in {abandon[1]:.2f} s ({abandon[2]:.2f} CPU s); '
+          f'hung up after 0.3 s, serve idle within {abandon[3]:.2f} s')
 # SIGTERM: time until the process is gone.
 if a.term_at <= 0: terminate()
 term = term_box['took']; stop.set()
@@ -202,5 +291,6 @@ if q(all_lat, .99) > 1.0: fail.append('p99 over 1 s')
 if any(s != 200 for s in codes): fail.append('ordinary requests not all 200')
 if max_rss > a.budget_mb + 300: fail.append('RSS over budget + 300 MB')
 if term > a.drain_s + 2: fail.append('SIGTERM exit slower than the drain time + 2 s')
+if abandon and abandon[3] > 1.0: fail.append('an abandoned decode kept running over 1 s')
 print('FAIL: ' + '; '.join(fail) if fail else 'PASS')
 sys.exit(1 if fail else 0)
