@@ -234,8 +234,8 @@ fn a_progressive_decode_stops_at_the_scan_after_its_stop() {
     // True from the 3rd question on: stopped there, long before the end.
     let asked = Arc::new(AtomicUsize::new(0));
     let a = asked.clone();
-    let e = decode_rgb8_until(&bytes, move || a.fetch_add(1, Ordering::Relaxed) + 1 >= 3)
-        .unwrap_err();
+    let e =
+        decode_rgb8_until(&bytes, move || a.fetch_add(1, Ordering::Relaxed) + 1 >= 3).unwrap_err();
     assert!(e.is::<DecodeStopped>(), "{e:#}");
     assert_eq!(asked.load(Ordering::Relaxed), 3);
     // Already true: nothing is decoded, and the next plain decode on this thread is unaffected.

@@ -674,5 +674,34 @@ fn exist_ok_into_a_folder_holding_an_input_is_refused() {
     o.name = "reuse".into();
     let s = train(&o).unwrap();
     assert_eq!(s.run_dir, dir.join("runs/reuse"));
+    // Issue 51, "two writers in one run folder": while another process owns the folder (this
+    // test's process, through the run's lock file), a second --exist-ok run into it and a
+    // --resume of it are both refused naming the owner, and the folder's files are untouched.
+    let run = dir.join("runs/reuse");
+    let csv = std::fs::read(run.join("results.csv")).unwrap();
+    let last = std::fs::read(run.join("weights/last.safetensors")).unwrap();
+    let owner = yolo9::runs::lock_run_dir(&run).unwrap();
+    let pid = std::process::id().to_string();
+    let again = format!("{:#}", train(&o).unwrap_err());
+    assert!(
+        again.contains("in use by another yolo9 process") && again.contains(&pid),
+        "{again}"
+    );
+    let mut r = o.clone();
+    r.exist_ok = false;
+    r.resume = Some(run.clone());
+    r.extend_epochs = Some(2);
+    let resumed = format!("{:#}", train(&r).unwrap_err());
+    assert!(
+        resumed.contains("in use by another yolo9 process") && resumed.contains(&pid),
+        "{resumed}"
+    );
+    assert_eq!(std::fs::read(run.join("results.csv")).unwrap(), csv);
+    assert_eq!(
+        std::fs::read(run.join("weights/last.safetensors")).unwrap(),
+        last
+    );
+    // Freed: the folder is usable again.
+    drop(owner);
     let _ = std::fs::remove_dir_all(&dir);
 }
