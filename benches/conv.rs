@@ -17,10 +17,10 @@
 use anyhow::{Context, Result};
 use candle_core::{DType, Device, Tensor, Var};
 use std::time::Instant;
-use yolo9::cuda::conv::{
+use yolo9::internals::cuda::conv::{
     conv2d as cudnn_conv2d, set_algo_search, AlgoSearch, Conv2dBwdData, Conv2dBwdFilter,
 };
-use yolo9::cuda::conv_params::Conv2dParams;
+use yolo9::internals::cuda::conv_params::Conv2dParams;
 
 #[derive(Clone, Copy)]
 struct Case {

@@ -1,4 +1,4 @@
-//! CPU detection speed of the CPU engine ([`yolo9::model::cpu`]):
+//! CPU detection speed of the CPU engine ([`yolo9::internals::model::cpu`]):
 //! `cargo bench --bench cpu_detect -- [--weights W] [--image IMG] [--iters N]
 //! [--threads 1,2,4,all] [--sizes 640x640,480x640] [--batches 1,8] [--profile]`.
 //!
@@ -71,7 +71,7 @@ fn main() -> Result<()> {
             _ => {}
         }
     }
-    let all = yolo9::model::cpu::default_threads();
+    let all = yolo9::internals::model::cpu::default_threads();
     let threads: Vec<usize> = threads
         .split(',')
         .map(|t| match t.trim() {

@@ -19,8 +19,8 @@
 use anyhow::{Context, Result};
 use std::path::PathBuf;
 use std::time::Instant;
-use yolo9::detect::letterbox::to_tensor;
 use yolo9::device::{parse_device, select};
+use yolo9::internals::detect::letterbox::to_tensor;
 use yolo9::Detector;
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -135,9 +135,9 @@ fn main() -> Result<()> {
         // 300 detections) and the detect settings: on the device in one launch (the default off
         // the CPU) against the candidate copy + host NMS (`YOLO9_GPU_NMS=0`); same rows.
         if !dev.is_cpu() && !batch_only {
-            use yolo9::detect::device_nms::batch_nms;
-            use yolo9::detect::nms::{nms_image, NmsOptions};
-            use yolo9::detect::postprocess::host_candidates;
+            use yolo9::internals::detect::device_nms::batch_nms;
+            use yolo9::internals::detect::nms::{nms_image, NmsOptions};
+            use yolo9::internals::detect::postprocess::host_candidates;
             let y = det.infer_tensor(&x)?;
             let nc = y.dim(1)? - 4;
             let val = NmsOptions {
@@ -215,7 +215,7 @@ fn batch1_and_parity(
         // GPU vs CPU parity on the same letterboxed input, with strict f32 convolutions (the
         // timings above allow TF32, as PyTorch does).
         #[cfg(feature = "cuda")]
-        yolo9::cuda::conv::set_strict_fp32(true);
+        yolo9::internals::cuda::conv::set_strict_fp32(true);
         let cpu = Detector::from_weights(w, candle_core::Device::Cpu, candle_core::DType::F32)?;
         let (lb, info) = det.preprocess(img)?;
         let yg = det.forward_tensor(&to_tensor(&[&lb], dev)?)?;
@@ -250,7 +250,7 @@ fn batch1_and_parity(
             dc[0].len()
         );
         #[cfg(feature = "cuda")]
-        yolo9::cuda::conv::set_strict_fp32(false);
+        yolo9::internals::cuda::conv::set_strict_fp32(false);
     }
 
     Ok(())

@@ -24,15 +24,17 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
-use yolo9::data::augment::{
+use yolo9::data::image::load_rgb8;
+use yolo9::internals::data::augment::{
     augment_hsv, augment_hsv_reference, augment_sample, augment_sample_reference, mosaic4,
     random_affine, resize_long_side, warp_affine, AugmentConfig, SourceImage,
 };
-use yolo9::data::image::load_rgb8;
-use yolo9::data::loader::{batches_per_epoch, DecodeFn, Loader, LoaderConfig, TrainItem};
-use yolo9::data::scan::{scan_split, ScanOptions};
-use yolo9::data::warp::{mosaic_placements, warp_tiles, CanvasTile};
-use yolo9::data::yaml::{DataConfig, Split};
+use yolo9::internals::data::loader::{
+    batches_per_epoch, DecodeFn, Loader, LoaderConfig, TrainItem,
+};
+use yolo9::internals::data::scan::{scan_split, ScanOptions};
+use yolo9::internals::data::warp::{mosaic_placements, warp_tiles, CanvasTile};
+use yolo9::internals::data::yaml::{DataConfig, Split};
 
 struct Args {
     data: PathBuf,

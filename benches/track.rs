@@ -142,7 +142,7 @@ fn main() -> Result<()> {
         }
         t.sort_by(|a, b| a.total_cmp(b));
         let label = if threads == 0 {
-            format!("all({})", yolo9::model::cpu::default_threads())
+            format!("all({})", yolo9::internals::model::cpu::default_threads())
         } else {
             threads.to_string()
         };

@@ -9,7 +9,7 @@
 //! (`optimizer`) and the EMA update (`ema`). Medians of `--iters` (10) after 3 warm-ups; the
 //! `train_dual_iteration` figure is what `train_dual.py` does per batch at nominal batch 64:
 //! `fwd_bwd + (optimizer + ema) / max(round(64 / B), 1)`. The reverse mode is the training
-//! step's (`yolo9::train::pass::train_forward`/`train_backward`: the tape on CUDA unless
+//! step's (`yolo9::internals::train::pass::train_forward`/`train_backward`: the tape on CUDA unless
 //! `YOLO9_TAPE=0`). Peak memory is the pool high-water
 //! mark of the step (CUDA) or the process RSS (CPU). Prints `name value unit` lines.
 //!
@@ -26,14 +26,14 @@ use candle_core::{Device, Tensor};
 use rand::{Rng, SeedableRng};
 use std::time::Instant;
 use yolo9::device::{parse_device, select};
-use yolo9::loss::tal_loss::targets_tensor;
-use yolo9::loss::DualTalLoss;
-use yolo9::memory::MemoryProbe;
+use yolo9::internals::loss::tal_loss::targets_tensor;
+use yolo9::internals::loss::DualTalLoss;
+use yolo9::internals::memory::MemoryProbe;
+use yolo9::internals::train::ema::Ema;
+use yolo9::internals::train::graphed::{self, StepGraphs};
+use yolo9::internals::train::optimizer::Sgd;
 use yolo9::model::arch::STRIDES;
 use yolo9::model::YoloV9Train;
-use yolo9::train::ema::Ema;
-use yolo9::train::graphed::{self, StepGraphs};
-use yolo9::train::optimizer::Sgd;
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
@@ -99,7 +99,7 @@ fn main() -> Result<()> {
         }
     }
     #[cfg(feature = "cuda")]
-    yolo9::cuda::conv::set_strict_fp32(strict);
+    yolo9::internals::cuda::conv::set_strict_fp32(strict);
     let precision = if amp {
         "amp"
     } else if strict {
@@ -154,7 +154,7 @@ fn main() -> Result<()> {
                 profiler(true);
             }
             let t0 = Instant::now();
-            let (raw, tape) = yolo9::train::pass::train_forward(&model, &x)?;
+            let (raw, tape) = yolo9::internals::train::pass::train_forward(&model, &x)?;
             let h1 = Instant::now();
             mark(&dev, prof)?;
             sync(&dev)?;
@@ -163,12 +163,13 @@ fn main() -> Result<()> {
             mark(&dev, prof)?;
             sync(&dev)?;
             let t2 = Instant::now();
-            let mut grads = yolo9::train::pass::train_backward(&lo.total, raw, tape)?;
+            let mut grads = yolo9::internals::train::pass::train_backward(&lo.total, raw, tape)?;
             let h3 = Instant::now();
             mark(&dev, prof)?;
             sync(&dev)?;
             let t3 = Instant::now();
-            let norm = opt.clip_grad_norm(&mut grads, yolo9::train::step::MAX_GRAD_NORM)?;
+            let norm =
+                opt.clip_grad_norm(&mut grads, yolo9::internals::train::step::MAX_GRAD_NORM)?;
             anyhow::ensure!(
                 norm.is_finite(),
                 "non-finite gradient norm at iteration {it}"
@@ -230,7 +231,7 @@ fn main() -> Result<()> {
             probe.peak_bytes() as f64 / (1u64 << 30) as f64
         );
 
-        // The same micro-step replayed from CUDA graphs (`yolo9::train::graphed`, what the
+        // The same micro-step replayed from CUDA graphs (`yolo9::internals::train::graphed`, what the
         // trainer runs on CUDA): first its gradients against the ordinary step's on the same
         // weights and input, then its time.
         let mut sg = StepGraphs::new();
@@ -292,7 +293,7 @@ fn main() -> Result<()> {
             sync(&dev)?;
             let t1 = Instant::now();
             let mut grads = out.grads.context("non-finite loss")?;
-            opt.clip_grad_norm(&mut grads, yolo9::train::step::MAX_GRAD_NORM)?;
+            opt.clip_grad_norm(&mut grads, yolo9::internals::train::step::MAX_GRAD_NORM)?;
             opt.step(&grads)?;
             drop(grads);
             ema.update(&model.float_state()?)?;
@@ -313,7 +314,7 @@ fn main() -> Result<()> {
         );
         println!("{k}_graphed_counts {:?}", sg.counts());
         // What the trainer adds per micro-step: its gradients summed into the batch's
-        // (`yolo9::train::step::add_param_grads`: one multi-tensor launch on CUDA, one add per
+        // (`yolo9::internals::train::step::add_param_grads`: one multi-tensor launch on CUDA, one add per
         // parameter tensor with `YOLO9_FUSED_GRADS=0`).
         let mut acc = None;
         let mut ta = Vec::new();
@@ -322,7 +323,7 @@ fn main() -> Result<()> {
             let mut grads = out.grads.context("non-finite loss")?;
             sync(&dev)?;
             let t0 = Instant::now();
-            yolo9::train::step::add_param_grads(&mut acc, &mut grads, &opt)?;
+            yolo9::internals::train::step::add_param_grads(&mut acc, &mut grads, &opt)?;
             sync(&dev)?;
             ta.push(t0.elapsed().as_secs_f64() * 1e3);
         }
@@ -335,7 +336,7 @@ fn main() -> Result<()> {
         if let Device::Cuda(c) = &dev {
             println!(
                 "{k}_graphed_graph_pool_reserved_high {:.2} GiB",
-                yolo9::cuda::graph::graph_reserved_high(c)? as f64 / (1u64 << 30) as f64
+                yolo9::internals::cuda::graph::graph_reserved_high(c)? as f64 / (1u64 << 30) as f64
             );
         }
         println!(

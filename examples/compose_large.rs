@@ -1,4 +1,4 @@
-//! Builds a large-image test set from a dataset of small images ([`yolo9::data::compose`]):
+//! Builds a large-image test set from a dataset of small images ([`yolo9::internals::data::compose`]):
 //!
 //! ```text
 //! cargo run --release --example compose_large -- DATA.yaml SPLIT OUT [G]
@@ -20,7 +20,7 @@ fn main() -> Result<()> {
         Some(s) => s.parse().with_context(|| format!("G {s}: a number"))?,
         None => 4,
     };
-    let c = yolo9::data::compose::compose(&data, split, &out, g, None)?;
+    let c = yolo9::internals::data::compose::compose(&data, split, &out, g, None)?;
     println!(
         "{} images of {}x{} with {} boxes in {} ({} source images left over)",
         c.images,

@@ -5,30 +5,28 @@
 //! `check`, `convert`, `export`, `plot`, `serve`), Rust programs embedding [`Detector`] (configured
 //! by a [`DetectorConfig`]), and services built on `yolo9::serve`.
 //!
-//! Module map (the pipeline, one concept per module):
-//! - [`model`]: layers, the YOLOv9 graphs (training and inference), head, weights I/O.
-//! - [`pt`] and [`convert`]: official PyTorch `.pt` checkpoints → safetensors, parsed without
-//!   Python.
-//! - [`data`]: image decoding (EXIF, colour modes), dataset yaml, labels, augmentation, loader.
-//! - [`detect`]: letterbox, NMS, post-processing, drawing, output sinks, the public [`Detector`]
-//!   and its options.
+//! Public modules (what an embedder uses; the default build exposes at most 450 top-level items,
+//! held by `tests/project/architecture.rs`):
+//! - [`detect`]: the public [`Detector`] and its options [`DetectorConfig`], the jobs of
+//!   `yolo9 detect` (`detect::job`), sliced inference (`detect::tile`), sources, video and stream
+//!   readers, drawing and output sinks.
+//! - [`model`]: the model names and descriptions (`model::arch`) and [`Weights`] I/O.
 //! - [`hub`]: weights by name (the official release's checkpoints, downloaded once, verified and
 //!   cached; feature `download`) and the built-in BCCD weights (feature `builtin-weights`).
-//! - [`device`] and [`parse`]: `--device` and the other option values, parsed the same way by
-//!   every subcommand.
-//! - [`bounded`]: the size and nesting limits of every YAML file read, checked before parsing.
-//! - [`text`]: data-derived text made safe to print (escapes, URL credentials redacted).
-//! - [`outfile`]: every output file, written atomically, never onto an input or a non-regular
-//!   file.
-//! - [`budget`], [`footprint`], [`memory`]: memory-budget sizing from measured peaks, the up-front
-//!   estimate, the probes.
-//! - `loss`: IoU/CIoU, the TaskAlignedAssigner, the dual-branch TAL loss.
-//! - `metrics`: mAP (official `ap_per_class`), validation, COCO evaluation, plots.
-//! - `train`: options, optimizer, EMA, schedules, the training step, checkpoints, the loop.
-//! - `export` (feature `export`): the inference graph as ONNX.
+//! - [`data`]: image decoding (`data::image`: EXIF, colour modes, decoding-bomb guards).
+//! - [`track`]: multi-object tracking (ByteTrack, the tracker file, MOT metrics, the tracking job).
+//! - `train` (feature `train`): `train::trainer::train`, `TrainOptions`, the observer.
+//! - `metrics` (feature `train`): validation (`metrics::validate`, the `val` job).
+//! - [`convert`]: official `.pt` checkpoints → safetensors; `export` (feature `export`): ONNX.
 //! - `serve` (feature `serve`, on by default): the HTTP detection service of `yolo9 serve`.
-//! - [`track`]: multi-object tracking (ByteTrack, its Kalman filter, MOT metrics).
-//! - `cli`: the `yolo9` subcommands (thin wrappers around the library).
+//! - [`device`]: `--device` values, parsed and opened the same way everywhere; [`cancel`]
+//!   (feature `media`): cooperative cancellation of jobs; [`boxes`]: box geometry; [`error`]: the
+//!   library's [`Error`].
+//!
+//! Everything else (the loss, the layers and graphs, the training engine, the `.pt` reader, the
+//! CLI, memory probes and budgets, the writers and bounded readers, the switches) is
+//! `pub(crate)`; the crate's own tests, benches and binaries reach it through the hidden
+//! `internals` module, which promises nothing to anyone else.
 //!
 //! Features: `cli` (the command line; implies `train`, `media`, `export`, `download` and
 //! `builtin-weights`) and `serve` are on by default; `media` holds the sources and sinks of
@@ -49,48 +47,50 @@
 //! - [`device`]: choosing the device; [`convert`]: official `.pt` checkpoints to safetensors;
 //! - `serve` (feature `serve`): the HTTP service as an axum `Router`;
 //! - [`Error`]: the typed errors of the library.
-//! - `cuda` (feature `cuda`): cuDNN convolutions, CUDA kernels and CUDA-graph replay as candle
-//!   custom ops.
+//! - internally, with feature `cuda`: cuDNN convolutions, CUDA kernels and CUDA-graph replay as
+//!   candle custom ops.
 #![warn(missing_docs)]
 
-pub mod bounded;
+pub(crate) mod bounded;
 pub mod boxes;
-pub mod budget;
+pub(crate) mod budget;
 #[cfg(feature = "media")]
 pub mod cancel;
 #[cfg(feature = "cli")]
-pub mod cli;
+pub(crate) mod cli;
 pub mod convert;
 #[cfg(feature = "cuda")]
-pub mod cuda;
+pub(crate) mod cuda;
 pub mod data;
 pub mod detect;
 pub mod device;
 pub mod error;
 #[cfg(feature = "export")]
 pub mod export;
-pub mod footprint;
+pub(crate) mod footprint;
 pub mod hub;
+#[doc(hidden)]
+pub mod internals;
 #[cfg(all(unix, feature = "cli"))]
-pub mod launcher;
+pub(crate) mod launcher;
 #[cfg(feature = "train")]
-pub mod loss;
-pub mod memory;
+pub(crate) mod loss;
+pub(crate) mod memory;
 #[cfg(feature = "train")]
 pub mod metrics;
 pub mod model;
-pub mod op_args;
-pub mod outfile;
-pub mod parse;
+pub(crate) mod op_args;
+pub(crate) mod outfile;
+pub(crate) mod parse;
 #[cfg(any(feature = "train", feature = "download"))]
 pub(crate) mod progress;
-pub mod pt;
+pub(crate) mod pt;
 #[cfg(feature = "media")]
-pub mod runs;
+pub(crate) mod runs;
 #[cfg(feature = "serve")]
 pub mod serve;
-pub mod switches;
-pub mod text;
+pub(crate) mod switches;
+pub(crate) mod text;
 pub mod track;
 #[cfg(feature = "train")]
 pub mod train;

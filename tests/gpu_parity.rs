@@ -6,7 +6,7 @@
 //! - cuDNN convolution: output, dx, dw (3×3 stride 1 and 2, 1×1, groups);
 //! - one training step of the YOLOv9-s training graph with the dual TAL loss: loss items and the
 //!   gradients of the first and last layers;
-//! - the taped training step (`yolo9::model::tape`, the default on CUDA) against candle's autograd
+//! - the taped training step (`yolo9::internals::model::tape`, the default on CUDA) against candle's autograd
 //!   on the GPU: loss items and every parameter gradient;
 //! - the multi-tensor optimizer kernels (`kernels/optim.cu`): gradient norm, clip, SGD Nesterov
 //!   with weight decay and the EMA against the candle ops of the CPU path (bit-exact updates).
@@ -15,14 +15,14 @@
 mod common;
 
 use candle_core::{DType, Device, Tensor, Var};
-use yolo9::loss::DualTalLoss;
-use yolo9::model::bn_act;
-use yolo9::model::conv::conv2d_any;
+use yolo9::internals::loss::DualTalLoss;
+use yolo9::internals::model::bn_act;
+use yolo9::internals::model::conv::conv2d_any;
 use yolo9::model::YoloV9Train;
 
 fn gpu() -> Device {
     // Parity against the CPU is measured in strict f32 (no TF32 tensor cores).
-    yolo9::cuda::conv::set_strict_fp32(true);
+    yolo9::internals::cuda::conv::set_strict_fp32(true);
     Device::new_cuda(0).expect("gpu_parity needs a CUDA device (run it on the GPU machine)")
 }
 
@@ -344,7 +344,7 @@ fn mixed_precision_training_step_is_close_to_f32() {
     // Both runs use the f32 run's assignments: at random init the anchors' alignment metrics
     // nearly tie, so bf16 rounding alone may pick other positives and change the gradient
     // far beyond rounding (seen: 1.6 relative at layer 0 with separate assignments).
-    let assigned = std::cell::RefCell::new(None::<[yolo9::loss::Assignment; 2]>);
+    let assigned = std::cell::RefCell::new(None::<[yolo9::internals::loss::Assignment; 2]>);
     let run = |amp: bool| {
         let m = YoloV9Train::new(None, 3, vec![], &dev, 0).unwrap();
         m.set_amp(amp);
@@ -439,8 +439,8 @@ fn cudnn_conv_in_bf16_stays_within_bf16_rounding_of_f32() {
 
 #[test]
 fn fused_sgd_clip_and_ema_equal_cpu() {
-    use yolo9::train::ema::Ema;
-    use yolo9::train::optimizer::Sgd;
+    use yolo9::internals::train::ema::Ema;
+    use yolo9::internals::train::optimizer::Sgd;
     let g = gpu();
     let shapes: [&[usize]; 4] = [&[64, 32, 3, 3], &[64], &[70001], &[7, 5]];
     let names = ["a.conv.weight", "a.bn.weight", "b.conv.weight", "c.bias"];
@@ -517,8 +517,8 @@ fn fused_sgd_clip_and_ema_equal_cpu() {
 /// bit, over three micro-batches, and moves the parameters' gradients out of each store.
 #[test]
 fn fused_gradient_accumulation_equals_per_tensor_adds() {
-    use yolo9::train::optimizer::Sgd;
-    use yolo9::train::step::add_param_grads;
+    use yolo9::internals::train::optimizer::Sgd;
+    use yolo9::internals::train::step::add_param_grads;
     let g = gpu();
     let shapes: [&[usize]; 4] = [&[64, 32, 3, 3], &[64], &[70001], &[7, 5]];
     let names = ["a.conv.weight", "a.bn.weight", "b.conv.weight", "c.bias"];
@@ -602,7 +602,7 @@ fn fused_gradient_accumulation_equals_per_tensor_adds() {
 /// rows than one grid dimension covers in one step.
 #[test]
 fn bias_act_kernel_equals_cpu() {
-    use yolo9::model::bias_act::bias_act;
+    use yolo9::internals::model::bias_act::bias_act;
     let dev = gpu();
     for (shape, seed) in [(vec![2usize, 5, 7, 9], 1u64), (vec![3, 70, 3, 3], 2)] {
         let c = shape[1];
@@ -646,7 +646,7 @@ fn bias_act_kernel_equals_cpu() {
     }
 }
 
-/// The inference forward replayed from a CUDA graph (`yolo9::model::graphs`) equals the forward
+/// The inference forward replayed from a CUDA graph (`yolo9::internals::model::graphs`) equals the forward
 /// launched kernel by kernel, on the shipped weights, in f32 and f16: the third forward of a
 /// shape captures, later ones replay, each replay sees its own input.
 #[test]
@@ -655,7 +655,7 @@ fn inference_forward_replayed_from_a_cuda_graph_equals_launched() {
     let w =
         yolo9::Weights::load(std::path::Path::new("weights/yolov9-s-bccd.safetensors")).unwrap();
     for dtype in [DType::F32, DType::F16] {
-        let m = yolo9::model::yolov9::YoloV9::load_dtype(&w, &dev, dtype).unwrap();
+        let m = yolo9::internals::model::yolov9::YoloV9::load_dtype(&w, &dev, dtype).unwrap();
         let x1 = rand(&[2, 3, 256, 320], 5, 0.5, 0.5)
             .to_device(&dev)
             .unwrap();
@@ -696,7 +696,7 @@ fn inference_forward_replayed_from_a_cuda_graph_equals_launched() {
     }
 }
 
-/// The training micro-step replayed from CUDA graphs (`yolo9::train::graphed`) equals the
+/// The training micro-step replayed from CUDA graphs (`yolo9::internals::train::graphed`) equals the
 /// ordinary taped step: loss items and every parameter gradient, at the capture and at later
 /// replays (new targets each time, GT rows padded to the capture's capacity), again after a
 /// batch with more GT rows than that capacity made it capture again, with the BN running
@@ -704,11 +704,11 @@ fn inference_forward_replayed_from_a_cuda_graph_equals_launched() {
 /// of two models driven the same way equal too.
 #[test]
 fn graphed_training_step_equals_ordinary() {
-    use yolo9::train::graphed::{ordinary, StepGraphs};
+    use yolo9::internals::train::graphed::{ordinary, StepGraphs};
     let dev = yolo9::device::select(yolo9::device::DeviceSpec::Cuda(0)).unwrap();
     // Strict f32 whatever ran before in this process: with TF32 convolutions two ordinary steps
     // differed by 9e-4 (this test run alone on the H200, 2026-12-04), beyond the bound below.
-    yolo9::cuda::conv::set_strict_fp32(true);
+    yolo9::internals::cuda::conv::set_strict_fp32(true);
     let x = ((rand(&[2, 3, 160, 160], 21, 0.5, 0.5)).clamp(0f32, 1f32))
         .unwrap()
         .to_device(&dev)
@@ -797,8 +797,8 @@ fn graphed_training_step_equals_ordinary() {
 /// the top-k fallback, zero overlaps, padding; one class and one row; no GT rows at all).
 #[test]
 fn tal_assigner_on_gpu_equals_cpu() {
-    use yolo9::loss::assign_op::{assign_dense, ScoreLayout};
-    use yolo9::loss::TaskAlignedAssigner;
+    use yolo9::internals::loss::assign_op::{assign_dense, ScoreLayout};
+    use yolo9::internals::loss::TaskAlignedAssigner;
     let dev = gpu();
     for (img, bs, m, nc, seed) in [(640, 8, 30, 80, 1u64), (320, 3, 1, 1, 2), (320, 2, 0, 4, 3)] {
         let (anchors, pbox, logits, gt) = common::assigner_batch(img, bs, m, nc, seed);
@@ -834,13 +834,15 @@ fn tal_assigner_on_gpu_equals_cpu() {
         }
         // The GT rows padded to a larger capacity (what the replayed training step uploads):
         // the padding rows are never valid, so the planes are the same, bit for bit.
-        let dg = yolo9::loss::DeviceGt::new(anchors.clone(), &gt, m + 13, nc, &dev).unwrap();
-        let padded = yolo9::loss::assign_op::assign_device(&assigner, &pg, &lg, layout, &dg)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1::<f32>()
-            .unwrap();
+        let dg =
+            yolo9::internals::loss::DeviceGt::new(anchors.clone(), &gt, m + 13, nc, &dev).unwrap();
+        let padded =
+            yolo9::internals::loss::assign_op::assign_device(&assigner, &pg, &lg, layout, &dg)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap();
         assert!(
             padded == g,
             "{img}px b{bs} m{m}: padded GT rows change the planes"
@@ -896,13 +898,13 @@ fn mixed_precision_step_of_a_trained_model_follows_f32() {
             ]);
         }
     }
-    let targets = yolo9::loss::tal_loss::targets_tensor(&rows, &Device::Cpu).unwrap();
+    let targets = yolo9::internals::loss::tal_loss::targets_tensor(&rows, &Device::Cpu).unwrap();
     let loss = DualTalLoss::new(3, &[8, 16, 32])
         .unwrap()
         .with_device_assigner(false);
     let dev = gpu();
     let x = x.to_device(&dev).unwrap();
-    let assigned = std::cell::RefCell::new(None::<[yolo9::loss::Assignment; 2]>);
+    let assigned = std::cell::RefCell::new(None::<[yolo9::internals::loss::Assignment; 2]>);
     let run = |amp: bool| {
         let m = YoloV9Train::new(Some(&w), 3, vec![], &dev, 0).unwrap();
         m.set_amp(amp);
@@ -982,11 +984,11 @@ fn mixed_precision_step_of_a_trained_model_follows_f32() {
 /// CPU, asserted bit-equal; returns the GPU rows.
 fn nms_gpu_equals_cpu(
     pred: &Tensor,
-    o: &yolo9::detect::nms::NmsOptions,
+    o: &yolo9::internals::detect::nms::NmsOptions,
     xyxy: bool,
     what: &str,
 ) -> Vec<Vec<[f32; 7]>> {
-    use yolo9::detect::device_nms::{batch_nms_packed, unpack};
+    use yolo9::internals::detect::device_nms::{batch_nms_packed, unpack};
     let cpu = unpack(&batch_nms_packed(pred, o, xyxy).unwrap()).unwrap();
     let gpu_in = pred.to_device(&gpu()).unwrap();
     let gpu = unpack(&batch_nms_packed(&gpu_in, o, xyxy).unwrap()).unwrap();
@@ -1005,7 +1007,7 @@ fn nms_gpu_equals_cpu(
 
 #[test]
 fn nms_kernel_equals_host_nms() {
-    use yolo9::detect::nms::NmsOptions;
+    use yolo9::internals::detect::nms::NmsOptions;
     // torchvision's cases as box lists (keep indices = anchors of the kept rows).
     let t =
         candle_core::safetensors::load(common::reference("nms_cases.safetensors"), &Device::Cpu)
@@ -1130,10 +1132,12 @@ fn nms_kernel_equals_host_nms() {
     nms_gpu_equals_cpu(&r3, &val_ml, false, "random 3x7x5880, val multi-label");
     nms_gpu_equals_cpu(&r3, &filtered, false, "random 3x7x5880, filtered");
     // Through the public entry point: the same rows as on the CPU.
-    let host = yolo9::detect::postprocess::non_max_suppression(y, &val_ml).unwrap();
-    let dev =
-        yolo9::detect::postprocess::non_max_suppression(&y.to_device(&gpu()).unwrap(), &val_ml)
-            .unwrap();
+    let host = yolo9::internals::detect::postprocess::non_max_suppression(y, &val_ml).unwrap();
+    let dev = yolo9::internals::detect::postprocess::non_max_suppression(
+        &y.to_device(&gpu()).unwrap(),
+        &val_ml,
+    )
+    .unwrap();
     assert_eq!(host, dev);
 }
 
@@ -1144,7 +1148,7 @@ fn nms_kernel_equals_host_nms() {
 /// the NCHW f16 forward meets, and both detect the same boxes as the CPU.
 #[test]
 fn channels_last_forward_equals_nchw_and_cpu() {
-    use yolo9::model::yolov9::YoloV9;
+    use yolo9::internals::model::yolov9::YoloV9;
     let dev = gpu();
     let w =
         yolo9::Weights::load(std::path::Path::new("weights/yolov9-s-bccd.safetensors")).unwrap();
@@ -1153,7 +1157,7 @@ fn channels_last_forward_equals_nchw_and_cpu() {
         yolo9::data::image::load_rgb8(std::path::Path::new("examples/images/BloodImage_00007.jpg"))
             .unwrap();
     let (lb, _) = det.preprocess(&img).unwrap();
-    let real = yolo9::detect::letterbox::to_tensor(&[&lb], &Device::Cpu).unwrap();
+    let real = yolo9::internals::detect::letterbox::to_tensor(&[&lb], &Device::Cpu).unwrap();
     let random = rand(&[3, 3, 256, 320], 9, 0.5, 0.5);
     let cpu_model = YoloV9::load(&w, &Device::Cpu).unwrap();
     let split = |y: &Tensor| {
@@ -1221,9 +1225,9 @@ fn channels_last_forward_equals_nchw_and_cpu() {
 /// width) and its scalar form (C = 5); f16 within f16 rounding.
 #[test]
 fn inference_pools_dfl_and_channels_last_bias_act_equal_cpu() {
-    use yolo9::model::bias_act::{bias_act, bias_act_nhwc};
-    use yolo9::model::pool::infer_pool;
-    use yolo9::op_args::InferPool;
+    use yolo9::internals::model::bias_act::{bias_act, bias_act_nhwc};
+    use yolo9::internals::model::pool::infer_pool;
+    use yolo9::internals::op_args::InferPool;
     let dev = gpu();
     let cpu = |t: &Tensor| {
         t.to_dtype(DType::F32)
@@ -1252,8 +1256,8 @@ fn inference_pools_dfl_and_channels_last_bias_act_equal_cpu() {
     // DFL of a (B, 64 + 3, A) head output's first 64 rows, read through the narrow's strides.
     let head = rand(&[2, 67, 50], 9, 6.0, 0.0);
     let logits = head.narrow(1, 0, 64).unwrap();
-    let want = yolo9::model::head::dfl(&logits).unwrap();
-    let got = cpu(&yolo9::model::head::dfl(
+    let want = yolo9::internals::model::head::dfl(&logits).unwrap();
+    let got = cpu(&yolo9::internals::model::head::dfl(
         &head.to_device(&dev).unwrap().narrow(1, 0, 64).unwrap(),
     )
     .unwrap());
@@ -1261,10 +1265,11 @@ fn inference_pools_dfl_and_channels_last_bias_act_equal_cpu() {
     println!("dfl f32 rel {r:.2e}");
     assert!(r < 1e-5, "dfl f32 rel {r}");
     let hh = head.to_dtype(DType::F16).unwrap();
-    let want_h =
-        yolo9::model::head::dfl(&hh.to_dtype(DType::F32).unwrap().narrow(1, 0, 64).unwrap())
-            .unwrap();
-    let got_h = cpu(&yolo9::model::head::dfl(
+    let want_h = yolo9::internals::model::head::dfl(
+        &hh.to_dtype(DType::F32).unwrap().narrow(1, 0, 64).unwrap(),
+    )
+    .unwrap();
+    let got_h = cpu(&yolo9::internals::model::head::dfl(
         &hh.to_device(&dev).unwrap().narrow(1, 0, 64).unwrap(),
     )
     .unwrap());
@@ -1319,10 +1324,10 @@ fn nccl_group_of_one_gives_back_its_input_and_trains_as_one_gpu() {
     use std::collections::HashMap;
     use std::time::Duration;
     use yolo9::device::DeviceSpec;
-    use yolo9::train::checkpoint::load_state;
-    use yolo9::train::dist::local::local_group;
-    use yolo9::train::dist::nccl::{version, NcclRank};
-    use yolo9::train::dist::Collective;
+    use yolo9::internals::train::checkpoint::load_state;
+    use yolo9::internals::train::dist::local::local_group;
+    use yolo9::internals::train::dist::nccl::{version, NcclRank};
+    use yolo9::internals::train::dist::Collective;
     use yolo9::train::trainer::{train_group, train_with, StopFlag, TrainObserver};
     struct Quiet;
     impl TrainObserver for Quiet {
@@ -1360,7 +1365,7 @@ fn nccl_group_of_one_gives_back_its_input_and_trains_as_one_gpu() {
     assert!(cpu(&b) == cpu(&t), "the tensor broadcast of one rank");
     drop(c);
 
-    std::env::set_var(yolo9::train::graphed::TRAIN_GRAPH_ENV, "0");
+    std::env::set_var(yolo9::internals::train::graphed::TRAIN_GRAPH_ENV, "0");
     let dir = common::tmpdir("nccl1");
     let mut o = common::tiny_run_options(&dir, "solo");
     o.device = DeviceSpec::Cuda(0);
@@ -1373,7 +1378,7 @@ fn nccl_group_of_one_gives_back_its_input_and_trains_as_one_gpu() {
     let a2 = train_with(&o, &stop, &mut Quiet).unwrap();
     o.name = "group".into();
     let g = train_group(&o, &stop, &mut Quiet, Box::new(group())).unwrap();
-    std::env::remove_var(yolo9::train::graphed::TRAIN_GRAPH_ENV);
+    std::env::remove_var(yolo9::internals::train::graphed::TRAIN_GRAPH_ENV);
     let state = |s: &yolo9::train::trainer::TrainSummary| {
         load_state(&s.run_dir.join("weights/state.safetensors")).unwrap()
     };
@@ -1417,10 +1422,10 @@ fn nccl_group_of_one_gives_back_its_input_and_trains_as_one_gpu() {
 #[test]
 fn a_cache_cap_survives_a_new_probe() {
     let dev = gpu();
-    let a = yolo9::memory::MemoryProbe::new(&dev).unwrap();
+    let a = yolo9::internals::memory::MemoryProbe::new(&dev).unwrap();
     a.cap_cache(3 << 30);
     assert_eq!(a.cache_cap(), 3 << 30);
-    let b = yolo9::memory::MemoryProbe::new(&dev).unwrap();
+    let b = yolo9::internals::memory::MemoryProbe::new(&dev).unwrap();
     assert_eq!(b.cache_cap(), 3 << 30, "a new probe lifted the cap");
     b.cap_cache(u64::MAX);
     assert_eq!(a.cache_cap(), u64::MAX);
@@ -1428,7 +1433,7 @@ fn a_cache_cap_survives_a_new_probe() {
 
 #[test]
 fn row_kernels_add_and_copy_channel_slices_as_candle() {
-    use yolo9::model::ew;
+    use yolo9::internals::model::ew;
     let dev = gpu();
     // (shape, slice start, slice length): H·W = 1600 takes the 16-byte vector path, 7·5 the
     // scalar one; the last case slices one image (contiguous again).
@@ -1471,9 +1476,9 @@ fn row_kernels_add_and_copy_channel_slices_as_candle() {
     }
     // The avg-pool backward kernel against its CPU version (f32 exactly; bf16 rounds once).
     let dy = rand(&[2, 5, 9, 7], 14, 2.0, 0.0);
-    let want = yolo9::model::pool::avg_pool_2x2_s1_backward(&dy).unwrap();
+    let want = yolo9::internals::model::pool::avg_pool_2x2_s1_backward(&dy).unwrap();
     for dtype in [DType::F32, DType::BF16] {
-        let got = yolo9::model::pool::avg_pool_2x2_s1_backward(
+        let got = yolo9::internals::model::pool::avg_pool_2x2_s1_backward(
             &dy.to_dtype(dtype).unwrap().to_device(&dev).unwrap(),
         )
         .unwrap();
@@ -1506,7 +1511,7 @@ fn pinned_upload_equals_from_slice() {
     // Twice per size (the staging buffer is reused) and a second size (a last partial batch).
     for n in [2usize, 2, 1, 2] {
         let part = &bytes[..n * 3 * 8 * 8];
-        let got = yolo9::cuda::upload::upload_u8(part, (n, 3, 8, 8), &dev).unwrap();
+        let got = yolo9::internals::cuda::upload::upload_u8(part, (n, 3, 8, 8), &dev).unwrap();
         let want = Tensor::from_slice(part, (n, 3, 8, 8), &dev).unwrap();
         assert_eq!(got.dims(), want.dims());
         assert_eq!(
@@ -1514,7 +1519,7 @@ fn pinned_upload_equals_from_slice() {
             want.flatten_all().unwrap().to_vec1::<u8>().unwrap()
         );
     }
-    assert!(yolo9::cuda::upload::upload_u8(&bytes[..10], (1, 3, 8, 8), &dev).is_err());
+    assert!(yolo9::internals::cuda::upload::upload_u8(&bytes[..10], (1, 3, 8, 8), &dev).is_err());
 }
 
 /// The BN snapshot taken before every training batch (one multi-tensor copy on CUDA) holds the
@@ -1546,13 +1551,13 @@ fn bn_snapshot_restores_the_statistics_bitwise() {
 /// bytes (within the GPU's run-to-run spread).
 #[test]
 fn step_uploads_the_next_batch_and_trains_on_device_images() {
-    use yolo9::train::graphed::StepGraphs;
-    use yolo9::train::guard::Faults;
-    use yolo9::train::optimizer::Sgd;
-    use yolo9::train::step::{step, StepInput, StepParts, StepTimes};
+    use yolo9::internals::train::graphed::StepGraphs;
+    use yolo9::internals::train::guard::Faults;
+    use yolo9::internals::train::optimizer::Sgd;
+    use yolo9::internals::train::step::{step, StepInput, StepParts, StepTimes};
     // As the trainer opens it (CUDA event tracking off: a capture needs that), strict f32.
     let dev = yolo9::device::select(yolo9::device::DeviceSpec::Cuda(0)).unwrap();
-    yolo9::cuda::conv::set_strict_fp32(true);
+    yolo9::internals::cuda::conv::set_strict_fp32(true);
     let img = 160;
     let bytes = |seed: u64| -> Vec<u8> {
         let t = rand(&[2 * 3 * img * img], seed, 127.0, 128.0);

@@ -3,11 +3,10 @@
 //! graph, with a printable [`Report`] and the source's provenance.
 //!
 //! Reading `.pt` files is [`crate::pt`]'s job (zip records, guarded pickle walk); the state_dict
-//! names of both graphs are the model's ([`crate::model::keys`]). Both are re-exported here under
-//! their old paths.
+//! names of both graphs are the model's ([`crate::model::keys`]). The `.pt` import itself is
+//! re-exported here ([`import_pt`]).
 
-pub use crate::model::keys;
-pub use crate::pt::{checkpoint, import_pt, pickle, Imported};
+pub use crate::pt::{import_pt, Imported};
 
 use crate::model::weights::{Graph, Provenance, Weights};
 use anyhow::{Context, Result};

@@ -2,20 +2,20 @@
 //! description, labels, COCO JSON, the label scan, augmentation and loading.
 
 #[cfg(feature = "train")]
-pub mod augment;
+pub(crate) mod augment;
 #[cfg(feature = "train")]
-pub mod coco_json;
+pub(crate) mod coco_json;
 #[cfg(feature = "train")]
-pub mod compose;
-pub mod fsio;
+pub(crate) mod compose;
+pub(crate) mod fsio;
 pub mod image;
 #[cfg(feature = "train")]
-pub mod labels;
+pub(crate) mod labels;
 #[cfg(feature = "train")]
-pub mod loader;
+pub(crate) mod loader;
 #[cfg(feature = "train")]
-pub mod scan;
+pub(crate) mod scan;
 #[cfg(feature = "train")]
-pub mod warp;
+pub(crate) mod warp;
 #[cfg(feature = "train")]
-pub mod yaml;
+pub(crate) mod yaml;

@@ -16,16 +16,16 @@
 
 pub mod config;
 pub mod detector;
-pub mod device_nms;
+pub(crate) mod device_nms;
 #[cfg(feature = "media")]
 pub mod draw;
 #[cfg(feature = "media")]
 pub mod job;
-pub mod letterbox;
-pub mod nms;
+pub(crate) mod letterbox;
+pub(crate) mod nms;
 #[cfg(feature = "media")]
 pub mod output;
-pub mod postprocess;
+pub(crate) mod postprocess;
 #[cfg(feature = "media")]
 pub mod source;
 #[cfg(feature = "media")]

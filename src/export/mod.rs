@@ -13,7 +13,7 @@
 //! - [`onnx`]: [`onnx::export`], the model as an [`onnx_pb::ModelProto`]; [`write`] saves it.
 
 pub mod onnx;
-pub mod onnx_pb;
+pub(crate) mod onnx_pb;
 
 use anyhow::{ensure, Result};
 use std::path::Path;

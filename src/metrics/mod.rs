@@ -2,12 +2,12 @@
 //! matrix ([`confusion`]) and its pictures ([`plots`]), the validation loop ([`validate`]), and
 //! COCO bbox evaluation as pycocotools ([`coco`]) with its JSON files ([`coco_json`]).
 
-pub mod ap;
-pub mod coco;
-pub mod coco_json;
-pub mod confusion;
+pub(crate) mod ap;
+pub(crate) mod coco;
+pub(crate) mod coco_json;
+pub(crate) mod confusion;
 pub mod job;
-pub mod plots;
+pub(crate) mod plots;
 pub mod validate;
 
 pub use ap::{ap_per_class, fitness, process_batch, ApPerClass, ValMetrics, ValStats};

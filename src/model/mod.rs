@@ -24,25 +24,25 @@
 //! - [`keys`]: the state_dict names of a graph and the official re-parameterization name mapping.
 
 pub mod arch;
-pub mod bias_act;
-pub mod blocks;
-pub mod bn_act;
-pub mod bn_sync;
-pub mod conv;
-pub mod cpu;
-pub mod cpu_conv;
-pub mod ew;
-pub mod graphs;
-pub mod head;
-pub mod keys;
-pub mod net;
-pub mod params;
-pub mod pool;
-pub mod rename;
-pub mod tape;
-pub mod trace;
+pub(crate) mod bias_act;
+pub(crate) mod blocks;
+pub(crate) mod bn_act;
+pub(crate) mod bn_sync;
+pub(crate) mod conv;
+pub(crate) mod cpu;
+pub(crate) mod cpu_conv;
+pub(crate) mod ew;
+pub(crate) mod graphs;
+pub(crate) mod head;
+pub(crate) mod keys;
+pub(crate) mod net;
+pub(crate) mod params;
+pub(crate) mod pool;
+pub(crate) mod rename;
+pub(crate) mod tape;
+pub(crate) mod trace;
 pub mod weights;
-pub mod yolov9;
+pub(crate) mod yolov9;
 
 pub use arch::{Arch, STRIDES};
 pub use params::{NamedVar, ParamGroup};

@@ -44,7 +44,7 @@
 //! private `Service`, `Job` and `Answer` types; split apart, those would have to become crate-
 //! visible while no other module uses them.
 
-pub mod conn;
+pub(crate) mod conn;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -10,14 +10,14 @@
 //! - [`trail`]: the recent centres of each track, for drawing trails.
 //! - [`draw`]: the MOTChallenge line, the annotated frame with IDs and trails, counts per class.
 
-pub mod assign;
+pub(crate) mod assign;
 pub mod byte;
-pub mod clock;
+pub(crate) mod clock;
 #[cfg(feature = "media")]
 pub mod draw;
 #[cfg(feature = "media")]
 pub mod job;
-pub mod kalman;
+pub(crate) mod kalman;
 pub mod mot;
 pub mod tracker_file;
-pub mod trail;
+pub(crate) mod trail;

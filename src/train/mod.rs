@@ -1,24 +1,24 @@
 //! Training: options, the training step, optimizer, EMA, schedules, memory budget, checkpoints,
 //! the loop ([`trainer::train`]) and its parts (setup, epoch, run state, report, observer).
 
-pub mod budget;
-pub mod cache;
-pub mod checkpoint;
-pub mod dist;
-pub mod ema;
+pub(crate) mod budget;
+pub(crate) mod cache;
+pub(crate) mod checkpoint;
+pub(crate) mod dist;
+pub(crate) mod ema;
 mod epoch;
-pub mod graphed;
-pub mod guard;
+pub(crate) mod graphed;
+pub(crate) mod guard;
 pub mod observer;
-pub mod optimizer;
+pub(crate) mod optimizer;
 pub mod options;
-pub mod pass;
-pub mod plots;
-pub mod report;
-pub mod schedule;
+pub(crate) mod pass;
+pub(crate) mod plots;
+pub(crate) mod report;
+pub(crate) mod schedule;
 mod setup;
 mod state;
-pub mod step;
+pub(crate) mod step;
 pub mod trainer;
 
 pub use options::{Hyp, TrainOptions};

@@ -31,7 +31,7 @@ pub fn case(name: &str) -> PathBuf {
 
 /// `shared/cases/<name>`, lexically normalized (the yaml loader reports normalized paths).
 pub fn case_dir(name: &str) -> PathBuf {
-    yolo9::data::fsio::normalize(&case(name))
+    yolo9::internals::data::fsio::normalize(&case(name))
 }
 
 /// Copies the folder tree `from` to `to`, every copied file and folder writable (the source may
@@ -263,14 +263,14 @@ pub fn assigner_batch(
     nc: usize,
     seed: u64,
 ) -> (
-    yolo9::loss::Anchors,
+    yolo9::internals::loss::Anchors,
     candle_core::Tensor,
     candle_core::Tensor,
-    yolo9::loss::GtBatch,
+    yolo9::internals::loss::GtBatch,
 ) {
     use candle_core::{Device, Tensor};
     let hw: Vec<(usize, usize)> = [8, 16, 32].iter().map(|s| (img / s, img / s)).collect();
-    let anchors = yolo9::loss::Anchors::new(&hw, &[8, 16, 32]).unwrap();
+    let anchors = yolo9::internals::loss::Anchors::new(&hw, &[8, 16, 32]).unwrap();
     let na = anchors.len();
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     let mut r = move || {
@@ -306,7 +306,7 @@ pub fn assigner_batch(
             mask.push(valid);
         }
     }
-    let gt = yolo9::loss::GtBatch {
+    let gt = yolo9::internals::loss::GtBatch {
         batch: bs,
         n_max_boxes: m,
         labels,

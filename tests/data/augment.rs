@@ -2,8 +2,8 @@
 use image::{Rgb, RgbImage};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-use yolo9::data::augment::*;
-use yolo9::data::warp::PAD_GREY;
+use yolo9::internals::data::augment::*;
+use yolo9::internals::data::warp::PAD_GREY;
 
 /// A grey image with one coloured rectangle [x1,y1,x2,y2) and its label.
 fn with_box(w: u32, h: u32, b: [u32; 4], color: [u8; 3], cls: u32) -> SourceImage {
@@ -223,7 +223,7 @@ fn diff(a: &RgbImage, b: &RgbImage) -> (u8, usize) {
 #[test]
 fn fast_mosaic_warp_matches_f64_reference() {
     use rand::Rng;
-    use yolo9::data::warp::{mosaic_placements, warp_tiles, CanvasTile};
+    use yolo9::internals::data::warp::{mosaic_placements, warp_tiles, CanvasTile};
     let s = 96u32;
     let mut worst = 0u8;
     let (mut differing, mut total) = (0usize, 0usize);
@@ -274,7 +274,7 @@ fn fast_mosaic_warp_matches_f64_reference() {
 /// matches the reference; a singular matrix gives grey; nothing panics.
 #[test]
 fn fast_warp_degenerate_affines() {
-    use yolo9::data::warp::{warp_tiles, CanvasTile, Placement};
+    use yolo9::internals::data::warp::{warp_tiles, CanvasTile, Placement};
     let img = textured(40, 30, 3);
     let tile = CanvasTile {
         image: &img,

@@ -8,7 +8,7 @@ use crate::common;
 use common::tmpdir;
 use std::path::Path;
 use std::time::{Duration, Instant};
-use yolo9::data::yaml::DataConfig;
+use yolo9::internals::data::yaml::DataConfig;
 use yolo9::model::arch::Arch;
 use yolo9::train::Hyp;
 use yolo9::Weights;
@@ -95,7 +95,7 @@ fn oversized_and_fifo_yaml_are_refused_without_reading() {
     let big = d.join("big.yaml");
     std::fs::File::create(&big)
         .unwrap()
-        .set_len(yolo9::bounded::MAX_YAML_BYTES + 1)
+        .set_len(yolo9::internals::bounded::MAX_YAML_BYTES + 1)
         .unwrap();
     let t0 = Instant::now();
     let e = format!("{:#}", DataConfig::load(&big).unwrap_err());

@@ -10,9 +10,9 @@ use crate::common;
 use common::tmpdir;
 use serde_json::json;
 use std::path::{Path, PathBuf};
-use yolo9::data::labels::IssueKind;
-use yolo9::data::scan::{scan_split, ScanCounts, ScanOptions, SplitScan};
-use yolo9::data::yaml::{DataConfig, Split};
+use yolo9::internals::data::labels::IssueKind;
+use yolo9::internals::data::scan::{scan_split, ScanCounts, ScanOptions, SplitScan};
+use yolo9::internals::data::yaml::{DataConfig, Split};
 
 fn opts() -> ScanOptions {
     ScanOptions {

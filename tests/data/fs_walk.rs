@@ -1,4 +1,4 @@
-//! Folder trees that used to make yolo9 loop or block (`yolo9::data::fsio`): symlink loops, a
+//! Folder trees that used to make yolo9 loop or block (`yolo9::internals::data::fsio`): symlink loops, a
 //! second link to a folder or file, and FIFOs named like images, for the dataset scan
 //! (`check`/`train`), the image decoder and `detect`'s `**` globs. Every case runs under a timeout
 //! of its own, so a regression fails instead of hanging the suite.
@@ -10,9 +10,9 @@ use common::tmpdir;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::Duration;
-use yolo9::data::fsio::walk_files;
-use yolo9::data::scan::{scan_split, ScanOptions};
-use yolo9::data::yaml::{DataConfig, Split};
+use yolo9::internals::data::fsio::walk_files;
+use yolo9::internals::data::scan::{scan_split, ScanOptions};
+use yolo9::internals::data::yaml::{DataConfig, Split};
 
 /// Runs `f` on another thread and fails the test if it takes longer than `secs`.
 fn within<T: Send + 'static>(secs: u64, what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {

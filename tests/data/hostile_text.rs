@@ -7,8 +7,8 @@ use crate::common;
 use common::tmpdir;
 
 use std::path::Path;
-use yolo9::data::labels::parse_labels;
-use yolo9::data::yaml::DataConfig;
+use yolo9::internals::data::labels::parse_labels;
+use yolo9::internals::data::yaml::DataConfig;
 use yolo9::model::weights::{sanitize_names, Weights};
 
 #[test]
@@ -114,12 +114,12 @@ fn a_file_of_duplicates_gives_one_short_report() {
     );
 }
 
-/// Hostile pickle streams are refused early and by name (`yolo9::pt::pickle::parse`): millions
+/// Hostile pickle streams are refused early and by name (`yolo9::internals::pt::pickle::parse`): millions
 /// of MARKs hit the stack bound (before: 18 GB of RSS), and globals referenced by opcodes other
 /// than GLOBAL are named in the error with the file.
 #[test]
 fn hostile_pickles_are_refused_by_name() {
-    use yolo9::pt::pickle::{parse, MAX_STACK_ITEMS};
+    use yolo9::internals::pt::pickle::{parse, MAX_STACK_ITEMS};
     let mut marks = vec![0x80, 0x02];
     marks.extend(std::iter::repeat_n(b'(', 3_000_000));
     marks.push(b'.');
@@ -184,11 +184,13 @@ fn negative_tensor_sizes_name_the_tensor_and_the_value() {
             Object::Tuple(vec![Object::Int(2), Object::Int(1)]),
         ])),
     };
-    let ok = yolo9::pt::pickle::tensor_ref(&rebuild(vec![2, 2]), "model.0.conv.weight").unwrap();
+    let ok = yolo9::internals::pt::pickle::tensor_ref(&rebuild(vec![2, 2]), "model.0.conv.weight")
+        .unwrap();
     assert_eq!(ok.unwrap().shape, [2, 2]);
     let e = format!(
         "{:#}",
-        yolo9::pt::pickle::tensor_ref(&rebuild(vec![-1, 2]), "model.0.conv.weight").unwrap_err()
+        yolo9::internals::pt::pickle::tensor_ref(&rebuild(vec![-1, 2]), "model.0.conv.weight")
+            .unwrap_err()
     );
     assert!(e.contains("model.0.conv.weight") && e.contains("-1"), "{e}");
 }

@@ -7,7 +7,7 @@ use crate::common;
 
 use common::png_header;
 use yolo9::data::image::{decode_rgb8, decoded_need, size_guard, MAX_DECODE_BYTES};
-use yolo9::data::scan::probe_image;
+use yolo9::internals::data::scan::probe_image;
 
 #[test]
 fn need_counts_the_rgb_copy() {

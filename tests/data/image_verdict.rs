@@ -8,9 +8,9 @@ use crate::common;
 
 use std::path::{Path, PathBuf};
 use yolo9::data::image::{decode_rgb8, load_rgb8};
-use yolo9::data::labels::IssueKind;
-use yolo9::data::scan::{probe_image, scan_split, ScanOptions};
-use yolo9::data::yaml::{DataConfig, Split};
+use yolo9::internals::data::labels::IssueKind;
+use yolo9::internals::data::scan::{probe_image, scan_split, ScanOptions};
+use yolo9::internals::data::yaml::{DataConfig, Split};
 
 /// A progressive JPEG (mozjpeg) of a real picture.
 fn progressive_jpeg() -> Vec<u8> {
@@ -145,7 +145,7 @@ fn scan_and_detect_agree_on_every_variant() {
     expect_ok.sort();
     let expect: Vec<PathBuf> = expect_ok
         .iter()
-        .map(|p| yolo9::data::fsio::normalize(p))
+        .map(|p| yolo9::internals::data::fsio::normalize(p))
         .collect();
     assert_eq!(
         kept,

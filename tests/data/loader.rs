@@ -2,8 +2,8 @@
 use image::{Rgb, RgbImage};
 use std::path::PathBuf;
 use std::sync::Arc;
-use yolo9::data::augment::AugmentConfig;
-use yolo9::data::loader::*;
+use yolo9::internals::data::augment::AugmentConfig;
+use yolo9::internals::data::loader::*;
 
 fn dataset(tag: &str) -> (PathBuf, Vec<TrainItem>) {
     let dir = std::env::temp_dir().join(format!("yolo9-loader-{tag}-{}", std::process::id()));

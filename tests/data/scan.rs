@@ -1,4 +1,4 @@
-//! The dataset scan (`yolo9::data::scan`, what `yolo9 check` and `train` run) against the
+//! The dataset scan (`yolo9::internals::data::scan`, what `yolo9 check` and `train` run) against the
 //! bad-input cases of ../shared/cases (each test names its case) and the real BCCD dataset. Scans
 //! of `../shared` run without the label cache and must leave it untouched, whether it is
 //! read-only (CI) or a writable copy (a new user's checkout); the cache, and its fallback on a
@@ -7,9 +7,9 @@ use crate::common;
 
 use common::case_dir;
 use std::path::Path;
-use yolo9::data::labels::{parse_labels, IssueKind, LabelBox};
-use yolo9::data::scan::{scan_split, CacheStatus, LabelStatus, ScanOptions, SplitScan};
-use yolo9::data::yaml::{DataConfig, Split};
+use yolo9::internals::data::labels::{parse_labels, IssueKind, LabelBox};
+use yolo9::internals::data::scan::{scan_split, CacheStatus, LabelStatus, ScanOptions, SplitScan};
+use yolo9::internals::data::yaml::{DataConfig, Split};
 
 /// Scans without the label cache: the case folders in `../shared/cases` may be read-only (CI) or a
 /// writable copy (a new user's checkout), and a scan must give the same result in both; the cache
@@ -399,7 +399,8 @@ fn extensions_case_and_mismatch() {
 
 #[test]
 fn bccd_real_dataset() {
-    let yaml = yolo9::data::fsio::normalize(&common::shared_dir()).join("datasets/bccd/data.yaml");
+    let yaml = yolo9::internals::data::fsio::normalize(&common::shared_dir())
+        .join("datasets/bccd/data.yaml");
     let cfg = DataConfig::load(&yaml).unwrap();
     assert_eq!(cfg.names, vec!["RBC", "WBC", "Platelets"]);
     let mut all = Vec::new();
@@ -556,7 +557,7 @@ fn val_warns_once_when_the_label_cache_cannot_be_written() {
 
 #[test]
 fn truncation_checks_by_hand() {
-    use yolo9::data::scan::probe_image;
+    use yolo9::internals::data::scan::probe_image;
     let dir = common::tmpdir("trunc");
     std::fs::create_dir_all(&dir).unwrap();
     let jpg = std::fs::read(case_dir("coords_invalid").join("images/train/img_000.jpg")).unwrap();

@@ -1,12 +1,12 @@
 //! Terminal and log hygiene (issue 36, "hygiene"): file names, paths, class names and COCO
-//! `file_name`s carrying control characters are printed escaped (`yolo9::text`), and the
+//! `file_name`s carrying control characters are printed escaped (`yolo9::internals::text`), and the
 //! credentials of a stream URL never appear in a log line, an error or an output file.
 use crate::common;
 
 use common::{tmpdir, yolo9};
 use std::path::Path;
 use yolo9::detect::stream::StreamSource;
-use yolo9::text::{escape, message, redact};
+use yolo9::internals::text::{escape, message, redact};
 
 const ESC: char = '\u{1b}';
 
@@ -18,7 +18,7 @@ fn weights() -> String {
 }
 
 /// `out` + `err` of a successful run: none of the `raw` characters appears, each of `escaped`
-/// does (the hostile text as `yolo9::text` shows it).
+/// does (the hostile text as `yolo9::internals::text` shows it).
 fn assert_shown_escaped((code, out, err): (i32, String, String), raw: &[char], escaped: &[&str]) {
     let all = format!("{out}{err}");
     assert_eq!(code, 0, "{all}");
@@ -151,7 +151,7 @@ fn stream_credentials_are_redacted_everywhere() {
 
 /// Class names from a `data.yaml` that carry an escape sequence and a bidirectional override:
 /// `val` prints its table, the label mapping and the summary with them escaped (through
-/// `yolo9::text`, as every line the commands print).
+/// `yolo9::internals::text`, as every line the commands print).
 #[test]
 fn val_prints_hostile_class_names_escaped() {
     let d = tmpdir("hostile-classes");

@@ -6,9 +6,9 @@ use common::{case_dir, tmpdir};
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use yolo9::data::labels::{parse_labels, IssueKind, LabelBox};
-use yolo9::data::scan::label_path_for;
-use yolo9::data::yaml::{DataConfig, Split};
+use yolo9::internals::data::labels::{parse_labels, IssueKind, LabelBox};
+use yolo9::internals::data::scan::label_path_for;
+use yolo9::internals::data::yaml::{DataConfig, Split};
 
 fn yolo9_check(yaml: &Path, cwd: &Path) -> (bool, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_yolo9"))
@@ -286,7 +286,7 @@ fn roboflow_dot_dot_paths() {
     )
     .unwrap();
     let cfg = DataConfig::load(&dir.join("data.yaml")).unwrap();
-    let root = yolo9::data::fsio::normalize(&dir);
+    let root = yolo9::internals::data::fsio::normalize(&dir);
     assert_eq!(cfg.train, vec![root.join("train/images")]);
     assert_eq!(cfg.val, vec![root.join("valid/images")]);
     assert_eq!(cfg.notices.len(), 2, "{:?}", cfg.notices);
@@ -297,13 +297,13 @@ fn roboflow_dot_dot_paths() {
         cfg.notices[0]
     );
     assert!(cfg.notices[1].contains(&root.join("valid/images").display().to_string()));
-    let opts = yolo9::data::scan::ScanOptions {
+    let opts = yolo9::internals::data::scan::ScanOptions {
         use_cache: false,
         print: false,
         ..Default::default()
     };
     for (split, n_img, n_box) in [(Split::Train, 3, n_boxes[0]), (Split::Val, 2, n_boxes[1])] {
-        let scan = yolo9::data::scan::scan_split(&cfg, split, &opts).unwrap();
+        let scan = yolo9::internals::data::scan::scan_split(&cfg, split, &opts).unwrap();
         assert_eq!(scan.records.len(), n_img, "{split}");
         let boxes: usize = scan.records.iter().map(|r| r.boxes.len()).sum();
         assert_eq!(boxes, n_box, "{split}");

@@ -5,10 +5,10 @@ use crate::common;
 use common::yolo9;
 
 use clap::Parser;
-use yolo9::cli::{Cli, Command as Sub};
 use yolo9::device::DeviceSpec;
+use yolo9::internals::cli::{Cli, Command as Sub};
 
-fn parse(args: &[&str]) -> Result<yolo9::cli::detect::DetectArgs, String> {
+fn parse(args: &[&str]) -> Result<yolo9::internals::cli::detect::DetectArgs, String> {
     let mut v = vec!["yolo9", "detect", "x.jpg"];
     v.extend_from_slice(args);
     match Cli::try_parse_from(v) {
@@ -50,7 +50,7 @@ fn defaults_like_detect_dual() {
     // --half is f32 on the CPU (as the official detect), f16 on a GPU.
     let cpu = candle_core::Device::Cpu;
     assert_eq!(
-        yolo9::cli::detect::inference_dtype(true, &cpu),
+        yolo9::internals::cli::detect::inference_dtype(true, &cpu),
         candle_core::DType::F32
     );
     let a = parse(&[
@@ -78,8 +78,8 @@ fn defaults_like_detect_dual() {
 #[test]
 fn img_values() {
     assert_eq!(parse(&["--img", "650"]).unwrap().config.img_size, 650);
-    assert_eq!(yolo9::cli::detect::effective_img(650).0, 672);
-    assert_eq!(yolo9::cli::detect::effective_img(31).0, 32);
+    assert_eq!(yolo9::internals::cli::detect::effective_img(650).0, 672);
+    assert_eq!(yolo9::internals::cli::detect::effective_img(31).0, 32);
     for bad in ["0", "-5", "abc", "99999"] {
         let e = parse(&["--img", bad]).unwrap_err();
         assert!(e.contains("--img"), "{bad}: {e}");
@@ -252,5 +252,5 @@ fn exist_ok_into_the_source_folder_is_refused_and_nothing_is_overwritten() {
 #[test]
 fn every_subcommand_is_well_formed() {
     use clap::CommandFactory;
-    yolo9::cli::Cli::command().debug_assert();
+    yolo9::internals::cli::Cli::command().debug_assert();
 }

@@ -5,7 +5,7 @@
 use crate::common;
 
 use candle_core::Device;
-use yolo9::detect::letterbox::letterbox_info;
+use yolo9::internals::detect::letterbox::letterbox_info;
 use yolo9::Detector;
 
 #[test]

@@ -4,7 +4,7 @@ use crate::common;
 use candle_core::{Device, Tensor};
 use image::RgbImage;
 use std::collections::HashMap;
-use yolo9::detect::letterbox::{apply_letterbox, letterbox, letterbox_info, to_tensor};
+use yolo9::internals::detect::letterbox::{apply_letterbox, letterbox, letterbox_info, to_tensor};
 
 fn oracle() -> HashMap<String, Tensor> {
     let p = common::reference("forward_horses.safetensors");

@@ -71,7 +71,7 @@ fn a_corrupt_image_and_a_bad_option_are_told_apart() {
 
 #[test]
 fn an_out_of_memory_training_run_is_an_out_of_memory_error() {
-    use yolo9::train::guard::Faults;
+    use yolo9::internals::train::guard::Faults;
     use yolo9::train::trainer::train;
     let dir = common::tmpdir("liberr-oom");
     let mut o = common::tiny_run_options(&dir, "exp");

@@ -5,9 +5,9 @@ use crate::common;
 
 use candle_core::{Device, Tensor};
 use std::collections::HashMap;
-use yolo9::detect::device_nms;
-use yolo9::detect::nms::{batched_nms, nms, nms_image, NmsOptions, Row};
-use yolo9::detect::postprocess::{
+use yolo9::internals::detect::device_nms;
+use yolo9::internals::detect::nms::{batched_nms, nms, nms_image, NmsOptions, Row};
+use yolo9::internals::detect::postprocess::{
     filtered_candidates, host_candidates, non_max_suppression, scale_boxes,
 };
 

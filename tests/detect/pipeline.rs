@@ -174,11 +174,14 @@ fn conf(det: Detector, c: f32) -> Detector {
     .unwrap()
 }
 
-fn parse(args: &[&str]) -> yolo9::cli::detect::DetectArgs {
+fn parse(args: &[&str]) -> yolo9::internals::cli::detect::DetectArgs {
     let mut v = vec!["yolo9", "detect"];
     v.extend_from_slice(args);
-    match yolo9::cli::Cli::try_parse_from(v).unwrap().command {
-        yolo9::cli::Command::Detect(a) => a,
+    match yolo9::internals::cli::Cli::try_parse_from(v)
+        .unwrap()
+        .command
+    {
+        yolo9::internals::cli::Command::Detect(a) => a,
         _ => unreachable!(),
     }
 }

@@ -375,7 +375,7 @@ fn padded_batches_detect_what_unpadded_ones_do() {
 }
 
 /// A request's `img` above the default is checked against the free memory on the CPU
-/// (`yolo9::footprint`): a full batch of 256 at 4096 px (about 512 GiB) is a 400 naming the
+/// (`yolo9::internals::footprint`): a full batch of 256 at 4096 px (about 512 GiB) is a 400 naming the
 /// size, the estimate and what is free, answered before any decoding; the default size works.
 #[test]
 fn a_request_size_that_cannot_fit_in_memory_is_a_400() {

@@ -1,5 +1,5 @@
 //! Issue 18 item 5: sizes are checked against the memory before any work starts
-//! (`yolo9::footprint`). Each command is run as the release user would, with a size that cannot
+//! (`yolo9::internals::footprint`). Each command is run as the release user would, with a size that cannot
 //! fit (tens to hundreds of GiB on the CPU, or over the given `--budget`); it must end at once
 //! (each run has its own timeout: without the check these start and then die or swap) with an
 //! error naming the option, the value, the estimate and what is available, and leave nothing

@@ -1,15 +1,15 @@
 //! Sliced inference (`yolo9::detect::tile`, `--tile`) with the built-in BCCD weights on the CPU:
 //! an image no larger than a tile is detected exactly as without tiles; on a large image made
-//! of 2x2 BCCD test images (`yolo9::data::compose`, 1280x960) the tiles find the cells that one
+//! of 2x2 BCCD test images (`yolo9::internals::data::compose`, 1280x960) the tiles find the cells that one
 //! 640-px letterbox of the whole image shrinks away (mAP50 against the composed labels, 66
 //! boxes: 0.589 whole, 0.716 with tiles of 640; about 25 s); the
 //! command line reports the tiles and refuses bad values.
 use crate::common;
 
 use candle_core::Device;
-use yolo9::data::scan::{scan_split, ScanOptions};
-use yolo9::data::yaml::{DataConfig, Split};
 use yolo9::detect::tile::TileOptions;
+use yolo9::internals::data::scan::{scan_split, ScanOptions};
+use yolo9::internals::data::yaml::{DataConfig, Split};
 use yolo9::metrics::validate::{val_images, validate, validate_tiled, ValConfig, ValModel};
 use yolo9::{Detector, DetectorConfig, Weights};
 
@@ -68,7 +68,7 @@ fn a_tile_as_large_as_the_image_changes_nothing() {
 fn tiles_find_the_cells_of_a_large_image() {
     let dir = common::tmpdir("tiles");
     let data = common::shared_dir().join("datasets/bccd/data.yaml");
-    let c = yolo9::data::compose::compose(&data, Split::Test, &dir, 2, Some(1)).unwrap();
+    let c = yolo9::internals::data::compose::compose(&data, Split::Test, &dir, 2, Some(1)).unwrap();
     assert_eq!((c.images, c.size), (1, (1280, 960)));
     let cfg = DataConfig::load(&dir.join("data.yaml")).unwrap();
     let scan = scan_split(&cfg, Split::Test, &ScanOptions::default()).unwrap();
@@ -76,7 +76,7 @@ fn tiles_find_the_cells_of_a_large_image() {
     assert_eq!(images.len(), 1);
     assert_eq!(images[0].labels.len(), c.boxes);
     let w = Weights::builtin().unwrap();
-    let model = yolo9::model::yolov9::YoloV9::load(&w, &Device::Cpu)
+    let model = yolo9::internals::model::yolov9::YoloV9::load(&w, &Device::Cpu)
         .unwrap()
         .for_validation();
     let vc = ValConfig::default();
@@ -106,7 +106,7 @@ fn tiles_find_the_cells_of_a_large_image() {
 fn command_line_tiles() {
     let dir = common::tmpdir("tiles-cli");
     let data = common::shared_dir().join("datasets/bccd/data.yaml");
-    yolo9::data::compose::compose(&data, Split::Test, &dir, 2, Some(1)).unwrap();
+    yolo9::internals::data::compose::compose(&data, Split::Test, &dir, 2, Some(1)).unwrap();
     let img = dir.join("images/test/large_000.jpg");
     let project = dir.join("runs");
     let (code, out, err) = common::yolo9(&[

@@ -5,9 +5,9 @@
 use crate::common;
 
 use clap::Parser;
-use yolo9::cli::{Cli, Command as Sub};
+use yolo9::internals::cli::{Cli, Command as Sub};
 
-fn parse(args: &[&str]) -> Result<yolo9::cli::track::TrackArgs, String> {
+fn parse(args: &[&str]) -> Result<yolo9::internals::cli::track::TrackArgs, String> {
     let mut v = vec!["yolo9", "track", "x.mp4"];
     v.extend_from_slice(args);
     match Cli::try_parse_from(v) {

@@ -16,7 +16,7 @@
 //!   back from each delivered frame as its ground truth), served live at 10 fps by the stream
 //!   tests' ffmpeg server on loopback and cut after frame 59; a second server on the same port
 //!   sends frames 66 on. Read by `LiveReader` (newest frame: most frames are dropped while
-//!   detecting), indexed by `yolo9::track::clock::FrameClock` across the reopening as
+//!   detecting), indexed by `yolo9::internals::track::clock::FrameClock` across the reopening as
 //!   `yolo9 track` does. Measured (2 tests at a time on 2 cores, about 1.2 s of detection a
 //!   frame; 0.8 s alone): IDF1 1.0 and 0 switches in each of 3 runs, 8 to 11 frames tracked (4 to 6
 //!   before the cut, 4 or 5 after), the tracker's index 60 -> 66 where the scene went 59 -> 66 (5
@@ -384,7 +384,7 @@ fn encode(scene: &Scene, ts: std::ops::Range<u32>, out: &std::path::Path) {
 /// `CUT + GAP..FRAMES` (the frames the scene moved on while the stream was away). The
 /// `LiveReader` reopens after its back-off; each delivered frame's number `t` is read from the
 /// code drawn into it (the ground truth of that frame), its tracker index comes from
-/// `yolo9::track::clock::FrameClock` on the frame's number, connection and read time, exactly as
+/// `yolo9::internals::track::clock::FrameClock` on the frame's number, connection and read time, exactly as
 /// `yolo9 track URL --fps 10 --track-buffer 90` does.
 #[test]
 fn ids_survive_a_stream_reconnect_on_the_moving_scene() {
@@ -392,7 +392,7 @@ fn ids_survive_a_stream_reconnect_on_the_moving_scene() {
     use std::time::{Duration, Instant};
     use yolo9::cancel::Cancel;
     use yolo9::detect::stream::{LiveReader, StreamOptions, StreamSource};
-    use yolo9::track::clock::FrameClock;
+    use yolo9::internals::track::clock::FrameClock;
 
     // The first part: 6 s, of which ffmpeg's probing of the connection (2 s) arrives in one
     // burst; the second: 5 s.

@@ -6,7 +6,7 @@ use crate::common;
 use std::collections::HashMap;
 
 use candle_core::{DType, Device, Tensor};
-use yolo9::loss::{Anchors, AssignerInput, GtBatch, Scores, TaskAlignedAssigner};
+use yolo9::internals::loss::{Anchors, AssignerInput, GtBatch, Scores, TaskAlignedAssigner};
 
 fn load_case() -> HashMap<String, Tensor> {
     let path = common::reference("tal_case.safetensors");
@@ -426,7 +426,7 @@ fn zero_metric_ties_follow_a_stable_topk() {
 #[test]
 fn fast_assignment_equals_the_reference_on_random_batches() {
     let hw = [(8usize, 8usize), (4, 4), (2, 2)];
-    let anchors = yolo9::loss::anchors::Anchors::new(&hw, &[8, 16, 32]).unwrap();
+    let anchors = yolo9::internals::loss::anchors::Anchors::new(&hw, &[8, 16, 32]).unwrap();
     let anc = anchors.points_px();
     let na = anc.len();
     for seed in 0..12u64 {
@@ -491,14 +491,14 @@ fn fast_assignment_equals_the_reference_on_random_batches() {
     }
 }
 
-/// The assigner op ([`yolo9::loss::assign_op`], the GPU assigner's reference) on the CPU is the
+/// The assigner op ([`yolo9::internals::loss::assign_op`], the GPU assigner's reference) on the CPU is the
 /// host assigner: on the official case (probabilities) and on a head-layout batch (logits) that
 /// exercises the top-k fallback, zero overlaps, padding and double claims; the planes hold the
 /// target box and DFL distances of each foreground anchor in grid units.
 #[test]
 fn assign_op_on_the_cpu_is_the_host_assigner() {
-    use yolo9::loss::assign_op::{assign_dense, planes_to_assignment, ScoreLayout};
-    use yolo9::loss::targets::bbox2dist;
+    use yolo9::internals::loss::assign_op::{assign_dense, planes_to_assignment, ScoreLayout};
+    use yolo9::internals::loss::targets::bbox2dist;
     let t = load_case();
     let (nc, na) = (80usize, 420usize);
     let anchors = Anchors::new(&[(16, 20), (8, 10), (4, 5)], &[8, 16, 32]).unwrap();

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use candle_core::{DType, Device, Tensor};
-use yolo9::loss::{Assignment, DualTalLoss};
+use yolo9::internals::loss::{Assignment, DualTalLoss};
 use yolo9::model::YoloV9Train;
 use yolo9::{Graph, ModelMeta, Weights};
 

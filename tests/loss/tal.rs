@@ -2,12 +2,12 @@
 //! python3 + numpy in float64), and the dual TAL loss on small synthetic head outputs.
 
 use candle_core::{DType, Device, Tensor, Var};
-use yolo9::loss::iou::{atan_with_grad, box_iou, ciou_tensor, ciou_xyxy};
-use yolo9::loss::tal_loss::{
+use yolo9::internals::loss::iou::{atan_with_grad, box_iou, ciou_tensor, ciou_xyxy};
+use yolo9::internals::loss::tal_loss::{
     bce_with_logits, dfl_expectation, dfl_loss, targets_tensor, DualTalLoss, REG_MAX,
 };
-use yolo9::loss::targets::bbox2dist;
-use yolo9::loss::Anchors;
+use yolo9::internals::loss::targets::bbox2dist;
+use yolo9::internals::loss::Anchors;
 
 fn close(a: f64, b: f64, tol: f64) -> bool {
     (a - b).abs() <= tol * (1.0 + b.abs())
@@ -293,7 +293,7 @@ fn softplus(x: f64) -> f64 {
 
 /// Host replica of one branch (f64) from the assignment the loss reports: checks the gather
 /// indices, decoding, weights and normalisation of the tensor implementation.
-fn host_branch(levels: &[Tensor], asg: &yolo9::loss::Assignment) -> [f64; 3] {
+fn host_branch(levels: &[Tensor], asg: &yolo9::internals::loss::Assignment) -> [f64; 3] {
     let bs = levels[0].dims()[0];
     let no = 64 + NC;
     let anchors = Anchors::new(&LEVELS, &STRIDES).unwrap();
@@ -552,7 +552,9 @@ fn dual_loss_bad_inputs_are_errors() {
     let dev = Device::Cpu;
     let ok_t = targets_tensor(&sample_targets(), &dev).unwrap();
     let loss = DualTalLoss::new(NC, &STRIDES).unwrap();
-    let err = |r: anyhow::Result<yolo9::loss::LossOutput>| r.expect_err("must fail").to_string();
+    let err = |r: anyhow::Result<yolo9::internals::loss::LossOutput>| {
+        r.expect_err("must fail").to_string()
+    };
 
     // Wrong class count.
     let e = err(DualTalLoss::new(4, &STRIDES)
@@ -586,7 +588,7 @@ fn dual_loss_bad_inputs_are_errors() {
     assert!(DualTalLoss::new(3, &[8, 0, 32]).is_err());
 }
 
-/// The fused loss terms (`yolo9::loss::terms`, the default) against the composite of candle ops
+/// The fused loss terms (`yolo9::internals::loss::terms`, the default) against the composite of candle ops
 /// differentiated by candle's autograd: the same assignment, loss items within 1e-6 and every
 /// head-output gradient (box bins, class logits, both branches) within 1e-4 of the largest.
 #[test]

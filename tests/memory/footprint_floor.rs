@@ -1,4 +1,4 @@
-//! Re-measures the per-pixel constants of `yolo9::footprint` on the CPU (yolov9-s, process RSS
+//! Re-measures the per-pixel constants of `yolo9::internals::footprint` on the CPU (yolov9-s, process RSS
 //! peak) and asserts they are floors: every measured point needs at least the stated bytes per
 //! pixel, so the up-front size check never refuses a size that fits. Slow (about 4 minutes on 2
 //! cores) and sensitive to other load, hence ignored by default:
@@ -7,8 +7,8 @@
 //! 1920 (again: 228, 196, 196, 196); training 2545 and 2638 B/px/image at 256 and 512 (again:
 //! 2638, 2543).
 use candle_core::{Device, Tensor};
-use yolo9::footprint::{INFER_BYTES_PER_PIXEL, TRAIN_BYTES_PER_PIXEL};
-use yolo9::memory::MemoryProbe;
+use yolo9::internals::footprint::{INFER_BYTES_PER_PIXEL, TRAIN_BYTES_PER_PIXEL};
+use yolo9::internals::memory::MemoryProbe;
 
 /// One test (the RSS is the process's: two tests running at once would disturb each other).
 #[test]
@@ -26,7 +26,7 @@ fn inference_needs_at_least_the_stated_bytes_per_pixel() {
     );
     let w = yolo9::model::weights::Weights::load(path).unwrap();
     let dev = Device::Cpu;
-    let m = yolo9::model::yolov9::YoloV9::load(&w, &dev).unwrap();
+    let m = yolo9::internals::model::yolov9::YoloV9::load(&w, &dev).unwrap();
     let probe = MemoryProbe::new(&dev).unwrap();
     for s in [320usize, 640, 1280, 1920] {
         probe.release_cached();
@@ -46,7 +46,7 @@ fn a_training_step_needs_at_least_the_stated_bytes_per_pixel_per_image() {
     let dev = Device::Cpu;
     let probe = MemoryProbe::new(&dev).unwrap();
     for img in [256u32, 512] {
-        let req = yolo9::train::budget::BudgetRequest {
+        let req = yolo9::internals::train::budget::BudgetRequest {
             nc: 3,
             img,
             targets_per_image: 100,
@@ -58,7 +58,7 @@ fn a_training_step_needs_at_least_the_stated_bytes_per_pixel_per_image() {
             graphs: false,
             fixed_batch: true,
         };
-        let d = yolo9::train::budget::plan(&req, &dev, &probe).unwrap();
+        let d = yolo9::internals::train::budget::plan(&req, &dev, &probe).unwrap();
         let per_px = d.fit.per_image / (img as f64 * img as f64);
         println!(
             "training --img {img}: {}; {per_px:.1} B/px/image",

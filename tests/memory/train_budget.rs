@@ -3,8 +3,8 @@
 //! runs the tests of one binary in parallel threads) would be measured with it.
 
 use candle_core::Device;
-use yolo9::memory::MemoryProbe;
-use yolo9::train::budget::{plan, BudgetRequest};
+use yolo9::internals::memory::MemoryProbe;
+use yolo9::internals::train::budget::{plan, BudgetRequest};
 
 #[test]
 fn a_binding_cpu_budget_picks_the_largest_micro_batch_that_fits() {
@@ -29,10 +29,10 @@ fn a_binding_cpu_budget_picks_the_largest_micro_batch_that_fits() {
     eprintln!("measured: {:?}", wide.points);
     assert!(peak(1) < peak(2) && peak(2) < peak(4), "{:?}", wide.points);
     let limit = peak(2) as f64 + 0.4 * (peak(4) - peak(2)) as f64;
-    let budget = (limit / (1.0 - yolo9::budget::MARGIN)) as u64;
+    let budget = (limit / (1.0 - yolo9::internals::budget::MARGIN)) as u64;
     let d = plan(&req(budget), &Device::Cpu, &probe).unwrap();
     eprintln!("{}", d.describe());
-    let limit = budget as f64 * (1.0 - yolo9::budget::MARGIN);
+    let limit = budget as f64 * (1.0 - yolo9::internals::budget::MARGIN);
     assert_eq!(d.micro, 2, "{d:?}");
     assert!(d.measured as f64 <= limit, "{d:?}");
     // The next size up is predicted (and for 4, measured) above the limit.

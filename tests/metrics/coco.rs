@@ -1,11 +1,11 @@
-//! `yolo9::metrics::coco` against pycocotools `COCOeval(iouType='bbox')` on
+//! `yolo9::internals::metrics::coco` against pycocotools `COCOeval(iouType='bbox')` on
 //! ../shared/reference/map_case.json (README §7: `pycocotools.gt_json`, `dt_json`, `stats`,
 //! per-class AP), plus a case worked out by hand, and the JSON round trip.
 use crate::common;
 
 use serde_json::Value;
-use yolo9::metrics::coco::{evaluate, CocoDt, CocoGt};
-use yolo9::metrics::coco_json::{read_results, write_results, CocoDataset, CocoResult};
+use yolo9::internals::metrics::coco::{evaluate, CocoDt, CocoGt};
+use yolo9::internals::metrics::coco_json::{read_results, write_results, CocoDataset, CocoResult};
 
 fn load_case() -> Value {
     let p = common::reference("map_case.json");

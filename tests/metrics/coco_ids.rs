@@ -8,7 +8,7 @@ use crate::common;
 use serde_json::json;
 use std::collections::BTreeSet;
 use std::path::Path;
-use yolo9::metrics::coco_json::{read_results, CocoDataset};
+use yolo9::internals::metrics::coco_json::{read_results, CocoDataset};
 
 const IMAGES: [(&str, u64); 4] = [
     ("BloodImage_00007", 90_017),

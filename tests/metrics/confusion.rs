@@ -2,8 +2,8 @@
 //! its agreement with the per-class recall of the same matching, and its pictures.
 use crate::common;
 
-use yolo9::metrics::confusion::ConfusionMatrix;
-use yolo9::metrics::plots::plot_confusion_matrix;
+use yolo9::internals::metrics::confusion::ConfusionMatrix;
+use yolo9::internals::metrics::plots::plot_confusion_matrix;
 
 #[test]
 fn hand_cases_land_in_the_right_cells() {
@@ -80,7 +80,7 @@ fn plots_are_written_and_colour_the_cells_by_value() {
 /// the four curve pictures are written.
 #[test]
 fn curves_agree_with_the_numbers_and_are_drawn() {
-    use yolo9::metrics::ap::{ap_per_class, N_IOU};
+    use yolo9::internals::metrics::ap::{ap_per_class, N_IOU};
     // Two classes, 40 predictions with a seeded mix of hits and misses.
     let mut s = 7u64;
     let mut rnd = move || {
@@ -118,7 +118,7 @@ fn curves_agree_with_the_numbers_and_are_drawn() {
     }
     let dir = common::tmpdir("metrics_curves");
     let names: Vec<String> = ["a", "b"].map(String::from).into();
-    let files = yolo9::metrics::plots::plot_validation(&dir, &ap, None, &names).unwrap();
+    let files = yolo9::internals::metrics::plots::plot_validation(&dir, &ap, None, &names).unwrap();
     assert_eq!(files.len(), 4);
     for f in &files {
         let img = image::open(f).unwrap().to_rgb8();

@@ -1,10 +1,10 @@
-//! Parity of `yolo9::metrics::ap` with the official `val_dual.process_batch` + `ap_per_class` on
+//! Parity of `yolo9::internals::metrics::ap` with the official `val_dual.process_batch` + `ap_per_class` on
 //! ../shared/reference/map_case.json (README §7), plus hand-computed cases.
 use crate::common;
 
 use serde_json::Value;
 use yolo9::boxes::box_iou;
-use yolo9::metrics::ap::{
+use yolo9::internals::metrics::ap::{
     compute_ap, fmt_g3, iou_thresholds, process_batch, smooth, ValStats, N_IOU,
 };
 

@@ -7,8 +7,8 @@ use crate::common;
 use common::yolo9;
 
 use std::path::Path;
-use yolo9::metrics::coco::{evaluate, CocoDt, CocoGt};
-use yolo9::metrics::coco_json::read_results;
+use yolo9::internals::metrics::coco::{evaluate, CocoDt, CocoGt};
+use yolo9::internals::metrics::coco_json::read_results;
 
 /// The official table: the stdout lines from the header to the last class row.
 fn table(out: &str) -> Vec<&str> {

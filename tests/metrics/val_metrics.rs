@@ -131,14 +131,15 @@ fn letterbox_and_mapping_back() {
 }
 
 /// The BCCD data config and its scanned test split.
-fn bccd_test_split() -> (yolo9::data::yaml::DataConfig, Vec<ValImage>) {
-    let cfg =
-        yolo9::data::yaml::DataConfig::load(&common::shared_dir().join("datasets/bccd/data.yaml"))
-            .unwrap();
-    let scan = yolo9::data::scan::scan_split(
+fn bccd_test_split() -> (yolo9::internals::data::yaml::DataConfig, Vec<ValImage>) {
+    let cfg = yolo9::internals::data::yaml::DataConfig::load(
+        &common::shared_dir().join("datasets/bccd/data.yaml"),
+    )
+    .unwrap();
+    let scan = yolo9::internals::data::scan::scan_split(
         &cfg,
-        yolo9::data::yaml::Split::Test,
-        &yolo9::data::scan::ScanOptions {
+        yolo9::internals::data::yaml::Split::Test,
+        &yolo9::internals::data::scan::ScanOptions {
             use_cache: false,
             print: false,
             ..Default::default()
@@ -167,13 +168,13 @@ fn val_two_bccd_images_fused_vs_training_graph() {
         batch: 2,
         ..ValConfig::default()
     };
-    let fused = yolo9::model::yolov9::YoloV9::load(&w, &dev).unwrap();
+    let fused = yolo9::internals::model::yolov9::YoloV9::load(&w, &dev).unwrap();
     let r1 = validate(ValModel::Infer(&fused), &images, &cfg).unwrap();
     assert_eq!(r1.metrics.seen, 2);
     assert_eq!(r1.metrics.nt.iter().sum::<usize>(), n_labels);
     assert!(r1.losses.is_none());
-    let tm = yolo9::model::yolov9::YoloV9Train::from_weights(&w, &dev).unwrap();
-    let loss = yolo9::loss::DualTalLoss::new(3, &[8, 16, 32]).unwrap();
+    let tm = yolo9::internals::model::yolov9::YoloV9Train::from_weights(&w, &dev).unwrap();
+    let loss = yolo9::internals::loss::DualTalLoss::new(3, &[8, 16, 32]).unwrap();
     let r2 = validate(
         ValModel::Train {
             model: &tm,
@@ -233,7 +234,7 @@ fn val_two_bccd_images_fused_vs_training_graph() {
 fn val_bccd_test_split_matches_official_table() {
     let (cfg, images) = bccd_test_split();
     let w = yolo9::Weights::load(common::reference("bccd-official-best.pt")).unwrap();
-    let m = yolo9::model::yolov9::YoloV9::load(&w, &Device::Cpu).unwrap();
+    let m = yolo9::internals::model::yolov9::YoloV9::load(&w, &Device::Cpu).unwrap();
     let r = validate(ValModel::Infer(&m), &images, &ValConfig::default()).unwrap();
     let t = &r.metrics;
     println!("{}", t.table(&cfg.names));
@@ -260,7 +261,7 @@ fn shipped_weights_reach_the_acceptance_map() {
     let path =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("weights/yolov9-s-bccd.safetensors");
     let w = yolo9::Weights::load(&path).unwrap();
-    let m = yolo9::model::yolov9::YoloV9::load(&w, &Device::Cpu).unwrap();
+    let m = yolo9::internals::model::yolov9::YoloV9::load(&w, &Device::Cpu).unwrap();
     let r = validate(ValModel::Infer(&m), &images, &ValConfig::default()).unwrap();
     let t = &r.metrics;
     println!("{}", t.table(&cfg.names));

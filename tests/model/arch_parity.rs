@@ -9,7 +9,8 @@ use crate::common;
 
 use candle_core::{Device, Tensor};
 use std::collections::HashMap;
-use yolo9::model::{keys, YoloV9, YoloV9Train};
+use yolo9::internals::model::keys;
+use yolo9::model::{YoloV9, YoloV9Train};
 use yolo9::Weights;
 
 /// max |a − b| / max |b|.
@@ -91,7 +92,7 @@ fn every_size_equals_the_official_code() {
     let mut devices = vec![Device::Cpu];
     #[cfg(feature = "cuda")]
     {
-        yolo9::cuda::conv::set_strict_fp32(true);
+        yolo9::internals::cuda::conv::set_strict_fp32(true);
         devices.push(Device::new_cuda(0).unwrap());
     }
     for dev in &devices {

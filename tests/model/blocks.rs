@@ -5,11 +5,11 @@ use crate::common;
 
 use candle_core::{DType, Device, IndexOp, Tensor};
 use std::collections::HashMap;
-use yolo9::model::blocks::{AConv, Elan1, RepConvN, RepNBottleneck};
-use yolo9::model::conv::{Conv, ConvSpec, BN_EPS};
-use yolo9::model::head;
-use yolo9::model::params::{BuildMode, Builder};
-use yolo9::model::pool;
+use yolo9::internals::model::blocks::{AConv, Elan1, RepConvN, RepNBottleneck};
+use yolo9::internals::model::conv::{Conv, ConvSpec, BN_EPS};
+use yolo9::internals::model::head;
+use yolo9::internals::model::params::{BuildMode, Builder};
+use yolo9::internals::model::pool;
 
 /// Deterministic pseudo-random values in [lo, hi).
 pub fn rand_tensor(shape: &[usize], seed: u64, lo: f32, hi: f32) -> Tensor {
@@ -292,17 +292,17 @@ fn cpu_inference_conv_equals_candle_conv2d() {
         let x = rand(&xs, 1);
         let w = rand(&ws, 2);
         let want = x.conv2d(&w, p, s, 1, 1).unwrap();
-        let got = yolo9::model::cpu_conv::conv2d(&x, &w, p, s).unwrap();
+        let got = yolo9::internals::model::cpu_conv::conv2d(&x, &w, p, s).unwrap();
         let d = common::max_abs(&got, &want);
         assert!(d < 1e-5, "{xs:?} * {ws:?} p{p} s{s}: max diff {d}");
     }
 }
 
-/// The folded-BN inference epilogue `act(x + b)` (`yolo9::model::bias_act`) against candle's
+/// The folded-BN inference epilogue `act(x + b)` (`yolo9::internals::model::bias_act`) against candle's
 /// broadcast add and SiLU, with a hand-computed element; a bias of the wrong length is an error.
 #[test]
 fn bias_act_equals_broadcast_add_then_silu() {
-    use yolo9::model::bias_act::bias_act;
+    use yolo9::internals::model::bias_act::bias_act;
     let x = rand_tensor(&[2, 3, 4, 5], 11, -4.0, 4.0);
     let b = Tensor::new(&[0.5f32, -1.0, 2.0], &Device::Cpu).unwrap();
     let want_lin = x.broadcast_add(&b.reshape((1, 3, 1, 1)).unwrap()).unwrap();

@@ -10,7 +10,8 @@ use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use yolo9::convert::{self, keys, ConvertOptions};
+use yolo9::convert::{self, ConvertOptions};
+use yolo9::internals::model::keys;
 use yolo9::model::weights::default_arch;
 use yolo9::{Graph, Weights};
 
@@ -235,7 +236,7 @@ fn converted_checkpoint_and_infer_mapping_match_official() {
     assert_eq!(ours.parameter_count(), 7_226_208);
     let idx: HashMap<String, IndexEntry> = index().into_iter().collect();
     let mut checked = 0;
-    let map = yolo9::model::rename::NameMap::train_to_infer(&default_arch(Graph::Train));
+    let map = yolo9::internals::model::rename::NameMap::train_to_infer(&default_arch(Graph::Train));
     for train_name in keys::state_dict_names(&default_arch(Graph::Train)).unwrap() {
         if let Some(infer_name) = map.map(&train_name) {
             let t = &ours.tensors[&infer_name];
@@ -930,7 +931,7 @@ fn ema_is_preferred_over_model() {
 }
 
 /// One budget for a whole `.pt` load, checked before anything is inflated
-/// (`yolo9::pt::MAX_LOAD_BYTES`): a 16-byte storage viewed with stride 0 under a huge shape, and
+/// (`yolo9::internals::pt::MAX_LOAD_BYTES`): a 16-byte storage viewed with stride 0 under a huge shape, and
 /// four views of one large record, are refused at once (before: 4.2 GB and 5.2 GB of RSS).
 #[test]
 fn tensor_bytes_are_budgeted_before_reading() {

@@ -1,4 +1,4 @@
-//! The CPU engine (`yolo9::model::cpu`) against the candle forward it replaces and the official
+//! The CPU engine (`yolo9::internals::model::cpu`) against the candle forward it replaces and the official
 //! outputs: same values at every thread count, rectangular shapes and batches, and no new
 //! arenas after the first call of a shape.
 

@@ -15,10 +15,10 @@ use crate::common;
 
 use candle_core::{Device, Tensor};
 use std::collections::HashMap;
-use yolo9::detect::letterbox::to_tensor;
-use yolo9::detect::nms::{NmsOptions, Row};
-use yolo9::detect::postprocess::non_max_suppression;
 use yolo9::export::{onnx, ExportOptions, NmsExport};
+use yolo9::internals::detect::letterbox::to_tensor;
+use yolo9::internals::detect::nms::{NmsOptions, Row};
+use yolo9::internals::detect::postprocess::non_max_suppression;
 use yolo9::model::YoloV9;
 use yolo9::Weights;
 
@@ -253,7 +253,7 @@ fn half_model_output_follows_the_f32_model() {
         .unwrap()
         .to_rgb8();
     let crop = image::imageops::crop_imm(&img, 200, 150, 128, 128).to_image();
-    let (lb, _) = yolo9::detect::letterbox::letterbox(&crop, 64, 32).unwrap();
+    let (lb, _) = yolo9::internals::detect::letterbox::letterbox(&crop, 64, 32).unwrap();
     let x = to_tensor(&[&lb], &Device::Cpu).unwrap();
     let run = |half: bool| {
         let opts = ExportOptions {
@@ -283,7 +283,7 @@ fn half_model_detects_what_the_f32_model_does() {
     let img = image::open(repo_file("examples/images/BloodImage_00007.jpg"))
         .unwrap()
         .to_rgb8();
-    let (lb, _) = yolo9::detect::letterbox::letterbox(&img, 320, 32).unwrap();
+    let (lb, _) = yolo9::internals::detect::letterbox::letterbox(&img, 320, 32).unwrap();
     let x = to_tensor(&[&lb], &Device::Cpu).unwrap();
     let run = |half: bool| {
         let opts = ExportOptions {

@@ -122,7 +122,7 @@ fn cfg_reads_weights_as_the_model_named_and_refuses_another() {
 /// the DFL kernels) and the parameter counts of the official model summaries.
 #[test]
 fn parameter_counts_equal_the_official_model_summaries() {
-    use yolo9::model::keys;
+    use yolo9::internals::model::keys;
     for (name, entries, params) in [("yolov9-s", 1772, 9_804_512), ("gelan-s", 1339, 7_226_208)] {
         let arch = Arch::builtin(name).unwrap();
         let e = keys::state_dict_entries(&arch, 80).unwrap();
@@ -140,8 +140,8 @@ fn parameter_counts_equal_the_official_model_summaries() {
 /// candle's autograd: the loss items equal and every parameter gradient within 1e-4.
 #[test]
 fn taped_backward_is_exact_on_adown_cblinear_cbfuse() -> anyhow::Result<()> {
-    use yolo9::loss::tal_loss::targets_tensor;
-    use yolo9::loss::DualTalLoss;
+    use yolo9::internals::loss::tal_loss::targets_tensor;
+    use yolo9::internals::loss::DualTalLoss;
     use yolo9::model::arch::STRIDES;
     let yaml = "
 backbone:

@@ -5,9 +5,10 @@ use crate::common;
 
 use candle_core::{DType, Device, Tensor, Var};
 use std::collections::HashMap;
-use yolo9::model::conv::{Conv, ConvSpec};
-use yolo9::model::params::{BuildMode, Builder};
-use yolo9::model::{pool, ParamGroup, YoloV9Train};
+use yolo9::internals::model::conv::{Conv, ConvSpec};
+use yolo9::internals::model::params::{BuildMode, Builder};
+use yolo9::internals::model::pool;
+use yolo9::model::{ParamGroup, YoloV9Train};
 
 /// Checks d(sum(f(x) * r))/dx from candle's backward against central differences.
 fn check_grad(name: &str, x: &Tensor, f: impl Fn(&Tensor) -> Tensor) {
@@ -256,7 +257,7 @@ fn fused_bn_act_matches_composite_bn_in_value_and_gradient() {
                 .unwrap();
             let x = Var::from_tensor(&x0.to_dtype(dtype).unwrap()).unwrap();
             let r = common::uniform(&[2, 3, 5, 7], 9).to_dtype(dtype).unwrap();
-            let bn_t = yolo9::model::conv::BatchNorm2d {
+            let bn_t = yolo9::internals::model::conv::BatchNorm2d {
                 weight: gamma.as_tensor().clone(),
                 bias: beta.as_tensor().clone(),
                 running_mean: Var::from_tensor(&Tensor::zeros(3, dtype, &dev).unwrap()).unwrap(),
@@ -318,14 +319,14 @@ fn eval_forward_of_training_graph_records_no_autograd_graph() {
     assert!(train.main.iter().chain(&train.aux).all(|t| t.track_op()));
 }
 
-/// The tape (`yolo9::model::tape`) against candle's autograd on the whole training graph: two
+/// The tape (`yolo9::internals::model::tape`) against candle's autograd on the whole training graph: two
 /// models from the same seed, one batch (2 images of 64×64, three boxes), the dual TAL loss;
 /// every parameter gradient of the taped backward equals candle's (relative to the largest
 /// entry of each tensor), the loss items and the BN running statistics agree.
 #[test]
 fn taped_backward_equals_candle_autograd_on_the_training_graph() -> anyhow::Result<()> {
-    use yolo9::loss::tal_loss::targets_tensor;
-    use yolo9::loss::DualTalLoss;
+    use yolo9::internals::loss::tal_loss::targets_tensor;
+    use yolo9::internals::loss::DualTalLoss;
     use yolo9::model::arch::STRIDES;
     let dev = Device::Cpu;
     let plain = YoloV9Train::new(None, 3, Vec::new(), &dev, 5)?;
@@ -406,7 +407,7 @@ fn max_pool_op_equals_the_composite_and_routes_ties_to_the_first_maximum() -> an
         "forward"
     );
     let dx_op = pool::max_pool_same_backward(&x, &dy, 5)?;
-    let g = yolo9::model::tape::vjp(
+    let g = yolo9::internals::model::tape::vjp(
         |v| pool::max_pool_same(&v[0], 5).map_err(|e| candle_core::Error::Msg(e.to_string())),
         &[&x],
         &dy,
@@ -421,12 +422,12 @@ fn max_pool_op_equals_the_composite_and_routes_ties_to_the_first_maximum() -> an
     Ok(())
 }
 
-/// On the CPU the training step's CUDA-graph replay (`yolo9::train::graphed`) does not apply and
+/// On the CPU the training step's CUDA-graph replay (`yolo9::internals::train::graphed`) does not apply and
 /// its micro-step is the ordinary one: same loss items and gradients as `ordinary` on an identical
 /// model, BN statistics counted once per micro-step.
 #[test]
 fn graphed_micro_step_on_the_cpu_is_the_ordinary_step() {
-    use yolo9::train::graphed::{ordinary, StepGraphs};
+    use yolo9::internals::train::graphed::{ordinary, StepGraphs};
     let a = YoloV9Train::new(None, 3, vec![], &Device::Cpu, 5).unwrap();
     let b = YoloV9Train::new(None, 3, vec![], &Device::Cpu, 5).unwrap();
     let x = common::uniform(&[1, 3, 64, 64], 13)
@@ -435,7 +436,7 @@ fn graphed_micro_step_on_the_cpu_is_the_ordinary_step() {
         .affine(0.5, 0.5)
         .unwrap();
     let t = Tensor::new(&[[0f32, 1., 0.5, 0.5, 0.4, 0.3]], &Device::Cpu).unwrap();
-    let loss = yolo9::loss::DualTalLoss::new(3, &[8, 16, 32]).unwrap();
+    let loss = yolo9::internals::loss::DualTalLoss::new(3, &[8, 16, 32]).unwrap();
     let pa: Vec<Tensor> = a.vars().iter().map(|v| v.var.as_tensor().clone()).collect();
     let pb: Vec<Tensor> = b.vars().iter().map(|v| v.var.as_tensor().clone()).collect();
     let mut sg = StepGraphs::new();

@@ -594,7 +594,7 @@ fn raw_output(code: &str) -> Vec<(usize, &'static str)> {
 }
 
 /// Issue 36, "hygiene", for its whole kind: every line the library and the commands print goes
-/// through `yolo9::text` (control characters and bidirectional overrides escaped, URL
+/// through `yolo9::internals::text` (control characters and bidirectional overrides escaped, URL
 /// credentials redacted), and every path shown in a message or error through `text::path`.
 #[test]
 fn every_print_and_every_shown_path_goes_through_text() {
@@ -713,7 +713,7 @@ fn the_environment_is_read_in_one_module() {
     }
     assert!(
         bad.is_empty(),
-        "environment read outside yolo9::switches: {bad:#?}"
+        "environment read outside yolo9::internals::switches: {bad:#?}"
     );
 }
 
@@ -736,7 +736,7 @@ fn every_switch_is_in_the_table_and_the_table_is_documented() {
             rest = &rest[at + 1..];
         }
     }
-    let table: std::collections::BTreeSet<String> = yolo9::switches::SWITCHES
+    let table: std::collections::BTreeSet<String> = yolo9::internals::switches::SWITCHES
         .iter()
         .map(|s| s.name.to_string())
         .collect();
@@ -744,7 +744,7 @@ fn every_switch_is_in_the_table_and_the_table_is_documented() {
     let unused: Vec<_> = table.difference(&used).collect();
     assert!(
         unlisted.is_empty(),
-        "switches read but not in yolo9::switches::SWITCHES: {unlisted:?}"
+        "switches read but not in yolo9::internals::switches::SWITCHES: {unlisted:?}"
     );
     assert!(
         unused.is_empty(),
@@ -754,10 +754,10 @@ fn every_switch_is_in_the_table_and_the_table_is_documented() {
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/configuration.md"),
     )
     .unwrap();
-    let expected = yolo9::switches::markdown_table();
+    let expected = yolo9::internals::switches::markdown_table();
     assert!(
         doc.contains(&expected),
-        "docs/configuration.md does not hold the table of yolo9::switches; it should read:\n{expected}"
+        "docs/configuration.md does not hold the table of yolo9::internals::switches; it should read:\n{expected}"
     );
 }
 
@@ -791,5 +791,112 @@ fn the_command_line_is_thin_and_holds_no_frame_loop() {
     assert!(
         loops.is_empty(),
         "frame loops in the command line: {loops:#?}"
+    );
+}
+
+/// The public items of the default build, as `module::item-line`: every top-level `pub` item
+/// (fn, struct, enum, trait, type, const, static, `pub use`) of each file reached from `lib.rs`
+/// through `pub mod` declarations only (a `pub(crate) mod`, a `#[doc(hidden)]` one such as
+/// `internals`, and one compiled only with the `cuda` feature are not followed).
+fn public_items(src: &Path) -> Vec<String> {
+    fn child(file: &Path, name: &str) -> Option<std::path::PathBuf> {
+        let f = file.file_name().unwrap().to_str().unwrap();
+        let dir = if f == "mod.rs" || f == "lib.rs" {
+            file.parent().unwrap().to_path_buf()
+        } else {
+            file.with_extension("")
+        };
+        [
+            dir.join(format!("{name}.rs")),
+            dir.join(name).join("mod.rs"),
+        ]
+        .into_iter()
+        .find(|p| p.exists())
+    }
+    fn walk(file: &Path, module: &str, out: &mut Vec<String>) {
+        let text = std::fs::read_to_string(file).unwrap();
+        let item = |l: &str| {
+            [
+                "fn ",
+                "struct ",
+                "enum ",
+                "trait ",
+                "type ",
+                "const ",
+                "static ",
+                "use ",
+                "unsafe fn ",
+                "async fn ",
+            ]
+            .iter()
+            .any(|k| l.strip_prefix("pub ").is_some_and(|r| r.starts_with(k)))
+        };
+        let (mut hidden, mut cuda) = (false, false);
+        for l in text.lines() {
+            if l.starts_with("#[doc(hidden)]") {
+                hidden = true;
+                continue;
+            }
+            if l.starts_with("#[cfg(") && l.contains("\"cuda\"") && !l.contains("not(") {
+                cuda = true;
+                continue;
+            }
+            if l.starts_with("#[") {
+                continue;
+            }
+            if !hidden && !cuda {
+                if let Some(name) = l.strip_prefix("pub mod ").and_then(|r| r.strip_suffix(';')) {
+                    if let Some(f) = child(file, name) {
+                        walk(&f, &format!("{module}::{name}"), out);
+                    }
+                } else if item(l) {
+                    out.push(format!("{module}: {}", l.trim_end_matches(['{', ' '])));
+                }
+            }
+            (hidden, cuda) = (false, false);
+        }
+    }
+    let mut out = vec![];
+    walk(&src.join("lib.rs"), "yolo9", &mut out);
+    out
+}
+
+/// Issue 52, "a small public face": the default build exposes at most 450 top-level items, so
+/// an internal change does not break an embedder; the rest is `pub(crate)`, reached by the
+/// crate's own tests, benches and binaries through the hidden `yolo9::internals` (the compiler
+/// refuses any other path to it).
+#[test]
+fn the_public_face_stays_small() {
+    let items = public_items(&src_dir());
+    // What an embedder needs is there, the engine's internals are not.
+    for needed in [
+        "yolo9::detect::detector: pub struct Detector",
+        "yolo9::detect::config: pub struct DetectorConfig",
+        "yolo9::model::weights: pub struct Weights",
+        "yolo9::track::byte: pub struct ByteTracker",
+    ] {
+        assert!(
+            items.iter().any(|i| i.starts_with(needed)),
+            "{needed} is missing from the public items"
+        );
+    }
+    for internal in [
+        "yolo9::loss",
+        "yolo9::cli",
+        "yolo9::detect::nms",
+        "yolo9::internals",
+    ] {
+        assert!(
+            !items.iter().any(|i| i.starts_with(&format!("{internal}:"))
+                || i.starts_with(&format!("{internal}::"))),
+            "{internal} is public"
+        );
+    }
+    assert!(
+        items.len() <= 450,
+        "{} public items (at most 450): make what an embedder does not need pub(crate) and \
+         reach it through yolo9::internals:\n{}",
+        items.len(),
+        items.join("\n")
     );
 }

@@ -1,5 +1,5 @@
 //! Writers never destroy input (issue 36, "writers"): every output goes through
-//! `yolo9::outfile`, so an output that is one of the command's inputs (by file identity: the same
+//! `yolo9::internals::outfile`, so an output that is one of the command's inputs (by file identity: the same
 //! path, a hard link, a symlink), a FIFO, a device or a directory is refused with an error naming
 //! it, before any work and without blocking; a user's file that happens to carry the name of an
 //! old temporary (`W.onnx.partial`) survives; and no temporary is left behind.
@@ -9,7 +9,7 @@ use common::tmpdir;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use yolo9::outfile::{self, Inputs};
+use yolo9::internals::outfile::{self, Inputs};
 
 fn shipped_weights() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("weights/yolov9-s-bccd.safetensors")
@@ -190,7 +190,7 @@ fn a_users_partial_file_survives_and_no_temporary_is_left() {
     let out = d.join("W.onnx");
     let partial = d.join("W.onnx.partial");
     std::fs::write(&partial, b"the user's own file").unwrap();
-    let model = yolo9::export::onnx_pb::ModelProto {
+    let model = yolo9::internals::export::onnx_pb::ModelProto {
         ir_version: 8,
         producer_name: "writers-test".into(),
         ..Default::default()
@@ -406,7 +406,7 @@ fn src_code() -> Vec<(String, Vec<(usize, String)>)> {
         .collect()
 }
 
-/// Files that open files for writing themselves rather than through `yolo9::outfile`, and why.
+/// Files that open files for writing themselves rather than through `yolo9::internals::outfile`, and why.
 const RAW_WRITERS_ALLOWED: &[(&str, &str)] = &[
     ("outfile.rs", "the one writer"),
     (
@@ -430,7 +430,7 @@ const RAW_WRITERS_ALLOWED: &[(&str, &str)] = &[
 
 /// Issue 51, "writers that follow links", for its whole kind: no code of `src/` outside the
 /// writers above opens a file for writing (`File::create`, `fs::write`, `OpenOptions` with
-/// write, append, create or truncate); each of them goes through `yolo9::outfile`, which refuses
+/// write, append, create or truncate); each of them goes through `yolo9::internals::outfile`, which refuses
 /// inputs and replaces links instead of writing through them.
 #[test]
 fn every_file_written_goes_through_the_one_writer() {
@@ -458,7 +458,7 @@ fn every_file_written_goes_through_the_one_writer() {
     }
     assert!(
         bad.is_empty(),
-        "files opened for writing outside yolo9::outfile: {bad:#?}"
+        "files opened for writing outside yolo9::internals::outfile: {bad:#?}"
     );
     // The scan finds what it should: each allowed writer (but the launcher) is one.
     for (f, _) in RAW_WRITERS_ALLOWED {
@@ -470,7 +470,7 @@ fn every_file_written_goes_through_the_one_writer() {
 }
 
 /// Files that read a file whole or open it themselves rather than through
-/// `yolo9::bounded::read_capped`/`open_regular`, and why.
+/// `yolo9::internals::bounded::read_capped`/`open_regular`, and why.
 const RAW_READERS_ALLOWED: &[(&str, &str)] = &[
     ("bounded.rs", "the one reader"),
     (
@@ -530,7 +530,7 @@ fn every_file_read_whole_goes_through_the_capped_reader() {
     }
     assert!(
         bad.is_empty(),
-        "files read outside yolo9::bounded (use bounded::read_capped with a FileKind): {bad:#?}"
+        "files read outside yolo9::internals::bounded (use bounded::read_capped with a FileKind): {bad:#?}"
     );
 }
 

@@ -1,4 +1,4 @@
-//! Data-parallel training on the CPU ([`yolo9::train::dist`]): the collectives (threads and TCP
+//! Data-parallel training on the CPU ([`yolo9::internals::train::dist`]): the collectives (threads and TCP
 //! loopback: sums in rank order, broadcast, agreement, a rank that is gone or failed names
 //! itself), the per-rank shares of a batch, and whole tiny runs of 1, 2 and 3 ranks as threads
 //! against one rank running the same shares as micro-batches.
@@ -15,14 +15,14 @@ use crate::common;
 use candle_core::{DType, Device, Tensor};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
-use yolo9::data::loader::shard_range;
-use yolo9::train::checkpoint::load_state;
-use yolo9::train::dist::env::Backend;
-use yolo9::train::dist::local::local_group;
-use yolo9::train::dist::socket::SocketRank;
-use yolo9::train::dist::sync::BnSyncOf;
-use yolo9::train::dist::{Collective, DistError, BACKEND_ENV};
-use yolo9::train::guard::Faults;
+use yolo9::internals::data::loader::shard_range;
+use yolo9::internals::train::checkpoint::load_state;
+use yolo9::internals::train::dist::env::Backend;
+use yolo9::internals::train::dist::local::local_group;
+use yolo9::internals::train::dist::socket::SocketRank;
+use yolo9::internals::train::dist::sync::BnSyncOf;
+use yolo9::internals::train::dist::{Collective, DistError, BACKEND_ENV};
+use yolo9::internals::train::guard::Faults;
 use yolo9::train::trainer::{train_group, train_with, StopFlag, TrainObserver, TrainOptions};
 
 /// An observer that keeps every line (epoch lines included).
@@ -312,7 +312,9 @@ fn train_alone(o: &TrainOptions) -> yolo9::train::trainer::TrainSummary {
 }
 
 /// The training state a run saved last.
-fn state_of(s: &yolo9::train::trainer::TrainSummary) -> yolo9::train::checkpoint::TrainState {
+fn state_of(
+    s: &yolo9::train::trainer::TrainSummary,
+) -> yolo9::internals::train::checkpoint::TrainState {
     load_state(&s.run_dir.join("weights/state.safetensors")).unwrap()
 }
 
@@ -386,14 +388,14 @@ fn two_and_three_ranks_train_the_weights_of_one_rank_with_their_shares_as_micro_
     }
 }
 
-/// `--sync-bn`'s BN (`yolo9::model::bn_sync`): 2 ranks (threads) holding 3 and 2 images of a
+/// `--sync-bn`'s BN (`yolo9::internals::model::bn_sync`): 2 ranks (threads) holding 3 and 2 images of a
 /// batch of 5 normalise with the statistics of all 5, and their backward gives each its slice of
 /// the whole batch's input gradient, with dγ and dβ that add up to the whole batch's: the fused
 /// BN + SiLU forward and backward of one rank on the 5 images, within f32 rounding.
 #[test]
 fn sync_bn_normalises_and_differentiates_as_one_rank_on_the_whole_batch() {
-    use yolo9::model::bn_act::{bn_act_apply, bn_act_backward, stats_block};
-    use yolo9::model::bn_sync::{pooled_block, with_sync};
+    use yolo9::internals::model::bn_act::{bn_act_apply, bn_act_backward, stats_block};
+    use yolo9::internals::model::bn_sync::{pooled_block, with_sync};
     let (c, eps) = (4usize, 1e-3);
     let u = |shape: &[usize], seed| common::uniform(shape, seed).to_dtype(DType::F32).unwrap();
     let x = u(&[5, c, 6, 7], 11).affine(3.0, 0.5).unwrap();
@@ -698,7 +700,7 @@ fn a_nan_on_one_rank_process_rolls_back_both() {
 /// torchrun's variables: defaults, the address, and errors naming the variable.
 #[test]
 fn the_group_environment_is_read_with_torchrun_names() {
-    use yolo9::train::dist::env::GroupEnv;
+    use yolo9::internals::train::dist::env::GroupEnv;
     let read = |vars: &[(&str, &str)]| {
         let m: HashMap<String, String> = vars
             .iter()

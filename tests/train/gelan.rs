@@ -18,10 +18,10 @@ use crate::common;
 use candle_core::{DType, Device, Tensor};
 use std::path::Path;
 use std::sync::Arc;
-use yolo9::loss::DualTalLoss;
+use yolo9::internals::loss::DualTalLoss;
+use yolo9::internals::model::yolov9::YoloV9Train;
 use yolo9::model::arch::Arch;
 use yolo9::model::weights::Graph;
-use yolo9::model::yolov9::YoloV9Train;
 use yolo9::Weights;
 
 fn shipped() -> Weights {
@@ -167,7 +167,7 @@ fn check_checkpoint(dir: &Path, cfg: &str, best: &Path) {
     assert_eq!(w.meta.nc, 3);
     let want = Arch::builtin(cfg).unwrap();
     assert_eq!(*w.meta.arch, want);
-    let m = yolo9::model::yolov9::YoloV9::load(&w, &Device::Cpu).unwrap();
+    let m = yolo9::internals::model::yolov9::YoloV9::load(&w, &Device::Cpu).unwrap();
     let x = Tensor::zeros((1, 3, 64, 64), DType::F32, &Device::Cpu).unwrap();
     assert_eq!(m.forward(&x).unwrap().dims(), &[1, 7, 84]);
     let (code, out, err) = common::yolo9(&[

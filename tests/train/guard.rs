@@ -1,7 +1,7 @@
 //! Training that cannot die (CPU, tiny BCCD runs at 64x64): out-of-memory recovery, the NaN/Inf
 //! guard, stop/kill and exact resume, memory-budget sizing, and clear errors for finished runs
 //! and torn checkpoints. Faults are injected with `Faults` / `YOLO9_FAULTS` (see
-//! `yolo9::train::guard`).
+//! `yolo9::internals::train::guard`).
 
 use crate::common;
 
@@ -10,10 +10,10 @@ use common::tmpdir;
 use candle_core::{DType, Device, Tensor};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use yolo9::memory::MemoryProbe;
-use yolo9::train::budget::{plan, BudgetRequest};
-use yolo9::train::checkpoint::load_state;
-use yolo9::train::guard::Faults;
+use yolo9::internals::memory::MemoryProbe;
+use yolo9::internals::train::budget::{plan, BudgetRequest};
+use yolo9::internals::train::checkpoint::load_state;
+use yolo9::internals::train::guard::Faults;
 use yolo9::train::trainer::{train, train_with, StopFlag, TrainObserver, TrainOptions};
 
 /// 2 train images, batch 1 (2 iterations per epoch), 3 epochs, no augmentation.
@@ -479,8 +479,8 @@ fn a_torn_or_foreign_state_file_is_a_clear_error() {
 
 #[test]
 fn inference_budget_sizes_the_val_batch_and_detect_refuses_a_tiny_budget() {
-    use yolo9::budget::plan_inference;
-    use yolo9::model::yolov9::YoloV9;
+    use yolo9::internals::budget::plan_inference;
+    use yolo9::internals::model::yolov9::YoloV9;
     let wpath = Path::new(env!("CARGO_MANIFEST_DIR")).join("weights/yolov9-s-bccd.safetensors");
     let w = yolo9::Weights::load(&wpath).unwrap();
     let m = YoloV9::load(&w, &Device::Cpu).unwrap();
@@ -580,7 +580,7 @@ fn resume_after_the_dataset_moved_uses_the_given_data() {
 /// validates that epoch and finishes the run.
 #[test]
 fn a_stop_is_honoured_in_the_scan_the_sizing_and_validation() {
-    use yolo9::train::guard::Phase;
+    use yolo9::internals::train::guard::Phase;
     let dir = tmpdir("stop_phases");
     for (phase, budget) in [(Phase::Scan, false), (Phase::Sizing, true)] {
         let mut o = options(&dir, &format!("{phase:?}"));
@@ -631,7 +631,7 @@ fn a_stop_is_honoured_in_the_scan_the_sizing_and_validation() {
 
 #[test]
 fn stop_phases_parse_from_the_fault_variable() {
-    use yolo9::train::guard::Phase;
+    use yolo9::internals::train::guard::Phase;
     for (s, p) in [
         ("stop@scan", Phase::Scan),
         ("stop@sizing", Phase::Sizing),
@@ -680,7 +680,7 @@ fn exist_ok_into_a_folder_holding_an_input_is_refused() {
     let run = dir.join("runs/reuse");
     let csv = std::fs::read(run.join("results.csv")).unwrap();
     let last = std::fs::read(run.join("weights/last.safetensors")).unwrap();
-    let owner = yolo9::runs::lock_run_dir(&run).unwrap();
+    let owner = yolo9::internals::runs::lock_run_dir(&run).unwrap();
     let pid = std::process::id().to_string();
     let again = format!("{:#}", train(&o).unwrap_err());
     assert!(

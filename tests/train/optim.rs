@@ -2,9 +2,9 @@
 use crate::common;
 
 use candle_core::{Device, Tensor, Var};
-use yolo9::train::ema::Ema;
-use yolo9::train::optimizer::{group_of, ParamGroup, Sgd};
-use yolo9::train::schedule::{round_half_even, Schedule};
+use yolo9::internals::train::ema::Ema;
+use yolo9::internals::train::optimizer::{group_of, ParamGroup, Sgd};
+use yolo9::internals::train::schedule::{round_half_even, Schedule};
 
 fn close(a: &[f32], b: &[f64]) {
     for (x, y) in a.iter().zip(b) {
@@ -209,8 +209,8 @@ fn hyp_yaml_reads_augmentation_keys() -> anyhow::Result<()> {
 /// the update's sign is wrong). YOLOv9-s training graph, CPU, 2 seeded 64x64 images with boxes.
 #[test]
 fn sgd_step_on_the_training_graph_lowers_the_loss() -> anyhow::Result<()> {
-    use yolo9::loss::tal_loss::targets_tensor;
-    use yolo9::loss::DualTalLoss;
+    use yolo9::internals::loss::tal_loss::targets_tensor;
+    use yolo9::internals::loss::DualTalLoss;
     use yolo9::model::arch::STRIDES;
     use yolo9::model::YoloV9Train;
     let dev = Device::Cpu;

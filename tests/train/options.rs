@@ -9,13 +9,13 @@ use crate::common;
 
 use candle_core::{DType, Device, Tensor, Var};
 use std::sync::Arc;
-use yolo9::data::loader::{DecodeFn, Loader, LoaderConfig, TrainItem};
-use yolo9::loss::tal_loss::{targets_tensor, DualTalLoss, REG_MAX};
+use yolo9::internals::data::loader::{DecodeFn, Loader, LoaderConfig, TrainItem};
+use yolo9::internals::loss::tal_loss::{targets_tensor, DualTalLoss, REG_MAX};
+use yolo9::internals::model::yolov9::{training_arch, YoloV9Train};
+use yolo9::internals::train::cache::{cache_bytes, check_fits, RamCache};
+use yolo9::internals::train::checkpoint::load_state;
+use yolo9::internals::train::optimizer::{Optimizer, OptimizerKind, Sgd, ADAM_BETA2, ADAM_EPS};
 use yolo9::model::weights::Weights;
-use yolo9::model::yolov9::{training_arch, YoloV9Train};
-use yolo9::train::cache::{cache_bytes, check_fits, RamCache};
-use yolo9::train::checkpoint::load_state;
-use yolo9::train::optimizer::{Optimizer, OptimizerKind, Sgd, ADAM_BETA2, ADAM_EPS};
 use yolo9::train::options::{freeze_prefixes, ImageCache};
 use yolo9::train::trainer::{train_with, StopFlag, TrainObserver};
 
@@ -500,7 +500,7 @@ fn fine_tune_single_class_frozen_adamw_cached_and_resumed() -> anyhow::Result<()
     }
     assert!(frozen >= 9, "{frozen} frozen tensors checked");
     assert!(moved > 0, "no parameter of layer 3 moved");
-    let steps = |st: &yolo9::train::checkpoint::TrainState| -> f64 {
+    let steps = |st: &yolo9::internals::train::checkpoint::TrainState| -> f64 {
         let (_, t) = st
             .optim
             .iter()

@@ -9,8 +9,8 @@ use crate::common;
 
 use candle_core::Device;
 use std::path::PathBuf;
-use yolo9::model::yolov9::{YoloV9, YoloV9Train};
-use yolo9::train::checkpoint::load_state;
+use yolo9::internals::model::yolov9::{YoloV9, YoloV9Train};
+use yolo9::internals::train::checkpoint::load_state;
 use yolo9::train::trainer::{train, TrainOptions, RESULTS_HEADER};
 
 #[test]
