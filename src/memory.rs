@@ -604,8 +604,10 @@ mod tests {
         assert!(lifetime >= 256 * mib, "{lifetime}");
         drop(big);
         p.reset_peak();
+        // The kernel's figure may lose a few pages that malloc returned by madvise before the
+        // high-water mark was synced; a reset would lose the 256 MiB.
         assert!(
-            hwm() >= lifetime,
+            hwm() + 16 * mib >= lifetime,
             "the window lowered VmHWM: {} < {lifetime}",
             hwm()
         );

@@ -1328,18 +1328,10 @@ fn nccl_group_of_one_gives_back_its_input_and_trains_as_one_gpu() {
     use yolo9::internals::train::dist::local::local_group;
     use yolo9::internals::train::dist::nccl::{version, NcclRank};
     use yolo9::internals::train::dist::Collective;
-    use yolo9::train::trainer::{train_group, train_with, StopFlag, TrainObserver};
+    use yolo9::train::trainer::{train_group, train_with, StopFlag, TrainEvent, TrainObserver};
     struct Quiet;
     impl TrainObserver for Quiet {
-        fn line(&mut self, _: &str) {}
-        fn text(&mut self, _: &str) {}
-        fn note(&mut self, _: &str) {}
-        fn epoch_start(&mut self, _: &str, _: usize, _: usize) {}
-        fn epoch_line(&mut self, _: &str) {}
-        fn batch_done(&mut self, _: &str) {}
-        fn epoch_abandoned(&mut self) {}
-        fn epoch_trained(&mut self) {}
-        fn epoch_closed(&mut self) {}
+        fn event(&mut self, _: &TrainEvent<'_>) {}
     }
     let dev = yolo9::device::select(DeviceSpec::Cuda(0)).unwrap();
     let group = || {

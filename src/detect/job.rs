@@ -33,10 +33,11 @@
 use crate::data::image::load_rgb8;
 use crate::detect::detector::Detector;
 use crate::detect::draw::{canvas_for, draw_detections};
+use crate::detect::frames::{FrameAt, FrameLoop, FrameStage};
 use crate::detect::output::{
     annotated_name, count_summary, unique_stems, Item, SinkOptions, Sinks,
 };
-use crate::detect::stream::{LiveReader, StreamOptions, StreamSource};
+use crate::detect::stream::StreamSource;
 use crate::runs::increment_path;
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
@@ -490,209 +491,106 @@ fn detect_streams(
     }
 }
 
-/// Writes one detected frame of a video or stream ([`Sinks::write`]: labels
-/// `<stem>_<frame>.txt`, `predictions.jsonl` lines with a `frame` field, crops) and the
-/// annotated frame to `writer`.
-fn frame_outputs(
-    sinks: &mut Sinks,
-    (source, stem, frame): (&str, &str, u64),
-    img: image::RgbImage,
-    dets: &[crate::detect::detector::Detection],
-    writer: Option<&mut crate::detect::video::FrameWriter>,
-) -> Result<()> {
-    let item = Item {
-        source,
-        stem,
-        frame: Some(frame),
-        size: img.dimensions(),
-    };
-    sinks.write(item, dets, Some(&img))?;
-    if let Some(wr) = writer {
-        let mut canvas = img;
-        draw_detections(&mut canvas, dets, 1.0, &sinks.options().draw)?;
-        wr.write(&canvas)?;
-    }
-    Ok(())
+/// Detect's stage of the frame loop: per frame [`Sinks::write`] (labels `<stem>_<frame>.txt`,
+/// `predictions.jsonl` lines with a `frame` field, crops), then the boxes drawn for the
+/// annotated video.
+struct DetectStage<'a> {
+    sinks: &'a mut Sinks,
+    source: String,
+    stem: &'a str,
+    names: &'a [String],
 }
 
-/// Detection on every `--vid-stride`-th frame of a video (frames numbered from 1, as the
-/// official `LoadImages`): per frame a progress line and [`frame_outputs`], the annotated frames
-/// as `<stem>.mp4` in the run folder (the source's frame rate) unless `--nosave`. A stop request
-/// ends the video at the current frame, with a finished file.
+impl FrameStage for DetectStage<'_> {
+    fn frame(
+        &mut self,
+        at: FrameAt,
+        image: &mut image::RgbImage,
+        dets: &[crate::detect::detector::Detection],
+        draw: bool,
+    ) -> Result<String> {
+        let item = Item {
+            source: &self.source,
+            stem: self.stem,
+            frame: Some(at.frame),
+            size: image.dimensions(),
+        };
+        self.sinks.write(item, dets, Some(image))?;
+        if draw {
+            draw_detections(image, dets, 1.0, &self.sinks.options().draw)?;
+        }
+        Ok(count_summary(dets, self.names))
+    }
+}
+
+/// The frame loop of one video or stream of a detect run, its annotated video `<stem>.mp4` in
+/// the run folder unless `--nosave`.
+fn frame_loop<'a>(
+    detector: &'a Detector,
+    opts: &JobOptions,
+    stem: &str,
+    sinks: &Sinks,
+    at: (usize, usize),
+    cancel: &'a crate::cancel::Cancel,
+) -> FrameLoop<'a> {
+    FrameLoop {
+        detector,
+        cancel,
+        vid_stride: opts.vid_stride,
+        stream_retries: opts.stream_retries,
+        video: (!sinks.options().nosave).then(|| sinks.dir().join(format!("{stem}.mp4"))),
+        at,
+    }
+}
+
+/// Detection on every `--vid-stride`-th frame of a video ([`FrameLoop::video`]) with
+/// [`DetectStage`]; a line saying where the annotated video went.
 fn detect_video(
     detector: &Detector,
     opts: &JobOptions,
     path: &Path,
     stem: &str,
     sinks: &mut Sinks,
-    (k, total): (usize, usize),
+    at: (usize, usize),
     cancel: &crate::cancel::Cancel,
 ) -> Result<()> {
-    use crate::detect::video::{probe, FrameReader, FrameWriter};
-    let info = probe(path)?;
-    let names = detector.names();
-    let mut reader = FrameReader::open(path, &info)?;
-    let mut writer = if sinks.options().nosave {
-        None
-    } else {
-        let out = sinks.dir().join(format!("{stem}.mp4"));
-        Some((
-            FrameWriter::create(&out, info.width, info.height, info.fps)?,
-            out,
-        ))
+    let info = crate::detect::video::probe(path)?;
+    let lp = frame_loop(detector, opts, stem, sinks, at, cancel);
+    let mut stage = DetectStage {
+        sinks,
+        source: path.to_string_lossy().into_owned(),
+        stem,
+        names: detector.names(),
     };
-    let of = info
-        .frames
-        .map(|n| n.to_string())
-        .unwrap_or_else(|| "?".into());
-    let source = path.to_string_lossy();
-    let (mut frame, mut detected) = (0u64, 0u64);
-    while let Some(img) = reader.next_frame()? {
-        if cancel.requested() {
-            crate::text::errln!(
-                "stopped on request: {} ends at frame {frame}",
-                crate::text::path(&path)
-            );
-            break;
-        }
-        frame += 1;
-        if (frame - 1) % opts.vid_stride as u64 != 0 {
-            continue;
-        }
-        let t0 = Instant::now();
-        let dets = detector
-            .detect_rgb(&img)
-            .with_context(|| format!("frame {frame}"))?;
-        detected += 1;
+    let done = lp.video(path, &info, &mut stage)?;
+    if let Some(out) = &lp.video {
         crate::text::outln!(
-            "video {k}/{total} (frame {frame}/{of}) {}: {}, {:.1}ms",
+            "{}: {} of {} frames detected, saved to {}",
             crate::text::path(&path),
-            count_summary(&dets, names),
-            t0.elapsed().as_secs_f64() * 1e3
-        );
-        let wr = writer.as_mut().map(|(w, _)| w);
-        frame_outputs(sinks, (&source, stem, frame), img, &dets, wr)?;
-    }
-    if let Some(msg) = reader.finish() {
-        if !cancel.requested() {
-            crate::text::errln!("note: {}: ffmpeg reported: {msg}", crate::text::path(&path));
-        }
-    }
-    if let Some((wr, out)) = writer {
-        wr.finish()?;
-        crate::text::outln!(
-            "{}: {detected} of {frame} frames detected, saved to {}",
-            crate::text::path(&path),
+            done.detected,
+            done.frames,
             crate::text::path(&out)
         );
-    }
-    if frame == 0 {
-        bail!("no frame could be decoded");
     }
     Ok(())
 }
 
-/// Detection on a webcam or stream ([`LiveReader`]: the newest frame each time, so a slow
-/// detector skips frames rather than lag behind), until it ends (after `--stream-retries`
-/// reopenings) or a stop request: per detected frame a progress line with the frame number and
-/// the frames dropped so far, [`frame_outputs`], and the annotated frames as `<stem>.mp4`
-/// (stamped with the wall clock; at the first frame's size: frames of another size are left out
-/// of it, counted) unless `--nosave`; at the end a summary of frames read, detected, dropped,
-/// skipped by `--vid-stride`, damaged and reopenings.
+/// Detection on a webcam or stream ([`FrameLoop::stream`]) with [`DetectStage`].
 fn detect_stream(
     detector: &Detector,
     opts: &JobOptions,
     src: &StreamSource,
     stem: &str,
     sinks: &mut Sinks,
-    (k, total): (usize, usize),
+    at: (usize, usize),
     cancel: &crate::cancel::Cancel,
 ) -> Result<()> {
-    use crate::detect::video::FrameWriter;
-    let name = src.name();
-    let opts = StreamOptions {
-        vid_stride: opts.vid_stride,
-        retries: opts.stream_retries,
-        ..StreamOptions::default()
+    let lp = frame_loop(detector, opts, stem, sinks, at, cancel);
+    let mut stage = DetectStage {
+        sinks,
+        source: src.name(),
+        stem,
+        names: detector.names(),
     };
-    let mut reader = LiveReader::open(src.clone(), opts)?;
-    crate::text::errln!(
-        "reading {name} ({}); Ctrl-C stops and finishes the outputs",
-        if reader.is_live() {
-            "live: the newest frame is detected, frames that arrive meanwhile are dropped"
-        } else {
-            "a file (a video or a picture): every frame"
-        }
-    );
-    let names = detector.names();
-    let out = sinks.dir().join(format!("{stem}.mp4"));
-    let mut writer: Option<FrameWriter> = None;
-    let mut off_size = 0u64;
-    let result = (|| -> Result<()> {
-        while let Some(f) = reader.next(cancel)? {
-            let t0 = Instant::now();
-            let dets = detector
-                .detect_rgb(&f.image)
-                .with_context(|| format!("frame {}", f.frame))?;
-            let stats = reader.stats();
-            crate::text::outln!(
-                "stream {k}/{total} (frame {}, {} dropped) {name}: {}, {:.1}ms",
-                f.frame,
-                stats.dropped,
-                count_summary(&dets, names),
-                t0.elapsed().as_secs_f64() * 1e3
-            );
-            if !sinks.options().nosave && writer.is_none() {
-                let (w, h) = f.image.dimensions();
-                writer = Some(FrameWriter::create_live(&out, w, h)?);
-            }
-            // The video keeps its first frame size (a stream that changes size mid-way).
-            let wr = match writer.as_mut() {
-                Some(w) if w.size() == f.image.dimensions() => Some(w),
-                Some(_) => {
-                    off_size += 1;
-                    None
-                }
-                None => None,
-            };
-            frame_outputs(sinks, (&name, stem, f.frame), f.image, &dets, wr)?;
-        }
-        Ok(())
-    })();
-    let stopped = cancel.requested();
-    reader.stop();
-    let s = reader.stats();
-    let finished = writer.map(|w| w.finish());
-    let mut summary = format!(
-        "{name}: {} of {} frames detected, {} dropped (detection slower than the stream), {} \
-         skipped by --vid-stride, {} damaged, {} reopenings",
-        s.delivered, s.read, s.dropped, s.strided, s.corrupt, s.reconnects
-    );
-    if off_size > 0 {
-        summary.push_str(&format!(
-            "; {off_size} frames of another size than the first are not in the video"
-        ));
-    }
-    if stopped {
-        summary.push_str("; stopped on request");
-    } else if let Some(why) = reader.end_reason() {
-        summary.push_str(&format!("; ended: {why}"));
-    }
-    match &finished {
-        Some(Ok(())) => summary.push_str(&format!(", saved to {}", crate::text::path(&out))),
-        Some(Err(e)) => summary.push_str(&format!(
-            ", the annotated video failed: {}",
-            crate::text::message(&format!("{e:#}"))
-        )),
-        None => {}
-    }
-    crate::text::outln!("{summary}");
-    result?;
-    if let Some(r) = finished {
-        r?;
-    }
-    if s.delivered == 0 {
-        bail!("no frame was detected");
-    }
-    Ok(())
+    lp.stream(src, &mut stage).map(|_| ())
 }

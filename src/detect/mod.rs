@@ -20,6 +20,8 @@ pub(crate) mod device_nms;
 #[cfg(feature = "media")]
 pub mod draw;
 #[cfg(feature = "media")]
+pub(crate) mod frames;
+#[cfg(feature = "media")]
 pub mod job;
 pub(crate) mod letterbox;
 pub(crate) mod nms;

@@ -37,9 +37,10 @@
 //! # Ok(()) }
 //! ```
 use crate::detect::detector::{Detection, Detector};
+use crate::detect::frames::{FrameAt, FrameLoop, FrameStage};
 use crate::detect::job::JobOptions;
 use crate::detect::output::{annotated_name, unique_stems};
-use crate::detect::stream::{LiveReader, StreamOptions, StreamSource};
+use crate::detect::stream::StreamSource;
 use crate::track::byte::{ByteTracker, Track, TrackerConfig};
 use crate::track::clock::FrameClock;
 use crate::track::draw::{clipped, draw_tracks, mot_line, ClassCounts};
@@ -422,138 +423,100 @@ fn track_images(
     Ok(())
 }
 
-/// Tracks every `--vid-stride`-th frame of a video file (frames numbered from 1 as in
-/// `detect`); the annotated video `<stem>.mp4` at the source's frame rate unless `--nosave`.
+/// Track's stage of the frame loop: the source's tracker (its frame index the source's frame
+/// number; for a stream, plus after each reconnection the frames the outage lasted at `--fps`,
+/// [`FrameClock`], so the filter steps over the gap and IDs survive), its MOT and jsonl rows,
+/// and the tracks drawn for the annotated video.
+struct TrackStage<'a, 'n> {
+    run: &'a mut Run,
+    seq: Sequence<'n>,
+    clock: Option<FrameClock>,
+}
+
+impl FrameStage for TrackStage<'_, '_> {
+    fn frame(
+        &mut self,
+        at: FrameAt,
+        image: &mut image::RgbImage,
+        dets: &[Detection],
+        draw: bool,
+    ) -> Result<String> {
+        let index = match self.clock.as_mut() {
+            Some(c) => c.index(at.frame, at.connection, at.outage),
+            None => at.frame,
+        };
+        let size = image.dimensions();
+        let tracks = self
+            .seq
+            .frame(self.run, index, dets, size, draw.then_some(image))?;
+        Ok(format!("{} tracks", tracks.len()))
+    }
+}
+
+/// The frame loop of one video or stream of a track run, its annotated video `<stem>.mp4` in
+/// the run folder unless `--nosave`.
+fn frame_loop<'a>(
+    detector: &'a Detector,
+    run: &Run,
+    stem: &str,
+    at: (usize, usize),
+    cancel: &'a crate::cancel::Cancel,
+) -> FrameLoop<'a> {
+    FrameLoop {
+        detector,
+        cancel,
+        vid_stride: run.job.vid_stride,
+        stream_retries: run.job.stream_retries,
+        video: (!run.job.output.nosave).then(|| run.dir.join(format!("{stem}.mp4"))),
+        at,
+    }
+}
+
+/// Tracks every `--vid-stride`-th frame of a video ([`FrameLoop::video`]); the source's
+/// summary.
 fn track_video(
     detector: &Detector,
     run: &mut Run,
     path: &Path,
     stem: &str,
     names: &[String],
-    (k, total): (usize, usize),
+    at: (usize, usize),
     cancel: &crate::cancel::Cancel,
 ) -> Result<String> {
-    use crate::detect::video::{probe, FrameReader, FrameWriter};
-    let info = probe(path)?;
-    let mut reader = FrameReader::open(path, &info)?;
-    let nosave = run.job.output.nosave;
-    let stride = run.job.vid_stride as u64;
-    let out = run.dir.join(format!("{stem}.mp4"));
-    let mut writer = if nosave {
-        None
-    } else {
-        Some(FrameWriter::create(
-            &out,
-            info.width,
-            info.height,
-            info.fps,
-        )?)
-    };
+    let info = crate::detect::video::probe(path)?;
+    let lp = frame_loop(detector, run, stem, at, cancel);
     let source = path.to_string_lossy().into_owned();
-    let mut seq = Sequence::open(run, source, stem.to_string(), info.fps_f64(), names)?;
-    let mut frame = 0u64;
-    while let Some(mut img) = reader.next_frame()? {
-        if cancel.requested() {
-            crate::text::errln!(
-                "stopped on request: {} ends at frame {frame}",
-                crate::text::path(&path)
-            );
-            break;
-        }
-        frame += 1;
-        if !(frame - 1).is_multiple_of(stride) {
-            continue;
-        }
-        let t0 = Instant::now();
-        let dets = detector
-            .detect_rgb(&img)
-            .with_context(|| format!("frame {frame}"))?;
-        let size = img.dimensions();
-        let canvas = writer.is_some().then_some(&mut img);
-        let tracks = seq.frame(run, frame, &dets, size, canvas)?;
-        crate::text::outln!(
-            "video {k}/{total} (frame {frame}) {}: {} tracks, {:.1}ms",
-            crate::text::path(&path),
-            tracks.len(),
-            t0.elapsed().as_secs_f64() * 1e3
-        );
-        if let Some(w) = writer.as_mut() {
-            w.write(&img)?;
-        }
-    }
-    let _ = reader.finish();
-    if let Some(w) = writer {
-        w.finish()?;
-    }
-    if frame == 0 {
-        bail!("no frame could be decoded");
-    }
-    seq.finish()
+    let seq = Sequence::open(run, source, stem.to_string(), info.fps_f64(), names)?;
+    let mut stage = TrackStage {
+        run,
+        seq,
+        clock: None,
+    };
+    lp.video(path, &info, &mut stage)?;
+    stage.seq.finish()
 }
 
-/// Tracks a webcam or stream until it ends or a stop request. The tracker's frame index is the
-/// stream's frame number plus, after each reconnection, the frames the outage lasted at `--fps`
-/// (from the last frame read to the reopening; [`FrameClock`]), so the filter steps over the gap
-/// and IDs survive.
+/// Tracks a webcam or stream until it ends or a stop request ([`FrameLoop::stream`]); the
+/// source's summary with the frames tracked and the reopenings.
 fn track_stream(
     detector: &Detector,
     run: &mut Run,
     src: &StreamSource,
     stem: &str,
     names: &[String],
-    (k, total): (usize, usize),
+    at: (usize, usize),
     cancel: &crate::cancel::Cancel,
 ) -> Result<String> {
-    use crate::detect::video::FrameWriter;
-    let opts = StreamOptions {
-        vid_stride: run.job.vid_stride,
-        retries: run.job.stream_retries,
-        ..StreamOptions::default()
-    };
-    let mut reader = LiveReader::open(src.clone(), opts)?;
-    let name = src.name();
+    let lp = frame_loop(detector, run, stem, at, cancel);
     let fps = run.track.fps;
-    let mut seq = Sequence::open(run, name.clone(), stem.to_string(), fps, names)?;
-    let out = run.dir.join(format!("{stem}.mp4"));
-    let mut writer: Option<FrameWriter> = None;
-    let mut clock = FrameClock::new(fps);
-    let result = (|| -> Result<()> {
-        while let Some(mut f) = reader.next(cancel)? {
-            let now = Instant::now();
-            let index = clock.index(f.frame, f.connection, f.outage);
-            let dets = detector
-                .detect_rgb(&f.image)
-                .with_context(|| format!("frame {}", f.frame))?;
-            let size = f.image.dimensions();
-            if !run.job.output.nosave && writer.is_none() {
-                writer = Some(FrameWriter::create_live(&out, size.0, size.1)?);
-            }
-            let same = writer.as_ref().is_some_and(|w| w.size() == size);
-            let tracks = seq.frame(run, index, &dets, size, same.then_some(&mut f.image))?;
-            crate::text::outln!(
-                "stream {k}/{total} (frame {}) {name}: {} tracks, {:.1}ms",
-                f.frame,
-                tracks.len(),
-                now.elapsed().as_secs_f64() * 1e3
-            );
-            if same {
-                if let Some(w) = writer.as_mut() {
-                    w.write(&f.image)?;
-                }
-            }
-        }
-        Ok(())
-    })();
-    reader.stop();
-    let s = reader.stats();
-    if let Some(w) = writer {
-        w.finish()?;
-    }
-    result?;
-    if s.delivered == 0 {
-        bail!("no frame was tracked");
-    }
-    let mut summary = seq.finish()?;
+    let seq = Sequence::open(run, src.name(), stem.to_string(), fps, names)?;
+    let mut stage = TrackStage {
+        run,
+        seq,
+        clock: Some(FrameClock::new(fps)),
+    };
+    let s = lp.stream(src, &mut stage)?;
+    let mut summary = stage.seq.finish()?;
     summary.push_str(&format!(
         "; {} of {} frames tracked, {} reopenings",
         s.delivered, s.read, s.reconnects

@@ -10,7 +10,7 @@ use crate::model::yolov9::YoloV9Train;
 use crate::train::checkpoint::EpochProgress;
 use crate::train::dist::sync::BnSyncOf;
 use crate::train::guard::{Phase, StopFlag};
-use crate::train::observer::TrainObserver;
+use crate::train::observer::{TrainEvent, TrainObserver};
 use crate::train::report::{append_results_csv, EpochReport};
 use crate::train::state::{copy_atomic, Run, Start};
 use crate::train::step::{
@@ -155,9 +155,14 @@ pub(crate) fn run_epoch(
         validated,
     };
     append_results_csv(&run.run_dir, &report)?;
-    if opts.verbose {
-        obs.line(&report.summary(epochs, train_secs, val_secs, run.probe.what(), fi));
-    }
+    let summary = opts
+        .verbose
+        .then(|| report.summary(epochs, train_secs, val_secs, run.probe.what(), fi));
+    obs.event(&TrainEvent::EpochEnd {
+        report: &report,
+        improved,
+        summary: summary.as_deref(),
+    });
     // `--time`: the epoch count re-estimated (and kept in the state saved next).
     let time_up = run.retime(epoch, obs);
     write_epoch_end(run, epoch, improved, obs)?;
@@ -256,7 +261,6 @@ fn train_batches(
 ) -> Result<Option<(EpochProgress, f64)>> {
     let opts = run.opts;
     let nb = run.nb;
-    let s = opts.img as usize;
     let interval = std::time::Duration::from_secs_f64(opts.save_interval * 60.0);
     let first = if epoch == start.epoch { start.batch } else { 0 };
     let mut pr = if epoch == start.epoch {
@@ -270,14 +274,16 @@ fn train_batches(
     let mut last_save = std::time::Instant::now();
     let mut times = StepTimes::new(&run.device);
     if opts.verbose {
-        obs.epoch_start(
-            &format!(
+        obs.event(&TrainEvent::EpochStart {
+            epoch,
+            epochs: run.sched.epochs,
+            batches: nb,
+            first,
+            header: &format!(
                 "{:>10}{:>10}{:>10}{:>10}{:>10}{:>10}{:>10}",
                 "Epoch", "mem", "box_loss", "cls_loss", "dfl_loss", "Instances", "Size"
             ),
-            nb,
-            first,
-        );
+        });
     }
     // The next batch's images are uploaded during this batch's replayed step (CUDA): peeked
     // here, handed over as `pre`.
@@ -295,7 +301,7 @@ fn train_batches(
             last_save = std::time::Instant::now();
             if stop.requested() {
                 if opts.verbose {
-                    obs.epoch_abandoned();
+                    obs.event(&TrainEvent::EpochAbandoned { epoch });
                 }
                 return Ok(None);
             }
@@ -363,16 +369,7 @@ fn train_batches(
             stop.request();
         }
         if opts.verbose {
-            obs.batch_done(&format!(
-                "{:>10}{:>10}{:>10.4}{:>10.4}{:>10.4}{:>10}{:>10}",
-                format!("{}/{}", epoch + 1, run.sched.epochs),
-                fmt_mem(run.probe.current_bytes()),
-                pr.mloss[0],
-                pr.mloss[1],
-                pr.mloss[2],
-                batch.targets.len(),
-                s
-            ));
+            report_batch(run, obs, &pr, (epoch, i), batch.targets.len());
         }
     }
     if run.agreed_stop(stop)? {
@@ -382,14 +379,50 @@ fn train_batches(
         run.save(epoch, nb, &pr, obs)?;
         return Ok(None);
     }
-    if opts.verbose {
-        obs.epoch_trained();
-    }
     let train_secs = secs0 + t0.elapsed().as_secs_f64();
+    if opts.verbose {
+        obs.event(&TrainEvent::EpochTrained {
+            epoch,
+            seconds: train_secs,
+        });
+    }
     if let Some(line) = times.report() {
         obs.line(&line);
     }
     Ok(Some((pr, train_secs)))
+}
+
+/// The `--verbose` progress of batch `i` of `epoch` ([`TrainEvent::Batch`]): the epoch's running
+/// mean losses, the batch's `instances`, the image size and the memory in use, and the progress
+/// line made of them.
+fn report_batch(
+    run: &Run,
+    obs: &mut dyn TrainObserver,
+    pr: &EpochProgress,
+    (epoch, i): (usize, usize),
+    instances: usize,
+) {
+    let size = run.opts.img as usize;
+    let memory = run.probe.current_bytes();
+    let status = format!(
+        "{:>10}{:>10}{:>10.4}{:>10.4}{:>10.4}{:>10}{:>10}",
+        format!("{}/{}", epoch + 1, run.sched.epochs),
+        fmt_mem(memory),
+        pr.mloss[0],
+        pr.mloss[1],
+        pr.mloss[2],
+        instances,
+        size
+    );
+    obs.event(&TrainEvent::Batch {
+        epoch,
+        batch: i,
+        losses: pr.mloss.map(|v| v as f32),
+        instances,
+        size,
+        memory,
+        status: &status,
+    });
 }
 
 /// In a data-parallel run, any rank's stop request and rank 0's save timer (`want_save`),

@@ -12,7 +12,7 @@ pub(crate) use crate::train::checkpoint::Counters;
 use crate::train::checkpoint::{save_state, CheckpointMeta, EpochProgress, TrainState};
 use crate::train::ema::Ema;
 use crate::train::guard::{all_finite, Faults, GoodState};
-use crate::train::observer::TrainObserver;
+use crate::train::observer::{TrainEvent, TrainObserver};
 use crate::train::optimizer::Optimizer;
 use crate::train::options::TrainOptions;
 use crate::train::schedule::Schedule;
@@ -102,7 +102,7 @@ impl Run<'_> {
     /// A line during the epoch (`--verbose` only).
     pub fn log(&self, obs: &mut dyn TrainObserver, msg: String) {
         if self.opts.verbose {
-            obs.epoch_line(&msg)
+            obs.event(&TrainEvent::EpochLine(&msg))
         }
     }
 

@@ -25,7 +25,7 @@ use crate::budget::BudgetDecision;
 use crate::train::dist::{Collective, DistError};
 use crate::train::epoch::{run_epoch, EpochEnd};
 pub use crate::train::guard::StopFlag;
-pub use crate::train::observer::{Console, TrainObserver};
+pub use crate::train::observer::{Console, TrainEvent, TrainObserver};
 pub use crate::train::options::{Hyp, TrainOptions};
 pub use crate::train::report::{EpochReport, RESULTS_HEADER};
 use crate::train::setup::{build, resolve, Prepared};
@@ -66,7 +66,23 @@ pub fn train(opts: &TrainOptions) -> std::result::Result<TrainSummary, crate::er
 }
 
 /// [`train`] with the caller's stop flag (a request stops the run at the next batch boundary,
-/// after saving the state) and its observer, which receives all progress output.
+/// after saving the state) and its observer, which receives all progress as [`TrainEvent`]s
+/// (any `FnMut(&TrainEvent)` is an observer):
+///
+/// ```no_run
+/// use yolo9::train::trainer::{train_with, StopFlag, TrainEvent, TrainOptions};
+/// let mut opts = TrainOptions::new("data.yaml".into());
+/// opts.epochs = 10;
+/// let stop = StopFlag::install()?;
+/// let mut on_event = |e: &TrainEvent<'_>| {
+///     if let TrainEvent::EpochEnd { report, .. } = e {
+///         println!("epoch {}: mAP50-95 {:.4}", report.epoch + 1, report.metrics[3]);
+///     }
+/// };
+/// let summary = train_with(&opts, &stop, &mut on_event)?;
+/// println!("{} epochs in {}", summary.epochs.len(), summary.run_dir.display());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn train_with(
     opts: &TrainOptions,
     stop: &StopFlag,
@@ -186,7 +202,7 @@ fn run_epochs(
             break;
         }
         let end = run_epoch(run, loader, val, epoch, start, stop, obs);
-        obs.epoch_closed();
+        obs.event(&TrainEvent::EpochClosed { epoch });
         match end? {
             EpochEnd::Stopped => {
                 interrupted = true;

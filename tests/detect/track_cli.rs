@@ -288,7 +288,7 @@ fn ids_survive_a_stream_reconnect() {
             .unwrap_or_else(|_| panic!("no frame after the stream came back: {lines:?}"));
         let frame: Option<u64> = l
             .strip_prefix("stream 1/1 (frame ")
-            .and_then(|r| r.split(')').next()?.parse().ok());
+            .and_then(|r| r.split([',', ')']).next()?.parse().ok());
         lines.push(l);
         if frame.is_some_and(|f| f > 20) {
             after += 1;

@@ -23,30 +23,20 @@ use yolo9::internals::train::dist::socket::SocketRank;
 use yolo9::internals::train::dist::sync::BnSyncOf;
 use yolo9::internals::train::dist::{Collective, DistError, BACKEND_ENV};
 use yolo9::internals::train::guard::Faults;
-use yolo9::train::trainer::{train_group, train_with, StopFlag, TrainObserver, TrainOptions};
+use yolo9::train::trainer::{
+    train_group, train_with, StopFlag, TrainEvent, TrainObserver, TrainOptions,
+};
 
 /// An observer that keeps every line (epoch lines included).
 #[derive(Default)]
 struct Lines(Vec<String>);
 
 impl TrainObserver for Lines {
-    fn line(&mut self, l: &str) {
-        self.0.push(l.to_string())
+    fn event(&mut self, e: &TrainEvent<'_>) {
+        if let Some(m) = e.message() {
+            self.0.push(m.to_string());
+        }
     }
-    fn text(&mut self, t: &str) {
-        self.0.push(t.to_string())
-    }
-    fn note(&mut self, l: &str) {
-        self.0.push(l.to_string())
-    }
-    fn epoch_start(&mut self, _: &str, _: usize, _: usize) {}
-    fn epoch_line(&mut self, l: &str) {
-        self.0.push(l.to_string())
-    }
-    fn batch_done(&mut self, _: &str) {}
-    fn epoch_abandoned(&mut self) {}
-    fn epoch_trained(&mut self) {}
-    fn epoch_closed(&mut self) {}
 }
 
 #[test]

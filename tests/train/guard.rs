@@ -14,7 +14,7 @@ use yolo9::internals::memory::MemoryProbe;
 use yolo9::internals::train::budget::{plan, BudgetRequest};
 use yolo9::internals::train::checkpoint::load_state;
 use yolo9::internals::train::guard::Faults;
-use yolo9::train::trainer::{train, train_with, StopFlag, TrainObserver, TrainOptions};
+use yolo9::train::trainer::{train, train_with, StopFlag, TrainEvent, TrainObserver, TrainOptions};
 
 /// 2 train images, batch 1 (2 iterations per epoch), 3 epochs, no augmentation.
 fn options(dir: &Path, name: &str) -> TrainOptions {
@@ -185,35 +185,45 @@ fn an_observer_records_the_run_and_the_callers_stop_flag_stops_it() {
         stop: StopFlag,
     }
     impl TrainObserver for Recorder {
-        fn line(&mut self, line: &str) {
-            self.events.push(format!("line {line}"));
-        }
-        fn text(&mut self, text: &str) {
-            self.events.push(format!("text {text}"));
-        }
-        fn note(&mut self, line: &str) {
-            self.events.push(format!("note {line}"));
-        }
-        fn epoch_start(&mut self, header: &str, batches: usize, first: usize) {
-            assert!(header.contains("box_loss"), "{header}");
-            self.events.push(format!("start {batches} {first}"));
-        }
-        fn epoch_line(&mut self, line: &str) {
-            self.events.push(format!("epoch_line {line}"));
-        }
-        fn batch_done(&mut self, status: &str) {
-            assert!(status.contains("1/3"), "{status}");
-            self.events.push("batch".into());
-            self.stop.request();
-        }
-        fn epoch_abandoned(&mut self) {
-            self.events.push("abandoned".into());
-        }
-        fn epoch_trained(&mut self) {
-            self.events.push("trained".into());
-        }
-        fn epoch_closed(&mut self) {
-            self.events.push("closed".into());
+        fn event(&mut self, e: &TrainEvent<'_>) {
+            let r = match *e {
+                TrainEvent::Line(l) => format!("line {l}"),
+                TrainEvent::Text(t) => format!("text {t}"),
+                TrainEvent::Note(l) => format!("note {l}"),
+                TrainEvent::EpochStart {
+                    epoch,
+                    epochs,
+                    batches,
+                    first,
+                    header,
+                } => {
+                    assert!(header.contains("box_loss"), "{header}");
+                    assert_eq!((epoch, epochs), (0, 3));
+                    format!("start {batches} {first}")
+                }
+                TrainEvent::EpochLine(l) => format!("epoch_line {l}"),
+                TrainEvent::Batch {
+                    epoch,
+                    batch,
+                    losses,
+                    instances,
+                    size,
+                    status,
+                    ..
+                } => {
+                    assert!(status.contains("1/3"), "{status}");
+                    assert_eq!((epoch, batch, size), (0, 0, 64));
+                    assert!(instances > 0 && losses.iter().all(|l| l.is_finite() && *l > 0.0));
+                    self.stop.request();
+                    "batch".into()
+                }
+                TrainEvent::EpochAbandoned { .. } => "abandoned".into(),
+                TrainEvent::EpochTrained { .. } => "trained".into(),
+                TrainEvent::EpochEnd { .. } => "end".into(),
+                TrainEvent::EpochClosed { .. } => "closed".into(),
+                _ => "other".into(),
+            };
+            self.events.push(r);
         }
     }
     let dir = tmpdir("observer");

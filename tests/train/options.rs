@@ -17,7 +17,7 @@ use yolo9::internals::train::checkpoint::load_state;
 use yolo9::internals::train::optimizer::{Optimizer, OptimizerKind, Sgd, ADAM_BETA2, ADAM_EPS};
 use yolo9::model::weights::Weights;
 use yolo9::train::options::{freeze_prefixes, ImageCache};
-use yolo9::train::trainer::{train_with, StopFlag, TrainObserver};
+use yolo9::train::trainer::{train_with, StopFlag, TrainEvent, TrainObserver};
 
 fn close(a: &[f32], b: &[f64], tol: f64) {
     assert_eq!(a.len(), b.len());
@@ -371,21 +371,13 @@ fn ram_cache_gives_the_uncached_batches() -> anyhow::Result<()> {
 struct Lines(Vec<String>);
 
 impl TrainObserver for Lines {
-    fn line(&mut self, line: &str) {
-        self.0.push(line.to_string());
+    fn event(&mut self, e: &TrainEvent<'_>) {
+        if !matches!(e, TrainEvent::Text(_)) {
+            if let Some(m) = e.message() {
+                self.0.push(m.to_string());
+            }
+        }
     }
-    fn text(&mut self, _: &str) {}
-    fn note(&mut self, line: &str) {
-        self.0.push(line.to_string());
-    }
-    fn epoch_start(&mut self, _: &str, _: usize, _: usize) {}
-    fn epoch_line(&mut self, line: &str) {
-        self.0.push(line.to_string());
-    }
-    fn batch_done(&mut self, _: &str) {}
-    fn epoch_abandoned(&mut self) {}
-    fn epoch_trained(&mut self) {}
-    fn epoch_closed(&mut self) {}
 }
 
 impl Lines {
