@@ -7,8 +7,8 @@
 //! accumulators; per step of k two loads of B, twelve broadcasts of A, 24 FMAs), with k split in
 //! blocks of [`KC`] so that the B block stays in L1 while the tile's rows stream past it.
 //! With AVX2 and FMA (most laptops) the same scheme runs 6 rows × 16 columns on ymm registers,
-//! each panel as two halves; elsewhere each panel goes through the `gemm` crate and the epilogue
-//! is a second pass.
+//! each panel as two halves (the implicit convolution of [`conv_taps`] included); elsewhere each
+//! panel goes through the `gemm` crate and the epilogue is a second pass.
 
 use super::isa::{avx512, kernel, Kernel};
 
@@ -129,9 +129,9 @@ unsafe fn gemm_on(
     }
 }
 
-/// Whether [`conv_taps`] runs on this CPU (the AVX-512 kernel).
+/// Whether [`conv_taps`] runs on this CPU (the AVX-512 and the AVX2 kernels).
 pub(crate) fn taps_supported() -> bool {
-    cfg!(target_arch = "x86_64") && avx512()
+    cfg!(target_arch = "x86_64") && matches!(kernel(), Kernel::Avx512 | Kernel::Avx2)
 }
 
 /// An implicit-GEMM convolution of `m` output pixels in a row, without im2col: the depth is
@@ -154,8 +154,31 @@ pub(crate) unsafe fn conv_taps(
     epi: Epilogue,
 ) {
     assert!(taps_supported() && epi.bias.len() >= n);
+    conv_taps_on(kernel(), m, n, taps, a, lda, bp, c, ldc, epi)
+}
+
+/// [`conv_taps`] on the micro-kernel `wide` (AVX-512 or AVX2, which the CPU must have).
+#[allow(clippy::too_many_arguments)]
+unsafe fn conv_taps_on(
+    wide: Kernel,
+    m: usize,
+    n: usize,
+    taps: &[(isize, usize)],
+    a: *const f32,
+    lda: usize,
+    bp: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    epi: Epilogue,
+) {
     #[cfg(target_arch = "x86_64")]
-    avx512::conv_taps(m, n, taps, a, lda, bp, c, ldc, epi);
+    match wide {
+        Kernel::Avx512 => avx512::conv_taps(m, n, taps, a, lda, bp, c, ldc, epi),
+        Kernel::Avx2 => avx2::conv_taps(m, n, taps, a, lda, bp, c, ldc, epi),
+        Kernel::Generic => unreachable!("no implicit convolution on the generic kernel"),
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (wide, m, n, taps, a, lda, bp, c, ldc, epi);
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -462,16 +485,61 @@ mod avx2 {
     struct Step {
         lda: usize,
         ldc: usize,
-        kc: usize,
+        /// The depth as runs of A: `(offset of the run from A's row start, floats)`; one run
+        /// `(0, kc)` for a plain GEMM, one per kernel tap for an implicit convolution.
+        segs: *const (isize, usize),
+        nsegs: usize,
         acc: bool,
         m0: __m256i,
         m1: __m256i,
         epi: Option<Epi>,
     }
 
+    impl Step {
+        /// The runs of the depth.
+        ///
+        /// SAFETY: `segs` points at `nsegs` runs that outlive the step.
+        unsafe fn segs(&self) -> &[(isize, usize)] {
+            std::slice::from_raw_parts(self.segs, self.nsegs)
+        }
+    }
+
     /// Bias of the 16 columns, SiLU, residual (column 0 of the tile's row 0, stride).
     #[derive(Clone, Copy)]
     struct Epi(*const f32, bool, Option<(*const f32, usize)>);
+
+    /// The [`Step`] of the 16 columns from `j` (of `n`): their masks, and the epilogue when
+    /// `last`.
+    #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn step(
+        j: usize,
+        n: usize,
+        lda: usize,
+        ldc: usize,
+        segs: &[(isize, usize)],
+        acc: bool,
+        last: bool,
+        epi: &Epilogue,
+    ) -> Step {
+        let cols = 16.min(n - j);
+        Step {
+            lda,
+            ldc,
+            segs: segs.as_ptr(),
+            nsegs: segs.len(),
+            acc,
+            m0: lanes(cols),
+            m1: lanes(cols.saturating_sub(8)),
+            epi: last.then(|| {
+                Epi(
+                    epi.bias.as_ptr().add(j),
+                    epi.act,
+                    epi.res.map(|(q, ld)| (q.add(j), ld)),
+                )
+            }),
+        }
+    }
 
     /// See [`super::gemm`]: each 32-column panel as two halves of 16.
     #[target_feature(enable = "avx2,fma")]
@@ -490,48 +558,65 @@ mod avx2 {
         let mut kb = 0;
         while kb < k {
             let kc = KC.min(k - kb);
+            let seg = [(0isize, kc)];
             for j in (0..n).step_by(16) {
                 let (p, half) = (j / NR, (j % NR) / 16);
-                let cols = 16.min(n - j);
                 let b = bp.add((p * k + kb) * NR + half * 16);
-                let cp = c.add(j);
-                let st = Step {
-                    lda,
-                    ldc,
-                    kc,
-                    acc: kb > 0,
-                    m0: lanes(cols),
-                    m1: lanes(cols.saturating_sub(8)),
-                    epi: (kb + kc == k).then(|| {
-                        Epi(
-                            epi.bias.as_ptr().add(j),
-                            epi.act,
-                            epi.res.map(|(q, ld)| (q.add(j), ld)),
-                        )
-                    }),
-                };
-                let mut r = 0;
-                while r + MR <= m {
-                    kern::<MR>(a.add(r * lda + kb), b, cp.add(r * ldc), r, &st);
-                    r += MR;
-                }
-                let (a, cp) = (a.add(r * lda + kb), cp.add(r * ldc));
-                match m - r {
-                    0 => {}
-                    1 => kern::<1>(a, b, cp, r, &st),
-                    2 => kern::<2>(a, b, cp, r, &st),
-                    3 => kern::<3>(a, b, cp, r, &st),
-                    4 => kern::<4>(a, b, cp, r, &st),
-                    _ => kern::<5>(a, b, cp, r, &st),
-                }
+                let st = step(j, n, lda, ldc, &seg, kb > 0, kb + kc == k, &epi);
+                rows(m, a.add(kb), b, c.add(j), &st);
             }
             kb += kc;
         }
     }
 
-    /// `R` rows × 16 columns over depth `kc`; rows `r0..r0+R` of the tile, for the residual.
+    /// See [`super::conv_taps`]: the whole depth (the taps' runs) in one pass per 16 columns.
+    #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn conv_taps(
+        m: usize,
+        n: usize,
+        taps: &[(isize, usize)],
+        a: *const f32,
+        lda: usize,
+        bp: *const f32,
+        c: *mut f32,
+        ldc: usize,
+        epi: Epilogue,
+    ) {
+        let k: usize = taps.iter().map(|t| t.1).sum();
+        for j in (0..n).step_by(16) {
+            let (p, half) = (j / NR, (j % NR) / 16);
+            let st = step(j, n, lda, ldc, taps, false, true, &epi);
+            rows(m, a, bp.add(p * k * NR + half * 16), c.add(j), &st);
+        }
+    }
+
+    /// All `m` rows of 16 columns: [`MR`] at a time, then the remainder.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn rows(m: usize, a: *const f32, b: *const f32, c: *mut f32, st: &Step) {
+        let (lda, ldc) = (st.lda, st.ldc);
+        let mut r = 0;
+        while r + MR <= m {
+            kern::<MR>(a.add(r * lda), b, c.add(r * ldc), r, st);
+            r += MR;
+        }
+        let (a, c) = (a.add(r * lda), c.add(r * ldc));
+        match m - r {
+            0 => {}
+            1 => kern::<1>(a, b, c, r, st),
+            2 => kern::<2>(a, b, c, r, st),
+            3 => kern::<3>(a, b, c, r, st),
+            4 => kern::<4>(a, b, c, r, st),
+            _ => kern::<5>(a, b, c, r, st),
+        }
+    }
+
+    /// `R` rows × 16 columns over the step's depth; rows `r0..r0+R` of the tile, for the
+    /// residual.
     #[target_feature(enable = "avx2,fma")]
     #[inline]
+    // Row loops index the accumulator arrays side by side (registers once unrolled).
+    #[allow(clippy::needless_range_loop)]
     unsafe fn kern<const R: usize>(
         a: *const f32,
         b: *const f32,
@@ -548,14 +633,19 @@ mod avx2 {
                 c1[r] = _mm256_maskload_ps(c.add(r * ldc + 8), m1);
             }
         }
-        for kk in 0..st.kc {
-            let b0 = _mm256_loadu_ps(b.add(kk * NR));
-            let b1 = _mm256_loadu_ps(b.add(kk * NR + 8));
-            for r in 0..R {
-                let av = _mm256_broadcast_ss(&*a.add(r * lda + kk));
-                c0[r] = _mm256_fmadd_ps(av, b0, c0[r]);
-                c1[r] = _mm256_fmadd_ps(av, b1, c1[r]);
+        let mut b = b;
+        for &(off, len) in st.segs() {
+            let a = a.offset(off);
+            for kk in 0..len {
+                let b0 = _mm256_loadu_ps(b.add(kk * NR));
+                let b1 = _mm256_loadu_ps(b.add(kk * NR + 8));
+                for r in 0..R {
+                    let av = _mm256_broadcast_ss(&*a.add(r * lda + kk));
+                    c0[r] = _mm256_fmadd_ps(av, b0, c0[r]);
+                    c1[r] = _mm256_fmadd_ps(av, b1, c1[r]);
+                }
             }
+            b = b.add(len * NR);
         }
         if let Some(Epi(bias, act, res)) = st.epi {
             let bias0 = _mm256_maskload_ps(bias, m0);
@@ -612,6 +702,93 @@ mod tests {
             for &(m, n, k) in &shapes {
                 check(kernel, m, n, k);
             }
+        }
+    }
+
+    /// The implicit convolution (taps read in place) gives the bits of the GEMM on the same
+    /// rows gathered (im2col), on every wide kernel the CPU has: a 3x3 kernel over one row of
+    /// `m` output pixels of a `c`-channel input with a row stride, 48 output channels (a panel
+    /// and a half).
+    #[test]
+    fn conv_taps_equal_the_gemm_of_the_gathered_rows() {
+        let mut kernels = vec![];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+            {
+                kernels.push(Kernel::Avx2);
+            }
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                kernels.push(Kernel::Avx512);
+            }
+        }
+        let (m, n, c, w, ld) = (19usize, 48usize, 5usize, 24usize, 7usize);
+        let x: Vec<f32> = (0..3 * w * ld)
+            .map(|i| ((i * 7919) % 101) as f32 / 101.0 - 0.5)
+            .collect();
+        // Tap (ky, kx): offset of the input pixel under it from the window's corner.
+        let taps: Vec<(isize, usize)> = (0..9)
+            .map(|t| ((((t / 3) * w + t % 3) * ld) as isize, c))
+            .collect();
+        let k = 9 * c;
+        let bm: Vec<f32> = (0..k * n)
+            .map(|i| ((i * 104729) % 89) as f32 / 89.0 - 0.5)
+            .collect();
+        let mut bp = vec![0f32; packed_len(k, n)];
+        pack(k, n, &mut bp, |kk, j| bm[kk * n + j]);
+        let gathered: Vec<f32> = (0..m)
+            .flat_map(|r| {
+                let x = &x;
+                taps.iter().flat_map(move |&(off, len)| {
+                    let at = off as usize + r * ld;
+                    x[at..at + len].iter().copied()
+                })
+            })
+            .collect();
+        let bias: Vec<f32> = (0..n).map(|j| j as f32 * 0.01).collect();
+        let epi = || Epilogue {
+            bias: &bias,
+            act: true,
+            res: None,
+        };
+        for wide in kernels {
+            let mut by_gemm = vec![0f32; m * n];
+            let mut by_taps = vec![0f32; m * n];
+            unsafe {
+                gemm_on(
+                    wide,
+                    m,
+                    n,
+                    k,
+                    gathered.as_ptr(),
+                    k,
+                    bp.as_ptr(),
+                    by_gemm.as_mut_ptr(),
+                    n,
+                    epi(),
+                );
+                conv_taps_on(
+                    wide,
+                    m,
+                    n,
+                    &taps,
+                    x.as_ptr(),
+                    ld,
+                    bp.as_ptr(),
+                    by_taps.as_mut_ptr(),
+                    n,
+                    epi(),
+                );
+            }
+            assert!(
+                by_gemm
+                    .iter()
+                    .zip(&by_taps)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{wide:?}: implicit convolution differs from the GEMM"
+            );
+            assert!(by_taps.iter().any(|v| *v != 0.0));
         }
     }
 
