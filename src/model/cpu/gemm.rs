@@ -10,7 +10,7 @@
 //! each panel as two halves (the implicit convolution of [`conv_taps`] included); elsewhere each
 //! panel goes through the `gemm` crate and the epilogue is a second pass.
 
-use super::isa::{avx512, kernel, Kernel};
+use super::isa::{kernel, Kernel};
 
 /// Columns of a packed panel of B.
 pub(crate) const NR: usize = 32;
