@@ -20,6 +20,30 @@ use yolo9::internals::model::bn_act;
 use yolo9::internals::model::conv::conv2d_any;
 use yolo9::model::YoloV9Train;
 
+/// Tests that read or set the training-graph switch (`YOLO9_TRAIN_GRAPH`, process-wide) hold
+/// this lock, so that one turning graphs off does not reach another running beside it.
+fn graph_switch_lock() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Sets an environment switch until dropped (also when the test panics: a test that failed
+/// with `YOLO9_TRAIN_GRAPH=0` still set turned graphs off for every test after it).
+struct SwitchSet(&'static str);
+
+impl SwitchSet {
+    fn new(name: &'static str, value: &str) -> Self {
+        std::env::set_var(name, value);
+        SwitchSet(name)
+    }
+}
+
+impl Drop for SwitchSet {
+    fn drop(&mut self) {
+        std::env::remove_var(self.0);
+    }
+}
+
 fn gpu() -> Device {
     // Parity against the CPU is measured in strict f32 (no TF32 tensor cores).
     yolo9::internals::cuda::conv::set_strict_fp32(true);
@@ -705,6 +729,7 @@ fn inference_forward_replayed_from_a_cuda_graph_equals_launched() {
 #[test]
 fn graphed_training_step_equals_ordinary() {
     use yolo9::internals::train::graphed::{ordinary, StepGraphs};
+    let _graphs = graph_switch_lock();
     let dev = yolo9::device::select(yolo9::device::DeviceSpec::Cuda(0)).unwrap();
     // Strict f32 whatever ran before in this process: with TF32 convolutions two ordinary steps
     // differed by 9e-4 (this test run alone on the H200, 2026-12-04), beyond the bound below.
@@ -1357,9 +1382,10 @@ fn nccl_group_of_one_gives_back_its_input_and_trains_as_one_gpu() {
     assert!(cpu(&b) == cpu(&t), "the tensor broadcast of one rank");
     drop(c);
 
-    std::env::set_var(yolo9::internals::train::graphed::TRAIN_GRAPH_ENV, "0");
     let dir = common::tmpdir("nccl1");
     let mut o = common::tiny_run_options(&dir, "solo");
+    let _graphs = graph_switch_lock();
+    let graphs_off = SwitchSet::new(yolo9::internals::train::graphed::TRAIN_GRAPH_ENV, "0");
     o.device = DeviceSpec::Cuda(0);
     o.batch = 2;
     o.epochs = 2;
@@ -1370,7 +1396,7 @@ fn nccl_group_of_one_gives_back_its_input_and_trains_as_one_gpu() {
     let a2 = train_with(&o, &stop, &mut Quiet).unwrap();
     o.name = "group".into();
     let g = train_group(&o, &stop, &mut Quiet, Box::new(group())).unwrap();
-    std::env::remove_var(yolo9::internals::train::graphed::TRAIN_GRAPH_ENV);
+    drop(graphs_off);
     let state = |s: &yolo9::train::trainer::TrainSummary| {
         load_state(&s.run_dir.join("weights/state.safetensors")).unwrap()
     };
@@ -1543,6 +1569,7 @@ fn bn_snapshot_restores_the_statistics_bitwise() {
 /// bytes (within the GPU's run-to-run spread).
 #[test]
 fn step_uploads_the_next_batch_and_trains_on_device_images() {
+    let _graphs = graph_switch_lock();
     use yolo9::internals::train::graphed::StepGraphs;
     use yolo9::internals::train::guard::Faults;
     use yolo9::internals::train::optimizer::Sgd;
