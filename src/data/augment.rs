@@ -26,6 +26,7 @@
 //! final labels are normalized `cx, cy, w, h` ([`Augmented::labels`]). All randomness comes from
 //! the caller's RNG, so a sample is reproducible from its seed whatever thread runs it.
 
+use crate::boxes::{xywhn_to_xyxy, xyxy_to_xywhn};
 use crate::data::warp::{mosaic_placements, warp_tiles, Affine, CanvasTile, Placement, PAD_GREY};
 use image::{imageops, Rgb, RgbImage};
 use rand::Rng;
@@ -126,33 +127,6 @@ pub fn resize_long_side_owned(img: RgbImage, img_size: u32) -> RgbImage {
         return img;
     }
     resize_long_side(&img, img_size)
-}
-
-/// Normalized `cx cy w h` → pixel `xyxy` for an image of `w × h` placed at offset `(padw, padh)`
-/// (official `xywhn2xyxy`).
-pub fn xywhn_to_xyxy(l: &[f32; 4], w: f32, h: f32, padw: f32, padh: f32) -> [f32; 4] {
-    [
-        w * (l[0] - l[2] / 2.0) + padw,
-        h * (l[1] - l[3] / 2.0) + padh,
-        w * (l[0] + l[2] / 2.0) + padw,
-        h * (l[1] + l[3] / 2.0) + padh,
-    ]
-}
-
-/// Pixel `xyxy` → normalized `cx cy w h`, clipping the corners to `[0, w − eps] × [0, h − eps]`
-/// first with `eps = 1e-3` (official `xyxy2xywhn(..., clip=True, eps=1e-3)`).
-pub fn xyxy_to_xywhn(b: &[f32; 4], w: f32, h: f32) -> [f32; 4] {
-    let eps = 1e-3;
-    let x1 = b[0].clamp(0.0, w - eps);
-    let y1 = b[1].clamp(0.0, h - eps);
-    let x2 = b[2].clamp(0.0, w - eps);
-    let y2 = b[3].clamp(0.0, h - eps);
-    [
-        (x1 + x2) / 2.0 / w,
-        (y1 + y2) / 2.0 / h,
-        (x2 - x1) / w,
-        (y2 - y1) / h,
-    ]
 }
 
 /// Official `box_candidates`: keeps a box warped from `before` to `after` when its width and

@@ -4,9 +4,9 @@
 //! per-image count summary, output names that never overwrite one another, the annotated image's
 //! file name and the `--save-crop` crops. The command line (`crate::cli::detect`) derives its
 //! output flags from [`SinkOptions`] and runs the sources through one [`Sinks`].
+use crate::boxes::xyxy_to_yolo;
 use crate::detect::detector::Detection;
 use crate::detect::draw::DrawOptions;
-use crate::detect::postprocess::xyxy_to_yolo;
 use anyhow::{Context, Result};
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -6,6 +6,7 @@
 //! **letterbox-input pixels** after NMS and in **original-image pixels** after [`scale_boxes`].
 use super::letterbox::LetterboxInfo;
 use super::nms::{nms_image, NmsOptions, Row};
+use crate::boxes::clip_box;
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Tensor};
 
@@ -119,7 +120,7 @@ pub fn filtered_candidates(pred: &Tensor, conf_thres: f32) -> Result<Vec<Candida
 /// clips them, exactly as the official `scale_boxes(img1_shape, boxes, img0_shape)` without
 /// `ratio_pad`: `gain = min(in_h/orig_h, in_w/orig_w)`, `pad = ((in_w - orig_w*gain)/2,
 /// (in_h - orig_h*gain)/2)` (recomputed, **not rounded**, so it can differ from the letterbox pad
-/// by a fraction of a pixel), `x = (x - pad_x) / gain`, then [`clip_box`].
+/// by a fraction of a pixel), `x = (x - pad_x) / gain`, then [`crate::boxes::clip_box`].
 /// `in_hw` is the network input `(H, W)`, `orig_hw` the original `(h, w)`.
 pub fn scale_boxes(in_hw: (u32, u32), boxes: &mut [[f32; 4]], orig_hw: (u32, u32)) {
     let (ih, iw) = (f64::from(in_hw.0), f64::from(in_hw.1));
@@ -148,37 +149,4 @@ pub fn scale_rows(rows: &mut [Row], info: &LetterboxInfo) {
     for (r, b) in rows.iter_mut().zip(boxes) {
         r[..4].copy_from_slice(&b);
     }
-}
-
-/// Clamps a box `[x1, y1, x2, y2]` to the image: x to `[0, w]`, y to `[0, h]` (official
-/// `clip_boxes`). `hw` is `(h, w)` in pixels. NaN coordinates become 0.
-pub fn clip_box(b: &mut [f32; 4], hw: (u32, u32)) {
-    let (h, w) = (hw.0 as f32, hw.1 as f32);
-    let cl = |v: f32, hi: f32| if v.is_nan() { 0.0 } else { v.clamp(0.0, hi) };
-    b[0] = cl(b[0], w);
-    b[2] = cl(b[2], w);
-    b[1] = cl(b[1], h);
-    b[3] = cl(b[3], h);
-}
-
-/// Decoded YOLO `(cx, cy, w, h)` → `(x1, y1, x2, y2)` (official `xywh2xyxy`, f32).
-pub fn xywh2xyxy(b: [f32; 4]) -> [f32; 4] {
-    [
-        b[0] - b[2] / 2.0,
-        b[1] - b[3] / 2.0,
-        b[0] + b[2] / 2.0,
-        b[1] + b[3] / 2.0,
-    ]
-}
-
-/// `(x1, y1, x2, y2)` in pixels → normalized YOLO label `(cx, cy, w, h)` for an image of `w x h`
-/// pixels (official `xyxy2xywh(...) / gn`).
-pub fn xyxy_to_yolo(b: [f32; 4], w: u32, h: u32) -> [f32; 4] {
-    let (wf, hf) = (w as f32, h as f32);
-    [
-        (b[0] + b[2]) / 2.0 / wf,
-        (b[1] + b[3]) / 2.0 / hf,
-        (b[2] - b[0]) / wf,
-        (b[3] - b[1]) / hf,
-    ]
 }

@@ -25,20 +25,6 @@ pub const IOU_EPS: f32 = 1e-7;
 /// Python-float scalar multiplying an f32 tensor.
 const FOUR_OVER_PI2: f32 = (4.0 / (std::f64::consts::PI * std::f64::consts::PI)) as f32;
 
-/// Plain IoU of two xyxy boxes: `inter / (area_a + area_b - inter + eps)`.
-///
-/// With `eps = 0` this is torchvision `box_iou` / `nms` semantics (two zero-area boxes give
-/// `0/0 = NaN`); with `eps = 1e-7` it is the official `utils/metrics.py box_iou`.
-/// Boxes with `x2 < x1` or `y2 < y1` have negative area and are not rejected (callers validate).
-pub fn box_iou(a: [f32; 4], b: [f32; 4], eps: f32) -> f32 {
-    let area_a = (a[2] - a[0]) * (a[3] - a[1]);
-    let area_b = (b[2] - b[0]) * (b[3] - b[1]);
-    let iw = (a[2].min(b[2]) - a[0].max(b[0])).max(0.0);
-    let ih = (a[3].min(b[3]) - a[1].max(b[1])).max(0.0);
-    let inter = iw * ih;
-    inter / (area_a + area_b - inter + eps)
-}
-
 /// An xyxy box with the per-box parts of CIoU precomputed (`w`, `h + eps`, `atan(w/h)`).
 ///
 /// The TaskAlignedAssigner compares every GT with many predictions; preparing each box once

@@ -25,5 +25,5 @@ pub use assigner::{
     AssignerDiagnostics, AssignerInput, Assignment, GtBatch, Scores, TaskAlignedAssigner,
 };
 pub use device_gt::DeviceGt;
-pub use iou::{box_iou, ciou_tensor, ciou_xyxy, CiouBox, IOU_EPS};
+pub use iou::{ciou_tensor, ciou_xyxy, CiouBox, IOU_EPS};
 pub use tal_loss::{BranchLoss, DeviceLoss, DualTalLoss, LossOutput};

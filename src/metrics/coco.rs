@@ -140,23 +140,6 @@ struct ImgEval {
     gt_ignored: Vec<bool>,
 }
 
-/// IoU of boxes `d` and `g` (`[x, y, w, h]`), pycocotools `maskUtils.iou` for boxes: the
-/// union is the detection's area when `crowd`.
-pub fn bbox_iou(d: &[f64; 4], g: &[f64; 4], crowd: bool) -> f64 {
-    let w = (d[0] + d[2]).min(g[0] + g[2]) - d[0].max(g[0]);
-    if w <= 0.0 {
-        return 0.0;
-    }
-    let h = (d[1] + d[3]).min(g[1] + g[3]) - d[1].max(g[1]);
-    if h <= 0.0 {
-        return 0.0;
-    }
-    let i = w * h;
-    let da = d[2] * d[3];
-    let u = if crowd { da } else { da + g[2] * g[3] - i };
-    i / u
-}
-
 /// Evaluates detections `dts` against ground truth `gts` over `image_ids` and `category_ids`
 /// (pycocotools `COCOeval(gt, gt.loadRes(dt), 'bbox')` with `params.imgIds` = every image of
 /// the GT file and `params.catIds` = every category; both lists are sorted and deduplicated
@@ -270,7 +253,7 @@ pub fn evaluate_with(
                     .iter()
                     .map(|dd| {
                         g.iter()
-                            .map(|gg| bbox_iou(&dd.bbox, &gg.bbox, gg.iscrowd))
+                            .map(|gg| crate::boxes::coco_iou(&dd.bbox, &gg.bbox, gg.iscrowd))
                             .collect()
                     })
                     .collect();
@@ -610,8 +593,11 @@ mod tests {
     fn crowd_iou_uses_detection_area() {
         let g = [0.0, 0.0, 10.0, 10.0];
         let d = [5.0, 0.0, 10.0, 10.0];
-        assert_eq!(bbox_iou(&d, &g, false), 50.0 / 150.0);
-        assert_eq!(bbox_iou(&d, &g, true), 0.5);
-        assert_eq!(bbox_iou(&[20.0, 0.0, 1.0, 1.0], &g, false), 0.0);
+        assert_eq!(crate::boxes::coco_iou(&d, &g, false), 50.0 / 150.0);
+        assert_eq!(crate::boxes::coco_iou(&d, &g, true), 0.5);
+        assert_eq!(
+            crate::boxes::coco_iou(&[20.0, 0.0, 1.0, 1.0], &g, false),
+            0.0
+        );
     }
 }

@@ -19,21 +19,6 @@ use pathfinding::kuhn_munkres::kuhn_munkres;
 use pathfinding::matrix::Matrix;
 use std::collections::HashMap;
 
-/// IoU of two `[x1, y1, x2, y2]` boxes (no +1), in f64; 0 for empty unions.
-pub fn iou(a: &[f32; 4], b: &[f32; 4]) -> f64 {
-    let [a0, a1, a2, a3] = a.map(|v| v as f64);
-    let [b0, b1, b2, b3] = b.map(|v| v as f64);
-    let iw = (a2.min(b2) - a0.max(b0)).max(0.0);
-    let ih = (a3.min(b3) - a1.max(b1)).max(0.0);
-    let inter = iw * ih;
-    let union = (a2 - a0) * (a3 - a1) + (b2 - b0) * (b3 - b1) - inter;
-    if union > 0.0 {
-        inter / union
-    } else {
-        0.0
-    }
-}
-
 /// The summary of an [`Accumulator`].
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct MotSummary {
@@ -106,7 +91,7 @@ impl Accumulator {
             .map(|(_, g)| {
                 hyp.iter()
                     .map(|(_, h)| {
-                        let v = iou(g, h);
+                        let v = crate::boxes::iou_f64(g, h);
                         (v >= self.min_iou).then_some(1.0 - v)
                     })
                     .collect()

@@ -2,6 +2,7 @@
 use image::{Rgb, RgbImage};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
+use yolo9::boxes::{xywhn_to_xyxy, xyxy_to_xywhn};
 use yolo9::internals::data::augment::*;
 use yolo9::internals::data::warp::PAD_GREY;
 

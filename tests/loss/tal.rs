@@ -2,7 +2,8 @@
 //! python3 + numpy in float64), and the dual TAL loss on small synthetic head outputs.
 
 use candle_core::{DType, Device, Tensor, Var};
-use yolo9::internals::loss::iou::{atan_with_grad, box_iou, ciou_tensor, ciou_xyxy};
+use yolo9::boxes::iou_eps as box_iou;
+use yolo9::internals::loss::iou::{atan_with_grad, ciou_tensor, ciou_xyxy};
 use yolo9::internals::loss::tal_loss::{
     bce_with_logits, dfl_expectation, dfl_loss, targets_tensor, DualTalLoss, REG_MAX,
 };
