@@ -102,7 +102,7 @@ pub(crate) fn run_epoch(
                 // The epoch's batches are done: save at its end position, so that `--resume`
                 // validates it and goes on; the stop is reported by the trainer.
                 pr.train_secs = train_secs;
-                run.save(epoch, run.nb, &pr, obs)?;
+                run.save(epoch, run.sizing.batches, &pr, obs)?;
                 tell_others(run, EndCode::Stopped, false)?;
                 return Ok(EpochEnd::Stopped);
             }
@@ -125,7 +125,7 @@ pub(crate) fn run_epoch(
     }
     let val_peak = if validated { run.probe.peak_bytes() } else { 0 };
     let peak_mem = train_peak.max(val_peak);
-    if let Some(b) = &run.budget {
+    if let Some(b) = &run.sizing.budget {
         if peak_mem > b.budget {
             obs.line(&format!(
                 "warning: epoch {} peaked at {} of {} (training {}, validation {}), above the \
@@ -150,11 +150,11 @@ pub(crate) fn run_epoch(
         skipped: pr.skipped,
         nan_events: pr.nan_events,
         oom_events: pr.oom_events,
-        micro: run.micro,
+        micro: run.sizing.micro,
         img_per_s: pr.images as f64 / train_secs.max(1e-9),
         validated,
     };
-    append_results_csv(&run.run_dir, &report)?;
+    append_results_csv(&run.files.dir, &report)?;
     let summary = opts
         .verbose
         .then(|| report.summary(epochs, train_secs, val_secs, run.probe.what(), fi));
@@ -219,12 +219,12 @@ fn other_rank_epoch_end(
         c.broadcast(&mut d)?;
     }
     run.sched.epochs = d[1] as usize;
-    if let Some(e) = run.args_json.get_mut("epochs") {
+    if let Some(e) = run.files.args_json.get_mut("epochs") {
         *e = serde_json::Value::from(run.sched.epochs);
     }
     if d[0] as u8 == EndCode::Stopped as u8 {
         pr.train_secs = train_secs;
-        run.save(epoch, run.nb, &pr, obs)?;
+        run.save(epoch, run.sizing.batches, &pr, obs)?;
         return Ok(EpochEnd::Stopped);
     }
     run.save(epoch + 1, 0, &EpochProgress::default(), obs)?;
@@ -239,7 +239,7 @@ fn other_rank_epoch_end(
         skipped: pr.skipped,
         nan_events: pr.nan_events,
         oom_events: pr.oom_events,
-        micro: run.micro,
+        micro: run.sizing.micro,
         img_per_s: pr.images as f64 / train_secs.max(1e-9),
         validated: false,
     };
@@ -260,7 +260,7 @@ fn train_batches(
     obs: &mut dyn TrainObserver,
 ) -> Result<Option<(EpochProgress, f64)>> {
     let opts = run.opts;
-    let nb = run.nb;
+    let nb = run.sizing.batches;
     let interval = std::time::Duration::from_secs_f64(opts.save_interval * 60.0);
     let first = if epoch == start.epoch { start.batch } else { 0 };
     let mut pr = if epoch == start.epoch {
@@ -449,7 +449,7 @@ fn plot_batch(
     names: &[String],
     obs: &mut dyn TrainObserver,
 ) {
-    let p = run.run_dir.join(format!("train_batch{ni}.jpg"));
+    let p = run.files.dir.join(format!("train_batch{ni}.jpg"));
     let drawn = crate::train::plots::plot_train_batch(
         &batch.images,
         batch.len,
@@ -480,10 +480,10 @@ fn exchange(
                 grads: out.grads,
                 items: out.items,
                 len,
-                micro: run.micro,
+                micro: run.sizing.micro,
             };
             let g = crate::train::dist::sync::exchange(c.as_mut(), local, &run.opt, &run.device)?;
-            run.micro = g.micro;
+            run.sizing.micro = g.micro;
             if !g.nan_ranks.is_empty() {
                 run.log(
                     obs,
@@ -588,9 +588,9 @@ fn write_epoch_end(
     let opts = run.opts;
     let t_plots = std::time::Instant::now();
     if !opts.noplots {
-        let csv = run.run_dir.join("results.csv");
+        let csv = run.files.dir.join("results.csv");
         let drawn = crate::train::plots::read_results_csv(&csv, "yolo9").and_then(|c| {
-            crate::train::plots::plot_results(&[c], &run.run_dir.join("results.png"))
+            crate::train::plots::plot_results(&[c], &run.files.dir.join("results.png"))
         });
         if let Err(e) = drawn {
             obs.line(&format!("warning: results.png not drawn: {e:#}"));
@@ -602,11 +602,14 @@ fn write_epoch_end(
     if run.save(epoch + 1, 0, &EpochProgress::default(), obs)? {
         checkpoint = t_save.elapsed().as_secs_f64();
         if improved {
-            copy_atomic(&run.last, &run.best)?;
+            copy_atomic(&run.files.last, &run.files.best)?;
         }
         if opts.save_period > 0 && (epoch + 1).is_multiple_of(opts.save_period as usize) {
-            let wdir = run.run_dir.join("weights");
-            copy_atomic(&run.last, &wdir.join(format!("epoch{epoch}.safetensors")))?;
+            let wdir = run.files.dir.join("weights");
+            copy_atomic(
+                &run.files.last,
+                &wdir.join(format!("epoch{epoch}.safetensors")),
+            )?;
         }
         copies = t_save.elapsed().as_secs_f64() - checkpoint;
     }
@@ -643,10 +646,10 @@ fn validate_ema(
     // measured micro-batch is the size known to fit (an eval forward needs less than a training
     // step at the same batch); the training state (weights, gradients, momentum, EMA) stays
     // resident beside it, and twice the micro-batch of the largest models does not fit.
-    let start = if run.budget.is_some() {
-        run.micro.max(1)
+    let start = if run.sizing.budget.is_some() {
+        run.sizing.micro.max(1)
     } else {
-        (run.micro * 2).max(1)
+        (run.sizing.micro * 2).max(1)
     };
     let (r, vb, halvings) = halve_on_oom(
         start,
@@ -683,7 +686,7 @@ fn validate_ema(
     }
     if let Some(cm) = &r.confusion {
         let drawn = crate::metrics::plots::plot_validation(
-            &run.run_dir,
+            &run.files.dir,
             &r.metrics.per_class,
             Some(cm),
             &val.names,
@@ -693,7 +696,7 @@ fn validate_ema(
         }
         if let Some(dets) = &r.detections {
             let drawn = crate::metrics::plots::plot_val_batches(
-                &run.run_dir,
+                &run.files.dir,
                 &val.images,
                 dets,
                 vb,
@@ -737,15 +740,15 @@ impl Run<'_> {
         };
         let this = &*self;
         let r = halve_on_oom(
-            self.micro,
+            self.sizing.micro,
             |micro| {
                 if let Some(c) = sync.as_mut() {
                     anyhow::ensure!(
-                        micro == this.micro,
+                        micro == this.sizing.micro,
                         "--sync-bn: out of memory at micro-batch {} on rank {}; the ranks cannot \
                          halve apart (their BN layers meet in every forward): lower --batch, \
                          set --micro-batch, or drop --sync-bn",
-                        this.micro,
+                        this.sizing.micro,
                         c.rank()
                     );
                 }
@@ -774,8 +777,8 @@ impl Run<'_> {
                          {old} → {new} ({} per batch of {}), redoing the batch",
                         epoch + 1,
                         batch.index,
-                        this.batch.div_ceil(new),
-                        this.batch
+                        this.sizing.batch.div_ceil(new),
+                        this.sizing.batch
                     ),
                 );
                 Ok(())
@@ -786,13 +789,13 @@ impl Run<'_> {
         }
         match r {
             Ok((o, micro, halvings)) => {
-                self.micro = micro;
+                self.sizing.micro = micro;
                 Ok((o, halvings))
             }
             Err(e) if is_oom(&e) => {
                 self.model.restore_bn(&bn)?;
                 self.graphs.borrow_mut().reset();
-                self.micro = 1;
+                self.sizing.micro = 1;
                 Err(e.context(format!(
                     "out of memory with a micro-batch of 1 at --img {}; lower --img or free \
                      memory on the device",

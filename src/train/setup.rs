@@ -33,7 +33,7 @@ use crate::train::optimizer::{Optimizer, OptimizerKind, ADAM_BETA2};
 use crate::train::options::{freeze_prefixes, Hyp, ImageCache, TrainOptions};
 use crate::train::report::create_results_csv;
 use crate::train::schedule::Schedule;
-use crate::train::state::{restore, Resumed, Run, Start};
+use crate::train::state::{restore, Resumed, Run, RunFiles, Session, Sizing, Start};
 use anyhow::{ensure, Context, Result};
 use candle_core::Device;
 use std::path::{Path, PathBuf};
@@ -605,25 +605,31 @@ pub(crate) fn build<'a>(
         sched,
         probe,
         faults,
-        last: wdir.join("last.safetensors"),
-        best: wdir.join("best.safetensors"),
-        state_path: wdir.join("state.safetensors"),
-        run_dir,
-        args_json,
-        nb,
-        batch: opts.batch,
-        micro,
-        budget,
+        files: RunFiles {
+            last: wdir.join("last.safetensors"),
+            best: wdir.join("best.safetensors"),
+            state: wdir.join("state.safetensors"),
+            dir: run_dir,
+            args_json,
+            _lock: lock,
+        },
+        sizing: Sizing {
+            batches: nb,
+            batch: opts.batch,
+            micro,
+            budget,
+        },
         counters,
         nan_streak: 0,
         acc,
         good,
         graphs: Default::default(),
-        clock: std::time::Instant::now(),
-        start_epoch: start.epoch,
+        session: Session {
+            started: std::time::Instant::now(),
+            first_epoch: start.epoch,
+        },
         comm: None,
         rank0,
-        _lock: lock,
     };
     choose_step_launch(&run, obs);
     Ok(Prepared {
@@ -919,18 +925,20 @@ fn loader(
 /// (`train::budget`), at the micro-batch sized for it.
 fn choose_step_launch(run: &Run, obs: &mut dyn TrainObserver) {
     let graphed = run.graphs.borrow().applies_to(&run.device)
-        && run.budget.as_ref().is_none_or(|d| d.graphed);
+        && run.sizing.budget.as_ref().is_none_or(|d| d.graphed);
     if !graphed {
         run.graphs.borrow_mut().disable();
     }
     // Without a budget the capture survives validation and the epoch's last partial batch;
     // with one, the captures start at the GT rows the sizing measured.
-    run.graphs.borrow_mut().set_keep(run.budget.is_none());
-    if let Some(d) = &run.budget {
+    run.graphs
+        .borrow_mut()
+        .set_keep(run.sizing.budget.is_none());
+    if let Some(d) = &run.sizing.budget {
         run.graphs.borrow_mut().reserve_rows(d.gt_rows);
     }
     if run.opts.verbose && run.device.is_cuda() {
-        let how = match (graphed, &run.budget) {
+        let how = match (graphed, &run.sizing.budget) {
             (true, None) => {
                 "replayed from CUDA graphs (YOLO9_TRAIN_GRAPH=0 turns that off)".to_string()
             }

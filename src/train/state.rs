@@ -45,6 +45,42 @@ pub(crate) struct Resumed {
     pub acc: Option<GradStore>,
 }
 
+/// The run folder and what the run writes there.
+pub(crate) struct RunFiles {
+    /// The run folder (`--project/--name`).
+    pub dir: PathBuf,
+    /// `weights/last.safetensors`.
+    pub last: PathBuf,
+    /// `weights/best.safetensors`.
+    pub best: PathBuf,
+    /// `weights/state.safetensors` (what `--resume` reads).
+    pub state: PathBuf,
+    /// The run's options as saved in the state (`args.yaml`'s content).
+    pub args_json: serde_json::Value,
+    /// The run folder's lock, held by rank 0 for the run's life ([`crate::runs::lock_run_dir`]).
+    pub _lock: Option<crate::runs::RunLock>,
+}
+
+/// The batch a run trains with.
+pub(crate) struct Sizing {
+    /// Batches per epoch.
+    pub batches: usize,
+    /// Images per batch (`--batch`, or what the budget chose).
+    pub batch: usize,
+    /// Images per micro-batch (the step splits a batch into these).
+    pub micro: usize,
+    /// The memory-budget decision, when `--budget` sized the batch.
+    pub budget: Option<BudgetDecision>,
+}
+
+/// This session of the run (a resumed run starts a new one).
+pub(crate) struct Session {
+    /// When its first epoch started.
+    pub started: std::time::Instant,
+    /// Its first epoch.
+    pub first_epoch: usize,
+}
+
 /// Everything one run mutates, shared by the batch loop, the epoch end and the checkpoints.
 pub(crate) struct Run<'a> {
     pub opts: &'a TrainOptions,
@@ -56,32 +92,23 @@ pub(crate) struct Run<'a> {
     pub sched: Schedule,
     pub probe: MemoryProbe,
     pub faults: Faults,
-    pub run_dir: PathBuf,
-    pub last: PathBuf,
-    pub best: PathBuf,
-    pub state_path: PathBuf,
-    pub args_json: serde_json::Value,
-    pub nb: usize,
-    pub batch: usize,
-    pub micro: usize,
-    pub budget: Option<BudgetDecision>,
+    /// The run folder and its files.
+    pub files: RunFiles,
+    /// The batch the run trains with and how it was sized.
+    pub sizing: Sizing,
     pub counters: Counters,
     pub nan_streak: usize,
     pub acc: Option<GradStore>,
     pub good: GoodState,
     /// CUDA-graph replay of the training micro-step (see [`crate::train::graphed`]).
     pub graphs: std::cell::RefCell<crate::train::graphed::StepGraphs>,
-    /// When this session's first epoch started (for `--time`).
-    pub clock: std::time::Instant,
-    /// This session's first epoch (for `--time`).
-    pub start_epoch: usize,
+    /// This session's start (for `--time`).
+    pub session: Session,
     /// The data-parallel group this rank belongs to (`None`: a single-device run); see
     /// [`crate::train::dist`].
     pub comm: Option<Box<dyn crate::train::dist::Collective>>,
     /// Whether this rank writes the run folder (rank 0, or a single-device run).
     pub rank0: bool,
-    /// The run folder's lock, held by rank 0 for the run's life ([`crate::runs::lock_run_dir`]).
-    pub _lock: Option<crate::runs::RunLock>,
 }
 
 impl Run<'_> {
@@ -185,7 +212,7 @@ impl Run<'_> {
         progress: &EpochProgress,
     ) -> Result<()> {
         let w = ema_weights(&self.model, &self.ema)?;
-        w.save(&self.last, false)?;
+        w.save(&self.files.last, false)?;
         let acc: Vec<(String, Tensor)> = match &self.acc {
             Some(g) => self
                 .opt
@@ -205,14 +232,14 @@ impl Run<'_> {
             progress: progress.clone(),
             counters: self.counters.clone(),
             ema_updates: self.ema.updates,
-            iterations: self.nb * epoch + next_batch,
+            iterations: self.sizing.batches * epoch + next_batch,
             batches_tracked: self.model.batches_tracked(),
-            micro: self.micro,
-            budget: self.budget.clone(),
-            args: self.args_json.clone(),
+            micro: self.sizing.micro,
+            budget: self.sizing.budget.clone(),
+            args: self.files.args_json.clone(),
         };
         save_state(
-            &self.state_path,
+            &self.files.state,
             &meta,
             &self.model.state_dict()?,
             &self.ema.state,
@@ -220,7 +247,7 @@ impl Run<'_> {
             &acc,
         )?;
         tracing::debug!(
-            path = %crate::text::path(&self.state_path),
+            path = %crate::text::path(&self.files.state),
             epoch,
             next_batch,
             "training state saved"
@@ -236,18 +263,22 @@ impl Run<'_> {
         let Some(hours) = self.opts.time else {
             return false;
         };
-        let elapsed = self.clock.elapsed().as_secs_f64();
-        let (total, stop) =
-            crate::train::schedule::epochs_for_time(hours, elapsed, self.start_epoch, epoch);
+        let elapsed = self.session.started.elapsed().as_secs_f64();
+        let (total, stop) = crate::train::schedule::epochs_for_time(
+            hours,
+            elapsed,
+            self.session.first_epoch,
+            epoch,
+        );
         if total != self.sched.epochs && !stop && self.opts.verbose {
             obs.line(&format!(
                 "--time {hours} h: {:.1} s per epoch, so {total} epochs in all (was {})",
-                elapsed / (epoch + 1 - self.start_epoch.min(epoch)) as f64,
+                elapsed / (epoch + 1 - self.session.first_epoch.min(epoch)) as f64,
                 self.sched.epochs
             ));
         }
         self.sched.epochs = total;
-        if let Some(e) = self.args_json.get_mut("epochs") {
+        if let Some(e) = self.files.args_json.get_mut("epochs") {
             *e = serde_json::Value::from(total);
         }
         if stop {
@@ -263,7 +294,10 @@ impl Run<'_> {
 
     /// The command that continues this run.
     pub fn resume_command(&self) -> String {
-        format!("yolo9 train --resume {}", crate::text::path(&self.run_dir))
+        format!(
+            "yolo9 train --resume {}",
+            crate::text::path(&self.files.dir)
+        )
     }
 }
 

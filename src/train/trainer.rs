@@ -191,7 +191,7 @@ fn run_epochs(
 ) -> Result<TrainSummary> {
     let mut reports = Vec::new();
     let mut interrupted = false;
-    run.clock = std::time::Instant::now();
+    run.session.started = std::time::Instant::now();
     let mut epoch = start.epoch;
     // The epoch count is the schedule's: `--time` re-estimates it after each epoch.
     while epoch < run.sched.epochs {
@@ -226,13 +226,13 @@ fn run_epochs(
         bail!("no epoch was run");
     }
     Ok(TrainSummary {
-        run_dir: run.run_dir.clone(),
+        run_dir: run.files.dir.clone(),
         epochs: reports,
         best_fitness: run.counters.best_fitness,
-        last: run.last.clone(),
-        best: run.best.clone(),
+        last: run.files.last.clone(),
+        best: run.files.best.clone(),
         interrupted,
-        budget: run.budget.clone(),
+        budget: run.sizing.budget.clone(),
     })
 }
 
