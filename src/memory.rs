@@ -294,9 +294,9 @@ mod cpu_window {
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::Once;
 
-    /// `VmHWM` at the window's start, bytes (`u64::MAX` before the first window: the lifetime
-    /// high-water mark is then the peak).
-    static HWM_AT_START: AtomicU64 = AtomicU64::new(u64::MAX);
+    /// `VmHWM` at the window's start, bytes (0 before the first window: the lifetime high-water
+    /// mark is then the peak, as it was before windows existed).
+    static HWM_AT_START: AtomicU64 = AtomicU64::new(0);
     /// The largest RSS sampled since the window's start, bytes.
     static SAMPLED: AtomicU64 = AtomicU64::new(0);
     static SAMPLER: Once = Once::new();
@@ -590,11 +590,19 @@ mod cuda {
 mod tests {
     use super::*;
 
+    /// The CPU window is process-wide and so is the RSS: the tests that open a window and
+    /// allocate hundreds of MiB run one at a time.
+    fn cpu_window_lock() -> std::sync::MutexGuard<'static, ()> {
+        static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        LOCK.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Issue 51: a window's start must not lower the process's peak as the OS reports it
     /// (`/usr/bin/time`, `getrusage`), and the window still sees its own peak.
     #[test]
     #[cfg(target_os = "linux")]
     fn a_window_keeps_the_process_peak_and_measures_its_own() {
+        let _one = cpu_window_lock();
         let p = MemoryProbe::new(&Device::Cpu).unwrap();
         let hwm = || proc_status_kib("VmHWM:").unwrap() * 1024;
         let mib = 1u64 << 20;
@@ -702,6 +710,7 @@ mod tests {
 
     #[test]
     fn cpu_probe_sees_a_large_allocation() {
+        let _one = cpu_window_lock();
         let p = MemoryProbe::new(&Device::Cpu).unwrap();
         p.reset_peak();
         let before = p.current_bytes();
