@@ -86,6 +86,29 @@ impl Default for JobOptions {
     }
 }
 
+impl JobOptions {
+    /// The frame loop of one video or stream of a detect or track job: `--vid-stride`,
+    /// `--stream-retries`, and its annotated video `<stem>.mp4` in the run folder `dir` unless
+    /// `--nosave`.
+    pub(crate) fn frame_loop<'a>(
+        &self,
+        detector: &'a Detector,
+        dir: &Path,
+        stem: &str,
+        at: (usize, usize),
+        cancel: &'a crate::cancel::Cancel,
+    ) -> FrameLoop<'a> {
+        FrameLoop {
+            detector,
+            cancel,
+            vid_stride: self.vid_stride,
+            stream_retries: self.stream_retries,
+            video: (!self.output.nosave).then(|| dir.join(format!("{stem}.mp4"))),
+            at,
+        }
+    }
+}
+
 /// Runs the detection job: the image and video `files` in order (`skipped`: sources already
 /// refused, reported and counted), then the webcams and streams `streams` (one after the other,
 /// each until it ends or `cancel` asks to stop; a stop also ends a video file early and skips
@@ -523,26 +546,6 @@ impl FrameStage for DetectStage<'_> {
     }
 }
 
-/// The frame loop of one video or stream of a detect run, its annotated video `<stem>.mp4` in
-/// the run folder unless `--nosave`.
-fn frame_loop<'a>(
-    detector: &'a Detector,
-    opts: &JobOptions,
-    stem: &str,
-    sinks: &Sinks,
-    at: (usize, usize),
-    cancel: &'a crate::cancel::Cancel,
-) -> FrameLoop<'a> {
-    FrameLoop {
-        detector,
-        cancel,
-        vid_stride: opts.vid_stride,
-        stream_retries: opts.stream_retries,
-        video: (!sinks.options().nosave).then(|| sinks.dir().join(format!("{stem}.mp4"))),
-        at,
-    }
-}
-
 /// Detection on every `--vid-stride`-th frame of a video ([`FrameLoop::video`]) with
 /// [`DetectStage`]; a line saying where the annotated video went.
 fn detect_video(
@@ -555,7 +558,7 @@ fn detect_video(
     cancel: &crate::cancel::Cancel,
 ) -> Result<()> {
     let info = crate::detect::video::probe(path)?;
-    let lp = frame_loop(detector, opts, stem, sinks, at, cancel);
+    let lp = opts.frame_loop(detector, sinks.dir(), stem, at, cancel);
     let mut stage = DetectStage {
         sinks,
         source: path.to_string_lossy().into_owned(),
@@ -585,7 +588,7 @@ fn detect_stream(
     at: (usize, usize),
     cancel: &crate::cancel::Cancel,
 ) -> Result<()> {
-    let lp = frame_loop(detector, opts, stem, sinks, at, cancel);
+    let lp = opts.frame_loop(detector, sinks.dir(), stem, at, cancel);
     let mut stage = DetectStage {
         sinks,
         source: src.name(),

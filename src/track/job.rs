@@ -37,7 +37,7 @@
 //! # Ok(()) }
 //! ```
 use crate::detect::detector::{Detection, Detector};
-use crate::detect::frames::{FrameAt, FrameLoop, FrameStage};
+use crate::detect::frames::{FrameAt, FrameStage};
 use crate::detect::job::JobOptions;
 use crate::detect::output::{annotated_name, unique_stems};
 use crate::detect::stream::StreamSource;
@@ -453,25 +453,6 @@ impl FrameStage for TrackStage<'_, '_> {
     }
 }
 
-/// The frame loop of one video or stream of a track run, its annotated video `<stem>.mp4` in
-/// the run folder unless `--nosave`.
-fn frame_loop<'a>(
-    detector: &'a Detector,
-    run: &Run,
-    stem: &str,
-    at: (usize, usize),
-    cancel: &'a crate::cancel::Cancel,
-) -> FrameLoop<'a> {
-    FrameLoop {
-        detector,
-        cancel,
-        vid_stride: run.job.vid_stride,
-        stream_retries: run.job.stream_retries,
-        video: (!run.job.output.nosave).then(|| run.dir.join(format!("{stem}.mp4"))),
-        at,
-    }
-}
-
 /// Tracks every `--vid-stride`-th frame of a video ([`FrameLoop::video`]); the source's
 /// summary.
 fn track_video(
@@ -484,7 +465,7 @@ fn track_video(
     cancel: &crate::cancel::Cancel,
 ) -> Result<String> {
     let info = crate::detect::video::probe(path)?;
-    let lp = frame_loop(detector, run, stem, at, cancel);
+    let lp = run.job.frame_loop(detector, &run.dir, stem, at, cancel);
     let source = path.to_string_lossy().into_owned();
     let seq = Sequence::open(run, source, stem.to_string(), info.fps_f64(), names)?;
     let mut stage = TrackStage {
@@ -507,7 +488,7 @@ fn track_stream(
     at: (usize, usize),
     cancel: &crate::cancel::Cancel,
 ) -> Result<String> {
-    let lp = frame_loop(detector, run, stem, at, cancel);
+    let lp = run.job.frame_loop(detector, &run.dir, stem, at, cancel);
     let fps = run.track.fps;
     let seq = Sequence::open(run, src.name(), stem.to_string(), fps, names)?;
     let mut stage = TrackStage {
