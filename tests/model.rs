@@ -10,6 +10,7 @@ mod model {
     mod cpu_engine;
     mod export_onnx;
     mod parity;
+    mod seg;
     mod sizes;
     mod train;
     mod weights_download;

@@ -102,12 +102,63 @@ pub enum Module {
         /// Which piece of each CBLinear input is taken.
         idx: Vec<usize>,
     },
-    /// The detection head over its inputs: `DualDDetect` (`dual`: auxiliary levels first, then
-    /// the main ones) or `DDetect`.
-    Detect {
-        /// `DualDDetect` (true) or `DDetect`.
-        dual: bool,
-    },
+    /// The head over its inputs (always the last row): a detection head (`DDetect`,
+    /// `DualDDetect`, `Detect`) or a segmentation head (`Segment`, `DSegment`, `DualDSegment`).
+    Detect(Head),
+}
+
+/// What a head row builds (official `models/yolo.py`): the detection branches and, for
+/// segmentation heads, the mask branch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Head {
+    /// Two branches, auxiliary levels first, then the main ones (`DualDDetect`,
+    /// `DualDSegment`: training graphs); inference keeps the main one.
+    pub dual: bool,
+    /// Box towers with grouped convolutions (`DDetect`: `Conv(c2, c2, 3, g=4)` and
+    /// `Conv2d(c2, 64, 1, groups=4)`, `c2` rounded to a multiple of 4); `false` for the plain
+    /// `Detect` towers, which the official `Segment` head inherits.
+    pub grouped: bool,
+    /// The mask branch of a segmentation head.
+    pub seg: Option<Seg>,
+}
+
+/// The mask branch of a segmentation head (official `Segment` / `DSegment` / `DualDSegment`):
+/// per level a mask-coefficient tower (`Conv(c, c4, 3)`, `Conv(c4, c4, 3)`,
+/// `Conv2d(c4, nm, 1)`, `c4 = max(c_P3 / 4, nm)`), and a prototype branch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Seg {
+    /// Mask coefficients per anchor = prototype masks (`nm`, 32 in the official models).
+    pub nm: usize,
+    /// Hidden channels of the `Proto` module (`npr`, 256 × `width_multiple`, rounded up to a
+    /// multiple of 8); unused by the 1×1 prototypes.
+    pub npr: usize,
+    /// `true` (`DSegment`, `DualDSegment`): the prototypes are a 1×1 `Conv(c, nm)` of an extra
+    /// head input (the last one; the last two for a dual head, auxiliary first); `false`
+    /// (`Segment`): `Proto(c_P3, npr, nm)` on the P3 input (3×3 conv, nearest ×2 upsample, 3×3
+    /// conv, 1×1 conv), so the prototypes are at stride 4.
+    pub proto_inputs: bool,
+}
+
+impl Head {
+    /// The official module name of this head row.
+    pub fn module_name(&self) -> &'static str {
+        match (self.dual, self.grouped, self.seg) {
+            (true, _, None) => "DualDDetect",
+            (false, true, None) => "DDetect",
+            (false, false, None) => "Detect",
+            (true, _, Some(_)) => "DualDSegment",
+            (false, _, Some(s)) if s.proto_inputs => "DSegment",
+            (false, _, Some(_)) => "Segment",
+        }
+    }
+
+    /// Head inputs that feed the prototype branch, at the end of the row's `from`.
+    pub fn proto_input_count(&self) -> usize {
+        match self.seg {
+            Some(s) if s.proto_inputs => 1 + self.dual as usize,
+            _ => 0,
+        }
+    }
 }
 
 /// One resolved layer.
@@ -135,7 +186,7 @@ pub struct Arch {
 }
 
 /// The official models embedded in the binary: `(name, yaml)`.
-const BUILTIN: [(&str, &str); 10] = [
+const BUILTIN: [(&str, &str); 15] = [
     ("yolov9-t", include_str!("../../models/yolov9-t.yaml")),
     ("yolov9-s", include_str!("../../models/yolov9-s.yaml")),
     ("yolov9-m", include_str!("../../models/yolov9-m.yaml")),
@@ -146,9 +197,20 @@ const BUILTIN: [(&str, &str); 10] = [
     ("gelan-m", include_str!("../../models/gelan-m.yaml")),
     ("gelan-c", include_str!("../../models/gelan-c.yaml")),
     ("gelan-e", include_str!("../../models/gelan-e.yaml")),
+    (
+        "yolov9-c-dseg",
+        include_str!("../../models/yolov9-c-dseg.yaml"),
+    ),
+    ("gelan-t-seg", include_str!("../../models/gelan-t-seg.yaml")),
+    ("gelan-s-seg", include_str!("../../models/gelan-s-seg.yaml")),
+    ("gelan-c-seg", include_str!("../../models/gelan-c-seg.yaml")),
+    (
+        "gelan-c-dseg",
+        include_str!("../../models/gelan-c-dseg.yaml"),
+    ),
 ];
 
-/// Names of the embedded models, training graphs first.
+/// Names of the embedded models: detection (training graphs, then GELAN), then segmentation.
 pub fn builtin_names() -> impl Iterator<Item = &'static str> {
     BUILTIN.iter().map(|(n, _)| *n)
 }
@@ -286,7 +348,7 @@ impl Arch {
     fn check(&self) -> Result<()> {
         let n = self.layers.len();
         for (i, l) in self.layers.iter().enumerate() {
-            if matches!(l.module, Module::Detect { .. }) {
+            if matches!(l.module, Module::Detect(_)) {
                 ensure!(
                     i + 1 == n,
                     "model yaml, layer {i}: the detection head must be the last row"
@@ -294,17 +356,30 @@ impl Arch {
             }
         }
         let head = self.head_layer();
-        let Module::Detect { dual } = head.module else {
-            bail!("model yaml: the last row must be DDetect or DualDDetect")
+        let Module::Detect(h) = head.module else {
+            bail!(
+                "model yaml: the last row must be a head (DDetect, DualDDetect, Detect, Segment, \
+                 DSegment or DualDSegment)"
+            )
         };
+        let dual = h.dual;
+        let name = h.module_name();
+        ensure!(
+            head.from.len() > h.proto_input_count(),
+            "model yaml, {name}: {} inputs, {} of them for the prototypes",
+            head.from.len(),
+            h.proto_input_count()
+        );
+        let det = self.det_inputs().len();
         let levels = if dual {
             ensure!(
-                head.from.len().is_multiple_of(2),
-                "model yaml, DualDDetect: needs an even number of inputs (auxiliary, then main)"
+                det.is_multiple_of(2),
+                "model yaml, {name}: needs an even number of detection inputs (auxiliary, then \
+                 main)"
             );
-            head.from.len() / 2
+            det / 2
         } else {
-            head.from.len()
+            det
         };
         ensure!(
             (1..=8).contains(&levels),
@@ -329,7 +404,7 @@ impl Arch {
                 .collect();
             ensure!(
                 aux == strides,
-                "model yaml, DualDDetect: auxiliary strides {aux:?} differ from the main {strides:?}"
+                "model yaml, {name}: auxiliary strides {aux:?} differ from the main {strides:?}"
             );
         }
         Ok(())
@@ -361,14 +436,34 @@ impl Arch {
         self.layers.len() - 1
     }
 
-    /// Whether the head is `DualDDetect` (a training graph with the auxiliary branch).
-    pub fn is_dual(&self) -> bool {
-        matches!(self.head_layer().module, Module::Detect { dual: true })
+    /// The head row's kind (checked to be the last layer).
+    pub fn head(&self) -> Head {
+        match self.head_layer().module {
+            Module::Detect(h) => h,
+            _ => unreachable!("the last layer is a head (checked)"),
+        }
     }
 
-    /// The main-branch head inputs (P3, P4, P5 for every official model).
-    pub fn main_inputs(&self) -> &[Src] {
+    /// Whether the head has an auxiliary branch (`DualDDetect`, `DualDSegment`: a training
+    /// graph).
+    pub fn is_dual(&self) -> bool {
+        self.head().dual
+    }
+
+    /// The mask branch, for a segmentation model.
+    pub fn seg(&self) -> Option<Seg> {
+        self.head().seg
+    }
+
+    /// The head inputs of the detection branches (all but the prototype inputs).
+    pub fn det_inputs(&self) -> &[Src] {
         let f = &self.head_layer().from;
+        &f[..f.len() - self.head().proto_input_count()]
+    }
+
+    /// The main-branch detection inputs (P3, P4, P5 for every official model).
+    pub fn main_inputs(&self) -> &[Src] {
+        let f = self.det_inputs();
         if self.is_dual() {
             &f[f.len() / 2..]
         } else {
@@ -376,14 +471,31 @@ impl Arch {
         }
     }
 
-    /// The auxiliary head inputs (empty without `DualDDetect`).
+    /// The auxiliary detection inputs (empty without a dual head).
     pub fn aux_inputs(&self) -> &[Src] {
-        let f = &self.head_layer().from;
+        let f = self.det_inputs();
         if self.is_dual() {
             &f[..f.len() / 2]
         } else {
             &[]
         }
+    }
+
+    /// The extra head inputs of the prototype branches (`DSegment`: one; `DualDSegment`:
+    /// auxiliary then main), empty otherwise.
+    pub fn proto_inputs(&self) -> &[Src] {
+        let f = &self.head_layer().from;
+        &f[f.len() - self.head().proto_input_count()..]
+    }
+
+    /// The input the main prototype branch reads: the last extra input, or P3 for `Segment`;
+    /// `None` for a detection model.
+    pub fn main_proto_input(&self) -> Option<Src> {
+        self.seg()?;
+        self.proto_inputs()
+            .last()
+            .or(self.main_inputs().first())
+            .copied()
     }
 
     /// Head strides in pixels (of the main inputs), `[8, 16, 32]` for every official model.
@@ -421,6 +533,7 @@ impl Arch {
         let mut stack: Vec<usize> = self
             .main_inputs()
             .iter()
+            .chain(self.proto_inputs().last())
             .filter_map(|s| match s {
                 Src::Layer(j) => Some(*j),
                 Src::Input => None,
@@ -469,20 +582,30 @@ impl Arch {
             })
             .collect();
         let head = self.head_layer();
-        let main = self.main_inputs();
+        let h = self.head();
+        let main: Vec<Src> = self
+            .main_inputs()
+            .iter()
+            .chain(self.proto_inputs().last())
+            .copied()
+            .collect();
+        let c_in = main.iter().map(|s| self.channels_of(*s)).collect();
         layers.push(Layer {
             from: main.iter().map(map_src).collect(),
-            module: Module::Detect { dual: false },
-            c_in: head.c_in[head.c_in.len() - main.len()..].to_vec(),
+            module: Module::Detect(Head { dual: false, ..h }),
+            c_in,
             c_out: Vec::new(),
             stride: head.stride,
         });
         let mut from_index = old;
         from_index.push(n - 1);
+        // The GELAN name when that built-in model is this graph (yolov9-c → gelan-c); yolov9-c-dseg's
+        // main branch is not gelan-c-dseg (its prototype branch repeats RepNCSP twice).
         let name = self
             .name
             .strip_prefix("yolov9-")
             .map(|s| format!("gelan-{s}"))
+            .filter(|g| Arch::builtin(g).is_ok_and(|a| a.layers == layers))
             .unwrap_or_else(|| format!("{}-infer", self.name));
         (Arch { name, layers }, from_index)
     }
@@ -513,7 +636,7 @@ impl Arch {
             let from = if l.from.len() == 1
                 && !matches!(
                     l.module,
-                    Module::Detect { .. } | Module::Concat | Module::CBFuse { .. }
+                    Module::Detect(_) | Module::Concat | Module::CBFuse { .. }
                 ) {
                 src(&l.from[0])
             } else {
@@ -542,8 +665,13 @@ impl Arch {
                 Module::Concat => ("Concat", "1".into()),
                 Module::CBLinear { c2s } => ("CBLinear", format!("[{}]", list(c2s))),
                 Module::CBFuse { idx } => ("CBFuse", format!("[{}]", list(idx))),
-                Module::Detect { dual: true } => ("DualDDetect", "nc".into()),
-                Module::Detect { dual: false } => ("DDetect", "nc".into()),
+                Module::Detect(h) => (
+                    h.module_name(),
+                    match h.seg {
+                        Some(sg) => format!("nc, {}, {}", sg.nm, sg.npr),
+                        None => "nc".into(),
+                    },
+                ),
             };
             s.push_str(&format!("  - [{from}, 1, {m}, [{args}]]  # {i}\n"));
         }
@@ -831,21 +959,35 @@ fn resolve_row(i: usize, row: &Value, prev: &[Layer], gd: f64, gw: f64) -> Resul
             c_in.push(c2);
             (Module::CBFuse { idx }, c_in, vec![c2], target)
         }
-        "DDetect" | "DualDDetect" => {
+        "Detect" | "DDetect" | "DualDDetect" | "Segment" | "DSegment" | "DualDSegment" => {
             let c: Vec<usize> = from.iter().map(ch_of).collect::<Result<_>>()?;
             let st = stride_of(&from[0]);
-            (
-                Module::Detect {
-                    dual: module == "DualDDetect",
-                },
-                c,
-                Vec::new(),
-                st,
-            )
+            let seg = if module.ends_with("Segment") {
+                let nm = arg_or(1, 32)?;
+                let npr = arg_or(2, 256)?;
+                ensure!(
+                    (1..=256).contains(&nm) && (1..=4096).contains(&npr),
+                    "{module}: nm = {nm} (1..=256) and npr = {npr} (1..=4096)"
+                );
+                Some(Seg {
+                    nm,
+                    npr: make_divisible(npr as f64 * gw),
+                    proto_inputs: module != "Segment",
+                })
+            } else {
+                None
+            };
+            let head = Head {
+                dual: module.starts_with("Dual"),
+                grouped: module != "Detect" && module != "Segment",
+                seg,
+            };
+            (Module::Detect(head), c, Vec::new(), st)
         }
         m => bail!(
             "module {m:?} is not supported (supported: Silence, Conv, ELAN1, RepNCSPELAN4, AConv, \
-             ADown, SPPELAN, nn.Upsample, Concat, CBLinear, CBFuse, DDetect, DualDDetect)"
+             ADown, SPPELAN, nn.Upsample, Concat, CBLinear, CBFuse, Detect, DDetect, DualDDetect, \
+             Segment, DSegment, DualDSegment)"
         ),
     };
     Ok(Layer {

@@ -1,5 +1,7 @@
-//! Detection head: one `DDetect` branch (official `models/yolo.py::DDetect`; `DualDDetect` is two
-//! of them), the DFL decode (`DFL`, `dist2bbox`) and anchor generation (`make_anchors`).
+//! Heads: one detection branch (official `models/yolo.py::DDetect`, or the plain `Detect` that
+//! `Segment` inherits; `DualDDetect` is two of them), the mask branch of the segmentation heads
+//! ([`MaskHead`]: `Segment`, `DSegment`, `DualDSegment`), the DFL decode (`DFL`, `dist2bbox`)
+//! and anchor generation (`make_anchors`).
 
 use super::conv::{Conv, ConvSpec};
 use super::params::Builder;
@@ -11,8 +13,8 @@ use candle_core::{DType, Device, Tensor};
 pub const REG_MAX: usize = 16;
 
 /// One detection branch over three pyramid levels: per level a box tower
-/// (`Conv(c,64,3)`, `Conv(64,64,3,g=4)`, `Conv2d(64,64,1,g=4)`) and a class tower
-/// (`Conv(c,128,3)`, `Conv(128,128,3)`, `Conv2d(128,nc,1)`).
+/// (`Conv(c,c2,3)`, `Conv(c2,c2,3,g=4)`, `Conv2d(c2,64,1,g=4)` for `DDetect`; ungrouped for
+/// `Detect`) and a class tower (`Conv(c,c3,3)`, `Conv(c3,c3,3)`, `Conv2d(c3,nc,1)`).
 ///
 /// Named `{box_prefix}.{level}.{0,1,2}` and `{cls_prefix}.{level}.{0,1,2}`, e.g. `model.29.cv4.0.1`.
 pub struct DetectHead {
@@ -27,6 +29,7 @@ pub struct DetectHead {
 impl DetectHead {
     /// `ch`: input channels per level; `strides` only drive the official `bias_init` of freshly
     /// initialized class biases (`ln(5 / nc / (640 / s)^2)`); box biases start at 1.0.
+    /// `grouped`: the `DDetect` box tower (groups 4, `c2` a multiple of 4), else `Detect`'s.
     pub fn load(
         b: &mut Builder,
         box_prefix: &str,
@@ -34,8 +37,14 @@ impl DetectHead {
         ch: &[usize],
         nc: usize,
         strides: &[u32],
+        grouped: bool,
     ) -> Result<Self> {
-        let c2 = ((ch[0] / 4).max(REG_MAX * 4).max(16)).div_ceil(4) * 4;
+        let c2 = (ch[0] / 4).max(REG_MAX * 4).max(16);
+        let (c2, g) = if grouped {
+            (c2.div_ceil(4) * 4, 4)
+        } else {
+            (c2, 1)
+        };
         let c3 = ch[0].max((nc * 2).min(128));
         let mut boxes = Vec::new();
         let mut classes = Vec::new();
@@ -44,11 +53,11 @@ impl DetectHead {
             let bp = format!("{box_prefix}.{i}");
             boxes.push([
                 Conv::load(b, &format!("{bp}.0"), ConvSpec::new(c, c2, 3, 1))?,
-                Conv::load(b, &format!("{bp}.1"), ConvSpec::new(c2, c2, 3, 1).groups(4))?,
+                Conv::load(b, &format!("{bp}.1"), ConvSpec::new(c2, c2, 3, 1).groups(g))?,
                 Conv::load_plain(
                     b,
                     &format!("{bp}.2"),
-                    ConvSpec::new(c2, 4 * REG_MAX, 1, 1).groups(4),
+                    ConvSpec::new(c2, 4 * REG_MAX, 1, 1).groups(g),
                     Some(1.0),
                 )?,
             ]);
@@ -99,6 +108,127 @@ impl DetectHead {
                 cx.cat(&[&bx, &kx], 1)
             })
             .collect()
+    }
+}
+
+/// The prototype branch of a segmentation head: official `Proto(c1, npr, nm)` (`Segment`: 3×3
+/// `Conv(c1, npr)`, nearest ×2 upsample, 3×3 `Conv(npr, npr)`, 1×1 `Conv(npr, nm)`, every conv
+/// with BN + SiLU) or a 1×1 `Conv(c, nm)` (`DSegment`, `DualDSegment`).
+pub enum Proto {
+    /// `Proto`: `cv1`, (upsample), `cv2`, `cv3`.
+    Full(Box<[Conv; 3]>),
+    /// One 1×1 `Conv`.
+    Conv(Box<Conv>),
+}
+
+impl Proto {
+    /// `Proto(c1, npr, nm)` named `{prefix}.cv1/cv2/cv3`.
+    pub fn load_full(
+        b: &mut Builder,
+        prefix: &str,
+        c1: usize,
+        npr: usize,
+        nm: usize,
+    ) -> Result<Self> {
+        Ok(Self::Full(Box::new([
+            Conv::load(b, &format!("{prefix}.cv1"), ConvSpec::new(c1, npr, 3, 1))?,
+            Conv::load(b, &format!("{prefix}.cv2"), ConvSpec::new(npr, npr, 3, 1))?,
+            Conv::load(b, &format!("{prefix}.cv3"), ConvSpec::new(npr, nm, 1, 1))?,
+        ])))
+    }
+
+    /// `Conv(c1, nm, 1)` named `{prefix}`.
+    pub fn load_conv(b: &mut Builder, prefix: &str, c1: usize, nm: usize) -> Result<Self> {
+        Ok(Self::Conv(Box::new(Conv::load(
+            b,
+            prefix,
+            ConvSpec::new(c1, nm, 1, 1),
+        )?)))
+    }
+
+    /// x (B, c1, H, W) → prototypes (B, nm, 2H, 2W) for `Full`, (B, nm, H, W) for `Conv`.
+    pub fn run(&self, x: &Tensor, cx: Ctx) -> Result<Tensor> {
+        match self {
+            Self::Full(c) => {
+                let y = c[0].run(x, cx)?;
+                let y = cx.upsample_nearest_2x(&y)?;
+                let y = c[1].run(&y, cx)?;
+                c[2].run(&y, cx)
+            }
+            Self::Conv(c) => c.run(x, cx),
+        }
+    }
+}
+
+/// The mask branch of one head branch (official `Segment.cv4` + `proto`, `DSegment.cv4` +
+/// `proto`, `DualDSegment.cv6` + `proto` / `cv7` + `proto2`): per level a mask-coefficient tower
+/// (`Conv(c, c4, 3)`, `Conv(c4, c4, 3)`, `Conv2d(c4, nm, 1)`, `c4 = max(c_P3 / 4, nm)`) and the
+/// prototypes.
+pub struct MaskHead {
+    /// Coefficient towers per level; the last conv outputs `nm` raw (linear) coefficients.
+    pub coeffs: Vec<[Conv; 3]>,
+    /// The prototype branch.
+    pub proto: Proto,
+    /// Number of prototypes (= coefficients per anchor).
+    pub nm: usize,
+}
+
+impl MaskHead {
+    /// Coefficient towers named `{prefix}.{level}.{0,1,2}` over inputs of `ch` channels.
+    pub fn load_coeffs(
+        b: &mut Builder,
+        prefix: &str,
+        ch: &[usize],
+        nm: usize,
+    ) -> Result<Vec<[Conv; 3]>> {
+        let c4 = (ch[0] / 4).max(nm);
+        ch.iter()
+            .enumerate()
+            .map(|(i, &c)| {
+                let p = format!("{prefix}.{i}");
+                Ok([
+                    Conv::load(b, &format!("{p}.0"), ConvSpec::new(c, c4, 3, 1))?,
+                    Conv::load(b, &format!("{p}.1"), ConvSpec::new(c4, c4, 3, 1))?,
+                    Conv::load_plain(b, &format!("{p}.2"), ConvSpec::new(c4, nm, 1, 1), None)?,
+                ])
+            })
+            .collect()
+    }
+
+    /// Mask coefficients: feats[i] (B, ch[i], H_i, W_i) → (B, nm, A) in the feature dtype,
+    /// anchors P3, P4, P5 row-major (official `torch.cat([cv4[i](x[i]).view(bs, nm, -1)], 2)`).
+    /// `nhwc`: the maps are channels-last (B, H, W, C).
+    pub fn run_coeffs(&self, feats: &[Tensor], cx: Ctx) -> Result<Tensor> {
+        ensure!(
+            feats.len() == self.coeffs.len(),
+            "mask head: got {} feature maps, expected {}",
+            feats.len(),
+            self.coeffs.len()
+        );
+        let mut flat = Vec::with_capacity(feats.len());
+        for (x, tower) in feats.iter().zip(&self.coeffs) {
+            let mut y = x.clone();
+            for c in tower {
+                y = c.run(&y, cx)?;
+            }
+            let y = if cx.nhwc {
+                y.permute((0, 3, 1, 2))?.contiguous()?
+            } else {
+                y
+            };
+            let (b, n, h, w) = y.dims4()?;
+            flat.push(y.reshape((b, n, h * w))?);
+        }
+        Ok(Tensor::cat(&flat, 2)?)
+    }
+
+    /// Prototypes of `x` (the prototype input), (B, nm, Hp, Wp) NCHW.
+    pub fn run_proto(&self, x: &Tensor, cx: Ctx) -> Result<Tensor> {
+        let p = self.proto.run(x, cx)?;
+        if cx.nhwc {
+            return Ok(p.permute((0, 3, 1, 2))?.contiguous()?);
+        }
+        Ok(p)
     }
 }
 

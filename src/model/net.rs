@@ -9,7 +9,7 @@
 use super::arch::{Arch, Module, Src};
 use super::blocks::{AConv, ADown, CBLinear, Elan1, RepNCSPELAN4, SppElan};
 use super::conv::{Conv, ConvSpec};
-use super::head::{DetectHead, REG_MAX};
+use super::head::{DetectHead, MaskHead, Proto, REG_MAX};
 use super::params::Builder;
 use super::tape::Ctx;
 use anyhow::{ensure, Context, Result};
@@ -89,7 +89,7 @@ impl Net {
                             factor,
                         }
                     }
-                    Module::Detect { .. } => unreachable!("the head is the last layer (checked)"),
+                    Module::Detect(_) => unreachable!("the head is the last layer (checked)"),
                 };
             blocks.push(block);
         }
@@ -198,20 +198,35 @@ fn head_prefixes(arch: &Arch) -> (Option<(String, String)>, (String, String)) {
     }
 }
 
-/// The detection head of `arch` with `nc` classes: `(auxiliary, main)` branches (`DualDDetect`:
-/// `cv2`/`cv3` and `cv4`/`cv5`; `DDetect`: only the main one, `cv2`/`cv3`), and the constant DFL
-/// kernels recorded in a describing build (`dfl`, and `dfl2` for dual heads).
-pub(crate) fn load_heads(
-    b: &mut Builder,
-    arch: &Arch,
-    nc: usize,
-) -> Result<(Option<DetectHead>, DetectHead)> {
+/// The heads of a graph: the detection branches and, for a segmentation graph, their mask
+/// branches.
+pub(crate) struct Heads {
+    /// The auxiliary detection branch (dual heads only).
+    pub aux: Option<DetectHead>,
+    /// The main detection branch.
+    pub main: DetectHead,
+    /// The auxiliary mask branch (`DualDSegment` only: `cv6`, `proto`); built for its names
+    /// and weights, run by no graph yet (segmentation training is not built).
+    #[allow(dead_code)]
+    pub aux_mask: Option<MaskHead>,
+    /// The main mask branch (`Segment`/`DSegment`: `cv4`, `proto`; `DualDSegment`: `cv7`,
+    /// `proto2`).
+    pub mask: Option<MaskHead>,
+}
+
+/// The heads of `arch` with `nc` classes, asking `b` for the official names in the official
+/// state_dict order: the detection branches (`DualDDetect`: `cv2`/`cv3` auxiliary and
+/// `cv4`/`cv5` main; `DDetect`/`Detect`: `cv2`/`cv3`), the constant DFL kernels (`dfl`, and
+/// `dfl2` for dual heads), then for segmentation heads the prototypes (`proto`, and `proto2`
+/// for dual heads) and the coefficient towers (`cv4`; dual: `cv6` auxiliary, `cv7` main).
+pub(crate) fn load_heads(b: &mut Builder, arch: &Arch, nc: usize) -> Result<Heads> {
     let strides = arch.strides();
     let ch = |srcs: &[Src]| -> Vec<usize> { srcs.iter().map(|s| arch.channels_of(*s)).collect() };
+    let grouped = arch.head().grouped;
     let (aux_p, main_p) = head_prefixes(arch);
     let aux = match aux_p {
         Some((bp, cp)) => Some(
-            DetectHead::load(b, &bp, &cp, &ch(arch.aux_inputs()), nc, &strides)
+            DetectHead::load(b, &bp, &cp, &ch(arch.aux_inputs()), nc, &strides, grouped)
                 .context("loading the auxiliary head")?,
         ),
         None => None,
@@ -223,12 +238,65 @@ pub(crate) fn load_heads(
         &ch(arch.main_inputs()),
         nc,
         &strides,
+        grouped,
     )
     .context("loading the detection head")?;
     for n in dfl_names(arch) {
         b.constant(&n, &[1, REG_MAX, 1, 1]);
     }
-    Ok((aux, main))
+    let Some(seg) = arch.seg() else {
+        return Ok(Heads {
+            aux,
+            main,
+            aux_mask: None,
+            mask: None,
+        });
+    };
+    let h = arch.head_index();
+    let nm = seg.nm;
+    let (aux_mask, mask) = if arch.is_dual() {
+        let pin = ch(arch.proto_inputs());
+        let aux_proto = Proto::load_conv(b, &format!("model.{h}.proto"), pin[0], nm)?;
+        let proto = Proto::load_conv(b, &format!("model.{h}.proto2"), pin[1], nm)?;
+        let aux_coeffs =
+            MaskHead::load_coeffs(b, &format!("model.{h}.cv6"), &ch(arch.aux_inputs()), nm)?;
+        let coeffs =
+            MaskHead::load_coeffs(b, &format!("model.{h}.cv7"), &ch(arch.main_inputs()), nm)?;
+        (
+            Some(MaskHead {
+                coeffs: aux_coeffs,
+                proto: aux_proto,
+                nm,
+            }),
+            MaskHead { coeffs, proto, nm },
+        )
+    } else {
+        let proto = if seg.proto_inputs {
+            Proto::load_conv(
+                b,
+                &format!("model.{h}.proto"),
+                ch(arch.proto_inputs())[0],
+                nm,
+            )?
+        } else {
+            Proto::load_full(
+                b,
+                &format!("model.{h}.proto"),
+                ch(arch.main_inputs())[0],
+                seg.npr,
+                nm,
+            )?
+        };
+        let coeffs =
+            MaskHead::load_coeffs(b, &format!("model.{h}.cv4"), &ch(arch.main_inputs()), nm)?;
+        (None, MaskHead { coeffs, proto, nm })
+    };
+    Ok(Heads {
+        aux,
+        main,
+        aux_mask,
+        mask: Some(mask),
+    })
 }
 
 /// Names of the constant DFL kernels of `arch`'s head (`dfl`, and `dfl2` for dual heads).

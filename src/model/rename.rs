@@ -7,15 +7,16 @@ use std::collections::HashMap;
 
 /// A renaming of state_dict names between a training graph and its inference graph
 /// ([`Arch::main_branch`]): layer indices move, and the head's main branch is `cv4`/`cv5`/`dfl2`
-/// in the training graph and `cv2`/`cv3`/`dfl` in the inference graph. Names with no
-/// counterpart (the auxiliary branch) map to `None`.
+/// in the training graph and `cv2`/`cv3`/`dfl` in the inference graph (for `DualDSegment`
+/// → `DSegment` also `cv7`/`proto2` → `cv4`/`proto`). Names with no counterpart (the auxiliary
+/// branch) map to `None`.
 #[derive(Debug, Clone)]
 pub struct NameMap {
     layers: HashMap<usize, usize>,
     head_from: usize,
     head_to: usize,
     /// Head sub-module renames (`cv4.` → `cv2.`, …); sub-modules not listed have no counterpart.
-    head: [(&'static str, &'static str); 3],
+    head: Vec<(&'static str, &'static str)>,
 }
 
 impl NameMap {
@@ -28,7 +29,18 @@ impl NameMap {
             layers: from[..n].iter().enumerate().map(|(k, &i)| (i, k)).collect(),
             head_from: train.head_index(),
             head_to: infer.head_index(),
-            head: [("cv4.", "cv2."), ("cv5.", "cv3."), ("dfl2.", "dfl.")],
+            head: if train.seg().is_some() {
+                // DualDSegment → DSegment: the main mask branch is cv7/proto2 → cv4/proto.
+                vec![
+                    ("cv4.", "cv2."),
+                    ("cv5.", "cv3."),
+                    ("dfl2.", "dfl."),
+                    ("cv7.", "cv4."),
+                    ("proto2.", "proto."),
+                ]
+            } else {
+                vec![("cv4.", "cv2."), ("cv5.", "cv3."), ("dfl2.", "dfl.")]
+            },
         }
     }
 
@@ -40,7 +52,7 @@ impl NameMap {
             layers: m.layers.iter().map(|(&i, &k)| (k, i)).collect(),
             head_from: m.head_to,
             head_to: m.head_from,
-            head: m.head.map(|(a, b)| (b, a)),
+            head: m.head.iter().map(|&(a, b)| (b, a)).collect(),
         }
     }
 

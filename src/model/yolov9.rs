@@ -13,7 +13,7 @@
 use super::arch::{Arch, Src, STRIDES};
 use super::cpu::CpuEngine;
 use super::graphs::ForwardGraphs;
-use super::head::{decode, DetectHead, REG_MAX};
+use super::head::{decode, DetectHead, MaskHead, REG_MAX};
 use super::net::{dfl_names, load_heads, Net};
 use super::params::{BuildMode, Builder, NamedVar};
 use super::rename::NameMap;
@@ -73,6 +73,9 @@ pub struct YoloV9 {
     /// The head inputs (P3, P4, P5).
     taps: Vec<Src>,
     head: DetectHead,
+    /// The mask branch of a segmentation model, and the head inputs it needs (the detection
+    /// inputs, then the prototype input when it is an extra one).
+    mask: Option<(MaskHead, Vec<Src>)>,
     meta: ModelMeta,
     device: Device,
     dtype: DType,
@@ -153,13 +156,19 @@ impl YoloV9 {
         let mut b = Builder::new(Some(&weights.tensors), rename, device, BuildMode::Fused, 0)
             .fused_dtype(dtype);
         let net = Net::load(&mut b, &infer)?;
-        let (_, head) = load_heads(&mut b, &infer, weights.meta.nc)?;
+        let heads = load_heads(&mut b, &infer, weights.meta.nc)?;
         let mut meta = weights.meta.clone();
         meta.strides = STRIDES.to_vec();
+        let mask = heads.mask.map(|m| {
+            let mut taps = infer.main_inputs().to_vec();
+            taps.extend(infer.proto_inputs().last());
+            (m, taps)
+        });
         Ok(Self {
             net,
             taps: infer.main_inputs().to_vec(),
-            head,
+            head: heads.main,
+            mask,
             meta,
             device: device.clone(),
             dtype,
@@ -343,6 +352,59 @@ impl YoloV9 {
         decode(&raw, &STRIDES)
     }
 
+    /// Whether the model has a mask branch (a segmentation head).
+    pub fn is_seg(&self) -> bool {
+        self.mask.is_some()
+    }
+
+    /// Detections with mask coefficients, and the prototype masks, of a segmentation model
+    /// (official `Segment.forward` / `DSegment.forward` in eval mode, the first two outputs):
+    /// x (B, 3, H, W) f32 RGB in 0..1 → `(pred (B, 4+nc+nm, A) f32, proto (B, nm, Hp, Wp) f32)`:
+    /// `pred` rows 0..4+nc as [`YoloV9::forward`], rows 4+nc.. the raw mask coefficients; the
+    /// prototypes at stride 4 for the official models (`Hp = H/4`). An instance mask is
+    /// `sigmoid(coeffs · proto)` (see [`crate::detect::masks`]).
+    ///
+    /// Runs candle's ops (no CPU engine, no CUDA graph). Errors: a detection model.
+    pub fn forward_seg(&self, x: &Tensor) -> Result<(Tensor, Tensor)> {
+        let Some((mask, taps)) = &self.mask else {
+            bail!(
+                "{} is a detection model: it has no masks",
+                self.meta.arch.name
+            )
+        };
+        check_input(x)?;
+        let x = x.to_device(&self.device)?.to_dtype(self.dtype)?;
+        let nhwc = self.channels_last_for(x.dim(0)?);
+        let x = if nhwc {
+            x.permute((0, 2, 3, 1))?.contiguous()?
+        } else {
+            x
+        };
+        self.device.with_context(|| {
+            let c = if nhwc {
+                Ctx::plain_nhwc()
+            } else {
+                Ctx::plain(false)
+            };
+            let feats = self.net.forward(&x, c, taps)?;
+            let levels = self.head.boxes.len();
+            let raw = self
+                .head
+                .run_raw(&feats[..levels], c)?
+                .into_iter()
+                .map(|t| {
+                    let t = if c.nhwc { to_nchw(&t)? } else { t };
+                    Ok(t.to_dtype(DType::F32)?)
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let det = decode(&raw, &STRIDES)?;
+            let coeffs = mask.run_coeffs(&feats[..levels], c)?.to_dtype(DType::F32)?;
+            let proto_in = feats.get(levels).unwrap_or(&feats[0]);
+            let proto = mask.run_proto(proto_in, c)?.to_dtype(DType::F32)?;
+            Ok((Tensor::cat(&[&det, &coeffs], 1)?, proto))
+        })
+    }
+
     /// (CUDA graphs captured, forwards replayed from them) by [`YoloV9::forward`] so far.
     pub fn graph_counts(&self) -> (usize, usize) {
         self.graphs.counts()
@@ -483,7 +545,14 @@ impl YoloV9Train {
         let tensors = weights.map(|w| &w.tensors);
         let mut b = Builder::new(tensors, rename.clone(), device, BuildMode::Train, seed);
         let net = Net::load(&mut b, arch)?;
-        let (head_aux, head_main) = load_heads(&mut b, arch, nc)?;
+        ensure!(
+            arch.seg().is_none(),
+            "{}: training a segmentation graph is not supported yet (its inference and \
+             conversion are)",
+            arch.name
+        );
+        let heads = load_heads(&mut b, arch, nc)?;
+        let (head_aux, head_main) = (heads.aux, heads.main);
         ensure!(
             head_aux.is_some() == arch.is_dual(),
             "{}: the auxiliary head must exist exactly for a DualDDetect graph",

@@ -1,0 +1,163 @@
+//! Segmentation models (issue 53) against the official code: the state_dict of every official
+//! segmentation graph (names, shapes, order, parameter count) and the eval forward of two small
+//! graphs on seeded weights (`tests/model/seg_oracle/`, made by `benches/seg_oracle.py` with the
+//! official `models/yolo.py`; see its docstring).
+
+use crate::common;
+
+use candle_core::{Device, Tensor};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use yolo9::internals::model::keys;
+use yolo9::model::{Arch, YoloV9};
+use yolo9::Weights;
+
+fn oracle(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/model/seg_oracle")
+        .join(name)
+}
+
+#[test]
+fn every_segmentation_model_has_the_official_state_dict() {
+    let text = std::fs::read_to_string(oracle("official_keys.json")).unwrap();
+    let all: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let all = all.as_object().unwrap();
+    assert_eq!(all.len(), 5);
+    for (name, want) in all {
+        let arch = Arch::builtin(name).unwrap();
+        assert!(arch.seg().is_some(), "{name}");
+        let want: Vec<(String, Vec<usize>)> = want["keys"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| {
+                let shape = e[1].as_array().unwrap();
+                (
+                    e[0].as_str().unwrap().to_string(),
+                    shape.iter().map(|d| d.as_u64().unwrap() as usize).collect(),
+                )
+            })
+            .collect();
+        let ours = keys::state_dict_entries(&arch, 80).unwrap();
+        assert_eq!(ours.len(), want.len(), "{name}: entries");
+        for (i, (o, w)) in ours.iter().zip(&want).enumerate() {
+            assert_eq!(o, w, "{name}: entry {i}");
+        }
+        let params: usize = ours
+            .iter()
+            .filter(|(n, _)| keys::is_parameter(n))
+            .map(|(_, s)| s.iter().product::<usize>())
+            .sum();
+        assert_eq!(
+            params as u64,
+            all[name]["parameters"].as_u64().unwrap(),
+            "{name}: parameters (official summary)"
+        );
+    }
+    // The released checkpoint's model: 27,634,720 parameters (the official README rounds to 27.4M
+    // for a fused model).
+    assert_eq!(all["gelan-c-seg"]["parameters"], 27_634_720);
+}
+
+/// The tiny graph `name` with the oracle's weights, and the oracle's tensors.
+fn tiny(name: &str) -> (Weights, HashMap<String, Tensor>) {
+    let yaml = std::fs::read_to_string(oracle(&format!("{name}.yaml"))).unwrap();
+    let arch = Arc::new(Arch::from_yaml(&yaml, name).unwrap());
+    let t: HashMap<String, Tensor> =
+        candle_core::safetensors::load(oracle(&format!("{name}.safetensors")), &Device::Cpu)
+            .unwrap();
+    let tensors: HashMap<String, Tensor> = t
+        .iter()
+        .filter(|(k, _)| k.starts_with("model."))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let meta = yolo9::ModelMeta {
+        nc: 3,
+        names: vec!["a".into(), "b".into(), "c".into()],
+        strides: vec![8, 16, 32],
+        graph: yolo9::model::weights::graph_of(&arch),
+        arch,
+    };
+    let w = Weights { tensors, meta };
+    w.validate(name).unwrap();
+    (w, t)
+}
+
+/// max |a − b| over rows `from..from+n` of dim 1.
+fn rows(a: &Tensor, b: &Tensor, from: usize, n: usize) -> f64 {
+    common::max_abs(
+        &a.narrow(1, from, n).unwrap(),
+        &b.narrow(1, from, n).unwrap(),
+    )
+}
+
+fn check_forward(name: &str) {
+    let (w, t) = tiny(name);
+    let m = YoloV9::load(&w, &Device::Cpu).unwrap();
+    assert!(m.is_seg());
+    let (pred, proto) = m.forward_seg(&t["x"]).unwrap();
+    let want = &t["pred"];
+    assert_eq!(pred.dims(), want.dims(), "{name}: pred shape");
+    assert_eq!(proto.dims(), t["proto"].dims(), "{name}: proto shape");
+    assert_eq!(pred.dims(), &[2, 4 + 3 + 8, 96 + 24 + 6]);
+    assert_eq!(
+        proto.dims(),
+        &[2, 8, 16, 24],
+        "{name}: prototypes at stride 4"
+    );
+    let boxes = rows(&pred, want, 0, 4);
+    let scores = rows(&pred, want, 4, 3);
+    let coeffs = rows(&pred, want, 7, 8) / common::abs_max(&want.narrow(1, 7, 8).unwrap());
+    let protos = common::max_abs(&proto, &t["proto"]) / common::abs_max(&t["proto"]);
+    println!("{name}: boxes {boxes:.2e} px, scores {scores:.2e}, coefficients rel {coeffs:.2e}, prototypes rel {protos:.2e}");
+    assert!(boxes <= 1e-2, "{name}: boxes differ by {boxes:.2e} px");
+    assert!(scores <= 1e-5, "{name}: scores differ by {scores:.2e}");
+    assert!(coeffs <= 1e-4, "{name}: mask coefficients rel {coeffs:.2e}");
+    assert!(protos <= 1e-4, "{name}: prototypes rel {protos:.2e}");
+    // The detection-only forward (the CPU engine) of a segmentation model: the same boxes and
+    // scores.
+    let det = m.forward(&t["x"]).unwrap();
+    assert_eq!(det.dims(), &[2, 7, 126]);
+    assert!(rows(&det, want, 0, 4) <= 1e-2 && rows(&det, want, 4, 3) <= 1e-5);
+}
+
+#[test]
+fn segment_head_forward_equals_the_official_one() {
+    check_forward("tiny-seg");
+}
+
+#[test]
+fn dual_segment_training_weights_run_their_main_branch_as_the_official_forward() {
+    check_forward("tiny-dseg");
+    let (w, _) = tiny("tiny-dseg");
+    let infer = w.to_infer().unwrap();
+    let a = &infer.meta.arch;
+    assert_eq!(a.name, "tiny-dseg-infer");
+    assert_eq!(a.head().module_name(), "DSegment");
+    // layers 0–21 and the main prototype branch 32–34, head 35 → 25.
+    assert_eq!(a.layers.len(), 26);
+    assert!(infer.tensors.contains_key("model.25.cv4.2.2.weight"));
+    assert!(infer.tensors.contains_key("model.25.proto.conv.weight"));
+    assert_eq!(
+        infer.tensors["model.25.proto.conv.weight"]
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap(),
+        w.tensors["model.35.proto2.conv.weight"]
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap()
+    );
+}
+
+#[test]
+fn a_detection_model_has_no_masks() {
+    let arch = Arc::new(Arch::builtin("gelan-t").unwrap());
+    assert!(arch.seg().is_none());
+    let e = keys::state_dict_entries(&arch, 3).unwrap();
+    assert!(e.iter().all(|(n, _)| !n.contains("proto")));
+}
