@@ -11,10 +11,12 @@ Writes, for each tiny graph of tests/model/seg_oracle/*.yaml (nc 3, built by the
 BN folding and every branch are exercised):
 
 - `{name}.safetensors`: the float state_dict (official names; `num_batches_tracked` left out),
-  `x` f32 [2, 3, 64, 96] uniform in [0, 1), and the eval-mode outputs of the official forward:
+  `x` f32 [2, 3, 64, 96] (values k/255), and the eval-mode outputs of the official forward:
   `pred` f32 [2, 4+nc+nm, A] (`torch.cat([y, mc], 1)`: cx, cy, w, h in pixels, class
   sigmoids, raw mask coefficients; for DualDSegment the main branch, as the official forward
-  returns it) and `proto` f32 [2, nm, Hp, Wp].
+  returns it) and `proto` f32 [2, nm, Hp, Wp]; for tiny-seg also what `segment/predict.py` keeps
+  of image 0 at conf 0.05: `det0` f32 [n, 6] (official NMS rows x1 y1 x2 y2 conf cls, input
+  pixels) and `masks0` f32 [n, 64, 96] (`process_mask(..., upsample=True)`, 0/1).
 
 and `official_keys.json`: for each full-size segmentation model (the official
 models/segment/*.yaml and yolo9's models/gelan-{t,s}-seg.yaml read by the official parser), nc 80,
@@ -60,13 +62,23 @@ def main():
                 fan_in = max(1, v[0].numel())
                 v.copy_(torch.randn(v.shape, generator=g) * (2.0 / fan_in) ** 0.5)
         model.eval()
-        x = torch.rand(2, 3, 64, 96, generator=g)
+        # Pixel values k/255, so that an 8-bit image of x[0] is the same input.
+        x = torch.randint(0, 256, (2, 3, 64, 96), generator=g).float() / 255.0
         y = model(x)
         pred, proto = y[0], y[1][2]
         t = {k: v.float().contiguous() for k, v in sd.items() if not k.endswith("num_batches_tracked")}
         t["x"] = x.contiguous()
         t["pred"] = pred.float().contiguous()
         t["proto"] = proto.float().contiguous()
+        if name == "tiny-seg":
+            # What segment/predict.py makes of image 0 (conf 0.05 on this untrained model).
+            from utils.general import non_max_suppression
+            from utils.segment.general import process_mask
+            det = non_max_suppression(pred, 0.05, 0.45, max_det=1000, nm=8)[0]
+            masks = process_mask(proto[0], det[:, 6:], det[:, :4], x.shape[2:], upsample=True)
+            t["det0"] = det[:, :6].float().contiguous()
+            t["masks0"] = masks.float().contiguous()
+            print(name, "image 0:", det.shape[0], "detections, mask pixels", int(masks.sum()))
         save_file(t, os.path.join(out, f"{name}.safetensors"))
         print(name, "pred", tuple(pred.shape), "proto", tuple(proto.shape),
               "pred range", float(pred.min()), float(pred.max()))

@@ -92,6 +92,7 @@ fn main() -> Result<()> {
                 class_name: String::new(),
                 confidence: score,
                 bbox: [x, y, x + 30.0, y + 60.0],
+                mask: None,
             });
         }
         for _ in 0..3 {
@@ -101,6 +102,7 @@ fn main() -> Result<()> {
                 class_name: String::new(),
                 confidence: 0.2 + 0.5 * rng.next(),
                 bbox: [x, y, x + 25.0, y + 25.0],
+                mask: None,
             });
         }
         let t0 = Instant::now();

@@ -35,6 +35,10 @@ pub struct Detection {
     pub confidence: f32,
     /// Box `[x1, y1, x2, y2]` in original-image pixels, clipped to the image.
     pub bbox: [f32; 4],
+    /// The instance mask, from a segmentation model ([`crate::detect::masks`]); `None` from a
+    /// detection model (and in JSON then absent).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mask: Option<crate::detect::masks::Mask>,
 }
 
 /// What the detector needs from a model: the decoded forward pass and the metadata.
@@ -53,6 +57,11 @@ pub trait InferenceModel: Send + Sync {
     /// Runs the network on `threads` CPU threads from now on (0: the default); a model without
     /// a thread setting ignores it.
     fn set_threads(&mut self, _threads: usize) {}
+    /// A segmentation model's forward ([`crate::model::YoloV9::forward_seg`]): `(pred
+    /// (B, 4+nc+nm, A), protos (B, nm, Hp, Wp))` f32; `None` for a detection model.
+    fn forward_seg(&self, _x: &Tensor) -> Option<Result<(Tensor, Tensor)>> {
+        None
+    }
 }
 
 /// What the public methods return: [`crate::Error`], so that a service can match on the kind.
@@ -261,6 +270,80 @@ impl Detector {
         Ok(y)
     }
 
+    /// Whether the model segments (its detections carry masks: [`Detection::mask`]).
+    pub fn is_seg(&self) -> bool {
+        self.meta().arch.seg().is_some()
+    }
+
+    /// Detections with masks of same-sized letterboxed images of a segmentation model: the
+    /// forward ([`InferenceModel::forward_seg`]), the official NMS on the box and class rows
+    /// (the coefficient rows ride along with each kept anchor, as `non_max_suppression(...,
+    /// nm=32)` carries them), boxes scaled to each image (`infos[b]`), and each detection's
+    /// mask ([`crate::detect::masks::instance_mask`]).
+    ///
+    /// Errors: a detection model, a failed forward, outputs of the wrong shape.
+    pub fn segment(
+        &self,
+        letterboxed: &[&RgbImage],
+        infos: &[LetterboxInfo],
+        nms: &NmsOptions,
+    ) -> Out<Vec<Vec<Detection>>> {
+        out((|| -> Result<Vec<Vec<Detection>>> {
+            use crate::detect::masks::{instance_mask, Protos};
+            let x = to_tensor(letterboxed, &self.device)?;
+            let (pred, proto) = self
+                .model
+                .forward_seg(&x)
+                .context("the model has no masks")?
+                .context("model forward")?;
+            let nc = self.names().len();
+            let (b, rows, a) = pred.dims3()?;
+            let (pb, nm, ph, pw) = proto.dims4()?;
+            if b != letterboxed.len() || b != infos.len() || pb != b || rows != 4 + nc + nm {
+                bail!(
+                    "segmentation output {:?} / prototypes {:?} do not fit {} images of {nc} classes",
+                    pred.shape(),
+                    proto.shape(),
+                    letterboxed.len()
+                );
+            }
+            let pred = pred.to_dtype(DType::F32)?.to_device(&Device::Cpu)?;
+            let proto = proto.to_dtype(DType::F32)?.to_device(&Device::Cpu)?;
+            let mut all = Vec::with_capacity(b);
+            for (i, info) in infos.iter().enumerate() {
+                let p: Vec<f32> = pred.get(i)?.flatten_all()?.to_vec1()?;
+                let q: Vec<f32> = proto.get(i)?.flatten_all()?.to_vec1()?;
+                let kept =
+                    crate::detect::nms::nms_image_anchored(&p[..(4 + nc) * a], nc, a, nms, false);
+                let mut scaled: Vec<Row> = kept
+                    .iter()
+                    .map(|r| [r[0], r[1], r[2], r[3], r[4], r[5]])
+                    .collect();
+                scale_rows(&mut scaled, info);
+                let mut dets = self.to_detections(&scaled);
+                for ((d, k), r) in dets.iter_mut().zip(&kept).zip(&scaled) {
+                    let anchor = k[6] as usize;
+                    let coeffs: Vec<f32> = (0..nm).map(|m| p[(4 + nc + m) * a + anchor]).collect();
+                    let protos = Protos {
+                        data: &q,
+                        nm,
+                        h: ph,
+                        w: pw,
+                    };
+                    d.mask = Some(instance_mask(
+                        protos,
+                        &coeffs,
+                        [k[0], k[1], k[2], k[3]],
+                        [r[0], r[1], r[2], r[3]],
+                        info,
+                    ));
+                }
+                all.push(dets);
+            }
+            Ok(all)
+        })())
+    }
+
     /// (CUDA graphs captured, forwards replayed from them) by this detector's model so far.
     pub fn graph_counts(&self) -> (usize, usize) {
         self.model.graph_counts()
@@ -330,6 +413,7 @@ impl Detector {
                     class_name: names.get(c).cloned().unwrap_or_else(|| format!("class{c}")),
                     confidence: r[4],
                     bbox: [r[0], r[1], r[2], r[3]],
+                    mask: None,
                 }
             })
             .collect()
@@ -355,6 +439,13 @@ impl Detector {
         }
         out((|| -> Result<Vec<Detection>> {
             let (lb, info) = self.preprocess(img)?;
+            if self.is_seg() {
+                let nms = self.config.nms();
+                return Ok(self
+                    .segment(&[&lb], &[info], &nms)?
+                    .pop()
+                    .unwrap_or_default());
+            }
             let y = self.infer(&[&lb])?;
             Ok(self.postprocess(&y, &[info])?.pop().unwrap_or_default())
         })())
@@ -434,12 +525,13 @@ impl Detector {
                     .collect();
                 let lbs: Vec<&RgbImage> = group.iter().map(|&j| &prepared[j].0).collect();
                 let infos: Vec<LetterboxInfo> = group.iter().map(|&j| prepared[j].1).collect();
-                let y = self.infer_padded(&lbs, pad_to)?;
-                for (k, dets) in self
-                    .postprocess_with(&y, &infos, nms)?
-                    .into_iter()
-                    .enumerate()
-                {
+                let dets = if self.is_seg() {
+                    self.segment(&lbs, &infos, nms)?
+                } else {
+                    let y = self.infer_padded(&lbs, pad_to)?;
+                    self.postprocess_with(&y, &infos, nms)?
+                };
+                for (k, dets) in dets.into_iter().enumerate() {
                     out[group[k]] = dets;
                     done[group[k]] = true;
                 }
@@ -579,6 +671,10 @@ impl InferenceModel for crate::model::yolov9::YoloV9 {
     }
     fn set_threads(&mut self, threads: usize) {
         self.set_threads(threads);
+    }
+    fn forward_seg(&self, x: &Tensor) -> Option<Result<(Tensor, Tensor)>> {
+        self.is_seg()
+            .then(|| crate::model::yolov9::YoloV9::forward_seg(self, x))
     }
 }
 

@@ -353,11 +353,25 @@ impl ImageJob<'_> {
         // copy for drawing.
         let (full, canvas) = keep_for_outputs(img, out);
         let t1 = Instant::now();
-        let y = detector
-            .infer(&[&lb])
-            .with_context(|| format!("inference on {}", crate::text::path(&path)))?;
-        let t2 = Instant::now();
-        let dets = detector.postprocess(&y, &[info])?.pop().unwrap_or_default();
+        let (dets, t2) = if detector.is_seg() {
+            // A segmentation model: forward, NMS and masks in one call, all counted as
+            // inference.
+            let d = detector
+                .segment(&[&lb], &[info], &detector.nms_options())
+                .with_context(|| format!("inference on {}", crate::text::path(&path)))?
+                .pop()
+                .unwrap_or_default();
+            (d, Instant::now())
+        } else {
+            let y = detector
+                .infer(&[&lb])
+                .with_context(|| format!("inference on {}", crate::text::path(&path)))?;
+            let t2 = Instant::now();
+            (
+                detector.postprocess(&y, &[info])?.pop().unwrap_or_default(),
+                t2,
+            )
+        };
         let t3 = Instant::now();
         let ms = |a: Instant, b: Instant| (b - a).as_secs_f64() * 1e3;
         let (p, i, n) = (ms(t0, t1), ms(t1, t2), ms(t2, t3));

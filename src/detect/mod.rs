@@ -4,6 +4,8 @@
 //! - [`nms`]: torchvision-compatible greedy NMS.
 //! - [`postprocess`]: candidates, official `non_max_suppression`, `scale_boxes`, clipping.
 //! - [`device_nms`]: the NMS of a whole batch as one op on the output's device (a CUDA kernel).
+//! - [`masks`]: instance masks of a segmentation model (prototypes × coefficients → mask,
+//!   outline polygon).
 //! - [`tile`]: sliced inference (SAHI): tiles of a large image and the merging of their boxes.
 //! - [`detector`]: the public [`detector::Detector`]; [`config`]: its options.
 //!
@@ -24,6 +26,7 @@ pub(crate) mod frames;
 #[cfg(feature = "media")]
 pub mod job;
 pub(crate) mod letterbox;
+pub mod masks;
 pub(crate) mod nms;
 #[cfg(feature = "media")]
 pub mod output;

@@ -146,6 +146,10 @@ impl Sinks {
                 if let Some(f) = item.frame {
                     line["frame"] = f.into();
                 }
+                if let Some(m) = &d.mask {
+                    // The outline in original pixels, [[x, y], …].
+                    line["polygon"] = serde_json::json!(m.polygon);
+                }
                 writeln!(out, "{line}").context("writing predictions.jsonl")?;
             }
             if item.frame.is_some() {
@@ -216,7 +220,24 @@ pub fn fmt_g(x: f64) -> String {
 /// One label line `cls cx cy w h [conf]` for a detection on a `w x h` image, as the official
 /// detect `--save-txt`: box rounded to whole pixels (detect.py rounds the scaled boxes), then
 /// [`yolo_line`].
+///
+/// A detection with a mask writes its outline instead, as the official `segment/predict.py
+/// --save-txt`: `cls x1 y1 x2 y2 … [conf]`, the polygon's points normalized by the image size.
 pub fn label_line(d: &Detection, w: u32, h: u32, with_conf: bool) -> String {
+    if let Some(m) = d.mask.as_ref().filter(|m| !m.polygon.is_empty()) {
+        let mut s = format!("{}", d.class_id);
+        for p in &m.polygon {
+            s.push(' ');
+            s.push_str(&fmt_g(f64::from(p[0]) / f64::from(w.max(1))));
+            s.push(' ');
+            s.push_str(&fmt_g(f64::from(p[1]) / f64::from(h.max(1))));
+        }
+        if with_conf {
+            s.push(' ');
+            s.push_str(&fmt_g(f64::from(d.confidence)));
+        }
+        return s;
+    }
     let b = d.bbox.map(|v| v.round_ties_even());
     yolo_line(d.class_id, b, d.confidence, w, h, with_conf)
 }

@@ -421,6 +421,7 @@ pub fn plot_val_batches(
             class_name: names.get(c).cloned().unwrap_or_else(|| format!("{c}")),
             confidence: conf,
             bbox: b,
+            mask: None,
         }
     };
     let mut out = Vec::new();

@@ -79,6 +79,7 @@ pub fn draw_tracks(
             ),
             confidence: t.score,
             bbox: clipped(t, size),
+            mask: None,
         })
         .collect();
     draw_detections(canvas, &as_dets, 1.0, opts)

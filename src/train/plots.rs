@@ -153,6 +153,7 @@ pub fn plot_train_batch(
                             (r[2] + r[4] / 2.0) * f,
                             (r[3] + r[5] / 2.0) * f,
                         ],
+                        mask: None,
                     }
                 })
                 .collect();

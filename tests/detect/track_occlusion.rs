@@ -17,6 +17,7 @@ fn scene() -> Vec<(Vec<(u64, [f32; 4])>, Vec<Detection>)> {
         class_name: "cell".into(),
         confidence,
         bbox,
+        mask: None,
     };
     (1..=40u32)
         .map(|t| {

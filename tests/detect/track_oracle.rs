@@ -19,6 +19,7 @@ fn det(v: &[f64]) -> Detection {
         class_name: String::new(),
         confidence: v[4] as f32,
         bbox: [v[0] as f32, v[1] as f32, v[2] as f32, v[3] as f32],
+        mask: None,
     }
 }
 

@@ -161,3 +161,65 @@ fn a_detection_model_has_no_masks() {
     let e = keys::state_dict_entries(&arch, 3).unwrap();
     assert!(e.iter().all(|(n, _)| !n.contains("proto")));
 }
+
+#[test]
+fn detector_masks_equal_the_official_predict() {
+    // Image 0 of the oracle as an 8-bit image (its values are k/255), detected at its own size
+    // (96x64: no resize, no padding), so that the official masks at input resolution are the
+    // masks at original resolution.
+    let (w, t) = tiny("tiny-seg");
+    let x0 = (t["x"].get(0).unwrap() * 255.0).unwrap().round().unwrap();
+    let hwc: Vec<f32> = x0
+        .permute((1, 2, 0))
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    let img = image::RgbImage::from_raw(96, 64, hwc.iter().map(|&v| v as u8).collect()).unwrap();
+    let config = yolo9::DetectorConfig {
+        img_size: 96,
+        conf: 0.05,
+        ..Default::default()
+    };
+    let det = yolo9::Detector::with_weights(&w, Device::Cpu, config).unwrap();
+    assert!(det.is_seg());
+    let dets = det.detect_rgb(&img).unwrap();
+    let want = t["det0"].to_vec2::<f32>().unwrap();
+    let masks = t["masks0"].to_vec3::<f32>().unwrap();
+    assert_eq!(dets.len(), want.len());
+    assert!(want.len() >= 5, "the oracle has detections to compare");
+    let (mut differ, mut total) = (0usize, 0usize);
+    for (d, (r, m)) in dets.iter().zip(want.iter().zip(&masks)) {
+        assert_eq!(d.class_id, r[5] as usize);
+        assert!((d.confidence - r[4]).abs() < 1e-5);
+        for k in 0..4 {
+            // Official boxes in input pixels, ours in original pixels: the same here.
+            assert!((d.bbox[k] - r[k].clamp(0.0, [96.0, 64.0][k % 2])).abs() < 1e-3);
+        }
+        let mask = d
+            .mask
+            .as_ref()
+            .expect("a segmentation detection has a mask");
+        for y in 0..64u32 {
+            for x in 0..96u32 {
+                let theirs = m[y as usize][x as usize] > 0.5;
+                total += theirs as usize;
+                differ += (mask.contains(x, y) != theirs) as usize;
+            }
+        }
+        if mask.area() > 0 {
+            // The outline's points lie on the mask's window.
+            for p in &mask.polygon {
+                assert!(p[0] >= mask.x as f32 && p[0] <= (mask.x + mask.width) as f32);
+                assert!(p[1] >= mask.y as f32 && p[1] <= (mask.y + mask.height) as f32);
+            }
+        }
+    }
+    println!("masks: {differ} of {total} official mask pixels differ");
+    assert!(total > 500, "{total}");
+    assert_eq!(
+        differ, 0,
+        "mask pixels differ from the official process_mask"
+    );
+}

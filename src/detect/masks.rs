@@ -1,0 +1,362 @@
+//! Instance masks of a segmentation model (official `utils/segment/general.py`): the mask of
+//! a detection is `sigmoid(coefficients · prototypes)`, cropped to its box, upsampled
+//! (bilinear, `align_corners=False`) and thresholded at 0.5 (`process_mask(..., upsample=True)`),
+//! then taken back to the original image (`scale_image`), and its outline is the largest outer
+//! contour (`masks2segments(strategy='largest')`, `cv2.CHAIN_APPROX_SIMPLE`).
+//!
+//! Where yolo9 differs, on purpose: the mask is computed once, directly at each original pixel
+//! inside the detection's box (the two bilinear resizes of the official code — prototypes →
+//! letterbox input, input → original image — composed into one sample of the prototypes), so an
+//! instance costs its box's pixels and the outline is traced at the original resolution rather
+//! than at the input's. Masks equal the official ones but for pixels on the 0.5 boundary.
+
+use super::letterbox::LetterboxInfo;
+
+/// The mask of one detected instance, in original-image pixels.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Mask {
+    /// Left column of the mask's window (the detection's box, rounded outwards).
+    #[serde(skip)]
+    pub x: u32,
+    /// Top row of the window.
+    #[serde(skip)]
+    pub y: u32,
+    /// Window width in pixels.
+    #[serde(skip)]
+    pub width: u32,
+    /// Window height in pixels.
+    #[serde(skip)]
+    pub height: u32,
+    /// Row-major `width × height` bits, 1 = the instance.
+    #[serde(skip)]
+    pub bits: Vec<u8>,
+    /// Outline of the mask's largest part, `[x, y]` in original-image pixels (vertex
+    /// coordinates: pixel `(i, j)` spans `i..i+1`), clockwise in image coordinates; empty when
+    /// the mask is empty. What `--save-txt` writes (normalized) and JSON carries.
+    pub polygon: Vec<[f32; 2]>,
+}
+
+impl Mask {
+    /// Whether original pixel `(x, y)` belongs to the instance.
+    pub fn contains(&self, x: u32, y: u32) -> bool {
+        x >= self.x
+            && y >= self.y
+            && x - self.x < self.width
+            && y - self.y < self.height
+            && self.bits[((y - self.y) * self.width + (x - self.x)) as usize] != 0
+    }
+
+    /// Pixels of the instance.
+    pub fn area(&self) -> usize {
+        self.bits.iter().filter(|&&b| b != 0).count()
+    }
+}
+
+/// The prototypes of one image: `nm` maps of `h × w`, row-major f32 (`proto[b]` of
+/// [`crate::model::YoloV9::forward_seg`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Protos<'a> {
+    /// `nm · h · w` values.
+    pub data: &'a [f32],
+    /// Number of prototypes.
+    pub nm: usize,
+    /// Rows.
+    pub h: usize,
+    /// Columns.
+    pub w: usize,
+}
+
+/// The mask of one detection: `coeffs` (nm raw coefficients), `box_in` its box
+/// `[x1, y1, x2, y2]` in letterbox-input pixels (before scaling, what NMS kept), `box_orig` the
+/// same box in original pixels (clipped), `info` the letterbox of the image.
+pub fn instance_mask(
+    protos: Protos,
+    coeffs: &[f32],
+    box_in: [f32; 4],
+    box_orig: [f32; 4],
+    info: &LetterboxInfo,
+) -> Mask {
+    let (ih, iw) = (info.out_h() as f32, info.out_w() as f32);
+    let (sx, sy) = (protos.w as f32 / iw, protos.h as f32 / ih);
+    // The official crop_mask keeps prototype pixels (c, r) with x1 <= c < x2, y1 <= r < y2 of
+    // the box scaled to prototype pixels.
+    let crop = [
+        box_in[0] * sx,
+        box_in[1] * sy,
+        box_in[2] * sx,
+        box_in[3] * sy,
+    ];
+    let c0 = (crop[0].floor().max(0.0) as usize).saturating_sub(1);
+    let r0 = (crop[1].floor().max(0.0) as usize).saturating_sub(1);
+    let c1 = ((crop[2].ceil().max(0.0) as usize) + 1).min(protos.w);
+    let r1 = ((crop[3].ceil().max(0.0) as usize) + 1).min(protos.h);
+    // Cropped sigmoid mask on the window [r0, r1) × [c0, c1) of the prototypes.
+    let (pw, ph) = (c1.saturating_sub(c0), r1.saturating_sub(r0));
+    let mut m = vec![0f32; pw * ph];
+    let plane = protos.h * protos.w;
+    for r in r0..r1 {
+        for c in c0..c1 {
+            let (fc, fr) = (c as f32, r as f32);
+            if fc < crop[0] || fc >= crop[2] || fr < crop[1] || fr >= crop[3] {
+                continue;
+            }
+            let mut z = 0f32;
+            for (k, &a) in coeffs.iter().enumerate().take(protos.nm) {
+                z += a * protos.data[k * plane + r * protos.w + c];
+            }
+            m[(r - r0) * pw + (c - c0)] = 1.0 / (1.0 + (-z).exp());
+        }
+    }
+    let sample = |py: f32, px: f32| -> f32 {
+        // Bilinear sample of the full prototype grid (zero outside the crop), clamped at the
+        // border as F.interpolate(align_corners=False) is.
+        let py = py.clamp(0.0, (protos.h - 1) as f32);
+        let px = px.clamp(0.0, (protos.w - 1) as f32);
+        let (y0, x0) = (py.floor() as usize, px.floor() as usize);
+        let (y1, x1) = ((y0 + 1).min(protos.h - 1), (x0 + 1).min(protos.w - 1));
+        let (fy, fx) = (py - y0 as f32, px - x0 as f32);
+        let at = |y: usize, x: usize| -> f32 {
+            if y < r0 || y >= r1 || x < c0 || x >= c1 {
+                0.0
+            } else {
+                m[(y - r0) * pw + (x - c0)]
+            }
+        };
+        (at(y0, x0) * (1.0 - fx) + at(y0, x1) * fx) * (1.0 - fy)
+            + (at(y1, x0) * (1.0 - fx) + at(y1, x1) * fx) * fy
+    };
+    let x = box_orig[0].floor().max(0.0) as u32;
+    let y = box_orig[1].floor().max(0.0) as u32;
+    let x2 = (box_orig[2].ceil().max(0.0) as u32).min(info.orig_w);
+    let y2 = (box_orig[3].ceil().max(0.0) as u32).min(info.orig_h);
+    let (width, height) = (x2.saturating_sub(x), y2.saturating_sub(y));
+    let gain = info.ratio as f32;
+    let (pad_x, pad_y) = info.pad();
+    let (pad_x, pad_y) = (pad_x as f32, pad_y as f32);
+    let mut bits = vec![0u8; (width * height) as usize];
+    if ph > 0 && pw > 0 {
+        for j in 0..height {
+            // Original pixel centre → input pixel coordinate → prototype coordinate.
+            let u = ((y + j) as f32 + 0.5) * gain + pad_y;
+            let py = u * sy - 0.5;
+            for i in 0..width {
+                let v = ((x + i) as f32 + 0.5) * gain + pad_x;
+                let px = v * sx - 0.5;
+                if sample(py, px) > 0.5 {
+                    bits[(j * width + i) as usize] = 1;
+                }
+            }
+        }
+    }
+    let polygon = largest_outline(&bits, width as usize, height as usize)
+        .into_iter()
+        .map(|[px, py]| [px as f32 + x as f32, py as f32 + y as f32])
+        .collect();
+    Mask {
+        x,
+        y,
+        width,
+        height,
+        bits,
+        polygon,
+    }
+}
+
+/// The outline of the largest 8-connected part of a `w × h` bit map, as the corner points of
+/// its pixel boundary (vertex coordinates), clockwise, with collinear points removed (what
+/// `cv2.CHAIN_APPROX_SIMPLE` keeps); empty for an empty map.
+pub fn largest_outline(bits: &[u8], w: usize, h: usize) -> Vec<[i32; 2]> {
+    // Label the parts (8-connected) and keep the one with the most pixels.
+    let mut label = vec![0u32; w * h];
+    let mut best = (0usize, 0usize); // (pixels, first pixel index)
+    let mut next = 0u32;
+    let mut stack = Vec::new();
+    for start in 0..w * h {
+        if bits[start] == 0 || label[start] != 0 {
+            continue;
+        }
+        next += 1;
+        label[start] = next;
+        stack.push(start);
+        let mut n = 0usize;
+        while let Some(p) = stack.pop() {
+            n += 1;
+            let (px, py) = ((p % w) as i64, (p / w) as i64);
+            for dy in -1..=1i64 {
+                for dx in -1..=1i64 {
+                    let (qx, qy) = (px + dx, py + dy);
+                    if qx < 0 || qy < 0 || qx >= w as i64 || qy >= h as i64 {
+                        continue;
+                    }
+                    let q = qy as usize * w + qx as usize;
+                    if bits[q] != 0 && label[q] == 0 {
+                        label[q] = next;
+                        stack.push(q);
+                    }
+                }
+            }
+        }
+        if n > best.0 {
+            best = (n, start);
+        }
+    }
+    if best.0 == 0 {
+        return Vec::new();
+    }
+    let part = label[best.1];
+    let inside = |x: i32, y: i32| -> bool {
+        x >= 0
+            && y >= 0
+            && (x as usize) < w
+            && (y as usize) < h
+            && label[y as usize * w + x as usize] == part
+    };
+    // Walk the boundary between the part and the rest along pixel edges, keeping the part on
+    // the right (clockwise in image coordinates), starting at the top-left corner of the first
+    // pixel (row-major), which lies on the outer boundary.
+    let (sx, sy) = ((best.1 % w) as i32, (best.1 / w) as i32);
+    let mut pts: Vec<[i32; 2]> = Vec::new();
+    let (mut x, mut y) = (sx, sy);
+    // Directions: 0 right, 1 down, 2 left, 3 up (vertex moves).
+    let mut d = 0usize;
+    let step = |d: usize| -> (i32, i32) { [(1, 0), (0, 1), (-1, 0), (0, -1)][d] };
+    // The pixels left and right of a move from vertex (x, y) in direction d.
+    let sides = |x: i32, y: i32, d: usize| -> (bool, bool) {
+        match d {
+            0 => (inside(x, y - 1), inside(x, y)),
+            1 => (inside(x, y), inside(x - 1, y)),
+            2 => (inside(x - 1, y), inside(x - 1, y - 1)),
+            _ => (inside(x - 1, y - 1), inside(x, y - 1)),
+        }
+    };
+    let limit = 4 * (w + 1) * (h + 1) + 4;
+    for _ in 0..limit {
+        pts.push([x, y]);
+        let (dx, dy) = step(d);
+        x += dx;
+        y += dy;
+        if x == sx && y == sy {
+            break;
+        }
+        // Prefer turning left (part stays on the right), then straight, then right: at a
+        // diagonal contact this joins the two pixels (8-connectivity).
+        for turn in [3usize, 0, 1, 2] {
+            let nd = (d + turn) % 4;
+            let (l, r) = sides(x, y, nd);
+            if r && !l {
+                d = nd;
+                break;
+            }
+        }
+    }
+    // Drop the vertices where the direction does not change.
+    let n = pts.len();
+    if n < 3 {
+        return pts;
+    }
+    let dir = |a: [i32; 2], b: [i32; 2]| [(b[0] - a[0]).signum(), (b[1] - a[1]).signum()];
+    (0..n)
+        .filter(|&i| dir(pts[(i + n - 1) % n], pts[i]) != dir(pts[i], pts[(i + 1) % n]))
+        .map(|i| pts[i])
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outline_of_a_square_a_notch_and_two_parts() {
+        // A 2x2 square at (1,1): corners (1,1) (3,1) (3,3) (1,3), clockwise in image coordinates.
+        let mut b = vec![0u8; 5 * 5];
+        for (x, y) in [(1, 1), (2, 1), (1, 2), (2, 2)] {
+            b[y * 5 + x] = 1;
+        }
+        assert_eq!(
+            largest_outline(&b, 5, 5),
+            vec![[1, 1], [3, 1], [3, 3], [1, 3]]
+        );
+        // An L: the 2x2 square without its bottom-right pixel: six corners.
+        b[2 * 5 + 2] = 0;
+        assert_eq!(
+            largest_outline(&b, 5, 5),
+            vec![[1, 1], [3, 1], [3, 2], [2, 2], [2, 3], [1, 3]]
+        );
+        // A single pixel far away is a smaller part and is not the outline.
+        b[4 * 5 + 4] = 1;
+        assert_eq!(largest_outline(&b, 5, 5).len(), 6);
+        assert!(largest_outline(&[0u8; 4], 2, 2).is_empty());
+        // Two pixels touching diagonally are one part (8-connectivity).
+        let d = [1u8, 0, 0, 1];
+        let o = largest_outline(&d, 2, 2);
+        assert!(o.contains(&[0, 0]) && o.contains(&[2, 2]), "{o:?}");
+    }
+
+    #[test]
+    fn a_box_shaped_prototype_gives_that_box() {
+        // One prototype, 8x8, positive inside columns 2..6 and rows 2..6; coefficient 10: the
+        // sigmoid is ~1 there and ~0 elsewhere. Input 32x32 (stride 4), original 64x64
+        // (ratio 0.5, no padding). The box covers the whole input.
+        let mut p = vec![-1f32; 64];
+        for r in 2..6 {
+            for c in 2..6 {
+                p[r * 8 + c] = 1.0;
+            }
+        }
+        let info = LetterboxInfo {
+            orig_w: 64,
+            orig_h: 64,
+            ratio: 0.5,
+            unpad_w: 32,
+            unpad_h: 32,
+            left: 0,
+            right: 0,
+            top: 0,
+            bottom: 0,
+        };
+        let m = instance_mask(
+            Protos {
+                data: &p,
+                nm: 1,
+                h: 8,
+                w: 8,
+            },
+            &[10.0],
+            [0.0, 0.0, 32.0, 32.0],
+            [0.0, 0.0, 64.0, 64.0],
+            &info,
+        );
+        assert_eq!((m.width, m.height), (64, 64));
+        // Prototype cells 2..6 span input 8..24, original 16..48; bilinear at the half-way
+        // sample: the 0.5 crossing falls on the cell boundary.
+        assert!(m.contains(20, 20) && m.contains(40, 40));
+        assert!(!m.contains(10, 30) && !m.contains(54, 30));
+        let area = m.area() as i64;
+        assert!((area - 32 * 32).abs() <= 32, "area {area}");
+        // The outline spans 16..48 both ways (bilinear rounds the corners off).
+        let xs = m.polygon.iter().map(|p| p[0]);
+        let ys = m.polygon.iter().map(|p| p[1]);
+        assert_eq!(xs.clone().fold(f32::MAX, f32::min), 16.0);
+        assert_eq!(xs.fold(0.0, f32::max), 48.0);
+        assert_eq!(ys.clone().fold(f32::MAX, f32::min), 16.0);
+        assert_eq!(ys.fold(0.0, f32::max), 48.0);
+        // The box crop: the same prototype with a box over the left half only.
+        let half = instance_mask(
+            Protos {
+                data: &p,
+                nm: 1,
+                h: 8,
+                w: 8,
+            },
+            &[10.0],
+            [0.0, 0.0, 16.0, 32.0],
+            [0.0, 0.0, 32.0, 64.0],
+            &info,
+        );
+        assert!(half.contains(20, 20) && !half.contains(40, 40));
+        // Cropped at prototype resolution (columns 0..4), then upsampled: input pixel 15
+        // samples cells 3 (kept) and 4 (cropped) at 0.625 (in), pixel 16 at 0.375 (out), so the
+        // mask ends with original pixel 31 (input 15.75).
+        assert!(half.contains(31, 20) && !half.contains(32, 20));
+    }
+}
