@@ -18,7 +18,8 @@ BN folding and every branch are exercised):
   of image 0 at conf 0.05: `det0` f32 [n, 6] (official NMS rows x1 y1 x2 y2 conf cls, input
   pixels) and `masks0` f32 [n, 64, 96] (`process_mask(..., upsample=True)`, 0/1).
 
-and `official_keys.json`: for each full-size segmentation model (the official
+`tiny-seg.pt` (an official checkpoint of tiny-seg: `{'model': Model.half(), ...}` as
+`train.py` saves one), and `official_keys.json`: for each full-size segmentation model (the official
 models/segment/*.yaml and yolo9's models/gelan-{t,s}-seg.yaml read by the official parser), nc 80,
 `{"keys": [[name, shape], ...] in state_dict order, "parameters": official summary count}`.
 """
@@ -80,6 +81,14 @@ def main():
             t["masks0"] = masks.float().contiguous()
             print(name, "image 0:", det.shape[0], "detections, mask pixels", int(masks.sum()))
         save_file(t, os.path.join(out, f"{name}.safetensors"))
+        if name == "tiny-seg":
+            # An official checkpoint of it, as train.py saves one (the pickled model in f16),
+            # for the converter: a Segment head pickles `getattr(Detect, 'forward')`.
+            import copy
+            m = copy.deepcopy(model).half()
+            m.names = {0: "a", 1: "b", 2: "c"}
+            torch.save({"epoch": -1, "model": m, "ema": None, "optimizer": None},
+                       os.path.join(out, f"{name}.pt"))
         print(name, "pred", tuple(pred.shape), "proto", tuple(proto.shape),
               "pred range", float(pred.min()), float(pred.max()))
 

@@ -47,6 +47,8 @@ pub struct Report {
     pub graph: Graph,
     /// Model written (`yolov9-c`, `gelan-s`, …) and its head layer index.
     pub model: (String, usize),
+    /// The head's official module name (`DualDDetect`, `DDetect`, `Segment`, …).
+    pub head: &'static str,
     /// Number of classes and their names.
     pub nc: usize,
     /// Class names.
@@ -68,11 +70,13 @@ impl fmt::Display for Report {
             self.written,
             match self.graph {
                 Graph::Train => format!(
-                    "training ({}, DualDDetect at {})",
-                    self.model.0, self.model.1
+                    "training ({}, {} at {})",
+                    self.model.0, self.head, self.model.1
                 ),
-                Graph::Infer =>
-                    format!("inference ({}, DDetect at {})", self.model.0, self.model.1),
+                Graph::Infer => format!(
+                    "inference ({}, {} at {})",
+                    self.model.0, self.head, self.model.1
+                ),
             },
             self.parameters,
             if self.half { "f16" } else { "f32" }
@@ -107,7 +111,7 @@ pub fn sha256_file(path: &Path) -> Result<String> {
 /// [`Weights`] (see [`Weights::load`]), optionally reduced to the inference graph, with the
 /// source's provenance and a [`Report`]. Nothing is written.
 pub fn convert(input: &Path, opts: &ConvertOptions) -> Result<(Weights, Provenance, Report)> {
-    let (weights, mut notes, how, imported) = Weights::load_detailed(input)?;
+    let (weights, mut notes, how, imported) = Weights::load_detailed_as(input, opts.cfg.as_ref())?;
     let weights = match &opts.cfg {
         Some(arch) => weights.with_arch(
             arch.clone(),
@@ -148,6 +152,7 @@ pub fn convert(input: &Path, opts: &ConvertOptions) -> Result<(Weights, Provenan
             weights.meta.arch.name.clone(),
             weights.meta.arch.head_index(),
         ),
+        head: weights.meta.arch.head().module_name(),
         nc: weights.meta.nc,
         names: weights.meta.names.clone(),
         notes,

@@ -4,8 +4,9 @@
 //! Source of the list: the official README (its "Performance" table links the `-converted`
 //! files of yolov9-t/s/m/c/e; its "Evaluation" section links `yolov9-s/m/c/e.pt` and
 //! `gelan-s/m/c/e.pt`). The release has no `yolov9-t.pt` and no `gelan-t.pt` (the tiny model is
-//! published only in its converted form). The segmentation, panoptic and captioning checkpoints
-//! of the same release (`gelan-c-seg.pt`, …) are not detectors and are not listed.
+//! published only in its converted form). Its "Instance Segmentation" section links
+//! `gelan-c-seg.pt` (listed; its YOLOv9-C-SEG row has no link, so `yolov9-c-seg` is not
+//! published); the panoptic and captioning checkpoints are not listed.
 //!
 //! Parameter counts are the official model summary's (`sum(p.numel() for p in
 //! model.parameters())`, BN running statistics excluded) for 80 classes, of the official model
@@ -32,8 +33,8 @@ pub struct Published {
     pub coco_map50_95: Option<f32>,
 }
 
-/// The published detection checkpoints of the official `v0.1` release.
-pub const PUBLISHED: [Published; 13] = [
+/// The published detection and segmentation checkpoints of the official `v0.1` release.
+pub const PUBLISHED: [Published; 14] = [
     row("yolov9-t-converted", "gelan-t", 2_442_640, Some(38.3)),
     row("yolov9-s-converted", "gelan-s", 7_226_208, Some(46.8)),
     row("yolov9-m-converted", "gelan-m", 20_124_000, Some(51.4)),
@@ -47,6 +48,8 @@ pub const PUBLISHED: [Published; 13] = [
     row("gelan-m", "gelan-m", 20_124_000, None),
     row("gelan-c", "gelan-c", 25_498_752, None),
     row("gelan-e", "gelan-e", 58_114_432, None),
+    // Box mAP50-95 (mask: 42.4).
+    row("gelan-c-seg", "gelan-c-seg", 27_634_720, Some(52.3)),
 ];
 
 const fn row(
@@ -157,6 +160,11 @@ mod tests {
             "the release has no yolov9-t.pt"
         );
         assert!(lookup("gelan-t").is_none(), "the release has no gelan-t.pt");
-        assert_eq!(published_names().split(", ").count(), 13);
+        assert_eq!(published_names().split(", ").count(), 14);
+        assert_eq!(lookup("gelan-c-seg").unwrap().arch, "gelan-c-seg");
+        assert!(
+            lookup("yolov9-c-seg").is_none(),
+            "its release row has no link"
+        );
     }
 }

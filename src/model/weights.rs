@@ -226,9 +226,20 @@ impl Weights {
     /// [`Weights::load`] plus notes for a conversion summary: `(weights, notes, how it was read,
     /// number of tensors imported)`.
     pub fn load_detailed(path: &Path) -> Result<(Self, Vec<String>, String, usize)> {
+        Self::load_detailed_as(path, None)
+    }
+
+    /// [`Weights::load_detailed`] where a PyTorch checkpoint may be the model `cfg` (`yolo9
+    /// convert --cfg`): its tensors are read as that model's when they are exactly its
+    /// state_dict (a model that is not built in, such as a user's yaml), else recognised from
+    /// their keys as without `cfg` (the caller then applies `cfg` with [`Weights::with_arch`]).
+    pub fn load_detailed_as(
+        path: &Path,
+        cfg: Option<&Arc<Arch>>,
+    ) -> Result<(Self, Vec<String>, String, usize)> {
         let file = crate::text::path(&path).to_string();
         if sniff(path)?.starts_with(b"PK") {
-            return from_pt(path);
+            return from_pt(path, cfg);
         }
         let bytes = read_file(path)?;
         let n = bytes.len();
@@ -489,6 +500,34 @@ impl Weights {
     }
 }
 
+/// `(exact, matching)`: whether `tensors` are exactly the state_dict of `arch` (step counters
+/// aside; the class count read from its class convolution), and how many of its tensors they
+/// hold with the right shape.
+fn match_arch(tensors: &HashMap<String, Tensor>, arch: &Arch) -> Result<(bool, usize)> {
+    let nc = tensors
+        .get(&keys::class_conv_name(arch))
+        .and_then(|t| t.dims().first().copied())
+        .filter(|&n| (1..=MAX_CLASSES).contains(&n))
+        .unwrap_or(80);
+    let entries = keys::state_dict_entries(arch, nc)?;
+    let mut matching = 0;
+    let mut exact = true;
+    for (n, shape) in &entries {
+        if keys::is_counter(n) {
+            continue;
+        }
+        match tensors.get(n) {
+            Some(t) if t.dims() == shape.as_slice() => matching += 1,
+            _ => exact = false,
+        }
+    }
+    let names: std::collections::HashSet<&str> = entries.iter().map(|e| e.0.as_str()).collect();
+    Ok((
+        exact && tensors.keys().all(|k| names.contains(k.as_str())),
+        matching,
+    ))
+}
+
 /// The built-in model whose state_dict the tensors are: every name present with its shape (the
 /// class count taken from each candidate's class convolution). Without an exact match, the
 /// candidate with the most matching tensors (yolov9-s / gelan-s first on ties), for
@@ -504,25 +543,8 @@ pub fn arch_from_tensors(tensors: &HashMap<String, Tensor>) -> Result<Arc<Arch>>
             "gelan-s" => default_arch(Graph::Infer),
             n => Arc::new(Arch::builtin(n)?),
         };
-        let nc = tensors
-            .get(&keys::class_conv_name(&arch))
-            .and_then(|t| t.dims().first().copied())
-            .filter(|&n| (1..=MAX_CLASSES).contains(&n))
-            .unwrap_or(80);
-        let entries = keys::state_dict_entries(&arch, nc)?;
-        let mut matching = 0;
-        let mut exact = true;
-        for (n, shape) in &entries {
-            if keys::is_counter(n) {
-                continue;
-            }
-            match tensors.get(n) {
-                Some(t) if t.dims() == shape.as_slice() => matching += 1,
-                _ => exact = false,
-            }
-        }
-        let names: std::collections::HashSet<&str> = entries.iter().map(|e| e.0.as_str()).collect();
-        if exact && tensors.keys().all(|k| names.contains(k.as_str())) {
+        let (exact, matching) = match_arch(tensors, &arch)?;
+        if exact {
             return Ok(arch);
         }
         if best.as_ref().is_none_or(|(m, _)| matching > *m) {
@@ -622,12 +644,15 @@ fn read_file(path: &Path) -> Result<Vec<u8>> {
 const MAX_HEADER: u64 = 100_000_000;
 
 /// Builds and validates [`Weights`] from imported `.pt` tensors.
-fn from_pt(path: &Path) -> Result<(Weights, Vec<String>, String, usize)> {
+fn from_pt(path: &Path, cfg: Option<&Arc<Arch>>) -> Result<(Weights, Vec<String>, String, usize)> {
     let file = crate::text::path(&path).to_string();
     let imp = crate::pt::import_pt(path)?;
     let imported = imp.tensors.len();
     let tensors: HashMap<String, Tensor> = imp.tensors.into_iter().collect();
-    let arch = arch_from_tensors(&tensors)?;
+    let arch = match cfg {
+        Some(a) if match_arch(&tensors, a).is_ok_and(|m| m.0) => a.clone(),
+        _ => arch_from_tensors(&tensors)?,
+    };
     let graph = graph_of(&arch);
     let mut notes = Vec::new();
     let (nc, names) = resolve_classes(&tensors, &arch, imp.nc, imp.names, &mut notes, &file)?;

@@ -4,7 +4,7 @@
 //! Nothing in the pickle is executed: candle's [`Stack`] only builds an [`Object`] tree. On top of
 //! it this module adds, before each opcode runs:
 //! - an **allow-list** of `GLOBAL`s (torch storages / rebuild functions / `Size`,
-//!   `collections.OrderedDict`, `__builtin__.set`, `torch.nn.modules.*`, `models.common.*`,
+//!   `collections.OrderedDict`, `__builtin__.set`, `__builtin__.getattr`, `torch.nn.modules.*`, `models.common.*`,
 //!   `models.yolo.*`); anything else (e.g. `os.system`) is refused with an error naming it;
 //! - bounds that candle's reader does not check: a string longer than the rest of the stream,
 //!   an integer wider than 8 bytes, nesting deeper than [`MAX_DEPTH`] and a tree larger than
@@ -46,7 +46,7 @@ pub const MAX_MEMO_COPIES: u64 = 20_000_000;
 /// The list is the set of globals that official YOLOv9 checkpoints and plain PyTorch state_dicts
 /// use (see `../shared/reference/README.md` §1): torch storage classes and `torch.Size`,
 /// `torch._utils` tensor/parameter rebuild functions, `collections.OrderedDict`,
-/// `__builtin__.set`, and module classes from `torch.nn.modules.*`, `models.common` and
+/// `__builtin__.set`, `__builtin__.getattr` (segmentation checkpoints), and module classes from `torch.nn.modules.*`, `models.common` and
 /// `models.yolo`.
 pub fn global_allowed(module: &str, name: &str) -> bool {
     match module {
@@ -56,7 +56,10 @@ pub fn global_allowed(module: &str, name: &str) -> bool {
             "_rebuild_tensor_v2" | "_rebuild_parameter" | "_rebuild_parameter_with_state"
         ),
         "collections" => name == "OrderedDict",
-        "__builtin__" | "builtins" => name == "set",
+        // `getattr`: the segmentation heads keep the detect forward as an attribute
+        // (`Segment.detect = Detect.forward`), which pickles as `getattr(Detect, 'forward')`.
+        // Harmless here: the reader only records the call as data and never resolves it.
+        "__builtin__" | "builtins" => name == "set" || name == "getattr",
         "models.common" | "models.yolo" => is_identifier(name),
         m if m.starts_with("torch.nn.modules.") => is_identifier(name),
         _ => false,
@@ -331,7 +334,7 @@ pub fn parse(bytes: &[u8], what: &str) -> Result<Object> {
                     bail!(
                         "{what}: refusing to load: the pickle references the global \
                          `{module_name}.{class_name}`, which is not on the allow-list (torch \
-                         storages and rebuild functions, collections.OrderedDict, set, \
+                         storages and rebuild functions, collections.OrderedDict, set, getattr, \
                          torch.nn.modules.*, models.common.*, models.yolo.*). Only load \
                          checkpoints from sources you trust; re-save a trusted one as a plain \
                          state_dict or safetensors"

@@ -223,3 +223,31 @@ fn detector_masks_equal_the_official_predict() {
         "mask pixels differ from the official process_mask"
     );
 }
+
+#[test]
+fn an_official_segmentation_checkpoint_converts_with_its_cfg() {
+    // tiny-seg.pt: the official pickled model (f16), whose Segment head pickles
+    // `getattr(Detect, 'forward')`; not a built-in model, so it is read as its --cfg.
+    let (w, _) = tiny("tiny-seg");
+    let opts = yolo9::convert::ConvertOptions {
+        cfg: Some(w.meta.arch.clone()),
+        ..Default::default()
+    };
+    let (c, _, report) = yolo9::convert::convert(&oracle("tiny-seg.pt"), &opts).unwrap();
+    assert_eq!(report.head, "Segment");
+    assert_eq!(c.meta.names, ["a", "b", "c"]);
+    // The counters (`num_batches_tracked`) come along; the oracle left them out.
+    let floats = c.tensors.keys().filter(|k| !keys::is_counter(k)).count();
+    assert_eq!(floats, w.tensors.len());
+    for (k, t) in &w.tensors {
+        let half = t
+            .to_dtype(candle_core::DType::F16)
+            .unwrap()
+            .to_dtype(candle_core::DType::F32)
+            .unwrap();
+        assert_eq!(common::max_abs(&c.tensors[k], &half), 0.0, "{k}");
+    }
+    // Without --cfg nothing built in fits: refused, naming the closest model and a tensor.
+    let e = yolo9::convert::convert(&oracle("tiny-seg.pt"), &Default::default()).unwrap_err();
+    assert!(format!("{e:#}").contains("missing tensor"), "{e:#}");
+}
