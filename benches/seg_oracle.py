@@ -18,6 +18,12 @@ BN folding and every branch are exercised):
   of image 0 at conf 0.05: `det0` f32 [n, 6] (official NMS rows x1 y1 x2 y2 conf cls, input
   pixels) and `masks0` f32 [n, 64, 96] (`process_mask(..., upsample=True)`, 0/1).
 
+`{name}.loss.safetensors`: the official segmentation loss (`utils/segment/loss_tal.py` for tiny-seg,
+`loss_tal_dual.py` for tiny-dseg, hyp.scratch-high) on the recorded head outputs of a train-mode
+forward (`{aux,main}_p{3,4,5}`, `_coeffs` (B, nm, A), `_proto`), `targets` [5, 6], and per
+case (`overlap`: (B, 16, 24) overlap masks; tiny-seg also `instances`: (5, 32, 48) one mask
+per target, downsampled by the loss) `{case}_masks`, `{case}_items` [4] (box, seg, cls, dfl
+after the gains) and `{case}_total`;
 `tiny-seg.pt` (an official checkpoint of tiny-seg: `{'model': Model.half(), ...}` as
 `train.py` saves one), and `official_keys.json`: for each full-size segmentation model (the official
 models/segment/*.yaml and yolo9's models/gelan-{t,s}-seg.yaml read by the official parser), nc 80,
@@ -91,6 +97,71 @@ def main():
                        os.path.join(out, f"{name}.pt"))
         print(name, "pred", tuple(pred.shape), "proto", tuple(proto.shape),
               "pred range", float(pred.min()), float(pred.max()))
+
+    # The loss on recorded head outputs (train-mode forward, as training computes it):
+    # utils/segment/loss_tal.py for tiny-seg (overlap masks at the prototype size, and
+    # per-instance masks at twice it, which the loss downsamples), loss_tal_dual.py for tiny-dseg.
+    import yaml
+    from utils.segment.loss_tal import ComputeLoss as SegLoss
+    from utils.segment.loss_tal_dual import ComputeLoss as DualSegLoss
+    hyp = yaml.safe_load(open("data/hyps/hyp.scratch-high.yaml"))
+    # [img, cls, cx, cy, w, h] normalized; image 0 three objects, image 1 two.
+    targets = torch.tensor([[0, 0, 0.30, 0.35, 0.30, 0.40], [0, 2, 0.70, 0.60, 0.20, 0.30],
+                            [0, 1, 0.55, 0.45, 0.50, 0.60], [1, 1, 0.50, 0.50, 0.40, 0.50],
+                            [1, 0, 0.20, 0.75, 0.15, 0.25]], dtype=torch.float32)
+
+    def instance_masks(h, w):
+        """Per target row: an ellipse inscribed in its box, (N, h, w) 0/1."""
+        ys = (torch.arange(h).float() + 0.5) / h
+        xs = (torch.arange(w).float() + 0.5) / w
+        out = torch.zeros(targets.shape[0], h, w)
+        for k, (_, _, cx, cy, bw, bh) in enumerate(targets.tolist()):
+            e = ((xs[None, :] - cx) / (bw / 2)) ** 2 + ((ys[:, None] - cy) / (bh / 2)) ** 2
+            out[k] = (e <= 1).float()
+        return out
+
+    def overlap_masks(h, w):
+        """(B, h, w): value k+1 where the image's k-th object is (later rows on top)."""
+        inst = instance_masks(h, w)
+        out = torch.zeros(2, h, w)
+        seen = [0, 0]
+        for k, row in enumerate(targets.tolist()):
+            b = int(row[0])
+            seen[b] += 1
+            out[b][inst[k] > 0] = seen[b]
+        return out
+
+    for name, cls, cases in (("tiny-seg", SegLoss, (("overlap", True, 1), ("instances", False, 2))),
+                             ("tiny-dseg", DualSegLoss, (("overlap", True, 1),))):
+        torch.manual_seed(0)
+        model = Model(os.path.join(out, f"{name}.yaml"), ch=3, nc=3)
+        from safetensors.torch import load_file
+        model.load_state_dict({k: v for k, v in load_file(os.path.join(out, f"{name}.safetensors")).items()
+                               if k.startswith("model.")}, strict=False)
+        model.hyp = hyp
+        model.train()
+        g = torch.Generator().manual_seed(2)
+        x = torch.randint(0, 256, (2, 3, 64, 96), generator=g).float() / 255.0
+        p = model(x)  # train mode: (feats, mc, proto), each a list of two for the dual head
+        t = {"x": x, "targets": targets}
+        feats, mc, proto = p
+        branches = (("aux", 0), ("main", 1)) if name == "tiny-dseg" else (("main", None),)
+        for br, j in branches:
+            f = feats if j is None else feats[j]
+            for lvl, fl in enumerate(f):
+                t[f"{br}_p{lvl + 3}"] = fl.detach().float().contiguous()
+            t[f"{br}_coeffs"] = (mc if j is None else mc[j]).detach().float().contiguous()
+            t[f"{br}_proto"] = (proto if j is None else proto[j]).detach().float().contiguous()
+        ph, pw = t["main_proto"].shape[2:]
+        for case, overlap, up in cases:
+            m = overlap_masks(ph * up, pw * up) if overlap else instance_masks(ph * up, pw * up)
+            loss, items = cls(model, overlap=overlap)(p, targets, m)
+            t[f"{case}_masks"] = m.contiguous()
+            t[f"{case}_items"] = items.detach().float().contiguous()
+            t[f"{case}_total"] = loss.detach().float().reshape(()).contiguous()
+            print(name, case, "items (box, seg, cls, dfl)", [round(v, 6) for v in items.tolist()],
+                  "total", float(loss))
+        save_file({k: v.contiguous() for k, v in t.items()}, os.path.join(out, f"{name}.loss.safetensors"))
 
     keys = {}
     for name, path in (

@@ -10,12 +10,15 @@
 //!   place (what a CUDA-graph replay of the step reads).
 //! - [`tal_loss`]: [`DualTalLoss`], the YOLOv9 training loss (official `ComputeLoss`).
 //! - [`terms`]: the box (CIoU), DFL and class terms of one branch as one op with a closed-form backward.
+//! - [`seg`]: the segmentation loss (official `utils/segment/loss_tal.py`, `loss_tal_dual.py`):
+//!   the detection terms plus the mask term.
 
 pub mod anchors;
 pub mod assign_op;
 pub mod assigner;
 pub mod device_gt;
 pub mod iou;
+pub mod seg;
 pub mod tal_loss;
 pub mod targets;
 pub mod terms;

@@ -113,6 +113,8 @@ pub struct DualTalLoss {
     device_assign: bool,
     /// Label smoothing epsilon of the class targets (0 = off).
     label_smoothing: f64,
+    /// `S = Σ target scores` unclamped (the segmentation losses), instead of `max(Σ, 1)`.
+    raw_normaliser: bool,
 }
 
 impl DualTalLoss {
@@ -139,6 +141,7 @@ impl DualTalLoss {
             fused: fused_terms(),
             device_assign: device_assigner(),
             label_smoothing: 0.0,
+            raw_normaliser: false,
         })
     }
 
@@ -176,6 +179,15 @@ impl DualTalLoss {
         );
         self.label_smoothing = eps;
         Ok(self)
+    }
+
+    /// The same loss normalised as the official segmentation losses are
+    /// (`utils/segment/loss_tal.py`, `loss_tal_dual.py`: `target_scores_sum =
+    /// target_scores.sum()`, not `max(…, 1)`): `S = Σ target scores`, except 1 for a batch
+    /// without any (where the official division by 0 makes the class loss infinite).
+    pub fn with_raw_normaliser(mut self, on: bool) -> Self {
+        self.raw_normaliser = on;
+        self
     }
 
     /// The label smoothing epsilon (0 = off).
@@ -566,7 +578,13 @@ impl DualTalLoss {
         )
         .with_context(|| format!("loss: assigning the {which} branch on the device"))?;
         clock.mark("assign (device)")?;
-        let tss = planes.get(0)?.sum_all()?.maximum(1f32)?;
+        let sum = planes.get(0)?.sum_all()?;
+        let tss = if self.raw_normaliser {
+            // Σ, or 1 where Σ = 0.
+            (&sum + sum.eq(0f32)?.to_dtype(sum.dtype())?)?
+        } else {
+            sum.maximum(1f32)?
+        };
         let terms =
             super::terms::branch_terms(flat, &planes.narrow(0, 0, 10)?, dg.anchors_xy(), self.nc)?;
         let part = |i: usize| -> Result<Tensor> { Ok(terms.get(i)?.broadcast_div(&tss)?) };
@@ -631,7 +649,11 @@ impl DualTalLoss {
             })?,
         };
         clock.mark("assign")?;
-        let tss = asg.target_scores_sum().max(1.0);
+        let sum = asg.target_scores_sum();
+        let tss = match self.raw_normaliser {
+            true if sum > 0.0 => sum,
+            _ => sum.max(1.0),
+        };
         let tss_t = Tensor::new(tss, &dev)?;
         let targets = DenseTargets::new(&asg, anchors, &dev)?;
         clock.mark("dense targets")?;

@@ -251,3 +251,75 @@ fn an_official_segmentation_checkpoint_converts_with_its_cfg() {
     let e = yolo9::convert::convert(&oracle("tiny-seg.pt"), &Default::default()).unwrap_err();
     assert!(format!("{e:#}").contains("missing tensor"), "{e:#}");
 }
+
+/// The official segmentation loss on recorded head outputs (`{name}.loss.safetensors`).
+fn check_loss(name: &str, dual: bool) {
+    use yolo9::internals::loss::seg::{seg_loss, GtMasks, SegBranch};
+    let t: HashMap<String, Tensor> =
+        candle_core::safetensors::load(oracle(&format!("{name}.loss.safetensors")), &Device::Cpu)
+            .unwrap();
+    let levels =
+        |b: &str| -> Vec<Tensor> { (3..6).map(|l| t[&format!("{b}_p{l}")].clone()).collect() };
+    let aux_l = if dual { levels("aux") } else { Vec::new() };
+    let main_l = levels("main");
+    let cases: &[&str] = if dual {
+        &["overlap"]
+    } else {
+        &["overlap", "instances"]
+    };
+    for (fused, case) in [false, true]
+        .into_iter()
+        .flat_map(|f| cases.iter().map(move |c| (f, c)))
+    {
+        let det = yolo9::internals::loss::DualTalLoss::new(3, &[8, 16, 32])
+            .unwrap()
+            .with_fused_terms(fused);
+        let m = &t[&format!("{case}_masks")];
+        let masks = if *case == "overlap" {
+            GtMasks::Overlap(m)
+        } else {
+            GtMasks::PerTarget(m)
+        };
+        let aux = dual.then(|| SegBranch {
+            levels: &aux_l,
+            coeffs: &t["aux_coeffs"],
+            proto: &t["aux_proto"],
+        });
+        let main = SegBranch {
+            levels: &main_l,
+            coeffs: &t["main_coeffs"],
+            proto: &t["main_proto"],
+        };
+        let out = seg_loss(&det, aux, main, &t["targets"], masks, (64, 96)).unwrap();
+        let want = t[&format!("{case}_items")].to_vec1::<f32>().unwrap();
+        let total = t[&format!("{case}_total")].to_scalar::<f32>().unwrap();
+        println!(
+            "{name} {case} (fused terms {fused}): ours {:?} official {want:?}",
+            out.items
+        );
+        for k in 0..4 {
+            let rel = (out.items[k] - want[k]).abs() / want[k].abs().max(1e-6);
+            assert!(
+                rel < 1e-4,
+                "{name} {case}: item {k}: {} vs {}",
+                out.items[k],
+                want[k]
+            );
+        }
+        let ours = out.total.to_scalar::<f32>().unwrap();
+        assert!(
+            (ours - total).abs() / total < 1e-4,
+            "{name} {case}: total {ours} vs {total}"
+        );
+    }
+}
+
+#[test]
+fn segmentation_loss_equals_the_official_loss_tal() {
+    check_loss("tiny-seg", false);
+}
+
+#[test]
+fn dual_segmentation_loss_equals_the_official_loss_tal_dual() {
+    check_loss("tiny-dseg", true);
+}
