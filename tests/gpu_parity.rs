@@ -1689,3 +1689,98 @@ fn to_host_copies_a_views_elements_only() {
         .to_vec();
     assert_eq!(h.flatten_all().unwrap().to_vec1::<f32>().unwrap(), want);
 }
+
+/// The segmentation graphs on the GPU (`tests/model/seg_oracle/`, made by the official code on
+/// the CPU): `forward_seg` in strict f32, NCHW and channels-last, against the official eval
+/// outputs, and the segmentation loss on the GPU against the official one.
+#[test]
+fn segmentation_forward_and_loss_on_gpu_equal_the_official() {
+    use std::collections::HashMap;
+    use std::sync::Arc;
+    let dev = gpu();
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/model/seg_oracle");
+    for name in ["tiny-seg", "tiny-dseg"] {
+        let yaml = std::fs::read_to_string(dir.join(format!("{name}.yaml"))).unwrap();
+        let arch = Arc::new(yolo9::model::Arch::from_yaml(&yaml, name).unwrap());
+        let t: HashMap<String, Tensor> =
+            candle_core::safetensors::load(dir.join(format!("{name}.safetensors")), &Device::Cpu)
+                .unwrap();
+        let w = yolo9::Weights {
+            tensors: t
+                .iter()
+                .filter(|(k, _)| k.starts_with("model."))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            meta: yolo9::ModelMeta {
+                nc: 3,
+                names: vec!["a".into(), "b".into(), "c".into()],
+                strides: vec![8, 16, 32],
+                graph: yolo9::model::weights::graph_of(&arch),
+                arch,
+            },
+        };
+        for nhwc in [false, true] {
+            let m = yolo9::model::YoloV9::load(&w, &dev)
+                .unwrap()
+                .with_channels_last(nhwc);
+            let (pred, proto) = m.forward_seg(&t["x"]).unwrap();
+            let (pred, proto) = (
+                pred.to_device(&Device::Cpu).unwrap(),
+                proto.to_device(&Device::Cpu).unwrap(),
+            );
+            let want = &t["pred"];
+            let boxes = common::max_abs(
+                &pred.narrow(1, 0, 4).unwrap(),
+                &want.narrow(1, 0, 4).unwrap(),
+            );
+            let scores = common::max_abs(
+                &pred.narrow(1, 4, 3).unwrap(),
+                &want.narrow(1, 4, 3).unwrap(),
+            );
+            let coeffs = rel(
+                &pred.narrow(1, 7, 8).unwrap(),
+                &want.narrow(1, 7, 8).unwrap(),
+            );
+            let protos = rel(&proto, &t["proto"]);
+            println!("{name} on the GPU (channels-last {nhwc}): boxes {boxes:.2e} px, scores {scores:.2e}, coefficients rel {coeffs:.2e}, prototypes rel {protos:.2e}");
+            assert!(boxes <= 1e-2 && scores <= 1e-5 && coeffs <= 1e-4 && protos <= 1e-4);
+        }
+        // The loss on the GPU.
+        use yolo9::internals::loss::seg::{seg_loss, GtMasks, SegBranch};
+        let l: HashMap<String, Tensor> =
+            candle_core::safetensors::load(dir.join(format!("{name}.loss.safetensors")), &dev)
+                .unwrap();
+        let dual = name == "tiny-dseg";
+        let levels =
+            |b: &str| -> Vec<Tensor> { (3..6).map(|k| l[&format!("{b}_p{k}")].clone()).collect() };
+        let aux_l = if dual { levels("aux") } else { Vec::new() };
+        let main_l = levels("main");
+        let det = DualTalLoss::new(3, &[8, 16, 32]).unwrap();
+        let out = seg_loss(
+            &det,
+            dual.then(|| SegBranch {
+                levels: &aux_l,
+                coeffs: &l["aux_coeffs"],
+                proto: &l["aux_proto"],
+            }),
+            SegBranch {
+                levels: &main_l,
+                coeffs: &l["main_coeffs"],
+                proto: &l["main_proto"],
+            },
+            &l["targets"],
+            GtMasks::Overlap(&l["overlap_masks"]),
+            (64, 96),
+        )
+        .unwrap();
+        let want = l["overlap_items"]
+            .to_device(&Device::Cpu)
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
+        println!("{name} loss on the GPU: {:?} official {want:?}", out.items);
+        for k in 0..4 {
+            assert!((out.items[k] - want[k]).abs() / want[k].abs().max(1e-6) < 1e-4);
+        }
+    }
+}

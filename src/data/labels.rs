@@ -16,6 +16,10 @@
 //!    when an edge moved by more than 1e-6. A box left with no area after clipping is dropped.
 //! 6. Exact repeats of an earlier row (same class and same f32 values) are removed, with one
 //!    report per file giving the count.
+//! 7. A polygon's points are kept (clipped to `[0, 1]`) for segmentation
+//!    ([`ParsedLabels::segments`]); a polygon whose outline crosses itself or that encloses no
+//!    area is kept and reported ([`IssueKind::PolygonOdd`]): its mask fills by the even-odd
+//!    rule, or is empty.
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -75,6 +79,8 @@ pub enum IssueKind {
     /// Crowd annotations (`iscrowd: 1`) of a COCO JSON file were ignored
     /// ([`super::coco_json`]).
     CrowdIgnored,
+    /// A polygon row is kept but its outline crosses itself or encloses no area.
+    PolygonOdd,
 }
 
 /// One reported problem: `path[:line]: value → action`.
@@ -126,6 +132,9 @@ impl fmt::Display for Issue {
 pub struct ParsedLabels {
     /// The boxes kept, in file order (first occurrence of repeated rows).
     pub boxes: Vec<LabelBox>,
+    /// Per kept box, its polygon's points `[x, y]` normalized and clipped to `[0, 1]` (a
+    /// polygon row), or empty (a box row): the instance outlines of segmentation training.
+    pub segments: Vec<Vec<[f32; 2]>>,
     /// Every problem found (dropped lines, clips, one duplicates report).
     pub issues: Vec<Issue>,
     /// Polygon lines converted to their bounding box.
@@ -185,7 +194,15 @@ pub fn parse_labels(text: &str, nc: usize, path: &Path) -> ParsedLabels {
                     b.h.to_bits(),
                 ];
                 if seen.insert(key) {
+                    if let Some(why) = polygon_oddity(&row.points) {
+                        out.issues.push(issue(
+                            format!("polygon of {} points", row.points.len()),
+                            format!("kept: {why}"),
+                            IssueKind::PolygonOdd,
+                        ));
+                    }
                     out.boxes.push(b);
+                    out.segments.push(row.points);
                 } else {
                     dup_lines.push(lineno);
                 }
@@ -224,6 +241,8 @@ pub fn parse_labels(text: &str, nc: usize, path: &Path) -> ParsedLabels {
 struct Row {
     bx: LabelBox,
     polygon: bool,
+    /// A polygon's points, clipped to `[0, 1]`; empty for a box.
+    points: Vec<[f32; 2]>,
     /// (value, action) when the box was clipped.
     clipped: Option<(String, String)>,
 }
@@ -342,11 +361,66 @@ fn parse_row(fields: &[&str], nc: usize) -> Result<Row, (String, String)> {
     } else {
         bx
     };
+    let points = if polygon {
+        vals.chunks_exact(2)
+            .map(|p| [p[0].clamp(0.0, 1.0) as f32, p[1].clamp(0.0, 1.0) as f32])
+            .collect()
+    } else {
+        Vec::new()
+    };
     Ok(Row {
         bx,
         polygon,
+        points,
         clipped,
     })
+}
+
+/// Most polygon points checked for self-crossing (the check is quadratic); longer outlines are
+/// not checked.
+pub const MAX_CROSSING_CHECK_POINTS: usize = 2000;
+
+/// Why a polygon is odd: it encloses no area (collinear or repeated points), or two of its
+/// non-adjacent edges cross. `None` for a box (no points) and a simple polygon.
+pub fn polygon_oddity(points: &[[f32; 2]]) -> Option<String> {
+    let n = points.len();
+    if n < 3 {
+        return None;
+    }
+    let p = |i: usize| -> [f64; 2] { [f64::from(points[i % n][0]), f64::from(points[i % n][1])] };
+    let cross = |o: [f64; 2], a: [f64; 2], b: [f64; 2]| -> f64 {
+        (a[0] - o[0]) * (b[1] - o[1]) - (a[1] - o[1]) * (b[0] - o[0])
+    };
+    let pairs = if n > MAX_CROSSING_CHECK_POINTS { 0 } else { n };
+    for i in 0..pairs {
+        for j in i + 2..n {
+            if i == 0 && j == n - 1 {
+                continue; // adjacent through the closing edge
+            }
+            let (a, b, c, d) = (p(i), p(i + 1), p(j), p(j + 1));
+            let (d1, d2) = (cross(a, b, c), cross(a, b, d));
+            let (d3, d4) = (cross(c, d, a), cross(c, d, b));
+            if d1 * d2 < 0.0 && d3 * d4 < 0.0 {
+                return Some(format!(
+                    "its outline crosses itself (edges {} and {}; the mask fills by the even-odd \
+                     rule)",
+                    i + 1,
+                    j + 1
+                ));
+            }
+        }
+    }
+    let twice_area: f64 = (0..n)
+        .map(|i| {
+            let (a, b) = (p(i), p(i + 1));
+            a[0] * b[1] - b[0] * a[1]
+        })
+        .sum();
+    // (A crossing outline, such as a symmetric bow tie, can also sum to 0: reported above.)
+    if twice_area.abs() < 1e-12 {
+        return Some("it encloses no area (its mask is empty)".into());
+    }
+    None
 }
 
 fn field_name(polygon: bool, k: usize) -> String {

@@ -598,3 +598,39 @@ fn truncation_checks_by_hand() {
     assert!(e.contains("unknown image format"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn polygon_rows_keep_their_points_and_odd_polygons_are_reported() {
+    let text = "\
+0 0.1 0.1 0.5 0.1 0.5 0.5 0.1 0.5
+1 0.5 0.5 0.2 0.2
+2 0.1 0.1 0.5 0.5 0.5 0.1 0.1 0.5
+0 0.2 0.2 0.4 0.4 0.6 0.6
+1 0.2 0.2 0.6 0.2 1.0004 0.6
+";
+    let p = parse_labels(text, 3, Path::new("a.txt"));
+    assert_eq!(p.boxes.len(), 5);
+    assert_eq!(p.segments.len(), 5);
+    assert_eq!(
+        p.segments[0],
+        vec![[0.1, 0.1], [0.5, 0.1], [0.5, 0.5], [0.1, 0.5]]
+    );
+    assert!(p.segments[1].is_empty(), "a box row has no outline");
+    // A point over the edge (within the tolerance) is clipped like the box.
+    assert_eq!(p.segments[4][2], [1.0, 0.6]);
+    let odd: Vec<(Option<usize>, &str)> = p
+        .issues
+        .iter()
+        .filter(|i| i.kind == IssueKind::PolygonOdd)
+        .map(|i| (i.line, i.action.as_str()))
+        .collect();
+    assert_eq!(odd.len(), 2, "{odd:?}");
+    assert_eq!(odd[0].0, Some(3));
+    assert!(
+        odd[0].1.contains("crosses itself (edges 1 and 3"),
+        "{}",
+        odd[0].1
+    );
+    assert_eq!(odd[1].0, Some(4));
+    assert!(odd[1].1.contains("encloses no area"), "{}", odd[1].1);
+}

@@ -297,14 +297,9 @@ fn check_loss(name: &str, dual: bool) {
             "{name} {case} (fused terms {fused}): ours {:?} official {want:?}",
             out.items
         );
-        for k in 0..4 {
-            let rel = (out.items[k] - want[k]).abs() / want[k].abs().max(1e-6);
-            assert!(
-                rel < 1e-4,
-                "{name} {case}: item {k}: {} vs {}",
-                out.items[k],
-                want[k]
-            );
+        for (k, (o, w)) in out.items.iter().zip(&want).enumerate() {
+            let rel = (o - w).abs() / w.abs().max(1e-6);
+            assert!(rel < 1e-4, "{name} {case}: item {k}: {o} vs {w}");
         }
         let ours = out.total.to_scalar::<f32>().unwrap();
         assert!(

@@ -53,6 +53,13 @@ const FRAGMENT: &str = "a fragment of a sentence whose data and weights the pros
 /// Commands of the documents that are not run here, with the reason.
 const SKIPPED: &[(&str, &str)] = &[
     ("yolo9 train --data data.yaml", TRAINING),
+    ("yolo9 convert gelan-c-seg", DOWNLOAD),
+    (
+        "yolo9 detect examples/images --weights gelan-c-seg --save-txt --json",
+        "downloads the official gelan-c-seg checkpoint (no test touches the internet); \
+         tests/model/seg.rs runs the segmentation detector on an official checkpoint of a small \
+         graph",
+    ),
     (
         "yolo9 export --weights yolov9-c.pt --dynamic",
         "needs the official yolov9-c.pt (not shipped); tests/model/export_onnx.rs exports dynamic models",
