@@ -24,6 +24,9 @@ forward (`{aux,main}_p{3,4,5}`, `_coeffs` (B, nm, A), `_proto`), `targets` [5, 6
 case (`overlap`: (B, 16, 24) overlap masks; tiny-seg also `instances`: (5, 32, 48) one mask
 per target, downsampled by the loss) `{case}_masks`, `{case}_items` [4] (box, seg, cls, dfl
 after the gains) and `{case}_total`;
+`polygons.safetensors`: 40 random outlines inside a 96x64 image (`points` [40, 12, 2] pixels,
+`counts` [40]) with the official `polygon2mask` at ratio 1 and 4 (`mask1`, `mask4`) and
+`polygons2masks_overlap` of the first six at ratio 4 (`overlap4` [16, 24], `order` [6]);
 `tiny-seg.pt` (an official checkpoint of tiny-seg: `{'model': Model.half(), ...}` as
 `train.py` saves one), and `official_keys.json`: for each full-size segmentation model (the official
 models/segment/*.yaml and yolo9's models/gelan-{t,s}-seg.yaml read by the official parser), nc 80,
@@ -162,6 +165,36 @@ def main():
             print(name, case, "items (box, seg, cls, dfl)", [round(v, 6) for v in items.tolist()],
                   "total", float(loss))
         save_file({k: v.contiguous() for k, v in t.items()}, os.path.join(out, f"{name}.loss.safetensors"))
+
+    # Ground-truth masks from outlines (utils/segment/dataloaders.py: cv2.fillPoly, cv2.resize):
+    # 40 random outlines inside a 96x64 image, each as polygon2mask at ratio 1 and 4, and the
+    # overlap mask of the first 6 at ratio 4 with its order.
+    from utils.segment.dataloaders import polygon2mask, polygons2masks_overlap
+    import numpy as np
+    rng = np.random.default_rng(3)
+    polys, m1, m4 = [], [], []
+    for _ in range(40):
+        k = int(rng.integers(3, 12))
+        c = rng.random(2) * [56, 34] + [20, 15]
+        ang = np.sort(rng.random(k) * 2 * np.pi)
+        rad = rng.random(k) * 13 + 2
+        p = np.stack([c[0] + rad * np.cos(ang), c[1] + rad * np.sin(ang)], 1).astype(np.float32)
+        polys.append(p)
+        m1.append(polygon2mask((64, 96), [p.reshape(-1)], color=1, downsample_ratio=1))
+        m4.append(polygon2mask((64, 96), [p.reshape(-1)], color=1, downsample_ratio=4))
+    ov, order = polygons2masks_overlap((64, 96), polys[:6], downsample_ratio=4)
+    pts = np.zeros((40, 12, 2), np.float32)
+    counts = np.zeros(40, np.float32)
+    for i, p in enumerate(polys):
+        pts[i, :len(p)] = p
+        counts[i] = len(p)
+    save_file({"points": torch.from_numpy(pts), "counts": torch.from_numpy(counts),
+               "mask1": torch.from_numpy(np.stack(m1).astype(np.float32)),
+               "mask4": torch.from_numpy(np.stack(m4).astype(np.float32)),
+               "overlap4": torch.from_numpy(ov.astype(np.float32)),
+               "order": torch.from_numpy(order.astype(np.float32))},
+              os.path.join(out, "polygons.safetensors"))
+    print("polygons: 40 outlines,", int(np.stack(m1).sum()), "pixels at ratio 1")
 
     keys = {}
     for name, path in (

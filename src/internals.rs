@@ -189,6 +189,11 @@ pub mod data {
         pub use crate::data::loader::*;
     }
     #[cfg(feature = "train")]
+    /// `data::polygons` (internal).
+    pub mod polygons {
+        pub use crate::data::polygons::*;
+    }
+    #[cfg(feature = "train")]
     /// `data::scan` (internal).
     pub mod scan {
         pub use crate::data::scan::*;

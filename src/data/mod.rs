@@ -1,5 +1,6 @@
 //! Data: image decoding (always), and with the `train` feature the dataset side: dataset
-//! description, labels, COCO JSON, the label scan, augmentation and loading.
+//! description, labels, COCO JSON, the label scan, augmentation and loading, and the masks of
+//! instance outlines (`polygons`).
 
 #[cfg(feature = "train")]
 pub(crate) mod augment;
@@ -13,6 +14,8 @@ pub mod image;
 pub(crate) mod labels;
 #[cfg(feature = "train")]
 pub(crate) mod loader;
+#[cfg(feature = "train")]
+pub(crate) mod polygons;
 #[cfg(feature = "train")]
 pub(crate) mod scan;
 #[cfg(feature = "train")]

@@ -22,7 +22,8 @@
 //!   (comma-separated ids), `max_det`, `img` override the service's defaults for this request.
 //!   Answers `{"detections": [{"class_id", "class_name", "confidence", "xyxy"}], "width",
 //!   "height", "batch", "timings_ms": {"decode", "queue", "detect", "total"}}`: the fields of
-//!   `yolo9 detect --json`'s `predictions.jsonl`, boxes `xyxy` in the image's pixels. Errors
+//!   `yolo9 detect --json`'s `predictions.jsonl`, boxes `xyxy` in the image's pixels (a
+//!   segmentation model's detections add their outline, `"polygon": [[x, y], …]`). Errors
 //!   answer `{"error": message}`: 400 (not an image, bad parameter), 413 (body over
 //!   [`ServeConfig::max_body`]), 503 (queue full, or shutting down), 504 (no answer within
 //!   [`ServeConfig::timeout`]), 500 (the forward failed).
@@ -878,12 +879,18 @@ async fn detect(
         .detections
         .iter()
         .map(|d| {
-            json!({
+            let mut v = json!({
                 "class_id": d.class_id,
                 "class_name": d.class_name,
                 "confidence": d.confidence,
                 "xyxy": d.bbox,
-            })
+            });
+            if let Some(m) = &d.mask {
+                // A segmentation model: the outline in the image's pixels, as in
+                // predictions.jsonl.
+                v["polygon"] = json!(m.polygon);
+            }
+            v
         })
         .collect();
     Json(json!({

@@ -36,12 +36,14 @@ pub fn clipped(t: &Track, (w, h): (u32, u32)) -> [f32; 4] {
 
 /// Draws `tracks` on `canvas` (its pixels are the boxes' pixels): the box and the label
 /// `#ID class score` in the colour of the ID (the detection drawing of
-/// [`crate::detect::draw`]), and the ID's trail from `trails` as a polyline.
+/// [`crate::detect::draw`]), the mask of the detection it matched (`dets[t.detection]`, from a
+/// segmentation model) in that colour, and the ID's trail from `trails` as a polyline.
 ///
 /// Errors: the embedded font cannot be read.
 pub fn draw_tracks(
     canvas: &mut image::RgbImage,
     tracks: &[Track],
+    dets: &[Detection],
     trails: &Trails,
     names: &[String],
     opts: &DrawOptions,
@@ -79,7 +81,7 @@ pub fn draw_tracks(
             ),
             confidence: t.score,
             bbox: clipped(t, size),
-            mask: None,
+            mask: dets.get(t.detection).and_then(|d| d.mask.clone()),
         })
         .collect();
     draw_detections(canvas, &as_dets, 1.0, opts)

@@ -163,7 +163,7 @@ impl<'a> Sequence<'a> {
         }
         if let Some(out) = run.jsonl.as_mut() {
             for t in &tracks {
-                let line = serde_json::json!({
+                let mut line = serde_json::json!({
                     "image": self.source,
                     "frame": frame,
                     "track_id": t.id,
@@ -172,13 +172,24 @@ impl<'a> Sequence<'a> {
                     "confidence": t.score,
                     "xyxy": clipped(t, size),
                 });
+                if let Some(m) = dets.get(t.detection).and_then(|d| d.mask.as_ref()) {
+                    // A segmentation model: the matched detection's outline.
+                    line["polygon"] = serde_json::json!(m.polygon);
+                }
                 writeln!(out, "{line}").context("writing predictions.jsonl")?;
             }
             out.flush().context("writing predictions.jsonl")?;
         }
         if let Some(c) = canvas {
             // `--trail 0` keeps one point per ID: no segment is drawn.
-            draw_tracks(c, &tracks, &self.trails, self.names, &run.job.output.draw)?;
+            draw_tracks(
+                c,
+                &tracks,
+                dets,
+                &self.trails,
+                self.names,
+                &run.job.output.draw,
+            )?;
         }
         Ok(tracks)
     }

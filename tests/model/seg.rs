@@ -318,3 +318,59 @@ fn segmentation_loss_equals_the_official_loss_tal() {
 fn dual_segmentation_loss_equals_the_official_loss_tal_dual() {
     check_loss("tiny-dseg", true);
 }
+
+#[test]
+fn outlines_rasterise_as_the_official_polygon2mask() {
+    use yolo9::internals::data::polygons::{overlap_mask, polygon_mask};
+    let t: HashMap<String, Tensor> =
+        candle_core::safetensors::load(oracle("polygons.safetensors"), &Device::Cpu).unwrap();
+    let pts = t["points"].to_vec3::<f32>().unwrap();
+    let counts = t["counts"].to_vec1::<f32>().unwrap();
+    let m1 = t["mask1"].to_vec3::<f32>().unwrap();
+    let m4 = t["mask4"].to_vec3::<f32>().unwrap();
+    let outline = |i: usize| -> Vec<[f32; 2]> {
+        pts[i][..counts[i] as usize]
+            .iter()
+            .map(|p| [p[0], p[1]])
+            .collect()
+    };
+    let flat = |m: &Vec<Vec<f32>>| -> Vec<u8> { m.iter().flatten().map(|&v| v as u8).collect() };
+    let (mut differ1, mut differ4, mut total) = (0usize, 0usize, 0usize);
+    for i in 0..pts.len() {
+        let o = outline(i);
+        let want1 = flat(&m1[i]);
+        let got1 = polygon_mask(&o, 96, 64, 1);
+        total += want1.iter().filter(|&&v| v != 0).count();
+        differ1 += got1.iter().zip(&want1).filter(|(a, b)| a != b).count();
+        let got4 = polygon_mask(&o, 96, 64, 4);
+        differ4 += got4
+            .iter()
+            .zip(&flat(&m4[i]))
+            .filter(|(a, b)| a != b)
+            .count();
+    }
+    println!("outlines: {differ1} of {total} pixels differ at ratio 1, {differ4} at ratio 4");
+    assert!(total > 1000);
+    assert_eq!(
+        (differ1, differ4),
+        (0, 0),
+        "cv2.fillPoly + cv2.resize pixels"
+    );
+    let outlines: Vec<Vec<[f32; 2]>> = (0..6).map(outline).collect();
+    let (ov, order) = overlap_mask(&outlines, 96, 64, 4);
+    let want_order: Vec<usize> = t["order"]
+        .to_vec1::<f32>()
+        .unwrap()
+        .iter()
+        .map(|&v| v as usize)
+        .collect();
+    assert_eq!(order, want_order);
+    let want_ov: Vec<u32> = t["overlap4"]
+        .to_vec2::<f32>()
+        .unwrap()
+        .iter()
+        .flatten()
+        .map(|&v| v as u32)
+        .collect();
+    assert_eq!(ov, want_ov, "polygons2masks_overlap");
+}
