@@ -27,6 +27,10 @@ after the gains) and `{case}_total`;
 `polygons.safetensors`: 40 random outlines inside a 96x64 image (`points` [40, 12, 2] pixels,
 `counts` [40]) with the official `polygon2mask` at ratio 1 and 4 (`mask1`, `mask4`) and
 `polygons2masks_overlap` of the first six at ratio 4 (`overlap4` [16, 24], `order` [6]);
+`val_metrics.safetensors`: designed predictions on 6 images (`dets` [N, 6], `labels` [M, 5],
+`pred_masks` [N, 16, 24], overlap `gt_masks` [6, 16, 24], per-image counts `nd`, `nl`) and the
+official `segment/val.py` table of them (`table` f64 [8]: Box P, R, mAP50, mAP50-95, Mask P,
+R, mAP50, mAP50-95);
 `tiny-seg.pt` (an official checkpoint of tiny-seg: `{'model': Model.half(), ...}` as
 `train.py` saves one), and `official_keys.json`: for each full-size segmentation model (the official
 models/segment/*.yaml and yolo9's models/gelan-{t,s}-seg.yaml read by the official parser), nc 80,
@@ -195,6 +199,69 @@ def main():
                "order": torch.from_numpy(order.astype(np.float32))},
               os.path.join(out, "polygons.safetensors"))
     print("polygons: 40 outlines,", int(np.stack(m1).sum()), "pixels at ratio 1")
+
+    # Box and mask metrics (segment/val.py process_batch, ap_per_class_box_and_mask) on designed
+    # predictions: 6 images, 3 classes, overlap GT masks 16x24, predictions jittered from the
+    # labels (boxes and masks) plus false positives.
+    sys.argv = ["val.py"]
+    if not hasattr(np, "trapz"):  # numpy 2.4 removed the alias the official compute_ap calls
+        np.trapz = np.trapezoid
+    from segment.val import process_batch as seg_process_batch
+    from utils.segment.metrics import Metrics, ap_per_class_box_and_mask
+    from utils.general import xywh2xyxy
+    rng = np.random.default_rng(4)
+    iouv = torch.linspace(0.5, 0.95, 10)
+    stats, rows = [], {"dets": [], "labels": [], "pred_masks": [], "gt_masks": [], "nd": [], "nl": []}
+    for img in range(6):
+        nl = int(rng.integers(1, 5))
+        lab = np.zeros((nl, 5), np.float32)
+        gtm = np.zeros((16, 24), np.float32)
+        inst = []
+        for k in range(nl):
+            cx, cy = rng.random() * 60 + 18, rng.random() * 36 + 14
+            w, h = rng.random() * 30 + 8, rng.random() * 20 + 8
+            lab[k] = [rng.integers(0, 3), cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2]
+            ys, xs = np.mgrid[0:16, 0:24]
+            e = (((xs + 0.5) * 4 - cx) / (w / 2)) ** 2 + (((ys + 0.5) * 4 - cy) / (h / 2)) ** 2 <= 1
+            gtm[e] = k + 1
+            inst.append(e)
+        dets, pms = [], []
+        for k in range(nl):
+            if rng.random() < 0.85:
+                j = rng.normal(0, 2.5, 4)
+                dets.append([*(lab[k, 1:] + j), rng.random() * 0.9 + 0.05,
+                             lab[k, 0] if rng.random() < 0.9 else (lab[k, 0] + 1) % 3])
+                m = inst[k].copy()
+                flip = rng.random((16, 24)) < 0.012
+                pms.append(np.where(flip, ~m, m))
+        for _ in range(int(rng.integers(0, 3))):
+            x1, y1 = rng.random() * 70, rng.random() * 40
+            dets.append([x1, y1, x1 + 15, y1 + 12, rng.random() * 0.5, rng.integers(0, 3)])
+            pms.append(rng.random((16, 24)) < 0.1)
+        dets = np.array(dets, np.float32).reshape(-1, 6)
+        pms = np.array(pms, bool).reshape(-1, 16, 24)
+        d_t, l_t = torch.from_numpy(dets), torch.from_numpy(lab)
+        pm_t = torch.from_numpy(pms.astype(np.float32))
+        gm_t = torch.from_numpy(gtm)[None]
+        cb = seg_process_batch(d_t, l_t, iouv)
+        cm = seg_process_batch(d_t, l_t, iouv, pm_t, gm_t, overlap=True, masks=True)
+        stats.append((torch.as_tensor(cm), torch.as_tensor(cb), d_t[:, 4], d_t[:, 5], l_t[:, 0]))
+        rows["dets"].append(dets); rows["labels"].append(lab)
+        rows["pred_masks"].append(pms.astype(np.float32)); rows["gt_masks"].append(gtm[None])
+        rows["nd"].append(len(dets)); rows["nl"].append(nl)
+    st = [torch.cat(x, 0).cpu().numpy() for x in zip(*stats)]
+    metrics = Metrics()
+    metrics.update(ap_per_class_box_and_mask(*st, names={0: "a", 1: "b", 2: "c"}))
+    mr = np.array(metrics.mean_results(), np.float64)
+    print("segment/val.py table (Box P R mAP50 mAP50-95, Mask P R mAP50 mAP50-95):", mr.round(4).tolist())
+    save_file({"dets": torch.from_numpy(np.concatenate(rows["dets"])),
+               "labels": torch.from_numpy(np.concatenate(rows["labels"])),
+               "pred_masks": torch.from_numpy(np.concatenate(rows["pred_masks"])),
+               "gt_masks": torch.from_numpy(np.concatenate(rows["gt_masks"])),
+               "nd": torch.tensor(rows["nd"], dtype=torch.float32),
+               "nl": torch.tensor(rows["nl"], dtype=torch.float32),
+               "table": torch.from_numpy(mr)},
+              os.path.join(out, "val_metrics.safetensors"))
 
     keys = {}
     for name, path in (

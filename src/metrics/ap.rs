@@ -46,9 +46,8 @@ pub fn iou_thresholds() -> [f32; N_IOU] {
 /// equal class and IoU ≥ threshold; each detection keeps its highest-IoU label, then each label keeps
 /// the detection with the lowest index among those — the score plays no part.
 pub fn process_batch(detections: &[[f32; 6]], labels: &[[f32; 5]]) -> Vec<[bool; N_IOU]> {
-    let mut correct = vec![[false; N_IOU]; detections.len()];
     if labels.is_empty() || detections.is_empty() {
-        return correct;
+        return vec![[false; N_IOU]; detections.len()];
     }
     // iou[l][d], label-major like torch.where's row-major order
     let iou: Vec<Vec<f32>> = labels
@@ -61,6 +60,21 @@ pub fn process_batch(detections: &[[f32; 6]], labels: &[[f32; 5]]) -> Vec<[bool;
                 .collect()
         })
         .collect();
+    match_by_iou(&iou, detections, labels)
+}
+
+/// The matching of [`process_batch`] on a given label-major IoU matrix `iou[label][detection]`
+/// (box IoU, or the mask IoU of the segmentation validator): the true-positive flags per
+/// detection and threshold.
+pub fn match_by_iou(
+    iou: &[Vec<f32>],
+    detections: &[[f32; 6]],
+    labels: &[[f32; 5]],
+) -> Vec<[bool; N_IOU]> {
+    let mut correct = vec![[false; N_IOU]; detections.len()];
+    if labels.is_empty() || detections.is_empty() {
+        return correct;
+    }
     for (t, thr) in iou_thresholds().iter().enumerate() {
         // (label, detection, iou) in torch.where order
         let mut m: Vec<(usize, usize, f32)> = Vec::new();

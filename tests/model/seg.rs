@@ -374,3 +374,62 @@ fn outlines_rasterise_as_the_official_polygon2mask() {
         .collect();
     assert_eq!(ov, want_ov, "polygons2masks_overlap");
 }
+
+#[test]
+fn box_and_mask_metrics_equal_the_official_segment_val() {
+    use yolo9::metrics::seg::SegValStats;
+    let t: HashMap<String, Tensor> =
+        candle_core::safetensors::load(oracle("val_metrics.safetensors"), &Device::Cpu).unwrap();
+    let dets = t["dets"].to_vec2::<f32>().unwrap();
+    let labels = t["labels"].to_vec2::<f32>().unwrap();
+    let pm: Vec<u8> = t["pred_masks"]
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap()
+        .iter()
+        .map(|&v| v as u8)
+        .collect();
+    let gm: Vec<f32> = t["gt_masks"].flatten_all().unwrap().to_vec1().unwrap();
+    let nd = t["nd"].to_vec1::<f32>().unwrap();
+    let nl = t["nl"].to_vec1::<f32>().unwrap();
+    let px = 16 * 24;
+    let mut stats = SegValStats::default();
+    let (mut d0, mut l0) = (0usize, 0usize);
+    for (i, (&n, &m)) in nd.iter().zip(&nl).enumerate() {
+        let (n, m) = (n as usize, m as usize);
+        let d: Vec<[f32; 6]> = dets[d0..d0 + n]
+            .iter()
+            .map(|r| [r[0], r[1], r[2], r[3], r[4], r[5]])
+            .collect();
+        let l: Vec<[f32; 5]> = labels[l0..l0 + m]
+            .iter()
+            .map(|r| [r[0], r[1], r[2], r[3], r[4]])
+            .collect();
+        // The image's overlap mask → one mask per label (pixel value k + 1 is label k).
+        let overlap = &gm[i * px..(i + 1) * px];
+        let gt: Vec<u8> = (0..m)
+            .flat_map(|k| overlap.iter().map(move |&v| u8::from(v == (k + 1) as f32)))
+            .collect();
+        stats.add_image(&d, &l, &pm[d0 * px..(d0 + n) * px], &gt, px);
+        d0 += n;
+        l0 += m;
+    }
+    let (b, mk) = stats.metrics(3);
+    let ours = [
+        b.mp,
+        b.mr,
+        b.map50,
+        b.map50_95,
+        mk.mp,
+        mk.mr,
+        mk.map50,
+        mk.map50_95,
+    ];
+    let want = t["table"].to_vec1::<f64>().unwrap();
+    println!("segment val: ours {ours:?}\n official {want:?}");
+    assert!(want[4] > 0.3 && want[7] > 0.1, "the case has mask matches");
+    for (k, (o, w)) in ours.iter().zip(&want).enumerate() {
+        assert!((o - w).abs() < 1e-9, "value {k}: {o} vs {w}");
+    }
+}
