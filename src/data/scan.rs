@@ -43,7 +43,8 @@ mod cache;
 use cache::{cache_path_for, read_cache, scan_key, write_cache, CacheFile};
 
 /// Version of the scan rules; part of the cache key so a rule change invalidates old caches.
-pub const SCAN_VERSION: u32 = 3;
+/// 4: records keep the instance outlines of polygon rows ([`ImageRecord::segments`]).
+pub const SCAN_VERSION: u32 = 4;
 /// Smallest accepted image side, in pixels (as the official `verify_image_label`).
 pub const MIN_IMAGE_SIDE: u32 = 10;
 
@@ -71,6 +72,11 @@ pub struct ImageRecord {
     pub height: u32,
     /// The boxes kept (normalized cxcywh, relative to the oriented image).
     pub boxes: Vec<LabelBox>,
+    /// The instance outlines of segmentation labels: empty when no row of the file is a
+    /// polygon, else one per box (the polygon's points, normalized and clipped to the image; empty
+    /// for a box row). Absent from the cache of a detection dataset.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub segments: Vec<Vec<[f32; 2]>>,
     /// How the labels were found.
     pub status: LabelStatus,
 }
@@ -538,6 +544,7 @@ fn scan_one(img: &Path, nc: usize, coco: Option<&CocoImage>) -> OneScan {
                 width: probe.width,
                 height: probe.height,
                 boxes,
+                segments: Vec::new(),
                 status,
             }),
             issues,
@@ -556,8 +563,8 @@ fn scan_one(img: &Path, nc: usize, coco: Option<&CocoImage>) -> OneScan {
         None
     };
     let (mut polygons, mut duplicates) = (0, 0);
-    let (boxes, status) = match &label {
-        None => (Vec::new(), LabelStatus::Missing),
+    let (boxes, segments, status) = match &label {
+        None => (Vec::new(), Vec::new(), LabelStatus::Missing),
         Some(lp) => match super::fsio::read_regular(lp, crate::bounded::FileKind::LabelText) {
             Err(e) => {
                 issues.push(Issue {
@@ -567,7 +574,7 @@ fn scan_one(img: &Path, nc: usize, coco: Option<&CocoImage>) -> OneScan {
                     action: "image used as background".to_string(),
                     kind: IssueKind::LabelUnreadable,
                 });
-                (Vec::new(), LabelStatus::Missing)
+                (Vec::new(), Vec::new(), LabelStatus::Missing)
             }
             Ok(bytes) => {
                 let parsed = parse_labels(&String::from_utf8_lossy(&bytes), nc, lp);
@@ -579,7 +586,14 @@ fn scan_one(img: &Path, nc: usize, coco: Option<&CocoImage>) -> OneScan {
                 } else {
                     LabelStatus::Labelled
                 };
-                (parsed.boxes, status)
+                // Outlines only when the file has a polygon row: a detection dataset's records
+                // (and cache) stay as they were.
+                let segments = if parsed.segments.iter().any(|p| !p.is_empty()) {
+                    parsed.segments
+                } else {
+                    Vec::new()
+                };
+                (parsed.boxes, segments, status)
             }
         },
     };
@@ -589,6 +603,7 @@ fn scan_one(img: &Path, nc: usize, coco: Option<&CocoImage>) -> OneScan {
         width: probe.width,
         height: probe.height,
         boxes,
+        segments,
         status,
     };
     let sidecar = rec

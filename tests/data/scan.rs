@@ -634,3 +634,30 @@ fn polygon_rows_keep_their_points_and_odd_polygons_are_reported() {
     assert_eq!(odd[1].0, Some(4));
     assert!(odd[1].1.contains("encloses no area"), "{}", odd[1].1);
 }
+
+#[test]
+fn records_keep_the_outlines_of_polygon_rows_aligned_with_their_boxes() {
+    let case = case_dir("mixed_polygon_and_box");
+    let t = scan(&case.join("data.yaml"), Split::Train);
+    let rec = |file: &str| {
+        t.records
+            .iter()
+            .find(|r| name(&r.image) == file)
+            .unwrap_or_else(|| panic!("{file} not scanned"))
+    };
+    // img_000: two box rows → no outlines kept at all.
+    assert!(rec("img_000.jpg").segments.is_empty());
+    // img_001: two rectangles given as polygons.
+    let r = rec("img_001.jpg");
+    assert_eq!(r.segments.len(), r.boxes.len());
+    assert_eq!(r.segments[0][2], [0.409375, 0.45]);
+    // img_002: a box row and a polygon row: one outline per box, empty for the box.
+    let r = rec("img_002.jpg");
+    assert_eq!(r.segments.len(), 2);
+    assert_eq!(
+        r.segments.iter().map(Vec::len).collect::<Vec<_>>(),
+        [0, 4],
+        "{:?}",
+        r.segments
+    );
+}
