@@ -195,31 +195,44 @@ impl MaskHead {
             .collect()
     }
 
-    /// Mask coefficients: feats[i] (B, ch[i], H_i, W_i) → (B, nm, A) in the feature dtype,
-    /// anchors P3, P4, P5 row-major (official `torch.cat([cv4[i](x[i]).view(bs, nm, -1)], 2)`).
-    /// `nhwc`: the maps are channels-last (B, H, W, C).
-    pub fn run_coeffs(&self, feats: &[Tensor], cx: Ctx) -> Result<Tensor> {
+    /// Mask-coefficient maps per level: feats[i] (B, ch[i], H_i, W_i) → (B, nm, H_i, W_i) in
+    /// the context's layout (what a taped training forward returns as graph outputs).
+    pub fn run_coeff_levels(&self, feats: &[Tensor], cx: Ctx) -> Result<Vec<Tensor>> {
         ensure!(
             feats.len() == self.coeffs.len(),
             "mask head: got {} feature maps, expected {}",
             feats.len(),
             self.coeffs.len()
         );
-        let mut flat = Vec::with_capacity(feats.len());
-        for (x, tower) in feats.iter().zip(&self.coeffs) {
-            let mut y = x.clone();
-            for c in tower {
-                y = c.run(&y, cx)?;
-            }
-            let y = if cx.nhwc {
-                y.permute((0, 3, 1, 2))?.contiguous()?
-            } else {
-                y
-            };
-            let (b, n, h, w) = y.dims4()?;
-            flat.push(y.reshape((b, n, h * w))?);
-        }
-        Ok(Tensor::cat(&flat, 2)?)
+        feats
+            .iter()
+            .zip(&self.coeffs)
+            .map(|(x, tower)| {
+                let mut y = x.clone();
+                for c in tower {
+                    y = c.run(&y, cx)?;
+                }
+                Ok(y)
+            })
+            .collect()
+    }
+
+    /// Mask coefficients: feats[i] (B, ch[i], H_i, W_i) → (B, nm, A) in the feature dtype,
+    /// anchors P3, P4, P5 row-major (official `torch.cat([cv4[i](x[i]).view(bs, nm, -1)], 2)`).
+    /// For a plain (untaped) context; channels-last maps are transposed back.
+    pub fn run_coeffs(&self, feats: &[Tensor], cx: Ctx) -> Result<Tensor> {
+        let levels = self.run_coeff_levels(feats, cx)?;
+        let levels = levels
+            .into_iter()
+            .map(|y| {
+                if cx.nhwc {
+                    Ok(y.permute((0, 3, 1, 2))?.contiguous()?)
+                } else {
+                    Ok(y)
+                }
+            })
+            .collect::<Result<Vec<_>>>()?;
+        flatten_levels(&levels)
     }
 
     /// Prototypes of `x` (the prototype input), (B, nm, Hp, Wp) NCHW.
@@ -230,6 +243,19 @@ impl MaskHead {
         }
         Ok(p)
     }
+}
+
+/// Per-level maps (B, C, H_i, W_i) → (B, C, Σ H_i·W_i), levels in order, row-major within a
+/// level (the anchor order of [`decode`]); differentiable (candle ops).
+pub fn flatten_levels(levels: &[Tensor]) -> Result<Tensor> {
+    let flat = levels
+        .iter()
+        .map(|y| {
+            let (b, n, h, w) = y.dims4()?;
+            Ok(y.reshape((b, n, h * w))?)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Tensor::cat(&flat, 2)?)
 }
 
 /// Anchor centres and strides for feature maps of sizes `sizes[i] = (H_i, W_i)` and `strides[i]`

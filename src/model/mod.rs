@@ -46,4 +46,4 @@ pub(crate) mod yolov9;
 
 pub use arch::{Arch, STRIDES};
 pub use params::{NamedVar, ParamGroup};
-pub use yolov9::{DualRaw, YoloV9, YoloV9Train};
+pub use yolov9::{DualRaw, SegRaw, YoloV9, YoloV9Train};

@@ -205,9 +205,7 @@ pub(crate) struct Heads {
     pub aux: Option<DetectHead>,
     /// The main detection branch.
     pub main: DetectHead,
-    /// The auxiliary mask branch (`DualDSegment` only: `cv6`, `proto`); built for its names
-    /// and weights, run by no graph yet (segmentation training is not built).
-    #[allow(dead_code)]
+    /// The auxiliary mask branch (`DualDSegment` only: `cv6`, `proto`).
     pub aux_mask: Option<MaskHead>,
     /// The main mask branch (`Segment`/`DSegment`: `cv4`, `proto`; `DualDSegment`: `cv7`,
     /// `proto2`).

@@ -440,6 +440,18 @@ pub struct DualRaw {
     pub aux: Vec<Tensor>,
     /// Main branch (`cv4`/`cv5`; over layers 15, 18, 21 in yolov9-s).
     pub main: Vec<Tensor>,
+    /// The mask branches of a segmentation graph (official training output `(x, mc, p)`).
+    pub seg: Option<SegRaw>,
+}
+
+/// Raw mask outputs of a segmentation training graph, NCHW f32: per branch the coefficient
+/// maps per level (B, nm, H_i, W_i) (flatten with [`super::head::flatten_levels`]) and the
+/// prototypes (B, nm, Hp, Wp).
+pub struct SegRaw {
+    /// The auxiliary branch (`DualDSegment`: `cv6`, `proto`).
+    pub aux: Option<(Vec<Tensor>, Tensor)>,
+    /// The main branch.
+    pub main: (Vec<Tensor>, Tensor),
 }
 
 impl DualRaw {
@@ -475,6 +487,10 @@ pub struct YoloV9Train {
     /// `None` for a single `DDetect` head (gelan-*).
     head_aux: Option<DetectHead>,
     head_main: DetectHead,
+    /// The mask branches of a segmentation graph: (auxiliary, main).
+    masks: Option<(Option<MaskHead>, MaskHead)>,
+    /// The extra head inputs of the prototype branches (`DSegment`, `DualDSegment`).
+    proto_taps: Vec<Src>,
     vars: Vec<NamedVar>,
     buffers: Vec<(String, Var, Var)>,
     batches_tracked: Arc<AtomicI64>,
@@ -545,14 +561,9 @@ impl YoloV9Train {
         let tensors = weights.map(|w| &w.tensors);
         let mut b = Builder::new(tensors, rename.clone(), device, BuildMode::Train, seed);
         let net = Net::load(&mut b, arch)?;
-        ensure!(
-            arch.seg().is_none(),
-            "{}: training a segmentation graph is not supported yet (its inference and \
-             conversion are)",
-            arch.name
-        );
         let heads = load_heads(&mut b, arch, nc)?;
         let (head_aux, head_main) = (heads.aux, heads.main);
+        let masks = heads.mask.map(|m| (heads.aux_mask, m));
         ensure!(
             head_aux.is_some() == arch.is_dual(),
             "{}: the auxiliary head must exist exactly for a DualDDetect graph",
@@ -582,6 +593,8 @@ impl YoloV9Train {
             taps,
             head_aux,
             head_main,
+            masks,
+            proto_taps: arch.proto_inputs().to_vec(),
             vars: b.vars,
             buffers: b.buffers,
             batches_tracked: b.batches_tracked,
@@ -632,9 +645,20 @@ impl YoloV9Train {
         let raw = self.forward_ctx(x, Ctx::taped(&tape))?;
         let out =
             |v: Vec<Tensor>| -> Result<Vec<Tensor>> { v.iter().map(|t| tape.output(t)).collect() };
+        let seg = match raw.seg {
+            None => None,
+            Some(sg) => Some(SegRaw {
+                aux: match sg.aux {
+                    Some((l, p)) => Some((out(l)?, tape.output(&p)?)),
+                    None => None,
+                },
+                main: (out(sg.main.0)?, tape.output(&sg.main.1)?),
+            }),
+        };
         let raw = DualRaw {
             aux: out(raw.aux)?,
             main: out(raw.main)?,
+            seg,
         };
         Ok((raw, tape))
     }
@@ -650,18 +674,54 @@ impl YoloV9Train {
         if amp {
             x = x.to_dtype(DType::BF16)?;
         }
-        let mut feats = self.net.forward(&x, c, &self.taps)?;
+        let taps: Vec<Src> = self.taps.iter().chain(&self.proto_taps).copied().collect();
+        let mut feats = self.net.forward(&x, c, &taps)?;
+        let protos = feats.split_off(self.taps.len());
         let main = feats.split_off(self.aux_taps());
+        let seg = match &self.masks {
+            None => None,
+            Some((aux_m, main_m)) => {
+                // Prototype inputs: the extra taps (aux then main), or P3 of each branch.
+                let proto_in = |k: usize, branch: &[Tensor]| -> Tensor {
+                    protos.get(k).unwrap_or(&branch[0]).clone()
+                };
+                let aux = match aux_m {
+                    Some(m) => Some((
+                        m.run_coeff_levels(&feats, c)?,
+                        m.proto.run(&proto_in(0, &feats), c)?,
+                    )),
+                    None => None,
+                };
+                let k = usize::from(aux_m.is_some());
+                Some(SegRaw {
+                    aux,
+                    main: (
+                        main_m.run_coeff_levels(&main, c)?,
+                        main_m.proto.run(&proto_in(k, &main), c)?,
+                    ),
+                })
+            }
+        };
         let mut raw = DualRaw {
             aux: match &self.head_aux {
                 Some(h) => h.run_raw(&feats, c)?,
                 None => Vec::new(),
             },
             main: self.head_main.run_raw(&main, c)?,
+            seg,
         };
         if amp {
             for t in raw.aux.iter_mut().chain(raw.main.iter_mut()) {
                 *t = c.cast(t, DType::F32)?;
+            }
+            if let Some(sg) = raw.seg.as_mut() {
+                let SegRaw { aux, main } = sg;
+                for (levels, p) in aux.iter_mut().chain(std::iter::once(main)) {
+                    for t in levels.iter_mut() {
+                        *t = c.cast(t, DType::F32)?;
+                    }
+                    *p = c.cast(p, DType::F32)?;
+                }
             }
         }
         Ok(raw)

@@ -433,3 +433,90 @@ fn box_and_mask_metrics_equal_the_official_segment_val() {
         assert!((o - w).abs() < 1e-9, "value {k}: {o} vs {w}");
     }
 }
+
+/// The segmentation training graphs' taped forward and tape backward against candle's autograd,
+/// through the segmentation loss: every parameter gradient, mask branches included.
+#[test]
+fn taped_segmentation_training_graph_backward_equals_candle_autograd() -> anyhow::Result<()> {
+    use yolo9::internals::loss::seg::{seg_loss, GtMasks, SegBranch};
+    use yolo9::internals::loss::DualTalLoss;
+    use yolo9::internals::model::head::flatten_levels;
+    use yolo9::model::YoloV9Train;
+    let dev = Device::Cpu;
+    for name in ["tiny-seg", "tiny-dseg"] {
+        let yaml = std::fs::read_to_string(oracle(&format!("{name}.yaml")))?;
+        let arch = Arch::from_yaml(&yaml, name)?;
+        let l: HashMap<String, Tensor> =
+            candle_core::safetensors::load(oracle(&format!("{name}.loss.safetensors")), &dev)?;
+        let loss = DualTalLoss::new(3, &[8, 16, 32])?.with_fused_terms(false);
+        let run = |raw: &yolo9::model::DualRaw| -> anyhow::Result<(Tensor, [f32; 4])> {
+            let sg = raw
+                .seg
+                .as_ref()
+                .expect("a segmentation graph has mask outputs");
+            let main_c = flatten_levels(&sg.main.0)?;
+            let aux_c = match &sg.aux {
+                Some((lv, _)) => Some(flatten_levels(lv)?),
+                None => None,
+            };
+            let aux = match (&sg.aux, &aux_c) {
+                (Some((_, p)), Some(c)) => Some(SegBranch {
+                    levels: &raw.aux,
+                    coeffs: c,
+                    proto: p,
+                }),
+                _ => None,
+            };
+            let out = seg_loss(
+                &loss,
+                aux,
+                SegBranch {
+                    levels: &raw.main,
+                    coeffs: &main_c,
+                    proto: &sg.main.1,
+                },
+                &l["targets"],
+                GtMasks::Overlap(&l["overlap_masks"]),
+                (64, 96),
+            )?;
+            Ok((out.total, out.items))
+        };
+        let plain = YoloV9Train::build(&arch, None, 3, Vec::new(), &dev, 5)?;
+        let taped = YoloV9Train::build(&arch, None, 3, Vec::new(), &dev, 5)?;
+        let (ta, ia) = run(&plain.forward(&l["x"], true)?)?;
+        let ga = ta.backward()?;
+        let (raw, tape) = taped.forward_taped(&l["x"])?;
+        let (tb, ib) = run(&raw)?;
+        let mut gb = tb.backward()?;
+        let gb = tape.backward(&mut gb)?;
+        assert_eq!(ia, ib, "{name}: loss items");
+        assert!(ia[1] > 0.0, "{name}: a mask term");
+        let (mut worst, mut mask_grads) = ((0f32, String::new()), 0);
+        for (pa, pb) in plain.vars().iter().zip(taped.vars()) {
+            assert_eq!(pa.name, pb.name);
+            let (a, b) = match (ga.get(pa.var.as_tensor()), gb.get(pb.var.as_tensor())) {
+                (Some(a), Some(b)) => (a, b),
+                (None, None) => continue,
+                (a, b) => panic!(
+                    "{name} {}: gradient on one side only ({} / {})",
+                    pa.name,
+                    a.is_some(),
+                    b.is_some()
+                ),
+            };
+            if pa.name.contains(".proto") || pa.name.contains(".cv4.") || pa.name.contains(".cv7.")
+            {
+                mask_grads += 1;
+            }
+            let scale = a.abs()?.max_all()?.to_scalar::<f32>()?.max(1e-12);
+            let d = (a - b)?.abs()?.max_all()?.to_scalar::<f32>()? / scale;
+            if d > worst.0 {
+                worst = (d, pa.name.clone());
+            }
+        }
+        println!("{name}: loss {ia:?}; worst parameter gradient {:.2e} ({}); {mask_grads} mask-branch gradients", worst.0, worst.1);
+        assert!(mask_grads >= 10, "{name}: the mask branch gets gradients");
+        assert!(worst.0 < 1e-4, "{name}: {worst:?}");
+    }
+    Ok(())
+}
