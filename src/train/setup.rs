@@ -458,6 +458,12 @@ fn load_model(opts: &TrainOptions) -> Result<(Option<Weights>, Arc<crate::model:
         (None, Some(w)) => crate::model::yolov9::training_arch(&w.meta.arch)?,
         (None, None) => crate::model::weights::default_arch(crate::model::weights::Graph::Train),
     };
+    anyhow::ensure!(
+        arch.seg().is_none(),
+        "{}: training a segmentation model is not built yet (its model, loss and masks are, see \
+         docs/segmentation.md); train a detection model (--cfg gelan-c, yolov9-c, ...)",
+        arch.name
+    );
     Ok((weights, arch))
 }
 

@@ -520,3 +520,29 @@ fn taped_segmentation_training_graph_backward_equals_candle_autograd() -> anyhow
     }
     Ok(())
 }
+
+#[test]
+fn training_a_segmentation_model_is_refused_with_the_reason() {
+    let dir = common::tmpdir("seg-train-refused");
+    let data = common::tiny_dataset(&dir, 2);
+    let project = dir.join("runs");
+    let (code, _, err) = common::yolo9(&[
+        "train",
+        "--data",
+        data.to_str().unwrap(),
+        "--cfg",
+        "gelan-t-seg",
+        "--epochs",
+        "1",
+        "--device",
+        "cpu",
+        "--project",
+        project.to_str().unwrap(),
+    ]);
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("gelan-t-seg: training a segmentation model is not built yet"),
+        "{err}"
+    );
+    assert!(!project.exists(), "nothing written before the refusal");
+}
