@@ -670,3 +670,46 @@ fn the_page_draws_the_boxes_in_a_browser() {
     let s = svc.stop();
     assert_eq!((s.ok, s.errors), (1, 0));
 }
+
+#[test]
+fn a_segmentation_model_answers_with_the_polygons_of_its_masks() {
+    // tiny-seg: an official checkpoint of a small segmentation graph (tests/model/seg.rs).
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/model/seg_oracle");
+    let yaml = std::fs::read_to_string(dir.join("tiny-seg.yaml")).unwrap();
+    let arch = std::sync::Arc::new(yolo9::model::Arch::from_yaml(&yaml, "tiny-seg").unwrap());
+    let opts = yolo9::convert::ConvertOptions {
+        cfg: Some(arch),
+        ..Default::default()
+    };
+    let (w, _, _) = yolo9::convert::convert(&dir.join("tiny-seg.pt"), &opts).unwrap();
+    let config = yolo9::DetectorConfig::default();
+    let det = Detector::with_weights(&w, Device::Cpu, config.clone()).unwrap();
+    let p = &examples()[0];
+    let want = det
+        .detect_rgb(&yolo9::data::image::load_rgb8(p).unwrap())
+        .unwrap();
+    assert!(
+        !want.is_empty(),
+        "the untrained model detects something at conf 0.25"
+    );
+    let svc = Running::start(
+        Detector::with_weights(&w, Device::Cpu, config).unwrap(),
+        ServeConfig::default(),
+    );
+    let (code, body) = http(
+        svc.addr,
+        "POST",
+        "/v1/detect",
+        Some("image/jpeg"),
+        &std::fs::read(p).unwrap(),
+    );
+    assert_eq!(code, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let got = v["detections"].as_array().unwrap();
+    assert_eq!(got.len(), want.len());
+    for (g, w) in got.iter().zip(&want) {
+        let poly = &w.mask.as_ref().unwrap().polygon;
+        assert_eq!(g["polygon"], serde_json::json!(poly));
+    }
+    svc.stop();
+}

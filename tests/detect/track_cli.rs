@@ -330,3 +330,60 @@ fn ids_survive_a_stream_reconnect() {
         "{before:?} {after:?}\n{text}"
     );
 }
+
+#[test]
+fn tracks_of_a_segmentation_model_carry_their_masks() {
+    // tiny-seg (tests/model/seg.rs), converted from its official checkpoint.
+    let dir = common::tmpdir("seg-track");
+    let oracle =
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/model/seg_oracle");
+    let yaml = std::fs::read_to_string(oracle.join("tiny-seg.yaml")).unwrap();
+    let arch = std::sync::Arc::new(yolo9::model::Arch::from_yaml(&yaml, "tiny-seg").unwrap());
+    let opts = yolo9::convert::ConvertOptions {
+        cfg: Some(arch),
+        ..Default::default()
+    };
+    let (w, _, _) = yolo9::convert::convert(&oracle.join("tiny-seg.pt"), &opts).unwrap();
+    let weights = dir.join("tiny-seg.safetensors");
+    w.save(&weights, false).unwrap();
+    let seq = dir.join("frames");
+    std::fs::create_dir_all(&seq).unwrap();
+    let src = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/images/BloodImage_00007.jpg"
+    );
+    let img = image::open(src).unwrap().to_rgb8();
+    img.save(seq.join("f1.png")).unwrap();
+    img.save(seq.join("f2.png")).unwrap();
+    let project = dir.join("runs");
+    let (code, out, err) = common::yolo9(&[
+        "track",
+        seq.to_str().unwrap(),
+        "--weights",
+        weights.to_str().unwrap(),
+        "--img",
+        "320",
+        // The untrained model's scores stay below the default thresholds.
+        "--track-high-thresh",
+        "0.3",
+        "--new-track-thresh",
+        "0.3",
+        "--json",
+        "--project",
+        project.to_str().unwrap(),
+        "--name",
+        "t",
+    ]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let lines = std::fs::read_to_string(project.join("t/predictions.jsonl")).unwrap();
+    let rows: Vec<serde_json::Value> = lines
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(!rows.is_empty(), "{out}");
+    assert!(
+        rows.iter()
+            .all(|r| r["track_id"].is_u64() && r["polygon"].is_array()),
+        "{lines}"
+    );
+}
