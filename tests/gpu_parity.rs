@@ -1696,30 +1696,9 @@ fn to_host_copies_a_views_elements_only() {
 #[test]
 fn segmentation_forward_and_loss_on_gpu_equal_the_official() {
     use std::collections::HashMap;
-    use std::sync::Arc;
     let dev = gpu();
-    // Relative: the binary runs from the repository root, here or on the GPU machine.
-    let dir = std::path::Path::new("tests/model/seg_oracle");
     for name in ["tiny-seg", "tiny-dseg"] {
-        let yaml = std::fs::read_to_string(dir.join(format!("{name}.yaml"))).unwrap();
-        let arch = Arc::new(yolo9::model::Arch::from_yaml(&yaml, name).unwrap());
-        let t: HashMap<String, Tensor> =
-            candle_core::safetensors::load(dir.join(format!("{name}.safetensors")), &Device::Cpu)
-                .unwrap();
-        let w = yolo9::Weights {
-            tensors: t
-                .iter()
-                .filter(|(k, _)| k.starts_with("model."))
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
-            meta: yolo9::ModelMeta {
-                nc: 3,
-                names: vec!["a".into(), "b".into(), "c".into()],
-                strides: vec![8, 16, 32],
-                graph: yolo9::model::weights::graph_of(&arch),
-                arch,
-            },
-        };
+        let (w, t) = common::seg_oracle_weights(name);
         for nhwc in [false, true] {
             let m = yolo9::model::YoloV9::load(&w, &dev)
                 .unwrap()
@@ -1748,9 +1727,11 @@ fn segmentation_forward_and_loss_on_gpu_equal_the_official() {
         }
         // The loss on the GPU.
         use yolo9::internals::loss::seg::{seg_loss, GtMasks, SegBranch};
-        let l: HashMap<String, Tensor> =
-            candle_core::safetensors::load(dir.join(format!("{name}.loss.safetensors")), &dev)
-                .unwrap();
+        let l: HashMap<String, Tensor> = candle_core::safetensors::load(
+            common::seg_oracle(&format!("{name}.loss.safetensors")),
+            &dev,
+        )
+        .unwrap();
         let dual = name == "tiny-dseg";
         let levels =
             |b: &str| -> Vec<Tensor> { (3..6).map(|k| l[&format!("{b}_p{k}")].clone()).collect() };

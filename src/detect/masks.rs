@@ -314,18 +314,17 @@ mod tests {
             top: 0,
             bottom: 0,
         };
-        let m = instance_mask(
-            Protos {
+        // The one prototype, coefficient 10, for a box in input and in original pixels.
+        let mask_of = |box_in: [f32; 4], box_orig: [f32; 4]| {
+            let protos = Protos {
                 data: &p,
                 nm: 1,
                 h: 8,
                 w: 8,
-            },
-            &[10.0],
-            [0.0, 0.0, 32.0, 32.0],
-            [0.0, 0.0, 64.0, 64.0],
-            &info,
-        );
+            };
+            instance_mask(protos, &[10.0], box_in, box_orig, &info)
+        };
+        let m = mask_of([0.0, 0.0, 32.0, 32.0], [0.0, 0.0, 64.0, 64.0]);
         assert_eq!((m.width, m.height), (64, 64));
         // Prototype cells 2..6 span input 8..24, original 16..48; bilinear at the half-way
         // sample: the 0.5 crossing falls on the cell boundary.
@@ -341,18 +340,7 @@ mod tests {
         assert_eq!(ys.clone().fold(f32::MAX, f32::min), 16.0);
         assert_eq!(ys.fold(0.0, f32::max), 48.0);
         // The box crop: the same prototype with a box over the left half only.
-        let half = instance_mask(
-            Protos {
-                data: &p,
-                nm: 1,
-                h: 8,
-                w: 8,
-            },
-            &[10.0],
-            [0.0, 0.0, 16.0, 32.0],
-            [0.0, 0.0, 32.0, 64.0],
-            &info,
-        );
+        let half = mask_of([0.0, 0.0, 16.0, 32.0], [0.0, 0.0, 32.0, 64.0]);
         assert!(half.contains(20, 20) && !half.contains(40, 40));
         // Cropped at prototype resolution (columns 0..4), then upsampled: input pixel 15
         // samples cells 3 (kept) and 4 (cropped) at 0.625 (in), pixel 16 at 0.375 (out), so the

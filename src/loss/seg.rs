@@ -135,6 +135,7 @@ fn mask_term(
     );
     let dev = branch.proto.device().clone();
     let gt = gt_masks_at(masks, mh, mw)?;
+    let overlap = matches!(gt, GtPlanes::Overlap(_));
     // Target rows of each image, in order.
     let mut per_image: Vec<Vec<usize>> = vec![Vec::new(); bs];
     for (k, r) in rows.iter().enumerate() {
@@ -157,16 +158,15 @@ fn mask_term(
         let mut weight = vec![0f32; n * mh * mw];
         for (k, &j) in fg.iter().enumerate() {
             let g = asg.target_gt_idx[i * a + j];
-            let plane: &[f32] = match (&gt, masks) {
-                (GtPlanes::Overlap(m), _) => &m[i * mh * mw..(i + 1) * mh * mw],
-                (GtPlanes::PerTarget(m), _) => {
+            let plane: &[f32] = match &gt {
+                GtPlanes::Overlap(m) => &m[i * mh * mw..(i + 1) * mh * mw],
+                GtPlanes::PerTarget(m) => {
                     let row = *per_image[i].get(g).with_context(|| {
                         format!("segmentation loss: image {i} has no target {g}")
                     })?;
                     &m[row * mh * mw..(row + 1) * mh * mw]
                 }
             };
-            let overlap = matches!(gt, GtPlanes::Overlap(_));
             let b = asg.target_bboxes[i * a + j];
             let xyxyn = [b[0] / iw, b[1] / ih, b[2] / iw, b[3] / ih];
             let area = (xyxyn[2] - xyxyn[0]) * (xyxyn[3] - xyxyn[1]);

@@ -269,7 +269,7 @@ impl YoloV9 {
     /// (B, C_i, H/s, W/s) for s = 8, 16, 32 (yolov9-s: C = 128, 192, 256) in the model's dtype
     /// ([`YoloV9::dtype`]).
     pub fn forward_features(&self, x: &Tensor) -> Result<Vec<Tensor>> {
-        let (feats, c) = self.features_in_layout(x)?;
+        let (feats, c) = self.features_in_layout(x, &self.taps)?;
         if !c.nhwc {
             return Ok(feats);
         }
@@ -277,30 +277,38 @@ impl YoloV9 {
     }
 
     /// The head inputs in the layout the network runs in, with its context.
-    fn features_in_layout(&self, x: &Tensor) -> Result<(Vec<Tensor>, Ctx<'static>)> {
+    /// The outputs of `taps` (the head inputs) in the layout the network runs in, with its
+    /// context.
+    fn features_in_layout(&self, x: &Tensor, taps: &[Src]) -> Result<(Vec<Tensor>, Ctx<'static>)> {
         check_input(x)?;
         let x = x.to_device(&self.device)?.to_dtype(self.dtype)?;
         if self.channels_last_for(x.dim(0)?) {
             let x = x.permute((0, 2, 3, 1))?.contiguous()?;
             let c = Ctx::plain_nhwc();
-            return Ok((self.net.forward(&x, c, &self.taps)?, c));
+            return Ok((self.net.forward(&x, c, taps)?, c));
         }
         let c = Ctx::plain(false);
-        Ok((self.net.forward(&x, c, &self.taps)?, c))
+        Ok((self.net.forward(&x, c, taps)?, c))
     }
 
-    /// Raw head outputs per level, (B, 64+nc, H/s, W/s) f32 for s = 8, 16, 32 (DFL logits
-    /// side-major l,t,r,b × 16 bins, then class logits).
-    pub fn forward_raw(&self, x: &Tensor) -> Result<Vec<Tensor>> {
-        let (feats, c) = self.features_in_layout(x)?;
+    /// The detection head's raw outputs of `feats` (P3, P4, P5 in the context's layout), NCHW
+    /// f32.
+    fn head_raw(&self, feats: &[Tensor], c: Ctx) -> Result<Vec<Tensor>> {
         self.head
-            .run_raw(&feats, c)?
+            .run_raw(feats, c)?
             .into_iter()
             .map(|t| {
                 let t = if c.nhwc { to_nchw(&t)? } else { t };
                 Ok(t.to_dtype(DType::F32)?)
             })
             .collect()
+    }
+
+    /// Raw head outputs per level, (B, 64+nc, H/s, W/s) f32 for s = 8, 16, 32 (DFL logits
+    /// side-major l,t,r,b × 16 bins, then class logits).
+    pub fn forward_raw(&self, x: &Tensor) -> Result<Vec<Tensor>> {
+        let (feats, c) = self.features_in_layout(x, &self.taps)?;
+        self.head_raw(&feats, c)
     }
 
     /// The raw head outputs of [`YoloV9::forward_raw`] for `x` (B, 3, H, W) f32 on the model's
@@ -372,31 +380,10 @@ impl YoloV9 {
                 self.meta.arch.name
             )
         };
-        check_input(x)?;
-        let x = x.to_device(&self.device)?.to_dtype(self.dtype)?;
-        let nhwc = self.channels_last_for(x.dim(0)?);
-        let x = if nhwc {
-            x.permute((0, 2, 3, 1))?.contiguous()?
-        } else {
-            x
-        };
         self.device.with_context(|| {
-            let c = if nhwc {
-                Ctx::plain_nhwc()
-            } else {
-                Ctx::plain(false)
-            };
-            let feats = self.net.forward(&x, c, taps)?;
+            let (feats, c) = self.features_in_layout(x, taps)?;
             let levels = self.head.boxes.len();
-            let raw = self
-                .head
-                .run_raw(&feats[..levels], c)?
-                .into_iter()
-                .map(|t| {
-                    let t = if c.nhwc { to_nchw(&t)? } else { t };
-                    Ok(t.to_dtype(DType::F32)?)
-                })
-                .collect::<Result<Vec<_>>>()?;
+            let raw = self.head_raw(&feats[..levels], c)?;
             let det = decode(&raw, &STRIDES)?;
             let coeffs = mask.run_coeffs(&feats[..levels], c)?.to_dtype(DType::F32)?;
             let proto_in = feats.get(levels).unwrap_or(&feats[0]);

@@ -408,3 +408,78 @@ pub fn ffmpeg(args: &[&str]) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `tests/model/seg_oracle/<name>`: the segmentation oracle files of `benches/seg_oracle.py`.
+/// From the repository root when the build's source folder is not on this machine (the
+/// `gpu_parity` binary run on the GPU machine).
+pub fn seg_oracle(name: &str) -> PathBuf {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = if root.is_dir() {
+        root
+    } else {
+        std::path::Path::new(".")
+    };
+    root.join("tests/model/seg_oracle").join(name)
+}
+
+/// The small segmentation graph `name` (`tiny-seg`, `tiny-dseg`) with the oracle's seeded
+/// weights (nc 3, classes `a b c`), validated, and every tensor of its oracle file (the weights,
+/// `x`, `pred`, `proto`, …).
+pub fn seg_oracle_weights(
+    name: &str,
+) -> (
+    yolo9::Weights,
+    std::collections::HashMap<String, candle_core::Tensor>,
+) {
+    let yaml = std::fs::read_to_string(seg_oracle(&format!("{name}.yaml"))).unwrap();
+    let arch = std::sync::Arc::new(yolo9::model::Arch::from_yaml(&yaml, name).unwrap());
+    let t: std::collections::HashMap<String, candle_core::Tensor> = candle_core::safetensors::load(
+        seg_oracle(&format!("{name}.safetensors")),
+        &candle_core::Device::Cpu,
+    )
+    .unwrap();
+    let tensors = t
+        .iter()
+        .filter(|(k, _)| k.starts_with("model."))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let meta = yolo9::ModelMeta {
+        nc: 3,
+        names: vec!["a".into(), "b".into(), "c".into()],
+        strides: vec![8, 16, 32],
+        graph: yolo9::model::weights::graph_of(&arch),
+        arch,
+    };
+    let w = yolo9::Weights { tensors, meta };
+    w.validate(name).unwrap();
+    (w, t)
+}
+
+/// `tiny-seg.pt` (the official pickled checkpoint of the tiny-seg graph) converted with its
+/// `--cfg`, as `yolo9 convert` reads it: the weights and the conversion report.
+pub fn tiny_seg_converted() -> (yolo9::Weights, yolo9::convert::Report) {
+    let yaml = std::fs::read_to_string(seg_oracle("tiny-seg.yaml")).unwrap();
+    let arch = std::sync::Arc::new(yolo9::model::Arch::from_yaml(&yaml, "tiny-seg").unwrap());
+    let opts = yolo9::convert::ConvertOptions {
+        cfg: Some(arch),
+        ..Default::default()
+    };
+    let (w, _, report) = yolo9::convert::convert(&seg_oracle("tiny-seg.pt"), &opts).unwrap();
+    (w, report)
+}
+
+/// A state_dict summary as the oracles write it, `[[name, [shape...]], ...]` → `(name, shape)`
+/// in order.
+pub fn state_dict_entries_json(v: &serde_json::Value) -> Vec<(String, Vec<usize>)> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            let shape = e[1].as_array().unwrap();
+            (
+                e[0].as_str().unwrap().to_string(),
+                shape.iter().map(|d| d.as_u64().unwrap() as usize).collect(),
+            )
+        })
+        .collect()
+}

@@ -674,14 +674,7 @@ fn the_page_draws_the_boxes_in_a_browser() {
 #[test]
 fn a_segmentation_model_answers_with_the_polygons_of_its_masks() {
     // tiny-seg: an official checkpoint of a small segmentation graph (tests/model/seg.rs).
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/model/seg_oracle");
-    let yaml = std::fs::read_to_string(dir.join("tiny-seg.yaml")).unwrap();
-    let arch = std::sync::Arc::new(yolo9::model::Arch::from_yaml(&yaml, "tiny-seg").unwrap());
-    let opts = yolo9::convert::ConvertOptions {
-        cfg: Some(arch),
-        ..Default::default()
-    };
-    let (w, _, _) = yolo9::convert::convert(&dir.join("tiny-seg.pt"), &opts).unwrap();
+    let (w, _) = common::tiny_seg_converted();
     let config = yolo9::DetectorConfig::default();
     let det = Detector::with_weights(&w, Device::Cpu, config.clone()).unwrap();
     let p = &examples()[0];

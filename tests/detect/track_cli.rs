@@ -335,15 +335,7 @@ fn ids_survive_a_stream_reconnect() {
 fn tracks_of_a_segmentation_model_carry_their_masks() {
     // tiny-seg (tests/model/seg.rs), converted from its official checkpoint.
     let dir = common::tmpdir("seg-track");
-    let oracle =
-        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/model/seg_oracle");
-    let yaml = std::fs::read_to_string(oracle.join("tiny-seg.yaml")).unwrap();
-    let arch = std::sync::Arc::new(yolo9::model::Arch::from_yaml(&yaml, "tiny-seg").unwrap());
-    let opts = yolo9::convert::ConvertOptions {
-        cfg: Some(arch),
-        ..Default::default()
-    };
-    let (w, _, _) = yolo9::convert::convert(&oracle.join("tiny-seg.pt"), &opts).unwrap();
+    let (w, _) = common::tiny_seg_converted();
     let weights = dir.join("tiny-seg.safetensors");
     w.save(&weights, false).unwrap();
     let seq = dir.join("frames");

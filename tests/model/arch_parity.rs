@@ -22,18 +22,7 @@ fn check(name: &str, dir: &std::path::Path, summary: &serde_json::Value, dev: &D
     let w = Weights::load(dir.join(format!("{name}.pt"))).unwrap();
     assert_eq!(w.meta.arch.name, name, "model recognised from the keys");
     let s = &summary[name];
-    let want: Vec<(String, Vec<usize>)> = s["entries"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| {
-            let shape = e[1].as_array().unwrap();
-            (
-                e[0].as_str().unwrap().to_string(),
-                shape.iter().map(|d| d.as_u64().unwrap() as usize).collect(),
-            )
-        })
-        .collect();
+    let want = common::state_dict_entries_json(&s["entries"]);
     let ours = keys::state_dict_entries(&w.meta.arch, w.meta.nc).unwrap();
     assert_eq!(ours, want, "{name}: state_dict names, shapes and order");
     assert_eq!(

@@ -7,39 +7,20 @@ use crate::common;
 
 use candle_core::{Device, Tensor};
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 use yolo9::internals::model::keys;
 use yolo9::model::{Arch, YoloV9};
-use yolo9::Weights;
-
-fn oracle(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/model/seg_oracle")
-        .join(name)
-}
 
 #[test]
 fn every_segmentation_model_has_the_official_state_dict() {
-    let text = std::fs::read_to_string(oracle("official_keys.json")).unwrap();
+    let text = std::fs::read_to_string(common::seg_oracle("official_keys.json")).unwrap();
     let all: serde_json::Value = serde_json::from_str(&text).unwrap();
     let all = all.as_object().unwrap();
     assert_eq!(all.len(), 5);
     for (name, want) in all {
         let arch = Arch::builtin(name).unwrap();
         assert!(arch.seg().is_some(), "{name}");
-        let want: Vec<(String, Vec<usize>)> = want["keys"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|e| {
-                let shape = e[1].as_array().unwrap();
-                (
-                    e[0].as_str().unwrap().to_string(),
-                    shape.iter().map(|d| d.as_u64().unwrap() as usize).collect(),
-                )
-            })
-            .collect();
+        let want = common::state_dict_entries_json(&want["keys"]);
         let ours = keys::state_dict_entries(&arch, 80).unwrap();
         assert_eq!(ours.len(), want.len(), "{name}: entries");
         for (i, (o, w)) in ours.iter().zip(&want).enumerate() {
@@ -61,30 +42,6 @@ fn every_segmentation_model_has_the_official_state_dict() {
     assert_eq!(all["gelan-c-seg"]["parameters"], 27_634_720);
 }
 
-/// The tiny graph `name` with the oracle's weights, and the oracle's tensors.
-fn tiny(name: &str) -> (Weights, HashMap<String, Tensor>) {
-    let yaml = std::fs::read_to_string(oracle(&format!("{name}.yaml"))).unwrap();
-    let arch = Arc::new(Arch::from_yaml(&yaml, name).unwrap());
-    let t: HashMap<String, Tensor> =
-        candle_core::safetensors::load(oracle(&format!("{name}.safetensors")), &Device::Cpu)
-            .unwrap();
-    let tensors: HashMap<String, Tensor> = t
-        .iter()
-        .filter(|(k, _)| k.starts_with("model."))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    let meta = yolo9::ModelMeta {
-        nc: 3,
-        names: vec!["a".into(), "b".into(), "c".into()],
-        strides: vec![8, 16, 32],
-        graph: yolo9::model::weights::graph_of(&arch),
-        arch,
-    };
-    let w = Weights { tensors, meta };
-    w.validate(name).unwrap();
-    (w, t)
-}
-
 /// max |a − b| over rows `from..from+n` of dim 1.
 fn rows(a: &Tensor, b: &Tensor, from: usize, n: usize) -> f64 {
     common::max_abs(
@@ -94,7 +51,7 @@ fn rows(a: &Tensor, b: &Tensor, from: usize, n: usize) -> f64 {
 }
 
 fn check_forward(name: &str) {
-    let (w, t) = tiny(name);
+    let (w, t) = common::seg_oracle_weights(name);
     let m = YoloV9::load(&w, &Device::Cpu).unwrap();
     assert!(m.is_seg());
     let (pred, proto) = m.forward_seg(&t["x"]).unwrap();
@@ -131,7 +88,7 @@ fn segment_head_forward_equals_the_official_one() {
 #[test]
 fn dual_segment_training_weights_run_their_main_branch_as_the_official_forward() {
     check_forward("tiny-dseg");
-    let (w, _) = tiny("tiny-dseg");
+    let (w, _) = common::seg_oracle_weights("tiny-dseg");
     let infer = w.to_infer().unwrap();
     let a = &infer.meta.arch;
     assert_eq!(a.name, "tiny-dseg-infer");
@@ -167,7 +124,7 @@ fn detector_masks_equal_the_official_predict() {
     // Image 0 of the oracle as an 8-bit image (its values are k/255), detected at its own size
     // (96x64: no resize, no padding), so that the official masks at input resolution are the
     // masks at original resolution.
-    let (w, t) = tiny("tiny-seg");
+    let (w, t) = common::seg_oracle_weights("tiny-seg");
     let x0 = (t["x"].get(0).unwrap() * 255.0).unwrap().round().unwrap();
     let hwc: Vec<f32> = x0
         .permute((1, 2, 0))
@@ -228,12 +185,8 @@ fn detector_masks_equal_the_official_predict() {
 fn an_official_segmentation_checkpoint_converts_with_its_cfg() {
     // tiny-seg.pt: the official pickled model (f16), whose Segment head pickles
     // `getattr(Detect, 'forward')`; not a built-in model, so it is read as its --cfg.
-    let (w, _) = tiny("tiny-seg");
-    let opts = yolo9::convert::ConvertOptions {
-        cfg: Some(w.meta.arch.clone()),
-        ..Default::default()
-    };
-    let (c, _, report) = yolo9::convert::convert(&oracle("tiny-seg.pt"), &opts).unwrap();
+    let (w, _) = common::seg_oracle_weights("tiny-seg");
+    let (c, report) = common::tiny_seg_converted();
     assert_eq!(report.head, "Segment");
     assert_eq!(c.meta.names, ["a", "b", "c"]);
     // The counters (`num_batches_tracked`) come along; the oracle left them out.
@@ -248,16 +201,19 @@ fn an_official_segmentation_checkpoint_converts_with_its_cfg() {
         assert_eq!(common::max_abs(&c.tensors[k], &half), 0.0, "{k}");
     }
     // Without --cfg nothing built in fits: refused, naming the closest model and a tensor.
-    let e = yolo9::convert::convert(&oracle("tiny-seg.pt"), &Default::default()).unwrap_err();
+    let e = yolo9::convert::convert(&common::seg_oracle("tiny-seg.pt"), &Default::default())
+        .unwrap_err();
     assert!(format!("{e:#}").contains("missing tensor"), "{e:#}");
 }
 
 /// The official segmentation loss on recorded head outputs (`{name}.loss.safetensors`).
 fn check_loss(name: &str, dual: bool) {
     use yolo9::internals::loss::seg::{seg_loss, GtMasks, SegBranch};
-    let t: HashMap<String, Tensor> =
-        candle_core::safetensors::load(oracle(&format!("{name}.loss.safetensors")), &Device::Cpu)
-            .unwrap();
+    let t: HashMap<String, Tensor> = candle_core::safetensors::load(
+        common::seg_oracle(&format!("{name}.loss.safetensors")),
+        &Device::Cpu,
+    )
+    .unwrap();
     let levels =
         |b: &str| -> Vec<Tensor> { (3..6).map(|l| t[&format!("{b}_p{l}")].clone()).collect() };
     let aux_l = if dual { levels("aux") } else { Vec::new() };
@@ -323,7 +279,8 @@ fn dual_segmentation_loss_equals_the_official_loss_tal_dual() {
 fn outlines_rasterise_as_the_official_polygon2mask() {
     use yolo9::internals::data::polygons::{overlap_mask, polygon_mask};
     let t: HashMap<String, Tensor> =
-        candle_core::safetensors::load(oracle("polygons.safetensors"), &Device::Cpu).unwrap();
+        candle_core::safetensors::load(common::seg_oracle("polygons.safetensors"), &Device::Cpu)
+            .unwrap();
     let pts = t["points"].to_vec3::<f32>().unwrap();
     let counts = t["counts"].to_vec1::<f32>().unwrap();
     let m1 = t["mask1"].to_vec3::<f32>().unwrap();
@@ -379,7 +336,8 @@ fn outlines_rasterise_as_the_official_polygon2mask() {
 fn box_and_mask_metrics_equal_the_official_segment_val() {
     use yolo9::metrics::seg::SegValStats;
     let t: HashMap<String, Tensor> =
-        candle_core::safetensors::load(oracle("val_metrics.safetensors"), &Device::Cpu).unwrap();
+        candle_core::safetensors::load(common::seg_oracle("val_metrics.safetensors"), &Device::Cpu)
+            .unwrap();
     let dets = t["dets"].to_vec2::<f32>().unwrap();
     let labels = t["labels"].to_vec2::<f32>().unwrap();
     let pm: Vec<u8> = t["pred_masks"]
@@ -444,10 +402,12 @@ fn taped_segmentation_training_graph_backward_equals_candle_autograd() -> anyhow
     use yolo9::model::YoloV9Train;
     let dev = Device::Cpu;
     for name in ["tiny-seg", "tiny-dseg"] {
-        let yaml = std::fs::read_to_string(oracle(&format!("{name}.yaml")))?;
+        let yaml = std::fs::read_to_string(common::seg_oracle(&format!("{name}.yaml")))?;
         let arch = Arch::from_yaml(&yaml, name)?;
-        let l: HashMap<String, Tensor> =
-            candle_core::safetensors::load(oracle(&format!("{name}.loss.safetensors")), &dev)?;
+        let l: HashMap<String, Tensor> = candle_core::safetensors::load(
+            common::seg_oracle(&format!("{name}.loss.safetensors")),
+            &dev,
+        )?;
         let loss = DualTalLoss::new(3, &[8, 16, 32])?.with_fused_terms(false);
         let run = |raw: &yolo9::model::DualRaw| -> anyhow::Result<(Tensor, [f32; 4])> {
             let sg = raw
