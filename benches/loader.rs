@@ -111,6 +111,7 @@ fn items(data: &Path) -> Result<Vec<TrainItem>> {
                 .iter()
                 .map(|b| (b.cls, [b.cx, b.cy, b.w, b.h]))
                 .collect(),
+            outlines: r.segments.clone(),
         })
         .collect())
 }
@@ -138,6 +139,7 @@ fn main() -> Result<()> {
         mem.push(SourceImage {
             image: img,
             labels: it.labels.clone(),
+            outlines: it.outlines.clone(),
         });
     }
     println!("decode_ms {:.2}", median(decode_ms));
@@ -237,6 +239,7 @@ fn main() -> Result<()> {
                 prefetch: 2,
                 augment: AugmentConfig::default(),
                 shuffle: true,
+                mask_ratio: None,
             };
             let decode = if cached { ram.clone() } else { disk.clone() };
             let mut loader = Loader::new(items.clone(), decode, cfg)?;

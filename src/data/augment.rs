@@ -23,7 +23,16 @@
 //! random numbers and give the same labels.
 //!
 //! Boxes are `[x1, y1, x2, y2]` in **pixels** of the image they belong to while augmenting; the
-//! final labels are normalized `cx, cy, w, h` ([`Augmented::labels`]). All randomness comes from
+//! final labels are normalized `cx, cy, w, h` ([`Augmented::labels`]).
+//!
+//! **Instance outlines** (segmentation datasets, [`SourceImage::outlines`]) follow the official
+//! `utils/segment/dataloaders.py` and `utils/segment/augmentations.py`: they move with their
+//! tile into the mosaic (clipped to `[0, 2s]`) or the letterbox, then the affine resamples each to
+//! [`OUTLINE_POINTS`] points ([`resample_outline`]), transforms them and takes each object's box
+//! from its transformed outline ([`outline_box`]), keeping the objects that pass
+//! [`box_candidates`] with area ratio 0.01 (0.1 for boxes alone); mixup concatenates them. The
+//! sample's ground-truth mask is rasterised from the outlines before the flips and then flipped
+//! with the image ([`Augmented::overlap_mask`]). All randomness comes from
 //! the caller's RNG, so a sample is reproducible from its seed whatever thread runs it.
 
 use crate::boxes::{xywhn_to_xyxy, xyxy_to_xywhn};
@@ -95,7 +104,15 @@ pub struct SourceImage {
     pub image: RgbImage,
     /// `(cls, [cx, cy, w, h])`, normalized to the image size.
     pub labels: Vec<(u32, [f32; 4])>,
+    /// Segmentation datasets: one outline per label (points `[x, y]` normalized to the image; an
+    /// empty outline stands for the label's box). Empty for a detection dataset: the sample is
+    /// augmented as boxes alone.
+    pub outlines: Vec<Vec<[f32; 2]>>,
 }
+
+/// Points of every outline after the affine ([`resample_outline`], official
+/// `resample_segments(n=1000)`).
+pub const OUTLINE_POINTS: usize = 1000;
 
 /// An augmented training sample: `s × s` RGB and normalized `cx, cy, w, h` labels.
 #[derive(Debug, Clone)]
@@ -104,6 +121,154 @@ pub struct Augmented {
     pub image: RgbImage,
     /// `(cls, [cx, cy, w, h])` normalized to the output image, clipped to it.
     pub labels: Vec<(u32, [f32; 4])>,
+    /// Segmentation samples: one outline per label, in pixels of the output image **before** the
+    /// flips of [`Augmented::flipped`] (they may leave the image). Empty for boxes alone.
+    pub outlines: Vec<Vec<[f64; 2]>>,
+    /// `[up-down, left-right]` flips applied to the image and labels after the outlines.
+    pub flipped: [bool; 2],
+}
+
+impl Augmented {
+    /// The sample's overlap mask at `1 / ratio` of the image (official
+    /// `polygons2masks_overlap(img.shape[:2], segments, downsample_ratio)` then the flips):
+    /// `(h / ratio) × (w / ratio)` row-major, value `k + 1` where the object `order[k]` is (see
+    /// [`crate::data::polygons::overlap_mask`]). The caller reorders the labels by `order`.
+    pub fn overlap_mask(&self, ratio: usize) -> (Vec<u32>, Vec<usize>) {
+        let (w, h) = (self.image.width() as usize, self.image.height() as usize);
+        let (mut mask, order) = crate::data::polygons::overlap_mask(&self.outlines, w, h, ratio);
+        let (mw, mh) = (w / ratio.max(1), h / ratio.max(1));
+        if self.flipped[0] {
+            for y in 0..mh / 2 {
+                for x in 0..mw {
+                    mask.swap(y * mw + x, (mh - 1 - y) * mw + x);
+                }
+            }
+        }
+        if self.flipped[1] {
+            for row in mask.chunks_exact_mut(mw.max(1)) {
+                row.reverse();
+            }
+        }
+        (mask, order)
+    }
+}
+
+/// Official `resample_segments` for one outline: the outline closed (its first point appended)
+/// and `n` points interpolated linearly at `np.linspace(0, len, n)` of the point index.
+pub fn resample_outline(points: &[[f64; 2]], n: usize) -> Vec<[f64; 2]> {
+    if points.is_empty() || n == 0 {
+        return Vec::new();
+    }
+    let mut closed = points.to_vec();
+    closed.push(points[0]);
+    let last = (closed.len() - 1) as f64;
+    let step = if n > 1 { last / (n - 1) as f64 } else { 0.0 };
+    (0..n)
+        .map(|k| {
+            let x = if k + 1 == n && n > 1 {
+                last
+            } else {
+                k as f64 * step
+            };
+            let j = (x.floor() as usize).min(closed.len().saturating_sub(2));
+            let (a, b) = (closed[j], closed[(j + 1).min(closed.len() - 1)]);
+            let t = x - j as f64;
+            [a[0] + t * (b[0] - a[0]), a[1] + t * (b[1] - a[1])]
+        })
+        .collect()
+}
+
+/// Official `segment2box(xy, width, height)`: the box `[x1, y1, x2, y2]` of the outline's points
+/// inside `[0, width] × [0, height]`, or zeros when none is (or, as the official `any(x)`, when
+/// every inside point has `x == 0`).
+pub fn outline_box(points: &[[f64; 2]], width: f64, height: f64) -> [f64; 4] {
+    let inside = points
+        .iter()
+        .filter(|p| p[0] >= 0.0 && p[1] >= 0.0 && p[0] <= width && p[1] <= height);
+    let mut b = [f64::MAX, f64::MAX, f64::MIN, f64::MIN];
+    let mut any = false;
+    for p in inside {
+        any |= p[0] != 0.0;
+        b = [
+            b[0].min(p[0]),
+            b[1].min(p[1]),
+            b[2].max(p[0]),
+            b[3].max(p[1]),
+        ];
+    }
+    if any {
+        b
+    } else {
+        [0.0; 4]
+    }
+}
+
+/// The outlines of `src`'s labels in pixels: normalized points `(x·w + padw, y·h + padh)` in
+/// f32 (official `xyn2xy`), a label without an outline taking its box's four corners.
+fn outlines_px(src: &SourceImage, w: f32, h: f32, pad: (f32, f32)) -> Vec<Vec<[f64; 2]>> {
+    src.labels
+        .iter()
+        .enumerate()
+        .map(|(i, (_, l))| {
+            let pts: Vec<[f32; 2]> = match src.outlines.get(i).filter(|o| !o.is_empty()) {
+                Some(o) => o.clone(),
+                None => {
+                    let [x1, y1, x2, y2] = xywhn_to_xyxy(l, 1.0, 1.0, 0.0, 0.0);
+                    vec![[x1, y1], [x2, y1], [x2, y2], [x1, y2]]
+                }
+            };
+            pts.iter()
+                .map(|p| [f64::from(w * p[0] + pad.0), f64::from(h * p[1] + pad.1)])
+                .collect()
+        })
+        .collect()
+}
+
+/// The objects of a sample while it is augmented: boxes and, for segmentation, one outline per
+/// box (pixels of the same image).
+type Objects = (Vec<PixelBox>, Option<Vec<Vec<[f64; 2]>>>);
+
+/// The outline branch of official `random_perspective` (segmentation): each outline resampled
+/// to [`OUTLINE_POINTS`] points and transformed by `m`, its object's box taken from it
+/// ([`outline_box`] in `out_w × out_h`), and the objects passing [`box_candidates`] against their
+/// box before the warp times `s` (area ratio 0.01) kept, with their transformed outlines.
+pub fn warp_outlines(
+    boxes: &[PixelBox],
+    outlines: &[Vec<[f64; 2]>],
+    m: &Affine,
+    s: f64,
+    out_w: u32,
+    out_h: u32,
+) -> (Vec<PixelBox>, Vec<Vec<[f64; 2]>>) {
+    let [[a, b, c], [d, e, f]] = *m;
+    let mut kept = (Vec::new(), Vec::new());
+    for (bx, o) in boxes.iter().zip(outlines) {
+        let xy: Vec<[f64; 2]> = resample_outline(o, OUTLINE_POINTS)
+            .into_iter()
+            .map(|[x, y]| [a * x + b * y + c, d * x + e * y + f])
+            .collect();
+        let new = outline_box(&xy, out_w as f64, out_h as f64).map(|v| v as f32);
+        let before = bx.xyxy.map(|v| (v as f64 * s) as f32);
+        if box_candidates(&before, &new, 0.01) {
+            kept.0.push(PixelBox {
+                cls: bx.cls,
+                xyxy: new,
+            });
+            kept.1.push(xy);
+        }
+    }
+    kept
+}
+
+/// Boxes alone ([`warp_boxes`]) or boxes with outlines ([`warp_outlines`]).
+fn warp_objects(objects: &Objects, m: &Affine, s: f64, out_w: u32, out_h: u32) -> Objects {
+    match &objects.1 {
+        None => (warp_boxes(&objects.0, m, s, out_w, out_h), None),
+        Some(o) => {
+            let (b, o) = warp_outlines(&objects.0, o, m, s, out_w, out_h);
+            (b, Some(o))
+        }
+    }
 }
 
 /// Resizes so the long side equals `img_size` (official `load_image`: `r = s / max(h, w)`,
@@ -649,12 +814,20 @@ where
     F: Fn(usize) -> Option<SourceImage>,
 {
     let use_mosaic = rng.random::<f32>() < cfg.mosaic;
-    let (mut img, boxes) = if use_mosaic {
+    let (mut img, (boxes, outlines)) = if use_mosaic {
         let first = build_mosaic(cfg, s, index, n, load, rng, fast)?;
         if rng.random::<f32>() < cfg.mixup {
             let j = rng.random_range(0..n);
             match build_mosaic(cfg, s, j, n, load, rng, fast) {
-                Some(second) => mixup(first, second, rng),
+                Some((im2, (b2, o2))) => {
+                    let (im1, (b1, o1)) = first;
+                    let (img, boxes) = mixup((im1, b1), (im2, b2), rng);
+                    let outlines = o1.map(|mut o| {
+                        o.extend(o2.unwrap_or_default());
+                        o
+                    });
+                    (img, (boxes, outlines))
+                }
                 None => first,
             }
         } else {
@@ -662,21 +835,29 @@ where
         }
     } else {
         let src = load(index)?;
-        if fast {
-            let (resized, place, boxes) = letterbox_tile(&src, s);
-            let (m, sc) = random_affine(cfg, s, s, 0, rng);
+        let (resized, place, boxes) = letterbox_tile(&src, s);
+        let [left, top, right, bottom] = place.canvas;
+        let objects = (
+            boxes,
+            (!src.outlines.is_empty()).then(|| {
+                let (nw, nh) = ((right - left) as f32, (bottom - top) as f32);
+                outlines_px(&src, nw, nh, (left as f32, top as f32))
+            }),
+        );
+        let (m, sc) = random_affine(cfg, s, s, 0, rng);
+        let img = if fast {
             let tile = CanvasTile {
                 image: resized.as_ref().unwrap_or(&src.image),
                 place,
             };
             let mut out = RgbImage::new(s, s);
             warp_tiles(&[tile], &m, &mut out);
-            (out, warp_boxes(&boxes, &m, sc, s, s))
+            out
         } else {
-            let (lb, boxes) = letterbox_square(&src, s);
-            let (m, sc) = random_affine(cfg, s, s, 0, rng);
-            (warp_affine(&lb, &m, s, s), warp_boxes(&boxes, &m, sc, s, s))
-        }
+            let (lb, _) = letterbox_square(&src, s);
+            warp_affine(&lb, &m, s, s)
+        };
+        (img, warp_objects(&objects, &m, sc, s, s))
     };
     if fast {
         augment_hsv(&mut img, cfg.hsv_h, cfg.hsv_s, cfg.hsv_v, rng);
@@ -688,19 +869,53 @@ where
         .iter()
         .map(|b| (b.cls, xyxy_to_xywhn(&b.xyxy, w, h)))
         .collect();
+    let mut flipped = [false; 2];
     if rng.random::<f32>() < cfg.flipud {
         imageops::flip_vertical_in_place(&mut img);
         for l in &mut labels {
             l.1[1] = 1.0 - l.1[1];
         }
+        flipped[0] = true;
     }
     if rng.random::<f32>() < cfg.fliplr {
         imageops::flip_horizontal_in_place(&mut img);
         for l in &mut labels {
             l.1[0] = 1.0 - l.1[0];
         }
+        flipped[1] = true;
     }
-    Some(Augmented { image: img, labels })
+    Some(Augmented {
+        image: img,
+        labels,
+        outlines: outlines.unwrap_or_default(),
+        flipped,
+    })
+}
+
+/// The outlines of four mosaic tiles on the `2s × 2s` canvas (official `load_mosaic`:
+/// `xyn2xy(segment, w, h, padw, padh)`, clipped to `[0, 2s]`), in the order of
+/// [`mosaic_boxes`]; `None` when no tile has outlines (a detection dataset).
+pub fn mosaic_outlines(
+    images: [&SourceImage; 4],
+    places: &[Placement; 4],
+    s: u32,
+) -> Option<Vec<Vec<[f64; 2]>>> {
+    if images.iter().all(|i| i.outlines.is_empty()) {
+        return None;
+    }
+    let s2 = 2.0 * s as f64;
+    let mut out = Vec::new();
+    for (src, p) in images.iter().zip(places) {
+        let (w, h) = (src.image.width() as f32, src.image.height() as f32);
+        let (padw, padh) = p.offset();
+        for mut o in outlines_px(src, w, h, (padw as f32, padh as f32)) {
+            for q in &mut o {
+                *q = q.map(|v| v.clamp(0.0, s2));
+            }
+            out.push(o);
+        }
+    }
+    Some(out)
 }
 
 fn build_mosaic<R, F>(
@@ -711,7 +926,7 @@ fn build_mosaic<R, F>(
     load: &F,
     rng: &mut R,
     fast: bool,
-) -> Option<(RgbImage, Vec<PixelBox>)>
+) -> Option<(RgbImage, Objects)>
 where
     R: Rng,
     F: Fn(usize) -> Option<SourceImage>,
@@ -737,16 +952,16 @@ where
         .map(|&i| if i == index { None } else { load(i) })
         .collect();
     let tiles: [&SourceImage; 4] = std::array::from_fn(|k| others[k].as_ref().unwrap_or(&main));
-    let (m, sc) = if fast {
-        // Drawn after the mosaic is laid out, as in the reference.
-        random_affine(cfg, 2 * s, 2 * s, border, rng)
-    } else {
+    let places = mosaic_placements(tiles.map(|t| t.image.dimensions()), s, (xc, yc));
+    let outlines = mosaic_outlines(tiles, &places, s);
+    if !fast {
         let (canvas, boxes) = mosaic4(tiles, s, (xc, yc));
         let (m, sc) = random_affine(cfg, 2 * s, 2 * s, border, rng);
         let img = warp_affine(&canvas, &m, s, s);
-        return Some((img, warp_boxes(&boxes, &m, sc, s, s)));
-    };
-    let places = mosaic_placements(tiles.map(|t| t.image.dimensions()), s, (xc, yc));
+        return Some((img, warp_objects(&(boxes, outlines), &m, sc, s, s)));
+    }
+    // Drawn after the mosaic is laid out, as in the reference.
+    let (m, sc) = random_affine(cfg, 2 * s, 2 * s, border, rng);
     let boxes = mosaic_boxes(tiles, &places, s);
     let canvas_tiles: [CanvasTile; 4] = std::array::from_fn(|k| CanvasTile {
         image: &tiles[k].image,
@@ -754,5 +969,5 @@ where
     });
     let mut img = RgbImage::new(s, s);
     warp_tiles(&canvas_tiles, &m, &mut img);
-    Some((img, warp_boxes(&boxes, &m, sc, s, s)))
+    Some((img, warp_objects(&(boxes, outlines), &m, sc, s, s)))
 }

@@ -30,12 +30,13 @@ use std::thread::JoinHandle;
 /// A function that decodes an image file to 8-bit RGB (EXIF and colour rules applied).
 pub type DecodeFn = dyn Fn(&Path) -> anyhow::Result<RgbImage> + Send + Sync;
 
-/// A built sample (image and normalized labels, or `None` when nothing decodable was found)
-/// and the files skipped on the way with their reasons.
-type SampleResult = (
-    Option<(RgbImage, Vec<(u32, [f32; 4])>)>,
-    Vec<(PathBuf, String)>,
-);
+/// A built sample: the image, its normalized labels and (segmentation) its overlap mask with
+/// the labels in the mask's order.
+type Sample = (RgbImage, Vec<(u32, [f32; 4])>, Option<Vec<u32>>);
+
+/// A built sample (`None` when nothing decodable was found) and the files skipped on the way
+/// with their reasons.
+type SampleResult = (Option<Sample>, Vec<(PathBuf, String)>);
 
 /// Batches whose samples are queued on the workers at a time by [`Loader::epoch`]: the one being
 /// finished and the next.
@@ -48,6 +49,9 @@ pub struct TrainItem {
     pub path: PathBuf,
     /// Labels, normalized `cx cy w h`.
     pub labels: Vec<(u32, [f32; 4])>,
+    /// Segmentation datasets: one outline per label (normalized points; empty for a box row),
+    /// see [`crate::data::augment::SourceImage::outlines`]. Empty for detection.
+    pub outlines: Vec<Vec<[f32; 2]>>,
 }
 
 /// Loader settings.
@@ -67,6 +71,10 @@ pub struct LoaderConfig {
     pub augment: AugmentConfig,
     /// Shuffle the epoch order (training) or keep the file order.
     pub shuffle: bool,
+    /// Segmentation training: each batch carries the overlap masks of its images at
+    /// `1 / mask_ratio` of `img_size` ([`Batch::masks`], official `--mask-ratio`, 4). `None`:
+    /// boxes only.
+    pub mask_ratio: Option<usize>,
 }
 
 /// One collated micro-batch.
@@ -86,6 +94,10 @@ pub struct Batch {
     pub paths: Vec<PathBuf>,
     /// Samples skipped while building this batch: path and reason.
     pub skipped: Vec<(PathBuf, String)>,
+    /// Segmentation ([`LoaderConfig::mask_ratio`] `r`): `B × (S / r) × (S / r)` overlap masks
+    /// (official `polygons2masks_overlap`), value `k + 1` where image `b`'s `k`-th target row
+    /// (in the order of [`Batch::targets`]) is, 0 elsewhere. Empty for detection.
+    pub masks: Vec<u32>,
 }
 
 /// Default number of workers: available cores − 1 (at least 1).
@@ -323,6 +335,7 @@ fn build_sample(
                     resize_long_side_owned(img, cfg.img_size)
                 },
                 labels: it.labels.clone(),
+                outlines: it.outlines.clone(),
             }),
             Err(e) => {
                 if let Ok(mut s) = skipped.lock() {
@@ -339,7 +352,15 @@ fn build_sample(
         if let Some(a) = augment_sample(&cfg.augment, cfg.img_size, idx, n, &load, &mut rng) {
             let mut s = skipped.into_inner().unwrap_or_default();
             s.dedup_by(|a, b| a.0 == b.0);
-            return (Some((a.image, a.labels)), s);
+            let sample = match cfg.mask_ratio {
+                None => (a.image, a.labels, None),
+                Some(r) => {
+                    let (mask, order) = a.overlap_mask(r);
+                    let labels = order.iter().map(|&k| a.labels[k]).collect();
+                    (a.image, labels, Some(mask))
+                }
+            };
+            return (Some(sample), s);
         }
     }
     (None, skipped.into_inner().unwrap_or_default())
@@ -411,13 +432,15 @@ fn collate(
         targets: Vec::new(),
         paths: Vec::new(),
         skipped: Vec::new(),
+        masks: Vec::new(),
     };
     let mut images = Vec::with_capacity(results.len());
     for (p, (sample, skipped)) in results {
         batch.skipped.extend(skipped);
-        let Some((img, labels)) = sample else {
+        let Some((img, labels, mask)) = sample else {
             continue;
         };
+        batch.masks.extend(mask.unwrap_or_default());
         let i = batch.len as f32;
         for (cls, l) in labels {
             batch.targets.push([i, cls as f32, l[0], l[1], l[2], l[3]]);

@@ -132,7 +132,7 @@ pub fn downsample(mask: &[u8], w: usize, h: usize, ratio: usize) -> Vec<u8> {
 /// Official `polygon2mask(img_size, [polygon], color=1, downsample_ratio)`: `points` in pixels
 /// of a `w × h` image (truncated toward zero, as `astype(np.int32)`) → a `(h / ratio) ×
 /// (w / ratio)` 0/1 mask.
-pub fn polygon_mask(points: &[[f32; 2]], w: usize, h: usize, ratio: usize) -> Vec<u8> {
+pub fn polygon_mask(points: &[[f64; 2]], w: usize, h: usize, ratio: usize) -> Vec<u8> {
     let mut full = vec![0u8; w * h];
     let pts: Vec<[i64; 2]> = points
         .iter()
@@ -148,7 +148,7 @@ pub fn polygon_mask(points: &[[f32; 2]], w: usize, h: usize, ratio: usize) -> Ve
 /// in input order; a smaller object is drawn over a larger one), 0 elsewhere; `order[k]` is the
 /// input index of that object (the labels are reordered alike).
 pub fn overlap_mask(
-    outlines: &[Vec<[f32; 2]>],
+    outlines: &[Vec<[f64; 2]>],
     w: usize,
     h: usize,
     ratio: usize,

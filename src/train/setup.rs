@@ -414,6 +414,7 @@ fn scan_data(
                 .iter()
                 .map(|b| (class_of(b.cls), [b.cx, b.cy, b.w, b.h]))
                 .collect(),
+            outlines: r.segments.clone(),
         })
         .collect();
     ensure!(
@@ -914,6 +915,7 @@ fn loader(
             prefetch: 2,
             augment: hyp.augment(),
             shuffle: true,
+            mask_ratio: None,
         },
     )?;
     Ok(if cached {

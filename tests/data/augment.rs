@@ -24,6 +24,7 @@ fn with_box(w: u32, h: u32, b: [u32; 4], color: [u8; 3], cls: u32) -> SourceImag
     SourceImage {
         image,
         labels: vec![(cls, l)],
+        outlines: Vec::new(),
     }
 }
 
@@ -129,6 +130,7 @@ fn augment_sample_is_seeded_and_labels_valid() {
         Some(SourceImage {
             image: resize_long_side(&data[i].image, 64),
             labels: data[i].labels.clone(),
+            outlines: Vec::new(),
         })
     };
     let cfg = AugmentConfig {
@@ -202,6 +204,7 @@ fn labelled(w: u32, h: u32, seed: u64) -> SourceImage {
             (1, [0.2, 0.7, 0.1, 0.2]),
             (2, [0.9, 0.1, 0.15, 0.15]),
         ],
+        outlines: Vec::new(),
     }
 }
 
@@ -405,4 +408,209 @@ fn augment_sample_matches_reference() {
         );
         eprintln!("mosaic {mosaic} hsv {hsv}: max {worst}, {differing}/{total} bytes differ");
     }
+}
+
+#[test]
+fn outline_resampling_and_boxes_as_official() {
+    // numpy: resample_segments([[[0,0],[4,0],[4,3]]], n=7)
+    let got = resample_outline(&[[0.0, 0.0], [4.0, 0.0], [4.0, 3.0]], 7);
+    let want = [
+        [0.0, 0.0],
+        [2.0, 0.0],
+        [4.0, 0.0],
+        [4.0, 1.5],
+        [4.0, 3.0],
+        [2.0, 1.5],
+        [0.0, 0.0],
+    ];
+    assert_eq!(got.len(), 7);
+    for (g, w) in got.iter().zip(want) {
+        assert!(
+            (g[0] - w[0]).abs() < 1e-12 && (g[1] - w[1]).abs() < 1e-12,
+            "{got:?}"
+        );
+    }
+    // segment2box: only the points inside [0, 6]² count; none with x != 0 gives zeros.
+    let pts = [[-1.0, 2.0], [3.0, 5.0], [7.0, 1.0], [2.5, -3.0]];
+    assert_eq!(outline_box(&pts, 6.0, 6.0), [3.0, 5.0, 3.0, 5.0]);
+    assert_eq!(
+        outline_box(&[[0.0, 2.0], [0.0, 5.0], [-7.0, 1.0]], 6.0, 6.0),
+        [0.0; 4]
+    );
+}
+
+/// A disk of `r` pixels around `(cx, cy)` as a 24-point outline, normalized to `w × h`.
+fn disk(cx: f32, cy: f32, r: f32, w: f32, h: f32) -> Vec<[f32; 2]> {
+    (0..24)
+        .map(|k| {
+            let a = k as f32 / 24.0 * std::f32::consts::TAU;
+            [(cx + r * a.cos()) / w, (cy + r * a.sin()) / h]
+        })
+        .collect()
+}
+
+/// An image with two filled disks, colour `COLOURS[cls]`, labelled with their outlines.
+fn with_disks(w: u32, h: u32, seed: u64) -> SourceImage {
+    let mut image = RgbImage::from_pixel(w, h, Rgb([60, 60, 60]));
+    let (wf, hf) = (w as f32, h as f32);
+    let disks = [
+        (0u32, wf * 0.3, hf * 0.35, wf.min(hf) * 0.2),
+        (
+            1 + (seed % 2) as u32,
+            wf * 0.68,
+            hf * 0.62,
+            wf.min(hf) * 0.25,
+        ),
+    ];
+    let mut labels = Vec::new();
+    let mut outlines = Vec::new();
+    for (cls, cx, cy, r) in disks {
+        for y in 0..h {
+            for x in 0..w {
+                let (dx, dy) = (x as f32 + 0.5 - cx, y as f32 + 0.5 - cy);
+                if dx * dx + dy * dy <= r * r {
+                    image.put_pixel(x, y, Rgb(COLOURS[cls as usize]));
+                }
+            }
+        }
+        labels.push((cls, [cx / wf, cy / hf, 2.0 * r / wf, 2.0 * r / hf]));
+        outlines.push(disk(cx, cy, r, wf, hf));
+    }
+    SourceImage {
+        image,
+        labels,
+        outlines,
+    }
+}
+
+const COLOURS: [[u8; 3]; 3] = [[230, 20, 20], [20, 220, 30], [30, 40, 240]];
+
+/// The class whose colour is nearest `p` (`None`: nearer the background or the padding grey).
+fn nearest(p: [u8; 3]) -> Option<usize> {
+    let d = |c: [u8; 3]| -> i32 { (0..3).map(|i| (p[i] as i32 - c[i] as i32).pow(2)).sum() };
+    let bg = d([60; 3]).min(d([PAD_GREY; 3]));
+    (0..3)
+        .min_by_key(|&k| d(COLOURS[k]))
+        .filter(|&k| d(COLOURS[k]) < bg)
+}
+
+#[test]
+fn outlines_follow_the_pixels_through_mosaic_affine_and_flips() {
+    let s = 128u32;
+    let data: Vec<SourceImage> = (0..6)
+        .map(|i| {
+            let src = with_disks(160 + 16 * i as u32, 120, i);
+            SourceImage {
+                image: resize_long_side(&src.image, s),
+                ..src
+            }
+        })
+        .collect();
+    let load = |i: usize| Some(data[i].clone());
+    let cfg = AugmentConfig {
+        hsv_h: 0.0,
+        hsv_s: 0.0,
+        hsv_v: 0.0,
+        mixup: 0.0,
+        flipud: 0.5,
+        degrees: 10.0,
+        ..AugmentConfig::default()
+    };
+    let (mut agree, mut total, mut objects, mut flips) = (0usize, 0usize, 0usize, [0usize; 2]);
+    for seed in 0..24u64 {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let a = augment_sample(&cfg, s, seed as usize % 6, 6, &load, &mut rng).unwrap();
+        assert_eq!(a.outlines.len(), a.labels.len(), "one outline per label");
+        flips[0] += a.flipped[0] as usize;
+        flips[1] += a.flipped[1] as usize;
+        let (mask, order) = a.overlap_mask(4);
+        let m = (s / 4) as usize;
+        assert_eq!(mask.len(), m * m);
+        let mut sorted = order.clone();
+        sorted.sort();
+        assert_eq!(sorted, (0..a.labels.len()).collect::<Vec<_>>());
+        objects += a.labels.len();
+        for my in 0..m {
+            for mx in 0..m {
+                let v = mask[my * m + mx] as usize;
+                // Interior mask pixels: the edges blend colours (bilinear resize and warp).
+                let interior = my > 0
+                    && mx > 0
+                    && my + 1 < m
+                    && mx + 1 < m
+                    && [(0, 1), (2, 1), (1, 0), (1, 2)]
+                        .iter()
+                        .all(|&(dx, dy)| mask[(my + dy - 1) * m + mx + dx - 1] as usize == v);
+                if v == 0 || !interior {
+                    continue;
+                }
+                assert!(v <= order.len());
+                let (cls, b) = a.labels[order[v - 1]];
+                let p = a.image.get_pixel(4 * mx as u32 + 2, 4 * my as u32 + 2).0;
+                total += 1;
+                agree += usize::from(nearest(p) == Some(cls as usize));
+                // The pixel lies in its object's (flipped) box, within a mask pixel.
+                let [x1, y1, x2, y2] = xywhn_to_xyxy(&b, s as f32, s as f32, 0.0, 0.0);
+                let (px, py) = (4.0 * mx as f32 + 2.0, 4.0 * my as f32 + 2.0);
+                assert!(px > x1 - 4.0 && px < x2 + 4.0 && py > y1 - 4.0 && py < y2 + 4.0);
+            }
+        }
+    }
+    println!("{agree} of {total} mask pixels show their object's colour ({objects} objects)");
+    assert!(objects > 24 && total > 1000);
+    assert!(flips[0] > 0 && flips[1] > 0 && flips[0] < 24 && flips[1] < 24);
+    assert!(agree as f64 > 0.99 * total as f64);
+    // Mixup concatenates the outlines of both mosaics with their labels.
+    let cfg = AugmentConfig { mixup: 1.0, ..cfg };
+    let mut most = 0;
+    for seed in 0..8u64 {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let a = augment_sample(&cfg, s, 0, 6, &load, &mut rng).unwrap();
+        assert_eq!(a.outlines.len(), a.labels.len());
+        most = most.max(a.labels.len());
+    }
+    assert!(most > 8, "two mosaics' objects: {most}");
+}
+
+#[test]
+fn letterboxed_outline_with_identity_affine_is_flipped_with_the_mask() {
+    let src = with_disks(64, 64, 0);
+    let cfg = AugmentConfig {
+        hsv_h: 0.0,
+        hsv_s: 0.0,
+        hsv_v: 0.0,
+        mosaic: 0.0,
+        scale: 0.0,
+        translate: 0.0,
+        fliplr: 1.0,
+        ..AugmentConfig::default()
+    };
+    let load = |_: usize| Some(src.clone());
+    let mut rng = ChaCha8Rng::seed_from_u64(1);
+    let a = augment_sample(&cfg, 64, 0, 1, &load, &mut rng).unwrap();
+    assert_eq!(a.flipped, [false, true]);
+    // The identity affine: the outlines are the source's in pixels, resampled.
+    let first: Vec<[f64; 2]> = src.outlines[0]
+        .iter()
+        .map(|p| [f64::from(p[0] * 64.0), f64::from(p[1] * 64.0)])
+        .collect();
+    let want = resample_outline(&first, OUTLINE_POINTS);
+    for (g, w) in a.outlines[0].iter().zip(&want) {
+        assert!((g[0] - w[0]).abs() < 1e-9 && (g[1] - w[1]).abs() < 1e-9);
+    }
+    let (mask, order) = a.overlap_mask(1);
+    assert_eq!(order, vec![1, 0], "the larger disk first");
+    let unflipped = yolo9::internals::data::polygons::polygon_mask(&want, 64, 64, 1);
+    for y in 0..64 {
+        for x in 0..64 {
+            let m = mask[y * 64 + 63 - x] == 2;
+            assert_eq!(m, unflipped[y * 64 + x] == 1, "pixel ({x}, {y})");
+        }
+    }
+    // The small disk (cx 0.3 · 64, r 12.8) moved to 1 − 0.3 by the flip.
+    let l = a.labels[0].1;
+    assert!(
+        (l[0] - 0.7).abs() < 0.01 && (l[2] - 0.4).abs() < 0.02,
+        "{l:?}"
+    );
 }

@@ -22,6 +22,7 @@ fn dataset(tag: &str) -> (PathBuf, Vec<TrainItem>) {
         items.push(TrainItem {
             path: p,
             labels: vec![(i % 3, [30.0 / w, 25.0 / 60.0, 40.0 / w, 30.0 / 60.0])],
+            outlines: Vec::new(),
         });
     }
     // One corrupt file: it must be skipped, reported and replaced.
@@ -30,6 +31,7 @@ fn dataset(tag: &str) -> (PathBuf, Vec<TrainItem>) {
     items.push(TrainItem {
         path: bad,
         labels: vec![],
+        outlines: Vec::new(),
     });
     (dir, items)
 }
@@ -47,6 +49,7 @@ fn cfg(workers: usize) -> LoaderConfig {
         prefetch: 2,
         augment: AugmentConfig::default(),
         shuffle: true,
+        mask_ratio: None,
     }
 }
 
@@ -99,6 +102,49 @@ fn dropping_an_epoch_stops_the_producer() -> anyhow::Result<()> {
     let mut it = l.epoch(0, 0);
     assert!(it.next().is_some());
     drop(it); // must return (producer blocked on the bounded queue is released)
+    std::fs::remove_dir_all(dir).ok();
+    Ok(())
+}
+
+#[test]
+fn segmentation_batches_carry_overlap_masks_in_target_order() -> anyhow::Result<()> {
+    let (dir, mut items) = dataset("seg");
+    // The 40 × 30 rectangle of each image as a 4-point outline (the broken one has none).
+    for it in &mut items {
+        it.outlines = it
+            .labels
+            .iter()
+            .map(|(_, l)| {
+                let (x1, y1) = (l[0] - l[2] / 2.0, l[1] - l[3] / 2.0);
+                let (x2, y2) = (l[0] + l[2] / 2.0, l[1] + l[3] / 2.0);
+                vec![[x1, y1], [x2, y1], [x2, y2], [x1, y2]]
+            })
+            .collect();
+    }
+    let seg = LoaderConfig {
+        mask_ratio: Some(4),
+        ..cfg(2)
+    };
+    let loader = Loader::new(items.clone(), decode(), seg)?;
+    let det = Loader::new(items, decode(), cfg(2))?;
+    let (mut objects, mut area) = (0, 0);
+    for (b, d) in loader.epoch(0, 0).zip(det.epoch(0, 0)) {
+        assert_eq!(b.masks.len(), b.len * 16 * 16, "(B, 64/4, 64/4)");
+        assert!(d.masks.is_empty(), "boxes only without mask_ratio");
+        assert_eq!(b.images, d.images, "the masks change no pixel");
+        for i in 0..b.len {
+            let rows = b.targets.iter().filter(|t| t[0] as usize == i).count();
+            let plane = &b.masks[i * 256..(i + 1) * 256];
+            let top = plane.iter().copied().max().unwrap_or(0) as usize;
+            assert!(top <= rows, "mask values index the image's target rows");
+            objects += rows;
+            area += plane.iter().filter(|&&v| v != 0).count();
+        }
+    }
+    assert!(
+        objects > 4 && area > 50,
+        "{objects} objects, {area} mask pixels"
+    );
     std::fs::remove_dir_all(dir).ok();
     Ok(())
 }

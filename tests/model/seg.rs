@@ -285,10 +285,10 @@ fn outlines_rasterise_as_the_official_polygon2mask() {
     let counts = t["counts"].to_vec1::<f32>().unwrap();
     let m1 = t["mask1"].to_vec3::<f32>().unwrap();
     let m4 = t["mask4"].to_vec3::<f32>().unwrap();
-    let outline = |i: usize| -> Vec<[f32; 2]> {
+    let outline = |i: usize| -> Vec<[f64; 2]> {
         pts[i][..counts[i] as usize]
             .iter()
-            .map(|p| [p[0], p[1]])
+            .map(|p| [f64::from(p[0]), f64::from(p[1])])
             .collect()
     };
     let flat = |m: &Vec<Vec<f32>>| -> Vec<u8> { m.iter().flatten().map(|&v| v as u8).collect() };
@@ -313,7 +313,7 @@ fn outlines_rasterise_as_the_official_polygon2mask() {
         (0, 0),
         "cv2.fillPoly + cv2.resize pixels"
     );
-    let outlines: Vec<Vec<[f32; 2]>> = (0..6).map(outline).collect();
+    let outlines: Vec<Vec<[f64; 2]>> = (0..6).map(outline).collect();
     let (ov, order) = overlap_mask(&outlines, 96, 64, 4);
     let want_order: Vec<usize> = t["order"]
         .to_vec1::<f32>()

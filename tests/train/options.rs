@@ -311,6 +311,7 @@ fn ram_cache_gives_the_uncached_batches() -> anyhow::Result<()> {
         .map(|(i, p)| TrainItem {
             path: p.clone(),
             labels: vec![(i as u32 % 3, [0.5, 0.5, 0.2 + 0.1 * i as f32, 0.3])],
+            outlines: Vec::new(),
         })
         .collect();
     items.insert(
@@ -318,6 +319,7 @@ fn ram_cache_gives_the_uncached_batches() -> anyhow::Result<()> {
         TrainItem {
             path: bad,
             labels: vec![(0, [0.5, 0.5, 0.1, 0.1])],
+            outlines: Vec::new(),
         },
     );
     let decode: Arc<DecodeFn> = Arc::new(|p: &std::path::Path| yolo9::data::image::load_rgb8(p));
@@ -329,6 +331,7 @@ fn ram_cache_gives_the_uncached_batches() -> anyhow::Result<()> {
         prefetch: 1,
         augment: Default::default(),
         shuffle: true,
+        mask_ratio: None,
     };
     assert!(cfg.augment.mosaic > 0.0);
     let paths: Vec<_> = items.iter().map(|i| i.path.clone()).collect();
