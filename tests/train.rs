@@ -13,6 +13,7 @@ mod train {
     mod guard;
     mod optim;
     mod options;
+    mod seg;
     mod tiny;
 }
 

@@ -15,6 +15,10 @@
 //! source pixels at rows and columns `r·i + r/2 − 1` and `r·i + r/2` are; for odd `r` it is the
 //! source pixel `r·i + (r−1)/2`.
 
+/// The official training's mask downsample ratio (`segment/train.py --mask-ratio`, 4): the
+/// ground-truth masks are rasterised at `1 / 4` of the network input, the prototypes' size.
+pub const MASK_RATIO: usize = 4;
+
 /// Fixed-point fraction bits of the scanline fill (OpenCV's `XY_SHIFT`).
 const SHIFT: u32 = 16;
 const ONE: i64 = 1 << SHIFT;

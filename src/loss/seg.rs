@@ -114,6 +114,41 @@ pub fn seg_loss(
     })
 }
 
+/// [`seg_loss`] on a segmentation training graph's output ([`crate::model::DualRaw`] with its
+/// `seg` maps): the coefficient maps flattened in level order, the auxiliary branch when the
+/// graph has one.
+///
+/// Errors: `raw` without mask outputs (a detection graph), and those of [`seg_loss`].
+pub fn seg_loss_of_raw(
+    det: &DualTalLoss,
+    raw: &crate::model::DualRaw,
+    targets: &Tensor,
+    masks: GtMasks,
+    img_hw: (usize, usize),
+) -> Result<SegLossOutput> {
+    use crate::model::head::flatten_levels;
+    let sg = raw
+        .seg
+        .as_ref()
+        .context("segmentation loss: the model has no mask outputs (a detection model)")?;
+    let main_c = flatten_levels(&sg.main.0)?;
+    let aux_c = match &sg.aux {
+        Some((lv, p)) => Some((flatten_levels(lv)?, p)),
+        None => None,
+    };
+    let aux = aux_c.as_ref().map(|(c, p)| SegBranch {
+        levels: &raw.aux,
+        coeffs: c,
+        proto: p,
+    });
+    let main = SegBranch {
+        levels: &raw.main,
+        coeffs: &main_c,
+        proto: &sg.main.1,
+    };
+    seg_loss(det, aux, main, targets, masks, img_hw)
+}
+
 /// The mask term of one branch before its weight and gain (`Σ_i single_mask_loss_i`), a scalar
 /// differentiable with respect to the coefficients and prototypes.
 fn mask_term(

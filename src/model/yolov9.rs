@@ -736,6 +736,12 @@ impl YoloV9Train {
         &self.arch
     }
 
+    /// Whether the graph has mask branches (a segmentation head): its forward fills
+    /// [`DualRaw::seg`].
+    pub fn is_seg(&self) -> bool {
+        self.arch.seg().is_some()
+    }
+
     /// Whether the graph has the auxiliary branch (`DualDDetect`); `false` for gelan-*.
     pub fn is_dual(&self) -> bool {
         self.head_aux.is_some()

@@ -206,6 +206,8 @@ fn step_peak(
         img: req.img as usize,
         on_device: None,
         next: None,
+        // Segmentation models train on all-background masks of the input's size.
+        masks: &[],
     };
     // The window starts from what is live (the model, optimizer and EMA), not from the cache
     // the previous step left.

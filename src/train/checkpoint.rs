@@ -31,6 +31,9 @@ pub const STATE_KEY: &str = "yolo9-train-state";
 pub struct EpochProgress {
     /// Mean training losses `[box, cls, dfl]` over the batches done.
     pub mloss: [f64; 3],
+    /// Mean mask loss (segmentation models; 0 for detection) over the batches done.
+    #[serde(default)]
+    pub mseg: f64,
     /// Batches whose loss entered `mloss`.
     pub done: usize,
     /// Samples skipped (undecodable) so far.

@@ -142,6 +142,7 @@ pub(crate) fn run_epoch(
     let report = EpochReport {
         epoch,
         train_loss: pr.mloss.map(|v| v as f32),
+        seg_loss: run.model.is_seg().then_some(pr.mseg as f32),
         metrics,
         val_loss,
         lr,
@@ -231,6 +232,7 @@ fn other_rank_epoch_end(
     let report = EpochReport {
         epoch,
         train_loss: pr.mloss.map(|v| v as f32),
+        seg_loss: run.model.is_seg().then_some(pr.mseg as f32),
         metrics: [0.0; 4],
         val_loss: [0.0; 3],
         lr: run.opt.lr,
@@ -325,7 +327,7 @@ fn train_batches(
             let grads = Some(candle_core::backprop::GradStore::default());
             (
                 BatchOutcome {
-                    items: [0.0; 3],
+                    items: [0.0; 4],
                     grads,
                     next_images: None,
                 },
@@ -519,7 +521,7 @@ fn accumulate(
     match out.grads {
         Some(mut g) => {
             add_param_grads(&mut run.acc, &mut g, &run.opt)?;
-            for (m, v) in pr.mloss.iter_mut().zip(out.items) {
+            for (m, v) in pr.mloss.iter_mut().chain([&mut pr.mseg]).zip(out.items) {
                 *m = (*m * pr.done as f64 + v) / (pr.done + 1) as f64;
             }
             pr.done += 1;

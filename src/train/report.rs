@@ -13,6 +13,8 @@ pub struct EpochReport {
     pub epoch: usize,
     /// Mean training losses `[box, cls, dfl]` of the epoch (official `mloss`).
     pub train_loss: [f32; 3],
+    /// Mean training mask loss of a segmentation model (the `train/seg_loss` column, last).
+    pub seg_loss: Option<f32>,
     /// Precision, recall, mAP50, mAP50-95 of the EMA on the val split (zeros when not validated).
     pub metrics: [f64; 4],
     /// Val losses `[box, cls, dfl]` (zeros when not validated).
@@ -64,8 +66,11 @@ fn csv_row(r: &EpochReport) -> String {
         r.nan_events,
         r.oom_events,
         r.micro
-    )
+    ) + &r.seg_loss.map(|v| format!(",{v:.5}")).unwrap_or_default()
 }
+
+/// The extra last column of a segmentation run's `results.csv`.
+pub const SEG_LOSS_COLUMN: &str = "train/seg_loss";
 
 impl EpochReport {
     /// The line printed after the epoch (`--verbose`): losses, speed, `train_secs` and
@@ -80,13 +85,16 @@ impl EpochReport {
         fitness: f64,
     ) -> String {
         format!(
-            "epoch {}/{}: train box {:.4} cls {:.4} dfl {:.4}; {:.2} img/s; train {:.1} s, val {:.1} s; peak {} {}; \
+            "epoch {}/{}: train box {:.4} cls {:.4} dfl {:.4}{}; {:.2} img/s; train {:.1} s, val {:.1} s; peak {} {}; \
              {} skipped, {} non-finite, {} OOM recoveries; fitness {:.4}",
             self.epoch + 1,
             epochs,
             self.train_loss[0],
             self.train_loss[1],
             self.train_loss[2],
+            self.seg_loss
+                .map(|v| format!(" seg {v:.4}"))
+                .unwrap_or_default(),
             self.img_per_s,
             train_secs,
             val_secs,
@@ -100,11 +108,17 @@ impl EpochReport {
     }
 }
 
-/// Creates `run_dir/results.csv` with its header line (a new run).
-pub(crate) fn create_results_csv(run_dir: &Path) -> Result<()> {
+/// Creates `run_dir/results.csv` with its header line (a new run; `seg`: a segmentation run,
+/// with the [`SEG_LOSS_COLUMN`] last).
+pub(crate) fn create_results_csv(run_dir: &Path, seg: bool) -> Result<()> {
+    let extra = if seg {
+        format!(",{SEG_LOSS_COLUMN}")
+    } else {
+        String::new()
+    };
     crate::outfile::write(
         &run_dir.join("results.csv"),
-        format!("{RESULTS_HEADER}\n").as_bytes(),
+        format!("{RESULTS_HEADER}{extra}\n").as_bytes(),
         &crate::outfile::Inputs::none(),
     )
 }

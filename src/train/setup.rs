@@ -459,12 +459,6 @@ fn load_model(opts: &TrainOptions) -> Result<(Option<Weights>, Arc<crate::model:
         (None, Some(w)) => crate::model::yolov9::training_arch(&w.meta.arch)?,
         (None, None) => crate::model::weights::default_arch(crate::model::weights::Graph::Train),
     };
-    anyhow::ensure!(
-        arch.seg().is_none(),
-        "{}: training a segmentation model is not built yet (its model, loss and masks are, see \
-         docs/segmentation.md); train a detection model (--cfg gelan-c, yolov9-c, ...)",
-        arch.name
-    );
     Ok((weights, arch))
 }
 
@@ -562,7 +556,8 @@ pub(crate) fn build<'a>(
         write_run_files(opts, &r, obs)?;
     }
 
-    // Loader.
+    // Loader (segmentation models: with the overlap masks).
+    let mask_ratio = r.arch.seg().map(|_| crate::data::polygons::MASK_RATIO);
     let Resolved {
         run_dir,
         hyp,
@@ -577,7 +572,7 @@ pub(crate) fn build<'a>(
         faults,
         ..
     } = r;
-    let loader = loader(opts, items, &item_dims, &hyp, stop, obs)?;
+    let loader = loader(opts, (items, mask_ratio), &item_dims, &hyp, stop, obs)?;
     let nb = batches_per_epoch(loader.len(), opts.batch);
     if opts.verbose {
         obs.line(&format!(
@@ -865,7 +860,7 @@ fn write_run_files(opts: &TrainOptions, r: &Resolved, obs: &mut dyn TrainObserve
         crate::outfile::write(&run_dir.join(name), text.as_bytes(), &inputs)
             .with_context(|| format!("{}: cannot write {name}", crate::text::path(&run_dir)))?;
     }
-    create_results_csv(run_dir)?;
+    create_results_csv(run_dir, r.arch.seg().is_some())?;
     if !opts.noplots {
         // labels.jpg: the training labels at a glance (official `plot_labels`).
         let boxes: Vec<(u32, [f32; 4])> = r
@@ -885,7 +880,7 @@ fn write_run_files(opts: &TrainOptions, r: &Resolved, obs: &mut dyn TrainObserve
 /// cache when it fits.
 fn loader(
     opts: &TrainOptions,
-    items: Vec<TrainItem>,
+    (items, mask_ratio): (Vec<TrainItem>, Option<usize>),
     item_dims: &[(u32, u32)],
     hyp: &Hyp,
     stop: &StopFlag,
@@ -915,7 +910,7 @@ fn loader(
             prefetch: 2,
             augment: hyp.augment(),
             shuffle: true,
-            mask_ratio: None,
+            mask_ratio,
         },
     )?;
     Ok(if cached {

@@ -21,6 +21,7 @@
 //!
 //! [`StepTimes`] is the step's opt-in phase timer (`YOLO9_STEP_TIMES=1`, see [`STEP_TIMES_ENV`]).
 
+use crate::loss::seg::{seg_loss_of_raw, GtMasks};
 use crate::loss::tal_loss::targets_tensor;
 use crate::loss::DualTalLoss;
 use crate::model::yolov9::YoloV9Train;
@@ -177,6 +178,10 @@ pub struct StepInput<'a> {
     /// replayed micro-step runs (the host would otherwise copy them while the GPU waits) and
     /// returns them as [`BatchOutcome::next_images`].
     pub next: Option<&'a [u8]>,
+    /// Segmentation models: the images' overlap masks, `len × m × m` (see
+    /// [`crate::data::loader::Batch::masks`]). Empty: all-background masks at `img / 4` (what
+    /// the memory probe trains on).
+    pub masks: &'a [u32],
 }
 
 impl<'a> StepInput<'a> {
@@ -189,6 +194,7 @@ impl<'a> StepInput<'a> {
             img,
             on_device: None,
             next: None,
+            masks: &batch.masks,
         }
     }
 }
@@ -212,8 +218,9 @@ pub struct StepParts<'a> {
 
 /// Outcome of one loader batch.
 pub struct BatchOutcome {
-    /// Mean losses `[box, cls, dfl]` over the batch's images (NaN when not finite).
-    pub items: [f64; 3],
+    /// Mean losses `[box, cls, dfl, seg]` over the batch's images (NaN when not finite; `seg` is 0
+    /// for a detection model).
+    pub items: [f64; 4],
     /// Parameter gradients of the batch (`None` when the loss was not finite).
     pub grads: Option<GradStore>,
     /// [`StepInput::next`] on the device, when the step uploaded it.
@@ -246,7 +253,7 @@ pub fn step(
     let n = input.len;
     let per_image = 3 * s * s;
     let mut grads: Option<GradStore> = None;
-    let mut items = [0f64; 3];
+    let mut items = [0f64; 4];
     let mut start = 0;
     let mut next_images = None;
     let on_device = input
@@ -279,7 +286,8 @@ pub fn step(
             .collect();
         // On the host: the loss reads the targets there (no upload and read-back).
         let t = targets_tensor(&rows, &Device::Cpu)?;
-        if let Some(gr) = graphs.filter(|g| g.borrow().applies(&x) && faults.oom_above.is_none()) {
+        let replay = !model.is_seg() && faults.oom_above.is_none();
+        if let Some(gr) = graphs.filter(|g| replay && g.borrow().applies(&x)) {
             // Forward, loss and backward in one call (replayed graphs): the forward and loss
             // phases are timed as part of the backward.
             let params: Vec<Tensor> = opt
@@ -303,9 +311,10 @@ pub fn step(
                 &mut between,
             )?;
             times.mark(phase::BACKWARD)?;
-            let mut li = out.items;
+            let [bx, cls, dfl] = out.items;
+            let mut li = [bx, cls, dfl, 0.0];
             if faults.nan_at.contains(&ni) {
-                li = [f32::NAN; 3];
+                li = [f32::NAN; 4];
             }
             let Some(mut g) = out.grads.filter(|_| li.iter().all(|v| v.is_finite())) else {
                 return Ok(BatchOutcome {
@@ -332,11 +341,19 @@ pub fn step(
             }
             .into());
         }
-        let lo = loss.compute(&raw.aux, &raw.main, &t, (s, s))?;
+        let (total, mut li) = if model.is_seg() {
+            let masks = micro_masks(input, start, len, device)?;
+            let lo = seg_loss_of_raw(loss, &raw, &t, GtMasks::Overlap(&masks), (s, s))?;
+            let [bx, seg, cls, dfl] = lo.items;
+            (lo.total, [bx, cls, dfl, seg])
+        } else {
+            let lo = loss.compute(&raw.aux, &raw.main, &t, (s, s))?;
+            let [bx, cls, dfl] = lo.items;
+            (lo.total, [bx, cls, dfl, 0.0])
+        };
         times.mark(phase::LOSS)?;
-        let mut li = lo.items;
         if faults.nan_at.contains(&ni) {
-            li = [f32::NAN; 3];
+            li = [f32::NAN; 4];
         }
         if crate::model::bn_sync::any(li.iter().any(|v| !v.is_finite()), device)? {
             return Ok(BatchOutcome {
@@ -345,7 +362,7 @@ pub fn step(
                 next_images,
             });
         }
-        let mut g = train_backward(&lo.total, raw, tape)?;
+        let mut g = train_backward(&total, raw, tape)?;
         add_param_grads(&mut grads, &mut g, opt)?;
         times.mark(phase::BACKWARD)?;
         for (m, v) in items.iter_mut().zip(li) {
@@ -358,6 +375,21 @@ pub fn step(
         grads,
         next_images,
     })
+}
+
+/// The overlap masks `(len, m, m)` f32 of images `start..start + len` of `input` on `device`
+/// (`m = img / 4`, all background, when the input has none).
+fn micro_masks(input: &StepInput<'_>, start: usize, len: usize, device: &Device) -> Result<Tensor> {
+    let per = input.masks.len() / input.len.max(1);
+    let m = (per as f64).sqrt() as usize;
+    if input.masks.is_empty() || m * m != per {
+        let m = input.img / 4;
+        return Ok(Tensor::zeros((len, m, m), DType::F32, device)?);
+    }
+    let slice = &input.masks[start * per..(start + len) * per];
+    Ok(Tensor::from_slice(slice, (len, m, m), &Device::Cpu)?
+        .to_dtype(DType::F32)?
+        .to_device(device)?)
 }
 
 /// The optimizer step of the official loop: clips the global gradient norm of `grads` to

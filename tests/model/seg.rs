@@ -396,9 +396,8 @@ fn box_and_mask_metrics_equal_the_official_segment_val() {
 /// through the segmentation loss: every parameter gradient, mask branches included.
 #[test]
 fn taped_segmentation_training_graph_backward_equals_candle_autograd() -> anyhow::Result<()> {
-    use yolo9::internals::loss::seg::{seg_loss, GtMasks, SegBranch};
+    use yolo9::internals::loss::seg::{seg_loss_of_raw, GtMasks};
     use yolo9::internals::loss::DualTalLoss;
-    use yolo9::internals::model::head::flatten_levels;
     use yolo9::model::YoloV9Train;
     let dev = Device::Cpu;
     for name in ["tiny-seg", "tiny-dseg"] {
@@ -410,31 +409,9 @@ fn taped_segmentation_training_graph_backward_equals_candle_autograd() -> anyhow
         )?;
         let loss = DualTalLoss::new(3, &[8, 16, 32])?.with_fused_terms(false);
         let run = |raw: &yolo9::model::DualRaw| -> anyhow::Result<(Tensor, [f32; 4])> {
-            let sg = raw
-                .seg
-                .as_ref()
-                .expect("a segmentation graph has mask outputs");
-            let main_c = flatten_levels(&sg.main.0)?;
-            let aux_c = match &sg.aux {
-                Some((lv, _)) => Some(flatten_levels(lv)?),
-                None => None,
-            };
-            let aux = match (&sg.aux, &aux_c) {
-                (Some((_, p)), Some(c)) => Some(SegBranch {
-                    levels: &raw.aux,
-                    coeffs: c,
-                    proto: p,
-                }),
-                _ => None,
-            };
-            let out = seg_loss(
+            let out = seg_loss_of_raw(
                 &loss,
-                aux,
-                SegBranch {
-                    levels: &raw.main,
-                    coeffs: &main_c,
-                    proto: &sg.main.1,
-                },
+                raw,
                 &l["targets"],
                 GtMasks::Overlap(&l["overlap_masks"]),
                 (64, 96),

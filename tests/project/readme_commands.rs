@@ -53,6 +53,11 @@ const FRAGMENT: &str = "a fragment of a sentence whose data and weights the pros
 /// Commands of the documents that are not run here, with the reason.
 const SKIPPED: &[(&str, &str)] = &[
     ("yolo9 train --data data.yaml", TRAINING),
+    (
+        "yolo9 train --cfg gelan-c-seg --data data.yaml",
+        "hours of training on a user's polygon dataset; tests/train/seg.rs trains the tiny-seg \
+         graph on polygon labels through the same engine",
+    ),
     ("yolo9 convert gelan-c-seg", DOWNLOAD),
     (
         "yolo9 detect examples/images --weights gelan-c-seg --save-txt --json",

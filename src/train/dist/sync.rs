@@ -13,8 +13,8 @@ use candle_core::{DType, Device, Tensor};
 pub struct Local {
     /// The parameter gradients of this rank's share (`None`: a non-finite loss).
     pub grads: Option<GradStore>,
-    /// Mean loss items `[box, cls, dfl]` of this rank's share.
-    pub items: [f64; 3],
+    /// Mean loss items `[box, cls, dfl, seg]` of this rank's share.
+    pub items: [f64; 4],
     /// Images in this rank's share.
     pub len: usize,
     /// This rank's micro-batch after its out-of-memory halvings.
@@ -28,7 +28,7 @@ pub struct Global {
     pub grads: Option<GradStore>,
     /// Loss items averaged over the whole global batch (image-weighted), or this rank's own
     /// (NaN) items when the batch is dropped.
-    pub items: [f64; 3],
+    pub items: [f64; 4],
     /// Images of the global batch.
     pub len: usize,
     /// The ranks whose loss was not finite.
@@ -67,7 +67,7 @@ pub fn exchange(
     let grads = local.grads.unwrap_or_default();
     // One flat f32 tensor on the device: the gradients, zeros where absent, then the tail.
     let mut parts = Vec::with_capacity(params.len() + 1);
-    let mut tail = vec![0f32; params.len() + 4];
+    let mut tail = vec![0f32; params.len() + 5];
     for (k, p) in params.iter().enumerate() {
         let n = p.var.elem_count();
         match grads.get(p.var.as_tensor()) {
@@ -82,14 +82,14 @@ pub fn exchange(
     for (j, v) in local.items.iter().enumerate() {
         tail[t0 + j] = (*v * local.len as f64) as f32;
     }
-    tail[t0 + 3] = local.len as f32;
-    parts.push(Tensor::from_vec(tail, params.len() + 4, device)?);
+    tail[t0 + 4] = local.len as f32;
+    parts.push(Tensor::from_vec(tail, params.len() + 5, device)?);
     let flat = Tensor::cat(&parts, 0)?;
     drop(parts);
-    let total = flat.elem_count() - (params.len() + 4);
+    let total = flat.elem_count() - (params.len() + 5);
     let sum = comm.all_reduce_sum_tensor(&flat)?;
     drop(flat);
-    let buf = sum.narrow(0, total, params.len() + 4)?.to_vec1::<f32>()?;
+    let buf = sum.narrow(0, total, params.len() + 5)?.to_vec1::<f32>()?;
     let mut out = GradStore::default();
     let mut off = 0;
     for (k, p) in params.iter().enumerate() {
@@ -105,7 +105,7 @@ pub fn exchange(
     }
     // `buf`: the presence counts, then the items and the image count.
     let at = params.len();
-    let len = buf[at + 3] as usize;
+    let len = buf[at + 4] as usize;
     let items = std::array::from_fn(|j| buf[at + j] as f64 / len.max(1) as f64);
     Ok(Global {
         grads: Some(out),
