@@ -441,6 +441,7 @@ mod tests {
             width: 640,
             height: 480,
             labels: vec![(1, [0.5, 0.5, 0.25, 0.5])],
+            outlines: vec![],
         }
     }
 

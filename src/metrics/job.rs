@@ -209,7 +209,13 @@ pub fn run(
     for (p, why) in &r.skipped {
         crate::detect::job::report_skipped(crate::text::path(&p), why);
     }
-    crate::text::out!("{}", r.metrics.table(&cfg.names));
+    match &r.masks {
+        Some(m) => crate::text::out!(
+            "{}",
+            crate::metrics::seg::seg_table(&r.metrics, m, &cfg.names)
+        ),
+        None => crate::text::out!("{}", r.metrics.table(&cfg.names)),
+    }
     crate::text::outln!(
         "{} images in {:.1} s ({:.2} img/s)",
         r.metrics.seen,

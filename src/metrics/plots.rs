@@ -704,6 +704,7 @@ mod tests {
                 width: w,
                 height: h,
                 labels: vec![],
+                outlines: vec![],
             })
             .collect();
         let dets: Vec<ImageDetections> = (0..5)

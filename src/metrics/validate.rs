@@ -26,6 +26,8 @@ use image::RgbImage;
 use rayon::prelude::*;
 use std::path::PathBuf;
 
+mod seg;
+
 /// Validation settings (official `val_dual.py` defaults).
 #[derive(Debug, Clone)]
 pub struct ValConfig {
@@ -89,6 +91,9 @@ pub struct ValImage {
     pub height: u32,
     /// Normalized labels.
     pub labels: Vec<(u32, [f32; 4])>,
+    /// Segmentation datasets: one outline per label (normalized points; empty for a box row),
+    /// as [`crate::data::scan::ImageRecord::segments`]. Empty for detection.
+    pub outlines: Vec<Vec<[f32; 2]>>,
 }
 
 /// The usable images of a scanned split (records with a decodable image; missing/empty labels
@@ -105,6 +110,7 @@ pub fn val_images(scan: &SplitScan) -> Vec<ValImage> {
                 .iter()
                 .map(|b| (b.cls, [b.cx, b.cy, b.w, b.h]))
                 .collect(),
+            outlines: r.segments.clone(),
         })
         .collect()
 }
@@ -135,8 +141,11 @@ impl ValModel<'_> {
 /// Result of [`validate`].
 #[derive(Debug, Clone)]
 pub struct ValResult {
-    /// P, R, mAP50, mAP50-95 overall and per class.
+    /// P, R, mAP50, mAP50-95 overall and per class (of the boxes).
     pub metrics: ValMetrics,
+    /// A segmentation model's mask P, R, mAP50, mAP50-95 (matched by mask IoU, official
+    /// `segment/val.py`); `None` for a detection model.
+    pub masks: Option<ValMetrics>,
     /// Mean val losses `[box, cls, dfl]` over batches (training graph only).
     pub losses: Option<[f32; 3]>,
     /// Images that could not be decoded (path, reason); they are left out of the metrics.
@@ -283,7 +292,8 @@ pub fn scale_box_back(b: [f32; 4], gain: f64, pad: (f64, f64), w0: u32, h0: u32)
     ]
 }
 
-/// Runs validation over `images` (official `val_dual.run`). Images that fail to decode are
+/// Runs validation over `images` (official `val_dual.run`; a segmentation model's masks too,
+/// official `segment/val.py run`). Images that fail to decode are
 /// reported in [`ValResult::skipped`] and left out. Errors: empty list, model failures.
 pub fn validate(model: ValModel<'_>, images: &[ValImage], cfg: &ValConfig) -> Result<ValResult> {
     ensure!(!images.is_empty(), "validation: no images to validate");
@@ -292,6 +302,11 @@ pub fn validate(model: ValModel<'_>, images: &[ValImage], cfg: &ValConfig) -> Re
         "validation: --img {} must be a positive multiple of 32",
         cfg.img
     );
+    if let ValModel::Infer(m) = &model {
+        if m.is_seg() {
+            return seg::validate_seg(m, images, cfg);
+        }
+    }
     let sizes: Vec<(u32, u32)> = images.iter().map(|i| (i.width, i.height)).collect();
     let (order, shapes) = rect_batches(&sizes, cfg.batch, cfg.img, 32, cfg.pad);
     let device = model.device().clone();
@@ -378,6 +393,7 @@ impl Collect {
         }
         ValResult {
             metrics: self.stats.metrics(nc),
+            masks: None,
             losses,
             skipped: self.skipped,
             seconds: self.t0.elapsed().as_secs_f64(),

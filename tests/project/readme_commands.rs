@@ -54,6 +54,11 @@ const FRAGMENT: &str = "a fragment of a sentence whose data and weights the pros
 const SKIPPED: &[(&str, &str)] = &[
     ("yolo9 train --data data.yaml", TRAINING),
     (
+        "yolo9 val --weights my-seg.safetensors --data data.yaml",
+        "a user's trained segmentation weights and dataset; tests/train/seg.rs validates the \
+         tiny-seg run's weights on its polygon split",
+    ),
+    (
         "yolo9 train --cfg gelan-c-seg --data data.yaml",
         "hours of training on a user's polygon dataset; tests/train/seg.rs trains the tiny-seg \
          graph on polygon labels through the same engine",

@@ -65,5 +65,29 @@ fn tiny_segmentation_run_trains_the_mask_loss_and_reloads() {
     let w = yolo9::Weights::load(&s.last).unwrap();
     let m = yolo9::internals::model::yolov9::YoloV9::load(&w, &candle_core::Device::Cpu).unwrap();
     assert!(m.is_seg());
+    // Validation of a segmentation model reports box and mask statistics of the same labels.
+    use yolo9::metrics::validate::{val_images, validate, ValConfig, ValModel};
+    let data = yolo9::internals::data::yaml::DataConfig::load(&tmp.join("data.yaml")).unwrap();
+    let scan = yolo9::internals::data::scan::scan_split(
+        &data,
+        yolo9::internals::data::yaml::Split::Val,
+        &yolo9::internals::data::scan::ScanOptions {
+            use_cache: false,
+            print: false,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let images = val_images(&scan);
+    assert!(images[0].outlines.iter().all(|o| o.len() == 12));
+    let cfg = ValConfig {
+        img: 64,
+        ..ValConfig::default()
+    };
+    let r = validate(ValModel::Infer(&m), &images, &cfg).unwrap();
+    let masks = r.masks.expect("mask metrics of a segmentation model");
+    assert_eq!((r.metrics.seen, masks.seen), (1, 1));
+    assert_eq!(masks.nt, r.metrics.nt);
+    assert_eq!(r.metrics.nt.iter().sum::<usize>(), images[0].labels.len());
     let _ = std::fs::remove_dir_all(&tmp);
 }

@@ -1,0 +1,191 @@
+//! Validation of a segmentation model (official `segment/val.py run` with its loader
+//! `LoadImagesAndLabelsAndMasks(rect=True, pad=0.5, overlap=True, downsample_ratio=4)`):
+//!
+//! 1. the rectangular batches and letterbox of detection validation ([`super::rect_batches`],
+//!    [`super::prepare`]);
+//! 2. each label's outline moved into the letterboxed input as the labels are (official
+//!    `xyn2xy(segment, ratio·w, ratio·h, pad)`, no resampling) and rasterised into the image's
+//!    overlap mask at `1 / 4` of the input ([`crate::data::polygons::overlap_mask`]); the labels
+//!    take the mask's order (by decreasing area);
+//! 3. [`YoloV9::forward_seg`], multi-label NMS carrying each kept row's anchor (conf 0.001,
+//!    IoU 0.7, max_det 300), and each detection's mask at the prototypes' resolution
+//!    ([`crate::metrics::seg::proto_mask`], `process_mask(upsample=False)`);
+//! 4. boxes matched in original pixels (as detection), masks matched by mask IoU at the
+//!    prototypes' resolution ([`crate::metrics::seg::add_masks`]).
+
+use super::{
+    multilabel_options, native_space, prepare_batch, rect_batches, Collect, Prepared, ValConfig,
+    ValImage, ValResult,
+};
+use crate::data::polygons::{overlap_mask, MASK_RATIO};
+use crate::detect::masks::Protos;
+use crate::metrics::ap::ValStats;
+use crate::metrics::seg::{add_masks, proto_mask};
+use crate::model::yolov9::YoloV9;
+use anyhow::{ensure, Result};
+use candle_core::{DType, Device, Tensor};
+use rayon::prelude::*;
+
+/// [`super::validate`] of a segmentation model: the box metrics in [`ValResult::metrics`], the
+/// mask metrics in [`ValResult::masks`].
+pub(super) fn validate_seg(
+    model: &YoloV9,
+    images: &[ValImage],
+    cfg: &ValConfig,
+) -> Result<ValResult> {
+    let sizes: Vec<(u32, u32)> = images.iter().map(|i| (i.width, i.height)).collect();
+    let (order, shapes) = rect_batches(&sizes, cfg.batch, cfg.img, 32, cfg.pad);
+    let device = model.device().clone();
+    let nc = model.meta().nc;
+    let mut run = Collect::start(cfg, nc, images.len());
+    let mut masks = ValStats::default();
+    for (bi, chunk) in order.chunks(cfg.batch.max(1)).enumerate() {
+        cfg.cancel.check(super::VAL_PHASE)?;
+        let shape = shapes[bi];
+        let ok = prepare_batch(images, chunk, cfg.img, shape, &mut run.skipped);
+        run.advance(chunk.len());
+        let hw = (shape.0 as usize, shape.1 as usize);
+        let step = if device.is_cpu() {
+            cfg.forward_chunk.max(1)
+        } else {
+            ok.len().max(1)
+        };
+        for ok in ok.chunks(step) {
+            let (pred, proto) = forward(model, &device, ok, hw)?;
+            let per = seg_image_results(&pred, &proto, images, ok, hw, nc, cfg)?;
+            for (i, dets, labels, pm, gm, pixels) in per {
+                add_masks(&mut masks, &dets, &labels, &pm, &gm, pixels);
+                run.add(i, dets, labels);
+            }
+        }
+    }
+    let mut r = run.finish(nc, None);
+    r.masks = Some(masks.metrics(nc));
+    Ok(r)
+}
+
+/// `forward_seg` of the prepared images at `(h, w)`: predictions `(B, 4 + nc + nm, A)` and
+/// prototypes `(B, nm, h / 4, w / 4)`, f32 on the host.
+fn forward(
+    model: &YoloV9,
+    device: &Device,
+    ok: &[(usize, Prepared)],
+    (h, w): (usize, usize),
+) -> Result<(Tensor, Tensor)> {
+    let mut bytes = Vec::with_capacity(ok.len() * 3 * h * w);
+    for (_, p) in ok {
+        bytes.extend_from_slice(&p.chw);
+    }
+    let x = Tensor::from_vec(bytes, (ok.len(), 3, h, w), device)?
+        .to_dtype(DType::F32)?
+        .affine(1.0 / 255.0, 0.0)?;
+    let (pred, proto) = model.forward_seg(&x)?;
+    let host =
+        |t: Tensor| -> Result<Tensor> { Ok(t.to_dtype(DType::F32)?.to_device(&Device::Cpu)?) };
+    Ok((host(pred)?, host(proto)?))
+}
+
+/// One image's detections and labels in original pixels (labels in the overlap mask's order),
+/// its detections' masks and its ground-truth masks (one 0/1 plane of `pixels` values each).
+type SegImage = (usize, Vec<[f32; 6]>, Vec<[f32; 5]>, Vec<u8>, Vec<u8>, usize);
+
+/// NMS, masks and ground truth of each prepared image, in image order.
+fn seg_image_results(
+    pred: &Tensor,
+    proto: &Tensor,
+    images: &[ValImage],
+    ok: &[(usize, Prepared)],
+    hw: (usize, usize),
+    nc: usize,
+    cfg: &ValConfig,
+) -> Result<Vec<SegImage>> {
+    let (b, rows, a) = pred.dims3()?;
+    let (_, nm, ph, pw) = proto.dims4()?;
+    ensure!(
+        b == ok.len() && rows == 4 + nc + nm,
+        "segmentation output {:?} does not fit {} images of {nc} classes",
+        pred.shape(),
+        ok.len()
+    );
+    let p_all: Vec<f32> = pred.flatten_all()?.to_vec1()?;
+    let q_all: Vec<f32> = proto.flatten_all()?.to_vec1()?;
+    let opts = multilabel_options(cfg.conf_thres, cfg.iou_thres, cfg.max_det);
+    Ok(ok
+        .par_iter()
+        .enumerate()
+        .map(|(k, (i, prep))| {
+            let p = &p_all[k * rows * a..(k + 1) * rows * a];
+            let q = &q_all[k * nm * ph * pw..(k + 1) * nm * ph * pw];
+            let kept =
+                crate::detect::nms::nms_image_anchored(&p[..(4 + nc) * a], nc, a, &opts, false);
+            let rows6: Vec<[f32; 6]> = kept
+                .iter()
+                .map(|r| [r[0], r[1], r[2], r[3], r[4], r[5]])
+                .collect();
+            let (dets, labels) = native_space(&images[*i], &rows6, prep);
+            let protos = Protos {
+                data: q,
+                nm,
+                h: ph,
+                w: pw,
+            };
+            let mut pm = Vec::with_capacity(kept.len() * ph * pw);
+            for r in &kept {
+                let anchor = r[6] as usize;
+                let coeffs: Vec<f32> = (0..nm).map(|m| p[(4 + nc + m) * a + anchor]).collect();
+                pm.extend(proto_mask(protos, &coeffs, [r[0], r[1], r[2], r[3]], hw));
+            }
+            let (gm, order) = gt_masks(&images[*i], prep, hw, (ph, pw));
+            let labels = order.iter().map(|&o| labels[o]).collect();
+            (*i, dets, labels, pm, gm, ph * pw)
+        })
+        .collect())
+}
+
+/// The ground-truth masks of `im` letterboxed by `prep` into an `hw` input, at `mask_hw` (the
+/// overlap mask at `1 / 4` split into one 0/1 plane per label), and the labels' order in them.
+fn gt_masks(
+    im: &ValImage,
+    prep: &Prepared,
+    hw: (usize, usize),
+    mask_hw: (usize, usize),
+) -> (Vec<u8>, Vec<usize>) {
+    let rw = (im.width as f64 * prep.gain) as f32;
+    let rh = (im.height as f64 * prep.gain) as f32;
+    let (padw, padh) = (prep.pad.0 as f32, prep.pad.1 as f32);
+    let outlines: Vec<Vec<[f64; 2]>> = im
+        .labels
+        .iter()
+        .enumerate()
+        .map(|(k, (_, l))| {
+            let pts: Vec<[f32; 2]> = match im.outlines.get(k).filter(|o| !o.is_empty()) {
+                Some(o) => o.clone(),
+                None => {
+                    let (x1, y1) = (l[0] - l[2] / 2.0, l[1] - l[3] / 2.0);
+                    let (x2, y2) = (l[0] + l[2] / 2.0, l[1] + l[3] / 2.0);
+                    vec![[x1, y1], [x2, y1], [x2, y2], [x1, y2]]
+                }
+            };
+            pts.iter()
+                .map(|p| [f64::from(rw * p[0] + padw), f64::from(rh * p[1] + padh)])
+                .collect()
+        })
+        .collect();
+    let (ov, order) = overlap_mask(&outlines, hw.1, hw.0, MASK_RATIO);
+    let (mh, mw) = (hw.0 / MASK_RATIO, hw.1 / MASK_RATIO);
+    let mut planes = Vec::with_capacity(order.len() * mask_hw.0 * mask_hw.1);
+    for k in 0..order.len() as u32 {
+        if (mh, mw) == mask_hw {
+            planes.extend(ov.iter().map(|&v| u8::from(v == k + 1)));
+        } else {
+            // Prototypes of another size: nearest sampling of the overlap mask.
+            for y in 0..mask_hw.0 {
+                for x in 0..mask_hw.1 {
+                    let (sy, sx) = (y * mh / mask_hw.0, x * mw / mask_hw.1);
+                    planes.push(u8::from(ov[sy * mw + sx] == k + 1));
+                }
+            }
+        }
+    }
+    (planes, order)
+}
