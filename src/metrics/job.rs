@@ -203,6 +203,8 @@ pub fn run(
                 ..crate::detect::config::DetectorConfig::default()
             })?;
         crate::metrics::validate::validate_tiled(&detector, &images, &vc)?
+    } else if model.is_seg() {
+        crate::metrics::seg_val::validate_seg(&model, &images, &vc)?
     } else {
         validate(ValModel::Infer(&model), &images, &vc)?
     };

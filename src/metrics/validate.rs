@@ -26,8 +26,6 @@ use image::RgbImage;
 use rayon::prelude::*;
 use std::path::PathBuf;
 
-mod seg;
-
 /// Validation settings (official `val_dual.py` defaults).
 #[derive(Debug, Clone)]
 pub struct ValConfig {
@@ -245,7 +243,7 @@ pub fn nms_multilabel(
 
 /// The NMS options of validation: multi-label, class-aware, the given thresholds (the IoU
 /// threshold widened from f32 as the official code passes it) and `max_det`.
-fn multilabel_options(conf_thres: f32, iou_thres: f32, max_det: usize) -> NmsOptions {
+pub(crate) fn multilabel_options(conf_thres: f32, iou_thres: f32, max_det: usize) -> NmsOptions {
     NmsOptions {
         conf_thres,
         iou_thres: iou_thres as f64,
@@ -256,11 +254,11 @@ fn multilabel_options(conf_thres: f32, iou_thres: f32, max_det: usize) -> NmsOpt
     }
 }
 
-struct Prepared {
-    chw: Vec<u8>,
+pub(crate) struct Prepared {
+    pub(crate) chw: Vec<u8>,
     /// load_image gain (resized / original), as the official `ratio_pad[0][0]`.
-    gain: f64,
-    pad: (f64, f64),
+    pub(crate) gain: f64,
+    pub(crate) pad: (f64, f64),
 }
 
 fn prepare(img: &RgbImage, img_size: u32, shape: (u32, u32)) -> Result<Prepared> {
@@ -292,8 +290,8 @@ pub fn scale_box_back(b: [f32; 4], gain: f64, pad: (f64, f64), w0: u32, h0: u32)
     ]
 }
 
-/// Runs validation over `images` (official `val_dual.run`; a segmentation model's masks too,
-/// official `segment/val.py run`). Images that fail to decode are
+/// Runs validation over `images` (official `val_dual.run`): the boxes (of a segmentation model
+/// too; its masks: [`crate::metrics::seg_val::validate_seg`]). Images that fail to decode are
 /// reported in [`ValResult::skipped`] and left out. Errors: empty list, model failures.
 pub fn validate(model: ValModel<'_>, images: &[ValImage], cfg: &ValConfig) -> Result<ValResult> {
     ensure!(!images.is_empty(), "validation: no images to validate");
@@ -302,11 +300,6 @@ pub fn validate(model: ValModel<'_>, images: &[ValImage], cfg: &ValConfig) -> Re
         "validation: --img {} must be a positive multiple of 32",
         cfg.img
     );
-    if let ValModel::Infer(m) = &model {
-        if m.is_seg() {
-            return seg::validate_seg(m, images, cfg);
-        }
-    }
     let sizes: Vec<(u32, u32)> = images.iter().map(|i| (i.width, i.height)).collect();
     let (order, shapes) = rect_batches(&sizes, cfg.batch, cfg.img, 32, cfg.pad);
     let device = model.device().clone();
@@ -344,17 +337,17 @@ pub fn validate(model: ValModel<'_>, images: &[ValImage], cfg: &ValConfig) -> Re
 /// What a validation loop gathers ([`validate`], [`validate_tiled`]): the statistics, the
 /// collected detections ([`ValConfig::collect`]), the skipped images, the progress bar and the
 /// clock.
-struct Collect {
+pub(crate) struct Collect {
     stats: ValStats,
     collected: Option<Vec<ImageDetections>>,
-    skipped: Vec<(PathBuf, String)>,
+    pub(crate) skipped: Vec<(PathBuf, String)>,
     pb: Option<indicatif::ProgressBar>,
     t0: std::time::Instant,
 }
 
 impl Collect {
     /// Starts the clock and the bar over `n` images, as `cfg` asks.
-    fn start(cfg: &ValConfig, nc: usize, n: usize) -> Self {
+    pub(crate) fn start(cfg: &ValConfig, nc: usize, n: usize) -> Self {
         Self {
             stats: if cfg.confusion {
                 ValStats::with_confusion(nc)
@@ -369,14 +362,14 @@ impl Collect {
     }
 
     /// `n` more images read (validated or skipped).
-    fn advance(&mut self, n: usize) {
+    pub(crate) fn advance(&mut self, n: usize) {
         if let Some(pb) = &self.pb {
             pb.inc(n as u64);
         }
     }
 
     /// Image `image`'s detections and labels, in original pixels.
-    fn add(&mut self, image: usize, dets: Vec<[f32; 6]>, labels: Vec<[f32; 5]>) {
+    pub(crate) fn add(&mut self, image: usize, dets: Vec<[f32; 6]>, labels: Vec<[f32; 5]>) {
         self.stats.add_image(&dets, &labels);
         if let Some(c) = self.collected.as_mut() {
             c.push(ImageDetections {
@@ -387,7 +380,7 @@ impl Collect {
         }
     }
 
-    fn finish(mut self, nc: usize, losses: Option<[f32; 3]>) -> ValResult {
+    pub(crate) fn finish(mut self, nc: usize, losses: Option<[f32; 3]>) -> ValResult {
         if let Some(pb) = self.pb {
             pb.finish_and_clear();
         }
@@ -437,7 +430,7 @@ impl LossSum {
 
 /// Decodes and letterboxes the images `chunk` (indices into `images`) to `shape` in parallel;
 /// an image that fails is added to `skipped` with its reason and left out.
-fn prepare_batch(
+pub(crate) fn prepare_batch(
     images: &[ValImage],
     chunk: &[usize],
     img_size: u32,
@@ -565,7 +558,11 @@ fn letterboxed_targets(
 
 /// Detections (network-input pixels) and labels (normalized) of one image in original pixels:
 /// rows `[x1, y1, x2, y2, conf, cls]` and `[cls, x1, y1, x2, y2]`, clipped to the image.
-fn native_space(im: &ValImage, det: &[[f32; 6]], p: &Prepared) -> (Vec<[f32; 6]>, Vec<[f32; 5]>) {
+pub(crate) fn native_space(
+    im: &ValImage,
+    det: &[[f32; 6]],
+    p: &Prepared,
+) -> (Vec<[f32; 6]>, Vec<[f32; 5]>) {
     let detn = det
         .iter()
         .map(|d| {

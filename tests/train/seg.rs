@@ -66,7 +66,8 @@ fn tiny_segmentation_run_trains_the_mask_loss_and_reloads() {
     let m = yolo9::internals::model::yolov9::YoloV9::load(&w, &candle_core::Device::Cpu).unwrap();
     assert!(m.is_seg());
     // Validation of a segmentation model reports box and mask statistics of the same labels.
-    use yolo9::metrics::validate::{val_images, validate, ValConfig, ValModel};
+    use yolo9::metrics::seg_val::validate_seg;
+    use yolo9::metrics::validate::{val_images, ValConfig};
     let data = yolo9::internals::data::yaml::DataConfig::load(&tmp.join("data.yaml")).unwrap();
     let scan = yolo9::internals::data::scan::scan_split(
         &data,
@@ -84,7 +85,7 @@ fn tiny_segmentation_run_trains_the_mask_loss_and_reloads() {
         img: 64,
         ..ValConfig::default()
     };
-    let r = validate(ValModel::Infer(&m), &images, &cfg).unwrap();
+    let r = validate_seg(&m, &images, &cfg).unwrap();
     let masks = r.masks.expect("mask metrics of a segmentation model");
     assert_eq!((r.metrics.seen, masks.seen), (1, 1));
     assert_eq!(masks.nt, r.metrics.nt);

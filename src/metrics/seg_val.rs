@@ -1,8 +1,8 @@
 //! Validation of a segmentation model (official `segment/val.py run` with its loader
 //! `LoadImagesAndLabelsAndMasks(rect=True, pad=0.5, overlap=True, downsample_ratio=4)`):
 //!
-//! 1. the rectangular batches and letterbox of detection validation ([`super::rect_batches`],
-//!    [`super::prepare`]);
+//! 1. the rectangular batches and letterbox of detection validation
+//!    ([`crate::metrics::validate::rect_batches`]);
 //! 2. each label's outline moved into the letterboxed input as the labels are (official
 //!    `xyn2xy(segment, ratio·w, ratio·h, pad)`, no resampling) and rasterised into the image's
 //!    overlap mask at `1 / 4` of the input ([`crate::data::polygons::overlap_mask`]); the labels
@@ -13,26 +13,30 @@
 //! 4. boxes matched in original pixels (as detection), masks matched by mask IoU at the
 //!    prototypes' resolution ([`crate::metrics::seg::add_masks`]).
 
-use super::{
-    multilabel_options, native_space, prepare_batch, rect_batches, Collect, Prepared, ValConfig,
-    ValImage, ValResult,
-};
 use crate::data::polygons::{overlap_mask, MASK_RATIO};
 use crate::detect::masks::Protos;
 use crate::metrics::ap::ValStats;
 use crate::metrics::seg::{add_masks, proto_mask};
+use crate::metrics::validate::{
+    multilabel_options, native_space, prepare_batch, rect_batches, Collect, Prepared, ValConfig,
+    ValImage, ValResult, VAL_PHASE,
+};
 use crate::model::yolov9::YoloV9;
 use anyhow::{ensure, Result};
 use candle_core::{DType, Device, Tensor};
 use rayon::prelude::*;
 
-/// [`super::validate`] of a segmentation model: the box metrics in [`ValResult::metrics`], the
-/// mask metrics in [`ValResult::masks`].
-pub(super) fn validate_seg(
-    model: &YoloV9,
-    images: &[ValImage],
-    cfg: &ValConfig,
-) -> Result<ValResult> {
+/// [`crate::metrics::validate::validate`] of a segmentation model with its masks: the box
+/// metrics in [`ValResult::metrics`], the mask metrics in [`ValResult::masks`] (no val losses).
+///
+/// Errors: an empty list, a model without masks, model failures.
+pub fn validate_seg(model: &YoloV9, images: &[ValImage], cfg: &ValConfig) -> Result<ValResult> {
+    ensure!(!images.is_empty(), "validation: no images to validate");
+    ensure!(
+        model.is_seg(),
+        "{} is a detection model: it has no masks to validate",
+        model.meta().arch.name
+    );
     let sizes: Vec<(u32, u32)> = images.iter().map(|i| (i.width, i.height)).collect();
     let (order, shapes) = rect_batches(&sizes, cfg.batch, cfg.img, 32, cfg.pad);
     let device = model.device().clone();
@@ -40,7 +44,7 @@ pub(super) fn validate_seg(
     let mut run = Collect::start(cfg, nc, images.len());
     let mut masks = ValStats::default();
     for (bi, chunk) in order.chunks(cfg.batch.max(1)).enumerate() {
-        cfg.cancel.check(super::VAL_PHASE)?;
+        cfg.cancel.check(VAL_PHASE)?;
         let shape = shapes[bi];
         let ok = prepare_batch(images, chunk, cfg.img, shape, &mut run.skipped);
         run.advance(chunk.len());
