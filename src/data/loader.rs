@@ -335,7 +335,12 @@ fn build_sample(
                     resize_long_side_owned(img, cfg.img_size)
                 },
                 labels: it.labels.clone(),
-                outlines: it.outlines.clone(),
+                // Segmentation of an image without outlines: each box stands for its outline.
+                outlines: if cfg.mask_ratio.is_some() && it.outlines.is_empty() {
+                    vec![Vec::new(); it.labels.len()]
+                } else {
+                    it.outlines.clone()
+                },
             }),
             Err(e) => {
                 if let Ok(mut s) = skipped.lock() {
