@@ -1630,6 +1630,7 @@ fn step_uploads_the_next_batch_and_trains_on_device_images() {
                 img,
                 on_device: on_device.as_ref(),
                 next: Some(&next),
+                masks: &[],
             },
         );
         let b = run(
@@ -1641,6 +1642,7 @@ fn step_uploads_the_next_batch_and_trains_on_device_images() {
                 img,
                 on_device: None,
                 next: None,
+                masks: &[],
             },
         );
         for (x, y) in a.items.iter().zip(b.items) {

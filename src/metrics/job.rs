@@ -204,7 +204,11 @@ pub fn run(
             })?;
         crate::metrics::validate::validate_tiled(&detector, &images, &vc)?
     } else if model.is_seg() {
-        crate::metrics::seg_val::validate_seg(&model, &images, &vc)?
+        crate::metrics::seg_val::validate_seg(
+            crate::metrics::seg_val::SegValModel::Infer(&model),
+            &images,
+            &vc,
+        )?
     } else {
         validate(ValModel::Infer(&model), &images, &vc)?
     };

@@ -21,26 +21,79 @@ use crate::metrics::validate::{
     multilabel_options, native_space, prepare_batch, rect_batches, Collect, Prepared, ValConfig,
     ValImage, ValResult, VAL_PHASE,
 };
-use crate::model::yolov9::YoloV9;
-use anyhow::{ensure, Result};
+use crate::model::head::flatten_levels;
+use crate::model::yolov9::{YoloV9, YoloV9Train};
+use anyhow::{ensure, Context, Result};
 use candle_core::{DType, Device, Tensor};
 use rayon::prelude::*;
+
+/// The segmentation model being validated.
+#[derive(Clone, Copy)]
+pub enum SegValModel<'a> {
+    /// The fused inference graph ([`YoloV9::forward_seg`]).
+    Infer(&'a YoloV9),
+    /// The training graph in eval mode (the EMA during training): its main branch's boxes,
+    /// coefficients and prototypes.
+    Train(&'a YoloV9Train),
+}
+
+impl SegValModel<'_> {
+    fn is_seg(&self) -> bool {
+        match self {
+            SegValModel::Infer(m) => m.is_seg(),
+            SegValModel::Train(m) => m.is_seg(),
+        }
+    }
+
+    fn nc(&self) -> usize {
+        match self {
+            SegValModel::Infer(m) => m.meta().nc,
+            SegValModel::Train(m) => m.meta().nc,
+        }
+    }
+
+    fn device(&self) -> &Device {
+        match self {
+            SegValModel::Infer(m) => m.device(),
+            SegValModel::Train(m) => m.device(),
+        }
+    }
+
+    /// `x` (B, 3, H, W) f32 → predictions `(B, 4 + nc + nm, A)` (boxes cx cy w h in pixels,
+    /// sigmoid scores, raw coefficients) and prototypes `(B, nm, H / 4, W / 4)`.
+    fn forward(&self, x: &Tensor) -> Result<(Tensor, Tensor)> {
+        match self {
+            SegValModel::Infer(m) => m.forward_seg(x),
+            SegValModel::Train(m) => {
+                // candle's own CPU pool runs the whole forward (as the detection validation).
+                let raw = m.device().with_context(|| m.forward(x, false))?;
+                let sg = raw
+                    .seg
+                    .as_ref()
+                    .context("the training graph has no mask outputs")?;
+                let det = raw.decode()?.1;
+                let coeffs = flatten_levels(&sg.main.0)?.to_dtype(det.dtype())?;
+                Ok((Tensor::cat(&[&det, &coeffs], 1)?, sg.main.1.clone()))
+            }
+        }
+    }
+}
 
 /// [`crate::metrics::validate::validate`] of a segmentation model with its masks: the box
 /// metrics in [`ValResult::metrics`], the mask metrics in [`ValResult::masks`] (no val losses).
 ///
 /// Errors: an empty list, a model without masks, model failures.
-pub fn validate_seg(model: &YoloV9, images: &[ValImage], cfg: &ValConfig) -> Result<ValResult> {
+pub fn validate_seg(
+    model: SegValModel<'_>,
+    images: &[ValImage],
+    cfg: &ValConfig,
+) -> Result<ValResult> {
     ensure!(!images.is_empty(), "validation: no images to validate");
-    ensure!(
-        model.is_seg(),
-        "{} is a detection model: it has no masks to validate",
-        model.meta().arch.name
-    );
+    ensure!(model.is_seg(), "a detection model has no masks to validate");
     let sizes: Vec<(u32, u32)> = images.iter().map(|i| (i.width, i.height)).collect();
     let (order, shapes) = rect_batches(&sizes, cfg.batch, cfg.img, 32, cfg.pad);
     let device = model.device().clone();
-    let nc = model.meta().nc;
+    let nc = model.nc();
     let mut run = Collect::start(cfg, nc, images.len());
     let mut masks = ValStats::default();
     for (bi, chunk) in order.chunks(cfg.batch.max(1)).enumerate() {
@@ -55,7 +108,7 @@ pub fn validate_seg(model: &YoloV9, images: &[ValImage], cfg: &ValConfig) -> Res
             ok.len().max(1)
         };
         for ok in ok.chunks(step) {
-            let (pred, proto) = forward(model, &device, ok, hw)?;
+            let (pred, proto) = forward(&model, &device, ok, hw)?;
             let per = seg_image_results(&pred, &proto, images, ok, hw, nc, cfg)?;
             for (i, dets, labels, pm, gm, pixels) in per {
                 add_masks(&mut masks, &dets, &labels, &pm, &gm, pixels);
@@ -71,7 +124,7 @@ pub fn validate_seg(model: &YoloV9, images: &[ValImage], cfg: &ValConfig) -> Res
 /// `forward_seg` of the prepared images at `(h, w)`: predictions `(B, 4 + nc + nm, A)` and
 /// prototypes `(B, nm, h / 4, w / 4)`, f32 on the host.
 fn forward(
-    model: &YoloV9,
+    model: &SegValModel<'_>,
     device: &Device,
     ok: &[(usize, Prepared)],
     (h, w): (usize, usize),
@@ -83,7 +136,7 @@ fn forward(
     let x = Tensor::from_vec(bytes, (ok.len(), 3, h, w), device)?
         .to_dtype(DType::F32)?
         .affine(1.0 / 255.0, 0.0)?;
-    let (pred, proto) = model.forward_seg(&x)?;
+    let (pred, proto) = model.forward(&x)?;
     let host =
         |t: Tensor| -> Result<Tensor> { Ok(t.to_dtype(DType::F32)?.to_device(&Device::Cpu)?) };
     Ok((host(pred)?, host(proto)?))

@@ -39,7 +39,7 @@ pub(crate) enum EpochEnd {
     /// epochs.
     Trained {
         /// Its `results.csv` line.
-        report: EpochReport,
+        report: Box<EpochReport>,
         /// Whether training stops here.
         early_stop: bool,
     },
@@ -90,6 +90,7 @@ pub(crate) fn run_epoch(
     // Validation of the EMA (batch halved on out-of-memory).
     let mut metrics = [0f64; 4];
     let mut val_loss = [0f32; 3];
+    let mut mask_metrics = run.model.is_seg().then_some([0f64; 4]);
     let mut validated = false;
     let tv = std::time::Instant::now();
     if (!opts.noval || final_epoch) && !val.images.is_empty() {
@@ -106,12 +107,14 @@ pub(crate) fn run_epoch(
                 tell_others(run, EndCode::Stopped, false)?;
                 return Ok(EpochEnd::Stopped);
             }
-            r => (metrics, val_loss) = r?,
+            r => (metrics, val_loss, mask_metrics) = r?,
         }
         validated = true;
     }
     let val_secs = tv.elapsed().as_secs_f64();
-    let fi = crate::metrics::fitness(metrics[2], metrics[3]);
+    // A segmentation model: box plus mask fitness (official segment/metrics.py `fitness`).
+    let fi = crate::metrics::fitness(metrics[2], metrics[3])
+        + mask_metrics.map_or(0.0, |m| crate::metrics::fitness(m[2], m[3]));
     // Without any validation image there is nothing to rank epochs by: the best weights are
     // the last ones (as the official trainer's best.pt with equal, zero fitness every epoch).
     let c = &mut run.counters;
@@ -143,6 +146,7 @@ pub(crate) fn run_epoch(
         epoch,
         train_loss: pr.mloss.map(|v| v as f32),
         seg_loss: run.model.is_seg().then_some(pr.mseg as f32),
+        mask_metrics,
         metrics,
         val_loss,
         lr,
@@ -180,7 +184,10 @@ pub(crate) fn run_epoch(
         }
     }
     tell_others(run, EndCode::Trained, early_stop)?;
-    Ok(EpochEnd::Trained { report, early_stop })
+    Ok(EpochEnd::Trained {
+        report: Box::new(report),
+        early_stop,
+    })
 }
 
 /// How rank 0's epoch ended, for the other ranks.
@@ -233,6 +240,7 @@ fn other_rank_epoch_end(
         epoch,
         train_loss: pr.mloss.map(|v| v as f32),
         seg_loss: run.model.is_seg().then_some(pr.mseg as f32),
+        mask_metrics: run.model.is_seg().then_some([0.0; 4]),
         metrics: [0.0; 4],
         val_loss: [0.0; 3],
         lr: run.opt.lr,
@@ -246,7 +254,7 @@ fn other_rank_epoch_end(
         validated: false,
     };
     Ok(EpochEnd::Trained {
-        report,
+        report: Box::new(report),
         early_stop: d[2] != 0.0,
     })
 }
@@ -628,6 +636,10 @@ fn write_epoch_end(
 /// are the images it skipped); returns P, R, mAP50, mAP50-95 and the val losses. With
 /// `confusion` (the final epoch, plots on) it also draws `confusion_matrix.png` and
 /// `confusion_matrix_normalized.png` into the run folder.
+/// What the validation of the EMA gives an epoch: box P, R, mAP50, mAP50-95, the val losses
+/// `[box, cls, dfl]` (zeros for a segmentation model) and a segmentation model's mask metrics.
+type EmaVal = ([f64; 4], [f32; 3], Option<[f64; 4]>);
+
 fn validate_ema(
     run: &mut Run<'_>,
     val: &Val,
@@ -635,7 +647,7 @@ fn validate_ema(
     obs: &mut dyn TrainObserver,
     confusion: bool,
     stop: &StopFlag,
-) -> Result<([f64; 4], [f32; 3])> {
+) -> Result<EmaVal> {
     let opts = run.opts;
     // The captured training step holds a training forward's activations: under a memory
     // budget they are released for validation (the next epoch captures again); without one the
@@ -656,22 +668,25 @@ fn validate_ema(
     let (r, vb, halvings) = halve_on_oom(
         start,
         |vb| {
-            validate(
-                ValModel::Train {
-                    model: &val.model,
-                    loss: &run.loss,
-                },
-                &val.images,
-                &ValConfig {
-                    img: opts.img,
-                    batch: vb,
-                    progress: opts.verbose,
-                    confusion,
-                    collect: confusion,
-                    cancel: stop.cancel(),
-                    ..ValConfig::default()
-                },
-            )
+            let cfg = ValConfig {
+                img: opts.img,
+                batch: vb,
+                progress: opts.verbose,
+                confusion,
+                collect: confusion,
+                cancel: stop.cancel(),
+                ..ValConfig::default()
+            };
+            if val.model.is_seg() {
+                // Boxes and masks (official segment/val.py), without val losses.
+                let m = crate::metrics::seg_val::SegValModel::Train(&val.model);
+                return crate::metrics::seg_val::validate_seg(m, &val.images, &cfg);
+            }
+            let m = ValModel::Train {
+                model: &val.model,
+                loss: &run.loss,
+            };
+            validate(m, &val.images, &cfg)
         },
         |old, new| {
             run.graphs.borrow_mut().reset();
@@ -684,7 +699,10 @@ fn validate_ema(
     pr.oom_events += halvings;
     crate::memory::mem_trace(val.model.device(), format_args!("validation batch={vb}"));
     if opts.verbose {
-        obs.text(&r.metrics.table(&val.names));
+        obs.text(&match &r.masks {
+            Some(m) => crate::metrics::seg::seg_table(&r.metrics, m, &val.names),
+            None => r.metrics.table(&val.names),
+        });
     }
     if let Some(cm) = &r.confusion {
         let drawn = crate::metrics::plots::plot_validation(
@@ -716,8 +734,9 @@ fn validate_ema(
         r.metrics.map50_95,
     ];
     let val_loss = r.losses.unwrap_or_default();
+    let masks = r.masks.map(|m| [m.mp, m.mr, m.map50, m.map50_95]);
     pr.skipped += r.skipped.len();
-    Ok((metrics, val_loss))
+    Ok((metrics, val_loss, masks))
 }
 
 impl Run<'_> {

@@ -13,8 +13,12 @@ pub struct EpochReport {
     pub epoch: usize,
     /// Mean training losses `[box, cls, dfl]` of the epoch (official `mloss`).
     pub train_loss: [f32; 3],
-    /// Mean training mask loss of a segmentation model (the `train/seg_loss` column, last).
+    /// Mean training mask loss of a segmentation model (the `train/seg_loss` column, after the
+    /// detection columns).
     pub seg_loss: Option<f32>,
+    /// A segmentation model's mask P, R, mAP50, mAP50-95 of the EMA on the val split (zeros
+    /// when not validated; the last four columns).
+    pub mask_metrics: Option<[f64; 4]>,
     /// Precision, recall, mAP50, mAP50-95 of the EMA on the val split (zeros when not validated).
     pub metrics: [f64; 4],
     /// Val losses `[box, cls, dfl]` (zeros when not validated).
@@ -67,10 +71,15 @@ fn csv_row(r: &EpochReport) -> String {
         r.oom_events,
         r.micro
     ) + &r.seg_loss.map(|v| format!(",{v:.5}")).unwrap_or_default()
+        + &r
+            .mask_metrics
+            .map(|m| format!(",{:.5},{:.5},{:.5},{:.5}", m[0], m[1], m[2], m[3]))
+            .unwrap_or_default()
 }
 
-/// The extra last column of a segmentation run's `results.csv`.
-pub const SEG_LOSS_COLUMN: &str = "train/seg_loss";
+/// The extra last columns of a segmentation run's `results.csv`: its mask loss and mask metrics.
+pub const SEG_COLUMNS: &str =
+    "train/seg_loss,metrics/precision(M),metrics/recall(M),metrics/mAP50(M),metrics/mAP50-95(M)";
 
 impl EpochReport {
     /// The line printed after the epoch (`--verbose`): losses, speed, `train_secs` and
@@ -109,10 +118,10 @@ impl EpochReport {
 }
 
 /// Creates `run_dir/results.csv` with its header line (a new run; `seg`: a segmentation run,
-/// with the [`SEG_LOSS_COLUMN`] last).
+/// with the [`SEG_COLUMNS`] last).
 pub(crate) fn create_results_csv(run_dir: &Path, seg: bool) -> Result<()> {
     let extra = if seg {
-        format!(",{SEG_LOSS_COLUMN}")
+        format!(",{SEG_COLUMNS}")
     } else {
         String::new()
     };

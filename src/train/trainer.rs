@@ -27,7 +27,7 @@ use crate::train::epoch::{run_epoch, EpochEnd};
 pub use crate::train::guard::StopFlag;
 pub use crate::train::observer::{Console, TrainEvent, TrainObserver};
 pub use crate::train::options::{Hyp, TrainOptions};
-pub use crate::train::report::{EpochReport, RESULTS_HEADER};
+pub use crate::train::report::{EpochReport, RESULTS_HEADER, SEG_COLUMNS};
 use crate::train::setup::{build, resolve, Prepared};
 pub use crate::train::step::{MAX_GRAD_NORM, STEP_TIMES_ENV};
 use anyhow::{bail, Result};
@@ -209,7 +209,7 @@ fn run_epochs(
                 break;
             }
             EpochEnd::Trained { report, early_stop } => {
-                reports.push(report);
+                reports.push(*report);
                 if early_stop {
                     break;
                 }

@@ -5,7 +5,7 @@
 //! and the weights reload as a segmentation model that gives masks.
 
 use crate::common;
-use yolo9::train::trainer::{train, RESULTS_HEADER};
+use yolo9::train::trainer::{train, RESULTS_HEADER, SEG_COLUMNS};
 
 /// Rewrites every label file under `dir/labels` so each box row becomes the 12-point ellipse
 /// inscribed in the box (normalized, clipped to the image).
@@ -56,17 +56,25 @@ fn tiny_segmentation_run_trains_the_mask_loss_and_reloads() {
     assert!(seg.iter().all(|v| v.is_finite() && *v > 0.0), "{seg:?}");
     let csv = std::fs::read_to_string(s.run_dir.join("results.csv")).unwrap();
     let lines: Vec<&str> = csv.lines().collect();
-    assert_eq!(lines[0], format!("{RESULTS_HEADER},train/seg_loss"));
+    assert_eq!(lines[0], format!("{RESULTS_HEADER},{SEG_COLUMNS}"));
     let last: Vec<&str> = lines[3].split(',').collect();
-    assert_eq!(last.len(), RESULTS_HEADER.split(',').count() + 1);
-    let logged: f32 = last.last().unwrap().parse().unwrap();
+    let n = RESULTS_HEADER.split(',').count();
+    assert_eq!(last.len(), n + 5);
+    let logged: f32 = last[n].parse().unwrap();
     assert!((logged - seg[2]).abs() < 1e-4, "{logged} vs {}", seg[2]);
+    // The final epoch validated the EMA's boxes and masks.
+    let masks = s.epochs[2].mask_metrics.expect("mask metrics");
+    assert!(s.epochs[2].validated && masks.iter().all(|v| (0.0..=1.0).contains(v)));
+    for (k, v) in masks.iter().enumerate() {
+        let logged: f64 = last[n + 1 + k].parse().unwrap();
+        assert!((logged - v).abs() < 1e-5);
+    }
     // The weights are a segmentation model's.
     let w = yolo9::Weights::load(&s.last).unwrap();
     let m = yolo9::internals::model::yolov9::YoloV9::load(&w, &candle_core::Device::Cpu).unwrap();
     assert!(m.is_seg());
     // Validation of a segmentation model reports box and mask statistics of the same labels.
-    use yolo9::metrics::seg_val::validate_seg;
+    use yolo9::metrics::seg_val::{validate_seg, SegValModel};
     use yolo9::metrics::validate::{val_images, ValConfig};
     let data = yolo9::internals::data::yaml::DataConfig::load(&tmp.join("data.yaml")).unwrap();
     let scan = yolo9::internals::data::scan::scan_split(
@@ -85,7 +93,38 @@ fn tiny_segmentation_run_trains_the_mask_loss_and_reloads() {
         img: 64,
         ..ValConfig::default()
     };
-    let r = validate_seg(&m, &images, &cfg).unwrap();
+    let cfg = ValConfig {
+        collect: true,
+        ..cfg
+    };
+    let r = validate_seg(SegValModel::Infer(&m), &images, &cfg).unwrap();
+    // The training graph's outputs validate to the same detections as the fused graph's.
+    let arch = yolo9::model::Arch::from_yaml(
+        &std::fs::read_to_string(common::seg_oracle("tiny-seg.yaml")).unwrap(),
+        "tiny-seg",
+    )
+    .unwrap();
+    let names = w.meta.names.clone();
+    let tm = yolo9::internals::model::yolov9::YoloV9Train::build(
+        &arch,
+        Some(&w),
+        3,
+        names,
+        &candle_core::Device::Cpu,
+        0,
+    )
+    .unwrap();
+    let rt = validate_seg(SegValModel::Train(&tm), &images, &cfg).unwrap();
+    let (a, b) = (
+        r.detections.as_ref().unwrap(),
+        rt.detections.as_ref().unwrap(),
+    );
+    assert_eq!(a.len(), 1);
+    assert!(!a[0].dets.is_empty());
+    let close = a[0].dets.len().min(b[0].dets.len()).min(20);
+    for (x, y) in a[0].dets[..close].iter().zip(&b[0].dets[..close]) {
+        assert!((0..6).all(|k| (x[k] - y[k]).abs() < 1e-2), "{x:?} vs {y:?}");
+    }
     let masks = r.masks.expect("mask metrics of a segmentation model");
     assert_eq!((r.metrics.seen, masks.seen), (1, 1));
     assert_eq!(masks.nt, r.metrics.nt);
