@@ -182,61 +182,81 @@ fn mask_term(
         per_image[b].push(k);
     }
     let (ih, iw) = (img_hw.0 as f32, img_hw.1 as f32);
+    let hw = mh * mw;
+    // Pixel coordinates of the prototype grid, for the box crops built on the device.
+    let xs = Tensor::arange(0u32, mw as u32, &dev)?
+        .to_dtype(DType::F32)?
+        .reshape((1, 1, mw))?;
+    let ys = Tensor::arange(0u32, mh as u32, &dev)?
+        .to_dtype(DType::F32)?
+        .reshape((1, mh, 1))?;
+    // The ground-truth planes on the device, once: (B or N, Hm·Wm).
+    let planes = match &gt {
+        GtPlanes::Overlap(m) | GtPlanes::PerTarget(m) => {
+            Tensor::from_slice(m, (m.len() / hw.max(1), hw), &dev)?
+        }
+    };
     let mut total = Tensor::zeros((), branch.proto.dtype(), &dev)?;
-    for i in 0..bs {
+    for (i, rows_i) in per_image.iter().enumerate() {
         let fg: Vec<usize> = (0..a).filter(|&j| asg.fg_mask[i * a + j]).collect();
         if fg.is_empty() {
             continue;
         }
         let n = fg.len();
-        let mut target = vec![0f32; n * mh * mw];
-        let mut weight = vec![0f32; n * mh * mw];
-        for (k, &j) in fg.iter().enumerate() {
+        // Per foreground anchor: its object's index, crop box at mask resolution and weight
+        // (mean over the Hm·Wm pixels, / normalised box area, mean over the n anchors).
+        let (mut gidx, mut rows_of) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        let mut crop = [
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+        ];
+        let mut wts = Vec::with_capacity(n);
+        for &j in &fg {
             let g = asg.target_gt_idx[i * a + j];
-            let plane: &[f32] = match &gt {
-                GtPlanes::Overlap(m) => &m[i * mh * mw..(i + 1) * mh * mw],
-                GtPlanes::PerTarget(m) => {
-                    let row = *per_image[i].get(g).with_context(|| {
-                        format!("segmentation loss: image {i} has no target {g}")
-                    })?;
-                    &m[row * mh * mw..(row + 1) * mh * mw]
-                }
-            };
+            if !overlap {
+                let row = *rows_i
+                    .get(g)
+                    .with_context(|| format!("segmentation loss: image {i} has no target {g}"))?;
+                rows_of.push(row as u32);
+            }
+            gidx.push((g + 1) as f32);
             let b = asg.target_bboxes[i * a + j];
             let xyxyn = [b[0] / iw, b[1] / ih, b[2] / iw, b[3] / ih];
             let area = (xyxyn[2] - xyxyn[0]) * (xyxyn[3] - xyxyn[1]);
-            let m = [
-                xyxyn[0] * mw as f32,
-                xyxyn[1] * mh as f32,
-                xyxyn[2] * mw as f32,
-                xyxyn[3] * mh as f32,
-            ];
-            // mean over the Hm·Wm pixels, / area, mean over the n anchors.
-            let w = 1.0 / ((mh * mw) as f32 * area * n as f32);
-            for y in 0..mh {
-                for x in 0..mw {
-                    let o = k * mh * mw + y * mw + x;
-                    let v = plane[y * mw + x];
-                    target[o] = if overlap {
-                        (v == (g + 1) as f32) as u8 as f32
-                    } else {
-                        v
-                    };
-                    let (fx, fy) = (x as f32, y as f32);
-                    if fx >= m[0] && fx < m[2] && fy >= m[1] && fy < m[3] {
-                        weight[o] = w;
-                    }
-                }
-            }
+            crop[0].push(xyxyn[0] * mw as f32);
+            crop[1].push(xyxyn[1] * mh as f32);
+            crop[2].push(xyxyn[2] * mw as f32);
+            crop[3].push(xyxyn[3] * mh as f32);
+            wts.push(1.0 / ((hw as f32) * area * n as f32));
         }
+        let col = |v: Vec<f32>| Tensor::from_vec(v, (n, 1, 1), &dev);
+        let [x1, y1, x2, y2] = crop.map(col);
+        let inside_x = xs.broadcast_ge(&x1?)?.mul(&xs.broadcast_lt(&x2?)?)?; // (n, 1, mw)
+        let inside_y = ys.broadcast_ge(&y1?)?.mul(&ys.broadcast_lt(&y2?)?)?; // (n, mh, 1)
+        let weight = inside_x
+            .broadcast_mul(&inside_y)?
+            .to_dtype(DType::F32)?
+            .broadcast_mul(&col(wts)?)?
+            .reshape((n, hw))?;
+        let target = if overlap {
+            let g = Tensor::from_vec(gidx, (n, 1), &dev)?;
+            planes
+                .narrow(0, i, 1)?
+                .broadcast_eq(&g)?
+                .to_dtype(DType::F32)?
+        } else {
+            planes.index_select(&Tensor::from_vec(rows_of, n, &dev)?, 0)?
+        };
         let idx = Tensor::from_vec(fg.iter().map(|&j| j as u32).collect::<Vec<_>>(), n, &dev)?;
         let c = branch.coeffs.get(i)?.index_select(&idx, 1)?.t()?; // (n, nm)
-        let p = branch.proto.get(i)?.reshape((nm, mh * mw))?;
+        let p = branch.proto.get(i)?.reshape((nm, hw))?;
         let logits = c.contiguous()?.matmul(&p.contiguous()?)?; // (n, Hm·Wm)
         let dt = logits.dtype();
-        let t = Tensor::from_vec(target, (n, mh * mw), &dev)?.to_dtype(dt)?;
-        let w = Tensor::from_vec(weight, (n, mh * mw), &dev)?.to_dtype(dt)?;
-        let l = bce_with_logits(&logits, &t)?.mul(&w)?.sum_all()?;
+        let l = bce_with_logits(&logits, &target.to_dtype(dt)?)?
+            .mul(&weight.to_dtype(dt)?)?
+            .sum_all()?;
         total = (total + l)?;
     }
     Ok(total)
