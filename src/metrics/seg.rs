@@ -72,14 +72,12 @@ impl SegValStats {
         pixels: usize,
     ) {
         self.boxes.add_image(detections, labels);
-        add_masks(
-            &mut self.masks,
-            detections,
-            labels,
-            pred_masks,
-            gt_masks,
-            pixels,
-        );
+        let iou = if labels.is_empty() || detections.is_empty() {
+            Vec::new()
+        } else {
+            mask_iou(gt_masks, pred_masks, pixels)
+        };
+        add_masks(&mut self.masks, detections, labels, &iou);
     }
 
     /// `(box, mask)` metrics for `nc` classes (official `ap_per_class_box_and_mask`).
@@ -88,26 +86,57 @@ impl SegValStats {
     }
 }
 
-/// The mask half of [`SegValStats::add_image`]: one image's detections matched by mask IoU
-/// into `m` (the statistics the box half keeps by box IoU).
-pub fn add_masks(
-    m: &mut ValStats,
-    detections: &[[f32; 6]],
-    labels: &[[f32; 5]],
-    pred_masks: &[u8],
-    gt_masks: &[u8],
-    pixels: usize,
-) {
+/// The mask half of [`SegValStats::add_image`]: one image's detections matched into `m` by the
+/// label-major mask IoU matrix `iou` ([`mask_iou`], [`mask_iou_overlap`]; may be empty when
+/// there are no labels or no detections).
+pub fn add_masks(m: &mut ValStats, detections: &[[f32; 6]], labels: &[[f32; 5]], iou: &[Vec<f32>]) {
     m.seen += 1;
     m.target_cls.extend(labels.iter().map(|l| l[0] as u32));
     if detections.is_empty() {
         return;
     }
-    m.tp.extend(process_batch_masks(
-        detections, labels, gt_masks, pred_masks, pixels,
-    ));
+    m.tp.extend(if labels.is_empty() {
+        vec![[false; N_IOU]; detections.len()]
+    } else {
+        match_by_iou(iou, detections, labels)
+    });
     m.conf.extend(detections.iter().map(|d| d[4]));
     m.pred_cls.extend(detections.iter().map(|d| d[5] as u32));
+}
+
+/// [`mask_iou`] when the ground truth is one overlap mask (`overlap` of `pixels` values, value
+/// `k + 1` where label `k` is): the same f32 values, from one pass over each prediction's
+/// pixels (a histogram of the labels under it) instead of one per label and prediction.
+pub fn mask_iou_overlap(
+    overlap: &[u32],
+    labels: usize,
+    pred: &[u8],
+    pixels: usize,
+) -> Vec<Vec<f32>> {
+    let mut gt_area = vec![0usize; labels + 1];
+    for &v in overlap {
+        if let Some(a) = gt_area.get_mut(v as usize) {
+            *a += 1;
+        }
+    }
+    let mut iou = vec![Vec::new(); labels];
+    for p in pred.chunks_exact(pixels.max(1)) {
+        let mut inter = vec![0usize; labels + 1];
+        let mut area = 0usize;
+        for (&v, &g) in p.iter().zip(overlap) {
+            if v != 0 {
+                area += 1;
+                if let Some(c) = inter.get_mut(g as usize) {
+                    *c += 1;
+                }
+            }
+        }
+        for (k, row) in iou.iter_mut().enumerate() {
+            let (i, ga, pa) = (inter[k + 1] as f32, gt_area[k + 1] as f32, area as f32);
+            row.push(i / ((ga + pa - i) + 1e-7));
+        }
+    }
+    iou
 }
 
 /// Official `process_mask(protos, masks_in, bboxes, shape, upsample=False)` for one detection:
@@ -231,6 +260,26 @@ mod tests {
         assert!(proto_mask(protos, &[1.0], [0.0, 0.0, 16.0, 16.0], (16, 16))
             .iter()
             .all(|&v| v == 0));
+    }
+
+    #[test]
+    fn overlap_iou_equals_the_dense_mask_iou() {
+        // A 12 × 10 overlap mask of three labels and five predictions, pseudo-random.
+        let px = 120;
+        let mut seed = 7u64;
+        let mut next = || {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (seed >> 33) as u32
+        };
+        let overlap: Vec<u32> = (0..px).map(|_| next() % 4).collect();
+        let pred: Vec<u8> = (0..5 * px).map(|_| u8::from(next() % 3 == 0)).collect();
+        let dense: Vec<u8> = (1..=3u32)
+            .flat_map(|k| overlap.iter().map(move |&v| u8::from(v == k)))
+            .collect();
+        let want = mask_iou(&dense, &pred, px);
+        let got = mask_iou_overlap(&overlap, 3, &pred, px);
+        assert_eq!(got, want);
+        assert!(want.iter().flatten().any(|&v| v > 0.1));
     }
 
     #[test]

@@ -16,7 +16,7 @@
 use crate::data::polygons::{overlap_mask, MASK_RATIO};
 use crate::detect::masks::Protos;
 use crate::metrics::ap::ValStats;
-use crate::metrics::seg::{add_masks, proto_mask};
+use crate::metrics::seg::{add_masks, mask_iou, mask_iou_overlap, proto_mask};
 use crate::metrics::validate::{
     multilabel_options, native_space, prepare_batch, rect_batches, Collect, Prepared, ValConfig,
     ValImage, ValResult, VAL_PHASE,
@@ -110,8 +110,8 @@ pub fn validate_seg(
         for ok in ok.chunks(step) {
             let (pred, proto) = forward(&model, &device, ok, hw)?;
             let per = seg_image_results(&pred, &proto, images, ok, hw, nc, cfg)?;
-            for (i, dets, labels, pm, gm, pixels) in per {
-                add_masks(&mut masks, &dets, &labels, &pm, &gm, pixels);
+            for (i, dets, labels, iou) in per {
+                add_masks(&mut masks, &dets, &labels, &iou);
                 run.add(i, dets, labels);
             }
         }
@@ -142,9 +142,9 @@ fn forward(
     Ok((host(pred)?, host(proto)?))
 }
 
-/// One image's detections and labels in original pixels (labels in the overlap mask's order),
-/// its detections' masks and its ground-truth masks (one 0/1 plane of `pixels` values each).
-type SegImage = (usize, Vec<[f32; 6]>, Vec<[f32; 5]>, Vec<u8>, Vec<u8>, usize);
+/// One image's detections and labels in original pixels (labels in the overlap mask's order)
+/// and the label-major mask IoU of its detections.
+type SegImage = (usize, Vec<[f32; 6]>, Vec<[f32; 5]>, Vec<Vec<f32>>);
 
 /// NMS, masks and ground truth of each prepared image, in image order.
 fn seg_image_results(
@@ -192,21 +192,38 @@ fn seg_image_results(
                 let coeffs: Vec<f32> = (0..nm).map(|m| p[(4 + nc + m) * a + anchor]).collect();
                 pm.extend(proto_mask(protos, &coeffs, [r[0], r[1], r[2], r[3]], hw));
             }
-            let (gm, order) = gt_masks(&images[*i], prep, hw, (ph, pw));
-            let labels = order.iter().map(|&o| labels[o]).collect();
-            (*i, dets, labels, pm, gm, ph * pw)
+            let (gt, order) = gt_masks(&images[*i], prep, hw, (ph, pw));
+            let labels: Vec<[f32; 5]> = order.iter().map(|&o| labels[o]).collect();
+            let iou = if labels.is_empty() || dets.is_empty() {
+                Vec::new()
+            } else {
+                match gt {
+                    Gt::Overlap(ov) => mask_iou_overlap(&ov, labels.len(), &pm, ph * pw),
+                    Gt::Planes(gm) => mask_iou(&gm, &pm, ph * pw),
+                }
+            };
+            (*i, dets, labels, iou)
         })
         .collect())
 }
 
+/// An image's ground-truth masks at the prototypes' resolution.
+enum Gt {
+    /// The overlap mask itself (value `k + 1` where label `k` is).
+    Overlap(Vec<u32>),
+    /// One 0/1 plane per label (prototypes of another size than the mask).
+    Planes(Vec<u8>),
+}
+
 /// The ground-truth masks of `im` letterboxed by `prep` into an `hw` input, at `mask_hw` (the
-/// overlap mask at `1 / 4` split into one 0/1 plane per label), and the labels' order in them.
+/// overlap mask at `1 / 4`, resampled to one 0/1 plane per label when the prototypes have
+/// another size), and the labels' order in them.
 fn gt_masks(
     im: &ValImage,
     prep: &Prepared,
     hw: (usize, usize),
     mask_hw: (usize, usize),
-) -> (Vec<u8>, Vec<usize>) {
+) -> (Gt, Vec<usize>) {
     let rw = (im.width as f64 * prep.gain) as f32;
     let rh = (im.height as f64 * prep.gain) as f32;
     let (padw, padh) = (prep.pad.0 as f32, prep.pad.1 as f32);
@@ -230,19 +247,18 @@ fn gt_masks(
         .collect();
     let (ov, order) = overlap_mask(&outlines, hw.1, hw.0, MASK_RATIO);
     let (mh, mw) = (hw.0 / MASK_RATIO, hw.1 / MASK_RATIO);
+    if (mh, mw) == mask_hw {
+        return (Gt::Overlap(ov), order);
+    }
+    // Prototypes of another size: nearest sampling of the overlap mask.
     let mut planes = Vec::with_capacity(order.len() * mask_hw.0 * mask_hw.1);
     for k in 0..order.len() as u32 {
-        if (mh, mw) == mask_hw {
-            planes.extend(ov.iter().map(|&v| u8::from(v == k + 1)));
-        } else {
-            // Prototypes of another size: nearest sampling of the overlap mask.
-            for y in 0..mask_hw.0 {
-                for x in 0..mask_hw.1 {
-                    let (sy, sx) = (y * mh / mask_hw.0, x * mw / mask_hw.1);
-                    planes.push(u8::from(ov[sy * mw + sx] == k + 1));
-                }
+        for y in 0..mask_hw.0 {
+            for x in 0..mask_hw.1 {
+                let (sy, sx) = (y * mh / mask_hw.0, x * mw / mask_hw.1);
+                planes.push(u8::from(ov[sy * mw + sx] == k + 1));
             }
         }
     }
-    (planes, order)
+    (Gt::Planes(planes), order)
 }

@@ -927,7 +927,9 @@ fn loader(
 /// phases keep: under a memory budget it runs only when the sizing measured it and chose it
 /// (`train::budget`), at the micro-batch sized for it.
 fn choose_step_launch(run: &Run, obs: &mut dyn TrainObserver) {
-    let graphed = run.graphs.borrow().applies_to(&run.device)
+    // A segmentation step is not captured (its mask loss runs per image with ordinary launches).
+    let graphed = !run.model.is_seg()
+        && run.graphs.borrow().applies_to(&run.device)
         && run.sizing.budget.as_ref().is_none_or(|d| d.graphed);
     if !graphed {
         run.graphs.borrow_mut().disable();
@@ -954,6 +956,10 @@ fn choose_step_launch(run: &Run, obs: &mut dyn TrainObserver) {
                 Some(c) => format!("ordinary launches under the memory budget ({c})"),
                 None => "ordinary launches (sized for them under the memory budget)".to_string(),
             },
+            (false, None) if run.model.is_seg() => {
+                "ordinary launches (segmentation steps are not replayed from CUDA graphs)"
+                    .to_string()
+            }
             (false, None) => "ordinary launches".to_string(),
         };
         obs.line(&format!("training step: {how}"));
