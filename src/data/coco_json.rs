@@ -19,6 +19,11 @@
 //!   none); a box crossing the image edge is clipped, one left without area is dropped (as label
 //!   rows, [`super::labels`]). `iscrowd: 1` boxes are ignored, as COCO training does (one notice
 //!   per file with the count).
+//! - **Outlines** (segmentation): an annotation's polygon `segmentation` (`[[x1, y1, …], …]`,
+//!   pixels) becomes its box's outline, several polygons joined into one as the Ultralytics COCO
+//!   converter does ([`crate::data::polygons::merge_polygons`]), normalized and clipped like the
+//!   box; an RLE `segmentation` (`{counts, size}`, crowd regions) gives none, and the box stands
+//!   for it in segmentation training.
 //! - **Bad records** never stop the scan: each is an [`Issue`] naming the file, the record
 //!   (`annotations[17] (id 42)`) and the value, and is skipped and counted: an image that is not
 //!   found or has no usable `id`/`file_name` (counted as a skipped image), an annotation with a
@@ -97,6 +102,10 @@ pub struct PixelBox {
     pub cls: u32,
     /// `[x, y, w, h]`, top-left corner and size, in pixels.
     pub xywh: [f64; 4],
+    /// The instance outline from its polygon `segmentation`, in pixels (several polygons joined
+    /// by [`crate::data::polygons::merge_polygons`]); empty without one (RLE, or no polygon of
+    /// three points).
+    pub outline: Vec<[f64; 2]>,
     /// The record, e.g. `annotations[17] (id 42)`, for reports.
     pub record: String,
 }
@@ -142,8 +151,8 @@ struct RawFile {
     categories: Vec<Value>,
 }
 
-/// An `annotations[]` entry: only the keys used are kept (a large `segmentation` is skipped by
-/// the parser, not stored). A record that is not an object becomes `Other`.
+/// An `annotations[]` entry: only the keys used are kept (a `segmentation` only as polygons; an
+/// RLE one is skipped by the parser, not stored). A record that is not an object becomes `Other`.
 #[derive(Deserialize)]
 #[serde(untagged)]
 enum RawAnnotation {
@@ -153,8 +162,33 @@ enum RawAnnotation {
         category_id: Option<Value>,
         bbox: Option<Value>,
         iscrowd: Option<Value>,
+        #[serde(default)]
+        segmentation: Option<RawSegmentation>,
     },
     Other(serde::de::IgnoredAny),
+}
+
+/// An annotation's `segmentation`: polygons `[[x1, y1, x2, y2, …], …]` in pixels, or anything
+/// else (RLE), not kept.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum RawSegmentation {
+    Polygons(Vec<Vec<f64>>),
+    Other(serde::de::IgnoredAny),
+}
+
+/// The outline of a polygon `segmentation`: each polygon of at least three finite points, joined
+/// into one ([`crate::data::polygons::merge_polygons`]); empty when none is usable.
+fn outline_of(seg: Option<&RawSegmentation>) -> Vec<[f64; 2]> {
+    let Some(RawSegmentation::Polygons(polys)) = seg else {
+        return Vec::new();
+    };
+    let polys: Vec<Vec<[f64; 2]>> = polys
+        .iter()
+        .filter(|p| p.len() >= 6 && p.len() % 2 == 0 && p.iter().all(|v| v.is_finite()))
+        .map(|p| p.chunks_exact(2).map(|c| [c[0], c[1]]).collect())
+        .collect();
+    crate::data::polygons::merge_polygons(&polys)
 }
 
 /// Reads and parses `path`. Errors name the file, and the line and column for bad JSON.
@@ -443,6 +477,7 @@ fn annotation_box(
         category_id,
         bbox,
         iscrowd,
+        segmentation,
     } = a
     else {
         return Err(format!("annotations[{i}]: not an object"));
@@ -504,6 +539,7 @@ fn annotation_box(
         PixelBox {
             cls,
             xywh: [b[0], b[1], b[2], b[3]],
+            outline: outline_of(segmentation.as_ref()),
             record: rec,
         },
     )))
@@ -512,8 +548,13 @@ fn annotation_box(
 /// The boxes of `img` normalized to centre format on a `w × h` image (the JSON's size when it
 /// gives one, else the decoded `decoded` size): clipped to the image, a box left without area
 /// dropped, each clip or drop an issue naming the annotation. Also a note when the JSON's size
-/// differs from the decoded one.
-pub fn normalize_boxes(img: &CocoImage, decoded: (u32, u32)) -> (Vec<LabelBox>, Vec<Issue>) {
+/// differs from the decoded one. With them, the outlines of the kept boxes normalized and
+/// clipped to `[0, 1]` (as [`crate::data::scan::ImageRecord::segments`]: empty when no
+/// annotation of the image has a polygon, else one per box, empty for a box without).
+pub fn normalize_boxes(
+    img: &CocoImage,
+    decoded: (u32, u32),
+) -> (Vec<LabelBox>, Vec<Vec<[f32; 2]>>, Vec<Issue>) {
     let mut issues = Vec::new();
     let issue = |value: String, action: &str, kind| Issue {
         path: img.json.clone(),
@@ -545,6 +586,7 @@ pub fn normalize_boxes(img: &CocoImage, decoded: (u32, u32)) -> (Vec<LabelBox>, 
     };
     let (w, h) = (w as f64, h as f64);
     let mut out = Vec::new();
+    let mut outlines = Vec::new();
     for b in &img.boxes {
         let [x, y, bw, bh] = b.xywh;
         let raw = [x / w, y / h, (x + bw) / w, (y + bh) / h];
@@ -573,6 +615,17 @@ pub fn normalize_boxes(img: &CocoImage, decoded: (u32, u32)) -> (Vec<LabelBox>, 
                 ));
             }
         }
+        outlines.push(
+            b.outline
+                .iter()
+                .map(|p| {
+                    [
+                        (p[0] / w).clamp(0.0, 1.0) as f32,
+                        (p[1] / h).clamp(0.0, 1.0) as f32,
+                    ]
+                })
+                .collect::<Vec<_>>(),
+        );
         out.push(LabelBox {
             cls: b.cls,
             cx: ((c[0] + c[2]) / 2.0) as f32,
@@ -581,7 +634,10 @@ pub fn normalize_boxes(img: &CocoImage, decoded: (u32, u32)) -> (Vec<LabelBox>, 
             h: (c[3] - c[1]) as f32,
         });
     }
-    (out, issues)
+    if outlines.iter().all(|o| o.is_empty()) {
+        outlines.clear();
+    }
+    (out, outlines, issues)
 }
 
 #[cfg(test)]
@@ -630,22 +686,31 @@ mod tests {
                 PixelBox {
                     cls: 2,
                     xywh: [20.0, 10.0, 40.0, 50.0],
+                    // A triangle, its last point outside the image.
+                    outline: vec![[20.0, 10.0], [60.0, 10.0], [40.0, 120.0]],
                     record: "annotations[0]".into(),
                 },
                 PixelBox {
                     cls: 0,
                     xywh: [-10.0, 90.0, 30.0, 20.0],
+                    outline: Vec::new(),
                     record: "annotations[1]".into(),
                 },
                 PixelBox {
                     cls: 0,
                     xywh: [300.0, 10.0, 5.0, 5.0],
+                    outline: vec![[300.0, 10.0], [305.0, 10.0], [305.0, 15.0]],
                     record: "annotations[2]".into(),
                 },
             ],
         };
-        let (b, iss) = normalize_boxes(&img, (200, 100));
+        let (b, outlines, iss) = normalize_boxes(&img, (200, 100));
         assert_eq!(b.len(), 2);
+        // One outline per kept box (the dropped box's with it), normalized and clipped.
+        assert_eq!(
+            outlines,
+            vec![vec![[0.1, 0.1], [0.3, 0.1], [0.2, 1.0]], Vec::new()]
+        );
         assert_eq!(b[0].cls, 2);
         assert!((b[0].cx - 0.2).abs() < 1e-6 && (b[0].cy - 0.35).abs() < 1e-6);
         assert!((b[0].w - 0.2).abs() < 1e-6 && (b[0].h - 0.5).abs() < 1e-6);
@@ -660,8 +725,33 @@ mod tests {
             iss[1].value
         );
         // the JSON's size differs from the decoded one: a note, boxes on the JSON's size
-        let (_, iss) = normalize_boxes(&img, (100, 200));
+        let (_, _, iss) = normalize_boxes(&img, (100, 200));
         assert_eq!(iss[0].kind, IssueKind::ImageNote);
+    }
+
+    #[test]
+    fn polygon_segmentations_become_outlines_and_rle_is_skipped() {
+        let json = r#"{"images": [], "annotations": [
+            {"id": 1, "image_id": 1, "category_id": 1, "bbox": [0, 0, 4, 2],
+             "segmentation": [[0, 0, 2, 0, 2, 2, 0, 2], [4, 0, 6, 0, 6, 2]]},
+            {"id": 2, "image_id": 1, "category_id": 1, "bbox": [0, 0, 4, 2],
+             "segmentation": {"counts": [0, 4, 12], "size": [4, 4]}},
+            {"id": 3, "image_id": 1, "category_id": 1, "bbox": [0, 0, 4, 2],
+             "segmentation": [[0, 0, 1, 1]]}
+        ], "categories": []}"#;
+        let raw: RawFile = serde_json::from_str(json).unwrap();
+        let outlines: Vec<Vec<[f64; 2]>> = raw
+            .annotations
+            .iter()
+            .map(|a| match a {
+                RawAnnotation::Object { segmentation, .. } => outline_of(segmentation.as_ref()),
+                RawAnnotation::Other(_) => panic!("an object"),
+            })
+            .collect();
+        // Two polygons joined (merge_polygons), RLE and a two-point polygon give none.
+        assert_eq!(outlines[0].len(), 4 + 1 + 3 + 1);
+        assert_eq!(outlines[0][0], [2.0, 0.0]);
+        assert!(outlines[1].is_empty() && outlines[2].is_empty());
     }
 
     #[test]

@@ -179,6 +179,66 @@ pub fn overlap_mask(
     (out, order)
 }
 
+/// The indices `(i, j)` of the closest pair of points `a[i]`, `b[j]` (squared distance; the
+/// first such pair in row-major order).
+fn closest_pair(a: &[[f64; 2]], b: &[[f64; 2]]) -> (usize, usize) {
+    let mut best = (f64::INFINITY, 0, 0);
+    for (i, p) in a.iter().enumerate() {
+        for (j, q) in b.iter().enumerate() {
+            let d = (p[0] - q[0]).powi(2) + (p[1] - q[1]).powi(2);
+            if d < best.0 {
+                best = (d, i, j);
+            }
+        }
+    }
+    (best.1, best.2)
+}
+
+/// One outline from the several polygons of one object (a COCO `segmentation` list), as the
+/// Ultralytics COCO converter joins them (`merge_multi_segment`): consecutive polygons are linked
+/// at their closest points, and the outline walks every polygon forward from its first link and
+/// back along the middle ones, so that the one path visits each part (the links are drawn twice,
+/// enclosing no area). One polygon is returned as it is.
+pub fn merge_polygons(polys: &[Vec<[f64; 2]>]) -> Vec<[f64; 2]> {
+    let n = polys.len();
+    if n <= 1 {
+        return polys.first().cloned().unwrap_or_default();
+    }
+    let mut links: Vec<Vec<usize>> = vec![Vec::new(); n];
+    for i in 1..n {
+        let (a, b) = closest_pair(&polys[i - 1], &polys[i]);
+        links[i - 1].push(a);
+        links[i].push(b);
+    }
+    let mut segs: Vec<Vec<[f64; 2]>> = polys.to_vec();
+    let mut out: Vec<[f64; 2]> = Vec::new();
+    for (i, link) in links.iter().enumerate() {
+        let mut idx = link.clone();
+        // A middle polygon's two links in increasing order; its points reversed alike (as the
+        // converter does, which keeps the indices' values).
+        if idx.len() == 2 && idx[0] > idx[1] {
+            idx.swap(0, 1);
+            segs[i].reverse();
+        }
+        let len = segs[i].len();
+        let start = idx[0] % len.max(1);
+        let mut rolled: Vec<[f64; 2]> = (0..len).map(|j| segs[i][(j + start) % len]).collect();
+        rolled.push(rolled[0]);
+        segs[i] = rolled;
+        if i == 0 || i == n - 1 {
+            out.extend_from_slice(&segs[i]);
+        } else {
+            let end = (idx[1] - idx[0]).min(segs[i].len() - 1);
+            out.extend_from_slice(&segs[i][..=end]);
+        }
+    }
+    for i in (1..n - 1).rev() {
+        let skip = links[i][1].abs_diff(links[i][0]).min(segs[i].len());
+        out.extend_from_slice(&segs[i][skip..]);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -207,6 +267,56 @@ mod tests {
         m[8 + 5] = 1;
         m[0] = 1; // outside the middle 2x2: ignored
         assert_eq!(downsample(&m, 8, 4, 4), vec![1, 0]);
+    }
+
+    #[test]
+    fn polygons_merge_as_the_ultralytics_converter() {
+        // numpy/Ultralytics merge_multi_segment of three squares in a row.
+        let sq = |x: f64| vec![[x, 0.0], [x + 2.0, 0.0], [x + 2.0, 2.0], [x, 2.0]];
+        let got = merge_polygons(&[sq(0.0), sq(4.0), sq(8.0)]);
+        let want: Vec<[f64; 2]> = vec![
+            [2.0, 0.0],
+            [2.0, 2.0],
+            [0.0, 2.0],
+            [0.0, 0.0],
+            [2.0, 0.0],
+            [4.0, 0.0],
+            [6.0, 0.0],
+            [8.0, 0.0],
+            [10.0, 0.0],
+            [10.0, 2.0],
+            [8.0, 2.0],
+            [8.0, 0.0],
+            [6.0, 0.0],
+            [6.0, 2.0],
+            [4.0, 2.0],
+            [4.0, 0.0],
+        ];
+        assert_eq!(got, want);
+        assert_eq!(merge_polygons(&[sq(1.0)]), sq(1.0));
+        // A middle polygon whose links come in decreasing order: reversed, indices kept.
+        let a = sq(0.0);
+        let b = vec![[6.0, 2.0], [4.0, 2.0], [4.0, 0.0], [5.0, -1.0], [6.0, 0.0]];
+        let c = vec![[8.0, 1.0], [10.0, 0.0], [10.0, 2.0]];
+        let want: Vec<[f64; 2]> = vec![
+            [2.0, 0.0],
+            [2.0, 2.0],
+            [0.0, 2.0],
+            [0.0, 0.0],
+            [2.0, 0.0],
+            [6.0, 0.0],
+            [5.0, -1.0],
+            [4.0, 0.0],
+            [8.0, 1.0],
+            [10.0, 0.0],
+            [10.0, 2.0],
+            [8.0, 1.0],
+            [4.0, 0.0],
+            [4.0, 2.0],
+            [6.0, 2.0],
+            [6.0, 0.0],
+        ];
+        assert_eq!(merge_polygons(&[a, b, c]), want);
     }
 
     #[test]

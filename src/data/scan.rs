@@ -43,8 +43,9 @@ mod cache;
 use cache::{cache_path_for, read_cache, scan_key, write_cache, CacheFile};
 
 /// Version of the scan rules; part of the cache key so a rule change invalidates old caches.
-/// 4: records keep the instance outlines of polygon rows ([`ImageRecord::segments`]).
-pub const SCAN_VERSION: u32 = 4;
+/// 4: records keep the instance outlines of polygon rows ([`ImageRecord::segments`]);
+/// 5: and of COCO JSON polygon `segmentation`s.
+pub const SCAN_VERSION: u32 = 5;
 /// Smallest accepted image side, in pixels (as the official `verify_image_label`).
 pub const MIN_IMAGE_SIDE: u32 = 10;
 
@@ -530,7 +531,9 @@ fn scan_one(img: &Path, nc: usize, coco: Option<&CocoImage>) -> OneScan {
         };
     }
     if let Some(c) = coco {
-        let (boxes, iss) = super::coco_json::normalize_boxes(c, (probe.width, probe.height));
+        let (boxes, segments, iss) =
+            super::coco_json::normalize_boxes(c, (probe.width, probe.height));
+        let polygons = segments.iter().filter(|o| !o.is_empty()).count();
         issues.extend(iss);
         let status = if boxes.is_empty() {
             LabelStatus::Empty
@@ -544,11 +547,11 @@ fn scan_one(img: &Path, nc: usize, coco: Option<&CocoImage>) -> OneScan {
                 width: probe.width,
                 height: probe.height,
                 boxes,
-                segments: Vec::new(),
+                segments,
                 status,
             }),
             issues,
-            polygons: 0,
+            polygons,
             duplicates: 0,
             sidecar: false,
         };

@@ -268,7 +268,9 @@ mod tests {
         let px = 120;
         let mut seed = 7u64;
         let mut next = || {
-            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             (seed >> 33) as u32
         };
         let overlap: Vec<u32> = (0..px).map(|_| next() % 4).collect();
