@@ -203,25 +203,9 @@ pub fn outline_box(points: &[[f64; 2]], width: f64, height: f64) -> [f64; 4] {
     }
 }
 
-/// The outlines of `src`'s labels in pixels: normalized points `(x·w + padw, y·h + padh)` in
-/// f32 (official `xyn2xy`), a label without an outline taking its box's four corners.
+/// The outlines of `src`'s labels in pixels ([`crate::data::polygons::outlines_in_pixels`]).
 fn outlines_px(src: &SourceImage, w: f32, h: f32, pad: (f32, f32)) -> Vec<Vec<[f64; 2]>> {
-    src.labels
-        .iter()
-        .enumerate()
-        .map(|(i, (_, l))| {
-            let pts: Vec<[f32; 2]> = match src.outlines.get(i).filter(|o| !o.is_empty()) {
-                Some(o) => o.clone(),
-                None => {
-                    let [x1, y1, x2, y2] = xywhn_to_xyxy(l, 1.0, 1.0, 0.0, 0.0);
-                    vec![[x1, y1], [x2, y1], [x2, y2], [x1, y2]]
-                }
-            };
-            pts.iter()
-                .map(|p| [f64::from(w * p[0] + pad.0), f64::from(h * p[1] + pad.1)])
-                .collect()
-        })
-        .collect()
+    crate::data::polygons::outlines_in_pixels(&src.labels, &src.outlines, (w, h), pad)
 }
 
 /// The objects of a sample while it is augmented: boxes and, for segmentation, one outline per

@@ -179,6 +179,33 @@ pub fn overlap_mask(
     (out, order)
 }
 
+/// The outlines of an image's labels in pixels: each label's normalized outline (`outlines[k]`;
+/// a label without one, or `outlines` empty, takes its box's four corners), mapped by
+/// `(x·w + padw, y·h + padh)` in f32 (official `xyn2xy`). `labels` are normalized `cx cy w h`.
+pub fn outlines_in_pixels(
+    labels: &[(u32, [f32; 4])],
+    outlines: &[Vec<[f32; 2]>],
+    (w, h): (f32, f32),
+    (padw, padh): (f32, f32),
+) -> Vec<Vec<[f64; 2]>> {
+    labels
+        .iter()
+        .enumerate()
+        .map(|(k, (_, l))| {
+            let pts: Vec<[f32; 2]> = match outlines.get(k).filter(|o| !o.is_empty()) {
+                Some(o) => o.clone(),
+                None => {
+                    let [x1, y1, x2, y2] = crate::boxes::xywhn_to_xyxy(l, 1.0, 1.0, 0.0, 0.0);
+                    vec![[x1, y1], [x2, y1], [x2, y2], [x1, y2]]
+                }
+            };
+            pts.iter()
+                .map(|p| [f64::from(w * p[0] + padw), f64::from(h * p[1] + padh)])
+                .collect()
+        })
+        .collect()
+}
+
 /// The indices `(i, j)` of the closest pair of points `a[i]`, `b[j]` (squared distance; the
 /// first such pair in row-major order).
 fn closest_pair(a: &[[f64; 2]], b: &[[f64; 2]]) -> (usize, usize) {

@@ -13,7 +13,7 @@
 //! 4. boxes matched in original pixels (as detection), masks matched by mask IoU at the
 //!    prototypes' resolution ([`crate::metrics::seg::add_masks`]).
 
-use crate::data::polygons::{overlap_mask, MASK_RATIO};
+use crate::data::polygons::{outlines_in_pixels, overlap_mask, MASK_RATIO};
 use crate::detect::masks::Protos;
 use crate::metrics::ap::ValStats;
 use crate::metrics::seg::{add_masks, mask_iou, mask_iou_overlap, proto_mask};
@@ -227,24 +227,7 @@ fn gt_masks(
     let rw = (im.width as f64 * prep.gain) as f32;
     let rh = (im.height as f64 * prep.gain) as f32;
     let (padw, padh) = (prep.pad.0 as f32, prep.pad.1 as f32);
-    let outlines: Vec<Vec<[f64; 2]>> = im
-        .labels
-        .iter()
-        .enumerate()
-        .map(|(k, (_, l))| {
-            let pts: Vec<[f32; 2]> = match im.outlines.get(k).filter(|o| !o.is_empty()) {
-                Some(o) => o.clone(),
-                None => {
-                    let (x1, y1) = (l[0] - l[2] / 2.0, l[1] - l[3] / 2.0);
-                    let (x2, y2) = (l[0] + l[2] / 2.0, l[1] + l[3] / 2.0);
-                    vec![[x1, y1], [x2, y1], [x2, y2], [x1, y2]]
-                }
-            };
-            pts.iter()
-                .map(|p| [f64::from(rw * p[0] + padw), f64::from(rh * p[1] + padh)])
-                .collect()
-        })
-        .collect();
+    let outlines = outlines_in_pixels(&im.labels, &im.outlines, (rw, rh), (padw, padh));
     let (ov, order) = overlap_mask(&outlines, hw.1, hw.0, MASK_RATIO);
     let (mh, mw) = (hw.0 / MASK_RATIO, hw.1 / MASK_RATIO);
     if (mh, mw) == mask_hw {
