@@ -33,23 +33,6 @@ pub fn mask_iou(gt: &[u8], pred: &[u8], pixels: usize) -> Vec<Vec<f32>> {
         .collect()
 }
 
-/// Official `process_batch(..., masks=True)` with masks already at one resolution: which
-/// detections are true positives by mask IoU at each threshold. `gt_masks` one 0/1 mask per
-/// label (for overlap masks, `k + 1` pixels of the image's mask → label `k`), `pred_masks` one
-/// per detection, each of `pixels` values.
-pub fn process_batch_masks(
-    detections: &[[f32; 6]],
-    labels: &[[f32; 5]],
-    gt_masks: &[u8],
-    pred_masks: &[u8],
-    pixels: usize,
-) -> Vec<[bool; N_IOU]> {
-    if labels.is_empty() || detections.is_empty() {
-        return vec![[false; N_IOU]; detections.len()];
-    }
-    match_by_iou(&mask_iou(gt_masks, pred_masks, pixels), detections, labels)
-}
-
 /// Box and mask statistics accumulated over images (official `segment/val.py run`).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct SegValStats {
@@ -86,8 +69,8 @@ impl SegValStats {
     }
 }
 
-/// The mask half of [`SegValStats::add_image`]: one image's detections matched into `m` by the
-/// label-major mask IoU matrix `iou` ([`mask_iou`], [`mask_iou_overlap`]; may be empty when
+/// The mask half of [`SegValStats::add_image`] (official `process_batch(..., masks=True)`): one
+/// image's detections matched into `m` by the label-major mask IoU matrix `iou` ([`mask_iou`], [`mask_iou_overlap`]; may be empty when
 /// there are no labels or no detections).
 pub fn add_masks(m: &mut ValStats, detections: &[[f32; 6]], labels: &[[f32; 5]], iou: &[Vec<f32>]) {
     m.seen += 1;

@@ -2,7 +2,7 @@
 //! `LoadImagesAndLabelsAndMasks(rect=True, pad=0.5, overlap=True, downsample_ratio=4)`):
 //!
 //! 1. the rectangular batches and letterbox of detection validation
-//!    ([`crate::metrics::validate::rect_batches`]);
+//!    ([`crate::metrics::validate::run_batches`]);
 //! 2. each label's outline moved into the letterboxed input as the labels are (official
 //!    `xyn2xy(segment, ratio·w, ratio·h, pad)`, no resampling) and rasterised into the image's
 //!    overlap mask at `1 / 4` of the input ([`crate::data::polygons::overlap_mask`]); the labels
@@ -18,8 +18,8 @@ use crate::detect::masks::Protos;
 use crate::metrics::ap::ValStats;
 use crate::metrics::seg::{add_masks, mask_iou, mask_iou_overlap, proto_mask};
 use crate::metrics::validate::{
-    multilabel_options, native_space, prepare_batch, rect_batches, Collect, Prepared, ValConfig,
-    ValImage, ValResult, VAL_PHASE,
+    input_tensor, multilabel_options, native_space, run_batches, Prepared, ValConfig, ValImage,
+    ValResult,
 };
 use crate::model::head::flatten_levels;
 use crate::model::yolov9::{YoloV9, YoloV9Train};
@@ -88,58 +88,23 @@ pub fn validate_seg(
     images: &[ValImage],
     cfg: &ValConfig,
 ) -> Result<ValResult> {
-    ensure!(!images.is_empty(), "validation: no images to validate");
     ensure!(model.is_seg(), "a detection model has no masks to validate");
-    let sizes: Vec<(u32, u32)> = images.iter().map(|i| (i.width, i.height)).collect();
-    let (order, shapes) = rect_batches(&sizes, cfg.batch, cfg.img, 32, cfg.pad);
     let device = model.device().clone();
     let nc = model.nc();
-    let mut run = Collect::start(cfg, nc, images.len());
     let mut masks = ValStats::default();
-    for (bi, chunk) in order.chunks(cfg.batch.max(1)).enumerate() {
-        cfg.cancel.check(VAL_PHASE)?;
-        let shape = shapes[bi];
-        let ok = prepare_batch(images, chunk, cfg.img, shape, &mut run.skipped);
-        run.advance(chunk.len());
-        let hw = (shape.0 as usize, shape.1 as usize);
-        let step = if device.is_cpu() {
-            cfg.forward_chunk.max(1)
-        } else {
-            ok.len().max(1)
-        };
-        for ok in ok.chunks(step) {
-            let (pred, proto) = forward(&model, &device, ok, hw)?;
-            let per = seg_image_results(&pred, &proto, images, ok, hw, nc, cfg)?;
-            for (i, dets, labels, iou) in per {
-                add_masks(&mut masks, &dets, &labels, &iou);
-                run.add(i, dets, labels);
-            }
+    let run = run_batches(images, cfg, &device, nc, |ok, hw, run| {
+        let (pred, proto) = model.forward(&input_tensor(ok, hw, &device)?)?;
+        let host = |t: Tensor| t.to_dtype(DType::F32)?.to_device(&Device::Cpu);
+        let (pred, proto) = (host(pred)?, host(proto)?);
+        for (i, dets, labels, iou) in seg_image_results(&pred, &proto, images, ok, hw, nc, cfg)? {
+            add_masks(&mut masks, &dets, &labels, &iou);
+            run.add(i, dets, labels);
         }
-    }
+        Ok(())
+    })?;
     let mut r = run.finish(nc, None);
     r.masks = Some(masks.metrics(nc));
     Ok(r)
-}
-
-/// `forward_seg` of the prepared images at `(h, w)`: predictions `(B, 4 + nc + nm, A)` and
-/// prototypes `(B, nm, h / 4, w / 4)`, f32 on the host.
-fn forward(
-    model: &SegValModel<'_>,
-    device: &Device,
-    ok: &[(usize, Prepared)],
-    (h, w): (usize, usize),
-) -> Result<(Tensor, Tensor)> {
-    let mut bytes = Vec::with_capacity(ok.len() * 3 * h * w);
-    for (_, p) in ok {
-        bytes.extend_from_slice(&p.chw);
-    }
-    let x = Tensor::from_vec(bytes, (ok.len(), 3, h, w), device)?
-        .to_dtype(DType::F32)?
-        .affine(1.0 / 255.0, 0.0)?;
-    let (pred, proto) = model.forward(&x)?;
-    let host =
-        |t: Tensor| -> Result<Tensor> { Ok(t.to_dtype(DType::F32)?.to_device(&Device::Cpu)?) };
-    Ok((host(pred)?, host(proto)?))
 }
 
 /// One image's detections and labels in original pixels (labels in the overlap mask's order)

@@ -294,6 +294,36 @@ pub fn scale_box_back(b: [f32; 4], gain: f64, pad: (f64, f64), w0: u32, h0: u32)
 /// too; its masks: [`crate::metrics::seg_val::validate_seg`]). Images that fail to decode are
 /// reported in [`ValResult::skipped`] and left out. Errors: empty list, model failures.
 pub fn validate(model: ValModel<'_>, images: &[ValImage], cfg: &ValConfig) -> Result<ValResult> {
+    let device = model.device().clone();
+    let nc = match &model {
+        ValModel::Infer(m) => m.meta().nc,
+        ValModel::Train { model, .. } => model.meta().nc,
+    };
+    let mut losses = LossSum::default();
+    let run = run_batches(images, cfg, &device, nc, |ok, hw, run| {
+        let y = forward(&model, &device, images, ok, hw, &mut losses)?;
+        for (i, (detn, labels)) in detections(&y, &device, images, ok, nc, cfg)? {
+            run.add(i, detn, labels);
+        }
+        Ok(())
+    })?;
+    Ok(run.finish(nc, losses.mean()))
+}
+
+/// The loop of a validation run ([`validate`], [`crate::metrics::seg_val::validate_seg`]):
+/// checks the list and `--img`, sorts the images into rectangular batches ([`rect_batches`]),
+/// decodes and letterboxes each batch (an image that fails is recorded as skipped), and hands
+/// `f` the prepared images with their network input `(h, w)`, the CPU in chunks of
+/// [`ValConfig::forward_chunk`] (memory), a GPU the whole batch. Returns what `f` collected.
+///
+/// Errors: an empty list, `--img` not a positive multiple of 32, a stop request, `f`'s.
+pub(crate) fn run_batches(
+    images: &[ValImage],
+    cfg: &ValConfig,
+    device: &Device,
+    nc: usize,
+    mut f: impl FnMut(&[(usize, Prepared)], (usize, usize), &mut Collect) -> Result<()>,
+) -> Result<Collect> {
     ensure!(!images.is_empty(), "validation: no images to validate");
     ensure!(
         cfg.img >= 32 && cfg.img.is_multiple_of(32),
@@ -302,13 +332,7 @@ pub fn validate(model: ValModel<'_>, images: &[ValImage], cfg: &ValConfig) -> Re
     );
     let sizes: Vec<(u32, u32)> = images.iter().map(|i| (i.width, i.height)).collect();
     let (order, shapes) = rect_batches(&sizes, cfg.batch, cfg.img, 32, cfg.pad);
-    let device = model.device().clone();
-    let nc = match &model {
-        ValModel::Infer(m) => m.meta().nc,
-        ValModel::Train { model, .. } => model.meta().nc,
-    };
     let mut run = Collect::start(cfg, nc, images.len());
-    let mut losses = LossSum::default();
     for (bi, chunk) in order.chunks(cfg.batch.max(1)).enumerate() {
         cfg.cancel.check(VAL_PHASE)?;
         let shape = shapes[bi];
@@ -318,20 +342,32 @@ pub fn validate(model: ValModel<'_>, images: &[ValImage], cfg: &ValConfig) -> Re
             continue;
         }
         let hw = (shape.0 as usize, shape.1 as usize);
-        // The CPU forward runs in chunks (memory); a GPU takes the whole batch at once.
-        let chunk = if device.is_cpu() {
+        let step = if device.is_cpu() {
             cfg.forward_chunk.max(1)
         } else {
             ok.len().max(1)
         };
-        for ok in ok.chunks(chunk) {
-            let y = forward(&model, &device, images, ok, hw, &mut losses)?;
-            for (i, (detn, labels)) in detections(&y, &device, images, ok, nc, cfg)? {
-                run.add(i, detn, labels);
-            }
+        for ok in ok.chunks(step) {
+            f(ok, hw, &mut run)?;
         }
     }
-    Ok(run.finish(nc, losses.mean()))
+    Ok(run)
+}
+
+/// The prepared images `ok` at `(h, w)` as the network input: `(B, 3, h, w)` f32 RGB in 0..1 on
+/// `device`.
+pub(crate) fn input_tensor(
+    ok: &[(usize, Prepared)],
+    (h, w): (usize, usize),
+    device: &Device,
+) -> Result<Tensor> {
+    let mut bytes = Vec::with_capacity(ok.len() * 3 * h * w);
+    for (_, p) in ok {
+        bytes.extend_from_slice(&p.chw);
+    }
+    Ok(Tensor::from_vec(bytes, (ok.len(), 3, h, w), device)?
+        .to_dtype(DType::F32)?
+        .broadcast_div(&Tensor::new(255f32, device)?)?)
 }
 
 /// What a validation loop gathers ([`validate`], [`validate_tiled`]): the statistics, the
@@ -466,13 +502,7 @@ fn forward(
     (h, w): (usize, usize),
     losses: &mut LossSum,
 ) -> Result<Tensor> {
-    let mut bytes = Vec::with_capacity(ok.len() * 3 * h * w);
-    for (_, p) in ok {
-        bytes.extend_from_slice(&p.chw);
-    }
-    let x = Tensor::from_vec(bytes, (ok.len(), 3, h, w), device)?
-        .to_dtype(DType::F32)?
-        .broadcast_div(&Tensor::new(255f32, device)?)?;
+    let x = input_tensor(ok, (h, w), device)?;
     Ok(match model {
         // `YoloV9::forward` picks its CPU threads itself (the engine's, or candle's pool).
         ValModel::Infer(m) => m.forward(&x)?,

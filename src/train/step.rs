@@ -377,16 +377,22 @@ pub fn step(
     })
 }
 
-/// The overlap masks `(len, m, m)` f32 of images `start..start + len` of `input` on `device`
-/// (`m = img / 4`, all background, when the input has none).
+/// The overlap masks `(len, m, m)` f32 of images `start..start + len` of `input` on `device`,
+/// `m = img / MASK_RATIO` (all background when the input has none).
+///
+/// Errors: masks of another size than `input.len × m × m`.
 fn micro_masks(input: &StepInput<'_>, start: usize, len: usize, device: &Device) -> Result<Tensor> {
-    let per = input.masks.len() / input.len.max(1);
-    let m = (per as f64).sqrt() as usize;
-    if input.masks.is_empty() || m * m != per {
-        let m = input.img / 4;
+    let m = input.img / crate::data::polygons::MASK_RATIO;
+    if input.masks.is_empty() {
         return Ok(Tensor::zeros((len, m, m), DType::F32, device)?);
     }
-    let slice = &input.masks[start * per..(start + len) * per];
+    anyhow::ensure!(
+        input.masks.len() == input.len * m * m,
+        "segmentation step: {} mask values for {} images of {m}x{m}",
+        input.masks.len(),
+        input.len
+    );
+    let slice = &input.masks[start * m * m..(start + len) * m * m];
     Ok(Tensor::from_slice(slice, (len, m, m), &Device::Cpu)?
         .to_dtype(DType::F32)?
         .to_device(device)?)

@@ -483,3 +483,27 @@ pub fn state_dict_entries_json(v: &serde_json::Value) -> Vec<(String, Vec<usize>
         })
         .collect()
 }
+
+/// The data config `yaml` and the validation images of its `split`, scanned without the label
+/// cache (as `yolo9 val` reads them).
+pub fn val_split(
+    yaml: &std::path::Path,
+    split: yolo9::internals::data::yaml::Split,
+) -> (
+    yolo9::internals::data::yaml::DataConfig,
+    Vec<yolo9::metrics::validate::ValImage>,
+) {
+    let cfg = yolo9::internals::data::yaml::DataConfig::load(yaml).unwrap();
+    let scan = yolo9::internals::data::scan::scan_split(
+        &cfg,
+        split,
+        &yolo9::internals::data::scan::ScanOptions {
+            use_cache: false,
+            print: false,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let images = yolo9::metrics::validate::val_images(&scan);
+    (cfg, images)
+}

@@ -6,8 +6,8 @@ use crate::common;
 
 use candle_core::{Device, Tensor};
 use yolo9::metrics::validate::{
-    letterbox_to, nms_multilabel, rect_batches, scale_box_back, val_images, validate, ValConfig,
-    ValImage, ValModel,
+    letterbox_to, nms_multilabel, rect_batches, scale_box_back, validate, ValConfig, ValImage,
+    ValModel,
 };
 use yolo9::metrics::ValStats;
 
@@ -132,22 +132,10 @@ fn letterbox_and_mapping_back() {
 
 /// The BCCD data config and its scanned test split.
 fn bccd_test_split() -> (yolo9::internals::data::yaml::DataConfig, Vec<ValImage>) {
-    let cfg = yolo9::internals::data::yaml::DataConfig::load(
+    common::val_split(
         &common::shared_dir().join("datasets/bccd/data.yaml"),
-    )
-    .unwrap();
-    let scan = yolo9::internals::data::scan::scan_split(
-        &cfg,
         yolo9::internals::data::yaml::Split::Test,
-        &yolo9::internals::data::scan::ScanOptions {
-            use_cache: false,
-            print: false,
-            ..Default::default()
-        },
     )
-    .unwrap();
-    let images = val_images(&scan);
-    (cfg, images)
 }
 
 fn two_test_images() -> Vec<ValImage> {

@@ -75,19 +75,11 @@ fn tiny_segmentation_run_trains_the_mask_loss_and_reloads() {
     assert!(m.is_seg());
     // Validation of a segmentation model reports box and mask statistics of the same labels.
     use yolo9::metrics::seg_val::{validate_seg, SegValModel};
-    use yolo9::metrics::validate::{val_images, ValConfig};
-    let data = yolo9::internals::data::yaml::DataConfig::load(&tmp.join("data.yaml")).unwrap();
-    let scan = yolo9::internals::data::scan::scan_split(
-        &data,
+    use yolo9::metrics::validate::ValConfig;
+    let (_, images) = common::val_split(
+        &tmp.join("data.yaml"),
         yolo9::internals::data::yaml::Split::Val,
-        &yolo9::internals::data::scan::ScanOptions {
-            use_cache: false,
-            print: false,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    let images = val_images(&scan);
+    );
     assert!(images[0].outlines.iter().all(|o| o.len() == 12));
     let cfg = ValConfig {
         img: 64,
@@ -98,6 +90,25 @@ fn tiny_segmentation_run_trains_the_mask_loss_and_reloads() {
         ..cfg
     };
     let r = validate_seg(SegValModel::Infer(&m), &images, &cfg).unwrap();
+    // The checks and the skipping of detection validation: --img not a multiple of 32 is an
+    // error, a batch whose every image fails to decode is skipped, not run.
+    let bad = ValConfig {
+        img: 70,
+        ..cfg.clone()
+    };
+    let err = validate_seg(SegValModel::Infer(&m), &images, &bad).unwrap_err();
+    assert!(format!("{err:#}").contains("multiple of 32"), "{err:#}");
+    let broken = tmp.join("broken.jpg");
+    std::fs::write(&broken, b"not a jpeg").unwrap();
+    let mut two = vec![images[0].clone(), images[0].clone()];
+    two[1].path = broken;
+    two[1].width = 100; // its own aspect ratio: a batch of its own at batch 1
+    let one = ValConfig {
+        batch: 1,
+        ..cfg.clone()
+    };
+    let rb = validate_seg(SegValModel::Infer(&m), &two, &one).unwrap();
+    assert_eq!((rb.skipped.len(), rb.metrics.seen), (1, 1));
     // The training graph's outputs validate to the same detections as the fused graph's.
     let arch = yolo9::model::Arch::from_yaml(
         &std::fs::read_to_string(common::seg_oracle("tiny-seg.yaml")).unwrap(),
