@@ -10,6 +10,7 @@
 use super::gemm;
 use super::math;
 use super::pool::Pool;
+use super::winograd;
 use anyhow::{ensure, Result};
 use candle_core::Tensor;
 
@@ -74,6 +75,9 @@ pub(crate) struct ConvWeights {
     pub w: Vec<f32>,
     pub w0: usize,
     pub bias: Vec<f32>,
+    /// The kernel transformed for Winograd's F(2×2, 3×3), for the convolutions that run by it
+    /// ([`winograd::applies`]).
+    pub wino: Option<winograd::Weights>,
 }
 
 impl ConvWeights {
@@ -130,6 +134,8 @@ impl ConvWeights {
             }
             None => vec![0.0; co],
         };
+        let wino = winograd::applies(k, stride, pad, groups, cig)
+            .then(|| winograd::Weights::new(&src, co, cig));
         Ok(Self {
             k,
             stride,
@@ -142,6 +148,7 @@ impl ConvWeights {
             w,
             w0,
             bias,
+            wino,
         })
     }
 
@@ -164,7 +171,9 @@ impl ConvWeights {
     /// Floats of scratch one task needs (0 for a pointwise conv): the im2col rows of a tile,
     /// then the outputs of a batch of [`BORDER_BATCH`] border pixels ([`implicit`]).
     pub fn scratch(&self) -> usize {
-        if self.pointwise() {
+        if let Some(wt) = &self.wino {
+            wt.scratch(wt.block())
+        } else if self.pointwise() {
             0
         } else {
             let kk = self.k * self.k * self.cig;
@@ -257,6 +266,9 @@ impl Scratch {
 
 /// `y = act(conv(x) + bias) (+ res)` (see [`ConvWeights`]); `y` is `x`'s output shape.
 pub(crate) fn conv(ex: Exec, x: Act, y: Act, res: Option<Act>, cw: &ConvWeights, scratch: Scratch) {
+    if let Some(wt) = &cw.wino {
+        return conv_winograd(ex, x, y, res, cw, wt, scratch);
+    }
     let kk = cw.k * cw.k * cw.cig;
     let pixels = y.pixels();
     let threads = ex.threads();
@@ -318,6 +330,52 @@ pub(crate) fn conv(ex: Exec, x: Act, y: Act, res: Option<Act>, cw: &ConvWeights,
         }
     };
     ex.each_on(tasks, run);
+}
+
+/// [`conv`] by Winograd's F(2×2, 3×3): each image's 2×2 output tiles in blocks (tasks) of at
+/// most [`winograd::Weights::block`], fewer when there are too few for the threads.
+fn conv_winograd(
+    ex: Exec,
+    x: Act,
+    y: Act,
+    res: Option<Act>,
+    cw: &ConvWeights,
+    wt: &winograd::Weights,
+    scratch: Scratch,
+) {
+    let image = |a: Act, n: usize| a.ptr.wrapping_add(n * a.h * a.w * a.ld);
+    let map = |n: usize| winograd::Map {
+        x: image(x, n),
+        ldx: x.ld,
+        y: image(y, n),
+        ldy: y.ld,
+        res: res.map(|r| (image(r, n) as *const f32, r.ld)),
+        h: y.h,
+        w: y.w,
+    };
+    let per_image = map(0).tiles();
+    let tb = wt.block().min(
+        (per_image * x.b)
+            .div_ceil(2 * ex.threads())
+            .next_multiple_of(gemm::MR),
+    );
+    let blocks = per_image.div_ceil(tb);
+    ex.each_on(x.b * blocks, |task, thread| {
+        let (n, t0) = (task / blocks, (task % blocks) * tb);
+        // SAFETY: the activations hold `b` images of the shapes in `x`, `y` and `res`; this task
+        // alone writes tiles t0.. of image n; the thread's scratch holds a block of tiles.
+        unsafe {
+            winograd::tiles(
+                map(n),
+                wt,
+                &cw.bias,
+                cw.act,
+                t0,
+                tb.min(per_image - t0),
+                scratch.mine(thread),
+            )
+        };
+    });
 }
 
 /// Runs of A `(offset, floats)` with each run that starts where the previous one ends joined to

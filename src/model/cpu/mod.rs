@@ -36,6 +36,7 @@ mod kernels;
 mod math;
 mod plan;
 mod pool;
+mod winograd;
 
 use self::graph::{Graph, Kind};
 use self::kernels::{Exec, Scratch};
