@@ -116,11 +116,12 @@ impl Weights {
         }
     }
 
-    /// Tiles per task: the block's 16 `V_e` and 16 `M_e` stay near 512 KiB (in L2), a multiple
-    /// of the micro-kernel's rows, between 12 and 96.
+    /// Tiles per task: the block's 16 `V_e` and 16 `M_e` stay near 1 MiB (about L2), a multiple
+    /// of the micro-kernel's rows, between 12 and 192 (measured a little ahead of half of that,
+    /// `conv_rate`, this 2-core AMD).
     pub fn block(&self) -> usize {
-        let t = 131_072 / (16 * (self.cin + self.cout));
-        (t / gemm::MR * gemm::MR).clamp(gemm::MR, 96)
+        let t = 262_144 / (16 * (self.cin + self.cout));
+        (t / gemm::MR * gemm::MR).clamp(gemm::MR, 192)
     }
 
     /// Floats of scratch one task needs for blocks of `tiles` tiles.

@@ -1,0 +1,38 @@
+#!/bin/bash
+# yolo9's CPU engine against ONNX Runtime on yolo9's own ONNX export of the same weights, in one
+# command: rounds of (each yolo9 setting, then ONNX Runtime) alternating, so that a shared
+# machine's drift hits every side alike; prints each run and the median ratio per setting.
+#
+#   bash benches/cpu_vs_ort.sh [ROUNDS] [THREADS,...] [HxW]     (default: 3 1,2 480x640)
+#
+# Settings: the widest kernel the CPU has; the AVX2 kernel forced (YOLO9_CPU_GEMM=avx2); each
+# again with Winograd off (YOLO9_CPU_WINOGRAD=0). Forward of one image (network and decode),
+# median of 10 per run (benches/cpu_detect.rs, benches/ort_cpu.py). Needs `pip install onnxruntime`.
+set -euo pipefail
+rounds=${1:-3}; threads=${2:-1,2}; size=${3:-480x640}
+cargo build --release --quiet
+cargo bench --bench cpu_detect --no-run --quiet 2>/dev/null
+dir=$(mktemp -d); log=$dir/runs.txt
+settings=("" "YOLO9_CPU_GEMM=avx2" "YOLO9_CPU_WINOGRAD=0" "YOLO9_CPU_GEMM=avx2 YOLO9_CPU_WINOGRAD=0")
+for r in $(seq "$rounds"); do
+  for t in ${threads//,/ }; do
+    for s in "${settings[@]}"; do
+      ms=$(env $s cargo bench --bench cpu_detect --quiet -- --threads "$t" --sizes "$size" --batches 1 --iters 10 2>/dev/null | grep -o 'forward_ms=[0-9.]*' | cut -d= -f2)
+      echo "$r $t yolo9${s:+ $s} $ms" | tee -a "$log"
+    done
+    ms=$(python3 benches/ort_cpu.py --yolo9 target/release/yolo9 --threads "$t" --sizes "$size" --batches 1 --iters 10 --no-openvino --dir "$dir" | grep -o 'forward_ms=[0-9.]*' | cut -d= -f2)
+    echo "$r $t onnxruntime $ms" | tee -a "$log"
+  done
+done
+python3 - "$log" <<'PY'
+import collections, statistics, sys
+runs = collections.defaultdict(dict)
+for line in open(sys.argv[1]):
+    f = line.split()
+    runs[(f[1], " ".join(f[2:-1]))][f[0]] = float(f[-1])
+print("threads | setting | median ms | median ratio to ONNX Runtime (per round)")
+for (t, name), v in sorted(runs.items(), key=lambda kv: (int(kv[0][0]), kv[0][1] == "onnxruntime")):
+    ort = runs[(t, "onnxruntime")]
+    ratios = [v[r] / ort[r] for r in v if r in ort]
+    print(f"{t} | {name} | {statistics.median(v.values()):.1f} | {statistics.median(ratios):.2f}x")
+PY
