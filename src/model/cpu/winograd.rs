@@ -124,9 +124,10 @@ impl Weights {
         (t / gemm::MR * gemm::MR).clamp(gemm::MR, 192)
     }
 
-    /// Floats of scratch one task needs for blocks of `tiles` tiles.
+    /// Floats of scratch one task needs for blocks of `tiles` tiles: the 16 `V_e` and `M_e`, and
+    /// one output pixel for the results of a tile's pixels outside the map (dropped).
     pub fn scratch(&self, tiles: usize) -> usize {
-        16 * tiles * (self.cin + self.cout)
+        16 * tiles * (self.cin + self.cout) + self.cout
     }
 }
 
@@ -166,7 +167,8 @@ pub(crate) unsafe fn tiles(
 ) {
     let (cin, cout) = (wt.cin, wt.cout);
     assert!(scratch.len() >= wt.scratch(n) && bias.len() >= cout);
-    let (v, m) = scratch.split_at_mut(16 * n * cin);
+    let (v, rest) = scratch.split_at_mut(16 * n * cin);
+    let (m, spare) = rest.split_at_mut(16 * n * cout);
     let tw = map.w.div_ceil(2);
     // V_e, row t: the transformed input of tile t0 + t.
     for t in 0..n {
@@ -197,7 +199,6 @@ pub(crate) unsafe fn tiles(
     }
     // Y = Aᵀ M A per tile into its pixels inside the map (a pixel outside goes to `spare`), then
     // the epilogue on each of them.
-    let mut spare = vec![0f32; 0];
     for t in 0..n {
         let (ty, tx) = ((t0 + t) / tw, (t0 + t) % tw);
         let mut dst = [std::ptr::null_mut(); 4];
@@ -208,9 +209,6 @@ pub(crate) unsafe fn tiles(
             *d = if inside[q] {
                 map.y.add((oy * map.w + ox) * map.ldy)
             } else {
-                if spare.is_empty() {
-                    spare = vec![0f32; cout];
-                }
                 spare.as_mut_ptr()
             };
         }
