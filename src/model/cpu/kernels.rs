@@ -168,8 +168,9 @@ impl ConvWeights {
         self.k == 1 && self.stride == 1 && self.pad == 0
     }
 
-    /// Floats of scratch one task needs (0 for a pointwise conv): the im2col rows of a tile,
-    /// then the outputs of a batch of [`BORDER_BATCH`] border pixels ([`implicit`]).
+    /// Floats of scratch one task needs: a block of Winograd tiles' transforms
+    /// ([`winograd::Weights::scratch`]); else 0 for a pointwise conv, or the im2col rows of a
+    /// tile, then the outputs of a batch of [`BORDER_BATCH`] border pixels ([`implicit`]).
     pub fn scratch(&self) -> usize {
         if let Some(wt) = &self.wino {
             wt.scratch(wt.block())

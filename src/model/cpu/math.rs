@@ -35,13 +35,14 @@ pub fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + exp(-x))
 }
 
-/// Runs `$body` (a block using the bindings) compiled for the widest vector ISA present.
+/// Runs `$body` (a block using the bindings) compiled for the widest vector ISA present; an
+/// `unsafe fn` (its body reading raw pointers) stays unsafe to call.
 macro_rules! dispatch {
-    ($(#[$m:meta])* fn $name:ident($($a:ident: $t:ty),*) $body:block) => {
+    ($(#[$m:meta])* unsafe fn $name:ident($($a:ident: $t:ty),*) $body:block) => {
         $(#[$m])*
-        pub fn $name($($a: $t),*) {
+        pub unsafe fn $name($($a: $t),*) {
             #[inline(always)]
-            fn inner($($a: $t),*) $body
+            unsafe fn inner($($a: $t),*) $body
             #[cfg(target_arch = "x86_64")]
             {
                 #[target_feature(enable = "avx512f,avx2,fma")]
@@ -49,20 +50,30 @@ macro_rules! dispatch {
                 #[target_feature(enable = "avx2,fma")]
                 unsafe fn mid($($a: $t),*) { inner($($a),*) }
                 if std::arch::is_x86_feature_detected!("avx512f") {
-                    // SAFETY: the CPU has the features the function is compiled for.
-                    return unsafe { wide($($a),*) };
+                    // SAFETY: the CPU has the features the function is compiled for; the
+                    // caller keeps the function's own contract.
+                    return wide($($a),*);
                 }
                 if std::arch::is_x86_feature_detected!("avx2")
                     && std::arch::is_x86_feature_detected!("fma")
                 {
                     // SAFETY: as above.
-                    return unsafe { mid($($a),*) };
+                    return mid($($a),*);
                 }
             }
             inner($($a),*)
         }
     };
+    ($(#[$m:meta])* fn $name:ident($($a:ident: $t:ty),*) $body:block) => {
+        $(#[$m])*
+        pub fn $name($($a: $t),*) {
+            dispatch! { unsafe fn run($($a: $t),*) $body }
+            // SAFETY: `$body` is safe code; `run` only compiles it for the CPU's features.
+            unsafe { run($($a),*) }
+        }
+    };
 }
+pub(crate) use dispatch;
 
 /// One output row of a convolution in place: `row[j] = act(row[j] + bias[j]) (+ res[j])`
 /// (AVX-512 intrinsics where the CPU has them, else [`epilogue_auto`]).

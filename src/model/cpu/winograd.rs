@@ -13,9 +13,7 @@
 use super::gemm;
 use super::math;
 
-/// `B`, `G` and `A` of F(2×2, 3×3), as the transforms below apply them.
-///
-/// The 4 values of `Bᵀ x` for a column `x` of 4 input values.
+/// The 4 values of `Bᵀ x` for a column `x` of 4 input values (`B` of F(2×2, 3×3)).
 #[inline(always)]
 fn bt<const L: usize>(x: [[f32; L]; 4]) -> [[f32; L]; 4] {
     let [d0, d1, d2, d3] = x;
@@ -27,7 +25,7 @@ fn bt<const L: usize>(x: [[f32; L]; 4]) -> [[f32; L]; 4] {
     ]
 }
 
-/// The 2 values of `Aᵀ m` for a column `m` of 4 products.
+/// The 2 values of `Aᵀ m` for a column `m` of 4 products (`A` of F(2×2, 3×3)).
 #[inline(always)]
 fn at<const L: usize>(m: [[f32; L]; 4]) -> [[f32; L]; 2] {
     let [m0, m1, m2, m3] = m;
@@ -60,8 +58,8 @@ pub(crate) struct Weights {
 }
 
 /// Whether a convolution runs by [`Weights`]: a 3x3 kernel, stride 1, padding 1, one group, at
-/// least 48 input channels (over fewer, the 16 GEMMs are too shallow to win: 32 channels measured slower), unless
-/// `YOLO9_CPU_WINOGRAD=0`.
+/// least 48 input channels (over fewer the 16 GEMMs are too shallow to win: 32 channels measured
+/// no faster), unless `YOLO9_CPU_WINOGRAD=0`.
 pub(crate) fn applies(k: usize, stride: usize, pad: usize, groups: usize, cin: usize) -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let on = *ON.get_or_init(|| {
@@ -89,8 +87,8 @@ impl Weights {
         };
         let mut u = vec![[0f32; 16]; cout * cin];
         for (o, k) in w.chunks_exact(9).enumerate() {
-            let k: Vec<f64> = k.iter().map(|&v| v as f64).collect();
-            let cols: Vec<[f64; 4]> = (0..3).map(|x| g_rows([k[x], k[3 + x], k[6 + x]])).collect();
+            let k: [f64; 9] = std::array::from_fn(|i| k[i] as f64);
+            let cols: [[f64; 4]; 3] = std::array::from_fn(|x| g_rows([k[x], k[3 + x], k[6 + x]]));
             for i in 0..4 {
                 let row = g_rows([cols[0][i], cols[1][i], cols[2][i]]);
                 for j in 0..4 {
@@ -224,46 +222,22 @@ pub(crate) unsafe fn tiles(
     }
 }
 
-/// The 16 rows `V_e = (Bᵀ d B)_e` of one tile (row `e` at `v + e·stride`) from its 16 input
-/// pixels `d[4·i + j]` (`c` channels each).
-///
-/// SAFETY: each `d` covers `c` floats; `v` covers 16 rows of `c` at `stride`.
-unsafe fn transform_in(d: &[*const f32; 16], c: usize, v: *mut f32, stride: usize) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            return transform_in_avx512(d, c, v, stride);
+math::dispatch! {
+    /// The 16 rows `V_e = (Bᵀ d B)_e` of one tile (row `e` at `v + e·stride`) from its 16 input
+    /// pixels `d[4·i + j]` (`c` channels each), 8 channels at a time, then one at a time.
+    ///
+    /// # Safety
+    /// Each `d` covers `c` floats; `v` covers 16 rows of `c` at `stride`.
+    unsafe fn transform_in(d: &[*const f32; 16], c: usize, v: *mut f32, stride: usize) {
+        let mut k = 0;
+        while k + 8 <= c {
+            transform_in_at::<8>(d, k, v, stride);
+            k += 8;
         }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            return transform_in_avx2(d, c, v, stride);
+        while k < c {
+            transform_in_at::<1>(d, k, v, stride);
+            k += 1;
         }
-    }
-    transform_in_lanes(d, c, v, stride)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn transform_in_avx512(d: &[*const f32; 16], c: usize, v: *mut f32, stride: usize) {
-    transform_in_lanes(d, c, v, stride)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn transform_in_avx2(d: &[*const f32; 16], c: usize, v: *mut f32, stride: usize) {
-    transform_in_lanes(d, c, v, stride)
-}
-
-/// [`transform_in`] on chunks of 8 channels, then one at a time.
-#[inline(always)]
-unsafe fn transform_in_lanes(d: &[*const f32; 16], c: usize, v: *mut f32, stride: usize) {
-    let mut k = 0;
-    while k + 8 <= c {
-        transform_in_at::<8>(d, k, v, stride);
-        k += 8;
-    }
-    while k < c {
-        transform_in_at::<1>(d, k, v, stride);
-        k += 1;
     }
 }
 
@@ -291,46 +265,23 @@ unsafe fn transform_in_at<const L: usize>(
     }
 }
 
-/// The 4 output pixels of a tile, `Aᵀ M A` over `c` channels, into `dst[2·dy + dx]`, from the
-/// tile's 16 product rows (row `e` at `m + e·stride`).
-///
-/// SAFETY: `m` covers 16 rows of `c` at `stride`, each `dst` `c` floats.
-unsafe fn transform_out(m: *const f32, stride: usize, c: usize, dst: &[*mut f32; 4]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            return transform_out_avx512(m, stride, c, dst);
+math::dispatch! {
+    /// The 4 output pixels of a tile, `Aᵀ M A` over `c` channels, into `dst[2·dy + dx]`, from
+    /// the tile's 16 product rows (row `e` at `m + e·stride`), 8 channels at a time, then one at
+    /// a time.
+    ///
+    /// # Safety
+    /// `m` covers 16 rows of `c` at `stride`, each `dst` `c` floats.
+    unsafe fn transform_out(m: *const f32, stride: usize, c: usize, dst: &[*mut f32; 4]) {
+        let mut k = 0;
+        while k + 8 <= c {
+            transform_out_at::<8>(m, stride, k, dst);
+            k += 8;
         }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            return transform_out_avx2(m, stride, c, dst);
+        while k < c {
+            transform_out_at::<1>(m, stride, k, dst);
+            k += 1;
         }
-    }
-    transform_out_lanes(m, stride, c, dst)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn transform_out_avx512(m: *const f32, s: usize, c: usize, dst: &[*mut f32; 4]) {
-    transform_out_lanes(m, s, c, dst)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn transform_out_avx2(m: *const f32, s: usize, c: usize, dst: &[*mut f32; 4]) {
-    transform_out_lanes(m, s, c, dst)
-}
-
-/// [`transform_out`] on chunks of 8 channels, then one at a time.
-#[inline(always)]
-unsafe fn transform_out_lanes(m: *const f32, s: usize, c: usize, dst: &[*mut f32; 4]) {
-    let mut k = 0;
-    while k + 8 <= c {
-        transform_out_at::<8>(m, s, k, dst);
-        k += 8;
-    }
-    while k < c {
-        transform_out_at::<1>(m, s, k, dst);
-        k += 1;
     }
 }
 
