@@ -1,5 +1,5 @@
 //! `yolo9 convert`: official `.pt` → safetensors.
-use crate::convert::{convert_file, ConvertOptions};
+use crate::convert::{convert_file, quantize_file, ConvertOptions, Int8Options};
 use anyhow::{bail, Result};
 use clap::Args;
 use std::path::PathBuf;
@@ -27,6 +27,23 @@ pub struct ConvertArgs {
     /// the first tensor that differs [default: recognised from the checkpoint's keys].
     #[arg(long)]
     pub cfg: Option<String>,
+    /// Calibrate for INT8 inference on the CPU (post-training static quantization: per-channel
+    /// weights, activation ranges from `--data` images); the file keeps its f32 weights and
+    /// runs in floating point on a GPU. Needs --data.
+    #[arg(long, requires = "data")]
+    pub int8: bool,
+    /// Dataset yaml whose val images (else train) calibrate --int8.
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// Images to calibrate --int8 on, spread evenly over the split.
+    #[arg(long, default_value_t = 100)]
+    pub calib_images: usize,
+    /// Letterbox size of the calibration forwards (pixels).
+    #[arg(long, default_value_t = 640)]
+    pub imgsz: u32,
+    /// CPU threads for the calibration [default: all].
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
 }
 
 /// The default output of converting `input`: `NAME.safetensors` beside it, or, when the input is
@@ -82,19 +99,38 @@ pub fn run(mut args: ConvertArgs) -> Result<()> {
         inputs.add(std::path::Path::new(cfg));
     }
     crate::outfile::check(&output, &inputs)?;
-    let report = convert_file(
-        &args.input,
-        &output,
-        ConvertOptions {
-            half: args.half,
-            infer: args.infer,
-            cfg: args
-                .cfg
-                .as_deref()
-                .map(crate::model::arch::Arch::from_cfg)
-                .transpose()?,
-        },
-    )?;
+    let opts = ConvertOptions {
+        half: args.half,
+        infer: args.infer,
+        cfg: args
+            .cfg
+            .as_deref()
+            .map(crate::model::arch::Arch::from_cfg)
+            .transpose()?,
+    };
+    let report = match (&args.data, args.int8) {
+        (Some(data), true) => {
+            let int8 = Int8Options {
+                data: data.clone(),
+                images: args.calib_images,
+                imgsz: args.imgsz,
+                threads: args.threads,
+            };
+            let (report, calib) = quantize_file(&args.input, &output, opts, &int8)?;
+            for (p, e) in &calib.skipped {
+                crate::text::outln!("skipped:    {}: {e}", crate::text::path(p));
+            }
+            crate::text::outln!(
+                "int8:       calibrated on {} images of {} ({} skipped)",
+                calib.used,
+                crate::text::path(data),
+                calib.skipped.len()
+            );
+            report
+        }
+        (Some(_), false) => bail!("--data is for --int8; add --int8 or drop --data"),
+        _ => convert_file(&args.input, &output, opts)?,
+    };
     crate::text::out!("{report}");
     let size = std::fs::metadata(&output).map(|m| m.len()).unwrap_or(0);
     crate::text::outln!("wrote:      {} ({size} bytes)", crate::text::path(&output));
@@ -142,6 +178,11 @@ mod same_file_tests {
             half: false,
             infer: false,
             cfg: None,
+            int8: false,
+            data: None,
+            calib_images: 100,
+            imgsz: 640,
+            threads: 0,
         };
         let e = super::run(args).unwrap_err().to_string();
         assert!(e.contains("is the input itself"), "{e}");

@@ -177,3 +177,54 @@ pub fn convert_file(input: &Path, output: &Path, opts: ConvertOptions) -> Result
     weights.save_with_provenance(output, opts.half, Some(&prov))?;
     Ok(report)
 }
+
+/// INT8 calibration settings of [`quantize_file`] (`yolo9 convert --int8`).
+#[derive(Debug, Clone)]
+pub struct Int8Options {
+    /// The dataset yaml whose `val` images (else `train`) calibrate the activations.
+    pub data: std::path::PathBuf,
+    /// Images to calibrate on, spread evenly over the split (all when fewer).
+    pub images: usize,
+    /// Letterbox size of the calibration forwards (pixels).
+    pub imgsz: u32,
+    /// CPU threads (0: all).
+    pub threads: usize,
+}
+
+/// [`convert`], then an INT8 calibration ([`crate::model::quant::calibrate`]) on images of
+/// `int8.data`, stored in the weights' metadata, then saved to `output` as [`convert_file`]
+/// does. Returns the conversion report, the calibration report and the images listed.
+///
+/// Errors: those of [`convert_file`], a dataset yaml that cannot be read, a split without
+/// images, a calibration in which no image could be read.
+pub fn quantize_file(
+    input: &Path,
+    output: &Path,
+    opts: ConvertOptions,
+    int8: &Int8Options,
+) -> Result<(Report, crate::model::quant::CalibrationReport)> {
+    use crate::data::yaml::{DataConfig, Split};
+    let inputs = crate::outfile::Inputs::of([input, int8.data.as_path()]);
+    crate::outfile::check(output, &inputs)?;
+    let data = DataConfig::load(&int8.data)?;
+    let mut images = data.list_images(Split::Val)?;
+    if images.is_empty() {
+        images = data.list_images(Split::Train)?;
+    }
+    anyhow::ensure!(
+        !images.is_empty(),
+        "{}: no val or train images to calibrate on",
+        crate::text::path(&int8.data)
+    );
+    let n = int8.images.clamp(1, images.len());
+    let picked: Vec<_> = (0..n)
+        .map(|i| images[i * images.len() / n].clone())
+        .collect();
+    let (mut weights, prov, report) = convert(input, &opts)?;
+    let (calib, creport) =
+        crate::model::quant::calibrate(&weights, &picked, int8.imgsz, int8.threads)?;
+    weights.meta.int8 = Some(std::sync::Arc::new(calib));
+    crate::outfile::check(output, &inputs)?;
+    weights.save_with_provenance(output, opts.half, Some(&prov))?;
+    Ok((report, creport))
+}

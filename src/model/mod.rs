@@ -21,6 +21,7 @@
 //! - [`yolov9`]: the inference graph [`YoloV9`] and the training graph [`YoloV9Train`].
 //! - [`params`]: building layers from a state_dict; trainable variables and optimizer groups.
 //! - [`weights`]: safetensors I/O.
+//! - [`quant`]: INT8 calibration for the CPU engine (the ranges a weights file stores).
 //! - [`keys`]: the state_dict names of a graph and the official re-parameterization name mapping.
 
 pub mod arch;
@@ -38,6 +39,7 @@ pub(crate) mod keys;
 pub(crate) mod net;
 pub(crate) mod params;
 pub(crate) mod pool;
+pub mod quant;
 pub(crate) mod rename;
 pub(crate) mod tape;
 pub(crate) mod trace;

@@ -78,6 +78,9 @@ pub struct ModelMeta {
     pub graph: Graph,
     /// The model description of the tensors (yolov9-s, gelan-c, a user's yaml, …).
     pub arch: Arc<Arch>,
+    /// The INT8 calibration of a quantized file (`yolo9 convert --int8`): the CPU engine runs
+    /// its convolutions in INT8 ([`crate::model::quant`]); `None` for a floating-point model.
+    pub int8: Option<Arc<crate::model::quant::Int8Calibration>>,
 }
 
 impl ModelMeta {
@@ -89,6 +92,7 @@ impl ModelMeta {
             strides: STRIDES.to_vec(),
             graph,
             arch: default_arch(graph),
+            int8: None,
         }
     }
 }
@@ -149,6 +153,9 @@ struct MetaJson {
     /// The model yaml, for a description that is not built in.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     cfg: Option<String>,
+    /// The INT8 calibration of a quantized file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    int8: Option<crate::model::quant::Int8Calibration>,
 }
 
 /// The metadata key of yolo9 safetensors files.
@@ -277,6 +284,7 @@ impl Weights {
                 Ok(a) if a == *self.meta.arch => None,
                 _ => Some(self.meta.arch.to_yaml()),
             },
+            int8: self.meta.int8.as_deref().cloned(),
         };
         let mut raws = Vec::with_capacity(self.tensors.len());
         for (name, t) in &self.tensors {
@@ -666,6 +674,7 @@ fn from_pt(path: &Path, cfg: Option<&Arc<Arch>>) -> Result<(Weights, Vec<String>
             strides,
             graph,
             arch,
+            int8: None,
         },
     };
     w.validate(&file)?;
@@ -879,6 +888,7 @@ fn from_safetensors(
                     strides: m.strides,
                     graph,
                     arch,
+                    int8: m.int8.map(Arc::new),
                 },
                 m.source,
             )
@@ -894,6 +904,7 @@ fn from_safetensors(
                     strides: STRIDES.to_vec(),
                     graph,
                     arch,
+                    int8: None,
                 },
                 None,
             )

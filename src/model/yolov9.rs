@@ -235,7 +235,16 @@ impl YoloV9 {
             x.map_err(anyhow::Error::from)
                 .and_then(|x| {
                     let (ops, raw) = self.trace_raw(&x).context("tracing the model")?;
-                    CpuEngine::new(ops, x.id(), &raw, self.threads)
+                    let int8 = self.meta.int8.as_ref().map(|c| c.convs.as_slice());
+                    match CpuEngine::new(ops.clone(), x.id(), &raw, self.threads, int8) {
+                        Err(e) if int8.is_some() => {
+                            tracing::warn!(
+                                "the INT8 calibration cannot be used ({e:#}); running in f32"
+                            );
+                            CpuEngine::new(ops, x.id(), &raw, self.threads, None)
+                        }
+                        r => r,
+                    }
                 })
                 .map(Arc::new)
                 .map_err(|e| {
@@ -593,6 +602,7 @@ impl YoloV9Train {
                 strides: STRIDES.to_vec(),
                 graph: crate::model::weights::graph_of(&arch),
                 arch: arch.clone(),
+                int8: None,
             },
             arch,
             device: device.clone(),

@@ -449,6 +449,7 @@ pub fn seg_oracle_weights(
         strides: vec![8, 16, 32],
         graph: yolo9::model::weights::graph_of(&arch),
         arch,
+        int8: None,
     };
     let w = yolo9::Weights { tensors, meta };
     w.validate(name).unwrap();

@@ -17,6 +17,7 @@
 //! ([`super::plan`]).
 
 use super::kernels::ConvWeights;
+use crate::model::quant::ConvRange;
 use crate::model::trace::TracedOp;
 use anyhow::{bail, ensure, Context, Result};
 use candle_core::{Tensor, TensorId};
@@ -89,9 +90,21 @@ pub(crate) struct Graph {
 
 impl Graph {
     /// The graph of a traced forward: `ops` in execution order, `input` the traced input's id,
-    /// `outputs` the ids of the head's raw outputs.
-    pub fn from_trace(ops: Vec<TracedOp>, input: TensorId, outputs: &[Tensor]) -> Result<Self> {
-        let mut b = Builder::default();
+    /// `outputs` the ids of the head's raw outputs. With `int8`, the calibrated input range of
+    /// every convolution in trace order, the convolutions run in INT8 except those that write
+    /// the head's outputs (the box and class convolutions of each level stay f32:
+    /// [`keeps_f32`]). Errors: a calibration made for another model (count or shapes differ).
+    pub fn from_trace(
+        ops: Vec<TracedOp>,
+        input: TensorId,
+        outputs: &[Tensor],
+        int8: Option<&[ConvRange]>,
+    ) -> Result<Self> {
+        let mut b = Builder {
+            int8,
+            keep: keeps_f32(&ops, outputs),
+            ..Default::default()
+        };
         b.ids.insert(
             input,
             Operand {
@@ -103,6 +116,14 @@ impl Graph {
         b.chans.push(3);
         for op in ops {
             b.op(op)?;
+        }
+        if let Some(r) = int8 {
+            ensure!(
+                r.len() == b.convs,
+                "int8 calibration: {} convolutions recorded, the model has {}: it was made for another model",
+                r.len(),
+                b.convs
+            );
         }
         let outputs = outputs
             .iter()
@@ -309,14 +330,37 @@ impl Node {
     }
 }
 
+/// The traced tensors that a concatenation joins into a head output: their convolutions stay
+/// f32 in an INT8 model (the box distribution and class logits, whose rounding the decode and
+/// the scores would feel most; the official DFL and sigmoid follow them).
+fn keeps_f32(ops: &[TracedOp], outputs: &[Tensor]) -> std::collections::HashSet<TensorId> {
+    let outs: std::collections::HashSet<TensorId> = outputs.iter().map(|t| t.id()).collect();
+    let mut keep = std::collections::HashSet::new();
+    for op in ops {
+        if let TracedOp::Cat { xs, y, .. } = op {
+            if outs.contains(y) {
+                keep.extend(xs.iter().copied());
+            }
+        }
+    }
+    keep.extend(outs);
+    keep
+}
+
 #[derive(Default)]
-struct Builder {
+struct Builder<'a> {
     ids: HashMap<TensorId, Operand>,
     chans: Vec<usize>,
     nodes: Vec<Node>,
+    /// Convolutions seen so far (the next one's id).
+    convs: usize,
+    /// The calibrated input ranges of the convolutions, by id.
+    int8: Option<&'a [ConvRange]>,
+    /// Outputs whose convolutions stay f32 ([`keeps_f32`]).
+    keep: std::collections::HashSet<TensorId>,
 }
 
-impl Builder {
+impl Builder<'_> {
     fn get(&self, id: TensorId) -> Result<Operand> {
         self.ids
             .get(&id)
@@ -356,7 +400,35 @@ impl Builder {
                 act,
             } => {
                 let x = self.get(x)?;
-                let w = ConvWeights::pack(&weight, bias.as_ref(), stride, padding, groups, act)?;
+                let id = self.convs;
+                self.convs += 1;
+                let range = match self.int8 {
+                    Some(r) => {
+                        let c = r.get(id).with_context(|| {
+                            format!("int8 calibration: {} convolutions recorded, the model has more: it was made for another model", r.len())
+                        })?;
+                        let (co, ci, k, _) = weight.dims4()?;
+                        ensure!(
+                            (c.co, c.ci, c.k, c.stride) == (co, ci * groups, k, stride),
+                            "int8 calibration: convolution {id} was recorded as {}->{} k{} s{}, the model's is {co}->{} k{k} s{stride}: it was made for another model",
+                            c.co,
+                            c.ci,
+                            c.k,
+                            c.stride,
+                            ci * groups
+                        );
+                        (!self.keep.contains(&y)).then_some((c.min, c.max))
+                    }
+                    None => None,
+                };
+                let mut w = ConvWeights::pack(
+                    &weight,
+                    bias.as_ref(),
+                    (stride, padding, groups),
+                    act,
+                    range,
+                )?;
+                w.id = id;
                 ensure!(
                     w.ci() == x.len,
                     "cpu engine: a conv expects {} channels, gets {}",

@@ -8,6 +8,7 @@
 //! storage) is read and written in place.
 
 use super::gemm;
+use super::int8;
 use super::math;
 use super::pool::Pool;
 use super::winograd;
@@ -26,7 +27,7 @@ impl Exec<'_> {
     }
 
     /// Runs `f(0..n)`, in parallel when there are threads and tasks for it.
-    fn each(&self, n: usize, f: impl Fn(usize) + Sync) {
+    pub(crate) fn each(&self, n: usize, f: impl Fn(usize) + Sync) {
         self.each_on(n, |i, _| f(i))
     }
 
@@ -78,18 +79,24 @@ pub(crate) struct ConvWeights {
     /// The kernel transformed for Winograd's F(2×2, 3×3), for the convolutions that run by it
     /// ([`winograd::applies`]).
     pub wino: Option<winograd::Weights>,
+    /// The quantized kernel of a convolution that runs in INT8 ([`int8`]).
+    pub q: Option<Box<int8::QConv>>,
+    /// The convolution's place among the traced forward's convolutions (in trace order): the
+    /// index of its calibrated range ([`crate::model::quant::Int8Calibration::convs`]).
+    pub id: usize,
 }
 
 impl ConvWeights {
     /// Packs a folded kernel `(C_out, C_in/groups, k, k)` f32 and bias `(C_out,)` (zeros when
-    /// absent). Errors: a non-square kernel, or shapes that disagree.
+    /// absent); with `int8`, the calibrated range of the input, the kernel is also quantized and
+    /// the convolution runs in INT8 ([`int8`]; ungrouped convolutions only). Errors: a
+    /// non-square kernel, or shapes that disagree.
     pub fn pack(
         weight: &Tensor,
         bias: Option<&Tensor>,
-        stride: usize,
-        pad: usize,
-        groups: usize,
+        (stride, pad, groups): (usize, usize, usize),
         act: bool,
+        int8: Option<(f32, f32)>,
     ) -> Result<Self> {
         let (co, cig, kh, kw) = weight.dims4()?;
         ensure!(
@@ -134,7 +141,13 @@ impl ConvWeights {
             }
             None => vec![0.0; co],
         };
-        let wino = winograd::applies(k, stride, pad, groups, cig)
+        let q = match int8 {
+            Some(range) if groups == 1 => {
+                Some(Box::new(int8::QConv::new(&src, &bias, co, cig, k, range)))
+            }
+            _ => None,
+        };
+        let wino = (q.is_none() && winograd::applies(k, stride, pad, groups, cig))
             .then(|| winograd::Weights::new(&src, co, cig));
         Ok(Self {
             k,
@@ -149,6 +162,8 @@ impl ConvWeights {
             w0,
             bias,
             wino,
+            q,
+            id: 0,
         })
     }
 
@@ -172,7 +187,9 @@ impl ConvWeights {
     /// ([`winograd::Weights::scratch`]); else 0 for a pointwise conv, or the im2col rows of a
     /// tile, then the outputs of a batch of [`BORDER_BATCH`] border pixels ([`implicit`]).
     pub fn scratch(&self) -> usize {
-        if let Some(wt) = &self.wino {
+        if self.q.is_some() {
+            0
+        } else if let Some(wt) = &self.wino {
             wt.scratch(wt.block())
         } else if self.pointwise() {
             0
@@ -230,10 +247,10 @@ unsafe impl Sync for Act {}
 
 impl Act {
     /// The float `i` floats past the base (a method, so that closures capture the whole Act).
-    fn at(&self, i: usize) -> *mut f32 {
+    pub(crate) fn at(&self, i: usize) -> *mut f32 {
         self.ptr.wrapping_add(i)
     }
-    fn pixels(&self) -> usize {
+    pub(crate) fn pixels(&self) -> usize {
         self.b * self.h * self.w
     }
     /// The channels of flat pixel `p`.
@@ -245,11 +262,13 @@ impl Act {
     }
 }
 
-/// Per-thread scratch: `per` floats for each pool thread.
+/// Per-thread scratch: `per` floats for each pool thread; and the buffer of an INT8
+/// convolution's quantized input ([`int8`]), shared by its tasks.
 #[derive(Clone, Copy)]
 pub(crate) struct Scratch {
     pub ptr: *mut f32,
     pub per: usize,
+    pub qbuf: *mut u8,
 }
 // SAFETY: each thread uses only its own `per`-sized slice (by its pool index).
 unsafe impl Send for Scratch {}
@@ -265,8 +284,24 @@ impl Scratch {
     }
 }
 
+/// `(min, max)` widened to the values of `x` (one thread: a calibration pass, not a hot path).
+pub(crate) fn min_max(x: Act, (mut lo, mut hi): (f32, f32)) -> (f32, f32) {
+    for p in 0..x.pixels() {
+        // SAFETY: pixel p of `x`, read only.
+        for &v in unsafe { x.px(p) }.iter() {
+            lo = lo.min(v);
+            hi = hi.max(v);
+        }
+    }
+    (lo, hi)
+}
+
 /// `y = act(conv(x) + bias) (+ res)` (see [`ConvWeights`]); `y` is `x`'s output shape.
 pub(crate) fn conv(ex: Exec, x: Act, y: Act, res: Option<Act>, cw: &ConvWeights, scratch: Scratch) {
+    if let Some(q) = &cw.q {
+        // SAFETY: the plan sized the buffer for this convolution's input (`Plan::qbuf_len`).
+        return unsafe { int8::conv(ex, x, y, res, cw, q, scratch.qbuf) };
+    }
     if let Some(wt) = &cw.wino {
         return conv_winograd(ex, x, y, res, cw, wt, scratch);
     }
@@ -817,7 +852,7 @@ mod rate {
             (128, 128, 3, 1, 15, 20),
         ] {
             let wt = Tensor::rand(-0.1f32, 0.1, (co, ci, k, k), &candle_core::Device::Cpu).unwrap();
-            let cw = ConvWeights::pack(&wt, None, s, k / 2, 1, true).unwrap();
+            let cw = ConvWeights::pack(&wt, None, (s, k / 2, 1), true, None).unwrap();
             let (ho, wo) = cw.out_hw(h, w);
             let mut xb = vec![0.5f32; h * w * ci];
             let mut yb = vec![0f32; ho * wo * co];
@@ -842,6 +877,7 @@ mod rate {
             let scratch = Scratch {
                 ptr: sc.as_mut_ptr(),
                 per,
+                qbuf: std::ptr::null_mut(),
             };
             let flop = 2.0 * (ho * wo * co * ci * k * k) as f64;
             let reps = (1e9 / flop).ceil() as usize;

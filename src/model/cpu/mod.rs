@@ -31,6 +31,8 @@
 
 mod gemm;
 mod graph;
+mod igemm;
+mod int8;
 mod isa;
 mod kernels;
 mod math;
@@ -97,16 +99,20 @@ impl CpuEngine {
     /// threads (0: the [`default_threads`]). The weights are copied out of the trace and
     /// repacked; the trace's input size does not matter (plans are made per input shape).
     ///
+    /// With `int8` (a calibration of this model, [`crate::model::quant`]) the convolutions
+    /// run in INT8.
+    ///
     /// Errors: an op the engine does not run, a head that is not three levels of 64 + nc
-    /// channels, a thread pool that cannot start.
+    /// channels, a thread pool that cannot start, a calibration of another model.
     pub fn new(
         ops: Vec<crate::model::trace::TracedOp>,
         input: candle_core::TensorId,
         raw: &[Tensor],
         threads: usize,
+        int8: Option<&[crate::model::quant::ConvRange]>,
     ) -> Result<Self> {
         let t0 = Instant::now();
-        let graph = Graph::from_trace(ops, input, raw)?;
+        let graph = Graph::from_trace(ops, input, raw, int8)?;
         ensure!(
             graph.outputs.len() == STRIDES.len()
                 && graph.chans[graph.outputs[0]] > 4 * crate::model::head::REG_MAX,
@@ -215,7 +221,7 @@ impl CpuEngine {
                 let mut arena = slots[t].lock().unwrap_or_else(|e| e.into_inner());
                 let mut o = outs[i].lock().unwrap_or_else(|e| e.into_inner());
                 let src = &src[i * per_in..(i + 1) * per_in];
-                self.run(Exec(None), &plan, &mut arena, src, &mut o, None);
+                self.run(Exec(None), &plan, &mut arena, src, &mut o, None, None);
             });
             drop(outs);
             for arena in slots {
@@ -229,7 +235,7 @@ impl CpuEngine {
             let ex = Exec(Some(&self.pool));
             for (i, o) in out.chunks_mut(per_out).enumerate() {
                 let src = &src[i * per_in..(i + 1) * per_in];
-                self.run(ex, &plan, &mut arena, src, o, None);
+                self.run(ex, &plan, &mut arena, src, o, None, None);
             }
             self.checkin((1, h, w), arena);
         }
@@ -256,7 +262,15 @@ impl CpuEngine {
         let mut times = vec![0f64; self.graph.nodes.len() + 2];
         let ex = Exec(Some(&self.pool));
         let mut out = vec![0f32; (4 + self.nc()) * plan.anchors];
-        self.run(ex, &plan, &mut arena, &src, &mut out, Some(&mut times));
+        self.run(
+            ex,
+            &plan,
+            &mut arena,
+            &src,
+            &mut out,
+            Some(&mut times),
+            None,
+        );
         self.checkin((b, h, w), arena);
         let mut by: HashMap<String, (f64, f64)> = HashMap::new();
         let mut total = (0.0, 0.0);
@@ -311,6 +325,70 @@ impl CpuEngine {
         v.sort_by(|a, b| b.1.total_cmp(&a.1));
         v.push(("total".into(), total.0, total.1));
         Ok(v)
+    }
+
+    /// The range of every convolution's input over one forward of `x`'s images (as
+    /// [`CpuEngine::forward`], image by image), by convolution id (trace order): the
+    /// calibration of [`crate::model::quant::calibrate`].
+    pub fn conv_input_ranges(&self, x: &Tensor) -> Result<Vec<crate::model::quant::ConvRange>> {
+        let (b, _, h, w) = x.dims4()?;
+        let mut convs: Vec<&kernels::ConvWeights> = self
+            .graph
+            .nodes
+            .iter()
+            .filter_map(|n| match &n.kind {
+                Kind::Conv { w, .. } => Some(w.as_ref()),
+                _ => None,
+            })
+            .collect();
+        convs.sort_by_key(|w| w.id);
+        let mut ranges = vec![(f32::INFINITY, f32::NEG_INFINITY); convs.len()];
+        let (plan, mut arena) = self.checkout(1, h, w)?;
+        let mut out = vec![0f32; (4 + self.nc()) * plan.anchors];
+        let ex = Exec(Some(&self.pool));
+        for i in 0..b {
+            let src = x
+                .get(i)?
+                .to_dtype(DType::F32)?
+                .flatten_all()?
+                .to_vec1::<f32>()?;
+            self.run(
+                ex,
+                &plan,
+                &mut arena,
+                &src,
+                &mut out,
+                None,
+                Some(&mut ranges),
+            );
+        }
+        self.checkin((1, h, w), arena);
+        Ok(convs
+            .iter()
+            .zip(ranges)
+            .map(|(w, (min, max))| crate::model::quant::ConvRange {
+                co: w.co,
+                ci: w.ci(),
+                k: w.k,
+                stride: w.stride,
+                min,
+                max,
+            })
+            .collect())
+    }
+
+    /// Whether the engine runs convolutions in INT8, and on which kernel (`"vnni512"`,
+    /// `"generic"`); `None` for an f32 engine.
+    pub fn int8_kernel(&self) -> Option<&'static str> {
+        let any = self
+            .graph
+            .nodes
+            .iter()
+            .any(|n| matches!(&n.kind, Kind::Conv { w, .. } if w.q.is_some()));
+        any.then(|| match igemm::kernel() {
+            igemm::Kernel::Vnni512 => "vnni512",
+            igemm::Kernel::Generic => "generic",
+        })
     }
 
     /// Classes of the model's head.
@@ -382,6 +460,7 @@ impl CpuEngine {
         src: &[f32],
         out: &mut [f32],
         mut times: Option<&mut Vec<f64>>,
+        mut ranges: Option<&mut [(f32, f32)]>,
     ) {
         let mut t = Instant::now();
         let mut lap = |i: usize, times: &mut Option<&mut Vec<f64>>| {
@@ -406,12 +485,16 @@ impl CpuEngine {
         let scratch = Scratch {
             ptr: base.wrapping_add(plan.scratch_at),
             per: plan.scratch_per,
+            qbuf: base.wrapping_add(plan.qbuf_at) as *mut u8,
         };
         for (i, n) in g.nodes.iter().enumerate() {
             let x = act(n.x);
             let y = act(whole(n.y));
             match &n.kind {
                 Kind::Conv { w, residual } => {
+                    if let Some(r) = ranges.as_deref_mut() {
+                        r[w.id] = kernels::min_max(x, r[w.id]);
+                    }
                     kernels::conv(pool, x, y, residual.map(act), w, scratch)
                 }
                 Kind::Add { b } => kernels::add(pool, x, act(*b), y),

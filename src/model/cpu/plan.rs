@@ -23,6 +23,8 @@ pub(crate) struct Plan {
     /// Arena offset of the scratch, and floats per thread.
     pub scratch_at: usize,
     pub scratch_per: usize,
+    /// Arena offset of the INT8 convolutions' quantized-input buffer (sized for the largest).
+    pub qbuf_at: usize,
     /// Floats in the arena.
     pub len: usize,
     /// Floats the storages would take without sharing (for reports and tests).
@@ -40,12 +42,16 @@ impl Plan {
         hw[0] = (h, w);
         let mut producer = vec![None; nv];
         let mut scratch_per = 0;
+        let mut qbuf = 0;
         for (i, n) in g.nodes.iter().enumerate() {
             let (xh, xw) = hw[n.x.v];
             ensure!(xh > 0 && xw > 0, "cpu plan: node {i} reads an empty value");
             let out = match &n.kind {
                 Kind::Conv { w, .. } => {
                     scratch_per = scratch_per.max(w.scratch());
+                    if let Some(q) = &w.q {
+                        qbuf = qbuf.max(q.buf_len(b, xh, xw, w.pad));
+                    }
                     ensure!(
                         xh + 2 * w.pad >= w.k && xw + 2 * w.pad >= w.k,
                         "cpu plan: a {}x{} kernel on a {xh}x{xw} map",
@@ -141,7 +147,8 @@ impl Plan {
         }
         let unshared = roots.iter().map(|&v| size(v)).sum();
         let scratch_at = len;
-        let len = scratch_at + scratch_per * threads.max(1);
+        let qbuf_at = (scratch_at + scratch_per * threads.max(1)).next_multiple_of(ALIGN);
+        let len = qbuf_at + qbuf.div_ceil(4);
         let anchors = g.outputs.iter().map(|&o| hw[o].0 * hw[o].1).sum();
         Ok(Self {
             b,
@@ -149,6 +156,7 @@ impl Plan {
             offset,
             scratch_at,
             scratch_per,
+            qbuf_at,
             len,
             unshared,
             anchors,

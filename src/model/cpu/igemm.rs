@@ -1,0 +1,526 @@
+//! The CPU engine's INT8 GEMM: `C (m × n, f32) = epilogue(A (m × K, u8) · B (K × n, i8))` with
+//! exact i32 sums, for the quantized convolutions of [`super::int8`].
+//!
+//! B is packed once, at load, in panels of [`NR`] = 32 columns whose depth goes in groups of 4
+//! (for each group, 32 columns × 4 bytes: the operand layout of `vpdpbusd`, which adds four
+//! u8 × i8 products into each i32 lane). A is read in place as runs of bytes (a convolution's
+//! kernel rows over the quantized, padded input), so no im2col is made. The sums are integers
+//! and exact, so every kernel gives the same sums; the epilogue turns them into
+//! `act(sum · scale[j] + bias[j]) (+ residual)` in f32 (the zero point and both scales folded
+//! into `scale` and `bias` by [`super::int8`]).
+//!
+//! Kernels: AVX-512 VNNI (12 rows × 32 columns, 24 accumulators; per group of 4 depth rows two
+//! loads of B, twelve broadcasts of 4 bytes of A, 24 `vpdpbusd`) where the CPU has it; a
+//! portable loop elsewhere (correct, not fast).
+
+use super::math;
+
+/// Columns of a packed panel of B.
+pub(crate) const NR: usize = 32;
+/// Rows of the VNNI micro-kernel.
+pub(crate) const MR: usize = 12;
+
+/// Bytes of the panels of a `k × n` matrix (`k` a multiple of 4).
+pub(crate) fn packed_len(k: usize, n: usize) -> usize {
+    n.div_ceil(NR) * k * NR
+}
+
+/// Packs row `kk`, column `j` of a `k × n` matrix given by `at(kk, j)` into `dst` (of
+/// [`packed_len`] bytes; zeros in the padding columns). `k` is a multiple of 4.
+pub(crate) fn pack(k: usize, n: usize, dst: &mut [i8], at: impl Fn(usize, usize) -> i8) {
+    assert!(k % 4 == 0 && dst.len() >= packed_len(k, n));
+    for p in 0..n.div_ceil(NR) {
+        for kk in 0..k {
+            for c in 0..NR {
+                let j = p * NR + c;
+                dst[packed_at(k, p, kk, c)] = if j < n { at(kk, j) } else { 0 };
+            }
+        }
+    }
+}
+
+/// Byte of row `kk`, column `c` of panel `p` of a depth-`k` packing.
+fn packed_at(k: usize, p: usize, kk: usize, c: usize) -> usize {
+    p * k * NR + ((kk / 4) * NR + c) * 4 + kk % 4
+}
+
+/// What turns the i32 sums of a row into outputs: `act(sum·scale[j] + bias[j]) (+ res[j])`.
+#[derive(Clone, Copy)]
+pub(crate) struct Epilogue<'a> {
+    /// Per column: the input scale times the column's weight scale (`n` floats).
+    pub scale: &'a [f32],
+    /// Per column: the bias, less the zero point's share (`n` floats).
+    pub bias: &'a [f32],
+    /// SiLU after the bias.
+    pub act: bool,
+    /// Residual rows added last: pointer to row 0, row stride (floats).
+    pub res: Option<(*const f32, usize)>,
+}
+
+/// The INT8 kernel this CPU runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kernel {
+    /// AVX-512 with VNNI (`vpdpbusd` on zmm registers).
+    Vnni512,
+    /// Plain loops.
+    Generic,
+}
+
+/// The INT8 kernel of this CPU (detected once): VNNI where the CPU has AVX-512 VNNI and the
+/// f32 engine runs its AVX-512 kernel (`YOLO9_CPU_GEMM=avx2|generic` forces the portable one).
+pub(crate) fn kernel() -> Kernel {
+    static K: std::sync::OnceLock<Kernel> = std::sync::OnceLock::new();
+    *K.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        if super::isa::avx512()
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vnni")
+        {
+            return Kernel::Vnni512;
+        }
+        Kernel::Generic
+    })
+}
+
+/// `C = epilogue(A · B)`: `m` rows, `n` columns; row `r` of A is the runs `segs` (`(byte offset
+/// from the row's start, bytes)`, each a multiple of 4 bytes) at `a + r·lda`, their bytes in
+/// order making the depth `K` (the sum of the runs); `bp` the panels packed by [`pack`] for
+/// depth `K`.
+///
+/// SAFETY: every run of every row lies in readable memory; `bp` holds the panels of `n`
+/// columns; `c` covers `m` rows of `n` floats at stride `ldc`; the residual rows likewise.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn gemm(
+    m: usize,
+    n: usize,
+    segs: &[(isize, usize)],
+    a: *const u8,
+    lda: usize,
+    bp: *const i8,
+    c: *mut f32,
+    ldc: usize,
+    epi: &Epilogue,
+) {
+    gemm_on(kernel(), m, n, segs, a, lda, bp, c, ldc, epi)
+}
+
+/// [`gemm`] on `kernel` (which the CPU must run).
+///
+/// SAFETY: as [`gemm`]'s.
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_on(
+    kernel: Kernel,
+    m: usize,
+    n: usize,
+    segs: &[(isize, usize)],
+    a: *const u8,
+    lda: usize,
+    bp: *const i8,
+    c: *mut f32,
+    ldc: usize,
+    epi: &Epilogue,
+) {
+    assert!(
+        epi.scale.len() >= n && epi.bias.len() >= n && segs.iter().all(|s| s.1 % 4 == 0),
+        "int8 gemm: {} scales, {} biases for {n} columns, runs {segs:?}",
+        epi.scale.len(),
+        epi.bias.len()
+    );
+    #[cfg(target_arch = "x86_64")]
+    if kernel == Kernel::Vnni512 {
+        return vnni::gemm(m, n, segs, a, lda, bp, c, ldc, epi);
+    }
+    generic(m, n, segs, a, lda, bp, c, ldc, epi)
+}
+
+/// The portable kernel: per row and panel, the i32 sums of 32 columns, then the epilogue.
+#[allow(clippy::too_many_arguments)]
+unsafe fn generic(
+    m: usize,
+    n: usize,
+    segs: &[(isize, usize)],
+    a: *const u8,
+    lda: usize,
+    bp: *const i8,
+    c: *mut f32,
+    ldc: usize,
+    epi: &Epilogue,
+) {
+    let k: usize = segs.iter().map(|s| s.1).sum();
+    for p in 0..n.div_ceil(NR) {
+        let cols = NR.min(n - p * NR);
+        for r in 0..m {
+            let mut acc = [0i32; NR];
+            let mut kk = 0;
+            for &(off, len) in segs {
+                let row = a.offset(off).add(r * lda);
+                for t in 0..len {
+                    let av = *row.add(t) as i32;
+                    let b = bp.add(packed_at(k, p, kk + t, 0));
+                    for (cc, s) in acc.iter_mut().enumerate().take(cols) {
+                        *s += av * *b.add(cc * 4) as i32;
+                    }
+                }
+                kk += len;
+            }
+            for (cc, &s) in acc.iter().enumerate().take(cols) {
+                let j = p * NR + cc;
+                let mut v = (s as f32).mul_add(epi.scale[j], epi.bias[j]);
+                if epi.act {
+                    v = math::silu(v);
+                }
+                if let Some((q, ld)) = epi.res {
+                    v += *q.add(r * ld + j);
+                }
+                *c.add(r * ldc + j) = v;
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod vnni {
+    use super::{Epilogue, MR, NR};
+    use crate::model::cpu::math::avx512::silu;
+    use std::arch::x86_64::*;
+
+    /// See [`super::gemm`]: per panel, the rows [`MR`] at a time (the panel's `K × 32` bytes
+    /// stay in L2 while the rows stream past them).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn gemm(
+        m: usize,
+        n: usize,
+        segs: &[(isize, usize)],
+        a: *const u8,
+        lda: usize,
+        bp: *const i8,
+        c: *mut f32,
+        ldc: usize,
+        epi: &Epilogue,
+    ) {
+        let k: usize = segs.iter().map(|s| s.1).sum();
+        for p in 0..n.div_ceil(NR) {
+            let cols = NR.min(n - p * NR);
+            let st = Step {
+                lda,
+                ldc,
+                segs,
+                mask: if cols == NR {
+                    u32::MAX
+                } else {
+                    (1u32 << cols) - 1
+                },
+                scale: epi.scale.as_ptr().add(p * NR),
+                bias: epi.bias.as_ptr().add(p * NR),
+                act: epi.act,
+                res: epi.res.map(|(q, ld)| (q.add(p * NR), ld)),
+            };
+            let b = bp.add(p * k * NR);
+            let c = c.add(p * NR);
+            if cols <= 16 {
+                rows::<1>(m, a, b, c, &st)
+            } else {
+                rows::<2>(m, a, b, c, &st)
+            }
+        }
+    }
+
+    /// What the micro-kernel calls of one panel share.
+    struct Step<'a> {
+        lda: usize,
+        ldc: usize,
+        segs: &'a [(isize, usize)],
+        /// Columns of the panel stored.
+        mask: u32,
+        /// The panel's 32 scales and biases.
+        scale: *const f32,
+        bias: *const f32,
+        act: bool,
+        /// Residual rows (the panel's column 0 of the tile's row 0, stride).
+        res: Option<(*const f32, usize)>,
+    }
+
+    /// All `m` rows of one panel on `H` halves of it.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    unsafe fn rows<const H: usize>(m: usize, a: *const u8, b: *const i8, c: *mut f32, st: &Step) {
+        let (lda, ldc) = (st.lda, st.ldc);
+        let mut r = 0;
+        while r + MR <= m {
+            kern::<MR, H>(a.add(r * lda), b, c.add(r * ldc), r, st);
+            r += MR;
+        }
+        let (a, c) = (a.add(r * lda), c.add(r * ldc));
+        match m - r {
+            0 => {}
+            1 => kern::<1, H>(a, b, c, r, st),
+            2 => kern::<2, H>(a, b, c, r, st),
+            3 => kern::<3, H>(a, b, c, r, st),
+            4 => kern::<4, H>(a, b, c, r, st),
+            5 => kern::<5, H>(a, b, c, r, st),
+            6 => kern::<6, H>(a, b, c, r, st),
+            7 => kern::<7, H>(a, b, c, r, st),
+            8 => kern::<8, H>(a, b, c, r, st),
+            9 => kern::<9, H>(a, b, c, r, st),
+            10 => kern::<10, H>(a, b, c, r, st),
+            _ => kern::<11, H>(a, b, c, r, st),
+        }
+    }
+
+    /// `R` rows × 32 columns (`H` = 1: only the first 16) over the whole depth, then the
+    /// epilogue and the stores; rows `r0..r0+R` of the tile, for the residual.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    #[inline]
+    // Row loops index the accumulator arrays side by side (registers once unrolled).
+    #[allow(clippy::needless_range_loop)]
+    unsafe fn kern<const R: usize, const H: usize>(
+        a: *const u8,
+        b: *const i8,
+        c: *mut f32,
+        r0: usize,
+        st: &Step,
+    ) {
+        let lda = st.lda;
+        let mut c0 = [_mm512_setzero_si512(); R];
+        let mut c1 = [_mm512_setzero_si512(); R];
+        let mut b = b;
+        for &(off, len) in st.segs {
+            let a = a.offset(off);
+            for k4 in 0..len / 4 {
+                let kk = 4 * k4;
+                // Four bytes of row r (4-byte aligned: row strides, runs and offsets are
+                // multiples of 4 on a 4-byte aligned buffer).
+                let b0 = _mm512_loadu_si512(b as *const __m512i);
+                if H == 2 {
+                    let b1 = _mm512_loadu_si512(b.add(64) as *const __m512i);
+                    for r in 0..R {
+                        let av = _mm512_set1_epi32(*(a.add(r * lda + kk) as *const i32));
+                        c0[r] = _mm512_dpbusd_epi32(c0[r], av, b0);
+                        c1[r] = _mm512_dpbusd_epi32(c1[r], av, b1);
+                    }
+                } else {
+                    for r in 0..R {
+                        let av = _mm512_set1_epi32(*(a.add(r * lda + kk) as *const i32));
+                        c0[r] = _mm512_dpbusd_epi32(c0[r], av, b0);
+                    }
+                }
+                b = b.add(4 * NR);
+            }
+        }
+        // The sums go to C as they are, and the epilogue reads them back (from L1) in a
+        // function of its own: with the SiLU's constants in registers beside the 24
+        // accumulators, the compiler spilled the accumulators at every step (half the speed).
+        let (m0, m1) = (st.mask as __mmask16, (st.mask >> 16) as __mmask16);
+        // Plain stores where every column is stored (masked ones are slower on AMD's cores).
+        let full = st.mask == u32::MAX;
+        for r in 0..R {
+            let dst = c.add(r * st.ldc) as *mut i32;
+            if full {
+                _mm512_storeu_si512(dst as *mut __m512i, c0[r]);
+                _mm512_storeu_si512(dst.add(16) as *mut __m512i, c1[r]);
+            } else {
+                _mm512_mask_storeu_epi32(dst, m0, c0[r]);
+                if H == 2 {
+                    _mm512_mask_storeu_epi32(dst.add(16), m1, c1[r]);
+                }
+            }
+        }
+        finish::<R, H>(c, r0, st);
+    }
+
+    /// `R` rows of i32 sums at `c` turned in place into `act(sum·scale + bias) (+ res)`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    #[inline(never)]
+    unsafe fn finish<const R: usize, const H: usize>(c: *mut f32, r0: usize, st: &Step) {
+        let (m0, m1) = (st.mask as __mmask16, (st.mask >> 16) as __mmask16);
+        let scale0 = _mm512_maskz_loadu_ps(m0, st.scale);
+        let scale1 = _mm512_maskz_loadu_ps(m1, st.scale.add(16));
+        let bias0 = _mm512_maskz_loadu_ps(m0, st.bias);
+        let bias1 = _mm512_maskz_loadu_ps(m1, st.bias.add(16));
+        for r in 0..R {
+            let dst = c.add(r * st.ldc);
+            let s0 = _mm512_maskz_loadu_epi32(m0, dst as *const i32);
+            let mut v0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), scale0, bias0);
+            let mut v1 = _mm512_setzero_ps();
+            if H == 2 {
+                let s1 = _mm512_maskz_loadu_epi32(m1, dst.add(16) as *const i32);
+                v1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), scale1, bias1);
+            }
+            if st.act {
+                v0 = silu(v0);
+                if H == 2 {
+                    v1 = silu(v1);
+                }
+            }
+            if let Some((q, ld)) = st.res {
+                let q = q.add((r0 + r) * ld);
+                v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, q));
+                if H == 2 {
+                    v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, q.add(16)));
+                }
+            }
+            if st.mask == u32::MAX {
+                _mm512_storeu_ps(dst, v0);
+                _mm512_storeu_ps(dst.add(16), v1);
+            } else {
+                _mm512_mask_storeu_ps(dst, m0, v0);
+                if H == 2 {
+                    _mm512_mask_storeu_ps(dst.add(16), m1, v1);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Random sums through both kernels against a plain triple loop: every panel width (a
+    /// full panel, a half, a remainder), row counts around the micro-kernel's, two runs of
+    /// depth with a gap between them (a convolution's kernel rows), SiLU and a residual.
+    #[test]
+    fn kernels_equal_the_plain_product() {
+        let mut seed = 7u64;
+        let mut rnd = move || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 33) as u32
+        };
+        for &(m, n, act, res) in &[
+            (1, 16, false, false),
+            (13, 48, true, false),
+            (25, 70, true, true),
+            (12, 32, false, true),
+        ] {
+            let segs = [(0isize, 24usize), (40, 12)];
+            let k = 36;
+            let lda = 64;
+            // Built as u32s so that the rows are 4-byte aligned, as the engine's buffer is.
+            let a32: Vec<u32> = (0..m * lda / 4).map(|_| rnd()).collect();
+            // SAFETY: u32 has no padding; the bytes live as long as `a32`.
+            let a = unsafe { std::slice::from_raw_parts(a32.as_ptr() as *const u8, m * lda) };
+            let w: Vec<i8> = (0..k * n).map(|_| (rnd() % 255) as i32 as i8).collect();
+            let mut bp = vec![0i8; packed_len(k, n)];
+            pack(k, n, &mut bp, |kk, j| w[kk * n + j]);
+            let scale: Vec<f32> = (0..n).map(|j| 1e-4 * (1 + j % 5) as f32).collect();
+            let bias: Vec<f32> = (0..n).map(|j| 0.1 * j as f32 - 2.0).collect();
+            let resv: Vec<f32> = (0..m * n).map(|i| (i % 7) as f32 * 0.25).collect();
+            let epi = Epilogue {
+                scale: &scale,
+                bias: &bias,
+                act,
+                res: res.then_some((resv.as_ptr(), n)),
+            };
+            let mut kernels = vec![Kernel::Generic];
+            if kernel() == Kernel::Vnni512 {
+                kernels.push(Kernel::Vnni512);
+            }
+            for kern in kernels {
+                let mut c = vec![f32::NAN; m * n];
+                // SAFETY: the buffers have the sizes the call describes.
+                unsafe {
+                    gemm_on(
+                        kern,
+                        m,
+                        n,
+                        &segs,
+                        a.as_ptr(),
+                        lda,
+                        bp.as_ptr(),
+                        c.as_mut_ptr(),
+                        n,
+                        &epi,
+                    )
+                };
+                for r in 0..m {
+                    for j in 0..n {
+                        let mut s = 0i32;
+                        let mut kk = 0;
+                        for &(off, len) in &segs {
+                            for t in 0..len {
+                                s += a[r * lda + off as usize + t] as i32
+                                    * w[(kk + t) * n + j] as i32;
+                            }
+                            kk += len;
+                        }
+                        let mut want = s as f32 * scale[j] + bias[j];
+                        if act {
+                            want = want / (1.0 + (-want).exp());
+                        }
+                        if res {
+                            want += resv[r * n + j];
+                        }
+                        let got = c[r * n + j];
+                        assert!(
+                            (got - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                            "{kern:?} m {m} n {n} row {r} col {j}: {got} against {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod rate {
+    use super::*;
+
+    fn bytemuck_bytes(v: &[u32]) -> &[u8] {
+        // SAFETY: u32 has no padding; the bytes live as long as `v`.
+        unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, v.len() * 4) }
+    }
+
+    /// The micro-kernel's rate on one thread (`cargo test --release --lib igemm_rate --
+    /// --ignored --nocapture`): a 3x3 convolution's row (80 pixels, K = 1152, 128 columns).
+    #[test]
+    #[ignore]
+    fn igemm_rate() {
+        for &(m, n, k) in &[
+            (80usize, 128usize, 1152usize),
+            (384, 64, 128),
+            (96, 128, 1152),
+        ] {
+            let a32 = vec![0x0303_0303u32; (m * k + 64) / 4];
+            let a: &[u8] = bytemuck_bytes(&a32);
+            let mut bp = vec![0i8; packed_len(k, n)];
+            pack(k, n, &mut bp, |kk, j| ((kk + j) % 7) as i8 - 3);
+            let scale = vec![1e-3f32; n];
+            let bias = vec![0.1f32; n];
+            let epi = Epilogue {
+                scale: &scale,
+                bias: &bias,
+                act: true,
+                res: None,
+            };
+            let mut c = vec![0f32; m * n];
+            let segs = [(0isize, k)];
+            let reps = 2000;
+            let t = std::time::Instant::now();
+            for _ in 0..reps {
+                // SAFETY: buffers sized as described.
+                unsafe {
+                    gemm(
+                        m,
+                        n,
+                        &segs,
+                        a.as_ptr(),
+                        k,
+                        bp.as_ptr(),
+                        c.as_mut_ptr(),
+                        n,
+                        &epi,
+                    )
+                };
+            }
+            let s = t.elapsed().as_secs_f64();
+            println!(
+                "igemm m {m} n {n} k {k}: {:.1} GOP/s ({:?})",
+                2.0 * (m * n * k * reps) as f64 / s / 1e9,
+                kernel()
+            );
+        }
+    }
+}

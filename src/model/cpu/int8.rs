@@ -1,0 +1,248 @@
+//! INT8 convolutions of the CPU engine: post-training static quantization, as ONNX Runtime's
+//! and OpenVINO's tools do it (per-channel symmetric weights, per-tensor asymmetric
+//! activations from calibrated ranges; [`crate::model::quant`] records the ranges).
+//!
+//! - **Weights**: output channel `j` as `i8` in −127..=127 with scale `s_w[j] = max|w_j| / 127`.
+//! - **Input**: `u8` with scale `s_x = (max − min) / 255` and zero point `z = round(−min / s_x)`
+//!   over the calibrated range widened to hold 0 (so the padding, a real 0, is exactly `z`):
+//!   `q = clamp(round(x / s_x) + z, 0, 255)`, rounded half to even.
+//! - **Sum**: `Σ (q − z)·w_q = Σ q·w_q − z·Σ w_q`, the first term exact in i32 on
+//!   [`super::igemm`]'s kernels; so `y = act(s_x·s_w[j]·Σ q·w_q + (bias[j] − s_x·s_w[j]·z·Σ_k
+//!   w_q[k][j])) (+ residual)`, both folded into one scale and one bias per channel at load.
+//!
+//! A convolution first quantizes its f32 NHWC input into a zero-point-padded `u8` buffer
+//! (`(H + 2p) × (W + 2p)` pixels of the input channels rounded up to 4), then computes each
+//! output row as one GEMM whose rows read the kernel's rows straight from that buffer (no
+//! im2col, no border cases); the outputs are f32, so the rest of the engine (concatenations in
+//! place, pools, the head's f32 convolutions, the decode) is unchanged.
+
+use super::igemm;
+use super::kernels::{Act, ConvWeights, Exec};
+use super::math::dispatch;
+
+/// A convolution's quantized weights and folded epilogue (see the module docs).
+#[derive(Debug)]
+pub(crate) struct QConv {
+    /// Input channels rounded up to a multiple of 4 (the padded buffer's pixel stride).
+    pub cip: usize,
+    /// Packed weights ([`igemm::pack`]), depth `k·k·cip` in tap order, from byte `w0` (the
+    /// first 64-byte aligned one).
+    w: Vec<i8>,
+    w0: usize,
+    /// Per output channel: `s_x·s_w[j]`, and the bias less the zero point's share.
+    scale: Vec<f32>,
+    bias: Vec<f32>,
+    /// `1 / s_x` and the zero point (an integer in 0..=255, as f32).
+    inv: f32,
+    zero: f32,
+}
+
+/// The scale and zero point of a `u8` tensor over `[min, max]` widened to hold 0.
+pub(crate) fn act_params(min: f32, max: f32) -> (f32, f32) {
+    let (lo, hi) = (min.min(0.0), max.max(0.0));
+    let s = if hi > lo && (hi - lo).is_finite() {
+        (hi - lo) / 255.0
+    } else {
+        1.0
+    };
+    (s, (-lo / s).round_ties_even().clamp(0.0, 255.0))
+}
+
+impl QConv {
+    /// Quantizes the folded kernel `src` `(co, ci, k, k)` f32 (one group) with bias `bias`
+    /// `(co,)`, for an input calibrated to `[min, max]`.
+    pub fn new(
+        src: &[f32],
+        bias: &[f32],
+        co: usize,
+        ci: usize,
+        k: usize,
+        (min, max): (f32, f32),
+    ) -> Self {
+        let cip = ci.next_multiple_of(4);
+        let kq = k * k * cip;
+        let (sx, zero) = act_params(min, max);
+        let mut q = vec![0i8; co * k * k * ci];
+        let mut scale = vec![0f32; co];
+        let mut folded = vec![0f32; co];
+        for j in 0..co {
+            let wj = &src[j * ci * k * k..(j + 1) * ci * k * k];
+            let amax = wj.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let sw = if amax > 0.0 { amax / 127.0 } else { 1.0 };
+            let mut sum = 0i64;
+            for (d, &v) in q[j * ci * k * k..].iter_mut().zip(wj) {
+                *d = (v / sw).round_ties_even().clamp(-127.0, 127.0) as i8;
+                sum += *d as i64;
+            }
+            scale[j] = sx * sw;
+            folded[j] = bias[j] - scale[j] * zero * sum as f32;
+        }
+        let len = igemm::packed_len(kq, co);
+        let mut w = vec![0i8; len + 64];
+        let w0 = w.as_ptr().align_offset(64).min(64);
+        // Row (ky·k + kx)·cip + c of the GEMM: tap (ky, kx) of input channel c (0 past ci).
+        igemm::pack(kq, co, &mut w[w0..w0 + len], |row, j| {
+            let (tap, c) = (row / cip, row % cip);
+            if c >= ci {
+                return 0;
+            }
+            q[((j * ci + c) * k + tap / k) * k + tap % k]
+        });
+        Self {
+            cip,
+            w,
+            w0,
+            scale,
+            bias: folded,
+            inv: 1.0 / sx,
+            zero,
+        }
+    }
+
+    /// Bytes of the padded input buffer for a `b × h × w` input with `pad` pixels of padding.
+    pub fn buf_len(&self, b: usize, h: usize, w: usize, pad: usize) -> usize {
+        b * (h + 2 * pad) * (w + 2 * pad) * self.cip
+    }
+}
+
+/// The quantized-input buffer's base, shared by a kernel's tasks (each writes or reads its own
+/// rows).
+#[derive(Clone, Copy)]
+struct SendPtr(*mut u8);
+// SAFETY: the tasks given the pointer touch disjoint rows of the buffer, or only read it.
+unsafe impl Send for SendPtr {}
+unsafe impl Sync for SendPtr {}
+impl SendPtr {
+    fn get(self) -> *mut u8 {
+        self.0
+    }
+}
+
+dispatch! {
+    /// `dst[i] = clamp(round(src[i]·inv) + zero, 0, 255)` (rounded half to even, as the
+    /// vector conversion does; a multiplication then an addition, never fused, on every CPU).
+    fn quantize_into(src: &[f32], dst: &mut [u8], inv: f32, zero: f32) {
+        let src = &src[..dst.len()];
+        for i in 0..dst.len() {
+            dst[i] = (src[i] * inv + zero).round_ties_even().clamp(0.0, 255.0) as u8;
+        }
+    }
+}
+
+/// Writes `x` quantized into `buf` as `b × (h + 2·pad) × (w + 2·pad)` pixels of `cip` bytes,
+/// the padding (border pixels and channels past `x.c`) at the zero point.
+///
+/// SAFETY: `buf` holds [`QConv::buf_len`] bytes; `x` as the plan describes it.
+unsafe fn quantize(ex: Exec, x: Act, q: &QConv, pad: usize, buf: *mut u8) {
+    let (hp, wp, cip) = (x.h + 2 * pad, x.w + 2 * pad, q.cip);
+    let rows = x.b * hp;
+    let per = rows.div_ceil(4 * ex.threads()).max(1);
+    let buf = SendPtr(buf);
+    ex.each(rows.div_ceil(per), |t| {
+        for row in t * per..((t + 1) * per).min(rows) {
+            let (n, yy) = (row / hp, row % hp);
+            // SAFETY: row `row` of the buffer is this task's alone; `x`'s pixels are readable.
+            let dst =
+                unsafe { std::slice::from_raw_parts_mut(buf.get().add(row * wp * cip), wp * cip) };
+            let z = q.zero as u8;
+            if yy < pad || yy >= pad + x.h {
+                dst.fill(z);
+                continue;
+            }
+            dst[..pad * cip].fill(z);
+            dst[(pad + x.w) * cip..].fill(z);
+            let p0 = (n * x.h + yy - pad) * x.w;
+            if x.ld == x.c && cip == x.c {
+                // SAFETY: the row's pixels are contiguous (`ld == c`).
+                let src = unsafe { std::slice::from_raw_parts(x.at(p0 * x.ld), x.w * x.c) };
+                quantize_into(src, &mut dst[pad * cip..(pad + x.w) * cip], q.inv, q.zero);
+                continue;
+            }
+            for xx in 0..x.w {
+                // SAFETY: pixel p0 + xx of `x`.
+                let src = unsafe { std::slice::from_raw_parts(x.at((p0 + xx) * x.ld), x.c) };
+                let d = &mut dst[(pad + xx) * cip..(pad + xx + 1) * cip];
+                quantize_into(src, &mut d[..x.c], q.inv, q.zero);
+                d[x.c..].fill(z);
+            }
+        }
+    });
+}
+
+/// `y = act(conv(x) + bias) (+ res)` in INT8 (module docs); `buf` is the plan's buffer for the
+/// quantized input.
+///
+/// SAFETY: as [`super::kernels::conv`]'s; `buf` holds [`QConv::buf_len`] bytes for `x`.
+pub(crate) unsafe fn conv(
+    ex: Exec,
+    x: Act,
+    y: Act,
+    res: Option<Act>,
+    cw: &ConvWeights,
+    q: &QConv,
+    buf: *mut u8,
+) {
+    quantize(ex, x, q, cw.pad, buf);
+    let (s, k, cip) = (cw.stride, cw.k, q.cip);
+    let (hp, wp) = (x.h + 2 * cw.pad, x.w + 2 * cw.pad);
+    let threads = ex.threads();
+    let panels = cw.co.div_ceil(igemm::NR);
+    let flat = k == 1 && s == 1 && cw.pad == 0;
+    // Units of rows: a flat (pointwise) conv's pixels in tiles, else whole output rows.
+    let (units, per_unit) = if flat {
+        (y.pixels(), 1)
+    } else {
+        (y.b * y.h, y.w)
+    };
+    // Units per task: about 192 output pixels, fewer when there are too few for the threads.
+    let mut per = (192 / per_unit)
+        .max(1)
+        .min(units.div_ceil(2 * threads))
+        .max(1);
+    if flat {
+        per = per.next_multiple_of(igemm::MR);
+    }
+    let tiles = units.div_ceil(per);
+    let nb = if tiles >= 2 * threads {
+        1
+    } else {
+        (2 * threads).div_ceil(tiles).min(panels).max(1)
+    };
+    let bw = panels.div_ceil(nb) * igemm::NR;
+    let nb = cw.co.div_ceil(bw);
+    // A kernel row's taps are one run: k pixels of cip bytes side by side in the buffer.
+    let segs: Vec<(isize, usize)> = (0..k)
+        .map(|ky| ((ky * wp * cip) as isize, k * cip))
+        .collect();
+    let buf = SendPtr(buf);
+    ex.each(tiles * nb, |task| {
+        let (t, jb) = (task / nb, task % nb);
+        let j0 = jb * bw;
+        let n = bw.min(cw.co - j0);
+        let epi = |p: usize| igemm::Epilogue {
+            scale: &q.scale[j0..j0 + n],
+            bias: &q.bias[j0..j0 + n],
+            act: cw.act,
+            res: res.map(|a| (a.at(p * a.ld + j0) as *const f32, a.ld)),
+        };
+        let wq = q.w[q.w0 + j0 * k * k * cip..].as_ptr();
+        let (u0, u1) = (t * per, ((t + 1) * per).min(units));
+        // SAFETY: the buffer rows and weights read lie inside them; this task alone writes
+        // output pixels of units u0..u1, channels j0..j0+n.
+        unsafe {
+            if flat {
+                let a = buf.get().add(u0 * cip);
+                let dst = y.at(u0 * y.ld + j0);
+                igemm::gemm(u1 - u0, n, &segs, a, cip, wq, dst, y.ld, &epi(u0));
+                return;
+            }
+            for u in u0..u1 {
+                let (img, oy) = (u / y.h, u % y.h);
+                let a = buf.get().add((img * hp + oy * s) * wp * cip);
+                let p = u * y.w;
+                let dst = y.at(p * y.ld + j0);
+                igemm::gemm(y.w, n, &segs, a, s * cip, wq, dst, y.ld, &epi(p));
+            }
+        }
+    });
+}
