@@ -35,6 +35,9 @@ pub struct ConvRange {
     pub min: f32,
     /// Largest input value seen.
     pub max: f32,
+    /// Run this convolution in f32 all the same (a layer that loses accuracy in INT8).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub keep_f32: bool,
 }
 
 /// The INT8 calibration of a model: every convolution's input range ([`ConvRange`]), stored in

@@ -17,8 +17,11 @@
 //! place, pools, the head's f32 convolutions, the decode) is unchanged.
 
 use super::igemm;
-use super::kernels::{Act, ConvWeights, Exec};
+use super::kernels::{Act, ConvWeights, Exec, Scratch};
 use super::math::dispatch;
+
+/// Most output pixels of one task of a pointwise convolution (a multiple of [`igemm::MR`]).
+const FLAT_ROWS: usize = 192;
 
 /// A convolution's quantized weights and folded epilogue (see the module docs).
 #[derive(Debug)]
@@ -99,9 +102,22 @@ impl QConv {
         }
     }
 
-    /// Bytes of the padded input buffer for a `b × h × w` input with `pad` pixels of padding.
-    pub fn buf_len(&self, b: usize, h: usize, w: usize, pad: usize) -> usize {
-        b * (h + 2 * pad) * (w + 2 * pad) * self.cip
+    /// Bytes of the padded input buffer for a `b × h × w` input with `pad` pixels of padding
+    /// (0 for a pointwise convolution, whose tasks quantize their own rows).
+    pub fn buf_len(&self, b: usize, h: usize, w: usize, pad: usize, pointwise: bool) -> usize {
+        match pointwise {
+            true => 0,
+            false => b * (h + 2 * pad) * (w + 2 * pad) * self.cip,
+        }
+    }
+
+    /// Floats of per-thread scratch: a pointwise convolution's task quantizes its at most
+    /// [`FLAT_ROWS`] rows there.
+    pub fn scratch(&self, pointwise: bool) -> usize {
+        match pointwise {
+            true => (FLAT_ROWS * self.cip).div_ceil(4),
+            false => 0,
+        }
     }
 }
 
@@ -129,6 +145,25 @@ dispatch! {
     }
 }
 
+/// Pixels `p0..p1` of `x` quantized into `dst` (`cip` bytes each, channels past `x.c` at the
+/// zero point).
+///
+/// SAFETY: the pixels lie in `x`.
+unsafe fn quantize_rows(x: Act, q: &QConv, p0: usize, p1: usize, dst: &mut [u8]) {
+    let cip = q.cip;
+    if x.ld == x.c && cip == x.c {
+        let src = std::slice::from_raw_parts(x.at(p0 * x.ld), (p1 - p0) * x.c);
+        quantize_into(src, &mut dst[..(p1 - p0) * cip], q.inv, q.zero);
+        return;
+    }
+    for (i, p) in (p0..p1).enumerate() {
+        let src = std::slice::from_raw_parts(x.at(p * x.ld), x.c);
+        let d = &mut dst[i * cip..(i + 1) * cip];
+        quantize_into(src, &mut d[..x.c], q.inv, q.zero);
+        d[x.c..].fill(q.zero as u8);
+    }
+}
+
 /// Writes `x` quantized into `buf` as `b × (h + 2·pad) × (w + 2·pad)` pixels of `cip` bytes,
 /// the padding (border pixels and channels past `x.c`) at the zero point.
 ///
@@ -152,27 +187,18 @@ unsafe fn quantize(ex: Exec, x: Act, q: &QConv, pad: usize, buf: *mut u8) {
             dst[..pad * cip].fill(z);
             dst[(pad + x.w) * cip..].fill(z);
             let p0 = (n * x.h + yy - pad) * x.w;
-            if x.ld == x.c && cip == x.c {
-                // SAFETY: the row's pixels are contiguous (`ld == c`).
-                let src = unsafe { std::slice::from_raw_parts(x.at(p0 * x.ld), x.w * x.c) };
-                quantize_into(src, &mut dst[pad * cip..(pad + x.w) * cip], q.inv, q.zero);
-                continue;
-            }
-            for xx in 0..x.w {
-                // SAFETY: pixel p0 + xx of `x`.
-                let src = unsafe { std::slice::from_raw_parts(x.at((p0 + xx) * x.ld), x.c) };
-                let d = &mut dst[(pad + xx) * cip..(pad + xx + 1) * cip];
-                quantize_into(src, &mut d[..x.c], q.inv, q.zero);
-                d[x.c..].fill(z);
-            }
+            // SAFETY: the row's pixels lie in `x`.
+            unsafe { quantize_rows(x, q, p0, p0 + x.w, &mut dst[pad * cip..(pad + x.w) * cip]) };
         }
     });
 }
 
-/// `y = act(conv(x) + bias) (+ res)` in INT8 (module docs); `buf` is the plan's buffer for the
-/// quantized input.
+/// `y = act(conv(x) + bias) (+ res)` in INT8 (module docs). A pointwise convolution's task
+/// quantizes its own rows of `x` into its thread's scratch (in cache when the GEMM reads them);
+/// other convolutions quantize the whole input, padded, into the plan's buffer first.
 ///
-/// SAFETY: as [`super::kernels::conv`]'s; `buf` holds [`QConv::buf_len`] bytes for `x`.
+/// SAFETY: as [`super::kernels::conv`]'s; `scratch.qbuf` holds [`QConv::buf_len`] bytes for
+/// `x`, and each thread's scratch [`QConv::scratch`] floats.
 pub(crate) unsafe fn conv(
     ex: Exec,
     x: Act,
@@ -180,14 +206,17 @@ pub(crate) unsafe fn conv(
     res: Option<Act>,
     cw: &ConvWeights,
     q: &QConv,
-    buf: *mut u8,
+    scratch: Scratch,
 ) {
-    quantize(ex, x, q, cw.pad, buf);
+    let flat = cw.k == 1 && cw.stride == 1 && cw.pad == 0;
+    let buf = scratch.qbuf;
+    if !flat {
+        quantize(ex, x, q, cw.pad, buf);
+    }
     let (s, k, cip) = (cw.stride, cw.k, q.cip);
     let (hp, wp) = (x.h + 2 * cw.pad, x.w + 2 * cw.pad);
     let threads = ex.threads();
     let panels = cw.co.div_ceil(igemm::NR);
-    let flat = k == 1 && s == 1 && cw.pad == 0;
     // Units of rows: a flat (pointwise) conv's pixels in tiles, else whole output rows.
     let (units, per_unit) = if flat {
         (y.pixels(), 1)
@@ -195,12 +224,12 @@ pub(crate) unsafe fn conv(
         (y.b * y.h, y.w)
     };
     // Units per task: about 192 output pixels, fewer when there are too few for the threads.
-    let mut per = (192 / per_unit)
+    let mut per = (FLAT_ROWS / per_unit)
         .max(1)
         .min(units.div_ceil(2 * threads))
         .max(1);
     if flat {
-        per = per.next_multiple_of(igemm::MR);
+        per = per.next_multiple_of(igemm::MR).min(FLAT_ROWS);
     }
     let tiles = units.div_ceil(per);
     let nb = if tiles >= 2 * threads {
@@ -215,7 +244,7 @@ pub(crate) unsafe fn conv(
         .map(|ky| ((ky * wp * cip) as isize, k * cip))
         .collect();
     let buf = SendPtr(buf);
-    ex.each(tiles * nb, |task| {
+    ex.each_on(tiles * nb, |task, thread| {
         let (t, jb) = (task / nb, task % nb);
         let j0 = jb * bw;
         let n = bw.min(cw.co - j0);
@@ -231,9 +260,12 @@ pub(crate) unsafe fn conv(
         // output pixels of units u0..u1, channels j0..j0+n.
         unsafe {
             if flat {
-                let a = buf.get().add(u0 * cip);
+                let mine = scratch.mine(thread);
+                let a =
+                    std::slice::from_raw_parts_mut(mine.as_mut_ptr() as *mut u8, (u1 - u0) * cip);
+                quantize_rows(x, q, u0, u1, a);
                 let dst = y.at(u0 * y.ld + j0);
-                igemm::gemm(u1 - u0, n, &segs, a, cip, wq, dst, y.ld, &epi(u0));
+                igemm::gemm(u1 - u0, n, &segs, a.as_ptr(), cip, wq, dst, y.ld, &epi(u0));
                 return;
             }
             for u in u0..u1 {

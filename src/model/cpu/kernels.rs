@@ -33,7 +33,7 @@ impl Exec<'_> {
 
     /// Runs `f(task, thread)` for tasks `0..n`; `thread` < [`Exec::threads`] names the thread
     /// running the task (its scratch).
-    fn each_on(&self, n: usize, f: impl Fn(usize, usize) + Sync) {
+    pub(crate) fn each_on(&self, n: usize, f: impl Fn(usize, usize) + Sync) {
         match self.0 {
             Some(pool) => pool.each(n, &f),
             None => (0..n).for_each(|i| f(i, 0)),
@@ -187,8 +187,8 @@ impl ConvWeights {
     /// ([`winograd::Weights::scratch`]); else 0 for a pointwise conv, or the im2col rows of a
     /// tile, then the outputs of a batch of [`BORDER_BATCH`] border pixels ([`implicit`]).
     pub fn scratch(&self) -> usize {
-        if self.q.is_some() {
-            0
+        if let Some(q) = &self.q {
+            q.scratch(self.pointwise())
         } else if let Some(wt) = &self.wino {
             wt.scratch(wt.block())
         } else if self.pointwise() {
@@ -279,7 +279,7 @@ impl Scratch {
     ///
     /// SAFETY: `t` is below the thread count the scratch was sized for, and no other running
     /// task has the same `t`.
-    unsafe fn mine<'a>(self, t: usize) -> &'a mut [f32] {
+    pub(crate) unsafe fn mine<'a>(self, t: usize) -> &'a mut [f32] {
         std::slice::from_raw_parts_mut(self.ptr.add(t * self.per), self.per)
     }
 }
@@ -300,7 +300,7 @@ pub(crate) fn min_max(x: Act, (mut lo, mut hi): (f32, f32)) -> (f32, f32) {
 pub(crate) fn conv(ex: Exec, x: Act, y: Act, res: Option<Act>, cw: &ConvWeights, scratch: Scratch) {
     if let Some(q) = &cw.q {
         // SAFETY: the plan sized the buffer for this convolution's input (`Plan::qbuf_len`).
-        return unsafe { int8::conv(ex, x, y, res, cw, q, scratch.qbuf) };
+        return unsafe { int8::conv(ex, x, y, res, cw, q, scratch) };
     }
     if let Some(wt) = &cw.wino {
         return conv_winograd(ex, x, y, res, cw, wt, scratch);

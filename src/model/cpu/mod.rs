@@ -373,6 +373,7 @@ impl CpuEngine {
                 stride: w.stride,
                 min,
                 max,
+                keep_f32: false,
             })
             .collect())
     }
