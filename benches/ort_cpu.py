@@ -9,6 +9,13 @@ the same settings with the same intra-op thread counts.
 Prints `ort_cpu engine=onnxruntime|openvino size=HxW batch=B threads=T forward_ms=.. img_s=..`,
 the median of `--iters` runs after two warm-up runs on a random input (the network and, as in
 yolo9's forward, the decode inside the exported graph).
+
+`--int8 IMAGES` (a folder of images, e.g. BCCD's `images/val`, the images `yolo9 convert --int8`
+calibrates on) also times each engine's own static INT8 of the same export, calibrated on those
+images letterboxed to the model's size: ONNX Runtime's `quantize_static` (QDQ, per-channel i8
+weights, u8 activations, MinMax: the settings of yolo9's INT8) as `engine=onnxruntime-int8`, and
+OpenVINO's NNCF `quantize` (its default preset) as `engine=openvino-int8` where `nncf` is
+installed (`pip install nncf pillow`).
 """
 import argparse
 import os
@@ -27,6 +34,8 @@ p.add_argument("--batches", default="1,8")
 p.add_argument("--iters", type=int, default=10)
 p.add_argument("--dir", default=None, help="where the exported models go (default: a temp folder)")
 p.add_argument("--no-openvino", action="store_true")
+p.add_argument("--int8", default=None, help="a folder of calibration images: also time static INT8")
+p.add_argument("--calib-images", type=int, default=100)
 a = p.parse_args()
 
 cpus = len(os.sched_getaffinity(0))
@@ -64,12 +73,89 @@ def timed(run, x):
     return median(ts)
 
 
+def calibration(h, w, b):
+    """The first --calib-images images of --int8 (sorted) letterboxed to h x w (pad 114, as
+    yolo9's letterbox), RGB 0..1, as (b, 3, h, w) batches."""
+    from PIL import Image
+
+    names = sorted(f for f in os.listdir(a.int8) if f.lower().endswith((".jpg", ".jpeg", ".png")))
+    step = max(1, len(names) // a.calib_images)
+    xs = []
+    for f in names[::step][: a.calib_images]:
+        im = Image.open(os.path.join(a.int8, f)).convert("RGB")
+        r = min(h / im.height, w / im.width)
+        nh, nw = round(im.height * r), round(im.width * r)
+        canvas = Image.new("RGB", (w, h), (114, 114, 114))
+        canvas.paste(im.resize((nw, nh), Image.BILINEAR), ((w - nw) // 2, (h - nh) // 2))
+        xs.append(np.asarray(canvas, dtype=np.float32).transpose(2, 0, 1) / 255.0)
+    return [np.stack([xs[(i + j) % len(xs)] for j in range(b)]) for i in range(0, len(xs), b)]
+
+
+def int8_models(path, h, w, b):
+    """(ORT QDQ model path, NNCF-quantized OpenVINO model or None) of the export at `path`."""
+    from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat,
+                                          QuantType, quantize_static)
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    batches = calibration(h, w, b)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter(batches)
+
+        def get_next(self):
+            x = next(self.it, None)
+            return None if x is None else {name_of(path): x}
+
+    pre = path.replace(".onnx", "-pre.onnx")
+    qdq = path.replace(".onnx", "-int8-qdq.onnx")
+    if not os.path.exists(qdq):
+        quant_pre_process(path, pre)
+        quantize_static(pre, qdq, Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                        calibrate_method=CalibrationMethod.MinMax)
+    vino = None
+    if ov is not None:
+        try:
+            import nncf
+
+            model = ov.Core().read_model(path)
+            vino = nncf.quantize(model, nncf.Dataset(batches))
+        except ImportError:
+            pass
+    return qdq, vino
+
+
+def name_of(path):
+    return ort.InferenceSession(path, providers=["CPUExecutionProvider"]).get_inputs()[0].name
+
+
+def time_ort(path, t, x, engine, b, h, w):
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = t
+    so.inter_op_num_threads = 1
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    s = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    name = s.get_inputs()[0].name
+    ms = timed(lambda x: s.run(None, {name: x}), x)
+    print(f"ort_cpu engine={engine} size={h}x{w} batch={b} threads={t} forward_ms={ms:.2f} img_s={b * 1e3 / ms:.2f}", flush=True)
+
+
+def time_ov(model, t, x, engine, b, h, w, precision):
+    c = ov.Core().compile_model(model, "CPU", {"INFERENCE_NUM_THREADS": t, "INFERENCE_PRECISION_HINT": precision,
+                                               "PERFORMANCE_HINT": "LATENCY"})
+    req = c.create_infer_request()
+    ms = timed(lambda x: req.infer({0: x}), x)
+    print(f"ort_cpu engine={engine} size={h}x{w} batch={b} threads={t} forward_ms={ms:.2f} img_s={b * 1e3 / ms:.2f}", flush=True)
+
+
 for (h, w) in sizes:
     for b in batches:
         path = os.path.join(out_dir, f"m-{h}x{w}-b{b}.onnx")
         if not os.path.exists(path):
             subprocess.run([a.yolo9, "export", "--weights", a.weights, "--img", str(h), str(w),
                             "--batch", str(b), "-o", path], check=True, capture_output=True)
+        qdq, vino = int8_models(path, h, w, b) if a.int8 else (None, None)
         x = np.random.default_rng(0).random((b, 3, h, w), dtype=np.float32)
         for t in threads:
             so = ort.SessionOptions()
@@ -87,3 +173,7 @@ for (h, w) in sizes:
                 req = c.create_infer_request()
                 ms = timed(lambda x: req.infer({0: x}), x)
                 print(f"ort_cpu engine=openvino size={h}x{w} batch={b} threads={t} forward_ms={ms:.2f} img_s={b * 1e3 / ms:.2f}", flush=True)
+            if qdq is not None:
+                time_ort(qdq, t, x, "onnxruntime-int8", b, h, w)
+            if vino is not None:
+                time_ov(vino, t, x, "openvino-int8", b, h, w, "f32")

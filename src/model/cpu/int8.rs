@@ -134,14 +134,58 @@ impl SendPtr {
     }
 }
 
+/// `dst[i] = round(clamp(src[i]·inv + zero, 0, 255))`, rounded half to even (a
+/// multiplication then an addition, never fused, so that every CPU gives the same bytes).
+fn quantize_into(src: &[f32], dst: &mut [u8], inv: f32, zero: f32) {
+    #[cfg(target_arch = "x86_64")]
+    if super::isa::avx512() {
+        assert!(src.len() >= dst.len());
+        // SAFETY: the CPU has AVX-512F; `src` covers `dst`.
+        unsafe { quantize_avx512(src, dst, inv, zero) };
+        return;
+    }
+    quantize_auto(src, dst, inv, zero)
+}
+
 dispatch! {
-    /// `dst[i] = clamp(round(src[i]·inv) + zero, 0, 255)` (rounded half to even, as the
-    /// vector conversion does; a multiplication then an addition, never fused, on every CPU).
-    fn quantize_into(src: &[f32], dst: &mut [u8], inv: f32, zero: f32) {
+    /// [`quantize_into`] as a plain loop.
+    fn quantize_auto(src: &[f32], dst: &mut [u8], inv: f32, zero: f32) {
         let src = &src[..dst.len()];
         for i in 0..dst.len() {
-            dst[i] = (src[i] * inv + zero).round_ties_even().clamp(0.0, 255.0) as u8;
+            dst[i] = (src[i] * inv + zero).clamp(0.0, 255.0).round_ties_even() as u8;
         }
+    }
+}
+
+/// [`quantize_into`] on 16 lanes (the conversion rounds half to even, as the default MXCSR
+/// mode does).
+///
+/// SAFETY: AVX-512F; `src` covers `dst`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn quantize_avx512(src: &[f32], dst: &mut [u8], inv: f32, zero: f32) {
+    use std::arch::x86_64::*;
+    let n = dst.len();
+    let (vi, vz) = (_mm512_set1_ps(inv), _mm512_set1_ps(zero));
+    let (lo, hi) = (_mm512_setzero_ps(), _mm512_set1_ps(255.0));
+    let (s, d) = (src.as_ptr(), dst.as_mut_ptr());
+    let q = |v: __m512| {
+        let v = _mm512_min_ps(
+            _mm512_max_ps(_mm512_add_ps(_mm512_mul_ps(v, vi), vz), lo),
+            hi,
+        );
+        _mm512_cvtps_epi32(v)
+    };
+    let mut i = 0;
+    while i + 16 <= n {
+        let v = q(_mm512_loadu_ps(s.add(i)));
+        _mm_storeu_si128(d.add(i) as *mut __m128i, _mm512_cvtusepi32_epi8(v));
+        i += 16;
+    }
+    if i < n {
+        let m = ((1u32 << (n - i)) - 1) as __mmask16;
+        let v = q(_mm512_maskz_loadu_ps(m, s.add(i)));
+        _mm512_mask_cvtusepi32_storeu_epi8(d.add(i) as *mut i8, m, v);
     }
 }
 
