@@ -115,12 +115,16 @@ def int8_models(path, h, w, b):
                         activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
                         calibrate_method=CalibrationMethod.MinMax)
     vino = None
-    if ov is not None:
+    xml = path.replace(".onnx", "-int8-nncf.xml")
+    if ov is not None and os.path.exists(xml):
+        vino = ov.Core().read_model(xml)
+    elif ov is not None:
         try:
             import nncf
 
             model = ov.Core().read_model(path)
             vino = nncf.quantize(model, nncf.Dataset(batches))
+            ov.save_model(vino, xml)
         except ImportError:
             pass
     return qdq, vino
