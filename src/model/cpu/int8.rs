@@ -322,3 +322,137 @@ pub(crate) unsafe fn conv(
         }
     });
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::cpu::pool::Pool;
+    use candle_core::{Device, Tensor};
+
+    /// A hand-computed case: the range of a SiLU output seen as [−0.278, 14.03] gives
+    /// s = 14.308 / 255 and z = round(0.278 / s) = round(4.955) = 5; a range without 0 is widened
+    /// to hold it (the padding is a real 0); an empty range falls back to scale 1.
+    #[test]
+    fn activation_scale_and_zero_point() {
+        let (s, z) = act_params(-0.278, 14.03);
+        assert!((s - 14.308 / 255.0).abs() < 1e-7 && z == 5.0, "{s} {z}");
+        let (s, z) = act_params(0.196, 1.0);
+        assert!((s - 1.0 / 255.0).abs() < 1e-9 && z == 0.0, "{s} {z}");
+        assert_eq!(act_params(0.0, 0.0), (1.0, 0.0));
+        // The AVX-512 and the plain quantization give the same bytes (ties, clamps, tails).
+        let src: Vec<f32> = (0..37).map(|i| (i as f32 - 10.0) * 0.5 + 0.25).collect();
+        let (mut a, mut b) = (vec![0u8; 37], vec![0u8; 37]);
+        quantize_into(&src, &mut a, 2.0, 7.0);
+        quantize_auto(&src, &mut b, 2.0, 7.0);
+        assert_eq!(a, b);
+        // src[0] = −4.75: 2·(−4.75) + 7 < 0 → 0; src[20] = 5.25 → 17.5 → 18 and src[21] = 5.75
+        // → 18.5 → 18 (ties to even); src[36] = 13.25 → 33.5 → 34.
+        assert_eq!(a[0], 0);
+        assert_eq!((a[20], a[21], a[36]), (18, 18, 34));
+    }
+
+    /// The INT8 convolution equals the same arithmetic done by hand in f64 on the quantized
+    /// values (`y = act(s_x·s_w[j]·Σ (q − z)·w_q + b) (+ res)`), within f32 rounding: pointwise
+    /// and 3x3, stride 1 and 2, channels that are not a multiple of 4, a residual, a channel
+    /// slice of a wider input, on one thread and on three.
+    #[test]
+    fn conv_equals_the_quantized_arithmetic() {
+        let pool = Pool::new(3).unwrap();
+        for &(ci, co, k, s, h, w, res) in &[
+            (6usize, 40usize, 3usize, 1usize, 9usize, 11usize, false),
+            (32, 48, 1, 1, 7, 13, true),
+            (13, 70, 3, 2, 10, 9, false),
+            (64, 32, 3, 1, 5, 30, true),
+        ] {
+            let pad = k / 2;
+            let wt = Tensor::rand(-0.2f32, 0.2, (co, ci, k, k), &Device::Cpu).unwrap();
+            let bias: Vec<f32> = (0..co).map(|j| j as f32 * 0.01 - 0.2).collect();
+            let bt = Tensor::new(bias.as_slice(), &Device::Cpu).unwrap();
+            let range = (-0.3f32, 4.0f32);
+            let cw = ConvWeights::pack(&wt, Some(&bt), (s, pad, 1), true, Some(range)).unwrap();
+            let q = cw.q.as_ref().expect("quantized");
+            let (ho, wo) = cw.out_hw(h, w);
+            // The input is the last `ci` channels of pixels of `ci + 5` (a concatenation's slice).
+            let ld = ci + 5;
+            let xb: Vec<f32> = (0..h * w * ld)
+                .map(|i| ((i * 37 % 101) as f32) * 0.045 - 0.4)
+                .collect();
+            let rb: Vec<f32> = (0..ho * wo * co).map(|i| (i % 9) as f32 * 0.1).collect();
+            let wv = wt.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let (sx, z) = act_params(range.0, range.1);
+            // As the engine rounds: (x·(1/s) + z) clamped to 0..255, to even, less z.
+            let qx = |v: f32| ((v * (1.0 / sx) + z).clamp(0.0, 255.0).round_ties_even() - z) as f64;
+            let mut want = vec![0f64; ho * wo * co];
+            for oy in 0..ho {
+                for ox in 0..wo {
+                    for j in 0..co {
+                        let wj = &wv[j * ci * k * k..(j + 1) * ci * k * k];
+                        let amax = wj.iter().fold(0f32, |m, v| m.max(v.abs()));
+                        let sw = amax / 127.0;
+                        let mut acc = 0f64;
+                        for c in 0..ci {
+                            for ky in 0..k {
+                                for kx in 0..k {
+                                    let (iy, ix) = (
+                                        (oy * s + ky) as isize - pad as isize,
+                                        (ox * s + kx) as isize - pad as isize,
+                                    );
+                                    if iy < 0 || ix < 0 || iy as usize >= h || ix as usize >= w {
+                                        continue;
+                                    }
+                                    let xv = xb[(iy as usize * w + ix as usize) * ld + 5 + c];
+                                    let wq = (wj[(c * k + ky) * k + kx] / sw).round_ties_even();
+                                    acc += qx(xv) * wq as f64;
+                                }
+                            }
+                        }
+                        let v = acc * (sx * sw) as f64 + bias[j] as f64;
+                        let mut v = v / (1.0 + (-v).exp());
+                        if res {
+                            v += rb[(oy * wo + ox) * co + j] as f64;
+                        }
+                        want[(oy * wo + ox) * co + j] = v;
+                    }
+                }
+            }
+            for ex in [Exec(None), Exec(Some(&pool))] {
+                let mut xb = xb.clone();
+                let mut rb = rb.clone();
+                let mut yb = vec![f32::NAN; ho * wo * co];
+                let flat = k == 1 && s == 1;
+                let mut qbuf = vec![0u8; q.buf_len(1, h, w, pad, flat) + 4];
+                let per = cw.scratch().max(1);
+                let mut sc = vec![0f32; per * ex.threads()];
+                let act = |ptr: *mut f32, ld, h, w, c| Act {
+                    ptr,
+                    ld,
+                    b: 1,
+                    h,
+                    w,
+                    c,
+                };
+                let x = act(xb.as_mut_ptr().wrapping_add(5), ld, h, w, ci);
+                let y = act(yb.as_mut_ptr(), co, ho, wo, co);
+                let r = res.then(|| act(rb.as_mut_ptr(), co, ho, wo, co));
+                let scratch = Scratch {
+                    ptr: sc.as_mut_ptr(),
+                    per,
+                    // 4-byte aligned, as the arena's buffer.
+                    qbuf: qbuf
+                        .as_mut_ptr()
+                        .wrapping_add(qbuf.as_ptr().align_offset(4)),
+                };
+                // SAFETY: the buffers have the sizes the plan would give them.
+                unsafe { conv(ex, x, y, r, &cw, q, scratch) };
+                let absmax = want.iter().fold(0f64, |m, v| m.max(v.abs()));
+                for (i, (&g, &t)) in yb.iter().zip(&want).enumerate() {
+                    assert!(
+                        (g as f64 - t).abs() <= 2e-6 * absmax.max(1.0),
+                        "ci {ci} co {co} k {k} s {s} threads {}: output {i}: {g} against {t}",
+                        ex.threads()
+                    );
+                }
+            }
+        }
+    }
+}
