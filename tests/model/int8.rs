@@ -35,7 +35,7 @@ fn input() -> Tensor {
 /// Calibrating the shipped weights on the three example images (plus one file that is not an
 /// image, skipped and reported) records one range per convolution, the first one's the image's
 /// own (within 0..1); the calibration survives a save and a load; the loaded model's engine
-/// runs INT8, and its output agrees with the f32 engine's where it matters: every anchor the
+/// runs INT8 (on a CPU with AVX-512 VNNI; elsewhere f32, bit for bit), and its output agrees with the f32 engine's where it matters: every anchor the
 /// f32 model scores ≥ 0.5 is scored within 0.08 with its box within 3 px (measured on the
 /// AVX-512 machine: 0.040 and 1.76 px), and the anchors above 0.5 are as many to within 2 %.
 #[test]
@@ -78,7 +78,6 @@ fn calibration_round_trips_and_runs_close_to_f32() {
     let mf = YoloV9::load(&w, &Device::Cpu).unwrap().with_threads(2);
     let mq = YoloV9::load(&back, &Device::Cpu).unwrap().with_threads(2);
     assert_eq!(mf.cpu_engine().unwrap().int8_kernel(), None);
-    assert!(mq.cpu_engine().unwrap().int8_kernel().is_some());
     let yf = mf
         .forward(&x)
         .unwrap()
@@ -93,6 +92,13 @@ fn calibration_round_trips_and_runs_close_to_f32() {
         .unwrap()
         .to_vec2::<f32>()
         .unwrap();
+    if mq.cpu_engine().unwrap().int8_kernel().is_none() {
+        // A CPU without AVX-512 VNNI runs the calibrated model in f32.
+        println!("no INT8 kernel on this CPU: the calibrated model runs in f32");
+        assert_eq!(yf, yq);
+        let _ = std::fs::remove_dir_all(&dir);
+        return;
+    }
     let nc = yf.len() - 4;
     let best = |y: &Vec<Vec<f32>>, a: usize| (0..nc).map(|c| y[4 + c][a]).fold(0f32, f32::max);
     let anchors = yf[0].len();

@@ -92,7 +92,8 @@ impl Graph {
     /// The graph of a traced forward: `ops` in execution order, `input` the traced input's id,
     /// `outputs` the ids of the head's raw outputs. With `int8`, the calibrated input range of
     /// every convolution in trace order, the convolutions run in INT8 except those marked
-    /// [`ConvRange::keep_f32`], those that write the head's outputs (the box and class
+    /// [`ConvRange::keep_f32`] (and all of them on a CPU without AVX-512 VNNI, where the portable
+    /// INT8 loop would be slower than f32), those that write the head's outputs (the box and class
     /// convolutions of each level: [`keeps_f32`]) and the first one, on the image (over 3
     /// channels, 27 weights per output channel: in INT8 it cost the shipped BCCD weights 0.010
     /// of test mAP50-95, 0.519 against 0.529, and nothing in f32). Errors: a calibration made
@@ -406,6 +407,9 @@ impl Builder<'_> {
                 let id = self.convs;
                 self.convs += 1;
                 let range = match self.int8 {
+                    // The portable INT8 loop is several times slower than the f32 kernels: a CPU
+                    // without a vector INT8 kernel runs the calibrated model in f32.
+                    Some(_) if super::igemm::kernel() == super::igemm::Kernel::Generic => None,
                     Some(r) => {
                         let c = r.get(id).with_context(|| {
                             format!("int8 calibration: {} convolutions recorded, the model has more: it was made for another model", r.len())

@@ -11,7 +11,7 @@
 //!
 //! Kernels: AVX-512 VNNI (12 rows × 32 columns, 24 accumulators; per group of 4 depth rows two
 //! loads of B, twelve broadcasts of 4 bytes of A, 24 `vpdpbusd`) where the CPU has it; a
-//! portable loop elsewhere (correct, not fast).
+//! portable loop elsewhere (correct, not fast: the reference of the tests).
 
 use super::math;
 
@@ -67,7 +67,8 @@ pub(crate) enum Kernel {
 }
 
 /// The INT8 kernel of this CPU (detected once): VNNI where the CPU has AVX-512 VNNI and the
-/// f32 engine runs its AVX-512 kernel (`YOLO9_CPU_GEMM=avx2|generic` forces the portable one).
+/// f32 engine runs its AVX-512 kernel; else the portable loop, which the engine leaves to the
+/// tests: there a calibrated model runs in f32 (also under `YOLO9_CPU_GEMM=avx2|generic`).
 pub(crate) fn kernel() -> Kernel {
     static K: std::sync::OnceLock<Kernel> = std::sync::OnceLock::new();
     *K.get_or_init(|| {

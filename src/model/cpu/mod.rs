@@ -378,8 +378,9 @@ impl CpuEngine {
             .collect())
     }
 
-    /// Whether the engine runs convolutions in INT8, and on which kernel (`"vnni512"`,
-    /// `"generic"`); `None` for an f32 engine.
+    /// Whether the engine runs convolutions in INT8, and on which kernel (`"vnni512"`); `None`
+    /// for an f32 engine, and for a calibrated model on a CPU without AVX-512 VNNI (which runs
+    /// it in f32).
     pub fn int8_kernel(&self) -> Option<&'static str> {
         let any = self
             .graph
