@@ -9,12 +9,14 @@
 # Weights: the shipped BCCD weights; INT8: `yolo9 convert --int8` calibrated on BCCD's val images
 # (../shared/datasets/bccd, or $BCCD), which also calibrate ONNX Runtime and OpenVINO. Without
 # cargo (the device host), set BIN (the cpu_detect bench binary), YOLO9 (a yolo9 binary, only
-# if the INT8 weights are not in $DIR yet) and DIR (a folder for the models, kept between runs).
+# if the INT8 weights or the export are not in $DIR yet), DIR (a folder for the models, kept
+# between runs) and CALIB (ONNX Runtime's calibration images: a folder, or an .npz of letterboxed
+# ones as benches/ort_cpu.py reads them).
 # Threads are pinned to cores 0.. with taskset where it exists. Needs `pip install onnxruntime`
 # (and `openvino nncf pillow` for OpenVINO).
 set -euo pipefail
 rounds=${1:-3}; threads=${2:-1,2}; size=${3:-480x640}
-bccd=${BCCD:-../shared/datasets/bccd}
+bccd=${BCCD:-../shared/datasets/bccd}; calib=${CALIB:-$bccd/images/val}
 dir=${DIR:-$(mktemp -d)}; mkdir -p "$dir"; log=$dir/runs.txt; : >"$log"
 if [ -z "${BIN:-}" ]; then
   cargo build --release --quiet
@@ -32,7 +34,7 @@ for r in $(seq "$rounds"); do
       ms=$(pin "$t" "$BIN" --weights "$w" --threads "$t" --sizes "$size" --batches 1 --iters 10 2>/dev/null | grep -o 'forward_ms=[0-9.]*' | cut -d= -f2)
       echo "$r $t $name $ms" | tee -a "$log"
     done
-    pin "$t" python3 benches/ort_cpu.py --yolo9 "$yolo9" --weights "$f32" --threads "$t" --sizes "$size" --batches 1 --iters 10 --dir "$dir" --int8 "$bccd/images/val" 2>/dev/null \
+    pin "$t" python3 benches/ort_cpu.py --yolo9 "$yolo9" --weights "$f32" --threads "$t" --sizes "$size" --batches 1 --iters 10 --dir "$dir" --int8 "$calib" 2>/dev/null \
       | grep -o 'engine=[a-z0-9-]* .*forward_ms=[0-9.]*' | sed -E 's/engine=([a-z0-9-]*) .*forward_ms=([0-9.]*)/\1 \2/' \
       | while read -r e ms; do echo "$r $t $e $ms" | tee -a "$log"; done
   done

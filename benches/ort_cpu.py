@@ -34,7 +34,8 @@ p.add_argument("--batches", default="1,8")
 p.add_argument("--iters", type=int, default=10)
 p.add_argument("--dir", default=None, help="where the exported models go (default: a temp folder)")
 p.add_argument("--no-openvino", action="store_true")
-p.add_argument("--int8", default=None, help="a folder of calibration images: also time static INT8")
+p.add_argument("--int8", default=None,
+               help="a folder of calibration images (or an .npz of letterboxed uint8 ones): also time static INT8")
 p.add_argument("--calib-images", type=int, default=100)
 a = p.parse_args()
 
@@ -76,6 +77,10 @@ def timed(run, x):
 def calibration(h, w, b):
     """The first --calib-images images of --int8 (sorted) letterboxed to h x w (pad 114, as
     yolo9's letterbox), RGB 0..1, as (b, 3, h, w) batches."""
+    if a.int8.endswith(".npz"):
+        # Images letterboxed beforehand (for a machine without PIL): uint8 (N, 3, h, w) as "x".
+        xs = list(np.load(a.int8)["x"].astype(np.float32) / 255.0)[: a.calib_images]
+        return [np.stack([xs[(i + j) % len(xs)] for j in range(b)]) for i in range(0, len(xs), b)]
     from PIL import Image
 
     names = sorted(f for f in os.listdir(a.int8) if f.lower().endswith((".jpg", ".jpeg", ".png")))
