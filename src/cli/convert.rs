@@ -1,5 +1,6 @@
 //! `yolo9 convert`: official `.pt` → safetensors.
-use crate::convert::{convert_file, quantize_file, ConvertOptions, Int8Options};
+use crate::convert::int8::{quantize_file, Int8Options};
+use crate::convert::{convert_file, default_output, ConvertOptions};
 use anyhow::{bail, Result};
 use clap::Args;
 use std::path::PathBuf;
@@ -38,37 +39,6 @@ pub struct ConvertArgs {
     /// Images to calibrate --int8 on, spread evenly over the split.
     #[arg(long, default_value_t = 100)]
     pub calib_images: usize,
-    /// Letterbox size of the calibration forwards (pixels).
-    #[arg(long, default_value_t = 640)]
-    pub imgsz: u32,
-    /// CPU threads for the calibration [default: all].
-    #[arg(long, default_value_t = 0)]
-    pub threads: usize,
-}
-
-/// The default output of converting `input`: `NAME.safetensors` beside it, or, when the input is
-/// already that file, `NAME-infer-half.safetensors` with the suffixes of the options given
-/// (`-converted` without options), so the input is never overwritten.
-pub fn default_output(input: &std::path::Path, infer: bool, half: bool) -> PathBuf {
-    let o = input.with_extension("safetensors");
-    if o != input {
-        return o;
-    }
-    let stem = input
-        .file_stem()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "weights".into());
-    let mut name = stem;
-    if infer {
-        name.push_str("-infer");
-    }
-    if half {
-        name.push_str("-half");
-    }
-    if !infer && !half {
-        name.push_str("-converted");
-    }
-    input.with_file_name(format!("{name}.safetensors"))
 }
 
 /// Runs `yolo9 convert`: reads the checkpoint, checks it, writes safetensors atomically and
@@ -113,20 +83,10 @@ pub fn run(mut args: ConvertArgs) -> Result<()> {
             let int8 = Int8Options {
                 data: data.clone(),
                 images: args.calib_images,
-                imgsz: args.imgsz,
-                threads: args.threads,
+                imgsz: 640,
+                threads: 0,
             };
-            let (report, calib) = quantize_file(&args.input, &output, opts, &int8)?;
-            for (p, e) in &calib.skipped {
-                crate::text::outln!("skipped:    {}: {e}", crate::text::path(p));
-            }
-            crate::text::outln!(
-                "int8:       calibrated on {} images of {} ({} skipped)",
-                calib.used,
-                crate::text::path(data),
-                calib.skipped.len()
-            );
-            report
+            quantize_file(&args.input, &output, opts, &int8)?
         }
         (Some(_), false) => bail!("--data is for --int8; add --int8 or drop --data"),
         _ => convert_file(&args.input, &output, opts)?,
@@ -139,33 +99,6 @@ pub fn run(mut args: ConvertArgs) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::default_output;
-    use std::path::{Path, PathBuf};
-
-    #[test]
-    fn the_default_output_never_overwrites_the_input() {
-        let p = |s: &str| PathBuf::from(s);
-        assert_eq!(
-            default_output(Path::new("runs/best.pt"), true, true),
-            p("runs/best.safetensors")
-        );
-        assert_eq!(
-            default_output(Path::new("runs/best.safetensors"), true, true),
-            p("runs/best-infer-half.safetensors")
-        );
-        assert_eq!(
-            default_output(Path::new("best.safetensors"), false, true),
-            p("best-half.safetensors")
-        );
-        assert_eq!(
-            default_output(Path::new("best.safetensors"), false, false),
-            p("best-converted.safetensors")
-        );
-    }
-}
-
-#[cfg(test)]
-mod same_file_tests {
     #[test]
     fn an_output_equal_to_the_input_is_refused_and_the_input_kept() {
         let dir = std::env::temp_dir().join(format!("yolo9-convert-same-{}", std::process::id()));
@@ -181,8 +114,6 @@ mod same_file_tests {
             int8: false,
             data: None,
             calib_images: 100,
-            imgsz: 640,
-            threads: 0,
         };
         let e = super::run(args).unwrap_err().to_string();
         assert!(e.contains("is the input itself"), "{e}");

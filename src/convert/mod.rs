@@ -7,6 +7,7 @@
 //! re-exported here ([`import_pt`]).
 
 pub use crate::pt::{import_pt, Imported};
+pub mod int8;
 
 use crate::model::weights::{Graph, Provenance, Weights};
 use anyhow::{Context, Result};
@@ -178,53 +179,54 @@ pub fn convert_file(input: &Path, output: &Path, opts: ConvertOptions) -> Result
     Ok(report)
 }
 
-/// INT8 calibration settings of [`quantize_file`] (`yolo9 convert --int8`).
-#[derive(Debug, Clone)]
-pub struct Int8Options {
-    /// The dataset yaml whose `val` images (else `train`) calibrate the activations.
-    pub data: std::path::PathBuf,
-    /// Images to calibrate on, spread evenly over the split (all when fewer).
-    pub images: usize,
-    /// Letterbox size of the calibration forwards (pixels).
-    pub imgsz: u32,
-    /// CPU threads (0: all).
-    pub threads: usize,
+/// The default output of converting `input`: `NAME.safetensors` beside it, or, when the input is
+/// already that file, `NAME-infer-half.safetensors` with the suffixes of the options given
+/// (`-converted` without options), so the input is never overwritten.
+pub fn default_output(input: &std::path::Path, infer: bool, half: bool) -> std::path::PathBuf {
+    let o = input.with_extension("safetensors");
+    if o != input {
+        return o;
+    }
+    let stem = input
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "weights".into());
+    let mut name = stem;
+    if infer {
+        name.push_str("-infer");
+    }
+    if half {
+        name.push_str("-half");
+    }
+    if !infer && !half {
+        name.push_str("-converted");
+    }
+    input.with_file_name(format!("{name}.safetensors"))
 }
 
-/// [`convert`], then an INT8 calibration ([`crate::model::quant::calibrate`]) on images of
-/// `int8.data`, stored in the weights' metadata, then saved to `output` as [`convert_file`]
-/// does. Returns the conversion report, the calibration report and the images listed.
-///
-/// Errors: those of [`convert_file`], a dataset yaml that cannot be read, a split without
-/// images, a calibration in which no image could be read.
-pub fn quantize_file(
-    input: &Path,
-    output: &Path,
-    opts: ConvertOptions,
-    int8: &Int8Options,
-) -> Result<(Report, crate::model::quant::CalibrationReport)> {
-    use crate::data::yaml::{DataConfig, Split};
-    let inputs = crate::outfile::Inputs::of([input, int8.data.as_path()]);
-    crate::outfile::check(output, &inputs)?;
-    let data = DataConfig::load(&int8.data)?;
-    let mut images = data.list_images(Split::Val)?;
-    if images.is_empty() {
-        images = data.list_images(Split::Train)?;
+#[cfg(test)]
+mod tests {
+    use super::default_output;
+    use std::path::{Path, PathBuf};
+
+    #[test]
+    fn the_default_output_never_overwrites_the_input() {
+        let p = |s: &str| PathBuf::from(s);
+        assert_eq!(
+            default_output(Path::new("runs/best.pt"), true, true),
+            p("runs/best.safetensors")
+        );
+        assert_eq!(
+            default_output(Path::new("runs/best.safetensors"), true, true),
+            p("runs/best-infer-half.safetensors")
+        );
+        assert_eq!(
+            default_output(Path::new("best.safetensors"), false, true),
+            p("best-half.safetensors")
+        );
+        assert_eq!(
+            default_output(Path::new("best.safetensors"), false, false),
+            p("best-converted.safetensors")
+        );
     }
-    anyhow::ensure!(
-        !images.is_empty(),
-        "{}: no val or train images to calibrate on",
-        crate::text::path(&int8.data)
-    );
-    let n = int8.images.clamp(1, images.len());
-    let picked: Vec<_> = (0..n)
-        .map(|i| images[i * images.len() / n].clone())
-        .collect();
-    let (mut weights, prov, report) = convert(input, &opts)?;
-    let (calib, creport) =
-        crate::model::quant::calibrate(&weights, &picked, int8.imgsz, int8.threads)?;
-    weights.meta.int8 = Some(std::sync::Arc::new(calib));
-    crate::outfile::check(output, &inputs)?;
-    weights.save_with_provenance(output, opts.half, Some(&prov))?;
-    Ok((report, creport))
 }

@@ -273,7 +273,7 @@ fn int8_keeps_the_shipped_weights_map() {
         .map(|e| e.unwrap().path())
         .collect();
     calib.sort();
-    let (c, report) = yolo9::model::quant::calibrate(&w, &calib, 640, 0).unwrap();
+    let (c, report) = yolo9::convert::int8::calibrate(&w, &calib, 640, 0).unwrap();
     assert_eq!((report.used, report.skipped.len()), (87, 0));
     let mut wq = w.clone();
     wq.meta.int8 = Some(std::sync::Arc::new(c));

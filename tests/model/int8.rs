@@ -6,7 +6,7 @@ use crate::common;
 
 use candle_core::{Device, Tensor};
 use std::path::{Path, PathBuf};
-use yolo9::model::quant::calibrate;
+use yolo9::convert::int8::calibrate;
 use yolo9::model::YoloV9;
 use yolo9::Weights;
 

@@ -32,6 +32,7 @@ const RUN: &[&str] = &[
     "yolo9 detect examples/images/BloodImage_00007.jpg",
     "yolo9 track examples/videos/cells.mp4 --img 384 --classes 1 2",
     "yolo9 convert best.safetensors --half --infer",
+    "yolo9 convert best.safetensors --int8 --data bccd/data.yaml -o best-int8.safetensors",
     "yolo9 convert ../shared/reference/bccd-official-best.pt --half --infer -o bccd-official-best.safetensors",
     "yolo9 val --data bccd/data.yaml --split test",
     "yolo9 val --data bccd/data.yaml --weights weights/yolov9-s-bccd.safetensors --split test --device cpu --save-json",
@@ -223,6 +224,11 @@ const SKIPPED: &[(&str, &str)] = &[
     ),
     ("yolo9 train --weights gelan-c --data data.yaml", TRAINING),
     ("yolo9 convert yolov9-c --infer --half", DOWNLOAD),
+    ("yolo9 convert --int8", FRAGMENT),
+    (
+        "yolo9 convert W --int8 --data data.yaml [--calib-images 100] [--half]",
+        SYNOPSIS,
+    ),
 ];
 
 /// A command found in a document: its text (whitespace collapsed), the document and the line it
@@ -572,6 +578,16 @@ fn check_outputs(command: &str, root: &Path, out: &str, err: &str) {
                 both.matches("RBC").count() >= images.len(),
                 "{command}\n{both}"
             );
+        }
+        ("convert", _) if command.contains("--int8") => {
+            // Calibrated on bccd/'s 3 val images; the ranges are in the file.
+            loads_nc3("best-int8.safetensors");
+            assert!(
+                both.contains("--int8: calibrated on 3 images"),
+                "{command}\n{both}"
+            );
+            let w = yolo9::Weights::load(root.join("best-int8.safetensors")).unwrap();
+            assert_eq!(w.meta.int8.map(|c| c.convs.len()), Some(185));
         }
         ("convert", Some("best.safetensors")) => {
             // The default output never replaces the input.

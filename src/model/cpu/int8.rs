@@ -17,8 +17,8 @@
 //! place, pools, the head's f32 convolutions, the decode) is unchanged.
 
 use super::igemm;
-use super::kernels::{Act, ConvWeights, Exec, Scratch};
 use super::math::dispatch;
+use super::view::{Act, Exec, Scratch};
 
 /// Most output pixels of one task of a pointwise convolution (a multiple of [`igemm::MR`]).
 const FLAT_ROWS: usize = 192;
@@ -26,6 +26,12 @@ const FLAT_ROWS: usize = 192;
 /// A convolution's quantized weights and folded epilogue (see the module docs).
 #[derive(Debug)]
 pub(crate) struct QConv {
+    /// Kernel size, stride, padding, output channels; SiLU after the bias.
+    k: usize,
+    stride: usize,
+    pad: usize,
+    co: usize,
+    act: bool,
     /// Input channels rounded up to a multiple of 4 (the padded buffer's pixel stride).
     pub cip: usize,
     /// Packed weights ([`igemm::pack`]), depth `k·k·cip` in tap order, from byte `w0` (the
@@ -53,13 +59,13 @@ pub(crate) fn act_params(min: f32, max: f32) -> (f32, f32) {
 
 impl QConv {
     /// Quantizes the folded kernel `src` `(co, ci, k, k)` f32 (one group) with bias `bias`
-    /// `(co,)`, for an input calibrated to `[min, max]`.
+    /// `(co,)`, of a convolution of stride `stride` and padding `pad` (SiLU after it when
+    /// `act`), for an input calibrated to `[min, max]`.
     pub fn new(
         src: &[f32],
         bias: &[f32],
-        co: usize,
-        ci: usize,
-        k: usize,
+        (co, ci, k): (usize, usize, usize),
+        (stride, pad, act): (usize, usize, bool),
         (min, max): (f32, f32),
     ) -> Self {
         let cip = ci.next_multiple_of(4);
@@ -92,6 +98,11 @@ impl QConv {
             q[((j * ci + c) * k + tap / k) * k + tap % k]
         });
         Self {
+            k,
+            stride,
+            pad,
+            co,
+            act,
             cip,
             w,
             w0,
@@ -102,19 +113,23 @@ impl QConv {
         }
     }
 
-    /// Bytes of the padded input buffer for a `b × h × w` input with `pad` pixels of padding
-    /// (0 for a pointwise convolution, whose tasks quantize their own rows).
-    pub fn buf_len(&self, b: usize, h: usize, w: usize, pad: usize, pointwise: bool) -> usize {
-        match pointwise {
+    /// A 1×1, stride-1, unpadded convolution (whose tasks quantize their own rows).
+    fn pointwise(&self) -> bool {
+        self.k == 1 && self.stride == 1 && self.pad == 0
+    }
+
+    /// Bytes of the padded input buffer for a `b × h × w` input (0 for a pointwise convolution).
+    pub fn buf_len(&self, b: usize, h: usize, w: usize) -> usize {
+        match self.pointwise() {
             true => 0,
-            false => b * (h + 2 * pad) * (w + 2 * pad) * self.cip,
+            false => b * (h + 2 * self.pad) * (w + 2 * self.pad) * self.cip,
         }
     }
 
     /// Floats of per-thread scratch: a pointwise convolution's task quantizes its at most
     /// [`FLAT_ROWS`] rows there.
-    pub fn scratch(&self, pointwise: bool) -> usize {
-        match pointwise {
+    pub fn scratch(&self) -> usize {
+        match self.pointwise() {
             true => (FLAT_ROWS * self.cip).div_ceil(4),
             false => 0,
         }
@@ -243,24 +258,16 @@ unsafe fn quantize(ex: Exec, x: Act, q: &QConv, pad: usize, buf: *mut u8) {
 ///
 /// SAFETY: as [`super::kernels::conv`]'s; `scratch.qbuf` holds [`QConv::buf_len`] bytes for
 /// `x`, and each thread's scratch [`QConv::scratch`] floats.
-pub(crate) unsafe fn conv(
-    ex: Exec,
-    x: Act,
-    y: Act,
-    res: Option<Act>,
-    cw: &ConvWeights,
-    q: &QConv,
-    scratch: Scratch,
-) {
-    let flat = cw.k == 1 && cw.stride == 1 && cw.pad == 0;
+pub(crate) unsafe fn conv(ex: Exec, x: Act, y: Act, res: Option<Act>, q: &QConv, scratch: Scratch) {
+    let flat = q.pointwise();
     let buf = scratch.qbuf;
     if !flat {
-        quantize(ex, x, q, cw.pad, buf);
+        quantize(ex, x, q, q.pad, buf);
     }
-    let (s, k, cip) = (cw.stride, cw.k, q.cip);
-    let (hp, wp) = (x.h + 2 * cw.pad, x.w + 2 * cw.pad);
+    let (s, k, cip) = (q.stride, q.k, q.cip);
+    let (hp, wp) = (x.h + 2 * q.pad, x.w + 2 * q.pad);
     let threads = ex.threads();
-    let panels = cw.co.div_ceil(igemm::NR);
+    let panels = q.co.div_ceil(igemm::NR);
     // Units of rows: a flat (pointwise) conv's pixels in tiles, else whole output rows.
     let (units, per_unit) = if flat {
         (y.pixels(), 1)
@@ -282,7 +289,7 @@ pub(crate) unsafe fn conv(
         (2 * threads).div_ceil(tiles).min(panels).max(1)
     };
     let bw = panels.div_ceil(nb) * igemm::NR;
-    let nb = cw.co.div_ceil(bw);
+    let nb = q.co.div_ceil(bw);
     // A kernel row's taps are one run: k pixels of cip bytes side by side in the buffer.
     let segs: Vec<(isize, usize)> = (0..k)
         .map(|ky| ((ky * wp * cip) as isize, k * cip))
@@ -291,11 +298,11 @@ pub(crate) unsafe fn conv(
     ex.each_on(tiles * nb, |task, thread| {
         let (t, jb) = (task / nb, task % nb);
         let j0 = jb * bw;
-        let n = bw.min(cw.co - j0);
+        let n = bw.min(q.co - j0);
         let epi = |p: usize| igemm::Epilogue {
             scale: &q.scale[j0..j0 + n],
             bias: &q.bias[j0..j0 + n],
-            act: cw.act,
+            act: q.act,
             res: res.map(|a| (a.at(p * a.ld + j0) as *const f32, a.ld)),
         };
         let wq = q.w[q.w0 + j0 * k * k * cip..].as_ptr();
@@ -367,18 +374,16 @@ mod tests {
             let pad = k / 2;
             let wt = Tensor::rand(-0.2f32, 0.2, (co, ci, k, k), &Device::Cpu).unwrap();
             let bias: Vec<f32> = (0..co).map(|j| j as f32 * 0.01 - 0.2).collect();
-            let bt = Tensor::new(bias.as_slice(), &Device::Cpu).unwrap();
             let range = (-0.3f32, 4.0f32);
-            let cw = ConvWeights::pack(&wt, Some(&bt), (s, pad, 1), true, Some(range)).unwrap();
-            let q = cw.q.as_ref().expect("quantized");
-            let (ho, wo) = cw.out_hw(h, w);
+            let wv = wt.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let q = QConv::new(&wv, &bias, (co, ci, k), (s, pad, true), range);
+            let (ho, wo) = ((h + 2 * pad - k) / s + 1, (w + 2 * pad - k) / s + 1);
             // The input is the last `ci` channels of pixels of `ci + 5` (a concatenation's slice).
             let ld = ci + 5;
             let xb: Vec<f32> = (0..h * w * ld)
                 .map(|i| ((i * 37 % 101) as f32) * 0.045 - 0.4)
                 .collect();
             let rb: Vec<f32> = (0..ho * wo * co).map(|i| (i % 9) as f32 * 0.1).collect();
-            let wv = wt.flatten_all().unwrap().to_vec1::<f32>().unwrap();
             let (sx, z) = act_params(range.0, range.1);
             // As the engine rounds: (x·(1/s) + z) clamped to 0..255, to even, less z.
             let qx = |v: f32| ((v * (1.0 / sx) + z).clamp(0.0, 255.0).round_ties_even() - z) as f64;
@@ -419,9 +424,8 @@ mod tests {
                 let mut xb = xb.clone();
                 let mut rb = rb.clone();
                 let mut yb = vec![f32::NAN; ho * wo * co];
-                let flat = k == 1 && s == 1;
-                let mut qbuf = vec![0u8; q.buf_len(1, h, w, pad, flat) + 4];
-                let per = cw.scratch().max(1);
+                let mut qbuf = vec![0u8; q.buf_len(1, h, w) + 4];
+                let per = q.scratch().max(1);
                 let mut sc = vec![0f32; per * ex.threads()];
                 let act = |ptr: *mut f32, ld, h, w, c| Act {
                     ptr,
@@ -443,7 +447,7 @@ mod tests {
                         .wrapping_add(qbuf.as_ptr().align_offset(4)),
                 };
                 // SAFETY: the buffers have the sizes the plan would give them.
-                unsafe { conv(ex, x, y, r, &cw, q, scratch) };
+                unsafe { conv(ex, x, y, r, &q, scratch) };
                 let absmax = want.iter().fold(0f64, |m, v| m.max(v.abs()));
                 for (i, (&g, &t)) in yb.iter().zip(&want).enumerate() {
                     assert!(

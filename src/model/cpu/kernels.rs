@@ -10,39 +10,10 @@
 use super::gemm;
 use super::int8;
 use super::math;
-use super::pool::Pool;
+pub(crate) use super::view::{Act, Exec, Scratch, ALIGN_FLOATS};
 use super::winograd;
 use anyhow::{ensure, Result};
 use candle_core::Tensor;
-
-/// Where a kernel runs its tasks: over the engine's pool, or all on the calling thread (an
-/// image of a batch whose images run side by side, one per thread).
-#[derive(Clone, Copy)]
-pub(crate) struct Exec<'a>(pub Option<&'a Pool>);
-
-impl Exec<'_> {
-    /// Threads the tasks are spread over.
-    pub fn threads(&self) -> usize {
-        self.0.map_or(1, |p| p.threads())
-    }
-
-    /// Runs `f(0..n)`, in parallel when there are threads and tasks for it.
-    pub(crate) fn each(&self, n: usize, f: impl Fn(usize) + Sync) {
-        self.each_on(n, |i, _| f(i))
-    }
-
-    /// Runs `f(task, thread)` for tasks `0..n`; `thread` < [`Exec::threads`] names the thread
-    /// running the task (its scratch).
-    pub(crate) fn each_on(&self, n: usize, f: impl Fn(usize, usize) + Sync) {
-        match self.0 {
-            Some(pool) => pool.each(n, &f),
-            None => (0..n).for_each(|i| f(i, 0)),
-        }
-    }
-}
-
-/// Floats in 64 bytes: one cache line, one AVX-512 vector.
-pub(crate) const ALIGN_FLOATS: usize = 16;
 
 /// The `len` floats of `buf` from its first 64-byte aligned float (`buf` holds at least
 /// `len + ALIGN_FLOATS - 1`). A vector load or store at a 64-byte multiple from there never
@@ -142,9 +113,13 @@ impl ConvWeights {
             None => vec![0.0; co],
         };
         let q = match int8 {
-            Some(range) if groups == 1 => {
-                Some(Box::new(int8::QConv::new(&src, &bias, co, cig, k, range)))
-            }
+            Some(range) if groups == 1 => Some(Box::new(int8::QConv::new(
+                &src,
+                &bias,
+                (co, cig, k),
+                (stride, pad, act),
+                range,
+            ))),
             _ => None,
         };
         let wino = (q.is_none() && winograd::applies(k, stride, pad, groups, cig))
@@ -188,7 +163,7 @@ impl ConvWeights {
     /// tile, then the outputs of a batch of [`BORDER_BATCH`] border pixels ([`implicit`]).
     pub fn scratch(&self) -> usize {
         if let Some(q) = &self.q {
-            q.scratch(self.pointwise())
+            q.scratch()
         } else if let Some(wt) = &self.wino {
             wt.scratch(wt.block())
         } else if self.pointwise() {
@@ -228,62 +203,6 @@ fn tile_rows(kk: usize) -> usize {
     ((131_072 / kk.max(1)) / gemm::MR * gemm::MR).clamp(2 * gemm::MR, 480)
 }
 
-/// An NHWC activation: `b × h × w` pixels of `c` channels, pixel `(n, y, x)` at
-/// `ptr + ((n·h + y)·w + x)·ld`.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Act {
-    pub ptr: *mut f32,
-    pub ld: usize,
-    pub b: usize,
-    pub h: usize,
-    pub w: usize,
-    pub c: usize,
-}
-
-// SAFETY: an Act is a view into the engine's arena; the plan gives concurrently running tasks
-// disjoint pixels or channels to write, and nothing frees the arena while a forward runs.
-unsafe impl Send for Act {}
-unsafe impl Sync for Act {}
-
-impl Act {
-    /// The float `i` floats past the base (a method, so that closures capture the whole Act).
-    pub(crate) fn at(&self, i: usize) -> *mut f32 {
-        self.ptr.wrapping_add(i)
-    }
-    pub(crate) fn pixels(&self) -> usize {
-        self.b * self.h * self.w
-    }
-    /// The channels of flat pixel `p`.
-    ///
-    /// SAFETY: `p` < pixels, and the caller holds the only writer of these floats.
-    #[inline(always)]
-    unsafe fn px<'a>(self, p: usize) -> &'a mut [f32] {
-        std::slice::from_raw_parts_mut(self.ptr.add(p * self.ld), self.c)
-    }
-}
-
-/// Per-thread scratch: `per` floats for each pool thread; and the buffer of an INT8
-/// convolution's quantized input ([`int8`]), shared by its tasks.
-#[derive(Clone, Copy)]
-pub(crate) struct Scratch {
-    pub ptr: *mut f32,
-    pub per: usize,
-    pub qbuf: *mut u8,
-}
-// SAFETY: each thread uses only its own `per`-sized slice (by its pool index).
-unsafe impl Send for Scratch {}
-unsafe impl Sync for Scratch {}
-
-impl Scratch {
-    /// The slice of thread `t` (its index in [`Exec::each_on`]).
-    ///
-    /// SAFETY: `t` is below the thread count the scratch was sized for, and no other running
-    /// task has the same `t`.
-    pub(crate) unsafe fn mine<'a>(self, t: usize) -> &'a mut [f32] {
-        std::slice::from_raw_parts_mut(self.ptr.add(t * self.per), self.per)
-    }
-}
-
 /// `(min, max)` widened to the values of `x` (one thread: a calibration pass, not a hot path).
 pub(crate) fn min_max(x: Act, (mut lo, mut hi): (f32, f32)) -> (f32, f32) {
     for p in 0..x.pixels() {
@@ -300,7 +219,7 @@ pub(crate) fn min_max(x: Act, (mut lo, mut hi): (f32, f32)) -> (f32, f32) {
 pub(crate) fn conv(ex: Exec, x: Act, y: Act, res: Option<Act>, cw: &ConvWeights, scratch: Scratch) {
     if let Some(q) = &cw.q {
         // SAFETY: the plan sized the buffer for this convolution's input (`Plan::qbuf_len`).
-        return unsafe { int8::conv(ex, x, y, res, cw, q, scratch) };
+        return unsafe { int8::conv(ex, x, y, res, q, scratch) };
     }
     if let Some(wt) = &cw.wino {
         return conv_winograd(ex, x, y, res, cw, wt, scratch);
@@ -821,6 +740,7 @@ mod tests {
 #[cfg(test)]
 mod rate {
     use super::*;
+    use crate::model::cpu::pool::Pool;
 
     /// `cargo test --release --lib conv_rate -- --ignored --nocapture`: GFLOP/s of single convs.
     #[test]

@@ -38,6 +38,7 @@ mod kernels;
 mod math;
 mod plan;
 mod pool;
+mod view;
 mod winograd;
 
 use self::graph::{Graph, Kind};
@@ -329,7 +330,7 @@ impl CpuEngine {
 
     /// The range of every convolution's input over one forward of `x`'s images (as
     /// [`CpuEngine::forward`], image by image), by convolution id (trace order): the
-    /// calibration of [`crate::model::quant::calibrate`].
+    /// calibration of [`crate::convert::int8::calibrate`].
     pub fn conv_input_ranges(&self, x: &Tensor) -> Result<Vec<crate::model::quant::ConvRange>> {
         let (b, _, h, w) = x.dims4()?;
         let mut convs: Vec<&kernels::ConvWeights> = self

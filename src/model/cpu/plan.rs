@@ -50,13 +50,7 @@ impl Plan {
                 Kind::Conv { w, .. } => {
                     scratch_per = scratch_per.max(w.scratch());
                     if let Some(q) = &w.q {
-                        qbuf = qbuf.max(q.buf_len(
-                            b,
-                            xh,
-                            xw,
-                            w.pad,
-                            w.k == 1 && w.stride == 1 && w.pad == 0,
-                        ));
+                        qbuf = qbuf.max(q.buf_len(b, xh, xw));
                     }
                     ensure!(
                         xh + 2 * w.pad >= w.k && xw + 2 * w.pad >= w.k,
