@@ -28,7 +28,7 @@ pub(crate) fn packed_len(k: usize, n: usize) -> usize {
 /// Packs row `kk`, column `j` of a `k × n` matrix given by `at(kk, j)` into `dst` (of
 /// [`packed_len`] bytes; zeros in the padding columns). `k` is a multiple of 4.
 pub(crate) fn pack(k: usize, n: usize, dst: &mut [i8], at: impl Fn(usize, usize) -> i8) {
-    assert!(k % 4 == 0 && dst.len() >= packed_len(k, n));
+    assert!(k.is_multiple_of(4) && dst.len() >= packed_len(k, n));
     for p in 0..n.div_ceil(NR) {
         for kk in 0..k {
             for c in 0..NR {
@@ -122,7 +122,7 @@ unsafe fn gemm_on(
     epi: &Epilogue,
 ) {
     assert!(
-        epi.scale.len() >= n && epi.bias.len() >= n && segs.iter().all(|s| s.1 % 4 == 0),
+        epi.scale.len() >= n && epi.bias.len() >= n && segs.iter().all(|s| s.1.is_multiple_of(4)),
         "int8 gemm: {} scales, {} biases for {n} columns, runs {segs:?}",
         epi.scale.len(),
         epi.bias.len()

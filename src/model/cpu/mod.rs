@@ -454,7 +454,9 @@ impl CpuEngine {
 
     /// One forward of `plan` in `arena` on the NCHW input `src`, the decoded output written
     /// into `out` (`(4 + nc) × anchors`). With `times` (nodes + 2 entries), each node's
-    /// milliseconds, then the input conversion's and the decode's.
+    /// milliseconds, then the input conversion's and the decode's; with `ranges` (one entry per
+    /// convolution id), each convolution's input range widened to the values it reads.
+    #[allow(clippy::too_many_arguments)]
     fn run(
         &self,
         ex: kernels::Exec,
