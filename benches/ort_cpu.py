@@ -81,18 +81,34 @@ def calibration(h, w, b):
         # Images letterboxed beforehand (for a machine without PIL): uint8 (N, 3, h, w) as "x".
         xs = list(np.load(a.int8)["x"].astype(np.float32) / 255.0)[: a.calib_images]
         return [np.stack([xs[(i + j) % len(xs)] for j in range(b)]) for i in range(0, len(xs), b)]
-    from PIL import Image
+    try:
+        from PIL import Image
+
+        def rgb(path):
+            return np.asarray(Image.open(path).convert("RGB"))
+
+        def resize(im, nw, nh):
+            return np.asarray(Image.fromarray(im).resize((nw, nh), Image.BILINEAR))
+    except ImportError:  # OpenCV instead (BGR on disk)
+        import cv2
+
+        def rgb(path):
+            return cv2.imread(path)[:, :, ::-1]
+
+        def resize(im, nw, nh):
+            return cv2.resize(np.ascontiguousarray(im), (nw, nh), interpolation=cv2.INTER_LINEAR)
 
     names = sorted(f for f in os.listdir(a.int8) if f.lower().endswith((".jpg", ".jpeg", ".png")))
     step = max(1, len(names) // a.calib_images)
     xs = []
     for f in names[::step][: a.calib_images]:
-        im = Image.open(os.path.join(a.int8, f)).convert("RGB")
-        r = min(h / im.height, w / im.width)
-        nh, nw = round(im.height * r), round(im.width * r)
-        canvas = Image.new("RGB", (w, h), (114, 114, 114))
-        canvas.paste(im.resize((nw, nh), Image.BILINEAR), ((w - nw) // 2, (h - nh) // 2))
-        xs.append(np.asarray(canvas, dtype=np.float32).transpose(2, 0, 1) / 255.0)
+        im = rgb(os.path.join(a.int8, f))
+        r = min(h / im.shape[0], w / im.shape[1])
+        nh, nw = round(im.shape[0] * r), round(im.shape[1] * r)
+        canvas = np.full((h, w, 3), 114, np.uint8)
+        top, left = (h - nh) // 2, (w - nw) // 2
+        canvas[top:top + nh, left:left + nw] = resize(im, nw, nh)
+        xs.append(canvas.astype(np.float32).transpose(2, 0, 1) / 255.0)
     return [np.stack([xs[(i + j) % len(xs)] for j in range(b)]) for i in range(0, len(xs), b)]
 
 
