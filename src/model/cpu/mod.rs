@@ -379,9 +379,10 @@ impl CpuEngine {
             .collect())
     }
 
-    /// Whether the engine runs convolutions in INT8, and on which kernel (`"vnni512"`); `None`
-    /// for an f32 engine, and for a calibrated model on a CPU without AVX-512 VNNI (which runs
-    /// it in f32).
+    /// Whether the engine runs convolutions in INT8, and on which kernel (`"vnni512"`,
+    /// `"avxvnni"`, or `"vnni256"`: the ymm kernel on AVX-512 VNNI under `YOLO9_CPU_GEMM=avx2`);
+    /// `None` for an f32 engine, and for a calibrated model on a CPU without VNNI (which runs it
+    /// in f32).
     pub fn int8_kernel(&self) -> Option<&'static str> {
         let any = self
             .graph
@@ -390,6 +391,8 @@ impl CpuEngine {
             .any(|n| matches!(&n.kind, Kind::Conv { w, .. } if w.q.is_some()));
         any.then(|| match igemm::kernel() {
             igemm::Kernel::Vnni512 => "vnni512",
+            igemm::Kernel::Vnni256 => "avxvnni",
+            igemm::Kernel::Vnni256Evex => "vnni256",
             igemm::Kernel::Generic => "generic",
         })
     }
