@@ -10,6 +10,7 @@
 use super::gemm;
 use super::int8;
 use super::math;
+use super::math::dispatch;
 pub(crate) use super::view::{Act, Exec, Scratch, ALIGN_FLOATS};
 use super::winograd;
 use anyhow::{ensure, Result};
@@ -638,6 +639,34 @@ pub(crate) fn from_nchw(ex: Exec, src: &[f32], y: Act) {
 /// DFL bins per box side.
 const BINS: usize = crate::model::head::REG_MAX;
 
+dispatch! {
+    /// The DFL expectation of each side of one anchor: `Σ i·softmax(bins)_i` over the 16 bins of
+    /// each of the 4 sides in `raw`. The exponentials of a side are one vector of 16 lanes
+    /// where the CPU has AVX-512 (the same bits as one at a time: the same operations, and the
+    /// sums in the same order); one at a time they took about 5 % of an INT8 forward.
+    fn dfl_sides(raw: &[f32], d: &mut [f32; 4]) {
+        for (side, dv) in d.iter_mut().enumerate() {
+            let bins: &[f32; BINS] = raw[side * BINS..(side + 1) * BINS]
+                .try_into()
+                .expect("16 bins");
+            let mut m = f32::NEG_INFINITY;
+            for &v in bins {
+                m = m.max(v);
+            }
+            let mut e = [0f32; BINS];
+            for i in 0..BINS {
+                e[i] = math::exp(bins[i] - m);
+            }
+            let (mut num, mut den) = (0f32, 0f32);
+            for (i, &v) in e.iter().enumerate() {
+                num += v * i as f32;
+                den += v;
+            }
+            *dv = num / den;
+        }
+    }
+}
+
 /// The decode of [`crate::model::head::decode`] from NHWC raw outputs: `levels[i]` is level
 /// i's `(B, H_i, W_i, 64 + nc)` raw output with stride `strides[i]`; writes `out`, the
 /// `(B, 4 + nc, A)` f32 result (cx, cy, w, h in input pixels, then sigmoid scores).
@@ -675,17 +704,7 @@ pub(crate) fn decode(ex: Exec, levels: &[Act], strides: &[u32], out: &mut [f32])
             unsafe {
                 let raw = lv.px((n * lv.h + gy) * lv.w + gx);
                 let mut d = [0f32; 4];
-                for (side, dv) in d.iter_mut().enumerate() {
-                    let bins = &raw[side * BINS..(side + 1) * BINS];
-                    let m = bins.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                    let (mut num, mut den) = (0f32, 0f32);
-                    for (i, &v) in bins.iter().enumerate() {
-                        let e = math::exp(v - m);
-                        num += e * i as f32;
-                        den += e;
-                    }
-                    *dv = num / den;
-                }
+                dfl_sides(raw, &mut d);
                 let (ax, ay) = (gx as f32 + 0.5, gy as f32 + 0.5);
                 let (x1, y1, x2, y2) = (ax - d[0], ay - d[1], ax + d[2], ay + d[3]);
                 let a = a_row + gx;
@@ -706,6 +725,33 @@ pub(crate) fn decode(ex: Exec, levels: &[Act], strides: &[u32], out: &mut [f32])
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The DFL expectation with its exponentials as one vector equals the same sums done one
+    /// value at a time, bit for bit, and a hand-computed case: bins all equal give the mean
+    /// index 7.5, one bin far above the others gives its index.
+    #[test]
+    fn dfl_sides_are_the_scalar_sums() {
+        let raw: Vec<f32> = (0..4 * BINS)
+            .map(|i| ((i * 7919) % 23) as f32 * 0.37 - 4.0)
+            .collect();
+        let mut d = [0f32; 4];
+        dfl_sides(&raw, &mut d);
+        for side in 0..4 {
+            let bins = &raw[side * BINS..(side + 1) * BINS];
+            let m = bins.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let (mut num, mut den) = (0f32, 0f32);
+            for (i, &v) in bins.iter().enumerate() {
+                let e = math::exp(v - m);
+                num += e * i as f32;
+                den += e;
+            }
+            assert_eq!(d[side].to_bits(), (num / den).to_bits(), "side {side}");
+        }
+        let mut flat = vec![1.5f32; 4 * BINS];
+        flat[BINS + 3] = 60.0;
+        dfl_sides(&flat, &mut d);
+        assert_eq!((d[0], d[1]), (7.5, 3.0));
+    }
 
     /// Whatever the buffer's own alignment (every 4-byte offset within a cache line), the slice
     /// starts on a 64-byte boundary, holds `len` floats and lies inside the buffer.
