@@ -2,14 +2,19 @@
 //! ([`crate::model::quant`] has the record and the scheme): f32 forwards of calibration images,
 //! every convolution's input range taken, stored in the weights' metadata.
 
+#[cfg(feature = "train")]
 use super::{convert, ConvertOptions, Report};
+#[cfg(feature = "train")]
 use crate::data::yaml::{DataConfig, Split};
 use crate::model::quant::{ConvRange, Int8Calibration};
 use crate::model::weights::Weights;
 use anyhow::{ensure, Context, Result};
-use std::path::{Path, PathBuf};
+#[cfg(feature = "train")]
+use std::path::Path;
+use std::path::PathBuf;
 
-/// INT8 calibration settings of [`quantize_file`] (`yolo9 convert --int8`).
+/// INT8 calibration settings of [`quantize_file`] (feature `train`: it reads a dataset yaml) (`yolo9 convert --int8`).
+#[cfg(feature = "train")]
 #[derive(Debug, Clone)]
 pub struct Int8Options {
     /// The dataset yaml whose `val` images (else `train`) calibrate the activations.
@@ -28,6 +33,7 @@ pub struct Int8Options {
 ///
 /// Errors: those of [`super::convert_file`], a dataset yaml that cannot be read, a split
 /// without images, a calibration in which no image could be read.
+#[cfg(feature = "train")]
 pub fn quantize_file(
     input: &Path,
     output: &Path,
