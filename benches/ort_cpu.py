@@ -119,6 +119,7 @@ def int8_models(path, h, w, b):
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     batches = calibration(h, w, b)
+    name = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).get_inputs()[0].name
 
     class Reader(CalibrationDataReader):
         def __init__(self):
@@ -126,7 +127,7 @@ def int8_models(path, h, w, b):
 
         def get_next(self):
             x = next(self.it, None)
-            return None if x is None else {name_of(path): x}
+            return None if x is None else {name: x}
 
     pre = path.replace(".onnx", "-pre.onnx")
     qdq = path.replace(".onnx", "-int8-qdq.onnx")
@@ -151,11 +152,8 @@ def int8_models(path, h, w, b):
     return qdq, vino
 
 
-def name_of(path):
-    return ort.InferenceSession(path, providers=["CPUExecutionProvider"]).get_inputs()[0].name
-
-
 def time_ort(path, t, x, engine, b, h, w):
+    """Times an ONNX Runtime session of `path` on `t` intra-op threads and prints its line."""
     so = ort.SessionOptions()
     so.intra_op_num_threads = t
     so.inter_op_num_threads = 1
@@ -167,6 +165,7 @@ def time_ort(path, t, x, engine, b, h, w):
 
 
 def time_ov(model, t, x, engine, b, h, w, precision):
+    """Times OpenVINO's compiled `model` (a path or a model) on `t` threads and prints its line."""
     c = ov.Core().compile_model(model, "CPU", {"INFERENCE_NUM_THREADS": t, "INFERENCE_PRECISION_HINT": precision,
                                                "PERFORMANCE_HINT": "LATENCY"})
     req = c.create_infer_request()
@@ -183,21 +182,9 @@ for (h, w) in sizes:
         qdq, vino = int8_models(path, h, w, b) if a.int8 else (None, None)
         x = np.random.default_rng(0).random((b, 3, h, w), dtype=np.float32)
         for t in threads:
-            so = ort.SessionOptions()
-            so.intra_op_num_threads = t
-            so.inter_op_num_threads = 1
-            so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-            s = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
-            name = s.get_inputs()[0].name
-            ms = timed(lambda x: s.run(None, {name: x}), x)
-            print(f"ort_cpu engine=onnxruntime size={h}x{w} batch={b} threads={t} forward_ms={ms:.2f} img_s={b * 1e3 / ms:.2f}", flush=True)
+            time_ort(path, t, x, "onnxruntime", b, h, w)
             if ov is not None:
-                core = ov.Core()
-                c = core.compile_model(path, "CPU", {"INFERENCE_NUM_THREADS": t, "INFERENCE_PRECISION_HINT": "f32",
-                                                     "PERFORMANCE_HINT": "LATENCY"})
-                req = c.create_infer_request()
-                ms = timed(lambda x: req.infer({0: x}), x)
-                print(f"ort_cpu engine=openvino size={h}x{w} batch={b} threads={t} forward_ms={ms:.2f} img_s={b * 1e3 / ms:.2f}", flush=True)
+                time_ov(path, t, x, "openvino", b, h, w, "f32")
             if qdq is not None:
                 time_ort(qdq, t, x, "onnxruntime-int8", b, h, w)
             if vino is not None:

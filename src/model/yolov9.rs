@@ -235,16 +235,18 @@ impl YoloV9 {
             x.map_err(anyhow::Error::from)
                 .and_then(|x| {
                     let (ops, raw) = self.trace_raw(&x).context("tracing the model")?;
-                    let int8 = self.meta.int8.as_ref().map(|c| c.convs.as_slice());
-                    match CpuEngine::new(ops.clone(), x.id(), &raw, self.threads, int8) {
-                        Err(e) if int8.is_some() => {
+                    // The traced ops are copied only when a calibration may be refused.
+                    let Some(c) = &self.meta.int8 else {
+                        return CpuEngine::new(ops, x.id(), &raw, self.threads, None);
+                    };
+                    CpuEngine::new(ops.clone(), x.id(), &raw, self.threads, Some(&c.convs)).or_else(
+                        |e| {
                             tracing::warn!(
                                 "the INT8 calibration cannot be used ({e:#}); running in f32"
                             );
                             CpuEngine::new(ops, x.id(), &raw, self.threads, None)
-                        }
-                        r => r,
-                    }
+                        },
+                    )
                 })
                 .map(Arc::new)
                 .map_err(|e| {

@@ -18,7 +18,7 @@
 
 use super::igemm;
 use super::math::dispatch;
-use super::view::{Act, Exec, Scratch};
+use super::view::{column_blocks, Act, Exec, Scratch};
 
 /// Most output pixels of one task of a pointwise convolution (a multiple of [`igemm::MR`]).
 const FLAT_ROWS: usize = 192;
@@ -223,12 +223,14 @@ unsafe fn quantize_rows(x: Act, q: &QConv, p0: usize, p1: usize, dst: &mut [u8])
     }
 }
 
-/// Writes `x` quantized into `buf` as `b × (h + 2·pad) × (w + 2·pad)` pixels of `cip` bytes,
-/// the padding (border pixels and channels past `x.c`) at the zero point.
+/// Writes `x` quantized into `buf` as `b × (h + 2·pad) × (w + 2·pad)` pixels of `cip` bytes
+/// (`pad` the convolution's), the padding (border pixels and channels past `x.c`) at the zero
+/// point.
 ///
 /// SAFETY: `buf` holds [`QConv::buf_len`] bytes; `x` as the plan describes it.
-unsafe fn quantize(ex: Exec, x: Act, q: &QConv, pad: usize, buf: *mut u8) {
-    let (hp, wp, cip) = (x.h + 2 * pad, x.w + 2 * pad, q.cip);
+unsafe fn quantize(ex: Exec, x: Act, q: &QConv, buf: *mut u8) {
+    let (pad, cip) = (q.pad, q.cip);
+    let (hp, wp) = (x.h + 2 * pad, x.w + 2 * pad);
     let rows = x.b * hp;
     let per = rows.div_ceil(4 * ex.threads()).max(1);
     let buf = SendPtr(buf);
@@ -262,12 +264,11 @@ pub(crate) unsafe fn conv(ex: Exec, x: Act, y: Act, res: Option<Act>, q: &QConv,
     let flat = q.pointwise();
     let buf = scratch.qbuf;
     if !flat {
-        quantize(ex, x, q, q.pad, buf);
+        quantize(ex, x, q, buf);
     }
     let (s, k, cip) = (q.stride, q.k, q.cip);
     let (hp, wp) = (x.h + 2 * q.pad, x.w + 2 * q.pad);
     let threads = ex.threads();
-    let panels = q.co.div_ceil(igemm::NR);
     // Units of rows: a flat (pointwise) conv's pixels in tiles, else whole output rows.
     let (units, per_unit) = if flat {
         (y.pixels(), 1)
@@ -283,13 +284,7 @@ pub(crate) unsafe fn conv(ex: Exec, x: Act, y: Act, res: Option<Act>, q: &QConv,
         per = per.next_multiple_of(igemm::MR).min(FLAT_ROWS);
     }
     let tiles = units.div_ceil(per);
-    let nb = if tiles >= 2 * threads {
-        1
-    } else {
-        (2 * threads).div_ceil(tiles).min(panels).max(1)
-    };
-    let bw = panels.div_ceil(nb) * igemm::NR;
-    let nb = q.co.div_ceil(bw);
+    let (nb, bw) = column_blocks(tiles, threads, q.co, igemm::NR);
     // A kernel row's taps are one run: k pixels of cip bytes side by side in the buffer.
     let segs: Vec<(isize, usize)> = (0..k)
         .map(|ky| ((ky * wp * cip) as isize, k * cip))

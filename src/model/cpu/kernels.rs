@@ -11,7 +11,7 @@ use super::gemm;
 use super::int8;
 use super::math;
 use super::math::dispatch;
-pub(crate) use super::view::{Act, Exec, Scratch, ALIGN_FLOATS};
+pub(crate) use super::view::{column_blocks, Act, Exec, Scratch, ALIGN_FLOATS};
 use super::winograd;
 use anyhow::{ensure, Result};
 use candle_core::Tensor;
@@ -232,14 +232,7 @@ pub(crate) fn conv(ex: Exec, x: Act, y: Act, res: Option<Act>, cw: &ConvWeights,
     let mt = tile_rows(kk).min(pixels.div_ceil(2 * threads).next_multiple_of(gemm::MR));
     let tiles = pixels.div_ceil(mt);
     // Column blocks (whole panels) when the rows alone leave threads idle.
-    let panels = cw.cog.div_ceil(gemm::NR);
-    let nb = if tiles >= 2 * threads {
-        1
-    } else {
-        (2 * threads).div_ceil(tiles).min(panels).max(1)
-    };
-    let bw = panels.div_ceil(nb) * gemm::NR;
-    let nb = cw.cog.div_ceil(bw);
+    let (nb, bw) = column_blocks(tiles, threads, cw.cog, gemm::NR);
     let tasks = tiles * nb;
     // The implicit convolution's taps: offset of tap (ky, kx) from the window's corner, and its
     // depth (made once per conv, not per task).

@@ -252,27 +252,9 @@ impl CpuEngine {
     /// `(label, milliseconds, share of the GFLOP)` sorted by time, then `("total", ms, GFLOP)`.
     /// Labels name the op and, for convolutions, kernel and stride (`conv3x3/s1`).
     pub fn profile(&self, x: &Tensor) -> Result<Vec<(String, f64, f64)>> {
-        let (_, _, h, w) = x.dims4()?;
         let b = 1;
-        let src = x
-            .get(0)?
-            .to_dtype(DType::F32)?
-            .flatten_all()?
-            .to_vec1::<f32>()?;
-        let (plan, mut arena) = self.checkout(b, h, w)?;
         let mut times = vec![0f64; self.graph.nodes.len() + 2];
-        let ex = Exec(Some(&self.pool));
-        let mut out = vec![0f32; (4 + self.nc()) * plan.anchors];
-        self.run(
-            ex,
-            &plan,
-            &mut arena,
-            &src,
-            &mut out,
-            Some(&mut times),
-            None,
-        );
-        self.checkin((b, h, w), arena);
+        let plan = self.probed(x, 0, Some(&mut times), None)?;
         let mut by: HashMap<String, (f64, f64)> = HashMap::new();
         let mut total = (0.0, 0.0);
         for (i, n) in self.graph.nodes.iter().enumerate() {
@@ -332,7 +314,6 @@ impl CpuEngine {
     /// [`CpuEngine::forward`], image by image), by convolution id (trace order): the
     /// calibration of [`crate::convert::int8::calibrate`].
     pub fn conv_input_ranges(&self, x: &Tensor) -> Result<Vec<crate::model::quant::ConvRange>> {
-        let (b, _, h, w) = x.dims4()?;
         let mut convs: Vec<&kernels::ConvWeights> = self
             .graph
             .nodes
@@ -344,26 +325,9 @@ impl CpuEngine {
             .collect();
         convs.sort_by_key(|w| w.id);
         let mut ranges = vec![(f32::INFINITY, f32::NEG_INFINITY); convs.len()];
-        let (plan, mut arena) = self.checkout(1, h, w)?;
-        let mut out = vec![0f32; (4 + self.nc()) * plan.anchors];
-        let ex = Exec(Some(&self.pool));
-        for i in 0..b {
-            let src = x
-                .get(i)?
-                .to_dtype(DType::F32)?
-                .flatten_all()?
-                .to_vec1::<f32>()?;
-            self.run(
-                ex,
-                &plan,
-                &mut arena,
-                &src,
-                &mut out,
-                None,
-                Some(&mut ranges),
-            );
+        for i in 0..x.dims4()?.0 {
+            self.probed(x, i, None, Some(&mut ranges))?;
         }
-        self.checkin((1, h, w), arena);
         Ok(convs
             .iter()
             .zip(ranges)
@@ -377,6 +341,30 @@ impl CpuEngine {
                 keep_f32: false,
             })
             .collect())
+    }
+
+    /// One forward of image `i` of `x` (as [`CpuEngine::forward`], each op over the pool) for
+    /// its probes, `times` and `ranges` filled as [`CpuEngine::run`] fills them; returns the plan
+    /// it ran.
+    fn probed(
+        &self,
+        x: &Tensor,
+        i: usize,
+        times: Option<&mut Vec<f64>>,
+        ranges: Option<&mut [(f32, f32)]>,
+    ) -> Result<Arc<Plan>> {
+        let (_, _, h, w) = x.dims4()?;
+        let src = x
+            .get(i)?
+            .to_dtype(DType::F32)?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
+        let (plan, mut arena) = self.checkout(1, h, w)?;
+        let mut out = vec![0f32; (4 + self.nc()) * plan.anchors];
+        let ex = Exec(Some(&self.pool));
+        self.run(ex, &plan, &mut arena, &src, &mut out, times, ranges);
+        self.checkin((1, h, w), arena);
+        Ok(plan)
     }
 
     /// Whether the engine runs convolutions in INT8, and on which kernel (`"vnni512"`,

@@ -29,6 +29,25 @@ impl Exec<'_> {
     }
 }
 
+/// Column blocks of a convolution split into `tiles` row tiles on `threads` threads: `(blocks,
+/// width)`, the `cols` output columns in blocks of whole `nr`-column panels, as many as it takes
+/// to give every thread two tasks when the rows alone leave threads idle (one block otherwise).
+pub(crate) fn column_blocks(
+    tiles: usize,
+    threads: usize,
+    cols: usize,
+    nr: usize,
+) -> (usize, usize) {
+    let panels = cols.div_ceil(nr);
+    let nb = if tiles >= 2 * threads {
+        1
+    } else {
+        (2 * threads).div_ceil(tiles).min(panels).max(1)
+    };
+    let width = panels.div_ceil(nb) * nr;
+    (cols.div_ceil(width), width)
+}
+
 /// Floats in 64 bytes: one cache line, one AVX-512 vector.
 pub(crate) const ALIGN_FLOATS: usize = 16;
 
