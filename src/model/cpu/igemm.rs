@@ -60,6 +60,7 @@ pub(crate) struct Epilogue<'a> {
 
 /// The INT8 kernel this CPU runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) enum Kernel {
     /// AVX-512 with VNNI (`vpdpbusd` on zmm registers).
     Vnni512,
@@ -158,6 +159,8 @@ unsafe fn gemm_on(
         }
         Kernel::Generic => {}
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = kernel;
     generic(m, n, segs, a, lda, bp, c, ldc, epi)
 }
 
@@ -210,6 +213,7 @@ unsafe fn generic(
 /// place into `act(sum·scale + bias) (+ res)` by the engine's vectorised f32 epilogue.
 ///
 /// SAFETY: `c` holds `m` rows of `n` sums; the residual rows likewise.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 unsafe fn finish_rows(m: usize, n: usize, c: *mut f32, ldc: usize, epi: &Epilogue) {
     for r in 0..m {
         let row = std::slice::from_raw_parts_mut(c.add(r * ldc), n);
@@ -223,6 +227,7 @@ unsafe fn finish_rows(m: usize, n: usize, c: *mut f32, ldc: usize, epi: &Epilogu
 
 dispatch! {
     /// `row[j] = (row[j]'s bits as i32) · scale[j]`: sums stored in place of the floats.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     fn scale_sums(row: &mut [f32], scale: &[f32]) {
         let scale = &scale[..row.len()];
         for j in 0..row.len() {
@@ -572,6 +577,7 @@ mod tests {
                 act,
                 res: res.then_some((resv.as_ptr(), n)),
             };
+            #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
             let mut kernels = vec![Kernel::Generic];
             #[cfg(target_arch = "x86_64")]
             {

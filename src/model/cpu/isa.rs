@@ -1,13 +1,21 @@
-//! Which instruction set the CPU engine's kernels use: detected once (AVX-512, AVX2 with FMA, or
-//! neither), shared by the GEMM ([`super::gemm`]) and the element-wise math ([`super::math`]).
+//! Which instruction set the CPU engine's kernels use: detected once (AVX-512, AVX2 with FMA,
+//! NEON on aarch64, or none of them), shared by the GEMM ([`super::gemm`]) and the element-wise
+//! math ([`super::math`]).
 
-/// The micro-kernel a CPU runs (`YOLO9_CPU_GEMM=generic|avx2` forces a narrower one).
+/// The micro-kernel a CPU runs (`YOLO9_CPU_GEMM=generic|avx2` forces a narrower
+/// one; `generic` also on aarch64).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kernel {
     /// 12 rows × 32 columns on zmm registers.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     Avx512,
     /// 6 rows × 16 columns on ymm registers with FMA, twice per panel.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     Avx2,
+    /// 6 rows × 16 columns on the 128-bit registers of aarch64 (four per row), twice per panel:
+    /// the AVX2 kernel's blocking and packing.
+    #[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))]
+    Neon,
     /// The `gemm` crate per panel, then the epilogue as a second pass.
     Generic,
 }
@@ -34,7 +42,16 @@ pub(crate) fn kernel() -> Kernel {
                 _ => Kernel::Generic,
             }
         }
-        #[cfg(not(target_arch = "x86_64"))]
+        #[cfg(target_arch = "aarch64")]
+        {
+            // NEON (Advanced SIMD) is part of every aarch64 CPU Linux runs on.
+            match forced.trim() {
+                "generic" => Kernel::Generic,
+                _ if std::arch::is_aarch64_feature_detected!("neon") => Kernel::Neon,
+                _ => Kernel::Generic,
+            }
+        }
+        #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
         {
             let _ = forced;
             Kernel::Generic
@@ -43,6 +60,7 @@ pub(crate) fn kernel() -> Kernel {
 }
 
 /// Whether the AVX-512 kernel runs.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) fn avx512() -> bool {
     kernel() == Kernel::Avx512
 }

@@ -11,9 +11,9 @@
 //! - [`kernels`]: the convolution as a GEMM on cache-sized tiles of output pixels (1×1: straight
 //!   on the NHWC rows; k > 1: im2col per tile), pools, upsampling, copies and the DFL/box decode,
 //!   all split over the engine's threads.
-//! - [`gemm`]: the GEMM on weights packed once in 32-column panels: an AVX-512 micro-kernel
-//!   (12 × 32, bias + SiLU + residual applied in its registers) where the CPU has AVX-512, the
-//!   `gemm` crate (AVX2/FMA or baseline, chosen at run time) elsewhere.
+//! - [`gemm`]: the GEMM on weights packed once in 32-column panels: micro-kernels with the bias,
+//!   SiLU and residual applied in their registers, AVX-512 (12 × 32), AVX2+FMA or NEON (6 × 16),
+//!   chosen at run time ([`isa`]); the `gemm` crate on other CPUs.
 //! - [`math`]: the vectorised `exp`, SiLU and sigmoid.
 //! - [`pool`]: the engine's threads: each op's tasks in one contiguous range per thread (the
 //!   same rows from layer to layer), stolen from when a thread falls behind; workers spin
@@ -27,7 +27,7 @@
 //!
 //! Results equal the candle forward to f32 rounding (another summation order: within 1e-5 of
 //! the output's largest value on the official oracle, `tests/model/cpu_engine.rs`) and do not depend
-//! on the thread count, bit for bit (on the AVX-512 and AVX2 kernels).
+//! on the thread count, bit for bit (on the AVX-512, AVX2 and NEON kernels).
 
 mod gemm;
 mod graph;
@@ -142,12 +142,13 @@ impl CpuEngine {
         })
     }
 
-    /// The GEMM micro-kernel this CPU runs: `"avx512"`, `"avx2"` or `"generic"` (the `gemm`
+    /// The GEMM micro-kernel this CPU runs: `"avx512"`, `"avx2"`, `"neon"` or `"generic"` (the `gemm`
     /// crate; there the sums' order, and so the last bits, can change with the thread count).
     pub fn kernel(&self) -> &'static str {
         match isa::kernel() {
             isa::Kernel::Avx512 => "avx512",
             isa::Kernel::Avx2 => "avx2",
+            isa::Kernel::Neon => "neon",
             isa::Kernel::Generic => "generic",
         }
     }
@@ -517,5 +518,53 @@ impl CpuEngine {
         let levels: Vec<_> = g.outputs.iter().map(|&o| act(whole(o))).collect();
         kernels::decode(pool, &levels, &STRIDES, out);
         lap(g.nodes.len() + 1, &mut times);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::model::YoloV9;
+    use crate::Weights;
+    use candle_core::{Device, Tensor};
+
+    /// The whole engine on this CPU's micro-kernel (AVX-512, AVX2 or the generic one as CI
+    /// forces them; NEON in CI's aarch64 run under emulation) against candle's forward of the
+    /// same model: the shipped BCCD weights on a 96x128 pattern, decoded outputs within 1e-5 of
+    /// their largest value; 1 and 3 threads give the same bits on the engine's own kernels.
+    #[test]
+    fn engine_equals_the_candle_forward() {
+        let w = Weights::load(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/weights/yolov9-s-bccd.safetensors"
+        ))
+        .unwrap();
+        let (h, wd) = (96, 128);
+        let px: Vec<f32> = (0..3 * h * wd)
+            .map(|i| ((i * 7919) % 251) as f32 / 251.0)
+            .collect();
+        let x = Tensor::from_vec(px, (1, 3, h, wd), &Device::Cpu).unwrap();
+        let m1 = YoloV9::load(&w, &Device::Cpu).unwrap().with_threads(1);
+        let e1 = m1.cpu_engine().expect("the engine compiles yolov9-s");
+        let y1 = e1.forward(&x).unwrap();
+        let want = m1.forward_launched(&x).unwrap();
+        assert_eq!(y1.dims(), want.dims());
+        let err = (&y1 - &want).unwrap().abs().unwrap().max_all().unwrap();
+        let top = want.abs().unwrap().max_all().unwrap();
+        let (err, top) = (
+            err.to_scalar::<f32>().unwrap(),
+            top.to_scalar::<f32>().unwrap(),
+        );
+        println!("kernel {}: engine vs candle {err:e} of {top}", e1.kernel());
+        assert!(top > 10.0 && err <= 1e-5 * top, "{err} of {top}");
+
+        let m3 = YoloV9::load(&w, &Device::Cpu).unwrap().with_threads(3);
+        let y3 = m3.cpu_engine().unwrap().forward(&x).unwrap();
+        let d = (&y1 - &y3).unwrap().abs().unwrap().max_all().unwrap();
+        let d = d.to_scalar::<f32>().unwrap();
+        if e1.kernel() == "generic" {
+            assert!(d <= 1e-5 * top, "1 vs 3 threads: {d}");
+        } else {
+            assert_eq!(d, 0.0, "1 vs 3 threads");
+        }
     }
 }
