@@ -6,12 +6,16 @@
 //! - `output0` (B, 4+nc, A) f32: rows 0..4 = cx, cy, w, h in input pixels, rows 4.. = sigmoid
 //!   class scores; anchors P3, P4, P5, row-major within a level (A = 8400 at 640×640), exactly
 //!   [`crate::model::YoloV9::forward`];
-//! - with NMS instead: `num_dets` (B, 1) i32, `boxes` (B, K, 4) f32 x1, y1, x2, y2 in input
+//! - a segmentation model adds its `nm` mask coefficients to `output0` (B, 4+nc+nm, A; raw,
+//!   after the scores) and writes `output1` (B, nm, H/4, W/4) f32, the prototypes: exactly
+//!   [`crate::model::YoloV9::forward_seg`] (an instance's mask is `sigmoid(coefficients ·
+//!   prototypes)` inside its box; official `Segment` export, Ultralytics' layout);
+//! - with NMS instead (detection models only): `num_dets` (B, 1) i32, `boxes` (B, K, 4) f32 x1, y1, x2, y2 in input
 //!   pixels, `scores` (B, K) f32, `classes` (B, K) i32, best first, rows from `num_dets` on are
 //!   zeros (TensorRT `EfficientNMS` layout; K = min(max_det, A)).
 //!
 //! The metadata carries what Ultralytics-reading runtimes look for: `names` (a Python dict
-//! literal, `{0: 'RBC', …}`), `stride`, `imgsz`, `batch`, `task`, plus `description`,
+//! literal, `{0: 'RBC', …}`), `stride`, `imgsz`, `batch`, `task` (`detect` or `segment`), plus `description`,
 //! `author`, `version`, `date`.
 //!
 //! Why one file (about 710 lines): the traced ops' ONNX nodes, the in-graph decode and NMS and the
@@ -27,7 +31,7 @@ use crate::model::head::REG_MAX;
 use crate::model::trace::TracedOp;
 use crate::model::weights::Weights;
 use crate::model::{YoloV9, STRIDES};
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 use candle_core::{DType, Device, Tensor, TensorId};
 use std::collections::HashMap;
 
@@ -40,7 +44,21 @@ pub fn export(weights: &Weights, opts: &ExportOptions) -> Result<ModelProto> {
     opts.validate()?;
     let model = YoloV9::load(weights, &Device::Cpu).context("building the inference graph")?;
     let x = Tensor::zeros((1, 3, 64, 64), DType::F32, &Device::Cpu)?;
-    let (ops, raw) = model.trace_raw(&x)?;
+    let seg = model.is_seg();
+    ensure!(
+        !(seg && opts.nms.is_some()),
+        "--nms: {} is a segmentation model, and yolo9 writes no end-to-end model with masks; \
+         export it without --nms (output0: boxes, scores and mask coefficients; output1: the \
+         prototypes) and run the NMS and the masks after the model",
+        weights.meta.arch.name
+    );
+    let (ops, raw, masks) = if seg {
+        let (ops, raw, coeffs, proto) = model.trace_seg(&x)?;
+        (ops, raw, Some((coeffs, proto)))
+    } else {
+        let (ops, raw) = model.trace_raw(&x)?;
+        (ops, raw, None)
+    };
     let meta = model.meta();
     let nc = meta.nc;
 
@@ -56,19 +74,42 @@ pub fn export(weights: &Weights, opts: &ExportOptions) -> Result<ModelProto> {
     for op in &ops {
         g.layer(op, &mut names)?;
     }
-    let mut heads = Vec::with_capacity(raw.len());
-    for r in &raw {
+    // The value of a traced output, cast back to f32 in a half model.
+    let out = |g: &mut Graph, t: &Tensor| -> Result<String> {
         let n = names
-            .get(&r.id())
+            .get(&t.id())
             .context("export: a head output was not produced by a traced op")?
             .clone();
-        heads.push(if opts.half {
+        Ok(if opts.half {
             g.cast(&n, data_type::FLOAT)
         } else {
             n
-        });
+        })
+    };
+    let heads = raw
+        .iter()
+        .map(|r| out(&mut g, r))
+        .collect::<Result<Vec<_>>>()?;
+    let mut output0 = g.decode(&heads, nc)?;
+    // A segmentation model: the mask coefficients after the scores (official `Segment`:
+    // `torch.cat([x, mc], 1)`), and the prototypes as `output1`.
+    let mut nm = 0;
+    let mut proto_stride = 1;
+    if let Some((coeffs, proto)) = &masks {
+        nm = proto.dim(1)?;
+        proto_stride = x.dim(2)? / proto.dim(2)?;
+        let mut flat = Vec::with_capacity(coeffs.len());
+        for c in coeffs {
+            let n = out(&mut g, c)?;
+            flat.push(g.reshape(&n, &[0, nm as i64, -1]));
+        }
+        let flat: Vec<&str> = flat.iter().map(String::as_str).collect();
+        let mc = g.node("Concat", &flat, vec![attr_i("axis", 2)]);
+        output0 = g.node("Concat", &[&output0, &mc], vec![attr_i("axis", 1)]);
+        let p = out(&mut g, proto)?;
+        let p = g.node("Identity", &[&p], vec![]);
+        g.rename(&p, "output1");
     }
-    let output0 = g.decode(&heads, nc)?;
     let (b, h, w) = if opts.dynamic {
         (Dim::Sym("batch"), Dim::Sym("height"), Dim::Sym("width"))
     } else {
@@ -87,11 +128,27 @@ pub fn export(weights: &Weights, opts: &ExportOptions) -> Result<ModelProto> {
     let outputs = match &opts.nms {
         None => {
             g.rename(&output0, "output0");
-            vec![value_info(
+            let mut outs = vec![value_info(
                 "output0",
                 data_type::FLOAT,
-                &[b, Dim::N(4 + nc), anchors],
-            )]
+                &[b, Dim::N(4 + nc + nm), anchors],
+            )];
+            if masks.is_some() {
+                let (ph, pw) = if opts.dynamic {
+                    (Dim::Sym("proto_height"), Dim::Sym("proto_width"))
+                } else {
+                    (
+                        Dim::N(opts.img.0 / proto_stride),
+                        Dim::N(opts.img.1 / proto_stride),
+                    )
+                };
+                outs.push(value_info(
+                    "output1",
+                    data_type::FLOAT,
+                    &[b, Dim::N(nm), ph, pw],
+                ));
+            }
+            outs
         }
         Some(n) => {
             let k = match anchors {
@@ -128,7 +185,7 @@ pub fn export(weights: &Weights, opts: &ExportOptions) -> Result<ModelProto> {
         producer_name: "yolo9".into(),
         producer_version: env!("CARGO_PKG_VERSION").into(),
         graph: Some(graph),
-        metadata_props: metadata(weights, opts),
+        metadata_props: metadata(weights, opts, seg),
         ..Default::default()
     })
 }
@@ -144,7 +201,7 @@ fn ir_version(opset: i64) -> i64 {
 }
 
 /// Ultralytics-style metadata (see the module docs).
-fn metadata(weights: &Weights, opts: &ExportOptions) -> Vec<StringStringEntryProto> {
+fn metadata(weights: &Weights, opts: &ExportOptions, seg: bool) -> Vec<StringStringEntryProto> {
     let names = weights
         .meta
         .names
@@ -165,8 +222,13 @@ fn metadata(weights: &Weights, opts: &ExportOptions) -> Vec<StringStringEntryPro
         kv(
             "description",
             format!(
-                "yolo9 {} detector ({} classes){}{}",
+                "yolo9 {} {} ({} classes){}{}",
                 weights.meta.arch.name,
+                if seg {
+                    "segmentation model"
+                } else {
+                    "detector"
+                },
                 weights.meta.nc,
                 if opts.half { ", f16" } else { "" },
                 if opts.nms.is_some() { ", with NMS" } else { "" }
@@ -175,7 +237,7 @@ fn metadata(weights: &Weights, opts: &ExportOptions) -> Vec<StringStringEntryPro
         kv("author", "yolo9".into()),
         kv("version", env!("CARGO_PKG_VERSION").into()),
         kv("date", format!("{secs} (seconds since 1970-01-01 UTC)")),
-        kv("task", "detect".into()),
+        kv("task", if seg { "segment" } else { "detect" }.into()),
         kv("stride", STRIDES[STRIDES.len() - 1].to_string()),
         kv(
             "batch",

@@ -340,6 +340,36 @@ impl YoloV9 {
         Ok((trace.into_ops(), raw))
     }
 
+    /// [`YoloV9::trace_raw`] of a segmentation model (what `yolo9 export` writes for it): the
+    /// ops in execution order, the raw head outputs, the mask-coefficient maps per level (B,
+    /// nm, H/s, W/s) and the prototypes (B, nm, Hp, Wp), all NCHW f32 and produced by the
+    /// recorded ops; [`YoloV9::forward_seg`] computes the same. Errors: a detection model.
+    #[allow(clippy::type_complexity)]
+    pub fn trace_seg(
+        &self,
+        x: &Tensor,
+    ) -> Result<(Vec<TracedOp>, Vec<Tensor>, Vec<Tensor>, Tensor)> {
+        let Some((mask, taps)) = &self.mask else {
+            bail!(
+                "{} is a detection model: it has no masks",
+                self.meta.arch.name
+            )
+        };
+        check_input(x)?;
+        ensure!(
+            self.dtype == DType::F32 && x.device().same_device(&self.device),
+            "tracing: an f32 model and an input on its device"
+        );
+        let trace = Trace::new();
+        let c = Ctx::tracing(&trace);
+        let feats = self.net.forward(x, c, taps)?;
+        let levels = self.head.boxes.len();
+        let raw = self.head.run_raw(&feats[..levels], c)?;
+        let coeffs = mask.run_coeff_levels(&feats[..levels], c)?;
+        let proto = mask.run_proto(feats.get(levels).unwrap_or(&feats[0]), c)?;
+        Ok((trace.into_ops(), raw, coeffs, proto))
+    }
+
     /// x: (B, 3, H, W) f32 RGB in 0..1, H and W multiples of 32 → (B, 4+nc, A) f32: rows 0..4 =
     /// cx, cy, w, h in input pixels, rows 4.. = sigmoid class scores; anchors P3, P4, P5,
     /// row-major within a level (A = 8400 at 640×640). Follows `DDetect.forward` in eval mode.

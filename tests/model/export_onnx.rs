@@ -403,3 +403,86 @@ fn every_block_kind_exports() {
         assert!(rel <= 1e-4, "{name}: {rel:e}");
     }
 }
+
+/// A segmentation model exports as Ultralytics' and the official export write it: `output0`
+/// (B, 4+nc+nm, A) with the raw mask coefficients after the scores, and `output1`, the
+/// prototypes (B, nm, H/4, W/4). The oracle graphs tiny-seg (`Segment` with `Proto`) and
+/// tiny-dseg (`DualDSegment`, its main branch) in tract equal `YoloV9::forward_seg` (boxes and
+/// scores within 1e-4 of their largest value, coefficients and prototypes likewise), static and
+/// dynamic; `--nms` is refused with the reason.
+#[test]
+fn segmentation_model_exports_coefficients_and_prototypes() {
+    use prost::Message;
+    for name in ["tiny-seg", "tiny-dseg"] {
+        let (w, t) = common::seg_oracle_weights(name);
+        let x = &t["x"];
+        let (_, _, h, wd) = x.dims4().unwrap();
+        let b = x.dim(0).unwrap();
+        let (pred, proto) = YoloV9::load(&w, &Device::Cpu)
+            .unwrap()
+            .forward_seg(x)
+            .unwrap();
+        let (rows, anchors) = (pred.dim(1).unwrap(), pred.dim(2).unwrap());
+        let nm = proto.dim(1).unwrap();
+        assert_eq!(rows, 4 + 3 + nm, "{name}");
+        for dynamic in [false, true] {
+            let opts = ExportOptions {
+                img: (h, wd),
+                batch: b,
+                dynamic,
+                ..Default::default()
+            };
+            let model = onnx::export(&w, &opts).unwrap();
+            let graph = model.graph.as_ref().unwrap();
+            let outputs: Vec<&str> = graph.output.iter().map(|o| o.name.as_str()).collect();
+            assert_eq!(outputs, ["output0", "output1"], "{name}");
+            assert!(model
+                .metadata_props
+                .iter()
+                .any(|p| p.key == "task" && p.value == "segment"));
+            let outs = run_tract(&model.encode_to_vec(), x);
+            assert_eq!(outs[0].0, pred.dims(), "{name} output0");
+            assert_eq!(outs[1].0, proto.dims(), "{name} output1");
+            assert_eq!(outs[1].0[2..], [h / 4, wd / 4]);
+            // Boxes and scores as the detection export; the coefficient rows on their own.
+            let want = flat(&pred);
+            let per = rows * anchors;
+            let (mut det_got, mut det_want) = (vec![], vec![]);
+            let (mut mc_got, mut mc_want) = (vec![], vec![]);
+            for i in 0..b {
+                let (g, w) = (&outs[0].1[i * per..][..per], &want[i * per..][..per]);
+                det_got.extend_from_slice(&g[..(4 + 3) * anchors]);
+                det_want.extend_from_slice(&w[..(4 + 3) * anchors]);
+                mc_got.extend_from_slice(&g[(4 + 3) * anchors..]);
+                mc_want.extend_from_slice(&w[(4 + 3) * anchors..]);
+            }
+            let rel = max_rel(&det_got, &det_want, 7, anchors);
+            assert!(rel <= 1e-4, "{name} boxes and scores: {rel:e}");
+            let rel = max_rel(&mc_got, &mc_want, nm, anchors);
+            assert!(rel <= 1e-4, "{name} coefficients: {rel:e}");
+            let (pg, pw) = (&outs[1].1, flat(&proto));
+            let top = pw.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let d = pg
+                .iter()
+                .zip(&pw)
+                .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+            assert!(
+                top > 0.0 && d <= 1e-4 * top,
+                "{name} prototypes: {d} of {top}"
+            );
+        }
+        let err = onnx::export(
+            &w,
+            &ExportOptions {
+                nms: Some(NmsExport::default()),
+                ..Default::default()
+            },
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("--nms") && err.contains("segmentation"),
+            "{err}"
+        );
+    }
+}

@@ -55,6 +55,11 @@ const FRAGMENT: &str = "a fragment of a sentence whose data and weights the pros
 const SKIPPED: &[(&str, &str)] = &[
     ("yolo9 train --data data.yaml", TRAINING),
     (
+        "yolo9 export --weights my-seg.safetensors",
+        "a user's trained segmentation weights; tests/model/export_onnx.rs exports the tiny-seg \
+         and tiny-dseg oracle graphs and runs them in tract",
+    ),
+    (
         "yolo9 val --weights my-seg.safetensors --data data.yaml",
         "a user's trained segmentation weights and dataset; tests/train/seg.rs validates the \
          tiny-seg run's weights on its polygon split",
