@@ -10,8 +10,10 @@
 //! into `scale` and `bias` by [`super::int8`]).
 //!
 //! Kernels: AVX-512 VNNI (12 rows × 32 columns, 24 accumulators; per group of 4 depth rows two
-//! loads of B, twelve broadcasts of 4 bytes of A, 24 `vpdpbusd`) where the CPU has it; a
-//! portable loop elsewhere (correct, not fast: the reference of the tests).
+//! loads of B, twelve broadcasts of 4 bytes of A, 24 `vpdpbusd`) where the CPU has it; 6 rows ×
+//! 16 columns on ymm registers with AVX-VNNI, or with plain AVX2 (`vpmaddubsw` then `vpmaddwd`
+//! by ones, exact for weights of 7 bits: [`weight_max`]); a portable loop elsewhere (correct,
+//! not fast: the reference of the tests).
 
 use super::math;
 use super::math::dispatch;
@@ -71,14 +73,39 @@ pub(crate) enum Kernel {
     /// on an AVX-512 machine with the narrower f32 kernel forced (`YOLO9_CPU_GEMM=avx2`), so
     /// that its code is tested there.
     Vnni256Evex,
+    /// AVX2 without VNNI (Intel's cores before Ice Lake and Alder Lake, AMD's before Zen 4):
+    /// the ymm kernel (4 rows: the ones vector and the products need registers) with
+    /// `vpmaddubsw` (u8 × i8 products added in pairs into i16, saturating) then `vpmaddwd` by
+    /// ones (pairs of i16 into i32). A pair's sum stays inside i16 only for weights in −63..=63
+    /// (2·255·63 = 32,130), so for this kernel the engine quantizes the weights to 7 bits
+    /// ([`weight_max`]; ONNX Runtime's `reduce_range` on CPUs without VNNI). Runs only under
+    /// `YOLO9_CPU_GEMM=avx2-novnni` for now: without it such CPUs run the model in f32.
+    Avx2,
     /// Plain loops.
     Generic,
 }
 
+impl Kernel {
+    /// The largest weight magnitude this kernel sums exactly: 63 on [`Kernel::Avx2`], else 127.
+    pub(crate) fn weight_max(self) -> i8 {
+        match self {
+            Kernel::Avx2 => 63,
+            _ => 127,
+        }
+    }
+}
+
+/// The largest quantized weight magnitude of this CPU's INT8 kernel ([`Kernel::weight_max`]):
+/// the weights of a convolution are quantized to `−weight_max..=weight_max`.
+pub(crate) fn weight_max() -> i8 {
+    kernel().weight_max()
+}
+
 /// The INT8 kernel of this CPU (detected once): the zmm VNNI kernel where the CPU has AVX-512
 /// VNNI and the f32 engine runs its AVX-512 kernel; the ymm one with AVX-VNNI (or, under
-/// `YOLO9_CPU_GEMM=avx2`, AVX-512 VNNI's EVEX form); else the portable loop, which the engine
-/// leaves to the tests: there a calibrated model runs in f32.
+/// `YOLO9_CPU_GEMM=avx2`, AVX-512 VNNI's EVEX form); the `vpmaddubsw` kernel under
+/// `YOLO9_CPU_GEMM=avx2-novnni`; else the portable loop, which the engine leaves to the tests:
+/// there a calibrated model runs in f32.
 pub(crate) fn kernel() -> Kernel {
     static K: std::sync::OnceLock<Kernel> = std::sync::OnceLock::new();
     *K.get_or_init(|| {
@@ -91,10 +118,16 @@ pub(crate) fn kernel() -> Kernel {
                 "avx512vl" => std::arch::is_x86_feature_detected!("avx512vl"),
                 _ => std::arch::is_x86_feature_detected!("avxvnni"),
             };
+            let vnni = super::isa::vnni_allowed();
             match super::isa::kernel() {
                 F32::Avx512 if has("avx512bw") && has("avx512vnni") => return Kernel::Vnni512,
-                F32::Avx2 if has("avxvnni") => return Kernel::Vnni256,
-                F32::Avx2 if has("avx512vnni") && has("avx512vl") => return Kernel::Vnni256Evex,
+                F32::Avx2 if vnni && has("avxvnni") => return Kernel::Vnni256,
+                F32::Avx2 if vnni && has("avx512vnni") && has("avx512vl") => {
+                    return Kernel::Vnni256Evex
+                }
+                // Measured no faster than the f32 AVX2 kernel on an AMD core (see
+                // docs/cpu-engine.md#int8): only on request until it is measured on Intel's.
+                F32::Avx2 if !vnni => return Kernel::Avx2,
                 _ => {}
             }
         }
@@ -155,6 +188,10 @@ unsafe fn gemm_on(
         }
         Kernel::Vnni256Evex => {
             vnni256_evex::gemm(m, n, segs, a, lda, bp, c, ldc);
+            return finish_rows(m, n, c, ldc, epi);
+        }
+        Kernel::Avx2 => {
+            avx2::gemm(m, n, segs, a, lda, bp, c, ldc);
             return finish_rows(m, n, c, ldc, epi);
         }
         Kernel::Generic => {}
@@ -236,18 +273,19 @@ dispatch! {
     }
 }
 
-/// A ymm VNNI kernel (6 rows × 16 columns, 12 accumulators: AVX2 has 16 registers) on the
-/// panels of [`pack`] (each half panel's 16 columns × 4 bytes are one 64-byte half of a depth
-/// group), writing the i32 sums in place of C; [`finish_rows`] applies the epilogue.
+/// A ymm kernel (6 rows × 16 columns, 12 accumulators: AVX2 has 16 registers) on the panels
+/// of [`pack`] (each half panel's 16 columns × 4 bytes are one 64-byte half of a depth group),
+/// writing the i32 sums in place of C; [`finish_rows`] applies the epilogue. `$dp(acc, a, b)`
+/// adds to each i32 lane of `acc` the four products of its u8 bytes of `a` and i8 bytes of `b`.
 macro_rules! vnni256 {
-    ($name:ident, $features:literal, $dp:ident) => {
+    ($name:ident, $features:literal, $dp:path, $mr:literal) => {
         #[cfg(target_arch = "x86_64")]
         mod $name {
             use super::NR;
             use std::arch::x86_64::*;
 
-            /// Rows of the kernel.
-            const MR: usize = 6;
+            /// Rows of the kernel (at most 6).
+            const MR: usize = $mr;
 
             /// See [`super::gemm`]; sums only.
             #[target_feature(enable = $features)]
@@ -283,6 +321,7 @@ macro_rules! vnni256 {
                             4 => kern::<4>(a, lda, segs, b, c, ldc, w),
                             _ => kern::<5>(a, lda, segs, b, c, ldc, w),
                         }
+                        debug_assert!(m - r < MR);
                     }
                 }
             }
@@ -335,11 +374,29 @@ macro_rules! vnni256 {
     };
 }
 
-vnni256!(vnni256, "avx2,fma,avxvnni", _mm256_dpbusd_avx_epi32);
+vnni256!(vnni256, "avx2,fma,avxvnni", _mm256_dpbusd_avx_epi32, 6);
+vnni256!(avx2, "avx2,fma", crate::model::cpu::igemm::dp_maddubs, 4);
+
+/// `vpdpbusd` of plain AVX2 for weights in −63..=63: `vpmaddubsw` (each pair of u8 × i8
+/// products into an i16, exact while |a₀b₀ + a₁b₁| ≤ 2·255·63 < 2^15), `vpmaddwd` by ones (the
+/// two pairs of each 4 bytes into an i32), added to `acc`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn dp_maddubs(
+    acc: std::arch::x86_64::__m256i,
+    a: std::arch::x86_64::__m256i,
+    b: std::arch::x86_64::__m256i,
+) -> std::arch::x86_64::__m256i {
+    use std::arch::x86_64::*;
+    let pairs = _mm256_maddubs_epi16(a, b);
+    _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+}
 vnni256!(
     vnni256_evex,
     "avx2,fma,avx512vl,avx512vnni",
-    _mm256_dpbusd_epi32
+    _mm256_dpbusd_epi32,
+    6
 );
 
 #[cfg(target_arch = "x86_64")]
@@ -562,12 +619,14 @@ mod tests {
             let k = 36;
             let lda = 64;
             // Built as u32s so that the rows are 4-byte aligned, as the engine's buffer is.
-            let a32: Vec<u32> = (0..m * lda / 4).map(|_| rnd()).collect();
+            // The first case at the extremes: every byte 255 against weights ±weight_max (a
+            // pair's sum at the edge of what `vpmaddubsw` holds).
+            let extreme = m == 1;
+            let a32: Vec<u32> = (0..m * lda / 4)
+                .map(|_| if extreme { u32::MAX } else { rnd() })
+                .collect();
             // SAFETY: u32 has no padding; the bytes live as long as `a32`.
             let a = unsafe { std::slice::from_raw_parts(a32.as_ptr() as *const u8, m * lda) };
-            let w: Vec<i8> = (0..k * n).map(|_| (rnd() % 255) as i32 as i8).collect();
-            let mut bp = vec![0i8; packed_len(k, n)];
-            pack(k, n, &mut bp, |kk, j| w[kk * n + j]);
             let scale: Vec<f32> = (0..n).map(|j| 1e-4 * (1 + j % 5) as f32).collect();
             let bias: Vec<f32> = (0..n).map(|j| 0.1 * j as f32 - 2.0).collect();
             let resv: Vec<f32> = (0..m * n).map(|i| (i % 7) as f32 * 0.25).collect();
@@ -598,8 +657,26 @@ mod tests {
                 if has(1) {
                     kernels.push(Kernel::Vnni256);
                 }
+                if std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+                {
+                    kernels.push(Kernel::Avx2);
+                }
             }
             for kern in kernels {
+                // Weights over the kernel's whole range, its bounds included.
+                let wm = kern.weight_max() as u32;
+                let w: Vec<i8> = (0..k * n)
+                    .map(|i| match i % 17 {
+                        _ if extreme && i % 2 == 0 => wm as i8,
+                        _ if extreme => -(wm as i32) as i8,
+                        0 => -(wm as i32) as i8,
+                        1 => wm as i8,
+                        _ => ((rnd() % (2 * wm + 1)) as i32 - wm as i32) as i8,
+                    })
+                    .collect();
+                let mut bp = vec![0i8; packed_len(k, n)];
+                pack(k, n, &mut bp, |kk, j| w[kk * n + j]);
                 let mut c = vec![f32::NAN; m * n];
                 // SAFETY: the buffers have the sizes the call describes.
                 unsafe {

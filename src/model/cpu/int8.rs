@@ -2,7 +2,8 @@
 //! and OpenVINO's tools do it (per-channel symmetric weights, per-tensor asymmetric
 //! activations from calibrated ranges; [`crate::model::quant`] records the ranges).
 //!
-//! - **Weights**: output channel `j` as `i8` in −127..=127 with scale `s_w[j] = max|w_j| / 127`.
+//! - **Weights**: output channel `j` as `i8` in −127..=127 with scale `s_w[j] = max|w_j| / 127`
+//!   (−63..=63 and `/ 63` for the kernel of AVX2 CPUs without VNNI: [`igemm::weight_max`]).
 //! - **Input**: `u8` with scale `s_x = (max − min) / 255` and zero point `z = round(−min / s_x)`
 //!   over the calibrated range widened to hold 0 (so the padding, a real 0, is exactly `z`):
 //!   `q = clamp(round(x / s_x) + z, 0, 255)`, rounded half to even.
@@ -74,13 +75,14 @@ impl QConv {
         let mut q = vec![0i8; co * k * k * ci];
         let mut scale = vec![0f32; co];
         let mut folded = vec![0f32; co];
+        let wmax = igemm::weight_max() as f32;
         for j in 0..co {
             let wj = &src[j * ci * k * k..(j + 1) * ci * k * k];
             let amax = wj.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let sw = if amax > 0.0 { amax / 127.0 } else { 1.0 };
+            let sw = if amax > 0.0 { amax / wmax } else { 1.0 };
             let mut sum = 0i64;
             for (d, &v) in q[j * ci * k * k..].iter_mut().zip(wj) {
-                *d = (v / sw).round_ties_even().clamp(-127.0, 127.0) as i8;
+                *d = (v / sw).round_ties_even().clamp(-wmax, wmax) as i8;
                 sum += *d as i64;
             }
             scale[j] = sx * sw;
@@ -388,7 +390,7 @@ mod tests {
                     for j in 0..co {
                         let wj = &wv[j * ci * k * k..(j + 1) * ci * k * k];
                         let amax = wj.iter().fold(0f32, |m, v| m.max(v.abs()));
-                        let sw = amax / 127.0;
+                        let sw = amax / igemm::weight_max() as f32;
                         let mut acc = 0f64;
                         for c in 0..ci {
                             for ky in 0..k {

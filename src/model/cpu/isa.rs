@@ -2,7 +2,7 @@
 //! NEON on aarch64, or none of them), shared by the GEMM ([`super::gemm`]) and the element-wise
 //! math ([`super::math`]).
 
-/// The micro-kernel a CPU runs (`YOLO9_CPU_GEMM=generic|avx2` forces a narrower
+/// The micro-kernel a CPU runs (`YOLO9_CPU_GEMM=generic|avx2|avx2-novnni` forces a narrower
 /// one; `generic` also on aarch64).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kernel {
@@ -36,7 +36,7 @@ pub(crate) fn kernel() -> Kernel {
             };
             match forced.trim() {
                 "generic" => Kernel::Generic,
-                "avx2" if has("avx2") => Kernel::Avx2,
+                "avx2" | "avx2-novnni" if has("avx2") => Kernel::Avx2,
                 _ if has("avx512f") => Kernel::Avx512,
                 _ if has("avx2") => Kernel::Avx2,
                 _ => Kernel::Generic,
@@ -63,4 +63,15 @@ pub(crate) fn kernel() -> Kernel {
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) fn avx512() -> bool {
     kernel() == Kernel::Avx512
+}
+
+/// Whether the INT8 kernels may use VNNI: not under `YOLO9_CPU_GEMM=avx2-novnni`, which runs
+/// the f32 engine's AVX2 kernel and the INT8 kernel of AVX2 CPUs without VNNI on any AVX2 CPU
+/// (so that its code is tested and measured where the CPU has VNNI).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(crate) fn vnni_allowed() -> bool {
+    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *V.get_or_init(|| {
+        crate::switches::value("YOLO9_CPU_GEMM").is_none_or(|v| v.trim() != "avx2-novnni")
+    })
 }

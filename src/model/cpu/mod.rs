@@ -369,9 +369,10 @@ impl CpuEngine {
     }
 
     /// Whether the engine runs convolutions in INT8, and on which kernel (`"vnni512"`,
-    /// `"avxvnni"`, or `"vnni256"`: the ymm kernel on AVX-512 VNNI under `YOLO9_CPU_GEMM=avx2`);
-    /// `None` for an f32 engine, and for a calibrated model on a CPU without VNNI (which runs it
-    /// in f32).
+    /// `"avxvnni"`, `"vnni256"`: the ymm kernel on AVX-512 VNNI under `YOLO9_CPU_GEMM=avx2`, or
+    /// `"avx2"`: AVX2 without VNNI, 7-bit weights, under `YOLO9_CPU_GEMM=avx2-novnni`); `None`
+    /// for an f32 engine, and for a calibrated model on a CPU without VNNI (which runs it in
+    /// f32).
     pub fn int8_kernel(&self) -> Option<&'static str> {
         let any = self
             .graph
@@ -382,6 +383,7 @@ impl CpuEngine {
             igemm::Kernel::Vnni512 => "vnni512",
             igemm::Kernel::Vnni256 => "avxvnni",
             igemm::Kernel::Vnni256Evex => "vnni256",
+            igemm::Kernel::Avx2 => "avx2",
             igemm::Kernel::Generic => "generic",
         })
     }
