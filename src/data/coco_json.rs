@@ -22,8 +22,13 @@
 //! - **Outlines** (segmentation): an annotation's polygon `segmentation` (`[[x1, y1, …], …]`,
 //!   pixels) becomes its box's outline, several polygons joined into one as the Ultralytics COCO
 //!   converter does ([`crate::data::polygons::merge_polygons`]), normalized and clipped like the
-//!   box; an RLE `segmentation` (`{counts, size}`, crowd regions) gives none, and the box stands
-//!   for it in segmentation training.
+//!   box; an RLE `segmentation` (`{counts, size: [h, w]}`, the counts a list of runs or
+//!   pycocotools' compressed string) is decoded into its mask (column-major, as pycocotools) and
+//!   becomes the outline of the mask's largest 8-connected part
+//!   ([`crate::detect::masks::largest_outline`]: the pixel boundary's corners, as Ultralytics'
+//!   `masks2segments` keeps the largest). An RLE that cannot be decoded (bad characters, runs
+//!   that do not cover `h·w` pixels, a size that does not fit) is reported, and the box stands
+//!   for its outline. Crowd annotations (RLE, mostly) are ignored with their box.
 //! - **Bad records** never stop the scan: each is an [`Issue`] naming the file, the record
 //!   (`annotations[17] (id 42)`) and the value, and is skipped and counted: an image that is not
 //!   found or has no usable `id`/`file_name` (counted as a skipped image), an annotation with a
@@ -102,10 +107,12 @@ pub struct PixelBox {
     pub cls: u32,
     /// `[x, y, w, h]`, top-left corner and size, in pixels.
     pub xywh: [f64; 4],
-    /// The instance outline from its polygon `segmentation`, in pixels (several polygons joined
-    /// by [`crate::data::polygons::merge_polygons`]); empty without one (RLE, or no polygon of
-    /// three points).
+    /// The instance outline from its `segmentation`, in pixels (several polygons joined by
+    /// [`crate::data::polygons::merge_polygons`], or an RLE mask's largest part); empty without
+    /// one (no polygon of three points, an RLE that cannot be decoded).
     pub outline: Vec<[f64; 2]>,
+    /// Why the annotation's `segmentation` gave no outline, when it should have (a bad RLE).
+    pub outline_issue: Option<String>,
     /// The record, e.g. `annotations[17] (id 42)`, for reports.
     pub record: String,
 }
@@ -151,8 +158,8 @@ struct RawFile {
     categories: Vec<Value>,
 }
 
-/// An `annotations[]` entry: only the keys used are kept (a `segmentation` only as polygons; an
-/// RLE one is skipped by the parser, not stored). A record that is not an object becomes `Other`.
+/// An `annotations[]` entry: only the keys used are kept. A record that is not an object
+/// becomes `Other`.
 #[derive(Deserialize)]
 #[serde(untagged)]
 enum RawAnnotation {
@@ -163,32 +170,149 @@ enum RawAnnotation {
         bbox: Option<Value>,
         iscrowd: Option<Value>,
         #[serde(default)]
-        segmentation: Option<RawSegmentation>,
+        segmentation: Option<Box<RawSegmentation>>,
     },
     Other(serde::de::IgnoredAny),
 }
 
-/// An annotation's `segmentation`: polygons `[[x1, y1, x2, y2, …], …]` in pixels, or anything
-/// else (RLE), not kept.
+/// An annotation's `segmentation`: polygons `[[x1, y1, x2, y2, …], …]` in pixels, a run-length
+/// encoded mask `{counts, size: [h, w]}`, or anything else (not kept).
 #[derive(Deserialize)]
 #[serde(untagged)]
 enum RawSegmentation {
     Polygons(Vec<Vec<f64>>),
+    Rle { counts: RleCounts, size: Value },
     Other(serde::de::IgnoredAny),
 }
 
-/// The outline of a polygon `segmentation`: each polygon of at least three finite points, joined
-/// into one ([`crate::data::polygons::merge_polygons`]); empty when none is usable.
-fn outline_of(seg: Option<&RawSegmentation>) -> Vec<[f64; 2]> {
-    let Some(RawSegmentation::Polygons(polys)) = seg else {
-        return Vec::new();
+/// The `counts` of an RLE: the runs as numbers (COCO's uncompressed RLE), or pycocotools'
+/// compressed string.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum RleCounts {
+    Runs(Vec<Value>),
+    Compressed(String),
+}
+
+/// Most pixels of an RLE mask decoded for its outline (a 16k × 16k image).
+const MAX_RLE_PIXELS: u64 = 1 << 28;
+
+/// The outline of a `segmentation`, in pixels: polygons of at least three finite points joined
+/// into one ([`crate::data::polygons::merge_polygons`]), or the largest part of an RLE mask;
+/// empty when there is none. `Err` says why an RLE could not be decoded.
+fn outline_of(seg: Option<&RawSegmentation>) -> std::result::Result<Vec<[f64; 2]>, String> {
+    match seg {
+        Some(RawSegmentation::Polygons(polys)) => {
+            let polys: Vec<Vec<[f64; 2]>> = polys
+                .iter()
+                .filter(|p| p.len() >= 6 && p.len() % 2 == 0 && p.iter().all(|v| v.is_finite()))
+                .map(|p| p.chunks_exact(2).map(|c| [c[0], c[1]]).collect())
+                .collect();
+            Ok(crate::data::polygons::merge_polygons(&polys))
+        }
+        Some(RawSegmentation::Rle { counts, size }) => {
+            let (h, w) = rle_size(size)?;
+            let bits = rle_decode(counts, h, w)?;
+            Ok(crate::detect::masks::largest_outline(&bits, w, h)
+                .into_iter()
+                .map(|[x, y]| [x as f64, y as f64])
+                .collect())
+        }
+        Some(RawSegmentation::Other(_)) | None => Ok(Vec::new()),
+    }
+}
+
+/// An RLE's `size` `[h, w]`: two positive integers of at most [`MAX_RLE_PIXELS`] pixels.
+fn rle_size(size: &Value) -> std::result::Result<(usize, usize), String> {
+    let hw: Option<Vec<u64>> = size
+        .as_array()
+        .filter(|a| a.len() == 2)
+        .and_then(|a| a.iter().map(Value::as_u64).collect());
+    match hw.as_deref() {
+        Some(&[h, w]) if h > 0 && w > 0 && h.saturating_mul(w) <= MAX_RLE_PIXELS => {
+            Ok((h as usize, w as usize))
+        }
+        _ => Err(format!(
+            "RLE size {} is not [height, width] of at most {MAX_RLE_PIXELS} pixels",
+            show(Some(size))
+        )),
+    }
+}
+
+/// The `h × w` mask of an RLE, row-major, one byte per pixel (1 inside). The runs alternate
+/// 0s and 1s, starting with 0s, over the pixels in column-major order (pycocotools'
+/// `rleDecode`); the compressed string is pycocotools' `rleFrString`: each run in 5-bit groups,
+/// least significant first, as characters `48 + group` with bit 5 set while more follow and bit
+/// 4 of the last group its sign, runs from the third on stored as the difference from the run
+/// two before. Errors: a character outside that alphabet, a negative run, runs that do not add
+/// up to `h·w`.
+fn rle_decode(counts: &RleCounts, h: usize, w: usize) -> std::result::Result<Vec<u8>, String> {
+    let total = (h * w) as u64;
+    let runs: Vec<u64> = match counts {
+        RleCounts::Runs(v) => v
+            .iter()
+            .map(|r| {
+                r.as_u64()
+                    .ok_or_else(|| format!("RLE run {r} is not a non-negative integer"))
+            })
+            .collect::<std::result::Result<_, _>>()?,
+        RleCounts::Compressed(s) => {
+            let mut runs: Vec<i64> = Vec::new();
+            let bytes = s.as_bytes();
+            let mut p = 0;
+            while p < bytes.len() {
+                let (mut x, mut k, mut more) = (0i64, 0u32, true);
+                while more {
+                    let Some(&ch) = bytes.get(p) else {
+                        return Err("compressed RLE ends inside a run".into());
+                    };
+                    if !(48..48 + 64).contains(&ch) || k > 12 {
+                        return Err(format!(
+                            "compressed RLE: character {:?} at {p} is not a run's",
+                            ch as char
+                        ));
+                    }
+                    let c = (ch - 48) as i64;
+                    x |= (c & 0x1f) << (5 * k);
+                    more = c & 0x20 != 0;
+                    p += 1;
+                    k += 1;
+                    if !more && c & 0x10 != 0 {
+                        x |= -1i64 << (5 * k);
+                    }
+                }
+                if runs.len() > 2 {
+                    x += runs[runs.len() - 2];
+                }
+                runs.push(x);
+            }
+            runs.into_iter()
+                .map(|r| u64::try_from(r).map_err(|_| format!("RLE run {r} is negative")))
+                .collect::<std::result::Result<_, _>>()?
+        }
     };
-    let polys: Vec<Vec<[f64; 2]>> = polys
+    let sum = runs
         .iter()
-        .filter(|p| p.len() >= 6 && p.len() % 2 == 0 && p.iter().all(|v| v.is_finite()))
-        .map(|p| p.chunks_exact(2).map(|c| [c[0], c[1]]).collect())
-        .collect();
-    crate::data::polygons::merge_polygons(&polys)
+        .try_fold(0u64, |a, &r| a.checked_add(r))
+        .unwrap_or(u64::MAX);
+    if sum != total {
+        return Err(format!(
+            "RLE runs cover {sum} pixels, its size {h}x{w} has {total}"
+        ));
+    }
+    let mut bits = vec![0u8; h * w];
+    let mut at = 0usize;
+    for (i, &r) in runs.iter().enumerate() {
+        let r = r as usize;
+        if i % 2 == 1 {
+            for q in at..at + r {
+                // Column-major index q: row q % h, column q / h.
+                bits[(q % h) * w + q / h] = 1;
+            }
+        }
+        at += r;
+    }
+    Ok(bits)
 }
 
 /// Reads and parses `path`. Errors name the file, and the line and column for bad JSON.
@@ -534,12 +658,17 @@ fn annotation_box(
             b[3]
         ));
     }
+    let (outline, outline_issue) = match outline_of(segmentation.as_deref()) {
+        Ok(o) => (o, None),
+        Err(why) => (Vec::new(), Some(why)),
+    };
     Ok(Some((
         k,
         PixelBox {
             cls,
             xywh: [b[0], b[1], b[2], b[3]],
-            outline: outline_of(segmentation.as_ref()),
+            outline,
+            outline_issue,
             record: rec,
         },
     )))
@@ -615,6 +744,13 @@ pub fn normalize_boxes(
                 ));
             }
         }
+        if let Some(why) = &b.outline_issue {
+            issues.push(issue(
+                format!("{}: segmentation: {why}", b.record),
+                "box kept without an outline",
+                IssueKind::PolygonOdd,
+            ));
+        }
         outlines.push(
             b.outline
                 .iter()
@@ -688,18 +824,21 @@ mod tests {
                     xywh: [20.0, 10.0, 40.0, 50.0],
                     // A triangle, its last point outside the image.
                     outline: vec![[20.0, 10.0], [60.0, 10.0], [40.0, 120.0]],
+                    outline_issue: None,
                     record: "annotations[0]".into(),
                 },
                 PixelBox {
                     cls: 0,
                     xywh: [-10.0, 90.0, 30.0, 20.0],
                     outline: Vec::new(),
+                    outline_issue: Some("RLE runs cover 3 pixels".into()),
                     record: "annotations[1]".into(),
                 },
                 PixelBox {
                     cls: 0,
                     xywh: [300.0, 10.0, 5.0, 5.0],
                     outline: vec![[300.0, 10.0], [305.0, 10.0], [305.0, 15.0]],
+                    outline_issue: None,
                     record: "annotations[2]".into(),
                 },
             ],
@@ -717,12 +856,21 @@ mod tests {
         // clipped to x 0..20, y 90..100
         assert!((b[1].cx - 0.05).abs() < 1e-6 && (b[1].w - 0.1).abs() < 1e-6);
         assert!((b[1].cy - 0.95).abs() < 1e-6 && (b[1].h - 0.1).abs() < 1e-6);
-        assert_eq!(iss.len(), 2, "{iss:?}");
+        assert_eq!(iss.len(), 3, "{iss:?}");
         assert_eq!(iss[0].kind, IssueKind::RowClipped);
+        // The box whose RLE could not be decoded is kept, without an outline, and reported.
+        assert_eq!(iss[1].kind, IssueKind::PolygonOdd);
+        assert_eq!(
+            (iss[1].value.as_str(), iss[1].action.as_str()),
+            (
+                "annotations[1]: segmentation: RLE runs cover 3 pixels",
+                "box kept without an outline"
+            )
+        );
         assert!(
-            iss[1].value.starts_with("annotations[2]"),
+            iss[2].value.starts_with("annotations[2]"),
             "{}",
-            iss[1].value
+            iss[2].value
         );
         // the JSON's size differs from the decoded one: a note, boxes on the JSON's size
         let (_, _, iss) = normalize_boxes(&img, (100, 200));
@@ -730,28 +878,96 @@ mod tests {
     }
 
     #[test]
-    fn polygon_segmentations_become_outlines_and_rle_is_skipped() {
+    fn polygon_and_rle_segmentations_become_outlines() {
         let json = r#"{"images": [], "annotations": [
             {"id": 1, "image_id": 1, "category_id": 1, "bbox": [0, 0, 4, 2],
              "segmentation": [[0, 0, 2, 0, 2, 2, 0, 2], [4, 0, 6, 0, 6, 2]]},
             {"id": 2, "image_id": 1, "category_id": 1, "bbox": [0, 0, 4, 2],
              "segmentation": {"counts": [0, 4, 12], "size": [4, 4]}},
             {"id": 3, "image_id": 1, "category_id": 1, "bbox": [0, 0, 4, 2],
-             "segmentation": [[0, 0, 1, 1]]}
+             "segmentation": [[0, 0, 1, 1]]},
+            {"id": 4, "image_id": 1, "category_id": 1, "bbox": [0, 0, 4, 2],
+             "segmentation": {"counts": [0, 4, 11], "size": [4, 4]}},
+            {"id": 5, "image_id": 1, "category_id": 1, "bbox": [0, 0, 4, 2],
+             "segmentation": {"counts": "?4300M~", "size": [7, 9]}}
         ], "categories": []}"#;
         let raw: RawFile = serde_json::from_str(json).unwrap();
-        let outlines: Vec<Vec<[f64; 2]>> = raw
+        let outlines: Vec<_> = raw
             .annotations
             .iter()
             .map(|a| match a {
-                RawAnnotation::Object { segmentation, .. } => outline_of(segmentation.as_ref()),
+                RawAnnotation::Object { segmentation, .. } => outline_of(segmentation.as_deref()),
                 RawAnnotation::Other(_) => panic!("an object"),
             })
             .collect();
-        // Two polygons joined (merge_polygons), RLE and a two-point polygon give none.
-        assert_eq!(outlines[0].len(), 4 + 1 + 3 + 1);
-        assert_eq!(outlines[0][0], [2.0, 0.0]);
-        assert!(outlines[1].is_empty() && outlines[2].is_empty());
+        // Two polygons joined (merge_polygons); a two-point polygon gives none.
+        let o0 = outlines[0].as_ref().unwrap();
+        assert_eq!(o0.len(), 4 + 1 + 3 + 1);
+        assert_eq!(o0[0], [2.0, 0.0]);
+        // Runs [0, 4, 12] over a 4x4 mask: the first column (column-major) is inside, a 1x4
+        // strip whose pixel boundary has the corners (0, 0), (1, 0), (1, 4), (0, 4).
+        let mut o1 = outlines[1].clone().unwrap();
+        o1.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        assert_eq!(o1, vec![[0.0, 0.0], [0.0, 4.0], [1.0, 0.0], [1.0, 4.0]]);
+        assert!(outlines[2].as_ref().unwrap().is_empty());
+        // Runs short of the size, and a character outside the alphabet: errors saying so.
+        let e = outlines[3].as_ref().unwrap_err();
+        assert!(e.contains("15 pixels") && e.contains("4x4 has 16"), "{e}");
+        let e = outlines[4].as_ref().unwrap_err();
+        assert!(e.contains("'~'"), "{e}");
+    }
+
+    /// pycocotools' compressed RLE (`mask.encode` of Fortran-ordered masks, pycocotools 2.0,
+    /// 2026-12-07) decodes to the mask it encoded: a 7x9 mask with a 4x4 square holding a
+    /// one-pixel hole and a lone pixel apart, and a 40x50 mask whose runs need several 5-bit
+    /// groups and the differences from the run two before; the outline is the square's.
+    #[test]
+    fn compressed_rle_decodes_as_pycocotools() {
+        let small = rle_decode(&RleCounts::Compressed("?4300MN122;MJ".into()), 7, 9).unwrap();
+        let mut want = vec![0u8; 7 * 9];
+        for y in 1..5 {
+            for x in 2..6 {
+                want[y * 9 + x] = 1;
+            }
+        }
+        want[2 * 9 + 4] = 0;
+        want[5 * 9 + 7] = 1;
+        assert_eq!(small, want);
+        // The same mask as uncompressed runs (counted from it by hand, column-major).
+        let runs = [15, 4, 3, 4, 3, 1, 1, 2, 3, 4, 14, 1, 8].map(|r| Value::from(r as u64));
+        assert_eq!(
+            rle_decode(&RleCounts::Runs(runs.to_vec()), 7, 9).unwrap(),
+            want
+        );
+        let big =
+            "[6R1600000000000000000000000000000000000000000000000000000000000000000000000000000U6";
+        let big = rle_decode(&RleCounts::Compressed(big.into()), 40, 50).unwrap();
+        assert_eq!(big.iter().map(|&b| b as usize).sum::<usize>(), 1360);
+        for y in 0..40 {
+            for x in 0..50 {
+                let inside = (3..37).contains(&y) && (5..45).contains(&x);
+                assert_eq!(big[y * 50 + x], inside as u8, "({x}, {y})");
+            }
+        }
+        let seg = RawSegmentation::Rle {
+            counts: RleCounts::Compressed("?4300MN122;MJ".into()),
+            size: serde_json::json!([7, 9]),
+        };
+        let mut o = outline_of(Some(&seg)).unwrap();
+        o.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        assert_eq!(o, vec![[2.0, 1.0], [2.0, 5.0], [6.0, 1.0], [6.0, 5.0]]);
+        // A size that is not two positive integers, or too large.
+        for size in [
+            serde_json::json!([7]),
+            serde_json::json!([0, 9]),
+            serde_json::json!([1 << 20, 1 << 20]),
+        ] {
+            let seg = RawSegmentation::Rle {
+                counts: RleCounts::Runs(vec![]),
+                size,
+            };
+            assert!(outline_of(Some(&seg)).unwrap_err().contains("RLE size"));
+        }
     }
 
     #[test]

@@ -79,7 +79,9 @@ pub enum IssueKind {
     /// Crowd annotations (`iscrowd: 1`) of a COCO JSON file were ignored
     /// ([`super::coco_json`]).
     CrowdIgnored,
-    /// A polygon row is kept but its outline crosses itself or encloses no area.
+    /// An instance outline is odd: a polygon row kept although its outline crosses itself or
+    /// encloses no area, or a COCO JSON RLE `segmentation` that cannot be decoded (its box kept
+    /// without an outline).
     PolygonOdd,
 }
 

@@ -44,8 +44,8 @@ use cache::{cache_path_for, read_cache, scan_key, write_cache, CacheFile};
 
 /// Version of the scan rules; part of the cache key so a rule change invalidates old caches.
 /// 4: records keep the instance outlines of polygon rows ([`ImageRecord::segments`]);
-/// 5: and of COCO JSON polygon `segmentation`s.
-pub const SCAN_VERSION: u32 = 5;
+/// 5: and of COCO JSON polygon `segmentation`s; 6: and of RLE ones.
+pub const SCAN_VERSION: u32 = 6;
 /// Smallest accepted image side, in pixels (as the official `verify_image_label`).
 pub const MIN_IMAGE_SIDE: u32 = 10;
 
