@@ -11,7 +11,10 @@
 //! `--profile` adds, per setting, the time per kind of op of one forward (per layer with
 //! `YOLO9_CPU_PROFILE_SHAPES=1`). `--rss N` instead calls one detector N times on the image at
 //! the first `--sizes` entry's long side and prints the resident memory after the first call and
-//! after the last. Run
+//! after the last. `--seg-cfg NAME` (e.g. `gelan-c-seg`) instead times a segmentation model's
+//! `forward_seg` (boxes, coefficients, prototypes) with seeded random weights, on the CPU engine
+//! and on candle's ops, per size and thread count (batch 1):
+//! `cpu_detect seg cfg=.. size=HxW threads=T engine_ms=.. candle_ms=..`. Run
 //! `benches/ort_cpu.py` with the same settings in the same command for the ONNX Runtime ratio.
 
 use anyhow::{Context, Result};
@@ -56,6 +59,7 @@ fn main() -> Result<()> {
     let mut batches = "1,8".to_string();
     let mut profile = false;
     let mut rss_calls = 0usize;
+    let mut seg_cfg: Option<String> = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut val = || args.next().with_context(|| format!("{a} needs a value"));
@@ -68,6 +72,7 @@ fn main() -> Result<()> {
             "--batches" => batches = val()?,
             "--profile" => profile = true,
             "--rss" => rss_calls = val()?.parse()?,
+            "--seg-cfg" => seg_cfg = Some(val()?),
             _ => {}
         }
     }
@@ -89,6 +94,35 @@ fn main() -> Result<()> {
         })
         .collect::<Result<_>>()?;
     let batches: Vec<usize> = list(&batches)?;
+    if let Some(cfg) = seg_cfg {
+        let arch = yolo9::model::Arch::builtin(&cfg)?;
+        let w = yolo9::model::YoloV9Train::build(&arch, None, 80, vec![], &Device::Cpu, 1)?
+            .to_weights()?;
+        for &(h, wd) in &sizes {
+            let x = Tensor::rand(0f32, 1f32, (1, 3, h, wd), &Device::Cpu)?;
+            for &t in &threads_dedup {
+                let m = yolo9::model::YoloV9::load(&w, &Device::Cpu)?.with_threads(t);
+                m.forward_seg(&x)?;
+                m.forward_seg_launched(&x)?;
+                let time = |f: &dyn Fn() -> Result<(Tensor, Tensor)>| -> Result<f64> {
+                    let ms = (0..iters)
+                        .map(|_| {
+                            let t0 = Instant::now();
+                            f().map(|_| t0.elapsed().as_secs_f64() * 1e3)
+                        })
+                        .collect::<std::result::Result<Vec<_>, _>>()?;
+                    Ok(median(ms))
+                };
+                let engine = time(&|| m.forward_seg(&x))?;
+                let candle = time(&|| m.forward_seg_launched(&x))?;
+                println!(
+                    "cpu_detect seg cfg={cfg} size={h}x{wd} threads={t} engine_ms={engine:.2} candle_ms={candle:.2} engine={}",
+                    m.cpu_engine().is_some_and(|e| e.is_seg())
+                );
+            }
+        }
+        return Ok(());
+    }
     let w = yolo9::Weights::load(&weights)?;
     let bytes = std::fs::read(&image).with_context(|| format!("reading {}", image.display()))?;
     let src = image::load_from_memory(&bytes)?.to_rgb8();

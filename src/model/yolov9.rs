@@ -234,17 +234,27 @@ impl YoloV9 {
             let x = Tensor::zeros((1, 3, 64, 64), DType::F32, &Device::Cpu);
             x.map_err(anyhow::Error::from)
                 .and_then(|x| {
-                    let (ops, raw) = self.trace_raw(&x).context("tracing the model")?;
+                    // A segmentation model's engine computes its masks too (forward_seg).
+                    let (ops, raw, extra) = if self.is_seg() {
+                        let (ops, raw, mut extra, proto) =
+                            self.trace_seg(&x).context("tracing the model")?;
+                        extra.push(proto);
+                        (ops, raw, extra)
+                    } else {
+                        let (ops, raw) = self.trace_raw(&x).context("tracing the model")?;
+                        (ops, raw, Vec::new())
+                    };
+                    let (t, input) = (self.threads, x.id());
                     // The traced ops are copied only when a calibration may be refused.
                     let Some(c) = &self.meta.int8 else {
-                        return CpuEngine::new(ops, x.id(), &raw, self.threads, None);
+                        return CpuEngine::new(ops, input, &raw, &extra, t, None);
                     };
-                    CpuEngine::new(ops.clone(), x.id(), &raw, self.threads, Some(&c.convs)).or_else(
+                    CpuEngine::new(ops.clone(), input, &raw, &extra, t, Some(&c.convs)).or_else(
                         |e| {
                             tracing::warn!(
                                 "the INT8 calibration cannot be used ({e:#}); running in f32"
                             );
-                            CpuEngine::new(ops, x.id(), &raw, self.threads, None)
+                            CpuEngine::new(ops, input, &raw, &extra, t, None)
                         },
                     )
                 })
@@ -413,8 +423,20 @@ impl YoloV9 {
     /// prototypes at stride 4 for the official models (`Hp = H/4`). An instance mask is
     /// `sigmoid(coeffs · proto)` (see [`crate::detect::masks`]).
     ///
-    /// Runs candle's ops (no CPU engine, no CUDA graph). Errors: a detection model.
+    /// On the CPU an f32 model runs on the CPU engine ([`CpuEngine::forward_seg`]); elsewhere
+    /// candle's ops run it (no CUDA graph). Errors: a detection model.
     pub fn forward_seg(&self, x: &Tensor) -> Result<(Tensor, Tensor)> {
+        if self.is_seg() {
+            if let Some(e) = self.cpu_engine().filter(|e| e.is_seg()) {
+                check_input(x)?;
+                return e.forward_seg(&x.to_device(&Device::Cpu)?);
+            }
+        }
+        self.forward_seg_launched(x)
+    }
+
+    /// [`YoloV9::forward_seg`] on candle's ops (never the CPU engine nor a CUDA graph).
+    pub fn forward_seg_launched(&self, x: &Tensor) -> Result<(Tensor, Tensor)> {
         let Some((mask, taps)) = &self.mask else {
             bail!(
                 "{} is a detection model: it has no masks",

@@ -78,6 +78,17 @@ fn check_forward(name: &str) {
     let det = m.forward(&t["x"]).unwrap();
     assert_eq!(det.dims(), &[2, 7, 126]);
     assert!(rows(&det, want, 0, 4) <= 1e-2 && rows(&det, want, 4, 3) <= 1e-5);
+    // forward_seg above ran on the CPU engine (its mask outputs); candle's ops give the same
+    // to f32 rounding (another summation order).
+    assert!(
+        m.cpu_engine().is_some_and(|e| e.is_seg()),
+        "{name}: no engine"
+    );
+    let (lp, lq) = m.forward_seg_launched(&t["x"]).unwrap();
+    let rel = |a: &Tensor, b: &Tensor| common::max_abs(a, b) / common::abs_max(b);
+    let (dp, dq) = (rel(&pred, &lp), rel(&proto, &lq));
+    println!("{name}: engine vs candle ops: pred rel {dp:.2e}, prototypes rel {dq:.2e}");
+    assert!(dp <= 1e-5 && dq <= 1e-5, "{name}: {dp:e} {dq:e}");
 }
 
 #[test]

@@ -86,11 +86,16 @@ pub(crate) struct Graph {
     pub place: Vec<Place>,
     /// The head's raw outputs per level (P3, P4, P5): (64 + nc) channels each.
     pub outputs: Vec<usize>,
+    /// A segmentation head's other outputs: the mask coefficients per level (nm channels each),
+    /// then the prototypes (nm channels); empty for a detection model.
+    pub extra: Vec<usize>,
 }
 
 impl Graph {
     /// The graph of a traced forward: `ops` in execution order, `input` the traced input's id,
-    /// `outputs` the ids of the head's raw outputs. With `int8`, the calibrated input range of
+    /// `outputs` the ids of the head's raw outputs, `extra` those of a segmentation head's
+    /// coefficient maps and prototypes (kept whole, in storage of their own, to the end of the
+    /// forward). With `int8`, the calibrated input range of
     /// every convolution in trace order, the convolutions run in INT8 except those marked
     /// [`ConvRange::keep_f32`] (and all of them on a CPU without AVX-512 VNNI, where the portable
     /// INT8 loop would be slower than f32), those that write the head's outputs (the box and class
@@ -102,11 +107,12 @@ impl Graph {
         ops: Vec<TracedOp>,
         input: TensorId,
         outputs: &[Tensor],
+        extra: &[Tensor],
         int8: Option<&[ConvRange]>,
     ) -> Result<Self> {
         let mut b = Builder {
             int8,
-            keep: keeps_f32(&ops, outputs),
+            keep: keeps_f32(&ops, &[outputs, extra].concat()),
             ..Default::default()
         };
         b.ids.insert(
@@ -129,17 +135,19 @@ impl Graph {
                 b.convs
             );
         }
-        let outputs = outputs
-            .iter()
-            .map(|t| {
-                let o = b.get(t.id())?;
-                ensure!(
-                    o.start == 0 && o.len == b.chans[o.v],
-                    "cpu engine: a head output is a slice of a value"
-                );
-                Ok(o.v)
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let whole = |ts: &[Tensor]| {
+            ts.iter()
+                .map(|t| {
+                    let o = b.get(t.id())?;
+                    ensure!(
+                        o.start == 0 && o.len == b.chans[o.v],
+                        "cpu engine: a head output is a slice of a value"
+                    );
+                    Ok(o.v)
+                })
+                .collect::<Result<Vec<_>>>()
+        };
+        let (outputs, extra) = (whole(outputs)?, whole(extra)?);
         let mut g = Graph {
             nodes: b.nodes,
             place: (0..b.chans.len())
@@ -147,6 +155,7 @@ impl Graph {
                 .collect(),
             chans: b.chans,
             outputs,
+            extra,
         };
         g.fuse_residuals();
         g.fuse_strided_pools();
@@ -162,7 +171,7 @@ impl Graph {
                 n[o.v] += 1;
             }
         }
-        for &o in &self.outputs {
+        for &o in self.outputs.iter().chain(&self.extra) {
             n[o] += 1;
         }
         n
@@ -240,7 +249,7 @@ impl Graph {
             producer[n.y] = i;
         }
         let mut placed = vec![false; self.chans.len()];
-        for &o in &self.outputs {
+        for &o in self.outputs.iter().chain(&self.extra) {
             placed[o] = true; // outputs keep their own storage
         }
         for i in (0..self.nodes.len()).rev() {

@@ -558,6 +558,22 @@ pub(crate) fn copy(ex: Exec, x: Act, y: Act) {
     for_pixels(ex, y, |p| unsafe { y.px(p).copy_from_slice(x.px(p)) });
 }
 
+/// The channels of one image's NHWC map `x` as rows: `dst[ch·stride + p] = x[p][ch]` for
+/// every pixel `p` (row-major) and channel `ch` (a segmentation head's coefficients and
+/// prototypes, read out channel-major as the official head returns them). On the calling thread:
+/// a few hundred thousand floats per image.
+pub(crate) fn to_channel_rows(x: Act, dst: &mut [f32], stride: usize) {
+    let n = x.pixels();
+    assert!(x.c > 0 && (x.c - 1) * stride + n <= dst.len() && n <= stride);
+    for p in 0..n {
+        // SAFETY: `p` < pixels; the forward that wrote `x` is over, nothing else writes it.
+        let px = unsafe { x.px(p) };
+        for (ch, &v) in px.iter().enumerate() {
+            dst[ch * stride + p] = v;
+        }
+    }
+}
+
 /// Nearest upsampling by `f`.
 pub(crate) fn upsample(ex: Exec, x: Act, y: Act, f: usize) {
     for_pixels(ex, y, |p| {

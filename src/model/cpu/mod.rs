@@ -96,9 +96,11 @@ impl std::fmt::Debug for CpuEngine {
 
 impl CpuEngine {
     /// Compiles a traced inference forward ([`crate::model::YoloV9::trace_raw`]: `ops` in
-    /// execution order, the id of the traced input, the head's raw outputs) for `threads`
-    /// threads (0: the [`default_threads`]). The weights are copied out of the trace and
-    /// repacked; the trace's input size does not matter (plans are made per input shape).
+    /// execution order, the id of the traced input, the head's raw outputs; for a segmentation
+    /// model [`crate::model::YoloV9::trace_seg`]'s, with `extra` its coefficient maps and
+    /// prototypes, which [`CpuEngine::forward_seg`] returns) for `threads` threads (0: the
+    /// [`default_threads`]). The weights are copied out of the trace and repacked; the trace's
+    /// input size does not matter (plans are made per input shape).
     ///
     /// With `int8` (a calibration of this model, [`crate::model::quant`]) the convolutions
     /// run in INT8.
@@ -109,11 +111,18 @@ impl CpuEngine {
         ops: Vec<crate::model::trace::TracedOp>,
         input: candle_core::TensorId,
         raw: &[Tensor],
+        extra: &[Tensor],
         threads: usize,
         int8: Option<&[crate::model::quant::ConvRange]>,
     ) -> Result<Self> {
         let t0 = Instant::now();
-        let graph = Graph::from_trace(ops, input, raw, int8)?;
+        let graph = Graph::from_trace(ops, input, raw, extra, int8)?;
+        ensure!(
+            extra.is_empty() || extra.len() == STRIDES.len() + 1,
+            "cpu engine: {} mask outputs, expected {} coefficient maps and the prototypes",
+            extra.len(),
+            STRIDES.len()
+        );
         ensure!(
             graph.outputs.len() == STRIDES.len()
                 && graph.chans[graph.outputs[0]] > 4 * crate::model::head::REG_MAX,
@@ -223,7 +232,7 @@ impl CpuEngine {
                 let mut arena = slots[t].lock().unwrap_or_else(|e| e.into_inner());
                 let mut o = outs[i].lock().unwrap_or_else(|e| e.into_inner());
                 let src = &src[i * per_in..(i + 1) * per_in];
-                self.run(Exec(None), &plan, &mut arena, src, &mut o, None, None);
+                self.run(Exec(None), &plan, &mut arena, src, &mut o, None, None, None);
             });
             drop(outs);
             for arena in slots {
@@ -237,7 +246,7 @@ impl CpuEngine {
             let ex = Exec(Some(&self.pool));
             for (i, o) in out.chunks_mut(per_out).enumerate() {
                 let src = &src[i * per_in..(i + 1) * per_in];
-                self.run(ex, &plan, &mut arena, src, o, None, None);
+                self.run(ex, &plan, &mut arena, src, o, None, None, None);
             }
             self.checkin((1, h, w), arena);
         }
@@ -246,6 +255,68 @@ impl CpuEngine {
             (b, rows, plan.anchors),
             &Device::Cpu,
         )?)
+    }
+
+    /// Whether the engine computes a segmentation head's masks ([`CpuEngine::forward_seg`]).
+    pub fn is_seg(&self) -> bool {
+        !self.graph.extra.is_empty()
+    }
+
+    /// [`crate::model::YoloV9::forward_seg`] on the engine: x (B, 3, H, W) f32 →
+    /// `(pred (B, 4+nc+nm, A), proto (B, nm, Hp, Wp))` f32, the decoded boxes and scores as
+    /// [`CpuEngine::forward`] with the raw mask coefficients after them, and the prototypes.
+    /// The images run one after another, each op split over the engine's threads. Errors: those
+    /// of [`CpuEngine::forward`], or an engine compiled without the mask outputs.
+    pub fn forward_seg(&self, x: &Tensor) -> Result<(Tensor, Tensor)> {
+        ensure!(
+            self.is_seg(),
+            "cpu engine: compiled without the mask outputs"
+        );
+        let (b, c, h, w) = x.dims4()?;
+        ensure!(c == 3, "cpu engine: input has {c} channels, expected 3");
+        ensure!(
+            b > 0 && h > 0 && w > 0 && h % 32 == 0 && w % 32 == 0,
+            "cpu engine: input {b}x{c}x{h}x{w}: batch ≥ 1, and H and W multiples of 32"
+        );
+        let src = x
+            .to_dtype(DType::F32)?
+            .flatten_all()?
+            .to_vec1::<f32>()
+            .context("reading the input")?;
+        let (plan, mut arena) = self.checkout(1, h, w)?;
+        let g = &self.graph;
+        let nm = g.chans[g.extra[0]];
+        let (ph, pw) = plan.hw[*g.extra.last().expect("checked above")];
+        let (rows, anchors) = (4 + self.nc(), plan.anchors);
+        let per_out = (rows + nm) * anchors;
+        let per_proto = nm * ph * pw;
+        let mut out = vec![0f32; b * per_out];
+        let mut proto = vec![0f32; b * per_proto];
+        let ex = Exec(Some(&self.pool));
+        let per_in = 3 * h * w;
+        for (i, (o, p)) in out
+            .chunks_mut(per_out)
+            .zip(proto.chunks_mut(per_proto))
+            .enumerate()
+        {
+            let (det, coeffs) = o.split_at_mut(rows * anchors);
+            let src = &src[i * per_in..(i + 1) * per_in];
+            self.run(
+                ex,
+                &plan,
+                &mut arena,
+                src,
+                det,
+                Some((coeffs, p)),
+                None,
+                None,
+            );
+        }
+        self.checkin((1, h, w), arena);
+        Ok((
+            Tensor::from_vec(out, (b, rows + nm, anchors), &Device::Cpu)?,
+            Tensor::from_vec(proto, (b, nm, ph, pw), &Device::Cpu)?,
+        ))
     }
 
     /// Time per node of one forward of `x`'s first image (as [`CpuEngine::forward`]), summed by
@@ -363,7 +434,7 @@ impl CpuEngine {
         let (plan, mut arena) = self.checkout(1, h, w)?;
         let mut out = vec![0f32; (4 + self.nc()) * plan.anchors];
         let ex = Exec(Some(&self.pool));
-        self.run(ex, &plan, &mut arena, &src, &mut out, times, ranges);
+        self.run(ex, &plan, &mut arena, &src, &mut out, None, times, ranges);
         self.checkin((1, h, w), arena);
         Ok(plan)
     }
@@ -458,6 +529,7 @@ impl CpuEngine {
         arena: &mut [f32],
         src: &[f32],
         out: &mut [f32],
+        masks: Option<(&mut [f32], &mut [f32])>,
         mut times: Option<&mut Vec<f64>>,
         mut ranges: Option<&mut [(f32, f32)]>,
     ) {
@@ -519,6 +591,20 @@ impl CpuEngine {
         }
         let levels: Vec<_> = g.outputs.iter().map(|&o| act(whole(o))).collect();
         kernels::decode(pool, &levels, &STRIDES, out);
+        if let Some((coeffs, proto)) = masks {
+            // NHWC maps → channel-major rows: the coefficients (nm, A) in the anchors' order
+            // (levels one after another, row-major within a level), the prototypes (nm, Hp, Wp).
+            let (maps, p) = g.extra.split_at(g.extra.len() - 1);
+            let mut at = 0;
+            for &m in maps {
+                let a = act(whole(m));
+                let anchors = coeffs.len() / a.c;
+                kernels::to_channel_rows(a, &mut coeffs[at..], anchors);
+                at += a.h * a.w;
+            }
+            let a = act(whole(p[0]));
+            kernels::to_channel_rows(a, proto, a.h * a.w);
+        }
         lap(g.nodes.len() + 1, &mut times);
     }
 }

@@ -115,7 +115,7 @@ impl Plan {
                 last[r] = last[r].max(i);
             }
         }
-        for &o in &g.outputs {
+        for &o in g.outputs.iter().chain(&g.extra) {
             last[g.place[o].root] = end;
         }
         let mut roots: Vec<usize> = (0..nv)
