@@ -63,7 +63,7 @@ pub fn quantize_file(
     weights.save_with_provenance(output, opts.half, Some(&prov))?;
     report.notes.push(format!(
         "--int8: calibrated on {} images of {} at {} px ({} skipped); the CPU engine runs it in \
-         INT8 where the CPU has VNNI (AVX-512 VNNI or AVX-VNNI), elsewhere in f32",
+         INT8 on x86-64 CPUs with AVX-512 VNNI, AVX-VNNI or AVX2, elsewhere in f32",
         read.used,
         crate::text::path(&int8.data),
         int8.imgsz,

@@ -117,9 +117,10 @@ fn calibration_round_trips_and_runs_close_to_f32() {
     }
     println!("anchors ≥ 0.5: f32 {nf}, int8 {nq}; worst score {worst_s:.4}, box {worst_b:.3} px");
     assert!(nf > 15, "{nf}");
-    // The kernel of AVX2 CPUs without VNNI has 7-bit weights (measured here: box 4.58 px).
+    // The kernel of AVX2 CPUs without VNNI has 7-bit weights (measured under
+    // YOLO9_CPU_GEMM=avx2-novnni: box 5.54 px; its BCCD mAP50-95 equals f32's, cpu-engine.md).
     let box_bound = match mq.cpu_engine().unwrap().int8_kernel() {
-        Some("avx2") => 6.0,
+        Some("avx2") => 8.0,
         _ => 4.0,
     };
     assert!(

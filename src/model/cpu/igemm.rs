@@ -16,7 +16,6 @@
 //! not fast: the reference of the tests).
 
 use super::math;
-use super::math::dispatch;
 
 /// Columns of a packed panel of B.
 pub(crate) const NR: usize = 32;
@@ -78,8 +77,8 @@ pub(crate) enum Kernel {
     /// `vpmaddubsw` (u8 × i8 products added in pairs into i16, saturating) then `vpmaddwd` by
     /// ones (pairs of i16 into i32). A pair's sum stays inside i16 only for weights in −63..=63
     /// (2·255·63 = 32,130), so for this kernel the engine quantizes the weights to 7 bits
-    /// ([`weight_max`]; ONNX Runtime's `reduce_range` on CPUs without VNNI). Runs only under
-    /// `YOLO9_CPU_GEMM=avx2-novnni` for now: without it such CPUs run the model in f32.
+    /// ([`weight_max`]; ONNX Runtime's `reduce_range` on CPUs without VNNI).
+    /// `YOLO9_CPU_GEMM=avx2-novnni` runs it on a CPU that has VNNI.
     Avx2,
     /// Plain loops.
     Generic,
@@ -103,9 +102,10 @@ pub(crate) fn weight_max() -> i8 {
 
 /// The INT8 kernel of this CPU (detected once): the zmm VNNI kernel where the CPU has AVX-512
 /// VNNI and the f32 engine runs its AVX-512 kernel; the ymm one with AVX-VNNI (or, under
-/// `YOLO9_CPU_GEMM=avx2`, AVX-512 VNNI's EVEX form); the `vpmaddubsw` kernel under
-/// `YOLO9_CPU_GEMM=avx2-novnni`; else the portable loop, which the engine leaves to the tests:
-/// there a calibrated model runs in f32.
+/// `YOLO9_CPU_GEMM=avx2`, AVX-512 VNNI's EVEX form); the `vpmaddubsw` kernel on AVX2 without
+/// VNNI (or under `YOLO9_CPU_GEMM=avx2-novnni`); else the portable loop, which the engine leaves
+/// to the tests: there (an AVX-512 CPU without VNNI, a CPU without AVX2, aarch64) a calibrated
+/// model runs in f32.
 pub(crate) fn kernel() -> Kernel {
     static K: std::sync::OnceLock<Kernel> = std::sync::OnceLock::new();
     *K.get_or_init(|| {
@@ -125,9 +125,7 @@ pub(crate) fn kernel() -> Kernel {
                 F32::Avx2 if vnni && has("avx512vnni") && has("avx512vl") => {
                     return Kernel::Vnni256Evex
                 }
-                // Measured no faster than the f32 AVX2 kernel on an AMD core (see
-                // docs/cpu-engine.md#int8): only on request until it is measured on Intel's.
-                F32::Avx2 if !vnni => return Kernel::Avx2,
+                F32::Avx2 => return Kernel::Avx2,
                 _ => {}
             }
         }
@@ -182,18 +180,9 @@ unsafe fn gemm_on(
     #[cfg(target_arch = "x86_64")]
     match kernel {
         Kernel::Vnni512 => return vnni::gemm(m, n, segs, a, lda, bp, c, ldc, epi),
-        Kernel::Vnni256 => {
-            vnni256::gemm(m, n, segs, a, lda, bp, c, ldc);
-            return finish_rows(m, n, c, ldc, epi);
-        }
-        Kernel::Vnni256Evex => {
-            vnni256_evex::gemm(m, n, segs, a, lda, bp, c, ldc);
-            return finish_rows(m, n, c, ldc, epi);
-        }
-        Kernel::Avx2 => {
-            avx2::gemm(m, n, segs, a, lda, bp, c, ldc);
-            return finish_rows(m, n, c, ldc, epi);
-        }
+        Kernel::Vnni256 => return vnni256::gemm(m, n, segs, a, lda, bp, c, ldc, epi),
+        Kernel::Vnni256Evex => return vnni256_evex::gemm(m, n, segs, a, lda, bp, c, ldc, epi),
+        Kernel::Avx2 => return avx2::gemm(m, n, segs, a, lda, bp, c, ldc, epi),
         Kernel::Generic => {}
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -246,48 +235,80 @@ unsafe fn generic(
     }
 }
 
-/// The epilogue of the ymm kernels: each row of `n` i32 sums at `c` (stride `ldc`) turned in
-/// place into `act(sum·scale + bias) (+ res)` by the engine's vectorised f32 epilogue.
+/// The epilogue of the ymm kernels on one tile of `R` rows × `w` (≤ 16) columns of i32 sums at
+/// `c` (row stride `ldc`), turned in place into `act(sum·scale + bias) (+ res)` (one FMA, as
+/// the zmm kernel's); `scale`, `bias` and the residual rows (`res`: its column 0 of the tile's
+/// row 0, stride) start at the tile's first column. Not inlined, as the zmm kernel's `finish`:
+/// the SiLU's constants beside the accumulators would push them out of registers.
 ///
-/// SAFETY: `c` holds `m` rows of `n` sums; the residual rows likewise.
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-unsafe fn finish_rows(m: usize, n: usize, c: *mut f32, ldc: usize, epi: &Epilogue) {
-    for r in 0..m {
-        let row = std::slice::from_raw_parts_mut(c.add(r * ldc), n);
-        scale_sums(row, &epi.scale[..n]);
-        let res = epi
-            .res
-            .map(|(q, ld)| std::slice::from_raw_parts(q.add(r * ld), n));
-        math::epilogue(row, epi.bias, epi.act, res);
-    }
-}
-
-dispatch! {
-    /// `row[j] = (row[j]'s bits as i32) · scale[j]`: sums stored in place of the floats.
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    fn scale_sums(row: &mut [f32], scale: &[f32]) {
-        let scale = &scale[..row.len()];
-        for j in 0..row.len() {
-            row[j] = (row[j].to_bits() as i32) as f32 * scale[j];
+/// SAFETY: AVX2 and FMA; the tile, its `w` scales and biases and the residual rows are readable
+/// (the tile writable).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline(never)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn finish_ymm<const R: usize>(
+    c: *mut f32,
+    ldc: usize,
+    w: usize,
+    scale: *const f32,
+    bias: *const f32,
+    act: bool,
+    res: Option<(*const f32, usize)>,
+) {
+    use math::avx2::{lanes, silu};
+    use std::arch::x86_64::*;
+    let (m0, m1) = (lanes(w), lanes(w.saturating_sub(8)));
+    let (s0, s1) = (
+        _mm256_maskload_ps(scale, m0),
+        _mm256_maskload_ps(scale.add(8), m1),
+    );
+    let (b0, b1) = (
+        _mm256_maskload_ps(bias, m0),
+        _mm256_maskload_ps(bias.add(8), m1),
+    );
+    for r in 0..R {
+        let dst = c.add(r * ldc);
+        let i0 = _mm256_maskload_epi32(dst as *const i32, m0);
+        let i1 = _mm256_maskload_epi32(dst.add(8) as *const i32, m1);
+        let mut v = [
+            _mm256_fmadd_ps(_mm256_cvtepi32_ps(i0), s0, b0),
+            _mm256_fmadd_ps(_mm256_cvtepi32_ps(i1), s1, b1),
+        ];
+        if act {
+            silu(&mut v);
+        }
+        if let Some((q, ld)) = res {
+            let q = q.add(r * ld);
+            v[0] = _mm256_add_ps(v[0], _mm256_maskload_ps(q, m0));
+            v[1] = _mm256_add_ps(v[1], _mm256_maskload_ps(q.add(8), m1));
+        }
+        if w == 16 {
+            _mm256_storeu_ps(dst, v[0]);
+            _mm256_storeu_ps(dst.add(8), v[1]);
+        } else {
+            _mm256_maskstore_ps(dst, m0, v[0]);
+            _mm256_maskstore_ps(dst.add(8), m1, v[1]);
         }
     }
 }
 
 /// A ymm kernel (6 rows × 16 columns, 12 accumulators: AVX2 has 16 registers) on the panels
-/// of [`pack`] (each half panel's 16 columns × 4 bytes are one 64-byte half of a depth group),
-/// writing the i32 sums in place of C; [`finish_rows`] applies the epilogue. `$dp(acc, a, b)`
+/// of [`pack`] (each half panel's 16 columns × 4 bytes are one 64-byte half of a depth group):
+/// each tile's i32 sums are stored in place of C, then [`finish_ymm`] applies the epilogue
+/// to them while they are in L1. `$dp(acc, a, b)`
 /// adds to each i32 lane of `acc` the four products of its u8 bytes of `a` and i8 bytes of `b`.
 macro_rules! vnni256 {
     ($name:ident, $features:literal, $dp:path, $mr:literal) => {
         #[cfg(target_arch = "x86_64")]
         mod $name {
-            use super::NR;
+            use super::{Epilogue, NR};
             use std::arch::x86_64::*;
 
             /// Rows of the kernel (at most 6).
             const MR: usize = $mr;
 
-            /// See [`super::gemm`]; sums only.
+            /// See [`super::gemm`].
             #[target_feature(enable = $features)]
             #[allow(clippy::too_many_arguments)]
             pub(super) unsafe fn gemm(
@@ -299,46 +320,71 @@ macro_rules! vnni256 {
                 bp: *const i8,
                 c: *mut f32,
                 ldc: usize,
+                epi: &Epilogue,
             ) {
                 let k: usize = segs.iter().map(|s| s.1).sum();
                 for p in 0..n.div_ceil(NR) {
                     let cols = NR.min(n - p * NR);
                     for h in 0..cols.div_ceil(16) {
+                        let j = p * NR + h * 16;
                         let b = bp.add(p * k * NR + h * 64);
-                        let c = c.add(p * NR + h * 16);
+                        let c = c.add(j);
                         let w = (cols - h * 16).min(16);
+                        let st = Tile {
+                            lda,
+                            ldc,
+                            segs,
+                            w,
+                            scale: epi.scale.as_ptr().add(j),
+                            bias: epi.bias.as_ptr().add(j),
+                            act: epi.act,
+                            res: epi.res.map(|(q, ld)| (q.add(j), ld)),
+                        };
                         let mut r = 0;
                         while r + MR <= m {
-                            kern::<MR>(a.add(r * lda), lda, segs, b, c.add(r * ldc), ldc, w);
+                            kern::<MR>(a.add(r * lda), b, c.add(r * ldc), r, &st);
                             r += MR;
                         }
                         let (a, c) = (a.add(r * lda), c.add(r * ldc));
                         match m - r {
                             0 => {}
-                            1 => kern::<1>(a, lda, segs, b, c, ldc, w),
-                            2 => kern::<2>(a, lda, segs, b, c, ldc, w),
-                            3 => kern::<3>(a, lda, segs, b, c, ldc, w),
-                            4 => kern::<4>(a, lda, segs, b, c, ldc, w),
-                            _ => kern::<5>(a, lda, segs, b, c, ldc, w),
+                            1 => kern::<1>(a, b, c, r, &st),
+                            2 => kern::<2>(a, b, c, r, &st),
+                            3 => kern::<3>(a, b, c, r, &st),
+                            4 => kern::<4>(a, b, c, r, &st),
+                            _ => kern::<5>(a, b, c, r, &st),
                         }
                         debug_assert!(m - r < MR);
                     }
                 }
             }
 
-            /// `R` rows × 16 columns over the whole depth; the first `w` columns stored.
+            /// What the kernel calls of one half panel share: strides, the depth's runs, the
+            /// columns stored (`w` ≤ 16), and the epilogue from the half panel's first column.
+            struct Tile<'a> {
+                lda: usize,
+                ldc: usize,
+                segs: &'a [(isize, usize)],
+                w: usize,
+                scale: *const f32,
+                bias: *const f32,
+                act: bool,
+                res: Option<(*const f32, usize)>,
+            }
+
+            /// `R` rows × 16 columns over the whole depth, the first `w` columns stored, then
+            /// the epilogue; rows `r0..r0+R` of the half panel, for the residual.
             #[target_feature(enable = $features)]
             #[inline]
             #[allow(clippy::needless_range_loop)]
             unsafe fn kern<const R: usize>(
                 a: *const u8,
-                lda: usize,
-                segs: &[(isize, usize)],
                 b: *const i8,
                 c: *mut f32,
-                ldc: usize,
-                w: usize,
+                r0: usize,
+                st: &Tile,
             ) {
+                let (lda, ldc, segs, w) = (st.lda, st.ldc, st.segs, st.w);
                 let mut c0 = [_mm256_setzero_si256(); R];
                 let mut c1 = [_mm256_setzero_si256(); R];
                 let mut b = b;
@@ -369,6 +415,15 @@ macro_rules! vnni256 {
                         std::ptr::copy_nonoverlapping(t.as_ptr(), dst, w);
                     }
                 }
+                crate::model::cpu::igemm::finish_ymm::<R>(
+                    c,
+                    ldc,
+                    w,
+                    st.scale,
+                    st.bias,
+                    st.act,
+                    st.res.map(|(q, ld)| (q.add(r0 * ld), ld)),
+                );
             }
         }
     };

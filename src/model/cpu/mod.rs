@@ -441,9 +441,8 @@ impl CpuEngine {
 
     /// Whether the engine runs convolutions in INT8, and on which kernel (`"vnni512"`,
     /// `"avxvnni"`, `"vnni256"`: the ymm kernel on AVX-512 VNNI under `YOLO9_CPU_GEMM=avx2`, or
-    /// `"avx2"`: AVX2 without VNNI, 7-bit weights, under `YOLO9_CPU_GEMM=avx2-novnni`); `None`
-    /// for an f32 engine, and for a calibrated model on a CPU without VNNI (which runs it in
-    /// f32).
+    /// `"avx2"`: AVX2 without VNNI, 7-bit weights); `None` for an f32 engine, and for a
+    /// calibrated model on a CPU that has neither (which runs it in f32).
     pub fn int8_kernel(&self) -> Option<&'static str> {
         let any = self
             .graph
