@@ -25,7 +25,7 @@
 //!   box; an RLE `segmentation` (`{counts, size: [h, w]}`, the counts a list of runs or
 //!   pycocotools' compressed string) is decoded into its mask (column-major, as pycocotools) and
 //!   becomes the outline of the mask's largest 8-connected part
-//!   ([`crate::detect::masks::largest_outline`]: the pixel boundary's corners, as Ultralytics'
+//!   ([`crate::data::outline::largest_outline`]: the pixel boundary's corners, as Ultralytics'
 //!   `masks2segments` keeps the largest). An RLE that cannot be decoded (bad characters, runs
 //!   that do not cover `h·w` pixels, a size that does not fit) is reported, and the box stands
 //!   for its outline. Crowd annotations (RLE, mostly) are ignored with their box.
@@ -213,7 +213,7 @@ fn outline_of(seg: Option<&RawSegmentation>) -> std::result::Result<Vec<[f64; 2]
         Some(RawSegmentation::Rle { counts, size }) => {
             let (h, w) = rle_size(size)?;
             let bits = rle_decode(counts, h, w)?;
-            Ok(crate::detect::masks::largest_outline(&bits, w, h)
+            Ok(crate::data::outline::largest_outline(&bits, w, h)
                 .into_iter()
                 .map(|[x, y]| [x as f64, y as f64])
                 .collect())

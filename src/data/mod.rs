@@ -1,4 +1,4 @@
-//! Data: image decoding (always), and with the `train` feature the dataset side: dataset
+//! Data: image decoding and mask outlines (always), and with the `train` feature the dataset side: dataset
 //! description, labels, COCO JSON, the label scan, augmentation and loading, and the masks of
 //! instance outlines (`polygons`).
 
@@ -14,6 +14,7 @@ pub mod image;
 pub(crate) mod labels;
 #[cfg(feature = "train")]
 pub(crate) mod loader;
+pub(crate) mod outline;
 #[cfg(feature = "train")]
 pub(crate) mod polygons;
 #[cfg(feature = "train")]

@@ -69,6 +69,23 @@ pub fn default_threads() -> usize {
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
+/// The input of a forward, `x` (B, 3, H, W) with H and W multiples of 32: its `(B, H, W)` and
+/// its values as f32, NCHW. Errors name the shape.
+fn read_input(x: &Tensor) -> Result<((usize, usize, usize), Vec<f32>)> {
+    let (b, c, h, w) = x.dims4()?;
+    ensure!(c == 3, "cpu engine: input has {c} channels, expected 3");
+    ensure!(
+        b > 0 && h > 0 && w > 0 && h % 32 == 0 && w % 32 == 0,
+        "cpu engine: input {b}x{c}x{h}x{w}: batch ≥ 1, and H and W multiples of 32"
+    );
+    let src = x
+        .to_dtype(DType::F32)?
+        .flatten_all()?
+        .to_vec1::<f32>()
+        .context("reading the input")?;
+    Ok(((b, h, w), src))
+}
+
 struct Planned {
     plan: Arc<Plan>,
     spare: Vec<Vec<f32>>,
@@ -193,17 +210,7 @@ impl CpuEngine {
     /// → `(B, 4 + nc, A)` f32: rows cx, cy, w, h in input pixels, then sigmoid class scores,
     /// anchors P3, P4, P5 row-major (as [`crate::model::YoloV9::forward`]).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let (b, c, h, w) = x.dims4()?;
-        ensure!(c == 3, "cpu engine: input has {c} channels, expected 3");
-        ensure!(
-            b > 0 && h > 0 && w > 0 && h % 32 == 0 && w % 32 == 0,
-            "cpu engine: input {b}x{c}x{h}x{w}: batch ≥ 1, and H and W multiples of 32"
-        );
-        let src = x
-            .to_dtype(DType::F32)?
-            .flatten_all()?
-            .to_vec1::<f32>()
-            .context("reading the input")?;
+        let ((b, h, w), src) = read_input(x)?;
         // Every image through the plan for one image: an arena holds one image's activations
         // (a validation batch of 32 needs no more memory per image in flight than 1). A batch
         // of at least as many images as threads runs its images side by side, each on one
@@ -272,17 +279,7 @@ impl CpuEngine {
             self.is_seg(),
             "cpu engine: compiled without the mask outputs"
         );
-        let (b, c, h, w) = x.dims4()?;
-        ensure!(c == 3, "cpu engine: input has {c} channels, expected 3");
-        ensure!(
-            b > 0 && h > 0 && w > 0 && h % 32 == 0 && w % 32 == 0,
-            "cpu engine: input {b}x{c}x{h}x{w}: batch ≥ 1, and H and W multiples of 32"
-        );
-        let src = x
-            .to_dtype(DType::F32)?
-            .flatten_all()?
-            .to_vec1::<f32>()
-            .context("reading the input")?;
+        let ((b, h, w), src) = read_input(x)?;
         let (plan, mut arena) = self.checkout(1, h, w)?;
         let g = &self.graph;
         let nm = g.chans[g.extra[0]];
