@@ -338,16 +338,33 @@ impl YoloV9 {
     /// last ops produce). The model must be f32 (an export in half precision casts the f32
     /// graph's constants).
     pub fn trace_raw(&self, x: &Tensor) -> Result<(Vec<TracedOp>, Vec<Tensor>)> {
-        check_input(x)?;
-        ensure!(
-            self.dtype == DType::F32 && x.device().same_device(&self.device),
-            "tracing: an f32 model and an input on its device"
-        );
+        self.check_traceable(x)?;
         let trace = Trace::new();
         let c = Ctx::tracing(&trace);
         let feats = self.net.forward(x, c, &self.taps)?;
         let raw = self.head.run_raw(&feats, c)?;
         Ok((trace.into_ops(), raw))
+    }
+
+    /// The input checks of a traced forward: [`check_input`], an f32 model, `x` on its device.
+    fn check_traceable(&self, x: &Tensor) -> Result<()> {
+        check_input(x)?;
+        ensure!(
+            self.dtype == DType::F32 && x.device().same_device(&self.device),
+            "tracing: an f32 model and an input on its device"
+        );
+        Ok(())
+    }
+
+    /// A segmentation model's mask head and the taps feeding it; an error for a detection model.
+    fn mask_branch(&self) -> Result<(&MaskHead, &[Src])> {
+        match &self.mask {
+            Some((mask, taps)) => Ok((mask, taps)),
+            None => bail!(
+                "{} is a detection model: it has no masks",
+                self.meta.arch.name
+            ),
+        }
     }
 
     /// [`YoloV9::trace_raw`] of a segmentation model (what `yolo9 export` writes for it): the
@@ -359,17 +376,8 @@ impl YoloV9 {
         &self,
         x: &Tensor,
     ) -> Result<(Vec<TracedOp>, Vec<Tensor>, Vec<Tensor>, Tensor)> {
-        let Some((mask, taps)) = &self.mask else {
-            bail!(
-                "{} is a detection model: it has no masks",
-                self.meta.arch.name
-            )
-        };
-        check_input(x)?;
-        ensure!(
-            self.dtype == DType::F32 && x.device().same_device(&self.device),
-            "tracing: an f32 model and an input on its device"
-        );
+        let (mask, taps) = self.mask_branch()?;
+        self.check_traceable(x)?;
         let trace = Trace::new();
         let c = Ctx::tracing(&trace);
         let feats = self.net.forward(x, c, taps)?;
@@ -437,12 +445,7 @@ impl YoloV9 {
 
     /// [`YoloV9::forward_seg`] on candle's ops (never the CPU engine nor a CUDA graph).
     pub fn forward_seg_launched(&self, x: &Tensor) -> Result<(Tensor, Tensor)> {
-        let Some((mask, taps)) = &self.mask else {
-            bail!(
-                "{} is a detection model: it has no masks",
-                self.meta.arch.name
-            )
-        };
+        let (mask, taps) = self.mask_branch()?;
         self.device.with_context(|| {
             let (feats, c) = self.features_in_layout(x, taps)?;
             let levels = self.head.boxes.len();

@@ -466,6 +466,87 @@ mod avx512 {
     }
 }
 
+/// The drivers of a 16-column micro-kernel (AVX2, NEON) over weights packed in half panels
+/// ([`packed_at`]): `gemm` and `conv_taps` walk the half panels (and, for `gemm`, the k blocks),
+/// `rows` the rows [`MR`]-at-a-time (6), then the remainder. Expanded inside the kernel's
+/// module, compiled for `$features`; the module defines `MR`, `Step` (with `lda` and `ldc`),
+/// `step(j, n, lda, ldc, segs, acc, last, epi)` and `kern::<R>(a, b, c, r0, step)`.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+macro_rules! half_panel_drivers {
+    ($features:literal) => {
+        /// See [`super::gemm`]: each 32-column panel as two halves of 16.
+        #[target_feature(enable = $features)]
+        #[allow(clippy::too_many_arguments)]
+        pub(super) unsafe fn gemm(
+            m: usize,
+            n: usize,
+            k: usize,
+            a: *const f32,
+            lda: usize,
+            bp: *const f32,
+            c: *mut f32,
+            ldc: usize,
+            epi: Epilogue,
+        ) {
+            let mut kb = 0;
+            while kb < k {
+                let kc = KC.min(k - kb);
+                let seg = [(0isize, kc)];
+                for j in (0..n).step_by(16) {
+                    let (p, half) = (j / NR, (j % NR) / 16);
+                    let b = bp.add(p * k * NR + half * k * 16 + kb * 16);
+                    let st = step(j, n, lda, ldc, &seg, kb > 0, kb + kc == k, &epi);
+                    rows(m, a.add(kb), b, c.add(j), &st);
+                }
+                kb += kc;
+            }
+        }
+
+        /// See [`super::conv_taps`]: the whole depth (the taps' runs) in one pass per 16
+        /// columns.
+        #[target_feature(enable = $features)]
+        #[allow(clippy::too_many_arguments)]
+        pub(super) unsafe fn conv_taps(
+            m: usize,
+            n: usize,
+            taps: &[(isize, usize)],
+            a: *const f32,
+            lda: usize,
+            bp: *const f32,
+            c: *mut f32,
+            ldc: usize,
+            epi: Epilogue,
+        ) {
+            let k: usize = taps.iter().map(|t| t.1).sum();
+            for j in (0..n).step_by(16) {
+                let (p, half) = (j / NR, (j % NR) / 16);
+                let st = step(j, n, lda, ldc, taps, false, true, &epi);
+                rows(m, a, bp.add(p * k * NR + half * k * 16), c.add(j), &st);
+            }
+        }
+
+        /// All `m` rows of 16 columns: `MR` at a time, then the remainder.
+        #[target_feature(enable = $features)]
+        unsafe fn rows(m: usize, a: *const f32, b: *const f32, c: *mut f32, st: &Step) {
+            let (lda, ldc) = (st.lda, st.ldc);
+            let mut r = 0;
+            while r + MR <= m {
+                kern::<MR>(a.add(r * lda), b, c.add(r * ldc), r, st);
+                r += MR;
+            }
+            let (a, c) = (a.add(r * lda), c.add(r * ldc));
+            match m - r {
+                0 => {}
+                1 => kern::<1>(a, b, c, r, st),
+                2 => kern::<2>(a, b, c, r, st),
+                3 => kern::<3>(a, b, c, r, st),
+                4 => kern::<4>(a, b, c, r, st),
+                _ => kern::<5>(a, b, c, r, st),
+            }
+        }
+    };
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use super::{Epilogue, KC, NR};
@@ -538,75 +619,7 @@ mod avx2 {
         }
     }
 
-    /// See [`super::gemm`]: each 32-column panel as two halves of 16.
-    #[target_feature(enable = "avx2,fma")]
-    #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn gemm(
-        m: usize,
-        n: usize,
-        k: usize,
-        a: *const f32,
-        lda: usize,
-        bp: *const f32,
-        c: *mut f32,
-        ldc: usize,
-        epi: Epilogue,
-    ) {
-        let mut kb = 0;
-        while kb < k {
-            let kc = KC.min(k - kb);
-            let seg = [(0isize, kc)];
-            for j in (0..n).step_by(16) {
-                let (p, half) = (j / NR, (j % NR) / 16);
-                let b = bp.add(p * k * NR + half * k * 16 + kb * 16);
-                let st = step(j, n, lda, ldc, &seg, kb > 0, kb + kc == k, &epi);
-                rows(m, a.add(kb), b, c.add(j), &st);
-            }
-            kb += kc;
-        }
-    }
-
-    /// See [`super::conv_taps`]: the whole depth (the taps' runs) in one pass per 16 columns.
-    #[target_feature(enable = "avx2,fma")]
-    #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn conv_taps(
-        m: usize,
-        n: usize,
-        taps: &[(isize, usize)],
-        a: *const f32,
-        lda: usize,
-        bp: *const f32,
-        c: *mut f32,
-        ldc: usize,
-        epi: Epilogue,
-    ) {
-        let k: usize = taps.iter().map(|t| t.1).sum();
-        for j in (0..n).step_by(16) {
-            let (p, half) = (j / NR, (j % NR) / 16);
-            let st = step(j, n, lda, ldc, taps, false, true, &epi);
-            rows(m, a, bp.add(p * k * NR + half * k * 16), c.add(j), &st);
-        }
-    }
-
-    /// All `m` rows of 16 columns: [`MR`] at a time, then the remainder.
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn rows(m: usize, a: *const f32, b: *const f32, c: *mut f32, st: &Step) {
-        let (lda, ldc) = (st.lda, st.ldc);
-        let mut r = 0;
-        while r + MR <= m {
-            kern::<MR>(a.add(r * lda), b, c.add(r * ldc), r, st);
-            r += MR;
-        }
-        let (a, c) = (a.add(r * lda), c.add(r * ldc));
-        match m - r {
-            0 => {}
-            1 => kern::<1>(a, b, c, r, st),
-            2 => kern::<2>(a, b, c, r, st),
-            3 => kern::<3>(a, b, c, r, st),
-            4 => kern::<4>(a, b, c, r, st),
-            _ => kern::<5>(a, b, c, r, st),
-        }
-    }
+    half_panel_drivers!("avx2,fma");
 
     /// `R` rows × 16 columns over the step's depth; rows `r0..r0+R` of the tile, for the
     /// residual.
@@ -696,51 +709,13 @@ mod neon {
     //! fewer than 16 columns goes through a 16-float buffer on the stack.
 
     use super::{Epilogue, KC, NR};
+    use crate::model::cpu::math::neon::silu;
     use std::arch::aarch64::*;
 
     /// Rows of the NEON micro-kernel.
     const MR: usize = 6;
     /// Columns of a half panel.
     const W: usize = 16;
-
-    /// The AVX2 kernel's SiLU (`v / (1 + e^−v)`, `e^−v = 2^n·2^f` with the same rounding
-    /// trick and degree-5 polynomial, hence the same error bounds: ≤ 5e-7 relative for |v| <
-    /// 16, ≤ 1.5e-6 down to −87) on `N` vectors at once, each step for all of them before the
-    /// next so that their dependency chains overlap.
-    #[inline]
-    // The steps index the arrays side by side (registers once unrolled).
-    #[allow(clippy::needless_range_loop)]
-    pub(super) unsafe fn silu<const N: usize>(v: &mut [float32x4_t; N]) {
-        let magic = vdupq_n_f32(12_582_912.0);
-        let nlog2e = vdupq_n_f32(-std::f32::consts::LOG2_E);
-        let (mut t, mut f) = ([vdupq_n_f32(0.0); N], [vdupq_n_f32(0.0); N]);
-        for i in 0..N {
-            let x = vminq_f32(vmaxq_f32(v[i], vdupq_n_f32(-87.0)), vdupq_n_f32(87.0));
-            // vfmaq_f32(a, b, c) = a + b·c, one rounding (as _mm256_fmadd_ps(b, c, a)).
-            t[i] = vfmaq_f32(magic, x, nlog2e);
-            f[i] = vfmaq_f32(vsubq_f32(magic, t[i]), x, nlog2e);
-        }
-        let mut p = [vdupq_n_f32(1.327_647_1e-3); N];
-        for c in [
-            9.675_542e-3,
-            5.550_713_5e-2,
-            2.402_212e-1,
-            6.931_469_4e-1,
-            1.000_000_1,
-        ] {
-            for i in 0..N {
-                p[i] = vfmaq_f32(vdupq_n_f32(c), p[i], f[i]);
-            }
-        }
-        for i in 0..N {
-            let e = vaddq_s32(
-                vreinterpretq_s32_f32(p[i]),
-                vshlq_n_s32::<23>(vreinterpretq_s32_f32(t[i])),
-            );
-            let d = vaddq_f32(vreinterpretq_f32_s32(e), vdupq_n_f32(1.0));
-            v[i] = vdivq_f32(v[i], d);
-        }
-    }
 
     /// The 16 floats from `p`, of which the first `cols` are read (the rest are 0).
     #[inline]
@@ -833,72 +808,7 @@ mod neon {
         }
     }
 
-    /// See [`super::gemm`]: each 32-column panel as two halves of 16.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn gemm(
-        m: usize,
-        n: usize,
-        k: usize,
-        a: *const f32,
-        lda: usize,
-        bp: *const f32,
-        c: *mut f32,
-        ldc: usize,
-        epi: Epilogue,
-    ) {
-        let mut kb = 0;
-        while kb < k {
-            let kc = KC.min(k - kb);
-            let seg = [(0isize, kc)];
-            for j in (0..n).step_by(W) {
-                let (p, half) = (j / NR, (j % NR) / W);
-                let b = bp.add(p * k * NR + half * k * W + kb * W);
-                let st = step(j, n, lda, ldc, &seg, kb > 0, kb + kc == k, &epi);
-                rows(m, a.add(kb), b, c.add(j), &st);
-            }
-            kb += kc;
-        }
-    }
-
-    /// See [`super::conv_taps`]: the whole depth (the taps' runs) in one pass per 16 columns.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn conv_taps(
-        m: usize,
-        n: usize,
-        taps: &[(isize, usize)],
-        a: *const f32,
-        lda: usize,
-        bp: *const f32,
-        c: *mut f32,
-        ldc: usize,
-        epi: Epilogue,
-    ) {
-        let k: usize = taps.iter().map(|t| t.1).sum();
-        for j in (0..n).step_by(W) {
-            let (p, half) = (j / NR, (j % NR) / W);
-            let st = step(j, n, lda, ldc, taps, false, true, &epi);
-            rows(m, a, bp.add(p * k * NR + half * k * W), c.add(j), &st);
-        }
-    }
-
-    /// All `m` rows of 16 columns: [`MR`] at a time, then the remainder.
-    unsafe fn rows(m: usize, a: *const f32, b: *const f32, c: *mut f32, st: &Step) {
-        let (lda, ldc) = (st.lda, st.ldc);
-        let mut r = 0;
-        while r + MR <= m {
-            kern::<MR>(a.add(r * lda), b, c.add(r * ldc), r, st);
-            r += MR;
-        }
-        let (a, c) = (a.add(r * lda), c.add(r * ldc));
-        match m - r {
-            0 => {}
-            1 => kern::<1>(a, b, c, r, st),
-            2 => kern::<2>(a, b, c, r, st),
-            3 => kern::<3>(a, b, c, r, st),
-            4 => kern::<4>(a, b, c, r, st),
-            _ => kern::<5>(a, b, c, r, st),
-        }
-    }
+    half_panel_drivers!("neon");
 
     /// `R` rows × 16 columns over the step's depth; rows `r0..r0+R` of the tile, for the
     /// residual.
@@ -1115,7 +1025,7 @@ mod tests {
                 use std::arch::aarch64::*;
                 let p = ch.as_mut_ptr();
                 let mut v = [0, 4, 8, 12, 16, 20, 24, 28].map(|o| vld1q_f32(p.add(o)));
-                neon::silu(&mut v);
+                crate::model::cpu::math::neon::silu(&mut v);
                 for (o, v) in [0, 4, 8, 12, 16, 20, 24, 28].into_iter().zip(v) {
                     vst1q_f32(p.add(o), v);
                 }

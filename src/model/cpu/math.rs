@@ -225,10 +225,28 @@ pub(crate) mod avx512 {
     }
 }
 
+/// `1.5·2^23`: added to an f32 of magnitude below 2^22, it rounds it to an integer, which the
+/// sum's low mantissa bits then hold (the vector SiLUs' `2^n`).
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+const ROUND_MAGIC: f32 = 12_582_912.0;
+
+/// `2^f` for `f ∈ [−½, ½]` as a degree-5 polynomial, highest power first (fitted for relative
+/// error, 2.4e-7 in f32): the exponential of the AVX2 and NEON SiLUs.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+const EXP2_POLY: [f32; 6] = [
+    1.327_647_1e-3,
+    9.675_542e-3,
+    5.550_713_5e-2,
+    2.402_212e-1,
+    6.931_469_4e-1,
+    1.000_000_1,
+];
+
 /// AVX2 + FMA vector pieces shared by the f32 ymm kernel ([`super::gemm`]) and the ymm INT8
 /// kernels' epilogue ([`super::igemm`]).
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2 {
+    use super::{EXP2_POLY, ROUND_MAGIC};
     use std::arch::x86_64::*;
 
     /// `v / (1 + e^−v)` on `N` vectors at once, each step for all of them before the next, so
@@ -244,7 +262,7 @@ pub(crate) mod avx2 {
     // The steps index the arrays side by side (registers once unrolled).
     #[allow(clippy::needless_range_loop)]
     pub(crate) unsafe fn silu<const N: usize>(v: &mut [__m256; N]) {
-        let magic = _mm256_set1_ps(12_582_912.0);
+        let magic = _mm256_set1_ps(ROUND_MAGIC);
         let nlog2e = _mm256_set1_ps(-std::f32::consts::LOG2_E);
         let (mut t, mut f) = ([_mm256_setzero_ps(); N], [_mm256_setzero_ps(); N]);
         for i in 0..N {
@@ -255,14 +273,8 @@ pub(crate) mod avx2 {
             t[i] = _mm256_fmadd_ps(x, nlog2e, magic);
             f[i] = _mm256_fmadd_ps(x, nlog2e, _mm256_sub_ps(magic, t[i]));
         }
-        let mut p = [_mm256_set1_ps(1.327_647_1e-3); N];
-        for c in [
-            9.675_542e-3,
-            5.550_713_5e-2,
-            2.402_212e-1,
-            6.931_469_4e-1,
-            1.000_000_1,
-        ] {
+        let mut p = [_mm256_set1_ps(EXP2_POLY[0]); N];
+        for &c in &EXP2_POLY[1..] {
             for i in 0..N {
                 p[i] = _mm256_fmadd_ps(p[i], f[i], _mm256_set1_ps(c));
             }
@@ -283,6 +295,46 @@ pub(crate) mod avx2 {
     pub(crate) unsafe fn lanes(cols: usize) -> __m256i {
         let idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
         _mm256_cmpgt_epi32(_mm256_set1_epi32(cols.min(8) as i32), idx)
+    }
+}
+
+/// The NEON SiLU of the aarch64 f32 kernel ([`super::gemm`]).
+#[cfg(target_arch = "aarch64")]
+pub(crate) mod neon {
+    use super::{EXP2_POLY, ROUND_MAGIC};
+    use std::arch::aarch64::*;
+
+    /// The AVX2 kernel's SiLU (`v / (1 + e^−v)`, `e^−v = 2^n·2^f` with the same rounding
+    /// trick and degree-5 polynomial, hence the same error bounds: ≤ 5e-7 relative for |v| <
+    /// 16, ≤ 1.5e-6 down to −87) on `N` vectors at once, each step for all of them before the
+    /// next so that their dependency chains overlap.
+    #[inline]
+    // The steps index the arrays side by side (registers once unrolled).
+    #[allow(clippy::needless_range_loop)]
+    pub(crate) unsafe fn silu<const N: usize>(v: &mut [float32x4_t; N]) {
+        let magic = vdupq_n_f32(ROUND_MAGIC);
+        let nlog2e = vdupq_n_f32(-std::f32::consts::LOG2_E);
+        let (mut t, mut f) = ([vdupq_n_f32(0.0); N], [vdupq_n_f32(0.0); N]);
+        for i in 0..N {
+            let x = vminq_f32(vmaxq_f32(v[i], vdupq_n_f32(-87.0)), vdupq_n_f32(87.0));
+            // vfmaq_f32(a, b, c) = a + b·c, one rounding (as _mm256_fmadd_ps(b, c, a)).
+            t[i] = vfmaq_f32(magic, x, nlog2e);
+            f[i] = vfmaq_f32(vsubq_f32(magic, t[i]), x, nlog2e);
+        }
+        let mut p = [vdupq_n_f32(EXP2_POLY[0]); N];
+        for &c in &EXP2_POLY[1..] {
+            for i in 0..N {
+                p[i] = vfmaq_f32(vdupq_n_f32(c), p[i], f[i]);
+            }
+        }
+        for i in 0..N {
+            let e = vaddq_s32(
+                vreinterpretq_s32_f32(p[i]),
+                vshlq_n_s32::<23>(vreinterpretq_s32_f32(t[i])),
+            );
+            let d = vaddq_f32(vreinterpretq_f32_s32(e), vdupq_n_f32(1.0));
+            v[i] = vdivq_f32(v[i], d);
+        }
     }
 }
 
