@@ -499,10 +499,8 @@ impl Detector {
                     .iter()
                     .enumerate()
                     .map(|(i, img)| {
-                        let rows = self
-                            .tiled_rows(&rgb_of(img), img_size, nms, &self.config.tile)
-                            .with_context(|| format!("image {i} of the batch"))?;
-                        Ok(self.to_detections(&rows))
+                        self.tiled_detections(&rgb_of(img), img_size, nms, &self.config.tile)
+                            .with_context(|| format!("image {i} of the batch"))
                     })
                     .collect();
             }
@@ -562,25 +560,28 @@ impl Detector {
     ) -> Out<Vec<Detection>> {
         out((|| -> Result<Vec<Detection>> {
             tile.validate().map_err(Error::InvalidOption)?;
-            let rows = self.tiled_rows(img, self.config.img_size, &self.config.nms(), tile)?;
-            Ok(self.to_detections(&rows))
+            self.tiled_detections(img, self.config.img_size, &self.config.nms(), tile)
         })())
     }
 
-    /// The rows of [`Detector::detect_tiled`] at `img_size` with the NMS options `nms` (each
-    /// tile's NMS, then the merge at `nms.iou_thres` and `nms.max_det`).
-    fn tiled_rows(
+    /// The detections of [`Detector::detect_tiled`] at `img_size` with the NMS options `nms`
+    /// (each tile's NMS, then the merge at `nms.iou_thres` and `nms.max_det`). A segmentation
+    /// model's detections carry masks: each tile's, moved into the image's pixels, and for a box
+    /// joined from pieces of several tiles the union of the pieces' masks inside it
+    /// ([`crate::detect::masks::Mask::union`]).
+    fn tiled_detections(
         &self,
         img: &RgbImage,
         img_size: u32,
         nms: &NmsOptions,
         tile: &crate::detect::tile::TileOptions,
-    ) -> Result<Vec<Row>> {
-        use crate::detect::tile::{cut_sides, grid, merge, Piece};
+    ) -> Result<Vec<Detection>> {
+        use crate::detect::masks::Mask;
+        use crate::detect::tile::{cut_sides, grid, merge_groups, Piece};
         let (w, h) = img.dimensions();
         let rects = grid(w, h, tile.size, tile.overlap);
         if rects.len() <= 1 {
-            return self.whole_rows(img, img_size, nms);
+            return self.whole_detections(img, img_size, nms);
         }
         // A box within 0.5 % of the tile size (at least 2 px) of an inner border is cut.
         let margin = (tile.size as f32 * 0.005).max(2.0);
@@ -590,6 +591,7 @@ impl Detector {
             TILE_BATCH_GPU
         };
         let mut pieces = Vec::new();
+        let mut masks: Vec<Option<Mask>> = Vec::new();
         for (c, chunk) in rects.chunks(per_forward).enumerate() {
             let mut prepared = Vec::with_capacity(chunk.len());
             for r in chunk {
@@ -599,10 +601,13 @@ impl Detector {
             }
             let lbs: Vec<&RgbImage> = prepared.iter().map(|p| &p.0).collect();
             let infos: Vec<LetterboxInfo> = prepared.iter().map(|p| p.1).collect();
-            let y = self.infer_padded(&lbs, 0)?;
-            for (k, rows) in self.rows_of(&y, &infos, nms)?.into_iter().enumerate() {
+            for (k, found) in self
+                .rows_and_masks(&lbs, &infos, nms)?
+                .into_iter()
+                .enumerate()
+            {
                 let r = chunk[k];
-                for mut row in rows {
+                for (mut row, mask) in found {
                     row[0] += r[0] as f32;
                     row[1] += r[1] as f32;
                     row[2] += r[0] as f32;
@@ -611,8 +616,10 @@ impl Detector {
                     pieces.push(Piece {
                         row,
                         tile: c * per_forward + k,
+                        seen: r.map(|v| v as f32),
                         cut: cut_sides(b, r, (w, h), margin),
                     });
+                    masks.push(mask.map(|m| m.shifted(r[0], r[1])));
                 }
             }
         }
@@ -620,28 +627,99 @@ impl Detector {
             // An object no longer than the overlap lies whole in some tile, seen there at full
             // resolution: the whole-image pass adds only the larger ones.
             let ov = tile.size as f32 * tile.overlap;
-            for row in self.whole_rows(img, img_size, nms)? {
+            let (lb, info) = self.preprocess_at(img, img_size)?;
+            let found = self.rows_and_masks(&[&lb], &[info], nms)?;
+            for (row, mask) in found.into_iter().flatten() {
                 if row[2] - row[0] <= ov && row[3] - row[1] <= ov {
                     continue;
                 }
-                pieces.push(Piece::whole(row, usize::MAX));
+                pieces.push(Piece::whole(
+                    row,
+                    usize::MAX,
+                    [0.0, 0.0, w as f32, h as f32],
+                ));
+                masks.push(mask);
             }
         }
-        Ok(merge(
-            pieces,
+        let groups = merge_groups(
+            &pieces,
             nms.iou_thres,
             tile.match_thresh,
             nms.agnostic,
             nms.max_det,
-        ))
+        );
+        let rows: Vec<Row> = groups.iter().map(|g| g.0).collect();
+        let mut dets = self.to_detections(&rows);
+        if self.is_seg() {
+            for (d, (row, members)) in dets.iter_mut().zip(&groups) {
+                d.mask = match members.as_slice() {
+                    [one] => masks[*one].take(),
+                    _ => {
+                        let parts: Vec<&Mask> =
+                            members.iter().filter_map(|&i| masks[i].as_ref()).collect();
+                        Some(Mask::union(
+                            &parts,
+                            [row[0], row[1], row[2], row[3]],
+                            (w, h),
+                        ))
+                    }
+                };
+            }
+        }
+        Ok(dets)
     }
 
-    /// The rows of `img` detected whole: letterboxed at `img_size`, one forward, `nms`, in the
-    /// image's pixels.
-    fn whole_rows(&self, img: &RgbImage, img_size: u32, nms: &NmsOptions) -> Result<Vec<Row>> {
+    /// The detections of `img` detected whole: letterboxed at `img_size`, one forward, `nms`,
+    /// in the image's pixels (with masks from a segmentation model).
+    fn whole_detections(
+        &self,
+        img: &RgbImage,
+        img_size: u32,
+        nms: &NmsOptions,
+    ) -> Result<Vec<Detection>> {
         let (lb, info) = self.preprocess_at(img, img_size)?;
+        if self.is_seg() {
+            return Ok(self
+                .segment(&[&lb], &[info], nms)?
+                .pop()
+                .unwrap_or_default());
+        }
         let y = self.infer_padded(&[&lb], 0)?;
-        Ok(self.rows_of(&y, &[info], nms)?.pop().unwrap_or_default())
+        let rows = self.rows_of(&y, &[info], nms)?.pop().unwrap_or_default();
+        Ok(self.to_detections(&rows))
+    }
+
+    /// The detections of same-sized letterboxed images as rows `[x1, y1, x2, y2, conf, cls]`
+    /// in each image's pixels, each with its mask from a segmentation model (`None` from a
+    /// detection model).
+    #[allow(clippy::type_complexity)]
+    fn rows_and_masks(
+        &self,
+        letterboxed: &[&RgbImage],
+        infos: &[LetterboxInfo],
+        nms: &NmsOptions,
+    ) -> Result<Vec<Vec<(Row, Option<crate::detect::masks::Mask>)>>> {
+        if self.is_seg() {
+            let dets = self.segment(letterboxed, infos, nms)?;
+            return Ok(dets
+                .into_iter()
+                .map(|image| {
+                    image
+                        .into_iter()
+                        .map(|d| {
+                            let [x1, y1, x2, y2] = d.bbox;
+                            ([x1, y1, x2, y2, d.confidence, d.class_id as f32], d.mask)
+                        })
+                        .collect()
+                })
+                .collect());
+        }
+        let y = self.infer_padded(letterboxed, 0)?;
+        Ok(self
+            .rows_of(&y, infos, nms)?
+            .into_iter()
+            .map(|rows| rows.into_iter().map(|r| (r, None)).collect())
+            .collect())
     }
 
     /// NMS of an output `(B, 4+nc, A)` with `nms`, scaled to each image's pixels (`infos[b]`).

@@ -51,6 +51,56 @@ impl Mask {
     pub fn area(&self) -> usize {
         self.bits.iter().filter(|&&b| b != 0).count()
     }
+
+    /// The mask moved right by `dx` and down by `dy` pixels (a tile's mask into the pixels of
+    /// the image the tile was cut from, [`crate::detect::tile`]).
+    pub fn shifted(mut self, dx: u32, dy: u32) -> Self {
+        self.x += dx;
+        self.y += dy;
+        for p in &mut self.polygon {
+            p[0] += dx as f32;
+            p[1] += dy as f32;
+        }
+        self
+    }
+
+    /// The union of `parts` (masks in the pixels of one image) inside the box `b`
+    /// `[x1, y1, x2, y2]` (pixels, rounded outwards and clipped to the `w × h` image), as the
+    /// instance mask of a box merged from tile pieces ([`crate::detect::tile::merge_groups`]):
+    /// the pieces' bits, cropped to the merged box as [`instance_mask`] crops to a detection's
+    /// box, and the outline of the union's largest part.
+    pub fn union(parts: &[&Mask], b: [f32; 4], (w, h): (u32, u32)) -> Mask {
+        let x = b[0].floor().max(0.0) as u32;
+        let y = b[1].floor().max(0.0) as u32;
+        let x2 = (b[2].ceil().max(0.0) as u32).min(w);
+        let y2 = (b[3].ceil().max(0.0) as u32).min(h);
+        let (width, height) = (x2.saturating_sub(x), y2.saturating_sub(y));
+        let mut bits = vec![0u8; (width as usize) * (height as usize)];
+        for m in parts {
+            // The rows and columns where the part and the window meet.
+            let (c0, c1) = (m.x.max(x), (m.x + m.width).min(x + width));
+            let (r0, r1) = (m.y.max(y), (m.y + m.height).min(y + height));
+            for r in r0..r1 {
+                let src = ((r - m.y) * m.width) as usize;
+                let dst = ((r - y) * width) as usize;
+                for c in c0..c1 {
+                    bits[dst + (c - x) as usize] |= m.bits[src + (c - m.x) as usize];
+                }
+            }
+        }
+        let polygon = largest_outline(&bits, width as usize, height as usize)
+            .into_iter()
+            .map(|[px, py]| [px as f32 + x as f32, py as f32 + y as f32])
+            .collect();
+        Mask {
+            x,
+            y,
+            width,
+            height,
+            bits,
+            polygon,
+        }
+    }
 }
 
 /// The prototypes of one image: `nm` maps of `h × w`, row-major f32 (`proto[b]` of
@@ -166,6 +216,39 @@ pub fn instance_mask(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn union_of_two_pieces_cropped_to_the_box() {
+        // Two 4x2 pieces side by side at (10, 20) and (14, 20), the second shifted there from
+        // (4, 0) of a tile at (10, 20); the box crops the first's leftmost column.
+        let piece = |x, bits: Vec<u8>| Mask {
+            x,
+            y: 0,
+            width: 4,
+            height: 2,
+            bits,
+            polygon: Vec::new(),
+        };
+        let a = piece(0, vec![1, 1, 1, 1, 1, 1, 1, 1]).shifted(10, 20);
+        let b = piece(4, vec![1, 1, 0, 0, 1, 0, 0, 0]).shifted(10, 20);
+        assert_eq!((a.x, a.y, b.x, b.y), (10, 20, 14, 20));
+        let u = Mask::union(&[&a, &b], [11.0, 20.0, 17.5, 21.9], (100, 100));
+        assert_eq!((u.x, u.y, u.width, u.height), (11, 20, 7, 2));
+        assert_eq!(u.bits, [1, 1, 1, 1, 1, 0, 0, 1, 1, 1, 1, 0, 0, 0]);
+        assert_eq!(u.area(), 9);
+        assert!(u.contains(15, 20) && !u.contains(15, 21) && !u.contains(10, 20));
+        // The outline (vertex coordinates) spans columns 11..16 and rows 20..22.
+        let xs = u.polygon.iter().map(|p| p[0]);
+        let ys = u.polygon.iter().map(|p| p[1]);
+        assert_eq!(xs.clone().fold(f32::MAX, f32::min), 11.0);
+        assert_eq!(xs.fold(0.0, f32::max), 16.0);
+        assert_eq!(ys.clone().fold(f32::MAX, f32::min), 20.0);
+        assert_eq!(ys.fold(0.0, f32::max), 22.0);
+        // A box past the image is clipped to it.
+        let u = Mask::union(&[&a], [8.0, 19.0, 200.0, 200.0], (12, 21));
+        assert_eq!((u.x, u.y, u.width, u.height), (8, 19, 4, 2));
+        assert_eq!(u.bits, [0, 0, 0, 0, 0, 0, 1, 1]);
+    }
 
     #[test]
     fn a_box_shaped_prototype_gives_that_box() {

@@ -174,25 +174,31 @@ pub fn grid(w: u32, h: u32, size: u32, overlap: f32) -> Vec<[u32; 4]> {
 }
 
 /// One detection before merging: the row in image pixels, the tile it came from (an index into
-/// [`grid`], or `usize::MAX` for the whole-image pass) and which of its sides lie on an inner
-/// tile border (a border of the tile that is not the image's): such a box may be a piece of a
-/// larger one, and those sides are where the tile ended, not where the object does.
+/// [`grid`], or `usize::MAX` for the whole-image pass), the region that tile covers, and which of
+/// its sides lie on an inner tile border (a border of the tile that is not the image's): such a
+/// box may be a piece of a larger one, and those sides are where the tile ended, not where the
+/// object does.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Piece {
     /// `[x1, y1, x2, y2, conf, cls]`, image pixels.
     pub row: Row,
     /// The tile's index, `usize::MAX` for the whole image.
     pub tile: usize,
+    /// The tile `[x0, y0, x1, y1]` in image pixels (the whole image for the whole-image pass):
+    /// where the detector looked.
+    pub seen: [f32; 4],
     /// Sides `[x1, y1, x2, y2]` on an inner border of the tile ([`cut_sides`]).
     pub cut: [bool; 4],
 }
 
 impl Piece {
-    /// A box none of whose sides is on an inner tile border.
-    pub fn whole(row: Row, tile: usize) -> Self {
+    /// A box none of whose sides is on an inner tile border, found in the tile `tile` that
+    /// covers `seen`.
+    pub fn whole(row: Row, tile: usize, seen: [f32; 4]) -> Self {
         Self {
             row,
             tile,
+            seen,
             cut: [false; 4],
         }
     }
@@ -219,6 +225,12 @@ pub fn cut_sides(b: [f32; 4], tile: [u32; 4], (w, h): (u32, u32), margin: f32) -
 /// piece's (`k`, the first); a side both cut is the outermost. Confidence and class: `k`'s.
 fn join(k: Piece, p: Piece) -> Piece {
     let mut out = k;
+    out.seen = [
+        k.seen[0].min(p.seen[0]),
+        k.seen[1].min(p.seen[1]),
+        k.seen[2].max(p.seen[2]),
+        k.seen[3].max(p.seen[3]),
+    ];
     for s in 0..4 {
         let outer = |a: f32, b: f32| if s < 2 { a.min(b) } else { a.max(b) };
         (out.row[s], out.cut[s]) = match (k.cut[s], p.cut[s]) {
@@ -230,15 +242,47 @@ fn join(k: Piece, p: Piece) -> Piece {
     out
 }
 
+/// Whether two cut pieces of different tiles are pieces of one object: where both tiles looked
+/// (the intersection of their regions, the overlap zone), the smaller piece lies inside the other
+/// by more than `match_thresh` of its area there. Pieces of an object larger than the overlap
+/// overlap each other only in that zone, where both tiles saw the same part of it. Tiles that do
+/// not overlap (`--tile-overlap 0`) share no zone: then the boxes themselves are compared.
+fn one_object(k: &Piece, p: &Piece, match_thresh: f32) -> bool {
+    let zone = [
+        k.seen[0].max(p.seen[0]),
+        k.seen[1].max(p.seen[1]),
+        k.seen[2].min(p.seen[2]),
+        k.seen[3].min(p.seen[3]),
+    ];
+    let (a, b) = if zone[2] > zone[0] && zone[3] > zone[1] {
+        let clip = |r: &Row| -> Row {
+            [
+                r[0].max(zone[0]),
+                r[1].max(zone[1]),
+                r[2].min(zone[2]),
+                r[3].min(zone[3]),
+                r[4],
+                r[5],
+            ]
+        };
+        (clip(&k.row), clip(&p.row))
+    } else {
+        (k.row, p.row)
+    };
+    let (aa, ab) = (area(&a), area(&b));
+    aa > 0.0 && ab > 0.0 && intersection(&a, &b) > match_thresh * aa.min(ab)
+}
+
 /// Merges the detections of the tiles (and of the whole-image pass), class by class (all
 /// together when `agnostic`):
 /// 1. a piece cut by its tile's inner border that lies inside a whole (uncut) box of another tile
 ///    (intersection over the piece's area above `match_thresh`) is dropped: that tile saw the
 ///    object whole;
 /// 2. the remaining cut pieces, best first, absorb the cut pieces of other tiles that overlap
-///    them by more than `match_thresh` of the smaller box (the object no tile saw whole; SAHI's
-///    greedy non-maximum merging, restricted to cut pieces), each side of the merged box taken
-///    from a piece that saw it (`join`);
+///    them by more than `match_thresh` of the smaller box where both tiles looked (`one_object`:
+///    the object no tile saw whole; SAHI's greedy non-maximum merging, restricted to cut pieces
+///    and measured in the overlap zone), each side of the merged box taken from a piece that saw
+///    it (`join`);
 /// 3. NMS at `iou_thres` over the whole boxes and the merged pieces (duplicates of the overlap
 ///    zones and of the whole-image pass).
 ///
@@ -250,63 +294,89 @@ pub fn merge(
     agnostic: bool,
     max_det: usize,
 ) -> Vec<Row> {
-    let same_class = |a: &Row, b: &Row| agnostic || a[5] == b[5];
-    let (whole, cut): (Vec<Piece>, Vec<Piece>) = pieces.into_iter().partition(|p| !p.is_cut());
-    // 1. Pieces seen whole by another tile.
-    let mut cut: Vec<Piece> = cut
+    merge_groups(&pieces, iou_thres, match_thresh, agnostic, max_det)
         .into_iter()
-        .filter(|p| {
+        .map(|(row, _)| row)
+        .collect()
+}
+
+/// [`merge`], each kept row with the indices into `pieces` of the pieces it was made of (one
+/// for a box a tile saw whole, several for pieces joined in step 2, the best first): what an
+/// instance mask of the merged box is the union of ([`crate::detect::masks::Mask::union`]).
+pub fn merge_groups(
+    pieces: &[Piece],
+    iou_thres: f64,
+    match_thresh: f32,
+    agnostic: bool,
+    max_det: usize,
+) -> Vec<(Row, Vec<usize>)> {
+    let same_class = |a: &Row, b: &Row| agnostic || a[5] == b[5];
+    let (whole, cut): (Vec<usize>, Vec<usize>) =
+        (0..pieces.len()).partition(|&i| !pieces[i].is_cut());
+    // 1. Pieces seen whole by another tile.
+    let mut cut: Vec<usize> = cut
+        .into_iter()
+        .filter(|&i| {
+            let p = &pieces[i];
             let ap = area(&p.row);
-            !whole.iter().any(|w| {
+            !whole.iter().map(|&w| &pieces[w]).any(|w| {
                 w.tile != p.tile
                     && same_class(&w.row, &p.row)
                     && intersection(&w.row, &p.row) > match_thresh * ap
             })
         })
         .collect();
-    // 2. Pieces of the same object in several tiles.
-    cut.sort_by(|a, b| b.row[4].total_cmp(&a.row[4]));
+    // 2. Pieces of the same object in several tiles (stable: equal confidences keep their order).
+    cut.sort_by(|&a, &b| pieces[b].row[4].total_cmp(&pieces[a].row[4]));
     let mut gone = vec![false; cut.len()];
-    let mut rows: Vec<Row> = whole.iter().map(|p| p.row).collect();
+    let mut groups: Vec<(Row, Vec<usize>)> =
+        whole.iter().map(|&w| (pieces[w].row, vec![w])).collect();
     for i in 0..cut.len() {
         if gone[i] {
             continue;
         }
-        let mut k = cut[i];
+        let mut k = pieces[cut[i]];
+        let mut members = vec![cut[i]];
         let mut tiles = vec![k.tile];
         for j in i + 1..cut.len() {
-            let p = cut[j];
+            let p = pieces[cut[j]];
             if gone[j] || tiles.contains(&p.tile) || !same_class(&k.row, &p.row) {
                 continue;
             }
-            if intersection(&k.row, &p.row) > match_thresh * area(&k.row).min(area(&p.row)) {
+            if one_object(&k, &p, match_thresh) {
                 gone[j] = true;
                 tiles.push(p.tile);
+                members.push(cut[j]);
                 k = join(k, p);
             }
         }
-        rows.push(k.row);
+        groups.push((k.row, members));
     }
     // 3. NMS across tiles: the detector's own NMS ([`nms`]) class by class (boxes of a large
     // image can lie beyond the class offset of `batched_nms`).
     let class_of = |r: &Row| if agnostic { 0 } else { r[5] as usize };
-    let mut classes: Vec<usize> = rows.iter().map(class_of).collect();
+    let mut classes: Vec<usize> = groups.iter().map(|g| class_of(&g.0)).collect();
     classes.sort_unstable();
     classes.dedup();
-    let mut out: Vec<Row> = Vec::new();
+    let mut kept: Vec<usize> = Vec::new();
     for c in classes {
-        let of_c: Vec<&Row> = rows.iter().filter(|r| class_of(r) == c).collect();
-        let boxes: Vec<[f32; 4]> = of_c.iter().map(|r| [r[0], r[1], r[2], r[3]]).collect();
-        let scores: Vec<f32> = of_c.iter().map(|r| r[4]).collect();
-        out.extend(
-            nms(&boxes, &scores, iou_thres)
-                .into_iter()
-                .map(|k| *of_c[k]),
-        );
+        let of_c: Vec<usize> = (0..groups.len())
+            .filter(|&g| class_of(&groups[g].0) == c)
+            .collect();
+        let boxes: Vec<[f32; 4]> = of_c
+            .iter()
+            .map(|&g| {
+                let r = &groups[g].0;
+                [r[0], r[1], r[2], r[3]]
+            })
+            .collect();
+        let scores: Vec<f32> = of_c.iter().map(|&g| groups[g].0[4]).collect();
+        kept.extend(nms(&boxes, &scores, iou_thres).into_iter().map(|k| of_c[k]));
     }
-    out.sort_by(|a, b| b[4].total_cmp(&a[4]));
-    out.truncate(max_det);
-    out
+    kept.sort_by(|&a, &b| groups[b].0[4].total_cmp(&groups[a].0[4]));
+    kept.truncate(max_det);
+    let mut groups: Vec<Option<(Row, Vec<usize>)>> = groups.into_iter().map(Some).collect();
+    kept.into_iter().filter_map(|g| groups[g].take()).collect()
 }
 
 #[cfg(test)]
@@ -337,9 +407,16 @@ mod tests {
     fn merge_recombines_a_cut_box_and_suppresses_duplicates() {
         // The detector's defaults: NMS IoU 0.45, merge above half the smaller box.
         let merge_ = |pieces| merge(pieces, 0.45, 0.5, false, 100);
+        // Tile 0 covers 0..640, tile 1 512..1152 (x), both 0..640 (y); the whole image 0..1152.
+        let seen = |tile: usize| match tile {
+            0 => [0.0, 0.0, 640.0, 640.0],
+            1 => [512.0, 0.0, 1152.0, 640.0],
+            _ => [0.0, 0.0, 1152.0, 640.0],
+        };
         let p = |row: Row, tile, cut: bool| Piece {
             row,
             tile,
+            seen: seen(tile),
             cut: if cut {
                 [true, false, true, false]
             } else {
@@ -371,7 +448,12 @@ mod tests {
         assert_eq!(rows, vec![[500.0, 0.0, 700.0, 100.0, 0.9, 0.0]]);
         // Side by side: tile 0 (0..640) cut the right side, tile 1 (512..) the left; the merged
         // box takes x1 from tile 0, x2 from tile 1, and y from the better piece.
-        let piece = |row: Row, tile, cut| Piece { row, tile, cut };
+        let piece = |row: Row, tile, cut| Piece {
+            row,
+            tile,
+            seen: seen(tile),
+            cut,
+        };
         let rows = merge_(vec![
             piece(
                 [500.0, 10.0, 640.0, 100.0, 0.9, 0.0],
@@ -385,6 +467,20 @@ mod tests {
             ),
         ]);
         assert_eq!(rows, vec![[500.0, 10.0, 690.0, 100.0, 0.9, 0.0]]);
+        // An object far longer than the overlap (100..1000): the pieces overlap by 128 of 488 px
+        // (0.26 of the smaller) but agree where both tiles looked (512..640): one object.
+        let (right, left) = ([false, false, true, false], [true, false, false, false]);
+        let rows = merge_(vec![
+            piece([100.0, 0.0, 640.0, 100.0, 0.9, 0.0], 0, right),
+            piece([512.0, 0.0, 1000.0, 100.0, 0.8, 0.0], 1, left),
+        ]);
+        assert_eq!(rows, vec![[100.0, 0.0, 1000.0, 100.0, 0.9, 0.0]]);
+        // Two objects cut at the borders that do not meet in the zone stay two.
+        let rows = merge_(vec![
+            piece([600.0, 0.0, 640.0, 50.0, 0.9, 0.0], 0, right),
+            piece([512.0, 60.0, 700.0, 100.0, 0.8, 0.0], 1, left),
+        ]);
+        assert_eq!(rows.len(), 2);
         // Two whole boxes (neither cut) overlapping with IoS > 0.5 but IoU < 0.45 stay apart,
         // and a small box inside a whole one of another tile is not merged into it.
         let rows = merge_(vec![

@@ -3,7 +3,8 @@
 //! of 2x2 BCCD test images (`yolo9::internals::data::compose`, 1280x960) the tiles find the cells that one
 //! 640-px letterbox of the whole image shrinks away (mAP50 against the composed labels, 66
 //! boxes: 0.589 whole, 0.716 with tiles of 640; about 25 s); the
-//! command line reports the tiles and refuses bad values.
+//! command line reports the tiles and refuses bad values; a segmentation model's masks of an
+//! object cut by three tiles are joined into one (a stand-in model that segments a white blob).
 use crate::common;
 
 use candle_core::Device;
@@ -130,4 +131,135 @@ fn command_line_tiles() {
         assert_eq!(code, 2, "{flag} {value}: {err}");
         assert!(err.contains(flag), "{err}");
     }
+}
+
+/// A stand-in segmentation model that finds the one bright blob of its input: one anchor whose
+/// box is the bounding box of the pixels brighter than 0.5 (score 0.9, none without any), one
+/// prototype at stride 4 that is +10 on cells mostly bright and -10 elsewhere, coefficient 1.
+struct Blob {
+    meta: yolo9::ModelMeta,
+}
+
+impl Blob {
+    fn new() -> Self {
+        let arch = yolo9::model::Arch::builtin("gelan-c-seg").unwrap();
+        let mut meta = yolo9::ModelMeta::yolov9_s(1, vec!["blob".into()], yolo9::Graph::Infer);
+        meta.arch = std::sync::Arc::new(arch);
+        Self { meta }
+    }
+}
+
+impl yolo9::detect::detector::InferenceModel for Blob {
+    fn forward(&self, _x: &candle_core::Tensor) -> anyhow::Result<candle_core::Tensor> {
+        anyhow::bail!("a segmentation model: forward_seg")
+    }
+    fn meta(&self) -> &yolo9::ModelMeta {
+        &self.meta
+    }
+    fn forward_seg(
+        &self,
+        x: &candle_core::Tensor,
+    ) -> Option<anyhow::Result<(candle_core::Tensor, candle_core::Tensor)>> {
+        Some((|| {
+            let (b, _, h, w) = x.dims4()?;
+            let v: Vec<f32> = x.flatten_all()?.to_vec1()?;
+            let bright = |i: usize, y: usize, x: usize| v[i * 3 * h * w + y * w + x] > 0.5;
+            let (ph, pw) = (h / 4, w / 4);
+            let (mut pred, mut proto) = (Vec::new(), Vec::new());
+            for i in 0..b {
+                let (mut x1, mut y1, mut x2, mut y2) = (w, h, 0, 0);
+                for y in 0..h {
+                    for xx in 0..w {
+                        if bright(i, y, xx) {
+                            (x1, y1, x2, y2) =
+                                (x1.min(xx), y1.min(y), x2.max(xx + 1), y2.max(y + 1));
+                        }
+                    }
+                }
+                let score = if x2 > x1 { 0.9 } else { 0.0 };
+                let (cx, cy) = ((x1 + x2) as f32 / 2.0, (y1 + y2) as f32 / 2.0);
+                let (bw, bh) = (x2.saturating_sub(x1) as f32, y2.saturating_sub(y1) as f32);
+                pred.extend([cx, cy, bw, bh, score, 1.0]);
+                for r in 0..ph {
+                    for c in 0..pw {
+                        let n = (0..16)
+                            .filter(|k| bright(i, r * 4 + k / 4, c * 4 + k % 4))
+                            .count();
+                        proto.push(if n >= 8 { 10.0 } else { -10.0 });
+                    }
+                }
+            }
+            let dev = candle_core::Device::Cpu;
+            Ok((
+                candle_core::Tensor::from_vec(pred, (b, 6, 1), &dev)?,
+                candle_core::Tensor::from_vec(proto, (b, 1, ph, pw), &dev)?,
+            ))
+        })())
+    }
+}
+
+#[test]
+fn tiles_join_the_masks_of_a_segmentation_model() {
+    // A white ellipse centred at (100, 52), half-axes 60 and 30, on a black 200x104 image: tiles
+    // of 100 (overlap 0.2: x 0, 80, 100) each see a piece of it, none all of it.
+    let (w, h) = (200u32, 104u32);
+    let inside = |x: u32, y: u32| {
+        let (dx, dy) = (
+            (x as f32 + 0.5 - 100.0) / 60.0,
+            (y as f32 + 0.5 - 52.0) / 30.0,
+        );
+        dx * dx + dy * dy <= 1.0
+    };
+    let img = image::RgbImage::from_fn(w, h, |x, y| {
+        image::Rgb(if inside(x, y) { [255; 3] } else { [0; 3] })
+    });
+    let truth = (0..h)
+        .flat_map(|y| (0..w).map(move |x| (x, y)))
+        .filter(|&(x, y)| inside(x, y))
+        .count();
+    let config = |size| DetectorConfig {
+        img_size: 224,
+        tile: tiled(size),
+        ..DetectorConfig::default()
+    };
+    let whole = Detector::from_model(Blob::new(), Device::Cpu)
+        .with_config(config(0))
+        .unwrap();
+    let plain = whole.detect_rgb(&img).unwrap();
+    assert_eq!(plain.len(), 1);
+    let d = Detector::from_model(Blob::new(), Device::Cpu)
+        .with_config(config(100))
+        .unwrap();
+    let dets = d.detect_rgb(&img).unwrap();
+    let boxes: Vec<[f32; 4]> = dets.iter().map(|d| d.bbox).collect();
+    assert_eq!(dets.len(), 1, "{boxes:?}");
+    let (m, b) = (dets[0].mask.as_ref().unwrap(), dets[0].bbox);
+    // The pieces joined: the ellipse's box 40..160 x 22..82 (within the letterbox's resampling),
+    // x1 from tile 0, x2 from tile 1; the mask's window is the box rounded outwards.
+    for (got, want) in b.iter().zip([40.0, 22.0, 160.0, 82.0]) {
+        assert!((got - want).abs() < 0.5, "{b:?}");
+    }
+    assert_eq!(
+        [m.x, m.y, m.x + m.width, m.y + m.height],
+        [b[0].floor(), b[1].floor(), b[2].ceil(), b[3].ceil()].map(|v| v as u32)
+    );
+    // The union of the tiles' masks is the ellipse but for pixels on its border (the
+    // prototypes are at stride 4 of tiles letterboxed 100 -> 224).
+    let wrong = (0..h)
+        .flat_map(|y| (0..w).map(move |x| (x, y)))
+        .filter(|&(x, y)| m.contains(x, y) != inside(x, y))
+        .count();
+    assert!(wrong * 20 < truth, "{wrong} of {truth} pixels differ");
+    // One outline around the whole ellipse, in image pixels.
+    let xs = m.polygon.iter().map(|p| p[0]);
+    assert!(xs.clone().fold(f32::MAX, f32::min) <= 42.0);
+    assert!(xs.fold(0.0, f32::max) >= 158.0);
+    // The image detected whole gives the same object, its mask at the whole image's prototype
+    // resolution.
+    let pm = plain[0].mask.as_ref().unwrap();
+    let both = (0..h)
+        .flat_map(|y| (0..w).map(move |x| (x, y)))
+        .filter(|&(x, y)| m.contains(x, y) && pm.contains(x, y))
+        .count();
+    assert!(both * 10 > truth * 9, "{both} of {truth}");
 }
