@@ -146,6 +146,9 @@ pub struct ValResult {
     pub masks: Option<ValMetrics>,
     /// Mean val losses `[box, cls, dfl]` over batches (training graph only).
     pub losses: Option<[f32; 3]>,
+    /// A segmentation model's mean val mask loss over batches (the `seg` item of
+    /// [`crate::loss::seg::seg_loss`]; training graph only).
+    pub seg_loss: Option<f32>,
     /// Images that could not be decoded (path, reason); they are left out of the metrics.
     pub skipped: Vec<(PathBuf, String)>,
     /// Wall time in seconds.
@@ -424,6 +427,7 @@ impl Collect {
             metrics: self.stats.metrics(nc),
             masks: None,
             losses,
+            seg_loss: None,
             skipped: self.skipped,
             seconds: self.t0.elapsed().as_secs_f64(),
             confusion: self.stats.confusion.take(),
@@ -568,22 +572,36 @@ fn letterboxed_targets(
     ok: &[(usize, Prepared)],
     hw: (usize, usize),
 ) -> Vec<[f32; 6]> {
-    let (h, w) = (hw.0 as f64, hw.1 as f64);
     let mut rows = Vec::new();
     for (k, (i, p)) in ok.iter().enumerate() {
-        let rw = images[*i].width as f64 * p.gain;
-        let rh = images[*i].height as f64 * p.gain;
-        for (c, l) in &images[*i].labels {
+        rows.extend(image_targets(&images[*i], p, hw, k));
+    }
+    rows
+}
+
+/// The targets of one image, number `k` of its batch, letterboxed by `p` into an `(h, w)` input:
+/// rows `[k, cls, cx, cy, w, h]` normalized to the input, in label order.
+pub(crate) fn image_targets(
+    im: &ValImage,
+    p: &Prepared,
+    hw: (usize, usize),
+    k: usize,
+) -> Vec<[f32; 6]> {
+    let (h, w) = (hw.0 as f64, hw.1 as f64);
+    let rw = im.width as f64 * p.gain;
+    let rh = im.height as f64 * p.gain;
+    im.labels
+        .iter()
+        .map(|(c, l)| {
             let cx = (l[0] as f64 * rw + p.pad.0) / w;
             let cy = (l[1] as f64 * rh + p.pad.1) / h;
             let bw = l[2] as f64 * rw / w;
             let bh = l[3] as f64 * rh / h;
-            rows.push([
+            [
                 k as f32, *c as f32, cx as f32, cy as f32, bw as f32, bh as f32,
-            ]);
-        }
-    }
-    rows
+            ]
+        })
+        .collect()
 }
 
 /// Detections (network-input pixels) and labels (normalized) of one image in original pixels:

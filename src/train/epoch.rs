@@ -90,6 +90,7 @@ pub(crate) fn run_epoch(
     // Validation of the EMA (batch halved on out-of-memory).
     let mut metrics = [0f64; 4];
     let mut val_loss = [0f32; 3];
+    let mut val_seg_loss = run.model.is_seg().then_some(0f32);
     let mut mask_metrics = run.model.is_seg().then_some([0f64; 4]);
     let mut validated = false;
     let tv = std::time::Instant::now();
@@ -107,7 +108,7 @@ pub(crate) fn run_epoch(
                 tell_others(run, EndCode::Stopped, false)?;
                 return Ok(EpochEnd::Stopped);
             }
-            r => (metrics, val_loss, mask_metrics) = r?,
+            r => (metrics, val_loss, val_seg_loss, mask_metrics) = r?,
         }
         validated = true;
     }
@@ -149,6 +150,7 @@ pub(crate) fn run_epoch(
         mask_metrics,
         metrics,
         val_loss,
+        val_seg_loss,
         lr,
         rss: crate::memory::process_rss_bytes(),
         peak_mem,
@@ -243,6 +245,7 @@ fn other_rank_epoch_end(
         mask_metrics: run.model.is_seg().then_some([0.0; 4]),
         metrics: [0.0; 4],
         val_loss: [0.0; 3],
+        val_seg_loss: run.model.is_seg().then_some(0.0),
         lr: run.opt.lr,
         rss: crate::memory::process_rss_bytes(),
         peak_mem: run.probe.peak_bytes(),
@@ -637,8 +640,8 @@ fn write_epoch_end(
 /// `confusion` (the final epoch, plots on) it also draws `confusion_matrix.png` and
 /// `confusion_matrix_normalized.png` into the run folder.
 /// What the validation of the EMA gives an epoch: box P, R, mAP50, mAP50-95, the val losses
-/// `[box, cls, dfl]` (zeros for a segmentation model) and a segmentation model's mask metrics.
-type EmaVal = ([f64; 4], [f32; 3], Option<[f64; 4]>);
+/// `[box, cls, dfl]`, and a segmentation model's val mask loss and mask metrics.
+type EmaVal = ([f64; 4], [f32; 3], Option<f32>, Option<[f64; 4]>);
 
 fn validate_ema(
     run: &mut Run<'_>,
@@ -679,7 +682,10 @@ fn validate_ema(
             };
             if val.model.is_seg() {
                 // Boxes and masks (official segment/val.py), without val losses.
-                let m = crate::metrics::seg_val::SegValModel::Train(&val.model);
+                let m = crate::metrics::seg_val::SegValModel::Train {
+                    model: &val.model,
+                    loss: Some(&run.loss),
+                };
                 return crate::metrics::seg_val::validate_seg(m, &val.images, &cfg);
             }
             let m = ValModel::Train {
@@ -736,7 +742,8 @@ fn validate_ema(
     let val_loss = r.losses.unwrap_or_default();
     let masks = r.masks.map(|m| [m.mp, m.mr, m.map50, m.map50_95]);
     pr.skipped += r.skipped.len();
-    Ok((metrics, val_loss, masks))
+    let seg_loss = val.model.is_seg().then(|| r.seg_loss.unwrap_or(0.0));
+    Ok((metrics, val_loss, seg_loss, masks))
 }
 
 impl Run<'_> {

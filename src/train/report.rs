@@ -23,6 +23,9 @@ pub struct EpochReport {
     pub metrics: [f64; 4],
     /// Val losses `[box, cls, dfl]` (zeros when not validated).
     pub val_loss: [f32; 3],
+    /// A segmentation model's val mask loss (the `val/seg_loss` column, last; zero when not
+    /// validated).
+    pub val_seg_loss: Option<f32>,
     /// LR of the groups `[bias, weight, bn_weight]` at the last iteration.
     pub lr: [f64; 3],
     /// Resident memory in bytes at the end of the epoch.
@@ -75,11 +78,14 @@ fn csv_row(r: &EpochReport) -> String {
             .mask_metrics
             .map(|m| format!(",{:.5},{:.5},{:.5},{:.5}", m[0], m[1], m[2], m[3]))
             .unwrap_or_default()
+        + &r.val_seg_loss
+            .map(|v| format!(",{v:.5}"))
+            .unwrap_or_default()
 }
 
-/// The extra last columns of a segmentation run's `results.csv`: its mask loss and mask metrics.
-pub const SEG_COLUMNS: &str =
-    "train/seg_loss,metrics/precision(M),metrics/recall(M),metrics/mAP50(M),metrics/mAP50-95(M)";
+/// The extra last columns of a segmentation run's `results.csv`: its training mask loss, mask
+/// metrics and val mask loss.
+pub const SEG_COLUMNS: &str = "train/seg_loss,metrics/precision(M),metrics/recall(M),metrics/mAP50(M),metrics/mAP50-95(M),val/seg_loss";
 
 impl EpochReport {
     /// The line printed after the epoch (`--verbose`): losses, speed, `train_secs` and

@@ -1,8 +1,10 @@
 //! A tiny CPU segmentation training run: two BCCD images whose boxes are given as 12-point
 //! ellipse outlines, the tiny-seg graph of the official oracle (`Segment` head), 64 px, 3
 //! epochs. The loader rasterises the overlap masks, the step trains through the mask loss, and
-//! the run reports it: `results.csv` gains the `train/seg_loss` column, finite and positive,
-//! and the weights reload as a segmentation model that gives masks.
+//! the run reports it: `results.csv` gains the `train/seg_loss` and `val/seg_loss` columns,
+//! finite and positive, and the weights reload as a segmentation model that gives masks. The val
+//! losses do not depend on the order of an image's labels (targets follow the overlap mask's
+//! order, as the official loader reorders them).
 
 use crate::common;
 use yolo9::train::trainer::{train, RESULTS_HEADER, SEG_COLUMNS};
@@ -59,7 +61,7 @@ fn tiny_segmentation_run_trains_the_mask_loss_and_reloads() {
     assert_eq!(lines[0], format!("{RESULTS_HEADER},{SEG_COLUMNS}"));
     let last: Vec<&str> = lines[3].split(',').collect();
     let n = RESULTS_HEADER.split(',').count();
-    assert_eq!(last.len(), n + 5);
+    assert_eq!(last.len(), n + 6);
     let logged: f32 = last[n].parse().unwrap();
     assert!((logged - seg[2]).abs() < 1e-4, "{logged} vs {}", seg[2]);
     // The final epoch validated the EMA's boxes and masks.
@@ -69,6 +71,18 @@ fn tiny_segmentation_run_trains_the_mask_loss_and_reloads() {
         let logged: f64 = last[n + 1 + k].parse().unwrap();
         assert!((logged - v).abs() < 1e-5);
     }
+    // The val losses of the final epoch: finite, positive, logged.
+    let e = &s.epochs[2];
+    let val_seg = e.val_seg_loss.expect("a val mask loss");
+    println!("val losses: box/cls/dfl {:?}, seg {val_seg}", e.val_loss);
+    assert!(val_seg.is_finite() && val_seg > 0.0, "{val_seg}");
+    assert!(
+        e.val_loss.iter().all(|v| v.is_finite() && *v > 0.0),
+        "{:?}",
+        e.val_loss
+    );
+    let logged: f32 = last[n + 5].parse().unwrap();
+    assert!((logged - val_seg).abs() < 1e-4, "{logged} vs {val_seg}");
     // The weights are a segmentation model's.
     let w = yolo9::Weights::load(&s.last).unwrap();
     let m = yolo9::internals::model::yolov9::YoloV9::load(&w, &candle_core::Device::Cpu).unwrap();
@@ -125,7 +139,42 @@ fn tiny_segmentation_run_trains_the_mask_loss_and_reloads() {
         0,
     )
     .unwrap();
-    let rt = validate_seg(SegValModel::Train(&tm), &images, &cfg).unwrap();
+    let rt = validate_seg(
+        SegValModel::Train {
+            model: &tm,
+            loss: None,
+        },
+        &images,
+        &cfg,
+    )
+    .unwrap();
+    assert!(rt.losses.is_none() && rt.seg_loss.is_none());
+    // With the loss: val losses, the same whatever the order of the image's labels (each
+    // label's outline goes with it); labels in another order than the overlap mask's would
+    // give each anchor another object's mask.
+    let loss = yolo9::internals::loss::DualTalLoss::new(3, &[8, 16, 32]).unwrap();
+    let with_loss = |images: &[yolo9::metrics::validate::ValImage]| {
+        let m = SegValModel::Train {
+            model: &tm,
+            loss: Some(&loss),
+        };
+        let r = validate_seg(m, images, &cfg).unwrap();
+        (r.losses.unwrap(), r.seg_loss.unwrap())
+    };
+    let (l0, s0) = with_loss(&images);
+    let mut reversed = images.clone();
+    assert!(reversed[0].labels.len() >= 2);
+    reversed[0].labels.reverse();
+    reversed[0].outlines.reverse();
+    let (l1, s1) = with_loss(&reversed);
+    println!("val losses {l0:?} seg {s0}; labels reversed {l1:?} seg {s1}");
+    assert!(s0.is_finite() && s0 > 0.0);
+    for (a, b) in l0.iter().chain([&s0]).zip(l1.iter().chain([&s1])) {
+        assert!(
+            (a - b).abs() <= 1e-5 * a.abs().max(1.0),
+            "{l0:?} {s0} vs {l1:?} {s1}"
+        );
+    }
     let (a, b) = (
         r.detections.as_ref().unwrap(),
         rt.detections.as_ref().unwrap(),
