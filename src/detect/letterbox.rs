@@ -16,7 +16,7 @@
 //! One deviation: a side that would round to 0 pixels (e.g. a 1x10000 strip) is kept at 1 pixel;
 //! OpenCV would raise an error there.
 use anyhow::{bail, Result};
-use candle_core::{Device, Tensor};
+use candle_core::{DType, Device, Tensor};
 use image::RgbImage;
 
 /// The network stride used for letterbox padding and size rounding.
@@ -251,7 +251,10 @@ pub fn resize_bilinear(img: &RgbImage, new_w: u32, new_h: u32) -> RgbImage {
 }
 
 /// Stacks same-sized letterboxed images into the network input: a `(B, 3, H, W)` f32 tensor of
-/// RGB values `u8 / 255` (0..1), on `device`.
+/// RGB values `u8 / 255` (0..1), on `device`. On a CUDA device the bytes are uploaded as they
+/// are (a quarter of the f32 planes; through pinned memory with the `cuda` feature) and the
+/// device divides and moves the channels first: the same values (an IEEE division by 255 either
+/// way).
 ///
 /// Errors: an empty slice, or images of different sizes.
 pub fn to_tensor(imgs: &[&RgbImage], device: &Device) -> Result<Tensor> {
@@ -259,8 +262,6 @@ pub fn to_tensor(imgs: &[&RgbImage], device: &Device) -> Result<Tensor> {
         bail!("to_tensor: no images");
     };
     let (w, h) = first.dimensions();
-    let plane = (w * h) as usize;
-    let mut data = vec![0f32; imgs.len() * 3 * plane];
     for (b, img) in imgs.iter().enumerate() {
         if img.dimensions() != (w, h) {
             bail!(
@@ -269,6 +270,25 @@ pub fn to_tensor(imgs: &[&RgbImage], device: &Device) -> Result<Tensor> {
                 img.height()
             );
         }
+    }
+    if device.is_cuda() {
+        let mut bytes = Vec::with_capacity(imgs.len() * first.as_raw().len());
+        for img in imgs {
+            bytes.extend_from_slice(img.as_raw());
+        }
+        let shape = (imgs.len(), h as usize, w as usize, 3);
+        #[cfg(feature = "cuda")]
+        let x = crate::cuda::upload::upload_u8(&bytes, shape, device)?;
+        #[cfg(not(feature = "cuda"))]
+        let x = Tensor::from_vec(bytes, shape, device)?;
+        // 255 made on the device (no upload, no stream synchronization).
+        let d = Tensor::ones((), DType::F32, device)?.affine(255.0, 0.0)?;
+        let x = x.to_dtype(DType::F32)?.broadcast_div(&d)?;
+        return Ok(x.permute((0, 3, 1, 2))?.contiguous()?);
+    }
+    let plane = (w * h) as usize;
+    let mut data = vec![0f32; imgs.len() * 3 * plane];
+    for (b, img) in imgs.iter().enumerate() {
         let base = b * 3 * plane;
         for (i, px) in img.as_raw().chunks_exact(3).enumerate() {
             for c in 0..3 {
