@@ -16,6 +16,8 @@
 //! - [`dfl`]: the head's DFL expectation in one launch (`kernels/dfl.cu`).
 //! - [`ew`]: `a + b` and contiguous copies of row-strided tensors (`kernels/ew.cu`), for
 //!   [`crate::model::ew`].
+//! - [`gemm`]: 1×1 convolutions of channels-last activations as cuBLAS products reading channel
+//!   slices in place and summing over the parts of a concatenation (none is copied).
 //! - [`upload`]: a batch's image bytes uploaded through pinned staging memory, without a host
 //!   synchronization (the training loop's upload of the next batch).
 //! - [`optim`]: multi-tensor SGD, gradient-norm and EMA kernels (`kernels/optim.cu`): one launch
@@ -32,6 +34,7 @@ pub mod conv;
 pub mod conv_params;
 pub mod dfl;
 pub mod ew;
+pub mod gemm;
 pub mod graph;
 pub mod nms;
 pub mod optim;

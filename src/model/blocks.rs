@@ -140,15 +140,21 @@ impl RepNCSP {
 
     /// [`Self::forward`] under a [`Ctx`] (taped or plain).
     pub fn run(&self, x: &Tensor, c: Ctx) -> Result<Tensor> {
-        // Inference: a channel half of the enclosing block (a strided view) is copied once for
-        // both 1×1 convolutions, not once by each.
-        let x = &c.contiguous_for_eval(x)?;
+        // Inference: a channel half of the enclosing block (a strided view) is read in place by
+        // both 1×1 convolutions on channels-last CUDA activations (`crate::cuda::gemm`), and
+        // elsewhere copied once for both, not once by each.
+        let in_place = c.nhwc && cfg!(feature = "cuda") && x.device().is_cuda();
+        let x = &if in_place {
+            x.clone()
+        } else {
+            c.contiguous_for_eval(x)?
+        };
         let mut y = self.cv1.run(x, c)?;
         for m in &self.m {
             y = m.run(&y, c)?;
         }
         let z = self.cv2.run(x, c)?;
-        self.cv3.run(&c.cat(&[&y, &z], 1)?, c)
+        self.cv3.run_cat(&[&y, &z], c)
     }
 }
 
@@ -206,7 +212,7 @@ impl RepNCSPELAN4 {
         let a = self.cv2.1.run(&a, cx)?;
         let c = self.cv3.0.run(&a, cx)?;
         let c = self.cv3.1.run(&c, cx)?;
-        self.cv4.run(&cx.cat(&[&y, &a, &c], 1)?, cx)
+        self.cv4.run_cat(&[&y, &a, &c], cx)
     }
 }
 
@@ -252,7 +258,7 @@ impl Elan1 {
         let half = cx.narrow(&y, 1, self.c, self.c)?;
         let a = self.cv2.run(&half, cx)?;
         let c = self.cv3.run(&a, cx)?;
-        self.cv4.run(&cx.cat(&[&y, &a, &c], 1)?, cx)
+        self.cv4.run_cat(&[&y, &a, &c], cx)
     }
 }
 
@@ -313,7 +319,7 @@ impl SppElan {
         let y1 = c.max_pool_same(&y0, 5)?;
         let y2 = c.max_pool_same(&y1, 5)?;
         let y3 = c.max_pool_same(&y2, 5)?;
-        self.cv5.run(&c.cat(&[&y0, &y1, &y2, &y3], 1)?, c)
+        self.cv5.run_cat(&[&y0, &y1, &y2, &y3], c)
     }
 }
 

@@ -410,31 +410,87 @@ impl Conv {
     }
 
     /// The eval-mode forward on channels-last tensors: `x` (B, H, W, C_in) → (B, H', W', C_out),
-    /// cuDNN's NHWC convolution ([`crate::cuda::conv::conv2d_nhwc`]), then the folded bias and
-    /// SiLU in one pass ([`super::bias_act::bias_act_nhwc`]). For inference models (BN folded)
-    /// on CUDA; errors elsewhere.
+    /// cuDNN's NHWC convolution ([`crate::cuda::conv::conv2d_nhwc`]), or for a 1×1 convolution
+    /// one cuBLAS product that reads `x` where it lies (a channel slice too:
+    /// [`crate::cuda::gemm`]), then the folded bias and SiLU in one pass
+    /// ([`super::bias_act::bias_act_nhwc`]). For inference models (BN folded) on CUDA; errors
+    /// elsewhere.
     pub fn forward_nhwc(&self, x: &Tensor) -> Result<Tensor> {
         ensure!(
             self.bn.is_none(),
             "channels-last forward: a convolution with an unfolded BatchNorm"
         );
-        let w = match self.nhwc_weight.get() {
-            Some(w) if w.dtype() == x.dtype() => w.clone(),
+        let w = self.nhwc_weight(x.dtype())?;
+        let y = match self.pointwise_parts(&[x], &w)? {
+            Some(y) => y,
+            None => match pointwise_gemm(x, &w, (self.padding, self.stride, self.groups))? {
+                Some(y) => y,
+                None => conv2d_nhwc(x, &w, self.padding, self.stride, self.groups)?,
+            },
+        };
+        self.epilogue_nhwc(y)
+    }
+
+    /// [`Conv::run`] of the channel concatenation of `parts` (`cv4(cat[y, a, c])` of the ELAN
+    /// blocks). On channels-last inference activations a 1×1 convolution sums one product per
+    /// part into its output ([`crate::cuda::gemm::pointwise_parts`]) and the concatenation is
+    /// never built; otherwise the concatenation, then [`Conv::run`].
+    pub fn run_cat(&self, parts: &[&Tensor], c: Ctx) -> Result<Tensor> {
+        if c.nhwc && c.tape.is_none() && c.trace.is_none() && self.bn.is_none() {
+            if let Some(first) = parts.first() {
+                let w = self.nhwc_weight(first.dtype())?;
+                if let Some(y) = self.pointwise_parts(parts, &w)? {
+                    return self.epilogue_nhwc(y);
+                }
+            }
+        }
+        self.run(&c.cat(parts, 1)?, c)
+    }
+
+    /// The kernel permuted to (C_out, k, k, C_in/groups) in `dtype`, made on first use.
+    fn nhwc_weight(&self, dtype: DType) -> Result<Tensor> {
+        Ok(match self.nhwc_weight.get() {
+            Some(w) if w.dtype() == dtype => w.clone(),
             _ => {
                 let w = self
                     .weight
                     .detach()
-                    .to_dtype(x.dtype())?
+                    .to_dtype(dtype)?
                     .permute((0, 2, 3, 1))?
                     .contiguous()?;
                 let _ = self.nhwc_weight.set(w.clone());
                 w
             }
-        };
-        let y = match pointwise_gemm(x, &w, (self.padding, self.stride, self.groups))? {
-            Some(y) => y,
-            None => conv2d_nhwc(x, &w, self.padding, self.stride, self.groups)?,
-        };
+        })
+    }
+
+    /// A 1×1 convolution (stride 1, no padding, no groups) of channels-last CUDA `parts` whose
+    /// pixels are evenly spaced, by [`crate::cuda::gemm::pointwise_parts`] with the permuted
+    /// kernel `w` (C_out, 1, 1, C_in); `None` where it does not apply.
+    fn pointwise_parts(&self, parts: &[&Tensor], w: &Tensor) -> Result<Option<Tensor>> {
+        let (k, kh, kw, c) = w.dims4()?;
+        let pointwise = kh == 1 && kw == 1 && self.stride == 1 && self.padding == 0;
+        if !pointwise || self.groups != 1 || parts.is_empty() {
+            return Ok(None);
+        }
+        #[cfg(feature = "cuda")]
+        {
+            let fits = parts.iter().all(|p| {
+                let (st, l) = p.storage_and_layout();
+                matches!(&*st, candle_core::Storage::Cuda(_))
+                    && crate::cuda::gemm::row_stride(l).is_some()
+            });
+            if fits {
+                let w2 = w.reshape((k, c))?;
+                return Ok(Some(crate::cuda::gemm::pointwise_parts(parts, &w2)?));
+            }
+        }
+        let _ = (k, c);
+        Ok(None)
+    }
+
+    /// The channels-last epilogue: the folded bias and SiLU in one pass, or SiLU alone.
+    fn epilogue_nhwc(&self, y: Tensor) -> Result<Tensor> {
         match &self.bias {
             Some(b) => {
                 let b = b.detach().to_dtype(y.dtype())?.flatten_all()?;

@@ -1,0 +1,200 @@
+//! 1×1 convolutions of channels-last activations as cuBLAS products that read their inputs where
+//! they lie: a channel slice of a larger tensor (RepNCSPELAN4's half of `cv1`'s output) through
+//! its row stride, and a concatenation (`cv4(cat[y, a, c])`) as the sum of one product per part
+//! into the same output (`β = 1` after the first), so that neither the slice nor the
+//! concatenation is copied.
+//!
+//! Each part `x_i` is `(B, H, W, C_i)` whose rows (pixels) are evenly spaced (`strides
+//! [H·W·ld, W·ld, ld, 1]`, `ld ≥ C_i`: contiguous, or a slice of the channels of a contiguous
+//! tensor); the weight `w` is `(K, ΣC_i)` contiguous (the `(K, 1, 1, C)` kernel of a 1×1
+//! convolution); the output is a new contiguous `(B, H, W, K)`:
+//! `out = Σ_i x_i · w[:, o_i .. o_i + C_i]ᵀ`, `o_i = Σ_{j<i} C_j`.
+//!
+//! Row-major `out (M, K) = x (M, C) · wᵀ` is column-major `outᵀ (K, M) = w · xᵀ`: cuBLAS
+//! `gemm(op(A) = T on w viewed (C, K) with lda = ΣC, op(B) = N on x viewed (C, M) with
+//! ldb = ld, ldc = K)`. Accumulation in f32 (`CUBLAS_COMPUTE_32F`, no TF32) for f32, f16 and
+//! bf16, as candle's own products; with several parts the f16/bf16 output is rounded after each
+//! part's product.
+
+use candle_core::backend::BackendStorage;
+use candle_core::cuda::CudaDType;
+use candle_core::cuda_backend::cudarc::cublas::{result::gemm_ex, sys};
+use candle_core::cuda_backend::cudarc::driver::{DevicePtr, DevicePtrMut, DeviceRepr};
+use candle_core::{
+    CpuStorage, CudaStorage, CustomOp1, DType, Error, Layout, Result, Shape, Storage, Tensor,
+};
+
+fn err(msg: impl std::fmt::Display) -> Error {
+    Error::Msg(format!("pointwise GEMM (CUDA): {msg}"))
+}
+
+/// The row stride of a `(B, H, W, C)` layout whose rows are evenly spaced, `None` otherwise.
+pub fn row_stride(l: &Layout) -> Option<usize> {
+    let d = l.shape().dims();
+    let s = l.stride();
+    if d.len() != 4 || s[3] != 1 {
+        return None;
+    }
+    let ld = s[2];
+    (ld >= d[3] && s[1] == d[2] * ld && s[0] == d[1] * s[1]).then_some(ld)
+}
+
+/// `Σ_i parts[i] · w[:, o_i .. o_i + C_i]ᵀ` (module docs): `parts` `(B, H, W, C_i)` CUDA
+/// tensors of `w`'s dtype (f32, f16 or bf16) with evenly spaced rows ([`row_stride`]), `w`
+/// `(K, ΣC_i)` → `(B, H, W, K)`.
+///
+/// Errors: no parts, parts of different pixels or dtypes, rows not evenly spaced, channel
+/// counts that do not add up to `w`'s, sizes beyond i32, cuBLAS errors.
+pub fn pointwise_parts(parts: &[&Tensor], w: &Tensor) -> Result<Tensor> {
+    let (first, rest) = parts.split_first().ok_or_else(|| err("no input"))?;
+    let w = w.contiguous()?;
+    first.apply_op1_no_bwd(&PartsGemm {
+        rest: rest.iter().map(|t| (*t).clone()).collect(),
+        w,
+    })
+}
+
+struct PartsGemm {
+    rest: Vec<Tensor>,
+    w: Tensor,
+}
+
+/// The cuBLAS element type of a dtype.
+fn data_type(d: DType) -> Result<sys::cudaDataType> {
+    Ok(match d {
+        DType::F32 => sys::cudaDataType::CUDA_R_32F,
+        DType::F16 => sys::cudaDataType::CUDA_R_16F,
+        DType::BF16 => sys::cudaDataType::CUDA_R_16BF,
+        d => return Err(err(format!("dtype {d:?}; f32, f16 and bf16 are supported"))),
+    })
+}
+
+fn i32_of(v: usize, what: &str) -> Result<i32> {
+    i32::try_from(v).map_err(|_| err(format!("{what} = {v} does not fit in i32")))
+}
+
+impl CustomOp1 for PartsGemm {
+    fn name(&self) -> &'static str {
+        "pointwise-parts-gemm"
+    }
+
+    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
+        Err(err("CUDA only"))
+    }
+
+    fn cuda_fwd(&self, s: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
+        match s.dtype() {
+            DType::F32 => self.run::<f32>(s, l),
+            DType::F16 => self.run::<half::f16>(s, l),
+            DType::BF16 => self.run::<half::bf16>(s, l),
+            d => Err(err(format!("dtype {d:?}; f32, f16 and bf16 are supported"))),
+        }
+    }
+}
+
+impl PartsGemm {
+    fn run<T: CudaDType + DeviceRepr>(
+        &self,
+        s: &CudaStorage,
+        l: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        let dtype = s.dtype();
+        let ty = data_type(dtype)?;
+        let (b, h, wd, _) = l.shape().dims4()?;
+        let (k, ctot) = self.w.dims2()?;
+        if self.w.dtype() != dtype {
+            return Err(err(format!("weight {:?}, input {dtype:?}", self.w.dtype())));
+        }
+        let m = b * h * wd;
+        let dev = s.device().clone();
+        let stream = dev.cuda_stream();
+        // The other parts' storages, read-locked for the call.
+        let held: Vec<_> = self.rest.iter().map(|t| t.storage_and_layout()).collect();
+        let mut parts: Vec<(&CudaStorage, &Layout)> = vec![(s, l)];
+        for (st, pl) in &held {
+            let Storage::Cuda(cs) = &**st else {
+                return Err(err("an input is not on the GPU"));
+            };
+            parts.push((cs, pl));
+        }
+        let mut channels = 0;
+        for (ps, pl) in &parts {
+            let (pb, ph, pw, c) = pl.shape().dims4()?;
+            if (pb, ph, pw) != (b, h, wd) || ps.dtype() != dtype {
+                return Err(err(format!(
+                    "input {:?} {:?} beside {:?} {dtype:?}",
+                    pl.shape().dims(),
+                    ps.dtype(),
+                    l.shape().dims()
+                )));
+            }
+            row_stride(pl).ok_or_else(|| err("an input's pixels are not evenly spaced"))?;
+            channels += c;
+        }
+        if channels != ctot {
+            return Err(err(format!(
+                "inputs of {channels} channels for a kernel of {ctot}"
+            )));
+        }
+        let (wst, wl) = self.w.storage_and_layout();
+        let Storage::Cuda(ws) = &*wst else {
+            return Err(err("the kernel is not on the GPU"));
+        };
+        let (w0, _) = wl
+            .contiguous_offsets()
+            .ok_or_else(|| err("the kernel is not contiguous"))?;
+        let (w_ptr, _wg) = ws.as_cuda_slice::<T>()?.device_ptr(&stream);
+        let w_ptr = w_ptr + (w0 * dtype.size_in_bytes()) as u64;
+        // SAFETY: every element is written by the first product (β = 0) before it is read.
+        let mut out = unsafe { dev.alloc::<T>(m * k)? };
+        let (m_, k_, ctot_) = (i32_of(m, "B*H*W")?, i32_of(k, "K")?, i32_of(ctot, "C")?);
+        let blas = dev.cublas_handle();
+        let handle = *blas.handle();
+        let (alpha, zero, one) = (1f32, 0f32, 1f32);
+        let size = dtype.size_in_bytes();
+        {
+            let (o_ptr, _og) = out.device_ptr_mut(&stream);
+            let mut off = 0;
+            for (i, (ps, pl)) in parts.iter().enumerate() {
+                let c = pl.shape().dims()[3];
+                let ld = row_stride(pl).unwrap_or(c);
+                let (x_ptr, _xg) = ps.as_cuda_slice::<T>()?.device_ptr(&stream);
+                let x_ptr = x_ptr + (pl.start_offset() * size) as u64;
+                let beta = if i == 0 { &zero } else { &one };
+                // SAFETY: w holds K·ΣC elements (column offset `off` + C ≤ ΣC per row), x holds M
+                // rows of `ld` elements from its start (its layout says so: `row_stride`), out
+                // holds M·K; the pointers are of `dtype`, matching `ty`; alpha and beta are f32 as
+                // CUBLAS_COMPUTE_32F takes them; all on the stream of candle's cuBLAS handle.
+                unsafe {
+                    gemm_ex(
+                        handle,
+                        sys::cublasOperation_t::CUBLAS_OP_T,
+                        sys::cublasOperation_t::CUBLAS_OP_N,
+                        k_,
+                        m_,
+                        i32_of(c, "C_i")?,
+                        (&alpha as *const f32).cast(),
+                        (w_ptr + (off * size) as u64) as *const std::ffi::c_void,
+                        ty,
+                        ctot_,
+                        x_ptr as *const std::ffi::c_void,
+                        ty,
+                        i32_of(ld, "row stride")?,
+                        (beta as *const f32).cast(),
+                        o_ptr as *mut std::ffi::c_void,
+                        ty,
+                        k_,
+                        sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                        sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT_TENSOR_OP,
+                    )
+                }
+                .map_err(|e| err(format!("cublasGemmEx: {e:?}")))?;
+                off += c;
+            }
+        }
+        Ok((
+            CudaStorage::wrap_cuda_slice(out, dev),
+            Shape::from((b, h, wd, k)),
+        ))
+    }
+}
