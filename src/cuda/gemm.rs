@@ -117,6 +117,8 @@ impl PartsGemm {
             };
             parts.push((cs, pl));
         }
+        // Each part's row stride, checked once.
+        let mut lds = Vec::with_capacity(parts.len());
         let mut channels = 0;
         for (ps, pl) in &parts {
             let (pb, ph, pw, c) = pl.shape().dims4()?;
@@ -128,7 +130,7 @@ impl PartsGemm {
                     l.shape().dims()
                 )));
             }
-            row_stride(pl).ok_or_else(|| err("an input's pixels are not evenly spaced"))?;
+            lds.push(row_stride(pl).ok_or_else(|| err("an input's pixels are not evenly spaced"))?);
             channels += c;
         }
         if channels != ctot {
@@ -155,9 +157,8 @@ impl PartsGemm {
         {
             let (o_ptr, _og) = out.device_ptr_mut(&stream);
             let mut off = 0;
-            for (i, (ps, pl)) in parts.iter().enumerate() {
+            for (i, ((ps, pl), &ld)) in parts.iter().zip(&lds).enumerate() {
                 let c = pl.shape().dims()[3];
-                let ld = row_stride(pl).unwrap_or(c);
                 let (x_ptr, _xg) = ps.as_cuda_slice::<T>()?.device_ptr(&stream);
                 let x_ptr = x_ptr + (pl.start_offset() * size) as u64;
                 let beta = if i == 0 { &zero } else { &one };

@@ -70,11 +70,7 @@ impl Mask {
     /// the pieces' bits, cropped to the merged box as [`instance_mask`] crops to a detection's
     /// box, and the outline of the union's largest part.
     pub fn union(parts: &[&Mask], b: [f32; 4], (w, h): (u32, u32)) -> Mask {
-        let x = b[0].floor().max(0.0) as u32;
-        let y = b[1].floor().max(0.0) as u32;
-        let x2 = (b[2].ceil().max(0.0) as u32).min(w);
-        let y2 = (b[3].ceil().max(0.0) as u32).min(h);
-        let (width, height) = (x2.saturating_sub(x), y2.saturating_sub(y));
+        let (x, y, width, height) = window(b, (w, h));
         let mut bits = vec![0u8; (width as usize) * (height as usize)];
         for m in parts {
             // The rows and columns where the part and the window meet.
@@ -88,6 +84,12 @@ impl Mask {
                 }
             }
         }
+        Mask::from_bits(x, y, width, height, bits)
+    }
+
+    /// The mask of `bits` (row-major `width × height`, 1 = the instance) whose window starts at
+    /// original pixel `(x, y)`, with the outline of its largest part in original pixels.
+    fn from_bits(x: u32, y: u32, width: u32, height: u32, bits: Vec<u8>) -> Mask {
         let polygon = largest_outline(&bits, width as usize, height as usize)
             .into_iter()
             .map(|[px, py]| [px as f32 + x as f32, py as f32 + y as f32])
@@ -101,6 +103,16 @@ impl Mask {
             polygon,
         }
     }
+}
+
+/// The window `(x, y, width, height)` of a box `b` `[x1, y1, x2, y2]` in original pixels: rounded
+/// outwards and clipped to the `w × h` image.
+fn window(b: [f32; 4], (w, h): (u32, u32)) -> (u32, u32, u32, u32) {
+    let x = b[0].floor().max(0.0) as u32;
+    let y = b[1].floor().max(0.0) as u32;
+    let x2 = (b[2].ceil().max(0.0) as u32).min(w);
+    let y2 = (b[3].ceil().max(0.0) as u32).min(h);
+    (x, y, x2.saturating_sub(x), y2.saturating_sub(y))
 }
 
 /// The prototypes of one image: `nm` maps of `h × w`, row-major f32 (`proto[b]` of
@@ -176,11 +188,7 @@ pub fn instance_mask(
         (at(y0, x0) * (1.0 - fx) + at(y0, x1) * fx) * (1.0 - fy)
             + (at(y1, x0) * (1.0 - fx) + at(y1, x1) * fx) * fy
     };
-    let x = box_orig[0].floor().max(0.0) as u32;
-    let y = box_orig[1].floor().max(0.0) as u32;
-    let x2 = (box_orig[2].ceil().max(0.0) as u32).min(info.orig_w);
-    let y2 = (box_orig[3].ceil().max(0.0) as u32).min(info.orig_h);
-    let (width, height) = (x2.saturating_sub(x), y2.saturating_sub(y));
+    let (x, y, width, height) = window(box_orig, (info.orig_w, info.orig_h));
     let gain = info.ratio as f32;
     let (pad_x, pad_y) = info.pad();
     let (pad_x, pad_y) = (pad_x as f32, pad_y as f32);
@@ -199,18 +207,7 @@ pub fn instance_mask(
             }
         }
     }
-    let polygon = largest_outline(&bits, width as usize, height as usize)
-        .into_iter()
-        .map(|[px, py]| [px as f32 + x as f32, py as f32 + y as f32])
-        .collect();
-    Mask {
-        x,
-        y,
-        width,
-        height,
-        bits,
-        polygon,
-    }
+    Mask::from_bits(x, y, width, height, bits)
 }
 
 #[cfg(test)]

@@ -476,9 +476,7 @@ impl Conv {
         #[cfg(feature = "cuda")]
         {
             let fits = parts.iter().all(|p| {
-                let (st, l) = p.storage_and_layout();
-                matches!(&*st, candle_core::Storage::Cuda(_))
-                    && crate::cuda::gemm::row_stride(l).is_some()
+                p.device().is_cuda() && crate::cuda::gemm::row_stride(p.layout()).is_some()
             });
             if fits {
                 let w2 = w.reshape((k, c))?;
