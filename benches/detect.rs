@@ -97,6 +97,10 @@ fn main() -> Result<()> {
     // `--batch-only`: the batch forward alone (a profiler run of the batch).
     if !batch_only {
         batch1_and_parity(&det, &img, &dev, &w, iters)?;
+        #[cfg(feature = "cuda")]
+        if dtype != candle_core::DType::F32 && !dev.is_cpu() {
+            fused_parity(&det, &img, &dev, &w, dtype)?;
+        }
     }
     println!("graphs_captured_replayed {:?}", det.graph_counts());
     if batch > 1 {
@@ -253,6 +257,44 @@ fn batch1_and_parity(
         yolo9::internals::cuda::conv::set_strict_fp32(false);
     }
 
+    Ok(())
+}
+
+/// The half-precision forward with the convolution epilogues fused into cuDNN graphs against
+/// the same forward unfused (`YOLO9_CUDNN_FUSED=off`), both measured against the strict-f32 GPU
+/// forward of the same input: the largest box (px) and score differences of each.
+#[cfg(feature = "cuda")]
+fn fused_parity(
+    det: &Detector,
+    img: &image::RgbImage,
+    dev: &candle_core::Device,
+    w: &yolo9::Weights,
+    dtype: candle_core::DType,
+) -> Result<()> {
+    use yolo9::internals::cuda::fused_conv::{fused, set_fused, Fused};
+    let mode = fused();
+    let (lb, _) = det.preprocess(img)?;
+    let x = to_tensor(&[&lb], dev)?;
+    yolo9::internals::cuda::conv::set_strict_fp32(true);
+    let exact =
+        Detector::from_weights(w, dev.clone(), candle_core::DType::F32)?.forward_tensor(&x)?;
+    yolo9::internals::cuda::conv::set_strict_fp32(false);
+    let rows = exact.dim(1)?;
+    for (name, m) in [("unfused", Fused::Off), ("fused", Fused::All)] {
+        set_fused(m);
+        let y = Detector::from_weights(w, dev.clone(), dtype)?
+            .forward_tensor(&x)?
+            .to_dtype(candle_core::DType::F32)?;
+        let diff = |a: &candle_core::Tensor, b: &candle_core::Tensor| -> Result<f32> {
+            Ok((a - b)?.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()?)
+        };
+        println!(
+            "half_{name}_vs_f32 box_px {:.3e} score {:.3e}",
+            diff(&y.narrow(1, 0, 4)?, &exact.narrow(1, 0, 4)?)?,
+            diff(&y.narrow(1, 4, rows - 4)?, &exact.narrow(1, 4, rows - 4)?)?
+        );
+    }
+    set_fused(mode);
     Ok(())
 }
 

@@ -82,6 +82,7 @@ pub const SWITCHES: &[Switch] = &[
     s("YOLO9_STRICT_FP32", C, "`1`", "f32 convolutions in strict f32 (no TF32) on CUDA; parity tests set it"),
     s("YOLO9_CUDNN_F32_MATH", C, "`tensor`, `default`, `convert`", "cuDNN math type of f32 convolutions (default `tensor`, measured fastest)"),
     s("YOLO9_CUDNN_ALGO", C, "`benchmark`, `heuristic`", "how cuDNN convolution algorithms are chosen (default `benchmark`: timed once per shape)"),
+    s("YOLO9_CUDNN_FUSED", C, "`off`, `3x3`, `all`", "which channels-last f16/bf16 inference convolutions run with their bias and SiLU as one cuDNN graph: none, kernels larger than 1x1, or also 1x1 ones of one input (default `all`)"),
     s("YOLO9_CONV", C, "`candle`", "every convolution through candle's `conv2d`, also on CUDA (default: cuDNN)"),
     s("YOLO9_TAPE", C, "`1`, `0`", "reverse mode of the training step: the tape (default on CUDA) or candle's autograd (default on the CPU)"),
     s("YOLO9_CUDA_GRAPH", C, "`0`", "CUDA-graph replay of inference forwards off"),

@@ -30,15 +30,58 @@ pub enum Kind {
     BackwardData,
     /// `cudnnConvolutionBackwardFilter`.
     BackwardFilter,
+    /// A fused convolution graph ([`super::fused_conv`]): the input's row stride and byte
+    /// alignment, SiLU, a residual; the value is the engine configuration's position in cuDNN's
+    /// heuristics list.
+    Fused {
+        /// The input's row stride (elements).
+        ld: usize,
+        /// The byte alignment of the input's first element.
+        align: u8,
+        /// SiLU after the bias.
+        silu: bool,
+        /// A residual added last.
+        residual: bool,
+    },
 }
 
 impl Kind {
-    fn tag(self) -> &'static str {
+    fn tag(self) -> String {
         match self {
-            Kind::Forward => "fwd",
-            Kind::BackwardData => "bwd_data",
-            Kind::BackwardFilter => "bwd_filter",
+            Kind::Forward => "fwd".into(),
+            Kind::BackwardData => "bwd_data".into(),
+            Kind::BackwardFilter => "bwd_filter".into(),
+            Kind::Fused {
+                ld,
+                align,
+                silu,
+                residual,
+            } => format!(
+                "fused/{ld}/{align}/{}/{}",
+                u8::from(silu),
+                u8::from(residual)
+            ),
         }
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "fwd" => Kind::Forward,
+            "bwd_data" => Kind::BackwardData,
+            "bwd_filter" => Kind::BackwardFilter,
+            _ => {
+                let f: Vec<&str> = s.strip_prefix("fused/")?.split('/').collect();
+                let [ld, align, silu, residual] = f[..] else {
+                    return None;
+                };
+                Kind::Fused {
+                    ld: ld.parse().ok()?,
+                    align: align.parse().ok()?,
+                    silu: silu == "1",
+                    residual: residual == "1",
+                }
+            }
+        })
     }
 }
 
@@ -134,11 +177,8 @@ impl AlgoCache {
                 let [kind, params, dtype, strict, algo] = f[..] else {
                     continue;
                 };
-                let kind = match kind {
-                    "fwd" => Kind::Forward,
-                    "bwd_data" => Kind::BackwardData,
-                    "bwd_filter" => Kind::BackwardFilter,
-                    _ => continue,
+                let Some(kind) = Kind::parse(kind) else {
+                    continue;
                 };
                 let (Some(p), Some(d), Ok(algo)) = (
                     parse_params(params),

@@ -145,7 +145,7 @@ fn tf32_math() -> cudnnMathType_t {
 /// times, each candidate's time and workspace and the choice (`YOLO9_CUDNN_TRACE=1`, to stderr).
 pub const TRACE_ENV: &str = "YOLO9_CUDNN_TRACE";
 
-fn trace_on() -> bool {
+pub(crate) fn trace_on() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| crate::switches::one(TRACE_ENV))
 }

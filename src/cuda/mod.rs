@@ -16,8 +16,12 @@
 //! - [`dfl`]: the head's DFL expectation in one launch (`kernels/dfl.cu`).
 //! - [`ew`]: `a + b` and contiguous copies of row-strided tensors (`kernels/ew.cu`), for
 //!   [`crate::model::ew`].
+//! - [`fused_conv`]: an inference convolution with its folded bias and SiLU as one cuDNN
+//!   operation graph (backend API), so the output is written once.
 //! - [`gemm`]: 1×1 convolutions of channels-last activations as cuBLAS products reading channel
 //!   slices in place and summing over the parts of a concatenation (none is copied).
+//! - [`layout`]: the channels-last input, head outputs and 2× upsampling in one launch each
+//!   (`kernels/layout.cu`), for [`crate::model::layout`].
 //! - [`upload`]: a batch's image bytes uploaded through pinned staging memory, without a host
 //!   synchronization (the training loop's upload of the next batch).
 //! - [`optim`]: multi-tensor SGD, gradient-norm and EMA kernels (`kernels/optim.cu`): one launch
@@ -34,8 +38,10 @@ pub mod conv;
 pub mod conv_params;
 pub mod dfl;
 pub mod ew;
+pub mod fused_conv;
 pub mod gemm;
 pub mod graph;
+pub mod layout;
 pub mod nms;
 pub mod optim;
 pub mod pool;

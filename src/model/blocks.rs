@@ -97,11 +97,11 @@ impl RepNBottleneck {
 
     /// [`Self::forward`] under a [`Ctx`] (taped or plain).
     pub fn run(&self, x: &Tensor, c: Ctx) -> Result<Tensor> {
-        let y = self.cv2.run(&self.cv1.run(x, c)?, c)?;
+        let h = self.cv1.run(x, c)?;
         if self.add {
-            c.add(x, &y)
+            self.cv2.run_add(&h, x, c)
         } else {
-            Ok(y)
+            self.cv2.run(&h, c)
         }
     }
 }
@@ -206,7 +206,16 @@ impl RepNCSPELAN4 {
 
     /// [`Self::forward`] under a [`Ctx`] (taped or plain).
     pub fn run(&self, x: &Tensor, cx: Ctx) -> Result<Tensor> {
-        let y = self.cv1.run(x, cx)?;
+        self.after_cv1(self.cv1.run(x, cx)?, cx)
+    }
+
+    /// [`Self::run`] of the channel concatenation of `parts` (a `Concat` layer read by this
+    /// block alone): `cv1` reads the parts without the concatenation ([`Conv::run_cat`]).
+    pub fn run_cat(&self, parts: &[&Tensor], cx: Ctx) -> Result<Tensor> {
+        self.after_cv1(self.cv1.run_cat(parts, cx)?, cx)
+    }
+
+    fn after_cv1(&self, y: Tensor, cx: Ctx) -> Result<Tensor> {
         let half = cx.narrow(&y, 1, self.c, self.c)?;
         let a = self.cv2.0.run(&half, cx)?;
         let a = self.cv2.1.run(&a, cx)?;
@@ -254,7 +263,15 @@ impl Elan1 {
 
     /// [`Self::forward`] under a [`Ctx`] (taped or plain).
     pub fn run(&self, x: &Tensor, cx: Ctx) -> Result<Tensor> {
-        let y = self.cv1.run(x, cx)?;
+        self.after_cv1(self.cv1.run(x, cx)?, cx)
+    }
+
+    /// [`Self::run`] of the channel concatenation of `parts` (as [`RepNCSPELAN4::run_cat`]).
+    pub fn run_cat(&self, parts: &[&Tensor], cx: Ctx) -> Result<Tensor> {
+        self.after_cv1(self.cv1.run_cat(parts, cx)?, cx)
+    }
+
+    fn after_cv1(&self, y: Tensor, cx: Ctx) -> Result<Tensor> {
         let half = cx.narrow(&y, 1, self.c, self.c)?;
         let a = self.cv2.run(&half, cx)?;
         let c = self.cv3.run(&a, cx)?;

@@ -421,6 +421,9 @@ impl Conv {
             "channels-last forward: a convolution with an unfolded BatchNorm"
         );
         let w = self.nhwc_weight(x.dtype())?;
+        if let Some(y) = self.fused_nhwc(x, &w, None)? {
+            return Ok(y);
+        }
         let y = match self.pointwise_parts(&[x], &w)? {
             Some(y) => y,
             None => match pointwise_gemm(x, &w, (self.padding, self.stride, self.groups))? {
@@ -485,6 +488,41 @@ impl Conv {
         }
         let _ = (k, c);
         Ok(None)
+    }
+
+    /// The convolution, its folded bias, SiLU and `residual` (added last) as one cuDNN graph
+    /// ([`crate::cuda::fused_conv::conv_bias_act_nhwc`]); `None` where that does not apply (no
+    /// bias, not f16/bf16 on CUDA, a shape no cuDNN engine runs, builds without `cuda`).
+    fn fused_nhwc(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        residual: Option<&Tensor>,
+    ) -> Result<Option<Tensor>> {
+        #[cfg(feature = "cuda")]
+        if let Some(b) = &self.bias {
+            let b = b.detach().to_dtype(x.dtype())?.flatten_all()?;
+            let geometry = (self.padding, self.stride, self.groups);
+            return Ok(crate::cuda::fused_conv::conv_bias_act_nhwc(
+                x, w, &b, geometry, self.act, residual,
+            )?);
+        }
+        let _ = (x, w, residual);
+        Ok(None)
+    }
+
+    /// `residual + self.run(x)` (the shortcut of `RepNBottleneck`): on channels-last inference
+    /// activations the sum is the last step of the fused convolution
+    /// ([`crate::cuda::fused_conv`]); otherwise [`Conv::run`], then the addition.
+    pub fn run_add(&self, x: &Tensor, residual: &Tensor, c: Ctx) -> Result<Tensor> {
+        if c.nhwc && c.tape.is_none() && c.trace.is_none() && self.bn.is_none() {
+            let w = self.nhwc_weight(x.dtype())?;
+            if let Some(y) = self.fused_nhwc(x, &w, Some(residual))? {
+                return Ok(y);
+            }
+        }
+        let y = self.run(x, c)?;
+        c.add(residual, &y)
     }
 
     /// The channels-last epilogue: the folded bias and SiLU in one pass, or SiLU alone.

@@ -36,6 +36,7 @@ pub(crate) mod ew;
 pub(crate) mod graphs;
 pub(crate) mod head;
 pub(crate) mod keys;
+pub(crate) mod layout;
 pub(crate) mod net;
 pub(crate) mod params;
 pub(crate) mod pool;

@@ -34,10 +34,12 @@ enum Block {
     },
 }
 
-/// A layer's output: one map, or the pieces of a `CBLinear`.
+/// A layer's output: one map, the pieces of a `CBLinear`, or the inputs of a `Concat` left
+/// unjoined for the one block that reads it ([`Net::cat_read_by_elan`]).
 enum Out {
     One(Tensor),
     Many(Vec<Tensor>),
+    Parts(Vec<Tensor>),
 }
 
 /// Layers `model.0 … model.{head-1}` of an [`Arch`] (the head is built by [`load_heads`]).
@@ -46,6 +48,10 @@ pub(crate) struct Net {
     from: Vec<Vec<Src>>,
     /// Per layer, the last layer that reads its output (the head index for head inputs).
     last_use: Vec<usize>,
+    /// Per layer, whether it is a `Concat` whose only reader is an ELAN block
+    /// (RepNCSPELAN4, ELAN1) and not the head: that block's `cv1` (1x1) reads the parts without
+    /// the concatenation on channels-last activations ([`crate::model::conv::Conv::run_cat`]).
+    cat_read_by_elan: Vec<bool>,
 }
 
 impl Net {
@@ -101,10 +107,23 @@ impl Net {
                 }
             }
         }
+        let from: Vec<Vec<Src>> = arch.layers[..n].iter().map(|l| l.from.clone()).collect();
+        let cat_read_by_elan = (0..n)
+            .map(|i| {
+                let readers: Vec<usize> = (0..arch.layers.len())
+                    .filter(|&k| arch.layers[k].from.contains(&Src::Layer(i)))
+                    .collect();
+                matches!(blocks[i], Block::Concat)
+                    && matches!(readers[..], [k] if k < n
+                        && from[k].len() == 1
+                        && matches!(blocks[k], Block::Rep(_) | Block::Elan1(_)))
+            })
+            .collect();
         Ok(Self {
             blocks,
-            from: arch.layers[..n].iter().map(|l| l.from.clone()).collect(),
+            from,
             last_use,
+            cat_read_by_elan,
         })
     }
 
@@ -119,16 +138,34 @@ impl Net {
                     Src::Input => Ok(x),
                     Src::Layer(j) => match outs[j].as_ref() {
                         Some(Out::One(t)) => Ok(t),
-                        Some(Out::Many(_)) => anyhow::bail!("layer {i}: input {j} has pieces"),
+                        Some(Out::Many(_) | Out::Parts(_)) => {
+                            anyhow::bail!("layer {i}: input {j} has pieces")
+                        }
                         None => anyhow::bail!("layer {i}: output of layer {j} is gone"),
                     },
+                }
+            };
+            // The unjoined inputs of a Concat this block alone reads.
+            let parts = || -> Option<Vec<&Tensor>> {
+                match (self.from[i].first(), self.from[i].len()) {
+                    (Some(Src::Layer(j)), 1) => match outs[*j].as_ref() {
+                        Some(Out::Parts(p)) => Some(p.iter().collect()),
+                        _ => None,
+                    },
+                    _ => None,
                 }
             };
             let y = match block {
                 Block::Identity => Out::One(one(0)?.clone()),
                 Block::Conv(m) => Out::One(m.run(one(0)?, c)?),
-                Block::Elan1(m) => Out::One(m.run(one(0)?, c)?),
-                Block::Rep(m) => Out::One(m.run(one(0)?, c)?),
+                Block::Elan1(m) => Out::One(match parts() {
+                    Some(p) => m.run_cat(&p, c)?,
+                    None => m.run(one(0)?, c)?,
+                }),
+                Block::Rep(m) => Out::One(match parts() {
+                    Some(p) => m.run_cat(&p, c)?,
+                    None => m.run(one(0)?, c)?,
+                }),
                 Block::AConv(m) => Out::One(m.run(one(0)?, c)?),
                 Block::ADown(m) => Out::One(m.run(one(0)?, c)?),
                 Block::Spp(m) => Out::One(m.run(one(0)?, c)?),
@@ -136,7 +173,16 @@ impl Net {
                 Block::Concat => {
                     let xs: Vec<&Tensor> =
                         (0..self.from[i].len()).map(one).collect::<Result<_>>()?;
-                    Out::One(c.cat(&xs, 1)?)
+                    let unjoined = c.nhwc
+                        && c.tape.is_none()
+                        && c.trace.is_none()
+                        && self.cat_read_by_elan[i]
+                        && !taps.contains(&Src::Layer(i));
+                    if unjoined {
+                        Out::Parts(xs.into_iter().cloned().collect())
+                    } else {
+                        Out::One(c.cat(&xs, 1)?)
+                    }
                 }
                 Block::CBLinear(m) => Out::Many(m.run(one(0)?, c)?),
                 Block::CBFuse { idx, factor } => {

@@ -163,6 +163,9 @@ pub mod nhwc {
     /// [`super::upsample_nearest`]: (B, H, W, C) → (B, fH, fW, C).
     pub fn upsample_nearest(x: &Tensor, f: usize) -> Result<Tensor> {
         anyhow::ensure!(f >= 1, "upsample: factor 0");
+        if f == 2 {
+            return crate::model::layout::upsample2_nhwc(x);
+        }
         let (b, h, w, c) = x.dims4()?;
         Ok(x.reshape((b, h, 1, w, 1, c))?
             .broadcast_as((b, h, f, w, f, c))?

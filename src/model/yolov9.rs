@@ -302,12 +302,13 @@ impl YoloV9 {
     /// context.
     fn features_in_layout(&self, x: &Tensor, taps: &[Src]) -> Result<(Vec<Tensor>, Ctx<'static>)> {
         check_input(x)?;
-        let x = x.to_device(&self.device)?.to_dtype(self.dtype)?;
+        let x = x.to_device(&self.device)?;
         if self.channels_last_for(x.dim(0)?) {
-            let x = x.permute((0, 2, 3, 1))?.contiguous()?;
+            let x = super::layout::nhwc_from_nchw(&x, self.dtype)?;
             let c = Ctx::plain_nhwc();
             return Ok((self.net.forward(&x, c, taps)?, c));
         }
+        let x = x.to_dtype(self.dtype)?;
         let c = Ctx::plain(false);
         Ok((self.net.forward(&x, c, taps)?, c))
     }
@@ -319,7 +320,9 @@ impl YoloV9 {
             .run_raw(feats, c)?
             .into_iter()
             .map(|t| {
-                let t = if c.nhwc { to_nchw(&t)? } else { t };
+                if c.nhwc {
+                    return super::layout::nchw_f32_from_nhwc(&t);
+                }
                 Ok(t.to_dtype(DType::F32)?)
             })
             .collect()
