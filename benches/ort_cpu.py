@@ -13,7 +13,8 @@ yolo9's forward, the decode inside the exported graph).
 `--int8 IMAGES` (a folder of images, e.g. BCCD's `images/val`, the images `yolo9 convert --int8`
 calibrates on) also times each engine's own static INT8 of the same export, calibrated on those
 images letterboxed to the model's size: ONNX Runtime's `quantize_static` (QDQ, per-channel i8
-weights, u8 activations, MinMax: the settings of yolo9's INT8) as `engine=onnxruntime-int8`, and
+weights, u8 activations, MinMax: the settings of yolo9's INT8; the head's last convolutions and the
+decode stay f32, as in yolo9's INT8) as `engine=onnxruntime-int8`, and
 OpenVINO's NNCF `quantize` (its default preset) as `engine=openvino-int8` where `nncf` is
 installed (`pip install nncf pillow`).
 """
@@ -112,6 +113,26 @@ def calibration(h, w, b):
     return [np.stack([xs[(i + j) % len(xs)] for j in range(b)]) for i in range(0, len(xs), b)]
 
 
+def decode_tail(path):
+    """Names of the nodes of `path` from which no convolution is reachable: the head's last
+    convolutions and the decode after them (DFL, anchors, sigmoid, concatenation), which stay in
+    f32 (yolo9's INT8 keeps the same layers in f32). Quantized, the concatenation of pixel boxes
+    (0..640) and scores (0..1) on one u8 scale rounds every score to 0: no detections."""
+    import onnx
+
+    nodes = list(onnx.load(path).graph.node)
+    consumers = {}
+    for n in nodes:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n.name)
+    conv = {n.name: n.op_type == "Conv" for n in nodes}
+    reaches = {}
+    for n in reversed(nodes):  # ONNX nodes are in topological order
+        reaches[n.name] = any(conv[c] or reaches.get(c, False)
+                              for o in n.output for c in consumers.get(o, []))
+    return [n.name for n in nodes if not reaches[n.name]]
+
+
 def int8_models(path, h, w, b):
     """(ORT QDQ model path, NNCF-quantized OpenVINO model or None) of the export at `path`."""
     from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat,
@@ -135,7 +156,8 @@ def int8_models(path, h, w, b):
         quant_pre_process(path, pre)
         quantize_static(pre, qdq, Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
                         activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
-                        calibrate_method=CalibrationMethod.MinMax)
+                        calibrate_method=CalibrationMethod.MinMax,
+                        nodes_to_exclude=decode_tail(pre))
     vino = None
     xml = path.replace(".onnx", "-int8-nncf.xml")
     if ov is not None and os.path.exists(xml):
