@@ -128,6 +128,10 @@ pub mod model {
     pub mod head {
         pub use crate::model::head::*;
     }
+    /// `model::layout` (internal).
+    pub mod layout {
+        pub use crate::model::layout::*;
+    }
     /// `model::keys` (internal).
     pub mod keys {
         pub use crate::model::keys::*;

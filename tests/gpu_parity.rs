@@ -1768,3 +1768,138 @@ fn segmentation_forward_and_loss_on_gpu_equal_the_official() {
         }
     }
 }
+
+/// The channels-last layout kernels (`kernels/layout.cu`) equal candle's ops on the CPU: the f32
+/// NCHW input to NHWC f16 (each value rounded once, the same rounding as `to_dtype`), an NHWC f16
+/// tensor to NCHW f32 (exact), and the nearest 2x upsampling (a copy), on shapes whose pixels are
+/// and are not a multiple of 16 bytes and with a batch of 2.
+#[test]
+fn layout_kernels_equal_the_cpu_ops() {
+    use yolo9::internals::model::layout;
+    let dev = gpu();
+    let cpu = |t: &Tensor| t.to_device(&Device::Cpu).unwrap();
+    let x = rand(&[2, 3, 37, 53], 11, 2.0, 0.0);
+    let want = x
+        .to_dtype(DType::F16)
+        .unwrap()
+        .permute((0, 2, 3, 1))
+        .unwrap()
+        .contiguous()
+        .unwrap();
+    let got = cpu(&layout::nhwc_from_nchw(&x.to_device(&dev).unwrap(), DType::F16).unwrap());
+    assert_eq!(got.dims()[..3], want.dims()[..3]);
+    let got3 = got.narrow(3, 0, 3).unwrap().contiguous().unwrap();
+    let diff = |a: &Tensor, b: &Tensor| {
+        common::max_abs(
+            &a.to_dtype(DType::F32).unwrap(),
+            &b.to_dtype(DType::F32).unwrap(),
+        )
+    };
+    assert_eq!(diff(&got3, &want), 0.0, "input cast and transposition");
+    if got.dim(3).unwrap() > 3 {
+        let pad = got.narrow(3, 3, got.dim(3).unwrap() - 3).unwrap();
+        assert_eq!(
+            common::abs_max(&pad.to_dtype(DType::F32).unwrap()),
+            0.0,
+            "padding"
+        );
+    }
+    for c in [144, 5] {
+        let t = rand(&[2, 9, 11, c], 12, 3.0, 0.0)
+            .to_dtype(DType::F16)
+            .unwrap();
+        let want = t
+            .permute((0, 3, 1, 2))
+            .unwrap()
+            .contiguous()
+            .unwrap()
+            .to_dtype(DType::F32)
+            .unwrap();
+        let got = cpu(&layout::nchw_f32_from_nhwc(&t.to_device(&dev).unwrap()).unwrap());
+        assert_eq!(
+            common::max_abs(&got, &want),
+            0.0,
+            "output transposition, {c} channels"
+        );
+        let want = layout::upsample2_nhwc(&t).unwrap().contiguous().unwrap();
+        let got = cpu(&layout::upsample2_nhwc(&t.to_device(&dev).unwrap()).unwrap());
+        assert_eq!(diff(&got, &want), 0.0, "upsampling, {c} channels");
+    }
+}
+
+/// The f16 channels-last forward of the trained BCCD weights on a real image, with the
+/// convolution epilogues fused into cuDNN graphs (`YOLO9_CUDNN_FUSED=all`, the default) and
+/// without (`off`), against the strict-f32 forward: both within f16 rounding of it (scores within
+/// 0.02, boxes within 2 px where a score is above 0.25), the fused one no further than the
+/// unfused one by more than a quarter.
+#[test]
+fn fused_half_forward_follows_f32() {
+    use yolo9::internals::cuda::fused_conv::{fused, set_fused, Fused};
+    let _g = graph_switch_lock();
+    let dev = gpu();
+    let w =
+        yolo9::Weights::load(std::path::Path::new("weights/yolov9-s-bccd.safetensors")).unwrap();
+    let img = image::open("examples/images/BloodImage_00007.jpg")
+        .unwrap()
+        .to_rgb8();
+    let (h, wd) = (img.height() as usize, img.width() as usize);
+    let x = Tensor::from_vec(img.into_raw(), (h, wd, 3), &Device::Cpu)
+        .unwrap()
+        .permute((2, 0, 1))
+        .unwrap()
+        .to_dtype(DType::F32)
+        .unwrap()
+        .affine(1.0 / 255.0, 0.0)
+        .unwrap()
+        .unsqueeze(0)
+        .unwrap()
+        .to_device(&dev)
+        .unwrap();
+    let load =
+        |dtype| yolo9::internals::model::yolov9::YoloV9::load_dtype(&w, &dev, dtype).unwrap();
+    let exact = load(DType::F32).forward_launched(&x).unwrap();
+    let exact = exact.to_device(&Device::Cpu).unwrap();
+    let mode = fused();
+    let mut errs = vec![];
+    for m in [Fused::Off, Fused::All] {
+        set_fused(m);
+        let y = load(DType::F16)
+            .forward_launched(&x)
+            .unwrap()
+            .to_device(&Device::Cpu)
+            .unwrap();
+        let rows = y.dim(1).unwrap();
+        let score = common::max_abs(
+            &y.narrow(1, 4, rows - 4).unwrap(),
+            &exact.narrow(1, 4, rows - 4).unwrap(),
+        );
+        // Box error where the f32 forward is confident.
+        let conf = exact.narrow(1, 4, rows - 4).unwrap().max(1).unwrap(); // (1, A)
+        let mask = conf
+            .ge(0.25)
+            .unwrap()
+            .to_dtype(DType::F32)
+            .unwrap()
+            .unsqueeze(1)
+            .unwrap();
+        let dbox = (y.narrow(1, 0, 4).unwrap() - exact.narrow(1, 0, 4).unwrap())
+            .unwrap()
+            .abs()
+            .unwrap()
+            .broadcast_mul(&mask)
+            .unwrap();
+        let dbox = common::abs_max(&dbox);
+        println!("{m:?}: score {score:.3e}, confident boxes {dbox:.3e} px");
+        assert!(
+            score <= 0.02 && dbox <= 2.0,
+            "{m:?}: score {score}, box {dbox}"
+        );
+        errs.push((score, dbox));
+    }
+    set_fused(mode);
+    assert!(
+        errs[1].0 <= errs[0].0 * 1.25 + 1e-3,
+        "fused scores {errs:?}"
+    );
+    assert!(errs[1].1 <= errs[0].1 * 1.25 + 0.05, "fused boxes {errs:?}");
+}
