@@ -34,7 +34,8 @@ pub struct ExportArgs {
     /// f16 weights and activations (the input stays f32 in 0..1, the output f32).
     #[arg(long)]
     pub half: bool,
-    /// An end-to-end model: NMS inside, outputs num_dets, boxes, scores, classes.
+    /// An end-to-end model: NMS inside, outputs num_dets, boxes, scores, classes (and masks for
+    /// a segmentation model).
     #[arg(long)]
     pub nms: bool,
     /// --nms: confidence threshold in (0, 1).

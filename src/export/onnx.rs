@@ -10,9 +10,11 @@
 //!   after the scores) and writes `output1` (B, nm, H/4, W/4) f32, the prototypes: exactly
 //!   [`crate::model::YoloV9::forward_seg`] (an instance's mask is `sigmoid(coefficients ·
 //!   prototypes)` inside its box; official `Segment` export, Ultralytics' layout);
-//! - with NMS instead (detection models only): `num_dets` (B, 1) i32, `boxes` (B, K, 4) f32 x1, y1, x2, y2 in input
+//! - with NMS instead: `num_dets` (B, 1) i32, `boxes` (B, K, 4) f32 x1, y1, x2, y2 in input
 //!   pixels, `scores` (B, K) f32, `classes` (B, K) i32, best first, rows from `num_dets` on are
-//!   zeros (TensorRT `EfficientNMS` layout; K = min(max_det, A)).
+//!   zeros (TensorRT `EfficientNMS` layout; K = min(max_det, A)); a segmentation model adds
+//!   `masks` (B, K, H/4, W/4) f32, each kept detection's `sigmoid(coefficients · prototypes)`
+//!   cropped to its box on the prototype grid (official `crop_mask`), zeros in padding slots.
 //!
 //! The metadata carries what Ultralytics-reading runtimes look for: `names` (a Python dict
 //! literal, `{0: 'RBC', …}`), `stride`, `imgsz`, `batch`, `task` (`detect` or `segment`), plus `description`,
@@ -31,7 +33,7 @@ use crate::model::head::REG_MAX;
 use crate::model::trace::TracedOp;
 use crate::model::weights::Weights;
 use crate::model::{YoloV9, STRIDES};
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Tensor, TensorId};
 use std::collections::HashMap;
 
@@ -45,13 +47,6 @@ pub fn export(weights: &Weights, opts: &ExportOptions) -> Result<ModelProto> {
     let model = YoloV9::load(weights, &Device::Cpu).context("building the inference graph")?;
     let x = Tensor::zeros((1, 3, 64, 64), DType::F32, &Device::Cpu)?;
     let seg = model.is_seg();
-    ensure!(
-        !(seg && opts.nms.is_some()),
-        "--nms: {} is a segmentation model, and yolo9 writes no end-to-end model with masks; \
-         export it without --nms (output0: boxes, scores and mask coefficients; output1: the \
-         prototypes) and run the NMS and the masks after the model",
-        weights.meta.arch.name
-    );
     let (ops, raw, masks) = if seg {
         let (ops, raw, coeffs, proto) = model.trace_seg(&x)?;
         (ops, raw, Some((coeffs, proto)))
@@ -95,6 +90,7 @@ pub fn export(weights: &Weights, opts: &ExportOptions) -> Result<ModelProto> {
     // `torch.cat([x, mc], 1)`), and the prototypes as `output1`.
     let mut nm = 0;
     let mut proto_stride = 1;
+    let mut proto_name = None;
     if let Some((coeffs, proto)) = &masks {
         nm = proto.dim(1)?;
         proto_stride = x.dim(2)? / proto.dim(2)?;
@@ -106,64 +102,19 @@ pub fn export(weights: &Weights, opts: &ExportOptions) -> Result<ModelProto> {
         let flat: Vec<&str> = flat.iter().map(String::as_str).collect();
         let mc = g.node("Concat", &flat, vec![attr_i("axis", 2)]);
         output0 = g.node("Concat", &[&output0, &mc], vec![attr_i("axis", 1)]);
-        let p = out(&mut g, proto)?;
-        let p = g.node("Identity", &[&p], vec![]);
-        g.rename(&p, "output1");
+        proto_name = Some(out(&mut g, proto)?);
     }
     let (b, h, w) = if opts.dynamic {
         (Dim::Sym("batch"), Dim::Sym("height"), Dim::Sym("width"))
     } else {
         (Dim::N(opts.batch), Dim::N(opts.img.0), Dim::N(opts.img.1))
     };
-    let anchors = if opts.dynamic {
-        Dim::Sym("anchors")
-    } else {
-        Dim::N(
-            STRIDES
-                .iter()
-                .map(|s| (opts.img.0 / *s as usize) * (opts.img.1 / *s as usize))
-                .sum(),
-        )
-    };
-    let outputs = match &opts.nms {
-        None => {
-            g.rename(&output0, "output0");
-            let mut outs = vec![value_info(
-                "output0",
-                data_type::FLOAT,
-                &[b, Dim::N(4 + nc + nm), anchors],
-            )];
-            if masks.is_some() {
-                let (ph, pw) = if opts.dynamic {
-                    (Dim::Sym("proto_height"), Dim::Sym("proto_width"))
-                } else {
-                    (
-                        Dim::N(opts.img.0 / proto_stride),
-                        Dim::N(opts.img.1 / proto_stride),
-                    )
-                };
-                outs.push(value_info(
-                    "output1",
-                    data_type::FLOAT,
-                    &[b, Dim::N(nm), ph, pw],
-                ));
-            }
-            outs
-        }
-        Some(n) => {
-            let k = match anchors {
-                Dim::N(a) => Dim::N(a.min(n.max_det)),
-                _ => Dim::Sym("max_det"),
-            };
-            g.nms(&output0, nc, n)?;
-            vec![
-                value_info("num_dets", data_type::INT32, &[b, Dim::N(1)]),
-                value_info("boxes", data_type::FLOAT, &[b, k, Dim::N(4)]),
-                value_info("scores", data_type::FLOAT, &[b, k]),
-                value_info("classes", data_type::INT32, &[b, k]),
-            ]
-        }
-    };
+    let seg_out = proto_name.map(|p| SegOut {
+        proto: p,
+        nm,
+        stride: proto_stride,
+    });
+    let outputs = g.outputs(&output0, &images, opts, nc, b, seg_out.as_ref())?;
     let graph = GraphProto {
         node: g.nodes,
         name: meta.arch.name.clone(),
@@ -191,6 +142,21 @@ pub fn export(weights: &Weights, opts: &ExportOptions) -> Result<ModelProto> {
 }
 
 /// The IR version that goes with an operator set (the ONNX release that introduced it).
+/// The mask outputs' sources of a segmentation model: its prototypes (the graph value; `None` in
+/// [`export`] until the NMS decides where they go), `nm`, and the prototypes' stride.
+struct SegOut {
+    proto: String,
+    nm: usize,
+    stride: usize,
+}
+
+/// What [`Graph::nms`] keeps, for the masks of an end-to-end segmentation model: the anchor of
+/// each output slot `(B, K, 1)` i64 and whether the slot holds a detection `(B, K)` f32 (1 or 0).
+struct Kept {
+    index: String,
+    valid: String,
+}
+
 fn ir_version(opset: i64) -> i64 {
     match opset {
         ..=14 => 7,
@@ -695,7 +661,7 @@ impl Graph {
     /// `NonMaxSuppression` is the official class-aware NMS over best-class candidates; the kept
     /// (image, anchor) pairs are scattered into a dense (B, A) score map whose `TopK` gives the
     /// padded, best-first output.
-    fn nms(&mut self, out: &str, nc: usize, n: &NmsExport) -> Result<()> {
+    fn nms(&mut self, out: &str, nc: usize, n: &NmsExport) -> Result<Kept> {
         let xywh = self.slice(out, &[1], &[0], &[4], None);
         let scores = self.slice(out, &[1], &[4], &[4 + nc as i64], None);
         let cxy = self.slice(&xywh, &[1], &[0], &[2], None);
@@ -770,6 +736,157 @@ impl Graph {
         self.node_out("Mul", &[&kc, &validi], vec![], &["classes"]);
         let cnt = self.node("ReduceSum", &[&validi, &axis1], vec![attr_i("keepdims", 1)]);
         self.node_out("Identity", &[&cnt], vec![], &["num_dets"]);
+        Ok(Kept {
+            index: idx3,
+            valid: validf,
+        })
+    }
+
+    /// Names the model's outputs and declares them: `output0` (and `output1`, the prototypes of
+    /// a segmentation model), or with `--nms` the NMS outputs (and `masks`). `b` is the batch
+    /// dimension.
+    fn outputs(
+        &mut self,
+        output0: &str,
+        images: &str,
+        opts: &ExportOptions,
+        nc: usize,
+        b: Dim,
+        seg: Option<&SegOut>,
+    ) -> Result<Vec<ValueInfoProto>> {
+        let anchors = if opts.dynamic {
+            Dim::Sym("anchors")
+        } else {
+            Dim::N(
+                STRIDES
+                    .iter()
+                    .map(|s| (opts.img.0 / *s as usize) * (opts.img.1 / *s as usize))
+                    .sum(),
+            )
+        };
+        let proto_hw = |s: &SegOut| {
+            if opts.dynamic {
+                (Dim::Sym("proto_height"), Dim::Sym("proto_width"))
+            } else {
+                (Dim::N(opts.img.0 / s.stride), Dim::N(opts.img.1 / s.stride))
+            }
+        };
+        let nm = seg.map_or(0, |s| s.nm);
+        let Some(n) = &opts.nms else {
+            self.rename(output0, "output0");
+            let mut outs = vec![value_info(
+                "output0",
+                data_type::FLOAT,
+                &[b, Dim::N(4 + nc + nm), anchors],
+            )];
+            if let Some(s) = seg {
+                let p = self.node("Identity", &[&s.proto], vec![]);
+                self.rename(&p, "output1");
+                let (ph, pw) = proto_hw(s);
+                outs.push(value_info(
+                    "output1",
+                    data_type::FLOAT,
+                    &[b, Dim::N(nm), ph, pw],
+                ));
+            }
+            return Ok(outs);
+        };
+        let k = match anchors {
+            Dim::N(a) => Dim::N(a.min(n.max_det)),
+            _ => Dim::Sym("max_det"),
+        };
+        let kept = self.nms(output0, nc, n)?;
+        let mut outs = vec![
+            value_info("num_dets", data_type::INT32, &[b, Dim::N(1)]),
+            value_info("boxes", data_type::FLOAT, &[b, k, Dim::N(4)]),
+            value_info("scores", data_type::FLOAT, &[b, k]),
+            value_info("classes", data_type::INT32, &[b, k]),
+        ];
+        if let Some(s) = seg {
+            self.instance_masks(output0, &s.proto, images, nc, nm, &kept)?;
+            let (ph, pw) = proto_hw(s);
+            outs.push(value_info("masks", data_type::FLOAT, &[b, k, ph, pw]));
+        }
+        Ok(outs)
+    }
+
+    /// The `masks` output of an end-to-end segmentation model: for each kept detection (`kept`,
+    /// from [`Graph::nms`]) `sigmoid(coefficients · prototypes)` on the prototype grid, zero
+    /// outside its box (official `crop_mask`: prototype pixel (c, r) is kept when
+    /// x1 ≤ c < x2 and y1 ≤ r < y2 of the box scaled to prototype pixels), and zero for the
+    /// padding slots: (B, K, H/4, W/4) f32 in [0, 1]. `out` is `output0` (B, 4+nc+nm, A) with
+    /// the coefficients in its last `nm` rows; `proto` (B, nm, Hp, Wp); `images` the input.
+    fn instance_masks(
+        &mut self,
+        out: &str,
+        proto: &str,
+        images: &str,
+        nc: usize,
+        nm: usize,
+        kept: &Kept,
+    ) -> Result<()> {
+        let (c0, c1) = ((4 + nc) as i64, (4 + nc + nm) as i64);
+        let coeffs = self.slice(out, &[1], &[c0], &[c1], None); // (B, nm, A)
+        let coeffs = self.node("Transpose", &[&coeffs], vec![attr_ints("perm", &[0, 2, 1])]);
+        let kc = self.node(
+            "GatherND",
+            &[&coeffs, &kept.index],
+            vec![attr_i("batch_dims", 1)],
+        ); // (B, K, nm)
+        let pshape = self.node("Shape", &[proto], vec![]);
+        let hw = self.slice(&pshape, &[0], &[2], &[4], None); // [Hp, Wp]
+        let flat_shape = self.i64s(&[0, nm as i64, -1]);
+        let pflat = self.node("Reshape", &[proto, &flat_shape], vec![]); // (B, nm, Hp·Wp)
+        let m = self.node("MatMul", &[&kc, &pflat], vec![]); // (B, K, Hp·Wp)
+        let m = self.node("Sigmoid", &[&m], vec![]);
+        let zz = self.i64s(&[0, 0]);
+        let mshape = self.node("Concat", &[&zz, &hw], vec![attr_i("axis", 0)]);
+        let m = self.node("Reshape", &[&m, &mshape], vec![]); // (B, K, Hp, Wp)
+                                                              // Boxes in prototype pixels: x · Wp / W, y · Hp / H.
+        let ishape = self.node("Shape", &[images], vec![]);
+        let in_hw = self.slice(&ishape, &[0], &[2], &[4], None);
+        let in_hw = self.cast(&in_hw, data_type::FLOAT);
+        let p_hw = self.cast(&hw, data_type::FLOAT);
+        let scale = self.node("Div", &[&p_hw, &in_hw], vec![]); // [sy, sx]
+        let idx = |g: &mut Self, i: i64| {
+            let at = g.i64s(&[i]);
+            g.node("Gather", &[&scale, &at], vec![attr_i("axis", 0)]) // (1,)
+        };
+        let (sy, sx) = (idx(self, 0), idx(self, 1));
+        let coord = |g: &mut Self, j: i64, s: &str| {
+            let b = g.slice("boxes", &[2], &[j], &[j + 1], None); // (B, K, 1)
+            let b = g.node("Mul", &[&b, s], vec![]);
+            g.unsqueeze(&b, &[3]) // (B, K, 1, 1)
+        };
+        let (x1, y1) = (coord(self, 0, &sx), coord(self, 1, &sy));
+        let (x2, y2) = (coord(self, 2, &sx), coord(self, 3, &sy));
+        // Column and row indices as f32: (1, 1, 1, Wp) and (1, 1, Hp, 1).
+        let scalar = |g: &mut Self, hint: &str, v: i64| {
+            g.init(hint, data_type::INT64, &[], v.to_le_bytes().to_vec())
+        };
+        let (z, o) = (scalar(self, "zero", 0), scalar(self, "one", 1));
+        let range = |g: &mut Self, at: i64, shape: &[i64]| {
+            // Gather with a scalar index: the scalar Hp or Wp.
+            let pos = scalar(g, "dim", at);
+            let n = g.node("Gather", &[&hw, &pos], vec![attr_i("axis", 0)]);
+            let r = g.node("Range", &[&z, &n, &o], vec![]);
+            let r = g.cast(&r, data_type::FLOAT);
+            g.reshape(&r, shape)
+        };
+        let cols = range(self, 1, &[1, 1, 1, -1]);
+        let rows = range(self, 0, &[1, 1, -1, 1]);
+        let inside = |g: &mut Self, v: &str, lo: &str, hi: &str| {
+            let a = g.node("GreaterOrEqual", &[v, lo], vec![]);
+            let b = g.node("Less", &[v, hi], vec![]);
+            g.node("And", &[&a, &b], vec![])
+        };
+        let ic = inside(self, &cols, &x1, &x2); // (B, K, 1, Wp)
+        let ir = inside(self, &rows, &y1, &y2); // (B, K, Hp, 1)
+        let keep = self.node("And", &[&ic, &ir], vec![]); // (B, K, Hp, Wp)
+        let keep = self.cast(&keep, data_type::FLOAT);
+        let valid = self.unsqueeze(&kept.valid, &[2, 3]); // (B, K, 1, 1)
+        let keep = self.node("Mul", &[&keep, &valid], vec![]);
+        self.node_out("Mul", &[&m, &keep], vec![], &["masks"]);
         Ok(())
     }
 }

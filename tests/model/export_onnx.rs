@@ -409,7 +409,7 @@ fn every_block_kind_exports() {
 /// prototypes (B, nm, H/4, W/4). The oracle graphs tiny-seg (`Segment` with `Proto`) and
 /// tiny-dseg (`DualDSegment`, its main branch) in tract equal `YoloV9::forward_seg` (boxes and
 /// scores within 1e-4 of their largest value, coefficients and prototypes likewise), static and
-/// dynamic; `--nms` is refused with the reason.
+/// dynamic.
 #[test]
 fn segmentation_model_exports_coefficients_and_prototypes() {
     use prost::Message;
@@ -471,18 +471,122 @@ fn segmentation_model_exports_coefficients_and_prototypes() {
                 "{name} prototypes: {d} of {top}"
             );
         }
-        let err = onnx::export(
-            &w,
-            &ExportOptions {
-                nms: Some(NmsExport::default()),
+    }
+}
+
+/// `--nms` on a segmentation model writes an end-to-end model: the detection outputs and
+/// `masks` (B, K, H/4, W/4), each kept detection's `sigmoid(coefficients · prototypes)` on the
+/// prototype grid, zero outside its box scaled to prototype pixels (official `crop_mask`) and in
+/// the padding slots. In tract, on the oracle graphs tiny-seg and tiny-dseg, static and dynamic:
+/// the detections equal yolo9's NMS of `forward_seg`'s boxes and scores, and each mask equals the
+/// one computed here from the coefficients of the anchor the detection came from and the
+/// prototypes (within 1e-4).
+#[test]
+fn segmentation_model_with_nms_writes_the_instance_masks() {
+    for name in ["tiny-seg", "tiny-dseg"] {
+        let (w, t) = common::seg_oracle_weights(name);
+        let x = &t["x"];
+        let (b, _, h, wd) = x.dims4().unwrap();
+        let (pred, proto) = YoloV9::load(&w, &Device::Cpu)
+            .unwrap()
+            .forward_seg(x)
+            .unwrap();
+        let (rows, anchors) = (pred.dim(1).unwrap(), pred.dim(2).unwrap());
+        let (nm, ph, pw) = (
+            proto.dim(1).unwrap(),
+            proto.dim(2).unwrap(),
+            proto.dim(3).unwrap(),
+        );
+        let nc = rows - 4 - nm;
+        let nms = NmsExport {
+            conf: 0.001,
+            iou: 0.7,
+            max_det: 30,
+        };
+        let det = pred.narrow(1, 0, 4 + nc).unwrap();
+        let mine = non_max_suppression(
+            &det,
+            &NmsOptions {
+                conf_thres: nms.conf,
+                iou_thres: nms.iou as f64,
+                max_det: nms.max_det,
                 ..Default::default()
             },
         )
-        .unwrap_err()
-        .to_string();
-        assert!(
-            err.contains("--nms") && err.contains("segmentation"),
-            "{err}"
-        );
+        .unwrap();
+        let (pv, pr) = (flat(&pred), flat(&proto));
+        for dynamic in [false, true] {
+            let opts = ExportOptions {
+                img: (h, wd),
+                batch: b,
+                dynamic,
+                nms: Some(nms),
+                ..Default::default()
+            };
+            let outs = run_tract(&encode(&w, &opts), x);
+            assert_eq!(
+                outs.len(),
+                5,
+                "{name}: num_dets, boxes, scores, classes, masks"
+            );
+            let k = outs[1].0[1];
+            assert_eq!(outs[4].0, vec![b, k, ph, pw], "{name} masks");
+            let (mut checked, mut inside_px) = (0, 0);
+            for i in 0..b {
+                let got = nms_rows(&outs, i);
+                assert!(!got.is_empty(), "{name}: image {i} has detections");
+                assert_rows_close(&got, &mine[i], 1e-3, "ONNX NMS vs yolo9 NMS");
+                for (j, row) in got.iter().enumerate() {
+                    // The anchor this detection came from: its box and class score.
+                    let at = |r: usize, a: usize| pv[(i * rows + r) * anchors + a];
+                    let a = (0..anchors)
+                        .find(|&a| {
+                            let (cx, cy, bw, bh) = (at(0, a), at(1, a), at(2, a), at(3, a));
+                            let bx = [cx - bw / 2.0, cy - bh / 2.0, cx + bw / 2.0, cy + bh / 2.0];
+                            bx.iter().zip(&row[..4]).all(|(p, q)| (p - q).abs() <= 1e-3)
+                                && (at(4 + row[5] as usize, a) - row[4]).abs() <= 1e-5
+                        })
+                        .unwrap_or_else(|| panic!("{name}: no anchor for {row:?}"));
+                    let (sx, sy) = (pw as f32 / wd as f32, ph as f32 / h as f32);
+                    let crop = [row[0] * sx, row[1] * sy, row[2] * sx, row[3] * sy];
+                    let m = &outs[4].1[((i * k + j) * ph) * pw..][..ph * pw];
+                    for r in 0..ph {
+                        for c in 0..pw {
+                            let (fc, fr) = (c as f32, r as f32);
+                            let inside =
+                                fc >= crop[0] && fc < crop[2] && fr >= crop[1] && fr < crop[3];
+                            inside_px += usize::from(inside);
+                            let want = if inside {
+                                let s: f32 = (0..nm)
+                                    .map(|q| {
+                                        at(4 + nc + q, a) * pr[((i * nm + q) * ph + r) * pw + c]
+                                    })
+                                    .sum();
+                                1.0 / (1.0 + (-s).exp())
+                            } else {
+                                0.0
+                            };
+                            let got = m[r * pw + c];
+                            assert!(
+                                (got - want).abs() <= 1e-4,
+                                "{name} image {i} detection {j} pixel ({r}, {c}): {got} vs {want}"
+                            );
+                        }
+                    }
+                    checked += 1;
+                }
+                let n = got.len();
+                let pad = &outs[4].1[(i * k + n) * ph * pw..(i + 1) * k * ph * pw];
+                assert!(
+                    pad.iter().all(|&v| v == 0.0),
+                    "{name}: padding masks are zero"
+                );
+            }
+            assert!(
+                checked > 0 && inside_px > 0,
+                "{name}: {checked} masks, {inside_px} pixels"
+            );
+            println!("{name} dynamic {dynamic}: {checked} masks, {inside_px} pixels inside boxes");
+        }
     }
 }
