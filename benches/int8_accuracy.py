@@ -21,9 +21,13 @@ import argparse
 import os
 import re
 import subprocess
+import sys
 import tempfile
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ort_int8 import qdq_model  # noqa: E402
 
 p = argparse.ArgumentParser()
 p.add_argument("--yolo9", default="target/release/yolo9")
@@ -163,26 +167,6 @@ def evaluate(run):
     return ap[:, 0].mean(), ap.mean()
 
 
-def decode_tail(path):
-    """Names of the nodes of `path` from which no convolution is reachable: the head's last
-    convolutions and the decode after them (DFL, anchors, sigmoid, concatenation), which stay in
-    f32 (yolo9's INT8 keeps the same layers in f32). Quantized, the concatenation of pixel boxes
-    (0..640) and scores (0..1) on one u8 scale rounds every score to 0: no detections."""
-    import onnx
-
-    nodes = list(onnx.load(path).graph.node)
-    consumers = {}
-    for n in nodes:
-        for i in n.input:
-            consumers.setdefault(i, []).append(n.name)
-    conv = {n.name: n.op_type == "Conv" for n in nodes}
-    reaches = {}
-    for n in reversed(nodes):  # ONNX nodes are in topological order
-        reaches[n.name] = any(conv[c] or reaches.get(c, False)
-                              for o in n.output for c in consumers.get(o, []))
-    return [n.name for n in nodes if not reaches[n.name]]
-
-
 def calibration():
     return [letterbox(rgb(f))[0] for f in images("val")]
 
@@ -206,28 +190,8 @@ def ort_run(path):
 rows = []
 rows.append(("onnxruntime-fp32", *evaluate(ort_run(onnx))))
 
-from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod,  # noqa: E402
-                                      QuantFormat, QuantType, quantize_static)
-from onnxruntime.quantization.shape_inference import quant_pre_process  # noqa: E402
-
 batches = calibration()
-qdq = onnx.replace(".onnx", "-int8-qdq.onnx")
-if not os.path.exists(qdq):
-    name = ort.InferenceSession(onnx, providers=["CPUExecutionProvider"]).get_inputs()[0].name
-
-    class Reader(CalibrationDataReader):
-        def __init__(self):
-            self.it = iter(batches)
-
-        def get_next(self):
-            x = next(self.it, None)
-            return None if x is None else {name: x}
-
-    pre = onnx.replace(".onnx", "-pre.onnx")
-    quant_pre_process(onnx, pre)
-    quantize_static(pre, qdq, Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
-                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
-                    calibrate_method=CalibrationMethod.MinMax, nodes_to_exclude=decode_tail(pre))
+qdq = qdq_model(onnx, batches)
 rows.append(("onnxruntime-int8-qdq", *evaluate(ort_run(qdq))))
 
 try:
