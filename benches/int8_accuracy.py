@@ -5,8 +5,8 @@ that they sit beside `yolo9 val` of the f32 and INT8 weights.
     pip install onnxruntime openvino nncf pillow
     python3 benches/int8_accuracy.py --yolo9 target/release/yolo9 --bccd ../shared/datasets/bccd
 
-Steps: `yolo9 export` of the shipped BCCD weights at 512x640 (the official rectangular val shape of
-BCCD's 640x480 images at --img 640: 480/640*640/32 + 0.5 rounded up, times 32); ONNX Runtime's
+Steps: `yolo9 export` of the shipped BCCD weights at 512x672 (the official rectangular val shape of
+BCCD's 640x480 images at --img 640: `ceil(shape * 640 / 32 + 0.5) * 32` for both sides); ONNX Runtime's
 `quantize_static` (QDQ, per-channel i8 weights, u8 activations, MinMax) and NNCF's `quantize`
 (default preset), both calibrated on BCCD's val images letterboxed the same way (pad 114); each
 engine on the 72 test images; the official NMS (multi-label, conf 0.001, IoU 0.7, 300 per image,
@@ -36,7 +36,7 @@ p.add_argument("--bccd", default="../shared/datasets/bccd")
 p.add_argument("--dir", default=None, help="folder for the models (kept between runs)")
 p.add_argument("--threads", type=int, default=os.cpu_count())
 a = p.parse_args()
-H, W = 512, 640
+H, W = 512, 672
 d = a.dir or tempfile.mkdtemp()
 os.makedirs(d, exist_ok=True)
 
@@ -48,10 +48,11 @@ def rgb(path):
 
 
 def letterbox(im):
-    """`im` (h, w, 3) u8 → (1, 3, H, W) f32 in 0..1, resized by r = min(H/h, W/w) (none for
-    BCCD's 640x480 images), centred, padded with 114; and (r, left, top)."""
+    """`im` (h, w, 3) u8 → (1, 3, H, W) f32 in 0..1, resized by r = min(H/h, W/w, 1) (never up,
+    as the official val loader; none for BCCD's 640x480 images), centred, padded with 114; and
+    (r, left, top)."""
     h, w = im.shape[:2]
-    r = min(H / h, W / w)
+    r = min(H / h, W / w, 1.0)
     nh, nw = round(h * r), round(w * r)
     if (nh, nw) != (h, w):
         from PIL import Image
