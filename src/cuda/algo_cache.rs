@@ -198,6 +198,23 @@ impl AlgoCache {
         }
     }
 
+    /// The cache file of the device of `stream` ([`default_path`]; `None` when disabled), keyed
+    /// by the GPU's name, the loaded cuDNN's version and `math` (what else the choices depend
+    /// on: the math type of [`super::conv`], `graph` for [`super::fused_conv`]).
+    pub fn for_stream(stream: &cudarc::driver::CudaStream, math: &str) -> Option<Self> {
+        let path = default_path()?;
+        let ctx = stream.context();
+        let gpu = ctx
+            .name()
+            .unwrap_or_else(|_| format!("cuda:{}", ctx.ordinal()));
+        Some(Self::open(
+            path,
+            &gpu,
+            cudarc::cudnn::result::get_version(),
+            math,
+        ))
+    }
+
     /// The cached algorithm (cuDNN enum value) of a convolution, if any.
     pub fn get(&self, kind: Kind, p: &Conv2dParams, dtype: DType, strict: bool) -> Option<u32> {
         self.entries.get(&(kind, *p, dtype, strict)).copied()

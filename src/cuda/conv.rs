@@ -325,18 +325,7 @@ fn engine(dev: &CudaDevice) -> Result<Arc<Mutex<Engine>>> {
         .bind_to_thread()
         .map_err(|e| err(format!("binding the CUDA context: {e:?}")))?;
     let cudnn = Cudnn::new(stream.clone()).map_err(|e| cudnn_err("creating the handle", e))?;
-    let file = super::algo_cache::default_path().map(|path| {
-        let gpu = stream
-            .context()
-            .name()
-            .unwrap_or_else(|_| format!("cuda:{}", stream.context().ordinal()));
-        AlgoCache::open(
-            path,
-            &gpu,
-            cudarc::cudnn::result::get_version(),
-            &format!("{:?}", tf32_math()),
-        )
-    });
+    let file = AlgoCache::for_stream(&stream, &format!("{:?}", tf32_math()));
     let e = Arc::new(Mutex::new(Engine {
         stream,
         cudnn,
@@ -416,7 +405,7 @@ fn descs<T: Elem>(cudnn: &Arc<Cudnn>, p: &Conv2dParams) -> Result<Descs<T>> {
 
 /// Makes `ws` at least `bytes` long (rounded up to [`WORKSPACE_GRAIN`]). The old buffer is freed
 /// first (stream-ordered) so its memory can be reused. Out of memory is an error.
-fn grow_workspace(
+pub(super) fn grow_workspace(
     stream: &Arc<CudaStream>,
     ws: &mut Option<CudaSlice<u8>>,
     bytes: usize,
@@ -435,7 +424,7 @@ fn grow_workspace(
 
 /// Whether work enqueued on `stream` is being captured into a CUDA graph (see
 /// [`crate::cuda::graph`]).
-fn capturing(stream: &Arc<CudaStream>) -> bool {
+pub(super) fn capturing(stream: &Arc<CudaStream>) -> bool {
     !matches!(
         stream.capture_status(),
         Ok(cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
@@ -460,7 +449,7 @@ fn refuse_search_in_capture(stream: &Arc<CudaStream>) -> Result<()> {
 /// left in `own` (its allocation and release become nodes of the graph, so a replay never points
 /// at the shared workspace, which a later, larger algorithm may replace). `None` when the
 /// algorithm needs none.
-fn launch_workspace<'a>(
+pub(super) fn launch_workspace<'a>(
     stream: &Arc<CudaStream>,
     shared: &'a mut Option<CudaSlice<u8>>,
     own: &'a mut Option<CudaSlice<u8>>,
@@ -480,7 +469,7 @@ fn launch_workspace<'a>(
 }
 
 /// The workspace argument of a launch: `None` when the algorithm needs none.
-fn ws_arg(ws: &mut Option<CudaSlice<u8>>, bytes: usize) -> Option<&mut CudaSlice<u8>> {
+pub(super) fn ws_arg(ws: &mut Option<CudaSlice<u8>>, bytes: usize) -> Option<&mut CudaSlice<u8>> {
     if bytes == 0 {
         None
     } else {

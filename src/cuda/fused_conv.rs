@@ -6,7 +6,8 @@
 //!
 //! The graph is cuDNN's "convolution forward followed by pointwise operations" pattern:
 //! `CONVOLUTION_FORWARD (x, w) → t1 (virtual, f32)`, `POINTWISE_ADD (t1, b) → t2 (virtual, f32)`,
-//! `POINTWISE_SWISH_FWD (t2) → y` (β = 1: `t · σ(t)`, SiLU). cuDNN's engines that run it (its
+//! `POINTWISE_SWISH_FWD (t2) → y` (β = 1: `t · σ(t)`, SiLU), and for RepNBottleneck's shortcut a last
+//! `POINTWISE_ADD` of the residual `r`. cuDNN's engines that run it (its
 //! runtime-fusion engines compile the kernel for the shape, with NVRTC) are found by its heuristics
 //! (`CUDNN_HEUR_MODE_A`); each candidate that builds an execution plan is timed once per shape
 //! and the fastest is kept for the process (as [`super::conv`] times its algorithms). A shape no
@@ -24,6 +25,7 @@
 //! here panics on a runtime path.
 
 use super::algo_cache::{AlgoCache, Kind as CacheKind};
+use super::conv::{capturing, grow_workspace, launch_workspace, ws_arg};
 use super::conv_params::Conv2dParams;
 use super::gemm::row_stride;
 use candle_core::backend::BackendStorage;
@@ -568,13 +570,7 @@ fn engine(dev: &CudaDevice) -> Result<Arc<Mutex<Engine>>> {
     // SAFETY: a live handle and candle's stream of this device.
     unsafe { cudarc::cudnn::result::set_stream(handle, stream.cu_stream() as *mut _) }
         .map_err(|e| err(format!("setting the stream: {e:?}")))?;
-    let file = super::algo_cache::default_path().map(|path| {
-        let gpu = stream
-            .context()
-            .name()
-            .unwrap_or_else(|_| format!("cuda:{}", stream.context().ordinal()));
-        AlgoCache::open(path, &gpu, cudarc::cudnn::result::get_version(), "graph")
-    });
+    let file = AlgoCache::for_stream(&stream, "graph");
     let e = Arc::new(Mutex::new(Engine {
         handle,
         stream,
@@ -586,26 +582,12 @@ fn engine(dev: &CudaDevice) -> Result<Arc<Mutex<Engine>>> {
     Ok(e)
 }
 
-fn capturing(stream: &Arc<CudaStream>) -> bool {
-    !matches!(
-        stream.capture_status(),
-        Ok(cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
-    )
+/// The device address of a launch's workspace (`0`: none).
+fn ws_addr(ws: Option<&mut CudaSlice<u8>>, stream: &Arc<CudaStream>) -> u64 {
+    ws.map_or(0, |w| w.device_ptr(stream).0)
 }
 
 impl Engine {
-    /// Makes the shared workspace at least `bytes` long.
-    fn grow(&mut self, bytes: usize) -> Result<()> {
-        if bytes > 0 && self.workspace.as_ref().is_none_or(|w| w.len() < bytes) {
-            self.workspace = None;
-            // SAFETY: scratch memory cuDNN writes before reading.
-            let w = unsafe { self.stream.alloc::<u8>(bytes.next_multiple_of(1 << 20)) }
-                .map_err(|e| err(format!("workspace of {bytes} bytes: {e:?}")))?;
-            self.workspace = Some(w);
-        }
-        Ok(())
-    }
-
     /// Runs `plan` on `ptrs` (x, w, b, y and, with a residual, r) with workspace `ws`.
     fn execute(&self, plan: &Plan, ptrs: &[u64], ws: u64) -> Result<()> {
         let vp = Desc::new(D::CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR)?;
@@ -632,14 +614,6 @@ impl Engine {
         )
     }
 
-    /// The shared workspace's address when `bytes > 0` (0 otherwise).
-    fn ws_ptr(&self, bytes: usize) -> u64 {
-        match (&self.workspace, bytes) {
-            (Some(w), b) if b > 0 => w.device_ptr(&self.stream).0,
-            _ => 0,
-        }
-    }
-
     /// Times each candidate on `ptrs` ([`BENCH_REPS`] launches after one) and returns the
     /// position of the fastest in `cands`.
     fn fastest(&mut self, key: &Key, cands: &[Plan], ptrs: &[u64]) -> Result<Option<usize>> {
@@ -649,10 +623,10 @@ impl Engine {
         };
         let mut best: Option<(f64, usize)> = None;
         for (i, c) in cands.iter().enumerate() {
-            if self.grow(c.workspace).is_err() {
+            if grow_workspace(&self.stream, &mut self.workspace, c.workspace).is_err() {
                 continue;
             }
-            let ws = self.ws_ptr(c.workspace);
+            let ws = ws_addr(ws_arg(&mut self.workspace, c.workspace), &self.stream);
             if self.execute(c, ptrs, ws).is_err() {
                 continue;
             }
@@ -733,9 +707,6 @@ impl Engine {
             );
         }
         let ws = entry.as_ref().map(|(p, _)| p.workspace);
-        if let Some(bytes) = ws {
-            self.grow(bytes)?;
-        }
         self.plans.insert(*key, entry);
         Ok(ws)
     }
@@ -896,18 +867,16 @@ impl FusedOp {
             let Some(bytes) = e.plan(&key, &ptrs)? else {
                 return Err(err(NO_ENGINE));
             };
+            // The shared workspace, or inside a graph capture one of the launch's own (kept in
+            // `own` until the launch is enqueued).
+            let mut own = None;
+            let e = &mut *e;
+            let ws = launch_workspace(&e.stream, &mut e.workspace, &mut own, bytes)?;
+            let ws = ws_addr(ws, &stream);
             let Some(Some((plan, _))) = e.plans.get(&key) else {
                 return Err(err(NO_ENGINE));
             };
-            if bytes > 0 && capturing(&e.stream) {
-                // SAFETY: scratch memory; its allocation and release become graph nodes.
-                let own = unsafe { stream.alloc::<u8>(bytes) }
-                    .map_err(|e| err(format!("workspace in a capture: {e:?}")))?;
-                let wsp = own.device_ptr(&stream).0;
-                e.execute(plan, &ptrs, wsp)?;
-            } else {
-                e.execute(plan, &ptrs, e.ws_ptr(bytes))?;
-            }
+            e.execute(plan, &ptrs, ws)?;
         }
         Ok((CudaStorage::wrap_cuda_slice(y, dev), out_shape))
     }

@@ -87,13 +87,10 @@ pub fn export(weights: &Weights, opts: &ExportOptions) -> Result<ModelProto> {
         .collect::<Result<Vec<_>>>()?;
     let mut output0 = g.decode(&heads, nc)?;
     // A segmentation model: the mask coefficients after the scores (official `Segment`:
-    // `torch.cat([x, mc], 1)`), and the prototypes as `output1`.
-    let mut nm = 0;
-    let mut proto_stride = 1;
-    let mut proto_name = None;
+    // `torch.cat([x, mc], 1)`), and the prototypes as `output1` (or the masks with NMS).
+    let mut seg_out = None;
     if let Some((coeffs, proto)) = &masks {
-        nm = proto.dim(1)?;
-        proto_stride = x.dim(2)? / proto.dim(2)?;
+        let nm = proto.dim(1)?;
         let mut flat = Vec::with_capacity(coeffs.len());
         for c in coeffs {
             let n = out(&mut g, c)?;
@@ -102,18 +99,17 @@ pub fn export(weights: &Weights, opts: &ExportOptions) -> Result<ModelProto> {
         let flat: Vec<&str> = flat.iter().map(String::as_str).collect();
         let mc = g.node("Concat", &flat, vec![attr_i("axis", 2)]);
         output0 = g.node("Concat", &[&output0, &mc], vec![attr_i("axis", 1)]);
-        proto_name = Some(out(&mut g, proto)?);
+        seg_out = Some(SegOut {
+            proto: out(&mut g, proto)?,
+            nm,
+            stride: x.dim(2)? / proto.dim(2)?,
+        });
     }
     let (b, h, w) = if opts.dynamic {
         (Dim::Sym("batch"), Dim::Sym("height"), Dim::Sym("width"))
     } else {
         (Dim::N(opts.batch), Dim::N(opts.img.0), Dim::N(opts.img.1))
     };
-    let seg_out = proto_name.map(|p| SegOut {
-        proto: p,
-        nm,
-        stride: proto_stride,
-    });
     let outputs = g.outputs(&output0, &images, opts, nc, b, seg_out.as_ref())?;
     let graph = GraphProto {
         node: g.nodes,
@@ -142,8 +138,8 @@ pub fn export(weights: &Weights, opts: &ExportOptions) -> Result<ModelProto> {
 }
 
 /// The IR version that goes with an operator set (the ONNX release that introduced it).
-/// The mask outputs' sources of a segmentation model: its prototypes (the graph value; `None` in
-/// [`export`] until the NMS decides where they go), `nm`, and the prototypes' stride.
+/// The mask outputs' sources of a segmentation model: its prototypes (the graph value), `nm`,
+/// and the prototypes' stride in input pixels.
 struct SegOut {
     proto: String,
     nm: usize,

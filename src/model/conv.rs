@@ -439,7 +439,7 @@ impl Conv {
     /// part into its output ([`crate::cuda::gemm::pointwise_parts`]) and the concatenation is
     /// never built; otherwise the concatenation, then [`Conv::run`].
     pub fn run_cat(&self, parts: &[&Tensor], c: Ctx) -> Result<Tensor> {
-        if c.nhwc && c.tape.is_none() && c.trace.is_none() && self.bn.is_none() {
+        if c.is_plain_nhwc() && self.bn.is_none() {
             if let Some(first) = parts.first() {
                 let w = self.nhwc_weight(first.dtype())?;
                 if let Some(y) = self.pointwise_parts(parts, &w)? {
@@ -515,7 +515,7 @@ impl Conv {
     /// activations the sum is the last step of the fused convolution
     /// ([`crate::cuda::fused_conv`]); otherwise [`Conv::run`], then the addition.
     pub fn run_add(&self, x: &Tensor, residual: &Tensor, c: Ctx) -> Result<Tensor> {
-        if c.nhwc && c.tape.is_none() && c.trace.is_none() && self.bn.is_none() {
+        if c.is_plain_nhwc() && self.bn.is_none() {
             let w = self.nhwc_weight(x.dtype())?;
             if let Some(y) = self.fused_nhwc(x, &w, Some(residual))? {
                 return Ok(y);

@@ -38,64 +38,58 @@ pub fn nchw_f32_from_nhwc(t: &Tensor) -> Result<Tensor> {
 /// `x` (B, H, W, C) → (B, 2H, 2W, C), each pixel repeated 2×2 (`F.interpolate(scale_factor=2,
 /// mode='nearest')`), contiguous on CUDA; a broadcast view elsewhere. Not differentiable.
 pub fn upsample2_nhwc(x: &Tensor) -> Result<Tensor> {
-    let (b, h, w, c) = x.dims4()?;
+    x.dims4()?;
     if on_cuda(x) {
         #[cfg(feature = "cuda")]
         return Ok(x.contiguous()?.apply_op1_no_bwd(&ops::Up2Nhwc)?);
     }
+    upsample_view_nhwc(x, 2)
+}
+
+/// `x` (B, H, W, C) → (B, fH, fW, C), each pixel repeated f×f, as a broadcast view (no copy).
+pub fn upsample_view_nhwc(x: &Tensor, f: usize) -> Result<Tensor> {
+    let (b, h, w, c) = x.dims4()?;
     Ok(x.reshape((b, h, 1, w, 1, c))?
-        .broadcast_as((b, h, 2, w, 2, c))?
-        .reshape((b, 2 * h, 2 * w, c))?)
+        .broadcast_as((b, h, f, w, f, c))?
+        .reshape((b, f * h, f * w, c))?)
 }
 
 #[cfg(feature = "cuda")]
 mod ops {
     use candle_core::{CpuStorage, CudaStorage, CustomOp1, DType, Layout, Result, Shape};
 
-    fn cpu(name: &str) -> Result<(CpuStorage, Shape)> {
-        candle_core::bail!("{name}: CUDA only (the CPU takes candle's ops)")
+    /// The CUDA ops of this module's functions (`crate::cuda::layout`); the CPU takes candle's
+    /// ops instead.
+    pub enum Op {
+        /// [`super::nhwc_from_nchw`] to this dtype.
+        ToNhwc(DType),
+        /// [`super::nchw_f32_from_nhwc`].
+        ToNchwF32,
+        /// [`super::upsample2_nhwc`].
+        Up2Nhwc,
     }
 
-    /// The op of [`super::nhwc_from_nchw`] on CUDA.
-    pub struct ToNhwc(pub DType);
-    /// The op of [`super::nchw_f32_from_nhwc`] on CUDA.
-    pub struct ToNchwF32;
-    /// The op of [`super::upsample2_nhwc`] on CUDA.
-    pub struct Up2Nhwc;
+    pub use Op::{ToNchwF32, ToNhwc, Up2Nhwc};
 
-    impl CustomOp1 for ToNhwc {
+    impl CustomOp1 for Op {
         fn name(&self) -> &'static str {
-            "nchw-f32-to-nhwc"
+            match self {
+                ToNhwc(_) => "nchw-f32-to-nhwc",
+                ToNchwF32 => "nhwc-to-nchw-f32",
+                Up2Nhwc => "upsample2-nhwc",
+            }
         }
-        fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
-            cpu(self.name())
-        }
-        fn cuda_fwd(&self, s: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
-            crate::cuda::layout::nhwc_from_nchw(s, l, self.0)
-        }
-    }
 
-    impl CustomOp1 for ToNchwF32 {
-        fn name(&self) -> &'static str {
-            "nhwc-to-nchw-f32"
-        }
         fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
-            cpu(self.name())
+            candle_core::bail!("{}: CUDA only (the CPU takes candle's ops)", self.name())
         }
-        fn cuda_fwd(&self, s: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
-            crate::cuda::layout::nchw_f32_from_nhwc(s, l)
-        }
-    }
 
-    impl CustomOp1 for Up2Nhwc {
-        fn name(&self) -> &'static str {
-            "upsample2-nhwc"
-        }
-        fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
-            cpu(self.name())
-        }
         fn cuda_fwd(&self, s: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
-            crate::cuda::layout::upsample2_nhwc(s, l)
+            match self {
+                ToNhwc(dtype) => crate::cuda::layout::nhwc_from_nchw(s, l, *dtype),
+                ToNchwF32 => crate::cuda::layout::nchw_f32_from_nhwc(s, l),
+                Up2Nhwc => crate::cuda::layout::upsample2_nhwc(s, l),
+            }
         }
     }
 }

@@ -173,9 +173,7 @@ impl Net {
                 Block::Concat => {
                     let xs: Vec<&Tensor> =
                         (0..self.from[i].len()).map(one).collect::<Result<_>>()?;
-                    let unjoined = c.nhwc
-                        && c.tape.is_none()
-                        && c.trace.is_none()
+                    let unjoined = c.is_plain_nhwc()
                         && self.cat_read_by_elan[i]
                         && !taps.contains(&Src::Layer(i));
                     if unjoined {

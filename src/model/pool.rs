@@ -166,10 +166,7 @@ pub mod nhwc {
         if f == 2 {
             return crate::model::layout::upsample2_nhwc(x);
         }
-        let (b, h, w, c) = x.dims4()?;
-        Ok(x.reshape((b, h, 1, w, 1, c))?
-            .broadcast_as((b, h, f, w, f, c))?
-            .reshape((b, f * h, f * w, c))?)
+        crate::model::layout::upsample_view_nhwc(x, f)
     }
 
     /// [`super::take_even`]: (B, H, W, C) → (B, ⌈H/2⌉, ⌈W/2⌉, C), contiguous.

@@ -282,6 +282,12 @@ impl<'a> Ctx<'a> {
         }
     }
 
+    /// Whether this is the untaped, untraced channels-last forward of [`Ctx::plain_nhwc`], where
+    /// ops may take their fused inference forms (nothing records or differentiates them).
+    pub fn is_plain_nhwc(&self) -> bool {
+        self.nhwc && self.tape.is_none() && self.trace.is_none()
+    }
+
     /// A taped train-mode forward recording on `tape`.
     pub fn taped(tape: &'a Tape) -> Self {
         Ctx {
