@@ -70,6 +70,9 @@ fn each_size_infers_its_main_branch_and_round_trips_through_a_file() {
             .iter()
             .any(|n| n.starts_with(&format!("model.{h}.cv2."))));
     }
+    // Eight weight files of up to 230 MB: each run's folder (named by the process id) would
+    // otherwise stay behind, about 1 GB a run.
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// `--cfg` ([`yolo9::Weights::with_arch`]): weights read as the model named, a training graph as
