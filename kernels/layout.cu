@@ -1,7 +1,8 @@
 // Layout changes of channels-last inference (Rust side: src/cuda/layout.rs, src/model/layout.rs).
 //
-// nchw_to_nhwc_f32_SUF: the network's f32 input (N, C, H, W) → (N, H, W, C) in the run's type,
-//   rounded once (round to nearest even): what `to_dtype` then a channels-last copy give.
+// nchw_to_nhwc_f32_SUF: the network's f32 input (N, C, H, W) → (N, H, W, Cp) in the run's type,
+//   rounded once (round to nearest even): what `to_dtype` then a channels-last copy give, with
+//   channels C .. Cp zero (the first convolution's kernel gets as many zero channels).
 // nhwc_to_nchw_SUF_f32: a head output (N, H, W, C) → (N, C, H, W) f32 (exact), through a 32×32
 //   shared-memory tile so that reads run along C and writes along H·W.
 // upsample2_nhwc_bN: nearest 2× upsampling of (N, H, W, C) → (N, 2H, 2W, C), copying units of N
@@ -9,15 +10,27 @@
 
 #include "elem.cuh"
 
+// One thread per pixel: the C reads of neighbouring threads are neighbours in each channel
+// plane (coalesced), and a pixel of Cp elements of 16 bytes (8 f16/bf16, 4 f32) is one vector
+// store.
 template <typename T>
-__device__ void nchw_to_nhwc(const float* __restrict__ x, T* __restrict__ y, long long total, int C,
-                             long long HW) {
-    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
-         idx += (long long)gridDim.x * blockDim.x) {
-        const int c = (int)(idx % C);
-        const long long p = idx / C;
+__device__ void nchw_to_nhwc(const float* __restrict__ x, T* __restrict__ y, long long pixels, int C,
+                             int Cp, long long HW) {
+    constexpr int V = VecOf<T>::N;
+    const bool vec = Cp == V && aligned16(y);
+    for (long long p = blockIdx.x * (long long)blockDim.x + threadIdx.x; p < pixels;
+         p += (long long)gridDim.x * blockDim.x) {
         const long long n = p / HW, hw = p % HW;
-        st(y, idx, x[(n * C + c) * HW + hw]);
+        const float* xp = x + n * C * HW + hw;
+        T* yp = y + p * Cp;
+        if (vec) {
+            Vec<T> v;
+#pragma unroll
+            for (int c = 0; c < V; ++c) st(v.e, c, c < C ? xp[c * HW] : 0.0f);
+            stv(yp, v);
+        } else {
+            for (int c = 0; c < Cp; ++c) st(yp, c, c < C ? xp[c * HW] : 0.0f);
+        }
     }
 }
 
@@ -59,9 +72,9 @@ __device__ void upsample2(const U* __restrict__ x, U* __restrict__ y, long long 
 }
 
 #define LAYOUT_KERNELS(T, SUF)                                                                     \
-    extern "C" __global__ void nchw_to_nhwc_f32_##SUF(const float* x, T* y, long long total,      \
-                                                       int C, long long HW) {                     \
-        nchw_to_nhwc<T>(x, y, total, C, HW);                                                       \
+    extern "C" __global__ void nchw_to_nhwc_f32_##SUF(const float* x, T* y, long long pixels,     \
+                                                       int C, int Cp, long long HW) {             \
+        nchw_to_nhwc<T>(x, y, pixels, C, Cp, HW);                                                  \
     }                                                                                              \
     extern "C" __global__ void nhwc_to_nchw_##SUF##_f32(const T* x, float* y, int C,              \
                                                          long long HW) {                          \

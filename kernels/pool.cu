@@ -132,6 +132,35 @@ template <typename T>
 __device__ void pool_fwd_nhwc(const T* __restrict__ x, T* __restrict__ y, long long total, int H, int W,
                               int C, int k) {
     const int r = k / 2;
+    constexpr int V = VecOf<T>::N;
+    if (aligned16(x) && aligned16(y) && C % V == 0) {
+        // 16-byte vectors of V channels, each lane as the scalar path (the first maximum).
+        for (long long v = blockIdx.x * (long long)blockDim.x + threadIdx.x; v < total / V;
+             v += (long long)gridDim.x * blockDim.x) {
+            long long n;
+            int i, j, c;
+            nhwc_at(v * V, H, W, C, n, i, j, c);
+            const T* xn = x + n * H * W * (long long)C + c;
+            float best[V];
+            bool any = false;
+            for (int a = max(i - r, 0); a <= min(i + r, H - 1); ++a) {
+                for (int b = max(j - r, 0); b <= min(j + r, W - 1); ++b) {
+                    const Vec<T> w = ldv(xn + ((long long)a * W + b) * C);
+#pragma unroll
+                    for (int l = 0; l < V; ++l) {
+                        const float f = ld(w.e, l);
+                        if (!any || f > best[l]) best[l] = f;
+                    }
+                    any = true;
+                }
+            }
+            Vec<T> out;
+#pragma unroll
+            for (int l = 0; l < V; ++l) st(out.e, l, best[l]);
+            stv(y + v * V, out);
+        }
+        return;
+    }
     for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
          idx += (long long)gridDim.x * blockDim.x) {
         long long n;
@@ -203,6 +232,29 @@ __device__ void avg2_bwd_nchw(const T* __restrict__ dy, T* __restrict__ dx, long
 template <typename T>
 __device__ void avg2_nhwc(const T* __restrict__ x, T* __restrict__ y, long long total, int H, int W, int C) {
     const int Wo = W - 1, Ho = H - 1;
+    constexpr int V = VecOf<T>::N;
+    if (aligned16(x) && aligned16(y) && C % V == 0) {
+        // 16-byte vectors of V channels; each element summed in the scalar path's order.
+        const long long row = (long long)W * C;
+        for (long long v = blockIdx.x * (long long)blockDim.x + threadIdx.x; v < total / V;
+             v += (long long)gridDim.x * blockDim.x) {
+            long long n;
+            int i, j, c;
+            nhwc_at(v * V, Ho, Wo, C, n, i, j, c);
+            const long long o = ((n * H + i) * W + j) * C + c;
+            const Vec<T> a = ldv(x + o), b = ldv(x + o + C), d = ldv(x + o + row), e = ldv(x + o + row + C);
+            Vec<T> out;
+#pragma unroll
+            for (int k = 0; k < V; ++k) {
+                float s = ld(a.e, k) + ld(b.e, k);
+                s += ld(d.e, k);
+                s += ld(e.e, k);
+                st(out.e, k, s * 0.25f);
+            }
+            stv(y + v * V, out);
+        }
+        return;
+    }
     for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
          idx += (long long)gridDim.x * blockDim.x) {
         long long n;

@@ -71,3 +71,140 @@ fn run<T: CudaDType + DeviceRepr>(
     unsafe { bld.launch(cfg) }.w()?;
     Ok((CudaStorage::wrap_cuda_slice(y, dev), shape))
 }
+
+/// One level of channels-last head outputs for [`decode_levels`]: box logits `(B, H, W, 64)` and
+/// class logits `(B, H, W, nc)`, each with evenly spaced pixels, and the level's stride (pixels).
+pub struct Level<'a> {
+    /// Box logits, side-major `side·16 + bin` in the last dimension.
+    pub boxes: &'a candle_core::Tensor,
+    /// Class logits.
+    pub classes: &'a candle_core::Tensor,
+    /// The level's stride in input pixels.
+    pub stride: f32,
+}
+
+/// The whole decode of channels-last head outputs (`kernels/dfl.cu`, `decode_level`, one launch
+/// per level): `(B, 4+nc, A)` f32 with rows cx, cy, w, h in input pixels and the class sigmoids,
+/// anchors level after level, row-major within a level (what [`crate::model::head::decode`]
+/// computes from the NCHW outputs).
+///
+/// Errors: no levels, levels of different batch, dtype or class count, pixels not evenly
+/// spaced, a box tensor without 64 channels, sizes beyond i32.
+pub fn decode_levels(levels: &[Level]) -> Result<candle_core::Tensor> {
+    let first = levels.first().ok_or_else(|| err("decode: no levels"))?;
+    let op = DecodeOp {
+        levels: levels
+            .iter()
+            .map(|l| (l.boxes.clone(), l.classes.clone(), l.stride))
+            .collect(),
+    };
+    first.boxes.apply_op1_no_bwd(&op)
+}
+
+struct DecodeOp {
+    levels: Vec<(candle_core::Tensor, candle_core::Tensor, f32)>,
+}
+
+impl candle_core::CustomOp1 for DecodeOp {
+    fn name(&self) -> &'static str {
+        "decode-levels"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &candle_core::CpuStorage,
+        _: &Layout,
+    ) -> Result<(candle_core::CpuStorage, Shape)> {
+        Err(err("decode: CUDA only"))
+    }
+
+    fn cuda_fwd(&self, s: &CudaStorage, _: &Layout) -> Result<(CudaStorage, Shape)> {
+        match s.dtype() {
+            DType::F32 => self.run::<f32>(s, "f32"),
+            DType::F16 => self.run::<half::f16>(s, "f16"),
+            DType::BF16 => self.run::<half::bf16>(s, "bf16"),
+            d => Err(err(format!("dtype {d:?}; f32, f16 and bf16 are supported"))),
+        }
+    }
+}
+
+impl DecodeOp {
+    fn run<T: CudaDType + DeviceRepr>(
+        &self,
+        s: &CudaStorage,
+        suf: &str,
+    ) -> Result<(CudaStorage, Shape)> {
+        use candle_core::Storage;
+        let dev = s.device().clone();
+        let (b, _, _, _) = self.levels[0].0.dims4()?;
+        let nc = self.levels[0].1.dims4()?.3;
+        let mut a_total = 0usize;
+        for (bx, cx, _) in &self.levels {
+            let (bb, h, w, c) = bx.dims4()?;
+            let (cb, ch, cw, cc) = cx.dims4()?;
+            if c != 4 * BINS || (bb, cb) != (b, b) || (ch, cw) != (h, w) || cc != nc {
+                return Err(err(format!(
+                    "decode: level shapes {:?} and {:?}",
+                    bx.dims(),
+                    cx.dims()
+                )));
+            }
+            if bx.dtype() != s.dtype() || cx.dtype() != s.dtype() {
+                return Err(err("decode: levels of different dtypes"));
+            }
+            a_total += h * w;
+        }
+        let rows = 4 + nc;
+        // SAFETY: the levels write every anchor's 4 + nc rows (their anchors add up to A).
+        let mut out = unsafe { dev.alloc::<f32>(b * rows * a_total)? };
+        let f = dev.get_or_load_custom_func(&format!("decode_level_{suf}"), MODULE, PTX)?;
+        let i32_of = |v: usize| i32::try_from(v).map_err(|_| err("decode: size beyond i32"));
+        let mut a_off = 0usize;
+        for (bx, cx, stride) in &self.levels {
+            let (_, h, w, _) = bx.dims4()?;
+            let (bs, bl) = bx.storage_and_layout();
+            let (cs, cl) = cx.storage_and_layout();
+            let (Storage::Cuda(bs), Storage::Cuda(cs)) = (&*bs, &*cs) else {
+                return Err(err("decode: a level is not on the GPU"));
+            };
+            let bld = super::gemm::row_stride(bl).ok_or_else(|| err("decode: box pixels"))?;
+            let cld = super::gemm::row_stride(cl).ok_or_else(|| err("decode: class pixels"))?;
+            let bv = bs.as_cuda_slice::<T>()?.slice(bl.start_offset()..);
+            let cv = cs.as_cuda_slice::<T>()?.slice(cl.start_offset()..);
+            let total = b * h * w;
+            if total == 0 {
+                continue;
+            }
+            let (bld_, cld_, total_) = (bld as i64, cld as i64, total as i64);
+            let (hw_, w_, nc_) = (i32_of(h * w)?, i32_of(w)?, i32_of(nc)?);
+            let (a_, off_) = (a_total as i64, a_off as i64);
+            let mut k = f.builder();
+            k.arg(&bv)
+                .arg(&bld_)
+                .arg(&cv)
+                .arg(&cld_)
+                .arg(&mut out)
+                .arg(&total_)
+                .arg(&hw_)
+                .arg(&w_)
+                .arg(&nc_)
+                .arg(&a_)
+                .arg(&off_)
+                .arg(stride);
+            let cfg = LaunchConfig {
+                grid_dim: (total.div_ceil(128).min(65_535 * 8) as u32, 1, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: each view starts at its layout's offset and holds B·H·W pixels `ld` apart
+            // (row_stride checked it); out holds B·(4+nc)·A f32 and this level writes rows
+            // a_off .. a_off + H·W of each; the arguments match the kernel.
+            unsafe { k.launch(cfg) }.w()?;
+            a_off += h * w;
+        }
+        Ok((
+            CudaStorage::wrap_cuda_slice(out, dev),
+            Shape::from((b, rows, a_total)),
+        ))
+    }
+}

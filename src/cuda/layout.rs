@@ -45,12 +45,18 @@ fn i32_of(v: usize, what: &str) -> Result<i32> {
     i32::try_from(v).map_err(|_| err(format!("{what} = {v} does not fit in i32")))
 }
 
-/// `x` f32 (N, C, H, W) → (N, H, W, C) in `dtype` (f32, f16 or bf16).
-pub fn nhwc_from_nchw(s: &CudaStorage, l: &Layout, dtype: DType) -> Result<(CudaStorage, Shape)> {
+/// `x` f32 (N, C, H, W) → (N, H, W, Cp) in `dtype` (f32, f16 or bf16), channels C .. Cp zero
+/// (`Cp ≥ C`).
+pub fn nhwc_from_nchw(
+    s: &CudaStorage,
+    l: &Layout,
+    dtype: DType,
+    cp: usize,
+) -> Result<(CudaStorage, Shape)> {
     match dtype {
-        DType::F32 => nhwc_t::<f32>(s, l, "f32"),
-        DType::F16 => nhwc_t::<half::f16>(s, l, "f16"),
-        DType::BF16 => nhwc_t::<half::bf16>(s, l, "bf16"),
+        DType::F32 => nhwc_t::<f32>(s, l, "f32", cp),
+        DType::F16 => nhwc_t::<half::f16>(s, l, "f16", cp),
+        DType::BF16 => nhwc_t::<half::bf16>(s, l, "bf16", cp),
         d => Err(err(format!("dtype {d:?}; f32, f16 and bf16 are supported"))),
     }
 }
@@ -59,22 +65,37 @@ fn nhwc_t<T: CudaDType + DeviceRepr>(
     s: &CudaStorage,
     l: &Layout,
     suf: &str,
+    cp: usize,
 ) -> Result<(CudaStorage, Shape)> {
     let (n, c, h, w) = l.shape().dims4()?;
+    if cp < c {
+        return Err(err(format!("{cp} channels for an input of {c}")));
+    }
     let x = view::<f32>(s, l)?;
     let dev = s.device().clone();
-    let total = n * c * h * w;
-    // SAFETY: every element is written by the kernel.
-    let mut y = unsafe { dev.alloc::<T>(total)? };
+    let pixels = n * h * w;
+    // SAFETY: every element is written by the kernel (one thread per pixel, all Cp channels).
+    let mut y = unsafe { dev.alloc::<T>(pixels * cp)? };
     let f = dev.get_or_load_custom_func(&format!("nchw_to_nhwc_f32_{suf}"), MODULE, PTX)?;
-    let (total_, c_, hw) = (total as i64, i32_of(c, "C")?, (h * w) as i64);
+    let (pixels_, c_, cp_, hw) = (
+        pixels as i64,
+        i32_of(c, "C")?,
+        i32_of(cp, "Cp")?,
+        (h * w) as i64,
+    );
     let mut k = f.builder();
-    k.arg(&x).arg(&mut y).arg(&total_).arg(&c_).arg(&hw);
-    // SAFETY: x holds N·C·H·W f32, y as many T; the arguments match the kernel.
-    unsafe { k.launch(flat(total)) }.w()?;
+    k.arg(&x)
+        .arg(&mut y)
+        .arg(&pixels_)
+        .arg(&c_)
+        .arg(&cp_)
+        .arg(&hw);
+    // SAFETY: x holds N·C·H·W f32, y N·H·W·Cp T; the arguments match the kernel's
+    // (x, y, pixels, C, Cp, HW).
+    unsafe { k.launch(flat(pixels)) }.w()?;
     Ok((
         CudaStorage::wrap_cuda_slice(y, dev),
-        Shape::from((n, h, w, c)),
+        Shape::from((n, h, w, cp)),
     ))
 }
 

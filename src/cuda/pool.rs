@@ -226,8 +226,18 @@ fn infer_t<T: CudaDType + DeviceRepr>(
             bld.arg(&total_).arg(&h1).arg(&h2).arg(&h3);
         }
     }
+    // The channels-last pools run on 16-byte vectors where the channels allow (the kernels check
+    // again and fall back to elements; their loops stride over the grid).
+    let per_thread = match p {
+        InferPool::Avg2Nhwc | InferPool::MaxSameNhwc(_)
+            if d3.is_multiple_of(16 / std::mem::size_of::<T>()) =>
+        {
+            16 / std::mem::size_of::<T>()
+        }
+        _ => 1,
+    };
     // SAFETY: x holds the input's elements, y the output's; the arguments match the kernel.
-    unsafe { bld.launch(cfg(total)) }.w()?;
+    unsafe { bld.launch(cfg(total.div_ceil(per_thread))) }.w()?;
     Ok((CudaStorage::wrap_cuda_slice(y, dev), shape))
 }
 

@@ -87,6 +87,16 @@ impl DetectHead {
 
     /// [`Self::forward_raw`] under a [`Ctx`] (taped or plain).
     pub fn run_raw(&self, feats: &[Tensor], cx: Ctx) -> Result<Vec<Tensor>> {
+        self.run_parts(feats, cx)?
+            .iter()
+            .map(|(bx, kx)| cx.cat(&[bx, kx], 1))
+            .collect()
+    }
+
+    /// The box branch's and the class branch's outputs of each level, before
+    /// [`Self::run_raw`] joins them: `(B, 64, H/s, W/s)` and `(B, nc, H/s, W/s)` in the context's
+    /// layout.
+    pub fn run_parts(&self, feats: &[Tensor], cx: Ctx) -> Result<Vec<(Tensor, Tensor)>> {
         ensure!(
             feats.len() == self.boxes.len(),
             "head: got {} feature maps, expected {}",
@@ -105,7 +115,7 @@ impl DetectHead {
                 for c in ct {
                     kx = c.run(&kx, cx)?;
                 }
-                cx.cat(&[&bx, &kx], 1)
+                Ok((bx, kx))
             })
             .collect()
     }
@@ -399,6 +409,37 @@ pub fn decode(raw: &[Tensor], strides: &[u32]) -> Result<Tensor> {
     Tensor::cat(&[&dbox, &cls], 1)
         .context("decode: concatenating boxes and scores")
         .and_then(|t| Ok(t.to_dtype(DType::F32)?))
+}
+
+/// [`decode`] of channels-last head outputs given as [`Head::run_parts`] returns them
+/// (`(B, H_i, W_i, 64)` box and `(B, H_i, W_i, nc)` class logits per level), in one launch per
+/// level on CUDA ([`crate::cuda::dfl::decode_levels`]: the same values as transposing, joining
+/// and decoding); `None` elsewhere (the caller joins the parts and runs [`decode`]).
+pub fn decode_nhwc(parts: &[(Tensor, Tensor)], strides: &[u32]) -> Result<Option<Tensor>> {
+    ensure!(
+        parts.len() == strides.len(),
+        "decode: {} levels but {} strides",
+        parts.len(),
+        strides.len()
+    );
+    #[cfg(feature = "cuda")]
+    if parts.iter().all(|(b, c)| {
+        b.device().is_cuda()
+            && crate::cuda::gemm::row_stride(b.layout()).is_some()
+            && crate::cuda::gemm::row_stride(c.layout()).is_some()
+    }) {
+        let levels: Vec<_> = parts
+            .iter()
+            .zip(strides)
+            .map(|((boxes, classes), &s)| crate::cuda::dfl::Level {
+                boxes,
+                classes,
+                stride: s as f32,
+            })
+            .collect();
+        return Ok(Some(crate::cuda::dfl::decode_levels(&levels)?));
+    }
+    Ok(None)
 }
 
 /// The CUDA DFL of [`dfl`] as a candle op (no CPU form: the CPU runs the composite).

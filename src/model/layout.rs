@@ -3,7 +3,7 @@
 //! and the nearest 2× upsampling of an NHWC tensor, materialised. Elsewhere (the CPU, other
 //! dtypes) the same values come from candle's ops: `to_dtype`, `permute`, `contiguous`.
 
-use anyhow::Result;
+use anyhow::{ensure, Result};
 use candle_core::{DType, Tensor};
 
 /// Whether the one-pass kernels run for `x`: a CUDA tensor of f32, f16 or bf16.
@@ -13,14 +13,42 @@ fn on_cuda(x: &Tensor) -> bool {
         && matches!(x.dtype(), DType::F32 | DType::F16 | DType::BF16)
 }
 
-/// `x` (B, C, H, W) f32 → (B, H, W, C) in `dtype`, contiguous (each value rounded once).
-pub fn nhwc_from_nchw(x: &Tensor, dtype: DType) -> Result<Tensor> {
-    x.dims4()?;
+/// `x` (B, C, H, W) f32 → (B, H, W, `channels`) in `dtype`, contiguous (each value rounded
+/// once), channels C .. `channels` zero. One kernel on CUDA; candle's ops elsewhere.
+///
+/// # Errors
+/// `channels < C`, or `x` not 4-D.
+pub fn nhwc_from_nchw(x: &Tensor, dtype: DType, channels: usize) -> Result<Tensor> {
+    let c = x.dims4()?.1;
+    ensure!(
+        channels >= c,
+        "nhwc_from_nchw: {channels} channels for an input of {c}"
+    );
     if on_cuda(x) && x.dtype() == DType::F32 && matches!(dtype, DType::F16 | DType::BF16) {
         #[cfg(feature = "cuda")]
-        return Ok(x.contiguous()?.apply_op1_no_bwd(&ops::ToNhwc(dtype))?);
+        return Ok(x
+            .contiguous()?
+            .apply_op1_no_bwd(&ops::ToNhwc(dtype, channels))?);
     }
-    Ok(x.to_dtype(dtype)?.permute((0, 2, 3, 1))?.contiguous()?)
+    let y = x.to_dtype(dtype)?.permute((0, 2, 3, 1))?;
+    let y = if channels > c {
+        y.pad_with_zeros(3, 0, channels - c)?
+    } else {
+        y
+    };
+    Ok(y.contiguous()?)
+}
+
+/// The channel count [`nhwc_from_nchw`] gives the network's input of `c` channels on `device`
+/// in `dtype`: a multiple of 8 on CUDA in f16/bf16, which cuDNN's tensor-core kernels need for
+/// the first convolution (whose kernel gets as many zero channels:
+/// [`crate::model::conv::Conv`]); `c` elsewhere.
+pub fn input_channels(c: usize, device: &candle_core::Device, dtype: DType) -> usize {
+    if device.is_cuda() && matches!(dtype, DType::F16 | DType::BF16) {
+        c.next_multiple_of(8)
+    } else {
+        c
+    }
 }
 
 /// `t` (B, H, W, C) → (B, C, H, W) f32, contiguous (exact).
@@ -61,8 +89,8 @@ mod ops {
     /// The CUDA ops of this module's functions (`crate::cuda::layout`); the CPU takes candle's
     /// ops instead.
     pub enum Op {
-        /// [`super::nhwc_from_nchw`] to this dtype.
-        ToNhwc(DType),
+        /// [`super::nhwc_from_nchw`] to this dtype, with this many channels (zeros appended).
+        ToNhwc(DType, usize),
         /// [`super::nchw_f32_from_nhwc`].
         ToNchwF32,
         /// [`super::upsample2_nhwc`].
@@ -74,7 +102,7 @@ mod ops {
     impl CustomOp1 for Op {
         fn name(&self) -> &'static str {
             match self {
-                ToNhwc(_) => "nchw-f32-to-nhwc",
+                ToNhwc(..) => "nchw-f32-to-nhwc",
                 ToNchwF32 => "nhwc-to-nchw-f32",
                 Up2Nhwc => "upsample2-nhwc",
             }
@@ -86,7 +114,7 @@ mod ops {
 
         fn cuda_fwd(&self, s: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
             match self {
-                ToNhwc(dtype) => crate::cuda::layout::nhwc_from_nchw(s, l, *dtype),
+                ToNhwc(dtype, cp) => crate::cuda::layout::nhwc_from_nchw(s, l, *dtype, *cp),
                 ToNchwF32 => crate::cuda::layout::nchw_f32_from_nhwc(s, l),
                 Up2Nhwc => crate::cuda::layout::upsample2_nhwc(s, l),
             }

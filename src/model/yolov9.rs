@@ -297,14 +297,14 @@ impl YoloV9 {
         feats.iter().map(to_nchw).collect()
     }
 
-    /// The head inputs in the layout the network runs in, with its context.
     /// The outputs of `taps` (the head inputs) in the layout the network runs in, with its
     /// context.
     fn features_in_layout(&self, x: &Tensor, taps: &[Src]) -> Result<(Vec<Tensor>, Ctx<'static>)> {
         check_input(x)?;
         let x = x.to_device(&self.device)?;
         if self.channels_last_for(x.dim(0)?) {
-            let x = super::layout::nhwc_from_nchw(&x, self.dtype)?;
+            let ch = super::layout::input_channels(x.dim(1)?, &self.device, self.dtype);
+            let x = super::layout::nhwc_from_nchw(&x, self.dtype, ch)?;
             let c = Ctx::plain_nhwc();
             return Ok((self.net.forward(&x, c, taps)?, c));
         }
@@ -418,7 +418,20 @@ impl YoloV9 {
 
     /// [`YoloV9::forward`] with every kernel launched from the host (no CUDA graph).
     pub fn forward_launched(&self, x: &Tensor) -> Result<Tensor> {
-        let raw = self.forward_raw(x)?;
+        let (feats, c) = self.features_in_layout(x, &self.taps)?;
+        if c.nhwc {
+            // Channels-last on CUDA: the head's parts decoded where they lie, one launch per level.
+            let parts = self.head.run_parts(&feats, c)?;
+            if let Some(y) = super::head::decode_nhwc(&parts, &STRIDES)? {
+                return Ok(y);
+            }
+            let raw = parts
+                .iter()
+                .map(|(b, k)| super::layout::nchw_f32_from_nhwc(&c.cat(&[b, k], 1)?))
+                .collect::<Result<Vec<_>>>()?;
+            return decode(&raw, &STRIDES);
+        }
+        let raw = self.head_raw(&feats, c)?;
         decode(&raw, &STRIDES)
     }
 
