@@ -42,6 +42,9 @@ pub enum Kind {
         silu: bool,
         /// A residual added last.
         residual: bool,
+        /// The output's row stride (elements) where it is a channel slice of a larger tensor
+        /// (a concatenation built in place); 0 for a contiguous output.
+        yld: usize,
     },
 }
 
@@ -56,11 +59,19 @@ impl Kind {
                 align,
                 silu,
                 residual,
-            } => format!(
-                "fused/{ld}/{align}/{}/{}",
-                u8::from(silu),
-                u8::from(residual)
-            ),
+                yld,
+            } => {
+                let base = format!(
+                    "fused/{ld}/{align}/{}/{}",
+                    u8::from(silu),
+                    u8::from(residual)
+                );
+                if yld == 0 {
+                    base
+                } else {
+                    format!("{base}/{yld}")
+                }
+            }
         }
     }
 
@@ -71,14 +82,17 @@ impl Kind {
             "bwd_filter" => Kind::BackwardFilter,
             _ => {
                 let f: Vec<&str> = s.strip_prefix("fused/")?.split('/').collect();
-                let [ld, align, silu, residual] = f[..] else {
-                    return None;
+                let (ld, align, silu, residual, yld) = match f[..] {
+                    [ld, align, silu, residual] => (ld, align, silu, residual, "0"),
+                    [ld, align, silu, residual, yld] => (ld, align, silu, residual, yld),
+                    _ => return None,
                 };
                 Kind::Fused {
                     ld: ld.parse().ok()?,
                     align: align.parse().ok()?,
                     silu: silu == "1",
                     residual: residual == "1",
+                    yld: yld.parse().ok()?,
                 }
             }
         })

@@ -246,8 +246,9 @@ const UID_Y: i64 = 4;
 const UID_R: i64 = 5;
 
 /// The shape of one fused convolution: the convolution, `x`'s row stride (elements) and the
-/// byte alignment of its first element, the dtype, whether SiLU follows the bias and whether a
-/// residual (contiguous, the output's shape) is added last.
+/// byte alignment of its first element, the dtype, whether SiLU follows the bias, whether a
+/// residual (contiguous, the output's shape) is added last, and the output's row stride where
+/// it is a channel slice of a larger tensor (0: contiguous; the slice starts 16-byte aligned).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Key {
     p: Conv2dParams,
@@ -256,6 +257,7 @@ pub struct Key {
     dtype: DType,
     silu: bool,
     residual: bool,
+    yld: usize,
 }
 
 impl Key {
@@ -266,6 +268,7 @@ impl Key {
             align: self.align,
             silu: self.silu,
             residual: self.residual,
+            yld: self.yld,
         }
     }
 }
@@ -368,7 +371,8 @@ fn graph(handle: sys::cudnnHandle_t, key: &Key) -> Result<Option<Graph>> {
     let ys = [oh * ow * k, 1, ow * k, k];
     let yd = [n, k, oh, ow];
     let b = tensor(UID_B, ty, [1, k, 1, 1], [k, 1, k, k], 16, false)?;
-    let y = tensor(UID_Y, ty, yd, ys, 16, false)?;
+    let yld = if key.yld == 0 { k } else { i(key.yld) };
+    let y = tensor(UID_Y, ty, yd, [oh * ow * yld, 1, ow * yld, yld], 16, false)?;
     let conv = conv_desc(&p)?;
 
     let t_conv = tensor(101, f32t, yd, ys, 16, true)?;
@@ -725,10 +729,84 @@ pub fn conv_bias_act_nhwc(
     x: &Tensor,
     w: &Tensor,
     b: &Tensor,
-    (padding, stride, groups): (usize, usize, usize),
+    geometry: (usize, usize, usize),
     silu: bool,
     residual: Option<&Tensor>,
 ) -> Result<Option<Tensor>> {
+    let Some(op) = fused_op(x, w, b, geometry, silu, residual)? else {
+        return Ok(None);
+    };
+    match x.apply_op1_no_bwd(&op) {
+        Ok(y) => Ok(Some(y)),
+        Err(e) if e.to_string().contains(NO_ENGINE) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// [`conv_bias_act_nhwc`] written into channels `c_off .. c_off + K` of `out`, a contiguous
+/// `(N, H', W', C_total)` CUDA tensor of `x`'s dtype (a concatenation built in place: the
+/// other channels are left as they are). `Ok(false)` where the fused path does not apply (as
+/// [`conv_bias_act_nhwc`]'s `None`; also a slice not 16-byte aligned): `out` is then unchanged.
+///
+/// `out` is written through its device address while only a shared reference is held: nothing
+/// may read those channels until this returns (the stream orders the GPU's work).
+///
+/// Errors: as [`conv_bias_act_nhwc`]; `out` of another shape, dtype or device.
+pub fn conv_bias_act_nhwc_into(
+    x: &Tensor,
+    w: &Tensor,
+    b: &Tensor,
+    geometry: (usize, usize, usize),
+    silu: bool,
+    residual: Option<&Tensor>,
+    (out, c_off): (&Tensor, usize),
+) -> Result<bool> {
+    let Some(op) = fused_op(x, w, b, geometry, silu, residual)? else {
+        return Ok(false);
+    };
+    let p = op.p;
+    let (on, oh, ow, oc) = out.dims4()?;
+    if (on, oh, ow) != (p.batch, p.out_h(), p.out_w()) || c_off + p.c_out > oc {
+        return Err(err(format!(
+            "fused convolution into {:?} at channel {c_off}: output {:?}",
+            out.dims(),
+            (p.batch, p.out_h(), p.out_w(), p.c_out)
+        )));
+    }
+    let size = out.dtype().size_in_bytes();
+    if out.dtype() != x.dtype()
+        || !out.is_contiguous()
+        || !out.device().same_device(x.device())
+        || !(c_off * size).is_multiple_of(16)
+        || !(oc * size).is_multiple_of(16)
+    {
+        return Ok(false);
+    }
+    let (sx, lx) = x.storage_and_layout();
+    let Storage::Cuda(sx) = &*sx else {
+        return Ok(false);
+    };
+    let r = match sx.dtype() {
+        DType::F16 => op.launch::<half::f16>(sx, lx, Some((out, c_off))),
+        DType::BF16 => op.launch::<half::bf16>(sx, lx, Some((out, c_off))),
+        d => Err(err(format!("dtype {d:?}"))),
+    };
+    match r {
+        Ok(_) => Ok(true),
+        Err(e) if e.to_string().contains(NO_ENGINE) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// The op of a fused convolution when it applies (module docs; [`conv_bias_act_nhwc`]).
+fn fused_op(
+    x: &Tensor,
+    w: &Tensor,
+    b: &Tensor,
+    (padding, stride, groups): (usize, usize, usize),
+    silu: bool,
+    residual: Option<&Tensor>,
+) -> Result<Option<FusedOp>> {
     let mode = fused();
     let Device::Cuda(_) = x.device() else {
         return Ok(None);
@@ -756,18 +834,13 @@ pub fn conv_bias_act_nhwc(
             return Ok(None);
         }
     }
-    let op = FusedOp {
+    Ok(Some(FusedOp {
         p,
         silu,
         w: w.contiguous()?,
         b: b.contiguous()?.flatten_all()?,
         r: residual.cloned(),
-    };
-    match x.apply_op1_no_bwd(&op) {
-        Ok(y) => Ok(Some(y)),
-        Err(e) if e.to_string().contains(NO_ENGINE) => Ok(None),
-        Err(e) => Err(e),
-    }
+    }))
 }
 
 /// The marker of the error that means "no engine runs this fused convolution" (the caller
@@ -793,11 +866,14 @@ impl CustomOp1 for FusedOp {
     }
 
     fn cuda_fwd(&self, sx: &CudaStorage, lx: &Layout) -> Result<(CudaStorage, Shape)> {
-        match sx.dtype() {
-            DType::F16 => self.run::<half::f16>(sx, lx),
-            DType::BF16 => self.run::<half::bf16>(sx, lx),
-            d => Err(err(format!("dtype {d:?}"))),
-        }
+        let y = match sx.dtype() {
+            DType::F16 => self.launch::<half::f16>(sx, lx, None)?,
+            DType::BF16 => self.launch::<half::bf16>(sx, lx, None)?,
+            d => return Err(err(format!("dtype {d:?}"))),
+        };
+        let y = y.ok_or_else(|| err("no output"))?;
+        let p = self.p;
+        Ok((y, Shape::from((p.batch, p.out_h(), p.out_w(), p.c_out))))
     }
 }
 
@@ -819,18 +895,31 @@ fn address<E: candle_core::cuda::CudaDType + DeviceRepr>(
 }
 
 impl FusedOp {
-    fn run<E: candle_core::cuda::CudaDType + DeviceRepr>(
+    /// Launches the plan of this op on `sx`: into a new contiguous output (returned), or into
+    /// channels `c_off ..` of `into` (checked by [`conv_bias_act_nhwc_into`]; returns `None`).
+    fn launch<E: candle_core::cuda::CudaDType + DeviceRepr>(
         &self,
         sx: &CudaStorage,
         lx: &Layout,
-    ) -> Result<(CudaStorage, Shape)> {
+        into: Option<(&Tensor, usize)>,
+    ) -> Result<Option<CudaStorage>> {
         let p = self.p;
         let dev = sx.device().clone();
         let stream = dev.cuda_stream();
         let ld = row_stride(lx).ok_or_else(|| err("input pixels not evenly spaced"))?;
-        let out_shape = Shape::from((p.batch, p.out_h(), p.out_w(), p.c_out));
-        // SAFETY: the plan writes every output element (β = 0).
-        let mut y = unsafe { dev.alloc::<E>(out_shape.elem_count())? };
+        let elems = p.batch * p.out_h() * p.out_w() * p.c_out;
+        let mut y = match into {
+            // SAFETY: the plan writes every output element (β = 0).
+            None => Some(unsafe { dev.alloc::<E>(elems)? }),
+            Some(_) => None,
+        };
+        let (into_ptr, yld) = match into {
+            Some((out, c_off)) => (
+                Some(address::<E>(out, &stream)? + (c_off * std::mem::size_of::<E>()) as u64),
+                out.dim(3)?,
+            ),
+            None => (None, 0),
+        };
         let (xp, _xg) = sx.as_cuda_slice::<E>()?.device_ptr(&stream);
         let xp = xp + (lx.start_offset() * std::mem::size_of::<E>()) as u64;
         // The operands stay alive (and unwritten) for the call: `self` holds them.
@@ -853,9 +942,19 @@ impl FusedOp {
             dtype: sx.dtype(),
             silu: self.silu,
             residual: rp.is_some(),
+            yld,
         };
         {
-            let (yp, _yg) = y.device_ptr_mut(&stream);
+            let mut yg = None;
+            let yp = match (&mut y, into_ptr) {
+                (Some(y), _) => {
+                    let (yp, g) = y.device_ptr_mut(&stream);
+                    yg = Some(g);
+                    yp
+                }
+                (None, Some(p)) => p,
+                (None, None) => return Err(err("no output")),
+            };
             let mut ptrs = vec![xp, wp, bp, yp];
             ptrs.extend(rp);
             let e = engine(&dev)?;
@@ -877,7 +976,8 @@ impl FusedOp {
                 return Err(err(NO_ENGINE));
             };
             e.execute(plan, &ptrs, ws)?;
+            drop(yg);
         }
-        Ok((CudaStorage::wrap_cuda_slice(y, dev), out_shape))
+        Ok(y.map(|y| CudaStorage::wrap_cuda_slice(y, dev)))
     }
 }

@@ -9,7 +9,7 @@ use candle_core::cuda_backend::cudarc::driver::{
     CudaView, DeviceRepr, LaunchConfig, PushKernelArg,
 };
 use candle_core::cuda_backend::WrapErr;
-use candle_core::{CudaStorage, DType, Error, Layout, Result, Shape};
+use candle_core::{CudaStorage, DType, Error, Layout, Result, Shape, Tensor};
 
 /// The PTX of `kernels/layout.cu`.
 const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/layout.ptx"));
@@ -17,6 +17,29 @@ const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/layout.ptx"));
 const MODULE: &str = "yolo9_layout";
 /// Threads per block of the element-wise kernels.
 const BLOCK: u32 = 256;
+
+/// An uninitialised contiguous tensor of `shape` and `dtype` on `dev` (its elements are written
+/// before they are read: a concatenation built in place, [`crate::model::layout::concat_buffer`]).
+pub fn uninit(dev: &candle_core::CudaDevice, shape: &Shape, dtype: DType) -> Result<Tensor> {
+    let n = shape.elem_count();
+    // SAFETY (each arm): the caller writes every element before reading it.
+    let s = match dtype {
+        DType::F16 => {
+            CudaStorage::wrap_cuda_slice(unsafe { dev.alloc::<half::f16>(n)? }, dev.clone())
+        }
+        DType::BF16 => {
+            CudaStorage::wrap_cuda_slice(unsafe { dev.alloc::<half::bf16>(n)? }, dev.clone())
+        }
+        DType::F32 => CudaStorage::wrap_cuda_slice(unsafe { dev.alloc::<f32>(n)? }, dev.clone()),
+        d => return Err(err(format!("dtype {d:?}; f32, f16 and bf16 are supported"))),
+    };
+    Ok(Tensor::from_storage(
+        candle_core::Storage::Cuda(s),
+        shape.clone(),
+        candle_core::op::BackpropOp::none(),
+        false,
+    ))
+}
 
 fn err(msg: impl std::fmt::Display) -> Error {
     Error::Msg(format!("layout (CUDA): {msg}"))

@@ -104,6 +104,21 @@ impl RepNBottleneck {
             self.cv2.run(&h, c)
         }
     }
+
+    /// [`Self::run`] written into channels `slot.1 ..` of `slot.0` ([`Conv::run_into`]).
+    pub fn run_into(&self, x: &Tensor, c: Ctx, slot: (&Tensor, usize)) -> Result<()> {
+        let h = self.cv1.run(x, c)?;
+        self.cv2.run_into(&h, self.add.then_some(x), c, slot)
+    }
+}
+
+/// The buffer of a channels-last concatenation of `channels` built in place, shaped as `x`
+/// spatially, on plain channels-last inference activations ([`super::layout::concat_buffer`]).
+fn cat_buffer(c: Ctx, x: &Tensor, channels: usize) -> Result<Option<Tensor>> {
+    if !c.is_plain_nhwc() {
+        return Ok(None);
+    }
+    super::layout::concat_buffer(x, channels)
 }
 
 /// `RepNCSP(c1, c2, n)`: `cv3(cat(m(cv1(x)), cv2(x)))` with hidden width `c2/2`.
@@ -149,6 +164,22 @@ impl RepNCSP {
         } else {
             c.contiguous_for_eval(x)?
         };
+        let c_ = self.cv1.out_channels();
+        if let Some(buf) = cat_buffer(c, x, 2 * c_)? {
+            // cat(m(cv1(x)), cv2(x)) built in place, then cv3 reads it as one input.
+            match self.m.split_last() {
+                None => self.cv1.run_into(x, None, c, (&buf, 0))?,
+                Some((last, rest)) => {
+                    let mut y = self.cv1.run(x, c)?;
+                    for m in rest {
+                        y = m.run(&y, c)?;
+                    }
+                    last.run_into(&y, c, (&buf, 0))?;
+                }
+            }
+            self.cv2.run_into(x, None, c, (&buf, c_))?;
+            return self.cv3.run(&buf, c);
+        }
         let mut y = self.cv1.run(x, c)?;
         for m in &self.m {
             y = m.run(&y, c)?;
@@ -206,6 +237,10 @@ impl RepNCSPELAN4 {
 
     /// [`Self::forward`] under a [`Ctx`] (taped or plain).
     pub fn run(&self, x: &Tensor, cx: Ctx) -> Result<Tensor> {
+        if let Some(buf) = cat_buffer(cx, x, self.cat_channels())? {
+            self.cv1.run_into(x, None, cx, (&buf, 0))?;
+            return self.rest_in_place(&buf, cx);
+        }
         self.after_cv1(self.cv1.run(x, cx)?, cx)
     }
 
@@ -215,7 +250,27 @@ impl RepNCSPELAN4 {
         self.after_cv1(self.cv1.run_cat(parts, cx)?, cx)
     }
 
+    /// The channels of `cat(cv1(x), a, c)`: c3 + 2·c4.
+    fn cat_channels(&self) -> usize {
+        self.cv1.out_channels() + self.cv2.1.out_channels() + self.cv3.1.out_channels()
+    }
+
+    /// The block after `cv1` on the concatenation built in place: `buf` holds `cv1(x)` in its
+    /// first c3 channels; `a` and `c` are written after it; `cv4` reads `buf` as one input.
+    fn rest_in_place(&self, buf: &Tensor, cx: Ctx) -> Result<Tensor> {
+        let (c3, c4) = (2 * self.c, self.cv2.1.out_channels());
+        let a = self.cv2.0.run(&buf.narrow(3, self.c, self.c)?, cx)?;
+        self.cv2.1.run_into(&a, None, cx, (buf, c3))?;
+        let c = self.cv3.0.run(&buf.narrow(3, c3, c4)?, cx)?;
+        self.cv3.1.run_into(&c, None, cx, (buf, c3 + c4))?;
+        self.cv4.run(buf, cx)
+    }
+
     fn after_cv1(&self, y: Tensor, cx: Ctx) -> Result<Tensor> {
+        if let Some(buf) = cat_buffer(cx, &y, self.cat_channels())? {
+            buf.slice_set(&y.contiguous()?, 3, 0)?;
+            return self.rest_in_place(&buf, cx);
+        }
         let half = cx.narrow(&y, 1, self.c, self.c)?;
         let a = self.cv2.0.run(&half, cx)?;
         let a = self.cv2.1.run(&a, cx)?;
@@ -263,6 +318,10 @@ impl Elan1 {
 
     /// [`Self::forward`] under a [`Ctx`] (taped or plain).
     pub fn run(&self, x: &Tensor, cx: Ctx) -> Result<Tensor> {
+        if let Some(buf) = cat_buffer(cx, x, self.cat_channels())? {
+            self.cv1.run_into(x, None, cx, (&buf, 0))?;
+            return self.rest_in_place(&buf, cx);
+        }
         self.after_cv1(self.cv1.run(x, cx)?, cx)
     }
 
@@ -271,7 +330,26 @@ impl Elan1 {
         self.after_cv1(self.cv1.run_cat(parts, cx)?, cx)
     }
 
+    /// The channels of `cat(cv1(x), a, c)`: c3 + 2·c4.
+    fn cat_channels(&self) -> usize {
+        self.cv1.out_channels() + self.cv2.out_channels() + self.cv3.out_channels()
+    }
+
+    /// As [`RepNCSPELAN4`]'s: `cv2` and `cv3` written after `cv1(x)` in `buf`, `cv4` on `buf`.
+    fn rest_in_place(&self, buf: &Tensor, cx: Ctx) -> Result<Tensor> {
+        let (c3, c4) = (2 * self.c, self.cv2.out_channels());
+        self.cv2
+            .run_into(&buf.narrow(3, self.c, self.c)?, None, cx, (buf, c3))?;
+        self.cv3
+            .run_into(&buf.narrow(3, c3, c4)?, None, cx, (buf, c3 + c4))?;
+        self.cv4.run(buf, cx)
+    }
+
     fn after_cv1(&self, y: Tensor, cx: Ctx) -> Result<Tensor> {
+        if let Some(buf) = cat_buffer(cx, &y, self.cat_channels())? {
+            buf.slice_set(&y.contiguous()?, 3, 0)?;
+            return self.rest_in_place(&buf, cx);
+        }
         let half = cx.narrow(&y, 1, self.c, self.c)?;
         let a = self.cv2.run(&half, cx)?;
         let c = self.cv3.run(&a, cx)?;

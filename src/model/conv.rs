@@ -566,6 +566,44 @@ impl Conv {
         c.add(residual, &y)
     }
 
+    /// The output channels.
+    pub fn out_channels(&self) -> usize {
+        self.weight.dims()[0]
+    }
+
+    /// [`Conv::run`] (with `residual`: [`Conv::run_add`]) written into channels
+    /// `c_off .. c_off + C_out` of `out`, a contiguous `(B, H', W', C_total)` channels-last
+    /// tensor (a concatenation built in place: [`super::layout::concat_buffer`]): one fused cuDNN
+    /// graph writing there where it applies ([`crate::cuda::fused_conv::conv_bias_act_nhwc_into`]),
+    /// otherwise the output made as usual and copied there.
+    pub fn run_into(
+        &self,
+        x: &Tensor,
+        residual: Option<&Tensor>,
+        c: Ctx,
+        (out, c_off): (&Tensor, usize),
+    ) -> Result<()> {
+        #[cfg(feature = "cuda")]
+        if c.is_plain_nhwc() && self.bn.is_none() {
+            if let Some(b) = &self.bias {
+                let w = self.nhwc_weight(x.dtype(), x.dim(3)?)?;
+                let b = b.detach().to_dtype(x.dtype())?.flatten_all()?;
+                let geometry = (self.padding, self.stride, self.nhwc_groups());
+                let (act, slot) = (self.act, (out, c_off));
+                if crate::cuda::fused_conv::conv_bias_act_nhwc_into(
+                    x, &w, &b, geometry, act, residual, slot,
+                )? {
+                    return Ok(());
+                }
+            }
+        }
+        let y = match residual {
+            Some(r) => self.run_add(x, r, c)?,
+            None => self.run(x, c)?,
+        };
+        Ok(out.slice_set(&y.contiguous()?, 3, c_off)?)
+    }
+
     /// The channels-last epilogue: the folded bias and SiLU in one pass, or SiLU alone.
     fn epilogue_nhwc(&self, y: Tensor) -> Result<Tensor> {
         match &self.bias {

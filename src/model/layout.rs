@@ -51,6 +51,32 @@ pub fn input_channels(c: usize, device: &candle_core::Device, dtype: DType) -> u
     }
 }
 
+/// Whether the ELAN blocks build their channels-last concatenations in place
+/// (`YOLO9_CONCAT_IN_PLACE`, default on; read once).
+fn concat_in_place() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| !crate::switches::off("YOLO9_CONCAT_IN_PLACE"))
+}
+
+/// An uninitialised `(B, H, W, channels)` tensor on `x`'s device in `x`'s dtype, for a
+/// concatenation built in place (each part written into its channels by the layer that makes it:
+/// [`crate::model::conv::Conv::run_into`]), where that applies: `x` a channels-last f16/bf16
+/// CUDA activation `(B, H, W, C)` and the switch on. `None` elsewhere (the caller concatenates
+/// as before).
+pub fn concat_buffer(x: &Tensor, channels: usize) -> Result<Option<Tensor>> {
+    let (b, h, w, _) = x.dims4()?;
+    if !concat_in_place() || !matches!(x.dtype(), DType::F16 | DType::BF16) {
+        return Ok(None);
+    }
+    #[cfg(feature = "cuda")]
+    if let candle_core::Device::Cuda(dev) = x.device() {
+        let shape = candle_core::Shape::from((b, h, w, channels));
+        return Ok(Some(crate::cuda::layout::uninit(dev, &shape, x.dtype())?));
+    }
+    let _ = (b, h, w, channels);
+    Ok(None)
+}
+
 /// `t` (B, H, W, C) → (B, C, H, W) f32, contiguous (exact).
 pub fn nchw_f32_from_nhwc(t: &Tensor) -> Result<Tensor> {
     t.dims4()?;
