@@ -264,3 +264,36 @@ impl AlgoCache {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Kind;
+
+    /// Every kind's tag reads back as the same kind; a fused tag of the four fields written
+    /// before the output stride existed reads as a contiguous output; malformed tags are refused.
+    #[test]
+    fn kind_tags_round_trip_and_old_fused_tags_still_read() {
+        let fused = |yld| Kind::Fused {
+            ld: 96,
+            align: 16,
+            silu: true,
+            residual: false,
+            yld,
+        };
+        for k in [
+            Kind::Forward,
+            Kind::BackwardData,
+            Kind::BackwardFilter,
+            fused(0),
+            fused(384),
+        ] {
+            assert_eq!(Kind::parse(&k.tag()), Some(k), "{}", k.tag());
+        }
+        assert_eq!(fused(0).tag(), "fused/96/16/1/0");
+        assert_eq!(fused(384).tag(), "fused/96/16/1/0/384");
+        assert_eq!(Kind::parse("fused/96/16/1/0"), Some(fused(0)));
+        for bad in ["fused/96/16/1", "fused/96/16/1/0/x", "fused/a/16/1/0", "fwdx"] {
+            assert_eq!(Kind::parse(bad), None, "{bad}");
+        }
+    }
+}
