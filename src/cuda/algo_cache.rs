@@ -292,7 +292,12 @@ mod tests {
         assert_eq!(fused(0).tag(), "fused/96/16/1/0");
         assert_eq!(fused(384).tag(), "fused/96/16/1/0/384");
         assert_eq!(Kind::parse("fused/96/16/1/0"), Some(fused(0)));
-        for bad in ["fused/96/16/1", "fused/96/16/1/0/x", "fused/a/16/1/0", "fwdx"] {
+        for bad in [
+            "fused/96/16/1",
+            "fused/96/16/1/0/x",
+            "fused/a/16/1/0",
+            "fwdx",
+        ] {
             assert_eq!(Kind::parse(bad), None, "{bad}");
         }
     }

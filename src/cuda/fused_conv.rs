@@ -746,12 +746,14 @@ pub fn conv_bias_act_nhwc(
 /// [`conv_bias_act_nhwc`] written into channels `c_off .. c_off + K` of `out`, a contiguous
 /// `(N, H', W', C_total)` CUDA tensor of `x`'s dtype (a concatenation built in place: the
 /// other channels are left as they are). `Ok(false)` where the fused path does not apply (as
-/// [`conv_bias_act_nhwc`]'s `None`; also a slice not 16-byte aligned): `out` is then unchanged.
+/// [`conv_bias_act_nhwc`]'s `None`; also `out` of another dtype or device, not contiguous, or a
+/// slice not 16-byte aligned): `out` is then unchanged.
 ///
 /// `out` is written through its device address while only a shared reference is held: nothing
 /// may read those channels until this returns (the stream orders the GPU's work).
 ///
-/// Errors: as [`conv_bias_act_nhwc`]; `out` of another shape, dtype or device.
+/// Errors: as [`conv_bias_act_nhwc`]; `out` of another batch or spatial size than the output, or
+/// too few channels for `c_off + K`.
 pub fn conv_bias_act_nhwc_into(
     x: &Tensor,
     w: &Tensor,

@@ -1,7 +1,9 @@
 //! Layout changes of channels-last inference, one pass each on CUDA (`kernels/layout.cu`):
 //! the network's f32 NCHW input to NHWC in the run's dtype, the head's NHWC outputs to NCHW f32,
 //! and the nearest 2× upsampling of an NHWC tensor, materialised. Elsewhere (the CPU, other
-//! dtypes) the same values come from candle's ops: `to_dtype`, `permute`, `contiguous`.
+//! dtypes) the same values come from candle's ops: `to_dtype`, `permute`, `contiguous`. Also the
+//! buffers of concatenations built in place ([`concat_buffer`]): one NHWC tensor whose channel
+//! ranges the layers making the parts write.
 
 use anyhow::{ensure, Result};
 use candle_core::{DType, Tensor};
