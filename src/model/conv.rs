@@ -541,8 +541,7 @@ impl Conv {
         residual: Option<&Tensor>,
     ) -> Result<Option<Tensor>> {
         #[cfg(feature = "cuda")]
-        if let Some(b) = &self.bias {
-            let b = b.detach().to_dtype(x.dtype())?.flatten_all()?;
+        if let Some(b) = self.bias_as(x.dtype())? {
             let geometry = (self.padding, self.stride, self.nhwc_groups());
             return Ok(crate::cuda::fused_conv::conv_bias_act_nhwc(
                 x, w, &b, geometry, self.act, residual,
@@ -585,9 +584,8 @@ impl Conv {
     ) -> Result<()> {
         #[cfg(feature = "cuda")]
         if c.is_plain_nhwc() && self.bn.is_none() {
-            if let Some(b) = &self.bias {
+            if let Some(b) = self.bias_as(x.dtype())? {
                 let w = self.nhwc_weight(x.dtype(), x.dim(3)?)?;
-                let b = b.detach().to_dtype(x.dtype())?.flatten_all()?;
                 let geometry = (self.padding, self.stride, self.nhwc_groups());
                 let (act, slot) = (self.act, (out, c_off));
                 if crate::cuda::fused_conv::conv_bias_act_nhwc_into(
@@ -606,14 +604,20 @@ impl Conv {
 
     /// The channels-last epilogue: the folded bias and SiLU in one pass, or SiLU alone.
     fn epilogue_nhwc(&self, y: Tensor) -> Result<Tensor> {
-        match &self.bias {
-            Some(b) => {
-                let b = b.detach().to_dtype(y.dtype())?.flatten_all()?;
-                Ok(super::bias_act::bias_act_nhwc(&y, &b, self.act)?)
-            }
+        match self.bias_as(y.dtype())? {
+            Some(b) => Ok(super::bias_act::bias_act_nhwc(&y, &b, self.act)?),
             None if self.act => Ok(y.silu()?),
             None => Ok(y),
         }
+    }
+
+    /// The folded bias as a flat `(C_out,)` tensor of `dtype` for the inference epilogues
+    /// (detached; a no-op cast when the model already runs in `dtype`). `None`: no bias.
+    fn bias_as(&self, dtype: DType) -> Result<Option<Tensor>> {
+        self.bias
+            .as_ref()
+            .map(|b| Ok(b.detach().to_dtype(dtype)?.flatten_all()?))
+            .transpose()
     }
 
     /// The taped train-mode forward: the convolution, then train-mode BN + SiLU

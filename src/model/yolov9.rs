@@ -316,16 +316,7 @@ impl YoloV9 {
     /// The detection head's raw outputs of `feats` (P3, P4, P5 in the context's layout), NCHW
     /// f32.
     fn head_raw(&self, feats: &[Tensor], c: Ctx) -> Result<Vec<Tensor>> {
-        self.head
-            .run_raw(feats, c)?
-            .into_iter()
-            .map(|t| {
-                if c.nhwc {
-                    return super::layout::nchw_f32_from_nhwc(&t);
-                }
-                Ok(t.to_dtype(DType::F32)?)
-            })
-            .collect()
+        raw_of_parts(&self.head.run_parts(feats, c)?, c)
     }
 
     /// Raw head outputs per level, (B, 64+nc, H/s, W/s) f32 for s = 8, 16, 32 (DFL logits
@@ -419,20 +410,14 @@ impl YoloV9 {
     /// [`YoloV9::forward`] with every kernel launched from the host (no CUDA graph).
     pub fn forward_launched(&self, x: &Tensor) -> Result<Tensor> {
         let (feats, c) = self.features_in_layout(x, &self.taps)?;
+        let parts = self.head.run_parts(&feats, c)?;
         if c.nhwc {
             // Channels-last on CUDA: the head's parts decoded where they lie, one launch per level.
-            let parts = self.head.run_parts(&feats, c)?;
             if let Some(y) = super::head::decode_nhwc(&parts, &STRIDES)? {
                 return Ok(y);
             }
-            let raw = parts
-                .iter()
-                .map(|(b, k)| super::layout::nchw_f32_from_nhwc(&c.cat(&[b, k], 1)?))
-                .collect::<Result<Vec<_>>>()?;
-            return decode(&raw, &STRIDES);
         }
-        let raw = self.head_raw(&feats, c)?;
-        decode(&raw, &STRIDES)
+        decode(&raw_of_parts(&parts, c)?, &STRIDES)
     }
 
     /// Whether the model has a mask branch (a segmentation head).
@@ -496,6 +481,21 @@ impl YoloV9 {
 }
 
 /// (B, H, W, C) → (B, C, H, W), contiguous.
+/// Each level's box and class parts ([`DetectHead::run_parts`]) joined into the raw head output
+/// (B, 64+nc, H/s, W/s), NCHW f32 whatever the context's layout.
+fn raw_of_parts(parts: &[(Tensor, Tensor)], c: Ctx) -> Result<Vec<Tensor>> {
+    parts
+        .iter()
+        .map(|(b, k)| {
+            let t = c.cat(&[b, k], 1)?;
+            if c.nhwc {
+                return super::layout::nchw_f32_from_nhwc(&t);
+            }
+            Ok(t.to_dtype(DType::F32)?)
+        })
+        .collect()
+}
+
 fn to_nchw(t: &Tensor) -> Result<Tensor> {
     Ok(t.permute((0, 3, 1, 2))?.contiguous()?)
 }
