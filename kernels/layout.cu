@@ -5,6 +5,7 @@
 //   channels C .. Cp zero (the first convolution's kernel gets as many zero channels).
 // nhwc_to_nchw_SUF_f32: a head output (N, H, W, C) → (N, C, H, W) f32 (exact), through a 32×32
 //   shared-memory tile so that reads run along C and writes along H·W.
+// images_u8_to_nchw_f32: uploaded letterboxed images (N, H, W, C) u8 → (N, C, H, W) f32 / 255.
 // upsample2_nhwc_bN: nearest 2× upsampling of (N, H, W, C) → (N, 2H, 2W, C), copying units of N
 //   bytes (16 when a pixel's channels are a multiple of 16 bytes, else the element's size).
 
@@ -96,4 +97,18 @@ extern "C" __global__ void upsample2_nhwc_b4(const unsigned int* x, unsigned int
 extern "C" __global__ void upsample2_nhwc_b2(const unsigned short* x, unsigned short* y,
                                              long long total, int H, int W, int CU) {
     upsample2<unsigned short>(x, y, total, H, W, CU);
+}
+
+// images_u8_to_nchw_f32: letterboxed images (N, H, W, C) u8 → the network's input (N, C, H, W)
+// f32 in 0..1, each value v / 255 (IEEE division, as candle's f32 division of the composite it
+// replaces: cast, divide, transpose). One thread per pixel; the writes of neighbouring threads
+// are neighbours in each channel plane.
+extern "C" __global__ void images_u8_to_nchw_f32(const unsigned char* __restrict__ x,
+                                                 float* __restrict__ y, long long pixels, int C,
+                                                 long long HW) {
+    for (long long p = blockIdx.x * (long long)blockDim.x + threadIdx.x; p < pixels;
+         p += (long long)gridDim.x * blockDim.x) {
+        const long long n = p / HW, hw = p % HW;
+        for (int c = 0; c < C; ++c) y[(n * C + c) * HW + hw] = (float)x[p * C + c] / 255.0f;
+    }
 }

@@ -1903,3 +1903,113 @@ fn fused_half_forward_follows_f32() {
     );
     assert!(errs[1].1 <= errs[0].1 * 1.25 + 0.05, "fused boxes {errs:?}");
 }
+
+/// The first convolution straight from the f32 NCHW input (`kernels/first_conv.cu`) against
+/// candle's f32 convolution on the CPU, bias and SiLU added, on odd sizes (the padded right and
+/// bottom edges): within one f16 rounding of the f32 result (2⁻¹¹ relative, plus 1e-4 for
+/// values near zero). Then the products of a concatenation's parts summed into a channel slot of
+/// a larger tensor with bias + SiLU in place (`gemm::pointwise_parts_into`,
+/// `bias_act::bias_act_slot_in_place`) against the new-tensor products and epilogue: the same
+/// values within f16 rounding, and the slot's neighbours untouched (bitwise).
+#[test]
+fn first_conv_and_slot_products_equal_the_composites() {
+    use yolo9::internals::cuda::{bias_act, first_conv, gemm};
+    let dev = gpu();
+    let cpu = |t: &Tensor| t.to_device(&Device::Cpu).unwrap();
+    let f32_of = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
+    for (c, silu) in [(16usize, true), (32, false), (48, true)] {
+        let x = rand(&[2, 3, 37, 50], 21, 2.0, 0.3);
+        let w = rand(&[c, 3, 3, 3], 22, 0.4, 0.0);
+        let b = rand(&[c], 23, 0.5, 0.0);
+        let z = x
+            .conv2d(&w, 1, 2, 1, 1)
+            .unwrap()
+            .broadcast_add(&b.reshape((1, c, 1, 1)).unwrap())
+            .unwrap();
+        let z = if silu {
+            candle_nn::ops::silu(&z).unwrap()
+        } else {
+            z
+        };
+        let want = z.permute((0, 2, 3, 1)).unwrap().contiguous().unwrap();
+        let w_t = w
+            .reshape((c, 27))
+            .unwrap()
+            .t()
+            .unwrap()
+            .contiguous()
+            .unwrap();
+        let got = first_conv::first_conv(
+            &x.to_device(&dev).unwrap(),
+            &w_t.to_device(&dev).unwrap(),
+            &b.to_device(&dev).unwrap(),
+            silu,
+            DType::F16,
+        )
+        .unwrap();
+        assert_eq!(got.dims(), [2, 19, 25, c]);
+        let got = f32_of(&cpu(&got));
+        let err = (&got - &want).unwrap().abs().unwrap();
+        let bound = ((want.abs().unwrap() * (2f64).powi(-11)).unwrap() + 1e-4).unwrap();
+        let over = err.gt(&bound).unwrap().to_dtype(DType::F32).unwrap();
+        assert_eq!(
+            common::abs_max(&over),
+            0.0,
+            "first convolution, {c} channels, silu {silu}: max error {}",
+            common::max_abs(&got, &want)
+        );
+    }
+    // Two parts (24 + 40 channels) → 32 channels into channels 16..48 of a 64-channel tensor.
+    let h = |shape: &[usize], seed| rand(shape, seed, 1.0, 0.0).to_dtype(DType::F16).unwrap();
+    let (p1, p2) = (h(&[2, 5, 7, 24], 31), h(&[2, 5, 7, 40], 32));
+    let (w, b) = (h(&[32, 64], 33), h(&[32], 34));
+    let out = h(&[2, 5, 7, 64], 35);
+    let g = |t: &Tensor| t.to_device(&dev).unwrap();
+    let (gp1, gp2, gw, gb, gout) = (g(&p1), g(&p2), g(&w), g(&b), g(&out));
+    gemm::pointwise_parts_into(&[&gp1, &gp2], &gw, (&gout, 16)).unwrap();
+    assert!(bias_act::bias_act_slot_in_place(&gout, 16, &gb, true).unwrap());
+    let want = gemm::pointwise_parts(&[&gp1, &gp2], &gw).unwrap();
+    let want = f32_of(&cpu(&yolo9::internals::model::bias_act::bias_act_nhwc(
+        &want, &gb, true,
+    )
+    .unwrap()));
+    let got = cpu(&gout);
+    let slot = f32_of(&got.narrow(3, 16, 32).unwrap());
+    let d = common::max_abs(&slot, &want);
+    assert!(
+        d <= 2e-3 * common::abs_max(&want).max(1.0),
+        "slot products: {d}"
+    );
+    for (lo, n) in [(0, 16), (48, 16)] {
+        let a = f32_of(&got.narrow(3, lo, n).unwrap());
+        let e = f32_of(&out.narrow(3, lo, n).unwrap());
+        assert_eq!(
+            common::max_abs(&a, &e),
+            0.0,
+            "channels {lo}..{} touched",
+            lo + n
+        );
+    }
+}
+
+/// Letterboxed images to the network's input on the GPU (upload, then one kernel: cast, / 255,
+/// transposition) equal the CPU's conversion bitwise, for two images of odd size.
+#[test]
+fn images_to_input_on_gpu_equal_the_cpu() {
+    use yolo9::internals::detect::letterbox::to_tensor;
+    let dev = gpu();
+    let img = |seed: u32| {
+        image::RgbImage::from_fn(37, 21, |x, y| {
+            let v = (x * 31 + y * 17 + seed * 101) % 256;
+            image::Rgb([v as u8, (255 - v) as u8, ((v * 7) % 256) as u8])
+        })
+    };
+    let (a, b) = (img(1), img(2));
+    let want = to_tensor(&[&a, &b], &Device::Cpu).unwrap();
+    let got = to_tensor(&[&a, &b], &dev)
+        .unwrap()
+        .to_device(&Device::Cpu)
+        .unwrap();
+    assert_eq!(got.dims(), [2, 3, 21, 37]);
+    assert_eq!(common::max_abs(&got, &want), 0.0);
+}

@@ -144,3 +144,83 @@ fn run<T: CudaDType + DeviceRepr>(
     unsafe { bld.launch(cfg) }.w()?;
     Ok((CudaStorage::wrap_cuda_slice(y, dev), xl.shape().clone()))
 }
+
+/// `y ← act(y + b)` in place on channels `c_off .. c_off + C` of `out`, a contiguous
+/// `(N, H, W, C_total)` f16/bf16 CUDA tensor (a part of a concatenation built in place, written by
+/// [`crate::cuda::gemm::pointwise_parts_into`]), `b` `(C,)` contiguous of `out`'s dtype. One
+/// 16-byte vector per thread (`kernels/bias_act.cu`, `bias_act_rows_vec`). Returns `false`, doing
+/// nothing, where the vectors do not fit (C, `c_off` or C_total not a multiple of 8 elements).
+pub fn bias_act_slot_in_place(
+    out: &candle_core::Tensor,
+    c_off: usize,
+    b: &candle_core::Tensor,
+    silu: bool,
+) -> Result<bool> {
+    let (n, h, w, ctot) = out.dims4()?;
+    let c = b.elem_count();
+    let start = out.layout().start_offset() + c_off;
+    let vw = 8;
+    if !matches!(out.dtype(), DType::F16 | DType::BF16)
+        || b.dtype() != out.dtype()
+        || !out.is_contiguous()
+        || !b.is_contiguous()
+        || c_off + c > ctot
+        || !c.is_multiple_of(vw)
+        || !ctot.is_multiple_of(vw)
+        || !start.is_multiple_of(vw)
+    {
+        return Ok(false);
+    }
+    let (os, _) = out.storage_and_layout();
+    let (bs, bl) = b.storage_and_layout();
+    let (candle_core::Storage::Cuda(os), candle_core::Storage::Cuda(bs)) = (&*os, &*bs) else {
+        return Ok(false);
+    };
+    let rows = n * h * w;
+    match out.dtype() {
+        DType::F16 => slot_t::<half::f16>(os, (bs, bl), (start, rows, c, ctot), silu, "f16")?,
+        _ => slot_t::<half::bf16>(os, (bs, bl), (start, rows, c, ctot), silu, "bf16")?,
+    }
+    Ok(true)
+}
+
+fn slot_t<T: CudaDType + DeviceRepr>(
+    os: &CudaStorage,
+    (bs, bl): (&CudaStorage, &Layout),
+    (start, rows, c, ctot): (usize, usize, usize, usize),
+    silu: bool,
+    suf: &str,
+) -> Result<()> {
+    use candle_core::cuda_backend::cudarc::driver::DevicePtr;
+    let dev = os.device().clone();
+    let stream = dev.cuda_stream();
+    let b = view::<T>(bs, bl, "bias")?;
+    let nvec = rows * c / 8;
+    if nvec == 0 {
+        return Ok(());
+    }
+    // The slot is written through a pointer of a shared borrow, as the in-place convolutions do
+    // (`fused_conv::conv_bias_act_nhwc_into`): stream order keeps other ops off it meanwhile.
+    let (y_ptr, _g) = os.as_cuda_slice::<T>()?.device_ptr(&stream);
+    let y_ptr = y_ptr + (start * std::mem::size_of::<T>()) as u64;
+    let (nvec_, c_, ld_, silu_) = (nvec as i64, i32_of(c, "C")?, ctot as i64, i32::from(silu));
+    let f = dev.get_or_load_custom_func(&format!("bias_act_rows_vec_{suf}"), MODULE, PTX)?;
+    let mut bld = f.builder();
+    bld.arg(&y_ptr)
+        .arg(&b)
+        .arg(&nvec_)
+        .arg(&c_)
+        .arg(&ld_)
+        .arg(&silu_);
+    let cfg = LaunchConfig {
+        grid_dim: (nvec.div_ceil(BLOCK as usize).min(65_535 * 8) as u32, 1, 1),
+        block_dim: (BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: y_ptr points at `rows` rows of `ctot` elements of T (from the slot's start, which
+    // leaves c ≤ ctot - c_off channels in each row), 16-byte aligned (candle's allocation plus a
+    // multiple of 8 elements); b holds C; the arguments match the kernel's
+    // (y, b, nvec, C, row_ld, silu).
+    unsafe { bld.launch(cfg) }.w()?;
+    Ok(())
+}

@@ -6,7 +6,9 @@
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda::CudaDType;
-use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::{
+    DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg,
+};
 use candle_core::cuda_backend::WrapErr;
 use candle_core::{CudaStorage, DType, Error, Layout, Result, Shape};
 
@@ -83,13 +85,13 @@ pub struct Level<'a> {
     pub stride: f32,
 }
 
-/// The whole decode of channels-last head outputs (`kernels/dfl.cu`, `decode_level`, one launch
-/// per level): `(B, 4+nc, A)` f32 with rows cx, cy, w, h in input pixels and the class sigmoids,
+/// The whole decode of channels-last head outputs (`kernels/dfl.cu`, `decode_levels`, one launch
+/// for all levels): `(B, 4+nc, A)` f32 with rows cx, cy, w, h in input pixels and the class sigmoids,
 /// anchors level after level, row-major within a level (what [`crate::model::head::decode`]
 /// computes from the NCHW outputs).
 ///
-/// Errors: no levels, levels of different batch, dtype or class count, pixels not evenly
-/// spaced, a box tensor without 64 channels, sizes beyond i32.
+/// Errors: no levels or more than 4, levels of different batch, dtype or class count, pixels not
+/// evenly spaced, a box tensor without 64 channels, sizes beyond i32.
 pub fn decode_levels(levels: &[Level]) -> Result<candle_core::Tensor> {
     let first = levels.first().ok_or_else(|| err("decode: no levels"))?;
     let op = DecodeOp {
@@ -100,6 +102,38 @@ pub fn decode_levels(levels: &[Level]) -> Result<candle_core::Tensor> {
     };
     first.boxes.apply_op1_no_bwd(&op)
 }
+
+/// The most levels one decode launch takes (the kernel's `DecodeLevels`).
+const MAX_LEVELS: usize = 4;
+
+/// One level of the kernel's by-value `DecodeLevels` (`kernels/dfl.cu`, same layout): device
+/// pointers of the box and class logits, their pixel strides, the level's B·H·W threads, its first
+/// anchor row and first thread, H·W, W and its stride in pixels.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct DecodeLevel {
+    bx: u64,
+    cx: u64,
+    bld: i64,
+    cld: i64,
+    total: i64,
+    a_off: i64,
+    start: i64,
+    hw: i32,
+    w: i32,
+    stride: f32,
+    pad: i32,
+}
+
+/// The kernel's `DecodeLevels`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct DecodeLevels {
+    l: [DecodeLevel; MAX_LEVELS],
+}
+
+// SAFETY: plain C structs of integers and floats, the layout of the kernel's parameter.
+unsafe impl DeviceRepr for DecodeLevels {}
 
 struct DecodeOp {
     levels: Vec<(candle_core::Tensor, candle_core::Tensor, f32)>,
@@ -155,52 +189,82 @@ impl DecodeOp {
             a_total += h * w;
         }
         let rows = 4 + nc;
+        if self.levels.len() > MAX_LEVELS {
+            return Err(err(format!(
+                "decode: {} levels, at most {MAX_LEVELS}",
+                self.levels.len()
+            )));
+        }
         // SAFETY: the levels write every anchor's 4 + nc rows (their anchors add up to A).
         let mut out = unsafe { dev.alloc::<f32>(b * rows * a_total)? };
-        let f = dev.get_or_load_custom_func(&format!("decode_level_{suf}"), MODULE, PTX)?;
+        let f = dev.get_or_load_custom_func(&format!("decode_levels_{suf}"), MODULE, PTX)?;
         let i32_of = |v: usize| i32::try_from(v).map_err(|_| err("decode: size beyond i32"));
-        let mut a_off = 0usize;
-        for (bx, cx, stride) in &self.levels {
+        let stream = dev.cuda_stream();
+        // The levels' storages stay read-locked until the launch.
+        let held: Vec<_> = self
+            .levels
+            .iter()
+            .map(|(bx, cx, _)| (bx.storage_and_layout(), cx.storage_and_layout()))
+            .collect();
+        let mut p = DecodeLevels {
+            l: [DecodeLevel::default(); MAX_LEVELS],
+        };
+        let (mut a_off, mut start) = (0usize, 0usize);
+        for (i, (((bs, bl), (cs, cl)), (bx, _, stride))) in
+            held.iter().zip(&self.levels).enumerate()
+        {
             let (_, h, w, _) = bx.dims4()?;
-            let (bs, bl) = bx.storage_and_layout();
-            let (cs, cl) = cx.storage_and_layout();
-            let (Storage::Cuda(bs), Storage::Cuda(cs)) = (&*bs, &*cs) else {
+            let (Storage::Cuda(bs), Storage::Cuda(cs)) = (&**bs, &**cs) else {
                 return Err(err("decode: a level is not on the GPU"));
             };
             let bld = super::gemm::row_stride(bl).ok_or_else(|| err("decode: box pixels"))?;
             let cld = super::gemm::row_stride(cl).ok_or_else(|| err("decode: class pixels"))?;
-            let bv = bs.as_cuda_slice::<T>()?.slice(bl.start_offset()..);
-            let cv = cs.as_cuda_slice::<T>()?.slice(cl.start_offset()..);
+            let size = std::mem::size_of::<T>() as u64;
+            let bp =
+                bs.as_cuda_slice::<T>()?.device_ptr(&stream).0 + bl.start_offset() as u64 * size;
+            let cp =
+                cs.as_cuda_slice::<T>()?.device_ptr(&stream).0 + cl.start_offset() as u64 * size;
             let total = b * h * w;
-            if total == 0 {
-                continue;
-            }
-            let (bld_, cld_, total_) = (bld as i64, cld as i64, total as i64);
-            let (hw_, w_, nc_) = (i32_of(h * w)?, i32_of(w)?, i32_of(nc)?);
-            let (a_, off_) = (a_total as i64, a_off as i64);
+            p.l[i] = DecodeLevel {
+                bx: bp,
+                cx: cp,
+                bld: bld as i64,
+                cld: cld as i64,
+                total: total as i64,
+                a_off: a_off as i64,
+                start: start as i64,
+                hw: i32_of(h * w)?,
+                w: i32_of(w)?,
+                stride: *stride,
+                pad: 0,
+            };
+            a_off += h * w;
+            start += total;
+        }
+        if start > 0 {
+            let (nc_, a_, nlev, all) = (
+                i32_of(nc)?,
+                a_total as i64,
+                self.levels.len() as i32,
+                start as i64,
+            );
             let mut k = f.builder();
-            k.arg(&bv)
-                .arg(&bld_)
-                .arg(&cv)
-                .arg(&cld_)
-                .arg(&mut out)
-                .arg(&total_)
-                .arg(&hw_)
-                .arg(&w_)
+            k.arg(&mut out)
                 .arg(&nc_)
                 .arg(&a_)
-                .arg(&off_)
-                .arg(stride);
+                .arg(&nlev)
+                .arg(&all)
+                .arg(&p);
             let cfg = LaunchConfig {
-                grid_dim: (total.div_ceil(128).min(65_535 * 8) as u32, 1, 1),
+                grid_dim: (start.div_ceil(128).min(65_535 * 8) as u32, 1, 1),
                 block_dim: (128, 1, 1),
                 shared_mem_bytes: 0,
             };
-            // SAFETY: each view starts at its layout's offset and holds B·H·W pixels `ld` apart
-            // (row_stride checked it); out holds B·(4+nc)·A f32 and this level writes rows
-            // a_off .. a_off + H·W of each; the arguments match the kernel.
+            // SAFETY: each level's pointers start at its layout's offset and hold B·H·W pixels
+            // `ld` apart (row_stride checked it), their storages read-locked in `held`; out holds
+            // B·(4+nc)·A f32 and level i writes rows a_off .. a_off + H·W of each image; the
+            // arguments match the kernel's (out, nc, A, nlev, all, DecodeLevels by value).
             unsafe { k.launch(cfg) }.w()?;
-            a_off += h * w;
         }
         Ok((
             CudaStorage::wrap_cuda_slice(out, dev),

@@ -98,14 +98,8 @@ impl PartsGemm {
         s: &CudaStorage,
         l: &Layout,
     ) -> Result<(CudaStorage, Shape)> {
-        let dtype = s.dtype();
-        let ty = data_type(dtype)?;
         let (b, h, wd, _) = l.shape().dims4()?;
-        let (k, ctot) = self.w.dims2()?;
-        if self.w.dtype() != dtype {
-            return Err(err(format!("weight {:?}, input {dtype:?}", self.w.dtype())));
-        }
-        let m = b * h * wd;
+        let k = self.w.dims2()?.0;
         let dev = s.device().clone();
         let stream = dev.cuda_stream();
         // The other parts' storages, read-locked for the call.
@@ -117,85 +111,188 @@ impl PartsGemm {
             };
             parts.push((cs, pl));
         }
-        // Each part's row stride, checked once.
-        let mut lds = Vec::with_capacity(parts.len());
-        let mut channels = 0;
-        for (ps, pl) in &parts {
-            let (pb, ph, pw, c) = pl.shape().dims4()?;
-            if (pb, ph, pw) != (b, h, wd) || ps.dtype() != dtype {
-                return Err(err(format!(
-                    "input {:?} {:?} beside {:?} {dtype:?}",
-                    pl.shape().dims(),
-                    ps.dtype(),
-                    l.shape().dims()
-                )));
-            }
-            lds.push(row_stride(pl).ok_or_else(|| err("an input's pixels are not evenly spaced"))?);
-            channels += c;
-        }
-        if channels != ctot {
-            return Err(err(format!(
-                "inputs of {channels} channels for a kernel of {ctot}"
-            )));
-        }
-        let (wst, wl) = self.w.storage_and_layout();
-        let Storage::Cuda(ws) = &*wst else {
-            return Err(err("the kernel is not on the GPU"));
-        };
-        let (w0, _) = wl
-            .contiguous_offsets()
-            .ok_or_else(|| err("the kernel is not contiguous"))?;
-        let (w_ptr, _wg) = ws.as_cuda_slice::<T>()?.device_ptr(&stream);
-        let w_ptr = w_ptr + (w0 * dtype.size_in_bytes()) as u64;
+        let lds = checked_strides(&parts, &self.w)?;
+        let m = b * h * wd;
         // SAFETY: every element is written by the first product (β = 0) before it is read.
         let mut out = unsafe { dev.alloc::<T>(m * k)? };
-        let (m_, k_, ctot_) = (i32_of(m, "B*H*W")?, i32_of(k, "K")?, i32_of(ctot, "C")?);
-        let blas = dev.cublas_handle();
-        let handle = *blas.handle();
-        let (alpha, zero, one) = (1f32, 0f32, 1f32);
-        let size = dtype.size_in_bytes();
         {
             let (o_ptr, _og) = out.device_ptr_mut(&stream);
-            let mut off = 0;
-            for (i, ((ps, pl), &ld)) in parts.iter().zip(&lds).enumerate() {
-                let c = pl.shape().dims()[3];
-                let (x_ptr, _xg) = ps.as_cuda_slice::<T>()?.device_ptr(&stream);
-                let x_ptr = x_ptr + (pl.start_offset() * size) as u64;
-                let beta = if i == 0 { &zero } else { &one };
-                // SAFETY: w holds K·ΣC elements (column offset `off` + C ≤ ΣC per row), x holds M
-                // rows of `ld` elements from its start (its layout says so: `row_stride`), out
-                // holds M·K; the pointers are of `dtype`, matching `ty`; alpha and beta are f32 as
-                // CUBLAS_COMPUTE_32F takes them; all on the stream of candle's cuBLAS handle.
-                unsafe {
-                    gemm_ex(
-                        handle,
-                        sys::cublasOperation_t::CUBLAS_OP_T,
-                        sys::cublasOperation_t::CUBLAS_OP_N,
-                        k_,
-                        m_,
-                        i32_of(c, "C_i")?,
-                        (&alpha as *const f32).cast(),
-                        (w_ptr + (off * size) as u64) as *const std::ffi::c_void,
-                        ty,
-                        ctot_,
-                        x_ptr as *const std::ffi::c_void,
-                        ty,
-                        i32_of(ld, "row stride")?,
-                        (beta as *const f32).cast(),
-                        o_ptr as *mut std::ffi::c_void,
-                        ty,
-                        k_,
-                        sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                        sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT_TENSOR_OP,
-                    )
-                }
-                .map_err(|e| err(format!("cublasGemmEx: {e:?}")))?;
-                off += c;
-            }
+            products::<T>(&parts, &lds, &self.w, (o_ptr, k), m)?;
         }
         Ok((
             CudaStorage::wrap_cuda_slice(out, dev),
             Shape::from((b, h, wd, k)),
         ))
     }
+}
+
+/// Each part's row stride, after checking that the parts share pixels and the kernel's dtype
+/// and that their channels add up to the kernel's.
+fn checked_strides(parts: &[(&CudaStorage, &Layout)], w: &Tensor) -> Result<Vec<usize>> {
+    let (first_s, first_l) = parts.first().ok_or_else(|| err("no input"))?;
+    let dtype = first_s.dtype();
+    if w.dtype() != dtype {
+        return Err(err(format!("weight {:?}, input {dtype:?}", w.dtype())));
+    }
+    let (b, h, wd, _) = first_l.shape().dims4()?;
+    let ctot = w.dims2()?.1;
+    let mut lds = Vec::with_capacity(parts.len());
+    let mut channels = 0;
+    for (ps, pl) in parts {
+        let (pb, ph, pw, c) = pl.shape().dims4()?;
+        if (pb, ph, pw) != (b, h, wd) || ps.dtype() != dtype {
+            return Err(err(format!(
+                "input {:?} {:?} beside {:?} {dtype:?}",
+                pl.shape().dims(),
+                ps.dtype(),
+                first_l.shape().dims()
+            )));
+        }
+        lds.push(row_stride(pl).ok_or_else(|| err("an input's pixels are not evenly spaced"))?);
+        channels += c;
+    }
+    if channels != ctot {
+        return Err(err(format!(
+            "inputs of {channels} channels for a kernel of {ctot}"
+        )));
+    }
+    Ok(lds)
+}
+
+/// [`pointwise_parts`] written into channels `c_off .. c_off + K` of `out`, a contiguous
+/// `(B, H, W, C_total)` tensor of the parts' pixels and dtype (a concatenation built in place,
+/// [`crate::model::layout::concat_buffer`]): the products' output rows are `out`'s pixels,
+/// `C_total` elements apart. The other channels of `out` are not touched.
+///
+/// Errors: as [`pointwise_parts`]; `out` not contiguous, of another dtype, device or pixel
+/// count, or too narrow for the slot.
+pub fn pointwise_parts_into(
+    parts: &[&Tensor],
+    w: &Tensor,
+    (out, c_off): (&Tensor, usize),
+) -> Result<()> {
+    let w = w.contiguous()?;
+    let k = w.dims2()?.0;
+    let (ob, oh, ow, oc) = out.dims4()?;
+    let first = parts.first().ok_or_else(|| err("no input"))?;
+    let (b, h, wd, _) = first.dims4()?;
+    if (ob, oh, ow) != (b, h, wd)
+        || c_off + k > oc
+        || !out.is_contiguous()
+        || out.dtype() != w.dtype()
+        || !out.device().same_device(first.device())
+    {
+        return Err(err(format!(
+            "output {:?} {:?} at channel {c_off} for {k} channels of {:?}",
+            out.dims(),
+            out.dtype(),
+            first.dims()
+        )));
+    }
+    let held: Vec<_> = parts.iter().map(|t| t.storage_and_layout()).collect();
+    let mut ps: Vec<(&CudaStorage, &Layout)> = Vec::with_capacity(held.len());
+    for (st, pl) in &held {
+        let Storage::Cuda(cs) = &**st else {
+            return Err(err("an input is not on the GPU"));
+        };
+        ps.push((cs, pl));
+    }
+    let lds = checked_strides(&ps, &w)?;
+    let (ost, ol) = out.storage_and_layout();
+    let Storage::Cuda(os) = &*ost else {
+        return Err(err("the output is not on the GPU"));
+    };
+    let m = b * h * wd;
+    match out.dtype() {
+        DType::F32 => into_t::<f32>(&ps, &lds, &w, (os, ol.start_offset() + c_off, oc), m),
+        DType::F16 => into_t::<half::f16>(&ps, &lds, &w, (os, ol.start_offset() + c_off, oc), m),
+        DType::BF16 => into_t::<half::bf16>(&ps, &lds, &w, (os, ol.start_offset() + c_off, oc), m),
+        d => Err(err(format!("dtype {d:?}; f32, f16 and bf16 are supported"))),
+    }
+}
+
+fn into_t<T: CudaDType + DeviceRepr>(
+    parts: &[(&CudaStorage, &Layout)],
+    lds: &[usize],
+    w: &Tensor,
+    (os, start, ldc): (&CudaStorage, usize, usize),
+    m: usize,
+) -> Result<()> {
+    let stream = os.device().cuda_stream();
+    // The slot is written through a pointer taken from a shared borrow: the tensor is candle's,
+    // its elements are plain device memory that no other op of this stream reads concurrently
+    // (stream order), as in `fused_conv::conv_bias_act_nhwc_into`.
+    let (o_ptr, _og) = os.as_cuda_slice::<T>()?.device_ptr(&stream);
+    let o_ptr = o_ptr + (start * std::mem::size_of::<T>()) as u64;
+    products::<T>(parts, lds, w, (o_ptr, ldc), m)
+}
+
+/// The products of [`pointwise_parts`]: `Σ_i parts[i] · w[:, o_i ..]ᵀ` into the `m` rows of
+/// `out.0` (a device pointer of `T`), rows `out.1` elements apart, on the stream of candle's
+/// cuBLAS handle; `lds` are the parts' row strides, already checked.
+fn products<T: CudaDType + DeviceRepr>(
+    parts: &[(&CudaStorage, &Layout)],
+    lds: &[usize],
+    w: &Tensor,
+    (o_ptr, ldc): (u64, usize),
+    m: usize,
+) -> Result<()> {
+    let dtype = w.dtype();
+    let ty = data_type(dtype)?;
+    let (k, ctot) = w.dims2()?;
+    let (wst, wl) = w.storage_and_layout();
+    let Storage::Cuda(ws) = &*wst else {
+        return Err(err("the kernel is not on the GPU"));
+    };
+    let dev = ws.device().clone();
+    let stream = dev.cuda_stream();
+    let (w0, _) = wl
+        .contiguous_offsets()
+        .ok_or_else(|| err("the kernel is not contiguous"))?;
+    let (w_ptr, _wg) = ws.as_cuda_slice::<T>()?.device_ptr(&stream);
+    let w_ptr = w_ptr + (w0 * dtype.size_in_bytes()) as u64;
+    let (m_, k_, ctot_) = (i32_of(m, "B*H*W")?, i32_of(k, "K")?, i32_of(ctot, "C")?);
+    let ldc_ = i32_of(ldc, "output row stride")?;
+    let blas = dev.cublas_handle();
+    let handle = *blas.handle();
+    let (alpha, zero, one) = (1f32, 0f32, 1f32);
+    let size = dtype.size_in_bytes();
+    let mut off = 0;
+    for (i, ((ps, pl), &ld)) in parts.iter().zip(lds).enumerate() {
+        let c = pl.shape().dims()[3];
+        let (x_ptr, _xg) = ps.as_cuda_slice::<T>()?.device_ptr(&stream);
+        let x_ptr = x_ptr + (pl.start_offset() * size) as u64;
+        let beta = if i == 0 { &zero } else { &one };
+        // SAFETY: w holds K·ΣC elements (column offset `off` + C ≤ ΣC per row), x holds M
+        // rows of `ld` elements from its start (its layout says so: `row_stride`), out holds
+        // M rows of `ldc` ≥ K elements (the callers' allocation or slot); the pointers are of
+        // `dtype`, matching `ty`; alpha and beta are f32 as CUBLAS_COMPUTE_32F takes them; all
+        // on the stream of candle's cuBLAS handle.
+        unsafe {
+            gemm_ex(
+                handle,
+                sys::cublasOperation_t::CUBLAS_OP_T,
+                sys::cublasOperation_t::CUBLAS_OP_N,
+                k_,
+                m_,
+                i32_of(c, "C_i")?,
+                (&alpha as *const f32).cast(),
+                (w_ptr + (off * size) as u64) as *const std::ffi::c_void,
+                ty,
+                ctot_,
+                x_ptr as *const std::ffi::c_void,
+                ty,
+                i32_of(ld, "row stride")?,
+                (beta as *const f32).cast(),
+                o_ptr as *mut std::ffi::c_void,
+                ty,
+                ldc_,
+                sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT_TENSOR_OP,
+            )
+        }
+        .map_err(|e| err(format!("cublasGemmEx: {e:?}")))?;
+        off += c;
+    }
+    Ok(())
 }

@@ -215,3 +215,37 @@ fn up_t<T: CudaDType + DeviceRepr>(s: &CudaStorage, l: &Layout) -> Result<(CudaS
         Shape::from((n, 2 * h, 2 * w, c)),
     ))
 }
+
+/// Letterboxed images `x` (N, H, W, C) u8 on the GPU (uploaded bytes) → the network's input
+/// (N, C, H, W) f32 in 0..1 (each value / 255), one launch in place of candle's cast, division
+/// and transposition (the same values: IEEE f32 division). Errors: `x` not a 4-D u8 CUDA tensor.
+pub fn images_to_nchw_f32(x: &Tensor) -> Result<Tensor> {
+    let (n, h, w, c) = x.dims4()?;
+    if x.dtype() != DType::U8 {
+        return Err(err(format!("images of {:?}; u8 expected", x.dtype())));
+    }
+    let (s, l) = x.storage_and_layout();
+    let candle_core::Storage::Cuda(s) = &*s else {
+        return Err(err("images not on the GPU"));
+    };
+    let xs = view::<u8>(s, l)?;
+    let dev = s.device().clone();
+    let pixels = n * h * w;
+    // SAFETY: every element is written by the kernel (each pixel's C channels).
+    let mut y = unsafe { dev.alloc::<f32>(pixels * c)? };
+    if pixels > 0 {
+        let f = dev.get_or_load_custom_func("images_u8_to_nchw_f32", MODULE, PTX)?;
+        let (pixels_, c_, hw) = (pixels as i64, i32_of(c, "C")?, (h * w) as i64);
+        let mut k = f.builder();
+        k.arg(&xs).arg(&mut y).arg(&pixels_).arg(&c_).arg(&hw);
+        // SAFETY: x holds N·H·W·C bytes, y as many f32; the arguments match the kernel's
+        // (x, y, pixels, C, HW).
+        unsafe { k.launch(flat(pixels)) }.w()?;
+    }
+    Ok(Tensor::from_storage(
+        candle_core::Storage::Cuda(CudaStorage::wrap_cuda_slice(y, dev)),
+        Shape::from((n, c, h, w)),
+        candle_core::op::BackpropOp::none(),
+        false,
+    ))
+}

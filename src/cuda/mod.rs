@@ -16,6 +16,8 @@
 //! - [`dfl`]: the head's DFL expectation in one launch (`kernels/dfl.cu`).
 //! - [`ew`]: `a + b` and contiguous copies of row-strided tensors (`kernels/ew.cu`), for
 //!   [`crate::model::ew`].
+//! - [`first_conv`]: the network's first convolution straight from the f32 NCHW input to a
+//!   channels-last half-precision output (`kernels/first_conv.cu`).
 //! - [`fused_conv`]: an inference convolution with its folded bias and SiLU as one cuDNN
 //!   operation graph (backend API), so the output is written once.
 //! - [`gemm`]: 1×1 convolutions of channels-last activations as cuBLAS products reading channel
@@ -38,6 +40,7 @@ pub mod conv;
 pub mod conv_params;
 pub mod dfl;
 pub mod ew;
+pub mod first_conv;
 pub mod fused_conv;
 pub mod gemm;
 pub mod graph;

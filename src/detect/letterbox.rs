@@ -16,7 +16,7 @@
 //! One deviation: a side that would round to 0 pixels (e.g. a 1x10000 strip) is kept at 1 pixel;
 //! OpenCV would raise an error there.
 use anyhow::{bail, Result};
-use candle_core::{DType, Device, Tensor};
+use candle_core::{Device, Tensor};
 use image::RgbImage;
 
 /// The network stride used for letterbox padding and size rounding.
@@ -278,13 +278,19 @@ pub fn to_tensor(imgs: &[&RgbImage], device: &Device) -> Result<Tensor> {
         }
         let shape = (imgs.len(), h as usize, w as usize, 3);
         #[cfg(feature = "cuda")]
-        let x = crate::cuda::upload::upload_u8(&bytes, shape, device)?;
+        {
+            // One launch: cast, / 255 and transposition.
+            let x = crate::cuda::upload::upload_u8(&bytes, shape, device)?;
+            return Ok(crate::cuda::layout::images_to_nchw_f32(&x)?);
+        }
         #[cfg(not(feature = "cuda"))]
-        let x = Tensor::from_vec(bytes, shape, device)?;
-        // 255 made on the device (no upload, no stream synchronization).
-        let d = Tensor::ones((), DType::F32, device)?.affine(255.0, 0.0)?;
-        let x = x.to_dtype(DType::F32)?.broadcast_div(&d)?;
-        return Ok(x.permute((0, 3, 1, 2))?.contiguous()?);
+        {
+            let x = Tensor::from_vec(bytes, shape, device)?;
+            // 255 made on the device (no upload, no stream synchronization).
+            let d = Tensor::ones((), candle_core::DType::F32, device)?.affine(255.0, 0.0)?;
+            let x = x.to_dtype(candle_core::DType::F32)?.broadcast_div(&d)?;
+            return Ok(x.permute((0, 3, 1, 2))?.contiguous()?);
+        }
     }
     let plane = (w * h) as usize;
     let mut data = vec![0f32; imgs.len() * 3 * plane];

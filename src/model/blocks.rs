@@ -121,6 +121,23 @@ fn cat_buffer(c: Ctx, x: &Tensor, channels: usize) -> Result<Option<Tensor>> {
     super::layout::concat_buffer(x, channels)
 }
 
+/// The buffer of a block's concatenation (`channels` wide) with `cv1` of the parts written in
+/// its first channels ([`Conv::run_cat_into`]); `None` where that does not apply.
+fn cv1_parts_in_place(
+    cv1: &Conv,
+    parts: &[&Tensor],
+    cx: Ctx,
+    channels: usize,
+) -> Result<Option<Tensor>> {
+    let Some(first) = parts.first() else {
+        return Ok(None);
+    };
+    match cat_buffer(cx, first, channels)? {
+        Some(buf) if cv1.run_cat_into(parts, cx, (&buf, 0))? => Ok(Some(buf)),
+        _ => Ok(None),
+    }
+}
+
 /// `RepNCSP(c1, c2, n)`: `cv3(cat(m(cv1(x)), cv2(x)))` with hidden width `c2/2`.
 pub struct RepNCSP {
     /// `{prefix}.cv1`: 1×1, c1 → c2/2.
@@ -245,8 +262,12 @@ impl RepNCSPELAN4 {
     }
 
     /// [`Self::run`] of the channel concatenation of `parts` (a `Concat` layer read by this
-    /// block alone): `cv1` reads the parts without the concatenation ([`Conv::run_cat`]).
+    /// block alone): `cv1` reads the parts without the concatenation ([`Conv::run_cat`]), into
+    /// the block's own concatenation where that is built in place ([`Conv::run_cat_into`]).
     pub fn run_cat(&self, parts: &[&Tensor], cx: Ctx) -> Result<Tensor> {
+        if let Some(buf) = cv1_parts_in_place(&self.cv1, parts, cx, self.cat_channels())? {
+            return self.rest_in_place(&buf, cx);
+        }
         self.after_cv1(self.cv1.run_cat(parts, cx)?, cx)
     }
 
@@ -327,6 +348,9 @@ impl Elan1 {
 
     /// [`Self::run`] of the channel concatenation of `parts` (as [`RepNCSPELAN4::run_cat`]).
     pub fn run_cat(&self, parts: &[&Tensor], cx: Ctx) -> Result<Tensor> {
+        if let Some(buf) = cv1_parts_in_place(&self.cv1, parts, cx, self.cat_channels())? {
+            return self.rest_in_place(&buf, cx);
+        }
         self.after_cv1(self.cv1.run_cat(parts, cx)?, cx)
     }
 

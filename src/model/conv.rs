@@ -213,6 +213,10 @@ pub struct Conv {
     /// channels-last inference forward ([`Conv::forward_nhwc`]); made on first use. Inference
     /// models never change their weights after loading, so it cannot go stale there.
     nhwc_weight: std::sync::OnceLock<Tensor>,
+    /// The kernel as (27, C_out) f32 and the bias (C_out,) f32 of [`Conv::first_nhwc`], made on
+    /// first use (inference models only, as `nhwc_weight`).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    input_weight: std::sync::OnceLock<(Tensor, Tensor)>,
 }
 
 /// Geometry of a convolution.
@@ -385,6 +389,7 @@ impl Conv {
             groups: spec.g,
             act: spec.act,
             nhwc_weight: std::sync::OnceLock::new(),
+            input_weight: std::sync::OnceLock::new(),
         }
     }
 
@@ -436,6 +441,51 @@ impl Conv {
             },
         };
         self.epilogue_nhwc(y)
+    }
+
+    /// The network's first convolution on channels-last half-precision CUDA inference, straight
+    /// from the f32 NCHW input: `x` (B, 3, H, W) f32 → (B, ⌈H/2⌉, ⌈W/2⌉, C_out) in `dtype`, one
+    /// kernel ([`crate::cuda::first_conv`]) in place of the input's cast to padded NHWC and the
+    /// cuDNN convolution. Applies to an inference convolution (BN folded, bias present) 3 → C_out,
+    /// 3×3, stride 2, padding 1, no groups (the first layer of every YOLOv9 model), C_out a
+    /// multiple of 8, f16/bf16, switch `YOLO9_INPUT_CONV` not `0`; `None` elsewhere.
+    pub fn first_nhwc(&self, x: &Tensor, dtype: DType) -> Result<Option<Tensor>> {
+        #[cfg(feature = "cuda")]
+        {
+            static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+            let on = *ON.get_or_init(|| !crate::switches::off("YOLO9_INPUT_CONV"));
+            let (k, ci, kh, kw) = self.weight.dims4()?;
+            let applies = on
+                && x.device().is_cuda()
+                && x.dtype() == DType::F32
+                && x.dims4()?.1 == 3
+                && matches!(dtype, DType::F16 | DType::BF16)
+                && self.bn.is_none()
+                && self.bias.is_some()
+                && (ci, kh, kw, self.groups, self.stride, self.padding) == (3, 3, 3, 1, 2, 1)
+                && k.is_multiple_of(8)
+                && k <= crate::cuda::first_conv::MAX_CHANNELS;
+            if !applies {
+                return Ok(None);
+            }
+            let (w, b) = match self.input_weight.get() {
+                Some(wb) => wb,
+                None => {
+                    let w = self.weight.detach().to_dtype(DType::F32)?;
+                    let w = w.reshape((k, 27))?.t()?.contiguous()?;
+                    let b = self.bias_as(DType::F32)?.context("a bias")?.contiguous()?;
+                    self.input_weight.get_or_init(|| (w, b))
+                }
+            };
+            return Ok(Some(crate::cuda::first_conv::first_conv(
+                x, w, b, self.act, dtype,
+            )?));
+        }
+        #[allow(unreachable_code)]
+        {
+            let _ = (x, dtype);
+            Ok(None)
+        }
     }
 
     /// [`Conv::run`] of the channel concatenation of `parts` (`cv4(cat[y, a, c])` of the ELAN
@@ -600,6 +650,54 @@ impl Conv {
             None => self.run(x, c)?,
         };
         Ok(out.slice_set(&y.contiguous()?, 3, c_off)?)
+    }
+
+    /// [`Conv::run_cat`] written into channels `c_off .. c_off + C_out` of `out` (a
+    /// concatenation built in place, [`super::layout::concat_buffer`]) where a 1×1 convolution of
+    /// channels-last inference parts applies: the products summed straight into the slot
+    /// ([`crate::cuda::gemm::pointwise_parts_into`]), then the folded bias and SiLU in place
+    /// ([`crate::cuda::bias_act::bias_act_slot_in_place`]), so the output is never copied.
+    /// `false` (nothing written) elsewhere: the caller runs [`Conv::run_cat`] and copies.
+    pub fn run_cat_into(&self, parts: &[&Tensor], c: Ctx, slot: (&Tensor, usize)) -> Result<bool> {
+        #[cfg(feature = "cuda")]
+        if c.is_plain_nhwc() && self.bn.is_none() {
+            let (out, c_off) = slot;
+            let Some(first) = parts.first() else {
+                return Ok(false);
+            };
+            let dtype = first.dtype();
+            let Some(b) = self.bias_as(dtype)? else {
+                return Ok(false);
+            };
+            let w = self.nhwc_weight(dtype, 0)?;
+            let (k, kh, kw, ci) = w.dims4()?;
+            let pointwise = kh == 1 && kw == 1 && self.stride == 1 && self.padding == 0;
+            let ctot = out.dim(3)?;
+            let fits = pointwise
+                && self.nhwc_groups() == 1
+                && matches!(dtype, DType::F16 | DType::BF16)
+                && out.dtype() == dtype
+                && out.is_contiguous()
+                && out.device().is_cuda()
+                && c_off + k <= ctot
+                && [k, c_off, ctot, out.layout().start_offset()]
+                    .iter()
+                    .all(|v| v.is_multiple_of(8))
+                && parts.iter().all(|p| {
+                    p.device().is_cuda() && crate::cuda::gemm::row_stride(p.layout()).is_some()
+                });
+            if !fits {
+                return Ok(false);
+            }
+            crate::cuda::gemm::pointwise_parts_into(parts, &w.reshape((k, ci))?, slot)?;
+            ensure!(
+                crate::cuda::bias_act::bias_act_slot_in_place(out, c_off, &b, self.act)?,
+                "the in-place bias of a {k}-channel slot at {c_off} of {ctot} was refused"
+            );
+            return Ok(true);
+        }
+        let _ = (parts, c, slot);
+        Ok(false)
     }
 
     /// The channels-last epilogue: the folded bias and SiLU in one pass, or SiLU alone.

@@ -412,9 +412,9 @@ pub fn decode(raw: &[Tensor], strides: &[u32]) -> Result<Tensor> {
 }
 
 /// [`decode`] of channels-last head outputs given as [`Head::run_parts`] returns them
-/// (`(B, H_i, W_i, 64)` box and `(B, H_i, W_i, nc)` class logits per level), in one launch per
-/// level on CUDA ([`crate::cuda::dfl::decode_levels`]: the same values as transposing, joining
-/// and decoding); `None` elsewhere (the caller joins the parts and runs [`decode`]).
+/// (`(B, H_i, W_i, 64)` box and `(B, H_i, W_i, nc)` class logits per level), in one launch on
+/// CUDA for up to 4 levels ([`crate::cuda::dfl::decode_levels`]: the same values as transposing,
+/// joining and decoding); `None` elsewhere (the caller joins the parts and runs [`decode`]).
 pub fn decode_nhwc(parts: &[(Tensor, Tensor)], strides: &[u32]) -> Result<Option<Tensor>> {
     ensure!(
         parts.len() == strides.len(),
@@ -423,11 +423,13 @@ pub fn decode_nhwc(parts: &[(Tensor, Tensor)], strides: &[u32]) -> Result<Option
         strides.len()
     );
     #[cfg(feature = "cuda")]
-    if parts.iter().all(|(b, c)| {
-        b.device().is_cuda()
-            && crate::cuda::gemm::row_stride(b.layout()).is_some()
-            && crate::cuda::gemm::row_stride(c.layout()).is_some()
-    }) {
+    if parts.len() <= 4
+        && parts.iter().all(|(b, c)| {
+            b.device().is_cuda()
+                && crate::cuda::gemm::row_stride(b.layout()).is_some()
+                && crate::cuda::gemm::row_stride(c.layout()).is_some()
+        })
+    {
         let levels: Vec<_> = parts
             .iter()
             .zip(strides)

@@ -130,9 +130,54 @@ impl Net {
     /// Runs the layers on `x` (B, 3, H, W) and returns the outputs of `taps` (the head inputs)
     /// in order.
     pub(crate) fn forward(&self, x: &Tensor, c: Ctx, taps: &[Src]) -> Result<Vec<Tensor>> {
+        self.forward_from(x, c, taps, None)
+    }
+
+    /// The layer whose convolution alone reads the network's input, directly or through
+    /// identity layers (yolov9's `Silence`), with that convolution: the layer a caller may run
+    /// itself from the input ([`Net::forward_from`]). `None` where several layers read the input
+    /// (the auxiliary branch of an unreparameterised yolov9-c) or its reader is not a
+    /// convolution of one input.
+    pub(crate) fn input_conv(&self) -> Option<(usize, &Conv)> {
+        let mut input_like = vec![false; self.blocks.len()];
+        let mut reader = None;
+        for (i, from) in self.from.iter().enumerate() {
+            let reads = from.iter().any(|s| match s {
+                Src::Input => true,
+                Src::Layer(j) => input_like[*j],
+            });
+            if !reads {
+                continue;
+            }
+            if matches!(self.blocks[i], Block::Identity) && from.len() == 1 {
+                input_like[i] = true;
+            } else if reader.replace(i).is_some() {
+                return None;
+            }
+        }
+        let i = reader?;
+        match &self.blocks[i] {
+            Block::Conv(m) if self.from[i].len() == 1 => Some((i, m)),
+            _ => None,
+        }
+    }
+
+    /// [`Net::forward`] with the output of layer `first.0` given (`first.1`, made by the caller
+    /// from the input: [`Net::input_conv`]) instead of computed.
+    pub(crate) fn forward_from(
+        &self,
+        x: &Tensor,
+        c: Ctx,
+        taps: &[Src],
+        first: Option<(usize, Tensor)>,
+    ) -> Result<Vec<Tensor>> {
         let n = self.blocks.len();
         let mut outs: Vec<Option<Out>> = (0..n).map(|_| None).collect();
         for (i, block) in self.blocks.iter().enumerate() {
+            if let Some((_, y)) = first.as_ref().filter(|(k, _)| *k == i) {
+                outs[i] = Some(Out::One(y.clone()));
+                continue;
+            }
             let one = |k: usize| -> Result<&Tensor> {
                 match self.from[i][k] {
                     Src::Input => Ok(x),

@@ -303,9 +303,14 @@ impl YoloV9 {
         check_input(x)?;
         let x = x.to_device(&self.device)?;
         if self.channels_last_for(x.dim(0)?) {
+            let c = Ctx::plain_nhwc();
+            if let Some((i, conv)) = self.net.input_conv() {
+                if let Some(y) = conv.first_nhwc(&x, self.dtype)? {
+                    return Ok((self.net.forward_from(&x, c, taps, Some((i, y)))?, c));
+                }
+            }
             let ch = super::layout::input_channels(x.dim(1)?, &self.device, self.dtype);
             let x = super::layout::nhwc_from_nchw(&x, self.dtype, ch)?;
-            let c = Ctx::plain_nhwc();
             return Ok((self.net.forward(&x, c, taps)?, c));
         }
         let x = x.to_dtype(self.dtype)?;
