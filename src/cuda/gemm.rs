@@ -105,12 +105,7 @@ impl PartsGemm {
         // The other parts' storages, read-locked for the call.
         let held: Vec<_> = self.rest.iter().map(|t| t.storage_and_layout()).collect();
         let mut parts: Vec<(&CudaStorage, &Layout)> = vec![(s, l)];
-        for (st, pl) in &held {
-            let Storage::Cuda(cs) = &**st else {
-                return Err(err("an input is not on the GPU"));
-            };
-            parts.push((cs, pl));
-        }
+        parts.extend(cuda_storages(&held)?);
         let lds = checked_strides(&parts, &self.w)?;
         let m = b * h * wd;
         // SAFETY: every element is written by the first product (β = 0) before it is read.
@@ -124,6 +119,19 @@ impl PartsGemm {
             Shape::from((b, h, wd, k)),
         ))
     }
+}
+
+/// The CUDA storages of read-locked parts (`Tensor::storage_and_layout` of each) with their
+/// layouts. Errors: a part not on the GPU.
+fn cuda_storages<'a, G: std::ops::Deref<Target = Storage>>(
+    held: &'a [(G, &'a Layout)],
+) -> Result<Vec<(&'a CudaStorage, &'a Layout)>> {
+    held.iter()
+        .map(|(st, pl)| match &**st {
+            Storage::Cuda(cs) => Ok((cs, *pl)),
+            _ => Err(err("an input is not on the GPU")),
+        })
+        .collect()
 }
 
 /// Each part's row stride, after checking that the parts share pixels and the kernel's dtype
@@ -190,13 +198,7 @@ pub fn pointwise_parts_into(
         )));
     }
     let held: Vec<_> = parts.iter().map(|t| t.storage_and_layout()).collect();
-    let mut ps: Vec<(&CudaStorage, &Layout)> = Vec::with_capacity(held.len());
-    for (st, pl) in &held {
-        let Storage::Cuda(cs) = &**st else {
-            return Err(err("an input is not on the GPU"));
-        };
-        ps.push((cs, pl));
-    }
+    let ps = cuda_storages(&held)?;
     let lds = checked_strides(&ps, &w)?;
     let (ost, ol) = out.storage_and_layout();
     let Storage::Cuda(os) = &*ost else {

@@ -562,23 +562,29 @@ impl Conv {
     /// pixels are evenly spaced, by [`crate::cuda::gemm::pointwise_parts`] with the permuted
     /// kernel `w` (C_out, 1, 1, C_in); `None` where it does not apply.
     fn pointwise_parts(&self, parts: &[&Tensor], w: &Tensor) -> Result<Option<Tensor>> {
+        #[cfg(feature = "cuda")]
+        if let Some(w2) = self.pointwise_weight(parts, w)? {
+            return Ok(Some(crate::cuda::gemm::pointwise_parts(parts, &w2)?));
+        }
+        let _ = (parts, w);
+        Ok(None)
+    }
+
+    /// The permuted kernel `w` (C_out, 1, 1, C_in) as the (C_out, C_in) matrix of
+    /// [`crate::cuda::gemm`]'s products, where they apply: a 1×1 convolution (stride 1, no
+    /// padding, no groups) of non-empty CUDA `parts` whose pixels are evenly spaced; `None`
+    /// elsewhere.
+    #[cfg(feature = "cuda")]
+    fn pointwise_weight(&self, parts: &[&Tensor], w: &Tensor) -> Result<Option<Tensor>> {
         let (k, kh, kw, c) = w.dims4()?;
         let pointwise = kh == 1 && kw == 1 && self.stride == 1 && self.padding == 0;
-        if !pointwise || self.nhwc_groups() != 1 || parts.is_empty() {
-            return Ok(None);
-        }
-        #[cfg(feature = "cuda")]
-        {
-            let fits = parts.iter().all(|p| {
+        let fits = pointwise
+            && self.nhwc_groups() == 1
+            && !parts.is_empty()
+            && parts.iter().all(|p| {
                 p.device().is_cuda() && crate::cuda::gemm::row_stride(p.layout()).is_some()
             });
-            if fits {
-                let w2 = w.reshape((k, c))?;
-                return Ok(Some(crate::cuda::gemm::pointwise_parts(parts, &w2)?));
-            }
-        }
-        let _ = (k, c);
-        Ok(None)
+        Ok(if fits { Some(w.reshape((k, c))?) } else { None })
     }
 
     /// The convolution, its folded bias, SiLU and `residual` (added last) as one cuDNN graph
@@ -669,27 +675,23 @@ impl Conv {
             let Some(b) = self.bias_as(dtype)? else {
                 return Ok(false);
             };
-            let w = self.nhwc_weight(dtype, 0)?;
-            let (k, kh, kw, ci) = w.dims4()?;
-            let pointwise = kh == 1 && kw == 1 && self.stride == 1 && self.padding == 0;
+            let Some(w) = self.pointwise_weight(parts, &self.nhwc_weight(dtype, 0)?)? else {
+                return Ok(false);
+            };
+            let k = w.dim(0)?;
             let ctot = out.dim(3)?;
-            let fits = pointwise
-                && self.nhwc_groups() == 1
-                && matches!(dtype, DType::F16 | DType::BF16)
+            let fits = matches!(dtype, DType::F16 | DType::BF16)
                 && out.dtype() == dtype
                 && out.is_contiguous()
                 && out.device().is_cuda()
                 && c_off + k <= ctot
                 && [k, c_off, ctot, out.layout().start_offset()]
                     .iter()
-                    .all(|v| v.is_multiple_of(8))
-                && parts.iter().all(|p| {
-                    p.device().is_cuda() && crate::cuda::gemm::row_stride(p.layout()).is_some()
-                });
+                    .all(|v| v.is_multiple_of(8));
             if !fits {
                 return Ok(false);
             }
-            crate::cuda::gemm::pointwise_parts_into(parts, &w.reshape((k, ci))?, slot)?;
+            crate::cuda::gemm::pointwise_parts_into(parts, &w, slot)?;
             ensure!(
                 crate::cuda::bias_act::bias_act_slot_in_place(out, c_off, &b, self.act)?,
                 "the in-place bias of a {k}-channel slot at {c_off} of {ctot} was refused"

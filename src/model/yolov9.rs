@@ -417,7 +417,7 @@ impl YoloV9 {
         let (feats, c) = self.features_in_layout(x, &self.taps)?;
         let parts = self.head.run_parts(&feats, c)?;
         if c.nhwc {
-            // Channels-last on CUDA: the head's parts decoded where they lie, one launch per level.
+            // Channels-last on CUDA: the head's parts decoded where they lie, in one launch.
             if let Some(y) = super::head::decode_nhwc(&parts, &STRIDES)? {
                 return Ok(y);
             }
@@ -485,7 +485,6 @@ impl YoloV9 {
     }
 }
 
-/// (B, H, W, C) → (B, C, H, W), contiguous.
 /// Each level's box and class parts ([`DetectHead::run_parts`]) joined into the raw head output
 /// (B, 64+nc, H/s, W/s), NCHW f32 whatever the context's layout.
 fn raw_of_parts(parts: &[(Tensor, Tensor)], c: Ctx) -> Result<Vec<Tensor>> {
@@ -501,6 +500,7 @@ fn raw_of_parts(parts: &[(Tensor, Tensor)], c: Ctx) -> Result<Vec<Tensor>> {
         .collect()
 }
 
+/// (B, H, W, C) → (B, C, H, W), contiguous.
 fn to_nchw(t: &Tensor) -> Result<Tensor> {
     Ok(t.permute((0, 3, 1, 2))?.contiguous()?)
 }
