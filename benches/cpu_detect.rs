@@ -9,7 +9,11 @@
 //! building included), and `pipeline` the whole detect path from JPEG bytes: decode →
 //! letterbox → forward → NMS (the image letterboxed to HxW: padded to that aspect first).
 //! `--profile` adds, per setting, the time per kind of op of one forward (per layer with
-//! `YOLO9_CPU_PROFILE_SHAPES=1`). `--rss N` instead calls one detector N times on the image at
+//! `YOLO9_CPU_PROFILE_SHAPES=1`). `--export-onnx PATH` instead writes the ONNX export of
+//! `--weights` at the first `--sizes` entry, batch 1 (what `yolo9 export --img H W -o PATH`
+//! writes), for `benches/ort_cpu.py --dir` on a machine without the command line, and
+//! `--int8-data DATA_YAML --int8-out PATH` the INT8 weights `yolo9 convert W --int8 --data
+//! DATA_YAML -o PATH` writes, likewise. `--rss N` instead calls one detector N times on the image at
 //! the first `--sizes` entry's long side and prints the resident memory after the first call and
 //! after the last. `--seg-cfg NAME` (e.g. `gelan-c-seg`) instead times a segmentation model's
 //! `forward_seg` (boxes, coefficients, prototypes) with seeded random weights, on the CPU engine
@@ -60,6 +64,8 @@ fn main() -> Result<()> {
     let mut profile = false;
     let mut rss_calls = 0usize;
     let mut seg_cfg: Option<String> = None;
+    let mut export_onnx: Option<PathBuf> = None;
+    let (mut int8_data, mut int8_out): (Option<PathBuf>, Option<PathBuf>) = (None, None);
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut val = || args.next().with_context(|| format!("{a} needs a value"));
@@ -73,6 +79,9 @@ fn main() -> Result<()> {
             "--profile" => profile = true,
             "--rss" => rss_calls = val()?.parse()?,
             "--seg-cfg" => seg_cfg = Some(val()?),
+            "--export-onnx" => export_onnx = Some(val()?.into()),
+            "--int8-data" => int8_data = Some(val()?.into()),
+            "--int8-out" => int8_out = Some(val()?.into()),
             _ => {}
         }
     }
@@ -94,6 +103,29 @@ fn main() -> Result<()> {
         })
         .collect::<Result<_>>()?;
     let batches: Vec<usize> = list(&batches)?;
+    if let (Some(data), Some(out)) = (int8_data, int8_out) {
+        use yolo9::convert::int8::{quantize_file, Int8Options};
+        let int8 = Int8Options {
+            data,
+            images: 100,
+            imgsz: 640,
+            threads: 0,
+        };
+        let report = quantize_file(&weights, &out, Default::default(), &int8)?;
+        println!("{report}");
+        return Ok(());
+    }
+    if let Some(path) = export_onnx {
+        let opts = yolo9::export::ExportOptions {
+            img: *sizes.first().context("--sizes is empty")?,
+            ..Default::default()
+        };
+        let model = yolo9::export::onnx::export(&yolo9::Weights::load(&weights)?, &opts)?;
+        let inputs = yolo9::internals::outfile::Inputs::of([weights.as_path()]);
+        let bytes = yolo9::export::write(&model, &path, &inputs)?;
+        println!("cpu_detect exported {} ({bytes} bytes)", path.display());
+        return Ok(());
+    }
     if let Some(cfg) = seg_cfg {
         let arch = yolo9::model::Arch::builtin(&cfg)?;
         let w = yolo9::model::YoloV9Train::build(&arch, None, 80, vec![], &Device::Cpu, 1)?

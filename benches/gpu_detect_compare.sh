@@ -11,22 +11,33 @@
 # BEFORE, AFTER: detect bench binaries (`cargo bench --features cuda --bench detect --no-run`
 # of each build); IMG640: a 640x640 image; OFFICIAL: a checkout of WongKinYiu/yolov9 with
 # ../shared/bench/sitecustomize.py beside its folder or on PYTHONPATH; OUT: where the logs go.
-# env: PY (the Python with torch, default python3), EXTRA (an environment setting run as a third
-# setting of AFTER, e.g. YOLO9_INPUT_CONV=0). Prints one line per figure and setting.
+# env: PY (the Python with torch, default python3), EXTRA (environment settings of AFTER run as
+# further settings, separated by `;`, each one or more VAR=VALUE words, e.g.
+# `YOLO9_INPUT_CONV=0;YOLO9_CUDNN_CANDIDATES=16 YOLO9_CUDNN_CACHE=/tmp/c16`; named extra1,
+# extra2, ...). Prints one line per figure and setting.
 set -uo pipefail
 before=$1 after=$2 img=$3 official=$(cd "$4" && pwd) out=$(mkdir -p "$5" && cd "$5" && pwd)
 rounds=${6:-2}
 py=${PY:-python3}
 args=(--device 0 --cfg yolov9-s --image "$img" --half)
 settings=("before" "after")
-[ -n "${EXTRA:-}" ] && settings+=("extra")
+declare -A env_of=([before]="YOLO9_UNUSED=1" [after]="YOLO9_UNUSED=1")
+if [ -n "${EXTRA:-}" ]; then
+  IFS=';' read -ra extras <<< "$EXTRA"
+  for i in "${!extras[@]}"; do
+    settings+=("extra$((i + 1))")
+    env_of[extra$((i + 1))]=${extras[$i]}
+    echo "extra$((i + 1)): ${extras[$i]}"
+  done
+fi
 for r in $(seq "$rounds"); do
   for s in "${settings[@]}"; do
-    bin=$after env_set="YOLO9_UNUSED=1"
+    bin=$after
     [ "$s" = before ] && bin=$before
-    [ "$s" = extra ] && env_set=$EXTRA
-    env "$env_set" "$bin" --bench "${args[@]}" --iters 100 --batch 1 > "$out/b1_${s}_$r.txt" 2>&1
-    env "$env_set" "$bin" --bench "${args[@]}" --iters 50 --batch 32 --batch-only > "$out/b32_${s}_$r.txt" 2>&1
+    # shellcheck disable=SC2086 # one or more VAR=VALUE words
+    env ${env_of[$s]} "$bin" --bench "${args[@]}" --iters 100 --batch 1 > "$out/b1_${s}_$r.txt" 2>&1
+    # shellcheck disable=SC2086
+    env ${env_of[$s]} "$bin" --bench "${args[@]}" --iters 50 --batch 32 --batch-only > "$out/b32_${s}_$r.txt" 2>&1
     for f in "$out/b1_${s}_$r.txt" "$out/b32_${s}_$r.txt"; do
       grep -E "^b(1|32)_(total|forward|forward_only|img_per_s)" "$f" | sed "s/^/round $r $s /"
     done

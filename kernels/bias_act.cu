@@ -74,7 +74,41 @@ __device__ void bias_act_rows_vec(T* __restrict__ y, const T* __restrict__ b, lo
 #pragma unroll
         for (int k = 0; k < V; ++k) {
             const float z = ld(e, k) + ld(b, c0 + k);
-            st(e, k, silu ? z / (1.0f + expf(-z)) : z);
+            st(e, k, silu ? silu_for<T>(z) : z);
+        }
+        *p = raw;
+    }
+}
+
+// As bias_act_rows_vec, with a low-resolution term added before the activation:
+// y[p, c] = act(y[p, c] + b[c] + low[up(p), c]) for the pixels p = (n, Y, X) of (N, H, W), where
+// up(p) = (n, Y/2, X/2) is the pixel of low (N, H/2, W/2, C), contiguous, that a nearest 2×
+// upsampling would copy to p: the head's upsampled part of a concatenation whose 1×1 product was
+// taken before the upsampling (it commutes with it). Arithmetic in f32, one rounding.
+template <typename T>
+__device__ void bias_act_rows_up_vec(T* __restrict__ y, const T* __restrict__ b,
+                                     const T* __restrict__ low, long long nvec, int C,
+                                     long long row_ld, int H, int W, int silu) {
+    constexpr int V = 16 / sizeof(T);
+    const int per_row = C / V;
+    const long long HW = (long long)H * W;
+    for (long long v = blockIdx.x * (long long)blockDim.x + threadIdx.x; v < nvec;
+         v += (long long)gridDim.x * blockDim.x) {
+        const long long row = v / per_row;
+        const int c0 = (int)(v % per_row) * V;
+        const long long n = row / HW;
+        const long long rem = row % HW;
+        const int Y = (int)(rem / W), X = (int)(rem % W);
+        const long long low_row = (n * (H / 2) + Y / 2) * (W / 2) + X / 2;
+        uint4* p = reinterpret_cast<uint4*>(y + row * row_ld + c0);
+        uint4 raw = *p;
+        const uint4 lraw = *reinterpret_cast<const uint4*>(low + low_row * C + c0);
+        T* e = reinterpret_cast<T*>(&raw);
+        const T* le = reinterpret_cast<const T*>(&lraw);
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+            const float z = ld(e, k) + ld(b, c0 + k) + ld(le, k);
+            st(e, k, silu ? silu_for<T>(z) : z);
         }
         *p = raw;
     }
@@ -100,6 +134,11 @@ __device__ void bias_act_rows_vec(T* __restrict__ y, const T* __restrict__ b, lo
                                                        long long nvec, int C, long long row_ld,    \
                                                        int silu) {                                 \
         bias_act_rows_vec<T>(y, b, nvec, C, row_ld, silu);                                         \
+    }                                                                                              \
+    extern "C" __global__ void bias_act_rows_up_vec_##SUF(                                         \
+        T* __restrict__ y, const T* __restrict__ b, const T* __restrict__ low, long long nvec,     \
+        int C, long long row_ld, int H, int W, int silu) {                                         \
+        bias_act_rows_up_vec<T>(y, b, low, nvec, C, row_ld, H, W, silu);                           \
     }
 
 BIAS_ACT(float, f32)

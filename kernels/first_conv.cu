@@ -2,7 +2,8 @@
 // 1, folded bias, SiLU) straight from the f32 NCHW input to a channels-last output in the run's
 // half type, for CUDA inference: it replaces the input's cast to padded NHWC and a cuDNN
 // convolution that reads 8 channels (5 of them zero) in half precision. Arithmetic in f32 on the
-// unrounded input (the f32 convolution's sums, in the order ci, ky, kx), one rounding per output.
+// unrounded input (the f32 convolution's sums, in the order ci, ky, kx), one rounding per output;
+// the SiLU by the approximate exponential and division (silu_for in elem.cuh).
 // Rust side: src/cuda/first_conv.rs (launch), src/model/conv.rs (`Conv::first_nhwc`).
 //
 // One thread per two neighbouring output pixels of a row: the 3×3×5 inputs of their two windows
@@ -78,8 +79,8 @@ __device__ void first_conv(const float* __restrict__ x, const float* __restrict_
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
                 const float z0 = a0[j] + sb[c0 + j], z1 = a1[j] + sb[c0 + j];
-                st(o0.e, j, silu ? z0 / (1.0f + expf(-z0)) : z0);
-                st(o1.e, j, silu ? z1 / (1.0f + expf(-z1)) : z1);
+                st(o0.e, j, silu ? silu_for<T>(z0) : z0);
+                st(o1.e, j, silu ? silu_for<T>(z1) : z1);
             }
             stv(y0 + c0, o0);
             if (second) stv(y0 + C + c0, o1);

@@ -85,6 +85,7 @@ pub const SWITCHES: &[Switch] = &[
     s("YOLO9_CUDNN_FUSED", C, "`off`, `3x3`, `all`", "which channels-last f16/bf16 inference convolutions run with their bias and SiLU as one cuDNN graph: none, kernels larger than 1x1, or also 1x1 ones of one input (default `all`)"),
     s("YOLO9_CONCAT_IN_PLACE", C, "`0`", "the ELAN blocks' concatenations of channels-last f16/bf16 CUDA inference as products of one input per part (default: built in place, their parts written into one tensor by the layers that make them)"),
     s("YOLO9_INPUT_CONV", C, "`0`", "the first convolution of channels-last f16/bf16 CUDA inference as the input's cast to NHWC padded to 8 channels, then a cuDNN convolution (default: one kernel reading the f32 NCHW input)"),
+    s("YOLO9_LOW_RES_PRODUCTS", C, "`0`", "the head's upsampled parts of channels-last f16/bf16 CUDA inference upsampled before the first 1x1 convolution of the block that reads them (default: that product taken at the lower resolution and upsampled inside the bias + SiLU pass)"),
     s("YOLO9_CONV", C, "`candle`", "every convolution through candle's `conv2d`, also on CUDA (default: cuDNN)"),
     s("YOLO9_TAPE", C, "`1`, `0`", "reverse mode of the training step: the tape (default on CUDA) or candle's autograd (default on the CPU)"),
     s("YOLO9_CUDA_GRAPH", C, "`0`", "CUDA-graph replay of inference forwards off"),

@@ -1337,13 +1337,14 @@ fn inference_pools_dfl_and_channels_last_bias_act_equal_cpu() {
     }
 }
 
-/// NCCL with a group of one (issue 38; run alone: it sets `YOLO9_TRAIN_GRAPH=0` for the process,
+/// NCCL with a group of one (issue 38; run alone: it sets `YOLO9_TRAIN_GRAPH` for the process,
 /// `cargo test --features cuda --test gpu_parity nccl -- --test-threads 1`, needs NCCL and the
 /// BCCD images of `YOLO9_SHARED`): the group's operations run through NCCL on the GPU and give
 /// back exactly what went in (host buffers, a 10M-element tensor, agreement, barrier); and a
 /// tiny training run as rank 0 of 1 (gradients exchanged through NCCL) ends with the weights of
 /// the same run without a group, within what two runs without a group differ by (cuDNN's
-/// weight gradients add with atomics). Groups run the ordinary step, so both runs here do.
+/// weight gradients add with atomics). Once with the ordinary step, once replayed from CUDA graphs
+/// (issue 56: a group without --sync-bn replays its step as one GPU does).
 #[test]
 fn nccl_group_of_one_gives_back_its_input_and_trains_as_one_gpu() {
     use std::collections::HashMap;
@@ -1382,56 +1383,60 @@ fn nccl_group_of_one_gives_back_its_input_and_trains_as_one_gpu() {
     assert!(cpu(&b) == cpu(&t), "the tensor broadcast of one rank");
     drop(c);
 
-    let dir = common::tmpdir("nccl1");
-    let mut o = common::tiny_run_options(&dir, "solo");
     let _graphs = graph_switch_lock();
-    let graphs_off = SwitchSet::new(yolo9::internals::train::graphed::TRAIN_GRAPH_ENV, "0");
-    o.device = DeviceSpec::Cuda(0);
-    o.batch = 2;
-    o.epochs = 2;
-    o.noplots = true;
-    let stop = StopFlag::install().unwrap();
-    let a = train_with(&o, &stop, &mut Quiet).unwrap();
-    o.name = "solo2".into();
-    let a2 = train_with(&o, &stop, &mut Quiet).unwrap();
-    o.name = "group".into();
-    let g = train_group(&o, &stop, &mut Quiet, Box::new(group())).unwrap();
-    drop(graphs_off);
-    let state = |s: &yolo9::train::trainer::TrainSummary| {
-        load_state(&s.run_dir.join("weights/state.safetensors")).unwrap()
-    };
-    let (sa, sa2, sg) = (state(&a), state(&a2), state(&g));
-    assert_eq!(sg.meta.iterations, sa.meta.iterations);
-    // The largest difference of any tensor relative to the largest value of any tensor (the
-    // model's scale: a per-tensor ratio would be dominated by tensors of values near zero).
-    let max_rel = |x: &HashMap<String, Tensor>, y: &HashMap<String, Tensor>| {
-        let (mut diff, mut scale) = (0f64, 0f64);
-        for (k, tx) in x {
-            diff = diff.max(common::max_abs(tx, &y[k]));
-            scale = scale.max(common::abs_max(tx));
-        }
-        diff / scale.max(1e-12)
-    };
-    let (noise, d) = (
-        max_rel(&sa.model, &sa2.model),
-        max_rel(&sa.model, &sg.model),
-    );
-    println!(
-        "group of one vs without a group: {d:e} relative; two runs without a group: {noise:e} \
-         (train loss {:?} / {:?})",
-        g.epochs[1].train_loss, a.epochs[1].train_loss
-    );
-    // Bitwise when the GPU repeats itself, else within a few times its spread. Two runs are not
-    // bitwise (cuDNN's weight gradients add with atomics) and the spread of one pair varies
-    // ~100x between launches: two runs without a group differed by 1.6e-3 on 2026-12-03 and by
-    // 1.6e-5 on 2026-12-04, when the group of one differed by 1.6e-3. So the bound is the larger
-    // of this launch's spread and the largest one measured; a wrong sum or a missing broadcast
-    // moves the weights by far more.
-    const SPREAD: f64 = 1.6e-3;
-    assert!(
-        d <= 4.0 * noise.max(SPREAD),
-        "{d:e} > 4 x max({noise:e}, {SPREAD:e})"
-    );
+    // The ordinary step (graphs off), then the step replayed from CUDA graphs (the default,
+    // also in a group without --sync-bn).
+    for graphs in ["0", "1"] {
+        let dir = common::tmpdir(&format!("nccl1-graphs{graphs}"));
+        let mut o = common::tiny_run_options(&dir, "solo");
+        let switch = SwitchSet::new(yolo9::internals::train::graphed::TRAIN_GRAPH_ENV, graphs);
+        o.device = DeviceSpec::Cuda(0);
+        o.batch = 2;
+        o.epochs = 2;
+        o.noplots = true;
+        let stop = StopFlag::install().unwrap();
+        let a = train_with(&o, &stop, &mut Quiet).unwrap();
+        o.name = "solo2".into();
+        let a2 = train_with(&o, &stop, &mut Quiet).unwrap();
+        o.name = "group".into();
+        let g = train_group(&o, &stop, &mut Quiet, Box::new(group())).unwrap();
+        drop(switch);
+        let state = |s: &yolo9::train::trainer::TrainSummary| {
+            load_state(&s.run_dir.join("weights/state.safetensors")).unwrap()
+        };
+        let (sa, sa2, sg) = (state(&a), state(&a2), state(&g));
+        assert_eq!(sg.meta.iterations, sa.meta.iterations);
+        // The largest difference of any tensor relative to the largest value of any tensor (the
+        // model's scale: a per-tensor ratio would be dominated by tensors of values near zero).
+        let max_rel = |x: &HashMap<String, Tensor>, y: &HashMap<String, Tensor>| {
+            let (mut diff, mut scale) = (0f64, 0f64);
+            for (k, tx) in x {
+                diff = diff.max(common::max_abs(tx, &y[k]));
+                scale = scale.max(common::abs_max(tx));
+            }
+            diff / scale.max(1e-12)
+        };
+        let (noise, d) = (
+            max_rel(&sa.model, &sa2.model),
+            max_rel(&sa.model, &sg.model),
+        );
+        println!(
+            "graphs {graphs}: group of one vs without a group: {d:e} relative; two runs without \
+             a group: {noise:e} (train loss {:?} / {:?})",
+            g.epochs[1].train_loss, a.epochs[1].train_loss
+        );
+        // Bitwise when the GPU repeats itself, else within a few times its spread. Two runs are
+        // not bitwise (cuDNN's weight gradients add with atomics) and the spread of one pair
+        // varies ~100x between launches: two runs without a group differed by 1.6e-3 on
+        // 2026-12-03 and by 1.6e-5 on 2026-12-04, when the group of one differed by 1.6e-3. So
+        // the bound is the larger of this launch's spread and the largest one measured; a wrong
+        // sum or a missing broadcast moves the weights by far more.
+        const SPREAD: f64 = 1.6e-3;
+        assert!(
+            d <= 4.0 * noise.max(SPREAD),
+            "graphs {graphs}: {d:e} > 4 x max({noise:e}, {SPREAD:e})"
+        );
+    }
 }
 
 /// A cache cap (`MemoryProbe::cap_cache`, what `--budget` sets after sizing) holds for probes of
@@ -1966,8 +1971,8 @@ fn first_conv_and_slot_products_equal_the_composites() {
     let out = h(&[2, 5, 7, 64], 35);
     let g = |t: &Tensor| t.to_device(&dev).unwrap();
     let (gp1, gp2, gw, gb, gout) = (g(&p1), g(&p2), g(&w), g(&b), g(&out));
-    gemm::pointwise_parts_into(&[&gp1, &gp2], &gw, (&gout, 16)).unwrap();
-    assert!(bias_act::bias_act_slot_in_place(&gout, 16, &gb, true).unwrap());
+    gemm::pointwise_parts_into(&[&gp1, &gp2], None, &gw, (&gout, 16)).unwrap();
+    assert!(bias_act::bias_act_slot_in_place(&gout, 16, &gb, true, None).unwrap());
     let want = gemm::pointwise_parts(&[&gp1, &gp2], &gw).unwrap();
     let want = f32_of(&cpu(&yolo9::internals::model::bias_act::bias_act_nhwc(
         &want, &gb, true,
@@ -1990,6 +1995,69 @@ fn first_conv_and_slot_products_equal_the_composites() {
             lo + n
         );
     }
+}
+
+/// The product of a concatenation's upsampled part taken before the nearest 2× upsampling
+/// (`gemm::pointwise_part_at`) and upsampled inside the in-place bias + SiLU
+/// (`bias_act::bias_act_slot_in_place` with the low-resolution term), beside the other part's
+/// product at its columns (`gemm::pointwise_parts_into` with `cols`): within f16 rounding of
+/// upsampling first, then the products and epilogue of the whole concatenation; the slot's
+/// neighbours untouched (bitwise). Also the shapes it refuses.
+#[test]
+fn low_resolution_part_products_equal_upsampling_first() {
+    use yolo9::internals::cuda::{bias_act, gemm};
+    let dev = gpu();
+    let cpu = |t: &Tensor| t.to_device(&Device::Cpu).unwrap();
+    let f32_of = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
+    let g = |t: &Tensor| t.to_device(&dev).unwrap();
+    let h = |shape: &[usize], seed| rand(shape, seed, 1.0, 0.0).to_dtype(DType::F16).unwrap();
+    // cat(up(low) (16 channels at 3x5 → 6x10), full (24 channels at 6x10)) → 32 channels into
+    // channels 8..40 of a 48-channel tensor.
+    let (low, full) = (h(&[2, 3, 5, 16], 41), h(&[2, 6, 10, 24], 42));
+    let (w, b) = (h(&[32, 40], 43), h(&[32], 44));
+    let out = h(&[2, 6, 10, 48], 45);
+    let (glow, gfull, gw, gb, gout) = (g(&low), g(&full), g(&w), g(&b), g(&out));
+    let low_prod = gemm::pointwise_part_at(&glow, 0, &gw).unwrap();
+    assert_eq!(low_prod.dims(), [2, 3, 5, 32]);
+    gemm::pointwise_parts_into(&[&gfull], Some(&[16]), &gw, (&gout, 8)).unwrap();
+    assert!(bias_act::bias_act_slot_in_place(&gout, 8, &gb, true, Some(&low_prod)).unwrap());
+    let up = low
+        .reshape((2, 3, 1, 5, 1, 16))
+        .unwrap()
+        .broadcast_as((2, 3, 2, 5, 2, 16))
+        .unwrap()
+        .reshape((2, 6, 10, 16))
+        .unwrap();
+    let want = gemm::pointwise_parts(&[&g(&up), &gfull], &gw).unwrap();
+    let want = f32_of(&cpu(&yolo9::internals::model::bias_act::bias_act_nhwc(
+        &want, &gb, true,
+    )
+    .unwrap()));
+    let got = cpu(&gout);
+    let slot = f32_of(&got.narrow(3, 8, 32).unwrap());
+    let d = common::max_abs(&slot, &want);
+    assert!(
+        d <= 2e-3 * common::abs_max(&want).max(1.0),
+        "low-resolution products: {d}"
+    );
+    for (lo, n) in [(0, 8), (40, 8)] {
+        let a = f32_of(&got.narrow(3, lo, n).unwrap());
+        let e = f32_of(&out.narrow(3, lo, n).unwrap());
+        assert_eq!(
+            common::max_abs(&a, &e),
+            0.0,
+            "channels {lo}..{} touched",
+            lo + n
+        );
+    }
+    // A low-resolution term of the wrong size is refused, the slot untouched.
+    let before = cpu(&gout);
+    let wrong = g(&h(&[2, 3, 4, 32], 46));
+    assert!(!bias_act::bias_act_slot_in_place(&gout, 8, &gb, true, Some(&wrong)).unwrap());
+    assert_eq!(common::max_abs(&f32_of(&cpu(&gout)), &f32_of(&before)), 0.0);
+    // Columns beyond the kernel's, or not one per part, are errors.
+    assert!(gemm::pointwise_part_at(&glow, 30, &gw).is_err());
+    assert!(gemm::pointwise_parts_into(&[&gfull], Some(&[16, 0]), &gw, (&gout, 8)).is_err());
 }
 
 /// Letterboxed images to the network's input on the GPU (upload, then one kernel: cast, / 255,

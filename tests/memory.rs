@@ -10,5 +10,6 @@ fn alone() -> std::sync::MutexGuard<'static, ()> {
 
 mod memory {
     mod footprint_floor;
+    mod probe_window;
     mod train_budget;
 }

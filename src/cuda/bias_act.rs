@@ -148,13 +148,20 @@ fn run<T: CudaDType + DeviceRepr>(
 /// `y ← act(y + b)` in place on channels `c_off .. c_off + C` of `out`, a contiguous
 /// `(N, H, W, C_total)` f16/bf16 CUDA tensor (a part of a concatenation built in place, written by
 /// [`crate::cuda::gemm::pointwise_parts_into`]), `b` `(C,)` contiguous of `out`'s dtype. One
-/// 16-byte vector per thread (`kernels/bias_act.cu`, `bias_act_rows_vec`). Returns `false`, doing
-/// nothing, where the vectors do not fit (C, `c_off` or C_total not a multiple of 8 elements).
+/// 16-byte vector per thread (`kernels/bias_act.cu`, `bias_act_rows_vec`).
+///
+/// With `low` `(N, H/2, W/2, C)` (contiguous, `out`'s dtype): `y ← act(y + b + up(low))`, `up`
+/// the nearest 2× upsampling (`bias_act_rows_up_vec`): the product of an upsampled part of the
+/// concatenation taken at its own resolution ([`crate::model::conv::Conv::run_cat_into`]).
+///
+/// Returns `false`, doing nothing, where the vectors do not fit (C, `c_off` or C_total not a
+/// multiple of 8 elements) or `low` is not of that shape, dtype and layout.
 pub fn bias_act_slot_in_place(
     out: &candle_core::Tensor,
     c_off: usize,
     b: &candle_core::Tensor,
     silu: bool,
+    low: Option<&candle_core::Tensor>,
 ) -> Result<bool> {
     let (n, h, w, ctot) = out.dims4()?;
     let c = b.elem_count();
@@ -171,23 +178,61 @@ pub fn bias_act_slot_in_place(
     {
         return Ok(false);
     }
+    let low_fits = |l: &candle_core::Tensor| {
+        l.dims() == [n, h / 2, w / 2, c]
+            && h.is_multiple_of(2)
+            && w.is_multiple_of(2)
+            && l.dtype() == out.dtype()
+            && l.is_contiguous()
+            && l.layout().start_offset().is_multiple_of(vw)
+    };
+    if low.is_some_and(|l| !low_fits(l)) {
+        return Ok(false);
+    }
     let (os, _) = out.storage_and_layout();
     let (bs, bl) = b.storage_and_layout();
     let (candle_core::Storage::Cuda(os), candle_core::Storage::Cuda(bs)) = (&*os, &*bs) else {
         return Ok(false);
     };
-    let rows = n * h * w;
+    let held = low.map(|l| l.storage_and_layout());
+    let low = match &held {
+        Some((ls, ll)) => match &**ls {
+            candle_core::Storage::Cuda(ls) => Some((ls, *ll)),
+            _ => return Ok(false),
+        },
+        None => None,
+    };
+    let shape = Slot {
+        start,
+        n,
+        h,
+        w,
+        c,
+        ctot,
+    };
     match out.dtype() {
-        DType::F16 => slot_t::<half::f16>(os, (bs, bl), (start, rows, c, ctot), silu, "f16")?,
-        _ => slot_t::<half::bf16>(os, (bs, bl), (start, rows, c, ctot), silu, "bf16")?,
+        DType::F16 => slot_t::<half::f16>(os, (bs, bl), low, shape, silu, "f16")?,
+        _ => slot_t::<half::bf16>(os, (bs, bl), low, shape, silu, "bf16")?,
     }
     Ok(true)
+}
+
+/// Where a slot lies: its first element in the output's storage, the output's pixels
+/// `(n, h, w)`, the slot's channels `c` and the output's `ctot`.
+struct Slot {
+    start: usize,
+    n: usize,
+    h: usize,
+    w: usize,
+    c: usize,
+    ctot: usize,
 }
 
 fn slot_t<T: CudaDType + DeviceRepr>(
     os: &CudaStorage,
     (bs, bl): (&CudaStorage, &Layout),
-    (start, rows, c, ctot): (usize, usize, usize, usize),
+    low: Option<(&CudaStorage, &Layout)>,
+    s: Slot,
     silu: bool,
     suf: &str,
 ) -> Result<()> {
@@ -195,32 +240,49 @@ fn slot_t<T: CudaDType + DeviceRepr>(
     let dev = os.device().clone();
     let stream = dev.cuda_stream();
     let b = view::<T>(bs, bl, "bias")?;
-    let nvec = rows * c / 8;
+    let nvec = s.n * s.h * s.w * s.c / 8;
     if nvec == 0 {
         return Ok(());
     }
     // The slot is written through a pointer of a shared borrow, as the in-place convolutions do
     // (`fused_conv::conv_bias_act_nhwc_into`): stream order keeps other ops off it meanwhile.
     let (y_ptr, _g) = os.as_cuda_slice::<T>()?.device_ptr(&stream);
-    let y_ptr = y_ptr + (start * std::mem::size_of::<T>()) as u64;
-    let (nvec_, c_, ld_, silu_) = (nvec as i64, i32_of(c, "C")?, ctot as i64, i32::from(silu));
-    let f = dev.get_or_load_custom_func(&format!("bias_act_rows_vec_{suf}"), MODULE, PTX)?;
+    let y_ptr = y_ptr + (s.start * std::mem::size_of::<T>()) as u64;
+    let (nvec_, c_, ld_, silu_) = (
+        nvec as i64,
+        i32_of(s.c, "C")?,
+        s.ctot as i64,
+        i32::from(silu),
+    );
+    let (h_, w_) = (i32_of(s.h, "H")?, i32_of(s.w, "W")?);
+    let low = low
+        .map(|(ls, ll)| view::<T>(ls, ll, "low-resolution term"))
+        .transpose()?;
+    let name = match low {
+        Some(_) => format!("bias_act_rows_up_vec_{suf}"),
+        None => format!("bias_act_rows_vec_{suf}"),
+    };
+    let f = dev.get_or_load_custom_func(&name, MODULE, PTX)?;
     let mut bld = f.builder();
-    bld.arg(&y_ptr)
-        .arg(&b)
-        .arg(&nvec_)
-        .arg(&c_)
-        .arg(&ld_)
-        .arg(&silu_);
+    bld.arg(&y_ptr).arg(&b);
+    if let Some(l) = &low {
+        bld.arg(l);
+    }
+    bld.arg(&nvec_).arg(&c_).arg(&ld_);
+    if low.is_some() {
+        bld.arg(&h_).arg(&w_);
+    }
+    bld.arg(&silu_);
     let cfg = LaunchConfig {
         grid_dim: (nvec.div_ceil(BLOCK as usize).min(65_535 * 8) as u32, 1, 1),
         block_dim: (BLOCK, 1, 1),
         shared_mem_bytes: 0,
     };
-    // SAFETY: y_ptr points at `rows` rows of `ctot` elements of T (from the slot's start, which
+    // SAFETY: y_ptr points at n·h·w rows of `ctot` elements of T (from the slot's start, which
     // leaves c ≤ ctot - c_off channels in each row), 16-byte aligned (candle's allocation plus a
-    // multiple of 8 elements); b holds C; the arguments match the kernel's
-    // (y, b, nvec, C, row_ld, silu).
+    // multiple of 8 elements); b holds C; low (where given) holds n·(h/2)·(w/2)·C elements from a
+    // 16-byte aligned start (checked by the caller); the arguments match the kernel's
+    // (y, b, nvec, C, row_ld, silu) or (y, b, low, nvec, C, row_ld, H, W, silu).
     unsafe { bld.launch(cfg) }.w()?;
     Ok(())
 }

@@ -50,12 +50,29 @@ pub fn pointwise_parts(parts: &[&Tensor], w: &Tensor) -> Result<Tensor> {
     let w = w.contiguous()?;
     first.apply_op1_no_bwd(&PartsGemm {
         rest: rest.iter().map(|t| (*t).clone()).collect(),
+        cols: None,
+        w,
+    })
+}
+
+/// `x · w[:, col .. col + C]ᵀ` for one `(B, H, W, C)` part `x` (rows evenly spaced, as
+/// [`pointwise_parts`]), `w` `(K, C_w)` with `col + C ≤ C_w` → `(B, H, W, K)`: the product of
+/// one part of a concatenation computed on its own (the head's upsampled parts, at their lower
+/// resolution, [`crate::model::conv::Conv::run_cat_into`]). Errors: as [`pointwise_parts`];
+/// columns beyond `w`'s.
+pub fn pointwise_part_at(x: &Tensor, col: usize, w: &Tensor) -> Result<Tensor> {
+    let w = w.contiguous()?;
+    x.apply_op1_no_bwd(&PartsGemm {
+        rest: vec![],
+        cols: Some(vec![col]),
         w,
     })
 }
 
 struct PartsGemm {
     rest: Vec<Tensor>,
+    /// Each part's first column of `w`; `None`: the parts cover `w`'s columns in order.
+    cols: Option<Vec<usize>>,
     w: Tensor,
 }
 
@@ -107,12 +124,16 @@ impl PartsGemm {
         let mut parts: Vec<(&CudaStorage, &Layout)> = vec![(s, l)];
         parts.extend(cuda_storages(&held)?);
         let lds = checked_strides(&parts, &self.w)?;
+        let cols = match &self.cols {
+            Some(c) => checked_cols(&parts, c, &self.w)?,
+            None => covering_cols(&parts, &self.w)?,
+        };
         let m = b * h * wd;
         // SAFETY: every element is written by the first product (β = 0) before it is read.
         let mut out = unsafe { dev.alloc::<T>(m * k)? };
         {
             let (o_ptr, _og) = out.device_ptr_mut(&stream);
-            products::<T>(&parts, &lds, &self.w, (o_ptr, k), m)?;
+            products::<T>(&parts, &lds, &cols, &self.w, (o_ptr, k), m)?;
         }
         Ok((
             CudaStorage::wrap_cuda_slice(out, dev),
@@ -134,8 +155,51 @@ fn cuda_storages<'a, G: std::ops::Deref<Target = Storage>>(
         .collect()
 }
 
-/// Each part's row stride, after checking that the parts share pixels and the kernel's dtype
-/// and that their channels add up to the kernel's.
+/// Each part's first column of `w` where the parts cover its columns in order. Errors: channel
+/// counts that do not add up to `w`'s.
+fn covering_cols(parts: &[(&CudaStorage, &Layout)], w: &Tensor) -> Result<Vec<usize>> {
+    let ctot = w.dims2()?.1;
+    let mut cols = Vec::with_capacity(parts.len());
+    let mut channels = 0;
+    for (_, pl) in parts {
+        cols.push(channels);
+        channels += pl.shape().dims4()?.3;
+    }
+    if channels != ctot {
+        return Err(err(format!(
+            "inputs of {channels} channels for a kernel of {ctot}"
+        )));
+    }
+    Ok(cols)
+}
+
+/// `cols` (each part's first column of `w`), after checking that there is one per part and that
+/// each part's columns lie within `w`'s.
+fn checked_cols(
+    parts: &[(&CudaStorage, &Layout)],
+    cols: &[usize],
+    w: &Tensor,
+) -> Result<Vec<usize>> {
+    let ctot = w.dims2()?.1;
+    if cols.len() != parts.len() {
+        return Err(err(format!(
+            "{} columns for {} inputs",
+            cols.len(),
+            parts.len()
+        )));
+    }
+    for ((_, pl), &col) in parts.iter().zip(cols) {
+        let c = pl.shape().dims4()?.3;
+        if col + c > ctot {
+            return Err(err(format!(
+                "an input of {c} channels at column {col} of a kernel of {ctot}"
+            )));
+        }
+    }
+    Ok(cols.to_vec())
+}
+
+/// Each part's row stride, after checking that the parts share pixels and the kernel's dtype.
 fn checked_strides(parts: &[(&CudaStorage, &Layout)], w: &Tensor) -> Result<Vec<usize>> {
     let (first_s, first_l) = parts.first().ok_or_else(|| err("no input"))?;
     let dtype = first_s.dtype();
@@ -143,11 +207,9 @@ fn checked_strides(parts: &[(&CudaStorage, &Layout)], w: &Tensor) -> Result<Vec<
         return Err(err(format!("weight {:?}, input {dtype:?}", w.dtype())));
     }
     let (b, h, wd, _) = first_l.shape().dims4()?;
-    let ctot = w.dims2()?.1;
     let mut lds = Vec::with_capacity(parts.len());
-    let mut channels = 0;
     for (ps, pl) in parts {
-        let (pb, ph, pw, c) = pl.shape().dims4()?;
+        let (pb, ph, pw, _) = pl.shape().dims4()?;
         if (pb, ph, pw) != (b, h, wd) || ps.dtype() != dtype {
             return Err(err(format!(
                 "input {:?} {:?} beside {:?} {dtype:?}",
@@ -157,12 +219,6 @@ fn checked_strides(parts: &[(&CudaStorage, &Layout)], w: &Tensor) -> Result<Vec<
             )));
         }
         lds.push(row_stride(pl).ok_or_else(|| err("an input's pixels are not evenly spaced"))?);
-        channels += c;
-    }
-    if channels != ctot {
-        return Err(err(format!(
-            "inputs of {channels} channels for a kernel of {ctot}"
-        )));
     }
     Ok(lds)
 }
@@ -172,10 +228,14 @@ fn checked_strides(parts: &[(&CudaStorage, &Layout)], w: &Tensor) -> Result<Vec<
 /// [`crate::model::layout::concat_buffer`]): the products' output rows are `out`'s pixels,
 /// `C_total` elements apart. The other channels of `out` are not touched.
 ///
+/// `cols`: each part's first column of `w`, where the parts do not cover `w`'s columns in order
+/// (some of them computed apart: [`pointwise_part_at`]); `None`: they do.
+///
 /// Errors: as [`pointwise_parts`]; `out` not contiguous, of another dtype, device or pixel
-/// count, or too narrow for the slot.
+/// count, or too narrow for the slot; `cols` not one per part or beyond `w`'s columns.
 pub fn pointwise_parts_into(
     parts: &[&Tensor],
+    cols: Option<&[usize]>,
     w: &Tensor,
     (out, c_off): (&Tensor, usize),
 ) -> Result<()> {
@@ -200,22 +260,27 @@ pub fn pointwise_parts_into(
     let held: Vec<_> = parts.iter().map(|t| t.storage_and_layout()).collect();
     let ps = cuda_storages(&held)?;
     let lds = checked_strides(&ps, &w)?;
+    let cols = match cols {
+        Some(c) => checked_cols(&ps, c, &w)?,
+        None => covering_cols(&ps, &w)?,
+    };
     let (ost, ol) = out.storage_and_layout();
     let Storage::Cuda(os) = &*ost else {
         return Err(err("the output is not on the GPU"));
     };
     let m = b * h * wd;
+    let slot = (os, ol.start_offset() + c_off, oc);
     match out.dtype() {
-        DType::F32 => into_t::<f32>(&ps, &lds, &w, (os, ol.start_offset() + c_off, oc), m),
-        DType::F16 => into_t::<half::f16>(&ps, &lds, &w, (os, ol.start_offset() + c_off, oc), m),
-        DType::BF16 => into_t::<half::bf16>(&ps, &lds, &w, (os, ol.start_offset() + c_off, oc), m),
+        DType::F32 => into_t::<f32>(&ps, (&lds, &cols), &w, slot, m),
+        DType::F16 => into_t::<half::f16>(&ps, (&lds, &cols), &w, slot, m),
+        DType::BF16 => into_t::<half::bf16>(&ps, (&lds, &cols), &w, slot, m),
         d => Err(err(format!("dtype {d:?}; f32, f16 and bf16 are supported"))),
     }
 }
 
 fn into_t<T: CudaDType + DeviceRepr>(
     parts: &[(&CudaStorage, &Layout)],
-    lds: &[usize],
+    (lds, cols): (&[usize], &[usize]),
     w: &Tensor,
     (os, start, ldc): (&CudaStorage, usize, usize),
     m: usize,
@@ -226,15 +291,17 @@ fn into_t<T: CudaDType + DeviceRepr>(
     // (stream order), as in `fused_conv::conv_bias_act_nhwc_into`.
     let (o_ptr, _og) = os.as_cuda_slice::<T>()?.device_ptr(&stream);
     let o_ptr = o_ptr + (start * std::mem::size_of::<T>()) as u64;
-    products::<T>(parts, lds, w, (o_ptr, ldc), m)
+    products::<T>(parts, lds, cols, w, (o_ptr, ldc), m)
 }
 
 /// The products of [`pointwise_parts`]: `Σ_i parts[i] · w[:, o_i ..]ᵀ` into the `m` rows of
 /// `out.0` (a device pointer of `T`), rows `out.1` elements apart, on the stream of candle's
-/// cuBLAS handle; `lds` are the parts' row strides, already checked.
+/// cuBLAS handle; `lds` are the parts' row strides and `cols` their first columns `o_i`, already
+/// checked.
 fn products<T: CudaDType + DeviceRepr>(
     parts: &[(&CudaStorage, &Layout)],
     lds: &[usize],
+    cols: &[usize],
     w: &Tensor,
     (o_ptr, ldc): (u64, usize),
     m: usize,
@@ -259,13 +326,12 @@ fn products<T: CudaDType + DeviceRepr>(
     let handle = *blas.handle();
     let (alpha, zero, one) = (1f32, 0f32, 1f32);
     let size = dtype.size_in_bytes();
-    let mut off = 0;
-    for (i, ((ps, pl), &ld)) in parts.iter().zip(lds).enumerate() {
+    for (i, (((ps, pl), &ld), &off)) in parts.iter().zip(lds).zip(cols).enumerate() {
         let c = pl.shape().dims()[3];
         let (x_ptr, _xg) = ps.as_cuda_slice::<T>()?.device_ptr(&stream);
         let x_ptr = x_ptr + (pl.start_offset() * size) as u64;
         let beta = if i == 0 { &zero } else { &one };
-        // SAFETY: w holds K·ΣC elements (column offset `off` + C ≤ ΣC per row), x holds M
+        // SAFETY: w holds K rows of C_w elements (column offset `off` + C ≤ C_w, checked), x holds M
         // rows of `ld` elements from its start (its layout says so: `row_stride`), out holds
         // M rows of `ldc` ≥ K elements (the callers' allocation or slot); the pointers are of
         // `dtype`, matching `ty`; alpha and beta are f32 as CUBLAS_COMPUTE_32F takes them; all
@@ -294,7 +360,6 @@ fn products<T: CudaDType + DeviceRepr>(
             )
         }
         .map_err(|e| err(format!("cublasGemmEx: {e:?}")))?;
-        off += c;
     }
     Ok(())
 }

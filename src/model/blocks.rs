@@ -122,20 +122,34 @@ fn cat_buffer(c: Ctx, x: &Tensor, channels: usize) -> Result<Option<Tensor>> {
 }
 
 /// The buffer of a block's concatenation (`channels` wide) with `cv1` of the parts written in
-/// its first channels ([`Conv::run_cat_into`]); `None` where that does not apply.
+/// its first channels ([`Conv::run_cat_into`], `up` as there); `None` where that does not apply.
 fn cv1_parts_in_place(
     cv1: &Conv,
     parts: &[&Tensor],
+    up: Option<usize>,
     cx: Ctx,
     channels: usize,
 ) -> Result<Option<Tensor>> {
-    let Some(first) = parts.first() else {
+    // The buffer has the pixels of the parts at full resolution.
+    let Some(full) = (0..parts.len()).find(|&i| Some(i) != up) else {
         return Ok(None);
     };
-    match cat_buffer(cx, first, channels)? {
-        Some(buf) if cv1.run_cat_into(parts, cx, (&buf, 0))? => Ok(Some(buf)),
+    match cat_buffer(cx, parts[full], channels)? {
+        Some(buf) if cv1.run_cat_into(parts, up, cx, (&buf, 0))? => Ok(Some(buf)),
         _ => Ok(None),
     }
+}
+
+/// `cv1` of the unjoined parts of a concatenation, `up` (if any) the part still to be
+/// upsampled 2× (nearest) to the others' resolution: upsampled here, then [`Conv::run_cat`].
+fn cv1_of_parts(cv1: &Conv, parts: &[&Tensor], up: Option<usize>, cx: Ctx) -> Result<Tensor> {
+    let Some(u) = up else {
+        return cv1.run_cat(parts, cx);
+    };
+    let upsampled = cx.upsample_nearest_2x(parts[u])?;
+    let mut joined = parts.to_vec();
+    joined[u] = &upsampled;
+    cv1.run_cat(&joined, cx)
 }
 
 /// `RepNCSP(c1, c2, n)`: `cv3(cat(m(cv1(x)), cv2(x)))` with hidden width `c2/2`.
@@ -264,11 +278,14 @@ impl RepNCSPELAN4 {
     /// [`Self::run`] of the channel concatenation of `parts` (a `Concat` layer read by this
     /// block alone): `cv1` reads the parts without the concatenation ([`Conv::run_cat`]), into
     /// the block's own concatenation where that is built in place ([`Conv::run_cat_into`]).
-    pub fn run_cat(&self, parts: &[&Tensor], cx: Ctx) -> Result<Tensor> {
-        if let Some(buf) = cv1_parts_in_place(&self.cv1, parts, cx, self.cat_channels())? {
+    /// `up`: the part that is at half the others' height and width, to be upsampled 2× (nearest)
+    /// first (the head's `nn.Upsample`, left to this block, which may take `cv1`'s product
+    /// before the upsampling).
+    pub fn run_cat(&self, parts: &[&Tensor], up: Option<usize>, cx: Ctx) -> Result<Tensor> {
+        if let Some(buf) = cv1_parts_in_place(&self.cv1, parts, up, cx, self.cat_channels())? {
             return self.rest_in_place(&buf, cx);
         }
-        self.after_cv1(self.cv1.run_cat(parts, cx)?, cx)
+        self.after_cv1(cv1_of_parts(&self.cv1, parts, up, cx)?, cx)
     }
 
     /// The channels of `cat(cv1(x), a, c)`: c3 + 2·c4.
@@ -347,11 +364,11 @@ impl Elan1 {
     }
 
     /// [`Self::run`] of the channel concatenation of `parts` (as [`RepNCSPELAN4::run_cat`]).
-    pub fn run_cat(&self, parts: &[&Tensor], cx: Ctx) -> Result<Tensor> {
-        if let Some(buf) = cv1_parts_in_place(&self.cv1, parts, cx, self.cat_channels())? {
+    pub fn run_cat(&self, parts: &[&Tensor], up: Option<usize>, cx: Ctx) -> Result<Tensor> {
+        if let Some(buf) = cv1_parts_in_place(&self.cv1, parts, up, cx, self.cat_channels())? {
             return self.rest_in_place(&buf, cx);
         }
-        self.after_cv1(self.cv1.run_cat(parts, cx)?, cx)
+        self.after_cv1(cv1_of_parts(&self.cv1, parts, up, cx)?, cx)
     }
 
     /// The channels of `cat(cv1(x), a, c)`: c3 + 2·c4.

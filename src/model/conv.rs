@@ -663,12 +663,29 @@ impl Conv {
     /// channels-last inference parts applies: the products summed straight into the slot
     /// ([`crate::cuda::gemm::pointwise_parts_into`]), then the folded bias and SiLU in place
     /// ([`crate::cuda::bias_act::bias_act_slot_in_place`]), so the output is never copied.
-    /// `false` (nothing written) elsewhere: the caller runs [`Conv::run_cat`] and copies.
-    pub fn run_cat_into(&self, parts: &[&Tensor], c: Ctx, slot: (&Tensor, usize)) -> Result<bool> {
+    ///
+    /// `up`: the part that is still at half the others' height and width, to be upsampled 2×
+    /// (nearest) first. Its product is taken at its own resolution
+    /// ([`crate::cuda::gemm::pointwise_part_at`]: a 1×1 convolution commutes with the
+    /// upsampling, on a quarter of the pixels) and upsampled inside the bias + SiLU pass.
+    ///
+    /// `false` (nothing written) elsewhere: the caller runs [`Conv::run_cat`] (on the upsampled
+    /// part) and copies.
+    pub fn run_cat_into(
+        &self,
+        parts: &[&Tensor],
+        up: Option<usize>,
+        c: Ctx,
+        slot: (&Tensor, usize),
+    ) -> Result<bool> {
         #[cfg(feature = "cuda")]
         if c.is_plain_nhwc() && self.bn.is_none() {
             let (out, c_off) = slot;
-            let Some(first) = parts.first() else {
+            let full: Vec<&Tensor> = (0..parts.len())
+                .filter(|&i| Some(i) != up)
+                .map(|i| parts[i])
+                .collect();
+            let Some(first) = full.first() else {
                 return Ok(false);
             };
             let dtype = first.dtype();
@@ -679,26 +696,59 @@ impl Conv {
                 return Ok(false);
             };
             let k = w.dim(0)?;
-            let ctot = out.dim(3)?;
+            let (ob, oh, ow, ctot) = out.dims4()?;
+            let low_fits = up.is_none_or(|u| {
+                parts.get(u).is_some_and(|p| {
+                    p.dims()[..3] == [ob, oh / 2, ow / 2] && oh % 2 == 0 && ow % 2 == 0
+                })
+            });
             let fits = matches!(dtype, DType::F16 | DType::BF16)
                 && out.dtype() == dtype
                 && out.is_contiguous()
                 && out.device().is_cuda()
                 && c_off + k <= ctot
+                && low_fits
                 && [k, c_off, ctot, out.layout().start_offset()]
                     .iter()
                     .all(|v| v.is_multiple_of(8));
             if !fits {
                 return Ok(false);
             }
-            crate::cuda::gemm::pointwise_parts_into(parts, &w, slot)?;
+            let low = match up {
+                None => {
+                    crate::cuda::gemm::pointwise_parts_into(parts, None, &w, slot)?;
+                    None
+                }
+                Some(u) => {
+                    // Each part's first column of the kernel, as the concatenation orders them.
+                    let mut cols = Vec::with_capacity(parts.len());
+                    let mut col = 0;
+                    for p in parts {
+                        cols.push(col);
+                        col += p.dim(3)?;
+                    }
+                    let low = crate::cuda::gemm::pointwise_part_at(parts[u], cols[u], &w)?;
+                    let full_cols: Vec<usize> = (0..parts.len())
+                        .filter(|&i| i != u)
+                        .map(|i| cols[i])
+                        .collect();
+                    crate::cuda::gemm::pointwise_parts_into(&full, Some(&full_cols), &w, slot)?;
+                    Some(low)
+                }
+            };
             ensure!(
-                crate::cuda::bias_act::bias_act_slot_in_place(out, c_off, &b, self.act)?,
+                crate::cuda::bias_act::bias_act_slot_in_place(
+                    out,
+                    c_off,
+                    &b,
+                    self.act,
+                    low.as_ref()
+                )?,
                 "the in-place bias of a {k}-channel slot at {c_off} of {ctot} was refused"
             );
             return Ok(true);
         }
-        let _ = (parts, c, slot);
+        let _ = (parts, up, c, slot);
         Ok(false)
     }
 

@@ -53,6 +53,14 @@ pub fn input_channels(c: usize, device: &candle_core::Device, dtype: DType) -> u
     }
 }
 
+/// Whether the head's upsampled parts reach the ELAN block that reads their concatenation
+/// before the upsampling, so that its `cv1` product is taken at the lower resolution
+/// (`YOLO9_LOW_RES_PRODUCTS`, default on; read once): [`crate::model::conv::Conv::run_cat_into`].
+pub(crate) fn low_res_products() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| !crate::switches::off("YOLO9_LOW_RES_PRODUCTS"))
+}
+
 /// Whether the ELAN blocks build their channels-last concatenations in place
 /// (`YOLO9_CONCAT_IN_PLACE`, default on; read once).
 fn concat_in_place() -> bool {

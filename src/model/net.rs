@@ -39,7 +39,11 @@ enum Block {
 enum Out {
     One(Tensor),
     Many(Vec<Tensor>),
-    Parts(Vec<Tensor>),
+    /// With the index of the part that is still to be upsampled 2× (from an [`Out::Half`]).
+    Parts(Vec<Tensor>, Option<usize>),
+    /// An `nn.Upsample`'s input, not yet upsampled: its one reader is a `Concat` left unjoined
+    /// ([`Net::up_read_by_cat`]).
+    Half(Tensor),
 }
 
 /// Layers `model.0 … model.{head-1}` of an [`Arch`] (the head is built by [`load_heads`]).
@@ -52,6 +56,11 @@ pub(crate) struct Net {
     /// (RepNCSPELAN4, ELAN1) and not the head: that block's `cv1` (1x1) reads the parts without
     /// the concatenation on channels-last activations ([`crate::model::conv::Conv::run_cat`]).
     cat_read_by_elan: Vec<bool>,
+    /// Per layer, whether it is an `nn.Upsample` whose one reader is such a `Concat` (the first
+    /// upsampled input of that `Concat`, once in its inputs): its input is handed on without
+    /// the upsampling, and the ELAN block's `cv1` takes that part's product at the lower
+    /// resolution ([`crate::model::conv::Conv::run_cat_into`]).
+    up_read_by_cat: Vec<Option<usize>>,
 }
 
 impl Net {
@@ -118,12 +127,33 @@ impl Net {
                         && from[k].len() == 1
                         && matches!(blocks[k], Block::Rep(_) | Block::Elan1(_)))
             })
-            .collect();
+            .collect::<Vec<bool>>();
+        let mut up_read_by_cat = vec![None; n];
+        for (j, srcs) in from.iter().enumerate() {
+            if !cat_read_by_elan[j] {
+                continue;
+            }
+            let once = |i: usize| srcs.iter().filter(|s| **s == Src::Layer(i)).count() == 1;
+            let first_up = srcs.iter().find_map(|s| match s {
+                Src::Layer(i) if matches!(blocks[*i], Block::Upsample) => Some(*i),
+                _ => None,
+            });
+            if let Some(i) = first_up {
+                let readers = arch
+                    .layers
+                    .iter()
+                    .filter(|l| l.from.contains(&Src::Layer(i)));
+                if readers.count() == 1 && once(i) && matches!(from[i][..], [Src::Layer(_)]) {
+                    up_read_by_cat[i] = Some(j);
+                }
+            }
+        }
         Ok(Self {
             blocks,
             from,
             last_use,
             cat_read_by_elan,
+            up_read_by_cat,
         })
     }
 
@@ -178,52 +208,80 @@ impl Net {
                 outs[i] = Some(Out::One(y.clone()));
                 continue;
             }
-            let one = |k: usize| -> Result<&Tensor> {
+            // Input k: a map, or (`true`) an upsampling's input still to be upsampled.
+            let input = |k: usize| -> Result<(&Tensor, bool)> {
                 match self.from[i][k] {
-                    Src::Input => Ok(x),
+                    Src::Input => Ok((x, false)),
                     Src::Layer(j) => match outs[j].as_ref() {
-                        Some(Out::One(t)) => Ok(t),
-                        Some(Out::Many(_) | Out::Parts(_)) => {
+                        Some(Out::One(t)) => Ok((t, false)),
+                        Some(Out::Half(t)) => Ok((t, true)),
+                        Some(Out::Many(_) | Out::Parts(..)) => {
                             anyhow::bail!("layer {i}: input {j} has pieces")
                         }
                         None => anyhow::bail!("layer {i}: output of layer {j} is gone"),
                     },
                 }
             };
+            let one = |k: usize| -> Result<&Tensor> {
+                match input(k)? {
+                    (t, false) => Ok(t),
+                    (_, true) => anyhow::bail!("layer {i}: input {k} is not upsampled"),
+                }
+            };
             // The unjoined inputs of a Concat this block alone reads.
-            let parts = || -> Option<Vec<&Tensor>> {
+            let parts = || -> Option<(Vec<&Tensor>, Option<usize>)> {
                 match (self.from[i].first(), self.from[i].len()) {
                     (Some(Src::Layer(j)), 1) => match outs[*j].as_ref() {
-                        Some(Out::Parts(p)) => Some(p.iter().collect()),
+                        Some(Out::Parts(p, up)) => Some((p.iter().collect(), *up)),
                         _ => None,
                     },
                     _ => None,
                 }
             };
+            // Whether Concat `j` is left unjoined for the ELAN block that reads it.
+            let unjoined = |j: usize| {
+                c.is_plain_nhwc() && self.cat_read_by_elan[j] && !taps.contains(&Src::Layer(j))
+            };
             let y = match block {
                 Block::Identity => Out::One(one(0)?.clone()),
                 Block::Conv(m) => Out::One(m.run(one(0)?, c)?),
                 Block::Elan1(m) => Out::One(match parts() {
-                    Some(p) => m.run_cat(&p, c)?,
+                    Some((p, up)) => m.run_cat(&p, up, c)?,
                     None => m.run(one(0)?, c)?,
                 }),
                 Block::Rep(m) => Out::One(match parts() {
-                    Some(p) => m.run_cat(&p, c)?,
+                    Some((p, up)) => m.run_cat(&p, up, c)?,
                     None => m.run(one(0)?, c)?,
                 }),
                 Block::AConv(m) => Out::One(m.run(one(0)?, c)?),
                 Block::ADown(m) => Out::One(m.run(one(0)?, c)?),
                 Block::Spp(m) => Out::One(m.run(one(0)?, c)?),
-                Block::Upsample => Out::One(c.upsample_nearest_2x(one(0)?)?),
+                Block::Upsample => match self.up_read_by_cat[i] {
+                    Some(j)
+                        if unjoined(j)
+                            && !taps.contains(&Src::Layer(i))
+                            && super::layout::low_res_products() =>
+                    {
+                        Out::Half(one(0)?.clone())
+                    }
+                    _ => Out::One(c.upsample_nearest_2x(one(0)?)?),
+                },
                 Block::Concat => {
-                    let xs: Vec<&Tensor> =
-                        (0..self.from[i].len()).map(one).collect::<Result<_>>()?;
-                    let unjoined = c.is_plain_nhwc()
-                        && self.cat_read_by_elan[i]
-                        && !taps.contains(&Src::Layer(i));
-                    if unjoined {
-                        Out::Parts(xs.into_iter().cloned().collect())
+                    if unjoined(i) {
+                        let mut xs = Vec::with_capacity(self.from[i].len());
+                        let mut up = None;
+                        for k in 0..self.from[i].len() {
+                            let (t, half) = input(k)?;
+                            if half {
+                                ensure!(up.is_none(), "layer {i}: two inputs not upsampled");
+                                up = Some(k);
+                            }
+                            xs.push(t.clone());
+                        }
+                        Out::Parts(xs, up)
                     } else {
+                        let xs: Vec<&Tensor> =
+                            (0..self.from[i].len()).map(one).collect::<Result<_>>()?;
                         Out::One(c.cat(&xs, 1)?)
                     }
                 }

@@ -489,6 +489,8 @@ fn exchange(
     Ok(match run.comm.as_mut() {
         None => (out, len),
         Some(c) => {
+            // The next batch's images, uploaded during this step's replay, stay for it.
+            let next_images = out.next_images;
             let local = crate::train::dist::sync::Local {
                 grads: out.grads,
                 items: out.items,
@@ -510,7 +512,7 @@ fn exchange(
                 BatchOutcome {
                     items: g.items,
                     grads: g.grads,
-                    next_images: None,
+                    next_images,
                 },
                 g.len,
             )

@@ -169,8 +169,12 @@ fn run_training(
     };
     if let Some(c) = comm {
         loader = loader.with_shard(c.rank(), c.world())?;
-        // The CUDA-graph replay of the step is single-device only for now.
-        run.graphs.borrow_mut().disable();
+        // Each rank's micro-step is its own (the gradients are summed after it, outside the
+        // step) and replays from CUDA graphs as on one device; --sync-bn makes the BN layers
+        // meet the other ranks inside every forward, which a captured graph cannot hold.
+        if opts.sync_bn {
+            run.graphs.borrow_mut().disable();
+        }
         run.comm = Some(c);
     }
     let r = run_epochs(&mut run, &mut loader, &val, &start, stop, obs);
