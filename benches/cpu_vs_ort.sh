@@ -8,19 +8,26 @@
 # Settings: the widest kernel the CPU has; the AVX2 kernel forced (YOLO9_CPU_GEMM=avx2); each
 # again with Winograd off (YOLO9_CPU_WINOGRAD=0). Forward of one image (network and decode),
 # median of 10 per run (benches/cpu_detect.rs, benches/ort_cpu.py). Needs `pip install onnxruntime`.
+# Without cargo (another machine), set BIN (the cpu_detect bench binary) and DIR (a folder for the
+# ONNX export, kept between runs; the export is written there by `BIN --export-onnx` when missing).
 set -euo pipefail
 rounds=${1:-3}; threads=${2:-1,2}; size=${3:-480x640}
-cargo build --release --quiet
-cargo bench --bench cpu_detect --no-run --quiet 2>/dev/null
-dir=$(mktemp -d); log=$dir/runs.txt
+if [ -z "${BIN:-}" ]; then
+  cargo build --release --quiet
+  cargo bench --bench cpu_detect --no-run --quiet 2>/dev/null
+  BIN=$(ls -t target/release/deps/cpu_detect-* | grep -v '\.d$' | head -1)
+fi
+dir=${DIR:-$(mktemp -d)}; mkdir -p "$dir"; log=$dir/runs.txt; : >"$log"
+model=$dir/m-$size-b1.onnx
+[ -f "$model" ] || "$BIN" --sizes "$size" --export-onnx "$model" >/dev/null
 settings=("" "YOLO9_CPU_GEMM=avx2" "YOLO9_CPU_WINOGRAD=0" "YOLO9_CPU_GEMM=avx2 YOLO9_CPU_WINOGRAD=0")
 for r in $(seq "$rounds"); do
   for t in ${threads//,/ }; do
     for s in "${settings[@]}"; do
-      ms=$(env $s cargo bench --bench cpu_detect --quiet -- --threads "$t" --sizes "$size" --batches 1 --iters 10 2>/dev/null | grep -o 'forward_ms=[0-9.]*' | cut -d= -f2)
+      ms=$(env $s "$BIN" --threads "$t" --sizes "$size" --batches 1 --iters 10 2>/dev/null | grep -o 'forward_ms=[0-9.]*' | cut -d= -f2)
       echo "$r $t yolo9${s:+ $s} $ms" | tee -a "$log"
     done
-    ms=$(python3 benches/ort_cpu.py --yolo9 target/release/yolo9 --threads "$t" --sizes "$size" --batches 1 --iters 10 --no-openvino --dir "$dir" | grep -o 'forward_ms=[0-9.]*' | cut -d= -f2)
+    ms=$(python3 benches/ort_cpu.py --yolo9 /bin/false --threads "$t" --sizes "$size" --batches 1 --iters 10 --no-openvino --dir "$dir" | grep -o 'forward_ms=[0-9.]*' | cut -d= -f2)
     echo "$r $t onnxruntime $ms" | tee -a "$log"
   done
 done

@@ -5,7 +5,9 @@
 #
 # usage (on the GPU machine, from the repository root, a `cuda` release build in target/release):
 #   benches/ddp.sh [DATA_YAML] [OFFICIAL_REPO]
-# env: EPOCHS (default 2), BATCH (global batch, default 32), IMG (default 640), WORKERS (8).
+# env: EPOCHS (default 2), BATCH (global batch, default 32), IMG (default 640), WORKERS (8),
+# REPEAT (default 1: the train split as it is; N: a copy of it N times over, hard-linked into a
+# temporary folder, e.g. REPEAT=16 for issue 56's "16x BCCD"; the val split as it is).
 # Prints `ddp_yolo9_gpus{N}_img_per_s` (the last epoch's training images/s as yolo9 reports it,
 # validation excluded) and `ddp_official_gpus{N}_img_per_s` (images trained / wall-clock seconds
 # of the whole command: start-up and the final validation included, so a lower bound).
@@ -21,7 +23,26 @@ IMG=${IMG:-640}
 WORKERS=${WORKERS:-8}
 BIN=${YOLO9:-target/release/yolo9}
 OUT=$(mktemp -d)
-GPUS=$(nvidia-smi -L 2>/dev/null | wc -l || echo 0)
+GPUS=$( (nvidia-smi -L 2>/dev/null || true) | wc -l)
+REPEAT=${REPEAT:-1}
+if [ "$REPEAT" -gt 1 ]; then
+  src=$(dirname "$DATA")
+  rep=$OUT/data
+  mkdir -p "$rep/images/train" "$rep/labels/train"
+  for k in $(seq "$REPEAT"); do
+    for f in "$src"/images/train/*; do
+      n=$(basename "$f")
+      ln "$f" "$rep/images/train/r${k}_$n" 2>/dev/null || cp "$f" "$rep/images/train/r${k}_$n"
+      l="$src/labels/train/${n%.*}.txt"
+      [ -f "$l" ] && { ln "$l" "$rep/labels/train/r${k}_${n%.*}.txt" 2>/dev/null || cp "$l" "$rep/labels/train/r${k}_${n%.*}.txt"; }
+    done
+  done
+  ln -s "$(cd "$src" && pwd)/images/val" "$rep/images/val"
+  ln -s "$(cd "$src" && pwd)/labels/val" "$rep/labels/val"
+  grep -E '^(nc|names):' "$DATA" > "$rep/data.yaml"
+  printf 'path: %s\ntrain: images/train\nval: images/val\n' "$rep" >> "$rep/data.yaml"
+  DATA=$rep/data.yaml
+fi
 NTRAIN=$(ls "$(dirname "$DATA")/images/train" | wc -l)
 
 yolo9_run() { # $1 = device list, $2 = label; env passes through (WORLD_SIZE=1 for a group of one)
@@ -46,8 +67,8 @@ official_run() { # $1 = number of GPUs
 }
 
 echo "ddp_yolo9_gpus1_img_per_s $(yolo9_run 0 g1)"
-# The same GPU as rank 0 of a group of one: the data-parallel path (NCCL by default), which
-# runs the ordinary step (no CUDA-graph replay in a group yet).
+# The same GPU as rank 0 of a group of one: the data-parallel path (NCCL by default), whose
+# step replays from CUDA graphs as one GPU's does (without --sync-bn).
 echo "ddp_yolo9_group1_img_per_s $(WORLD_SIZE=1 RANK=0 MASTER_PORT=${MASTER_PORT:-29517} yolo9_run 0 group1)"
 grep -h "data-parallel training" "$OUT/yolo9_group1.log" || echo "(no backend line: see $OUT/yolo9_group1.log)"
 if [ "$GPUS" -ge 2 ]; then
