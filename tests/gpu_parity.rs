@@ -1978,20 +1978,24 @@ fn first_conv_and_slot_products_equal_the_composites() {
         &want, &gb, true,
     )
     .unwrap()));
-    let got = cpu(&gout);
-    let slot = f32_of(&got.narrow(3, 16, 32).unwrap());
-    let d = common::max_abs(&slot, &want);
-    assert!(
-        d <= 2e-3 * common::abs_max(&want).max(1.0),
-        "slot products: {d}"
-    );
-    for (lo, n) in [(0, 16), (48, 16)] {
+    assert_slot(&cpu(&gout), &out, &want, 16, "slot products");
+}
+
+/// `got` (f16, `(…, C_total)`, on the host) holds `want` (f32, `K` channels) in channels
+/// `c_off .. c_off + K` within f16 rounding, and elsewhere exactly what `before` held.
+fn assert_slot(got: &Tensor, before: &Tensor, want: &Tensor, c_off: usize, what: &str) {
+    let f32_of = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
+    let (k, ctot) = (want.dim(3).unwrap(), got.dim(3).unwrap());
+    let slot = f32_of(&got.narrow(3, c_off, k).unwrap());
+    let d = common::max_abs(&slot, want);
+    assert!(d <= 2e-3 * common::abs_max(want).max(1.0), "{what}: {d}");
+    for (lo, n) in [(0, c_off), (c_off + k, ctot - c_off - k)] {
         let a = f32_of(&got.narrow(3, lo, n).unwrap());
-        let e = f32_of(&out.narrow(3, lo, n).unwrap());
+        let e = f32_of(&before.narrow(3, lo, n).unwrap());
         assert_eq!(
             common::max_abs(&a, &e),
             0.0,
-            "channels {lo}..{} touched",
+            "{what}: channels {lo}..{} touched",
             lo + n
         );
     }
@@ -2033,23 +2037,7 @@ fn low_resolution_part_products_equal_upsampling_first() {
         &want, &gb, true,
     )
     .unwrap()));
-    let got = cpu(&gout);
-    let slot = f32_of(&got.narrow(3, 8, 32).unwrap());
-    let d = common::max_abs(&slot, &want);
-    assert!(
-        d <= 2e-3 * common::abs_max(&want).max(1.0),
-        "low-resolution products: {d}"
-    );
-    for (lo, n) in [(0, 8), (40, 8)] {
-        let a = f32_of(&got.narrow(3, lo, n).unwrap());
-        let e = f32_of(&out.narrow(3, lo, n).unwrap());
-        assert_eq!(
-            common::max_abs(&a, &e),
-            0.0,
-            "channels {lo}..{} touched",
-            lo + n
-        );
-    }
+    assert_slot(&cpu(&gout), &out, &want, 8, "low-resolution products");
     // A low-resolution term of the wrong size is refused, the slot untouched.
     let before = cpu(&gout);
     let wrong = g(&h(&[2, 3, 4, 32], 46));
