@@ -103,6 +103,9 @@ fn main() -> Result<()> {
         })
         .collect::<Result<_>>()?;
     let batches: Vec<usize> = list(&batches)?;
+    if int8_data.is_some() != int8_out.is_some() {
+        anyhow::bail!("--int8-data and --int8-out go together: pass both, or neither");
+    }
     if let (Some(data), Some(out)) = (int8_data, int8_out) {
         use yolo9::convert::int8::{quantize_file, Int8Options};
         let int8 = Int8Options {

@@ -13,7 +13,7 @@
 # ../shared/bench/sitecustomize.py beside its folder or on PYTHONPATH; OUT: where the logs go.
 # env: PY (the Python with torch, default python3), EXTRA (environment settings of AFTER run as
 # further settings, separated by `;`, each one or more VAR=VALUE words, e.g.
-# `YOLO9_INPUT_CONV=0;YOLO9_CUDNN_CANDIDATES=16 YOLO9_CUDNN_CACHE=/tmp/c16`; named extra1,
+# `YOLO9_INPUT_CONV=0;YOLO9_LOW_RES_PRODUCTS=0 YOLO9_CUDNN_CACHE=/tmp/other`; named extra1,
 # extra2, ...). Prints one line per figure and setting.
 set -uo pipefail
 before=$1 after=$2 img=$3 official=$(cd "$4" && pwd) out=$(mkdir -p "$5" && cd "$5" && pwd)
