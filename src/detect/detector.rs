@@ -230,8 +230,7 @@ impl Detector {
 
     /// [`Detector::preprocess`] at another inference size (rounded up to a multiple of 32).
     fn preprocess_at(&self, img: &RgbImage, img_size: u32) -> Result<(RgbImage, LetterboxInfo)> {
-        let s = crate::detect::config::effective_img_size(img_size)?;
-        let info = letterbox_info(img.width(), img.height(), s, s, STRIDE, true)?;
+        let info = letterbox_geometry(img.width(), img.height(), img_size)?;
         Ok((apply_letterbox(img, &info), info))
     }
 
@@ -511,31 +510,48 @@ impl Detector {
                     .with_context(|| format!("image {i} of the batch"))?;
                 prepared.push(p);
             }
-            let mut out: Vec<Vec<Detection>> = vec![Vec::new(); imgs.len()];
-            let mut done = vec![false; imgs.len()];
-            for i in 0..imgs.len() {
-                if done[i] {
-                    continue;
-                }
-                let dims = prepared[i].0.dimensions();
-                let group: Vec<usize> = (i..imgs.len())
-                    .filter(|&j| !done[j] && prepared[j].0.dimensions() == dims)
-                    .collect();
-                let lbs: Vec<&RgbImage> = group.iter().map(|&j| &prepared[j].0).collect();
-                let infos: Vec<LetterboxInfo> = group.iter().map(|&j| prepared[j].1).collect();
-                let dets = if self.is_seg() {
-                    self.segment(&lbs, &infos, nms)?
-                } else {
-                    let y = self.infer_padded(&lbs, pad_to)?;
-                    self.postprocess_with(&y, &infos, nms)?
-                };
-                for (k, dets) in dets.into_iter().enumerate() {
-                    out[group[k]] = dets;
-                    done[group[k]] = true;
-                }
-            }
-            Ok(out)
+            self.detect_letterboxed(&prepared, nms, pad_to)
         })())
+    }
+
+    /// [`Detector::detect_batch_padded`] of images already letterboxed ([`letterbox_geometry`] and
+    /// [`apply_letterbox`] at the call's inference size) (a service letterboxes on its decode threads, in parallel,
+    /// and hands the detector only the forward): one forward per letterbox shape, each padded
+    /// to `pad_to` images. Equal to `detect_batch_padded` of the original images. Ignores the
+    /// detector's tiling (the caller tiles, or calls `detect_batch_padded`).
+    ///
+    /// Errors: a failed forward.
+    pub(crate) fn detect_letterboxed(
+        &self,
+        prepared: &[(RgbImage, LetterboxInfo)],
+        nms: &NmsOptions,
+        pad_to: usize,
+    ) -> Result<Vec<Vec<Detection>>> {
+        let n = prepared.len();
+        let mut out: Vec<Vec<Detection>> = vec![Vec::new(); n];
+        let mut done = vec![false; n];
+        for i in 0..n {
+            if done[i] {
+                continue;
+            }
+            let dims = prepared[i].0.dimensions();
+            let group: Vec<usize> = (i..n)
+                .filter(|&j| !done[j] && prepared[j].0.dimensions() == dims)
+                .collect();
+            let lbs: Vec<&RgbImage> = group.iter().map(|&j| &prepared[j].0).collect();
+            let infos: Vec<LetterboxInfo> = group.iter().map(|&j| prepared[j].1).collect();
+            let dets = if self.is_seg() {
+                self.segment(&lbs, &infos, nms)?
+            } else {
+                let y = self.infer_padded(&lbs, pad_to)?;
+                self.postprocess_with(&y, &infos, nms)?
+            };
+            for (k, dets) in dets.into_iter().enumerate() {
+                out[group[k]] = dets;
+                done[group[k]] = true;
+            }
+        }
+        Ok(out)
     }
 }
 
@@ -769,6 +785,17 @@ fn load_model(
 
 /// `img` as 8-bit RGB: borrowed when it is, else converted by the rule of
 /// [`crate::data::image::to_rgb8`] (grey replicated, alpha dropped, 16-bit / 257).
+/// The letterbox geometry (official `letterbox(auto=True)`, stride 32) of a `w` x `h` image at
+/// inference size `img_size` (rounded up to a multiple of 32), as [`Detector::preprocess`] uses
+/// it; [`apply_letterbox`] makes the image. A service computes it first to hold the letterboxed
+/// image's bytes (`3 * out_w * out_h`) in its memory budget before making it.
+///
+/// Errors: an inference size out of range, an empty image.
+pub(crate) fn letterbox_geometry(w: u32, h: u32, img_size: u32) -> Result<LetterboxInfo> {
+    let s = crate::detect::config::effective_img_size(img_size)?;
+    letterbox_info(w, h, s, s, STRIDE, true)
+}
+
 fn rgb_of(img: &DynamicImage) -> std::borrow::Cow<'_, RgbImage> {
     match img.as_rgb8() {
         Some(rgb) => std::borrow::Cow::Borrowed(rgb),

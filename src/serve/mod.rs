@@ -60,11 +60,12 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use image::DynamicImage;
+use image::{DynamicImage, RgbImage};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::detect::detector::{Detection, Detector};
+use crate::detect::detector::{letterbox_geometry, Detection, Detector};
+use crate::detect::letterbox::{apply_letterbox, LetterboxInfo};
 use crate::detect::nms::NmsOptions;
 
 /// The most requests that may wait ([`ServeConfig::queue`]): the queue's slots are allocated at
@@ -173,12 +174,21 @@ struct DetectQuery {
 
 /// One queued request.
 struct Job {
-    img: DynamicImage,
+    input: Input,
     params: Params,
     queued: Instant,
     reply: tokio::sync::oneshot::Sender<Result<Answer, String>>,
     /// The image's share of [`ServeConfig::decode_budget`], given back when the job is done.
     _mem: Reserved,
+}
+
+/// What a job hands the worker.
+enum Input {
+    /// The image letterboxed at the request's `img` on the decode threads (in parallel, so the
+    /// worker's time per batch is the upload, forward and NMS alone).
+    Letterboxed(RgbImage, LetterboxInfo),
+    /// The decoded image, where the detector tiles (tiles are cut from the original).
+    Image(DynamicImage),
 }
 
 /// The bytes of images in flight ([`ServeConfig::decode_budget`]).
@@ -283,6 +293,9 @@ struct Service {
     cpu: bool,
     /// The bytes of images in flight.
     mem: Arc<MemBudget>,
+    /// The detector tiles its images ([`crate::detect::DetectorConfig::tile`]): requests hand
+    /// the worker the decoded image, not a letterbox.
+    tiles: bool,
 }
 
 /// The page of `GET /` (HTML with its script and style inline).
@@ -326,6 +339,7 @@ pub async fn serve(
         nms: detector.nms_options(),
     };
     let cpu = detector.device().is_cpu();
+    let tiles = detector.config().tile.on();
     let (tx, rx) = std::sync::mpsc::sync_channel::<Job>(cfg.queue);
     let ready = Arc::new(AtomicBool::new(false));
     let metrics = Arc::new(Metrics::default());
@@ -355,6 +369,7 @@ pub async fn serve(
             cap: cfg.decode_budget,
             used: AtomicU64::new(0),
         }),
+        tiles,
     });
     let app = router(svc);
     let listener = conn::Limited::new(
@@ -470,14 +485,14 @@ fn work(det: Detector, rx: Receiver<Job>, cfg: &ServeConfig, ready: &AtomicBool,
             let start = Instant::now();
             // The images move into the batch (no copy); the rest of each job answers it.
             // Each image's share of the budget is held until its answer is ready.
-            let (imgs, replies): (Vec<DynamicImage>, Vec<_>) = same
+            let (inputs, replies): (Vec<Input>, Vec<_>) = same
                 .into_iter()
-                .map(|j| (j.img, (j.queued, j.reply, j._mem)))
+                .map(|j| (j.input, (j.queued, j.reply, j._mem)))
                 .unzip();
             // On the GPU one batch shape, so the forward is replayed from its CUDA graph
             // (batches of varying size would each be launched op by op).
             let pad_to = if pad { cfg.max_batch } else { 0 };
-            let out = det.detect_batch_padded(&imgs, params.img, &params.nms, pad_to);
+            let out = detect_inputs(&det, inputs, &params, pad_to);
             let detect = start.elapsed();
             m.batches.fetch_add(1, Ordering::Relaxed);
             m.images.fetch_add(replies.len() as u64, Ordering::Relaxed);
@@ -510,6 +525,50 @@ fn work(det: Detector, rx: Receiver<Job>, cfg: &ServeConfig, ready: &AtomicBool,
             }
         }
     }
+}
+
+/// The detections of one batch of inputs with equal parameters: the letterboxed ones through
+/// one forward per letterbox shape, the decoded ones (a tiling detector) through
+/// [`Detector::detect_batch_padded`].
+fn detect_inputs(
+    det: &Detector,
+    inputs: Vec<Input>,
+    params: &Params,
+    pad_to: usize,
+) -> Result<Vec<Vec<Detection>>> {
+    let (mut lbs, mut imgs) = (Vec::new(), Vec::new());
+    let mut letterboxed = Vec::with_capacity(inputs.len());
+    for input in inputs {
+        letterboxed.push(matches!(input, Input::Letterboxed(..)));
+        match input {
+            Input::Letterboxed(img, info) => lbs.push((img, info)),
+            Input::Image(img) => imgs.push(img),
+        }
+    }
+    let mut from_lbs = if lbs.is_empty() {
+        Vec::new()
+    } else {
+        det.detect_letterboxed(&lbs, &params.nms, pad_to)?
+    }
+    .into_iter();
+    let mut from_imgs = if imgs.is_empty() {
+        Vec::new()
+    } else {
+        det.detect_batch_padded(&imgs, params.img, &params.nms, pad_to)?
+    }
+    .into_iter();
+    // Each kind keeps its order: the answers interleave back by the inputs' kinds.
+    Ok(letterboxed
+        .into_iter()
+        .map(|lb| {
+            if lb {
+                from_lbs.next()
+            } else {
+                from_imgs.next()
+            }
+            .unwrap_or_default()
+        })
+        .collect())
 }
 
 /// An error answer `{"error": msg}`, counted.
@@ -867,9 +926,13 @@ async fn detect(
         .decode_us
         .fetch_add(decode.as_micros() as u64, Ordering::Relaxed);
     let (w, h) = img.dimensions();
-    // Decoded: only the RGB pixels stay until the answer.
+    // Decoded: only the RGB pixels stay until the letterbox is made.
     mem.shrink_to(3 * u64::from(w) * u64::from(h));
-    let a = match queue_and_wait(&svc, DynamicImage::ImageRgb8(img), params, mem).await {
+    let input = match letterboxed(&svc, img, params.img, &mut mem).await {
+        Ok(i) => i,
+        Err(r) => return *r,
+    };
+    let a = match queue_and_wait(&svc, input, params, mem).await {
         Ok(a) => a,
         Err(r) => return r,
     };
@@ -954,15 +1017,71 @@ fn reserve_decode(
 /// Queues the decoded `img` for the detection worker and waits for its answer (up to the
 /// service's timeout); the error answer when the queue is full (503), the service is stopping
 /// (503), the worker failed (500) or the time ran out (504).
+/// The job's input from the decoded image: its letterbox at `img_size`, made on a blocking
+/// thread (so in parallel across requests, off the worker), its bytes added to `mem` while it is
+/// made and the decoded image's given back after (503 when the budget has no room for them);
+/// the decoded image itself where the detector tiles.
+async fn letterboxed(
+    svc: &Service,
+    img: RgbImage,
+    img_size: u32,
+    mem: &mut Reserved,
+) -> std::result::Result<Input, Box<Response>> {
+    if svc.tiles {
+        return Ok(Input::Image(DynamicImage::ImageRgb8(img)));
+    }
+    let info = letterbox_geometry(img.width(), img.height(), img_size).map_err(|e| {
+        Box::new(fail(
+            svc,
+            StatusCode::BAD_REQUEST,
+            format!("img={img_size}: {e:#}"),
+        ))
+    })?;
+    let need = 3 * u64::from(info.out_w()) * u64::from(info.out_h());
+    let mb = |b: u64| b.div_ceil(1 << 20);
+    let (w, h) = img.dimensions();
+    if mem.bytes + need > svc.mem.cap {
+        return Err(Box::new(fail(
+            svc,
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "the image ({w}x{h}) and its letterbox at img={img_size} need about {} MB, over \
+                 the service's budget for images in flight ({} MB, --decode-budget-mb): send a \
+                 smaller image or img",
+                mb(mem.bytes + need),
+                mb(svc.mem.cap)
+            ),
+        )));
+    }
+    if !mem.grow(need) {
+        return Err(Box::new(fail(
+            svc,
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "the letterbox of the image ({w}x{h}) at img={img_size} needs about {} MB; the \
+                 images in flight hold {} of the {} MB budget: retry later",
+                mb(need),
+                mb(svc.mem.used.load(Ordering::Acquire)),
+                mb(svc.mem.cap)
+            ),
+        )));
+    }
+    let lb = tokio::task::spawn_blocking(move || apply_letterbox(&img, &info))
+        .await
+        .map_err(|e| Box::new(fail(svc, StatusCode::INTERNAL_SERVER_ERROR, format!("{e}"))))?;
+    mem.shrink_to(need);
+    Ok(Input::Letterboxed(lb, info))
+}
+
 async fn queue_and_wait(
     svc: &Service,
-    img: DynamicImage,
+    input: Input,
     params: Params,
     mem: Reserved,
 ) -> std::result::Result<Answer, Response> {
     let (reply, answer) = tokio::sync::oneshot::channel();
     let job = Job {
-        img,
+        input,
         params,
         queued: Instant::now(),
         reply,

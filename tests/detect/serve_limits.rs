@@ -221,10 +221,15 @@ fn post_png(addr: SocketAddr, png: &[u8]) -> u16 {
 
 /// POSTs `body` to /v1/detect: the status and the whole answer.
 fn post(addr: SocketAddr, png: &[u8]) -> (u16, String) {
+    post_to(addr, "/v1/detect", png)
+}
+
+/// POSTs `body` to `path` (with its query): the status and the whole answer.
+fn post_to(addr: SocketAddr, path: &str, png: &[u8]) -> (u16, String) {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
     let head = format!(
-        "POST /v1/detect HTTP/1.1\r\nHost: localhost\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        "POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         png.len()
     );
     s.write_all(head.as_bytes()).unwrap();
@@ -363,6 +368,7 @@ fn images_in_flight_share_one_memory_budget() {
     let cfg = ServeConfig {
         max_batch: 1,
         decode_budget: 9_000_000,
+        max_img: 2048,
         ..ServeConfig::default()
     };
     let (addr, stop, done) = start_with(det, cfg);
@@ -389,6 +395,22 @@ fn images_in_flight_share_one_memory_budget() {
         "{busy}"
     );
     assert_eq!(post(addr, &png).0, 200, "the budget is given back");
+    // The letterbox is held in the same budget: a 100x100 picture (30 KB decoded) asked at
+    // img=2048 letterboxes to 2048x2048 RGB (12.6 MB), over the 9 MB budget.
+    let mut small = Vec::new();
+    image::RgbImage::from_pixel(100, 100, image::Rgb([90, 30, 200]))
+        .write_to(
+            &mut std::io::Cursor::new(&mut small),
+            image::ImageFormat::Png,
+        )
+        .unwrap();
+    let (code, text) = post_to(addr, "/v1/detect?img=2048", &small);
+    assert_eq!(code, 413, "{text}");
+    assert!(
+        text.contains("100x100") && text.contains("letterbox") && text.contains("img=2048"),
+        "{text}"
+    );
+    assert_eq!(post(addr, &small).0, 200, "the refusal held nothing");
     let _ = stop.send(());
     done.join().unwrap().unwrap();
 }
