@@ -30,23 +30,33 @@ thread_local! {
 /// pinned staging memory (module docs). Errors: `device` is not CUDA, the length does not match
 /// `shape`, CUDA errors (out of memory included).
 pub fn upload_u8(data: &[u8], shape: impl Into<Shape>, device: &Device) -> Result<Tensor> {
+    upload_u8_parts(&[data], shape, device)
+}
+
+/// [`upload_u8`] of the concatenation of `parts` (a batch's images, each its own buffer),
+/// gathered straight into the staging memory: one host copy of each byte, not two.
+pub fn upload_u8_parts(
+    parts: &[&[u8]],
+    shape: impl Into<Shape>,
+    device: &Device,
+) -> Result<Tensor> {
     let shape = shape.into();
-    if shape.elem_count() != data.len() {
+    let n: usize = parts.iter().map(|p| p.len()).sum();
+    if shape.elem_count() != n {
         return Err(Error::Msg(format!(
-            "pinned upload: {} bytes for shape {shape:?}",
-            data.len()
+            "pinned upload: {n} bytes for shape {shape:?}"
         )));
     }
     if !device.is_cuda() {
         return Err(Error::Msg("pinned upload: not a CUDA device".into()));
     }
     // The op's input only carries the device; the result is the uploaded bytes.
-    Tensor::zeros(1, DType::U8, device)?.apply_op1_no_bwd(&UploadU8 { data, shape })
+    Tensor::zeros(1, DType::U8, device)?.apply_op1_no_bwd(&UploadU8 { parts, shape })
 }
 
-/// The op of [`upload_u8`].
+/// The op of [`upload_u8_parts`].
 struct UploadU8<'a> {
-    data: &'a [u8],
+    parts: &'a [&'a [u8]],
     shape: Shape,
 }
 
@@ -66,7 +76,7 @@ impl CustomOp1 for UploadU8<'_> {
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         let dev = s.device().clone();
         let stream = dev.cuda_stream();
-        let n = self.data.len();
+        let n = self.shape.elem_count();
         STAGING.with(|st| {
             let mut st = st.borrow_mut();
             let found = st
@@ -85,7 +95,12 @@ impl CustomOp1 for UploadU8<'_> {
             };
             let buf = &mut st[i];
             // Waits until the previous copy from this buffer has read it.
-            buf.as_mut_slice().w()?.copy_from_slice(self.data);
+            let mut at = 0;
+            let host = buf.as_mut_slice().w()?;
+            for p in self.parts {
+                host[at..at + p.len()].copy_from_slice(p);
+                at += p.len();
+            }
             // SAFETY: the copy below writes all n bytes before anything reads them.
             let mut dst = unsafe { dev.alloc::<u8>(n)? };
             stream.memcpy_htod(&*buf, &mut dst).w()?;

@@ -272,19 +272,21 @@ pub fn to_tensor(imgs: &[&RgbImage], device: &Device) -> Result<Tensor> {
         }
     }
     if device.is_cuda() {
-        let mut bytes = Vec::with_capacity(imgs.len() * first.as_raw().len());
-        for img in imgs {
-            bytes.extend_from_slice(img.as_raw());
-        }
         let shape = (imgs.len(), h as usize, w as usize, 3);
         #[cfg(feature = "cuda")]
         {
-            // One launch: cast, / 255 and transposition.
-            let x = crate::cuda::upload::upload_u8(&bytes, shape, device)?;
+            // Each image copied once, into the pinned staging memory; then one launch: cast,
+            // / 255 and transposition.
+            let parts: Vec<&[u8]> = imgs.iter().map(|img| img.as_raw().as_slice()).collect();
+            let x = crate::cuda::upload::upload_u8_parts(&parts, shape, device)?;
             return Ok(crate::cuda::layout::images_to_nchw_f32(&x)?);
         }
         #[cfg(not(feature = "cuda"))]
         {
+            let mut bytes = Vec::with_capacity(imgs.len() * first.as_raw().len());
+            for img in imgs {
+                bytes.extend_from_slice(img.as_raw());
+            }
             let x = Tensor::from_vec(bytes, shape, device)?;
             // 255 made on the device (no upload, no stream synchronization).
             let d = Tensor::ones((), candle_core::DType::F32, device)?.affine(255.0, 0.0)?;
