@@ -8,7 +8,7 @@
 #
 # usage (on the GPU machine, from the repository root):
 #   benches/gpu_detect_compare.sh BEFORE AFTER IMG640 OFFICIAL OUT [ROUNDS]
-# BEFORE, AFTER: detect bench binaries (`cargo bench --features cuda --bench detect --no-run`
+# BEFORE, AFTER: detect bench binaries (BEFORE `none`: AFTER alone) (`cargo bench --features cuda --bench detect --no-run`
 # of each build); IMG640: a 640x640 image; OFFICIAL: a checkout of WongKinYiu/yolov9 with
 # ../shared/bench/sitecustomize.py beside its folder or on PYTHONPATH; OUT: where the logs go.
 # env: PY (the Python with torch, default python3), EXTRA (environment settings of AFTER run as
@@ -21,6 +21,8 @@ rounds=${6:-2}
 py=${PY:-python3}
 args=(--device 0 --cfg yolov9-s --image "$img" --half)
 settings=("before" "after")
+# BEFORE `none`: the second build and its EXTRA settings alone.
+[ "$before" = none ] && settings=("after")
 declare -A env_of=([before]="YOLO9_UNUSED=1" [after]="YOLO9_UNUSED=1")
 if [ -n "${EXTRA:-}" ]; then
   IFS=';' read -ra extras <<< "$EXTRA"
