@@ -115,6 +115,7 @@ const PARALLEL_GATHER: usize = 8 << 20;
 /// few ms on one core, in the serving worker's path between two forwards).
 fn gather(parts: &[&[u8]], host: &mut [u8]) {
     use rayon::prelude::*;
+    let host_len = host.len();
     let mut dst = Vec::with_capacity(parts.len());
     let mut rest = host;
     for p in parts {
@@ -122,10 +123,7 @@ fn gather(parts: &[&[u8]], host: &mut [u8]) {
         dst.push(head);
         rest = tail;
     }
-    if rest.is_empty()
-        && parts.len() > 1
-        && parts.iter().map(|p| p.len()).sum::<usize>() >= PARALLEL_GATHER
-    {
+    if parts.len() > 1 && host_len >= PARALLEL_GATHER {
         dst.into_par_iter()
             .zip(parts.par_iter())
             .for_each(|(d, p)| d.copy_from_slice(p));

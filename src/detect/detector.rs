@@ -514,10 +514,10 @@ impl Detector {
         })())
     }
 
-    /// [`Detector::detect_batch_padded`] of images already letterboxed ([`letterbox_geometry`] and
-    /// [`apply_letterbox`] at the call's inference size) (a service letterboxes on its decode threads, in parallel,
-    /// and hands the detector only the forward): one forward per letterbox shape, each padded
-    /// to `pad_to` images. Equal to `detect_batch_padded` of the original images. Ignores the
+    /// [`Detector::detect_batch_padded`] of images already letterboxed at the call's inference
+    /// size ([`letterbox_geometry`], then [`apply_letterbox`]; a service letterboxes on its decode
+    /// threads, in parallel, and hands the detector only the forward): one forward per letterbox
+    /// shape, each padded to `pad_to` images. Equal to `detect_batch_padded` of the original images. Ignores the
     /// detector's tiling (the caller tiles, or calls `detect_batch_padded`).
     ///
     /// Errors: a failed forward.
@@ -783,8 +783,6 @@ fn load_model(
     )?))
 }
 
-/// `img` as 8-bit RGB: borrowed when it is, else converted by the rule of
-/// [`crate::data::image::to_rgb8`] (grey replicated, alpha dropped, 16-bit / 257).
 /// The letterbox geometry (official `letterbox(auto=True)`, stride 32) of a `w` x `h` image at
 /// inference size `img_size` (rounded up to a multiple of 32), as [`Detector::preprocess`] uses
 /// it; [`apply_letterbox`] makes the image. A service computes it first to hold the letterboxed
@@ -796,6 +794,8 @@ pub(crate) fn letterbox_geometry(w: u32, h: u32, img_size: u32) -> Result<Letter
     letterbox_info(w, h, s, s, STRIDE, true)
 }
 
+/// `img` as 8-bit RGB: borrowed when it is, else converted by the rule of
+/// [`crate::data::image::to_rgb8`] (grey replicated, alpha dropped, 16-bit / 257).
 fn rgb_of(img: &DynamicImage) -> std::borrow::Cow<'_, RgbImage> {
     match img.as_rgb8() {
         Some(rgb) => std::borrow::Cow::Borrowed(rgb),

@@ -1014,13 +1014,10 @@ fn reserve_decode(
     Ok(())
 }
 
-/// Queues the decoded `img` for the detection worker and waits for its answer (up to the
-/// service's timeout); the error answer when the queue is full (503), the service is stopping
-/// (503), the worker failed (500) or the time ran out (504).
 /// The job's input from the decoded image: its letterbox at `img_size`, made on a blocking
 /// thread (so in parallel across requests, off the worker), its bytes added to `mem` while it is
-/// made and the decoded image's given back after (503 when the budget has no room for them);
-/// the decoded image itself where the detector tiles.
+/// made and the decoded image's given back after (413 when the two can never fit in the budget,
+/// 503 when they do not fit now); the decoded image itself where the detector tiles.
 async fn letterboxed(
     svc: &Service,
     img: RgbImage,
@@ -1073,6 +1070,9 @@ async fn letterboxed(
     Ok(Input::Letterboxed(lb, info))
 }
 
+/// Queues the job's `input` for the detection worker and waits for its answer (up to the
+/// service's timeout); the error answer when the queue is full (503), the service is stopping
+/// (503), the worker failed (500) or the time ran out (504).
 async fn queue_and_wait(
     svc: &Service,
     input: Input,
