@@ -5,8 +5,9 @@
 #
 #   bash benches/cpu_vs_ort.sh [ROUNDS] [THREADS,...] [HxW]     (default: 3 1,2 480x640)
 #
-# Settings: the widest kernel the CPU has; the AVX2 kernel forced (YOLO9_CPU_GEMM=avx2); each
-# again with Winograd off (YOLO9_CPU_WINOGRAD=0). Forward of one image (network and decode),
+# Settings (env SETTINGS, `;`-separated, an empty one for the defaults): the widest kernel the CPU
+# has; the AVX2 kernel forced (YOLO9_CPU_GEMM=avx2); each again with Winograd's F(2x2, 3x3)
+# (YOLO9_CPU_WINOGRAD=2) instead of F(4x4, 3x3); YOLO9_CPU_WINOGRAD=0 turns Winograd off. Forward of one image (network and decode),
 # median of 10 per run (benches/cpu_detect.rs, benches/ort_cpu.py). Needs `pip install onnxruntime`.
 # Without cargo (another machine), set BIN (the cpu_detect bench binary) and DIR (a folder for the
 # ONNX export, kept between runs; the export is written there by `BIN --export-onnx` when missing).
@@ -20,7 +21,8 @@ fi
 dir=${DIR:-$(mktemp -d)}; mkdir -p "$dir"; log=$dir/runs.txt; : >"$log"
 model=$dir/m-$size-b1.onnx
 [ -f "$model" ] || "$BIN" --sizes "$size" --export-onnx "$model" >/dev/null
-settings=("" "YOLO9_CPU_GEMM=avx2" "YOLO9_CPU_WINOGRAD=0" "YOLO9_CPU_GEMM=avx2 YOLO9_CPU_WINOGRAD=0")
+IFS=';' read -ra settings <<< "${SETTINGS:-;YOLO9_CPU_GEMM=avx2;YOLO9_CPU_WINOGRAD=2;YOLO9_CPU_GEMM=avx2 YOLO9_CPU_WINOGRAD=2}"
+[ ${#settings[@]} -gt 0 ] || settings=("")
 for r in $(seq "$rounds"); do
   for t in ${threads//,/ }; do
     for s in "${settings[@]}"; do

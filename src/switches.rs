@@ -98,7 +98,7 @@ pub const SWITCHES: &[Switch] = &[
     s("YOLO9_PREFETCH", C, "`0`", "the next batch's images uploaded after the step instead of during its replay"),
     s("YOLO9_CPU_ENGINE", C, "`0`", "CPU inference through candle's ops instead of yolo9's CPU engine"),
     s("YOLO9_CPU_GEMM", C, "`generic`, `avx2`, `avx2-novnni`", "forces the CPU engine's micro-kernels to a narrower ISA than the CPU has (default: the widest, detected: AVX-512, AVX2+FMA, NEON; `avx2-novnni`: AVX2 and the INT8 kernel of CPUs without VNNI); `generic` on aarch64 too"),
-    s("YOLO9_CPU_WINOGRAD", C, "`0`", "the CPU engine's 3x3 stride-1 convolutions direct instead of by Winograd's F(2x2, 3x3)"),
+    s("YOLO9_CPU_WINOGRAD", C, "`0`, `2`", "the CPU engine's 3x3 stride-1 convolutions direct (`0`) or by Winograd's F(2x2, 3x3) (`2`) instead of F(4x4, 3x3)"),
     s("YOLO9_CPU_IMPLICIT_MAX_THREADS", C, "a number", "the most threads at which the CPU engine runs 3x3 convolutions implicitly instead of by im2col (0: im2col everywhere)"),
     s("YOLO9_STEP_TIMES", D, "`1`", "seconds per phase of the training step, and of the epoch's end, after each epoch (synchronizes the device)"),
     s("YOLO9_GRAPH_TIMES", D, "`1`", "times of the graphed training step's capture and replay"),

@@ -998,20 +998,33 @@ fn reserve_decode(
     if n > svc.mem.cap || n > crate::data::image::MAX_DECODE_BYTES {
         return Err(Box::new(too_big_image(svc, w, h, n)));
     }
-    if !mem.grow(n) {
-        return Err(Box::new(fail(
-            svc,
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!(
-                "the image ({w}x{h}) needs about {} MB to decode; the images in flight hold \
-                 {} of the {} MB budget: retry later",
-                mb(n),
-                mb(svc.mem.used.load(Ordering::Acquire)),
-                mb(svc.mem.cap)
-            ),
-        )));
+    grow_or_busy(svc, mem, n, || {
+        format!("the image ({w}x{h}) needs about {} MB to decode", mb(n))
+    })
+}
+
+/// `need` more bytes held by `mem`, or a 503 naming `what` (what needs them and how many MB)
+/// and how much of the budget the images in flight hold.
+fn grow_or_busy(
+    svc: &Service,
+    mem: &mut Reserved,
+    need: u64,
+    what: impl FnOnce() -> String,
+) -> std::result::Result<(), Box<Response>> {
+    if mem.grow(need) {
+        return Ok(());
     }
-    Ok(())
+    let mb = |b: u64| b.div_ceil(1 << 20);
+    Err(Box::new(fail(
+        svc,
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!(
+            "{}; the images in flight hold {} of the {} MB budget: retry later",
+            what(),
+            mb(svc.mem.used.load(Ordering::Acquire)),
+            mb(svc.mem.cap)
+        ),
+    )))
 }
 
 /// The job's input from the decoded image: its letterbox at `img_size`, made on a blocking
@@ -1050,19 +1063,12 @@ async fn letterboxed(
             ),
         )));
     }
-    if !mem.grow(need) {
-        return Err(Box::new(fail(
-            svc,
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!(
-                "the letterbox of the image ({w}x{h}) at img={img_size} needs about {} MB; the \
-                 images in flight hold {} of the {} MB budget: retry later",
-                mb(need),
-                mb(svc.mem.used.load(Ordering::Acquire)),
-                mb(svc.mem.cap)
-            ),
-        )));
-    }
+    grow_or_busy(svc, mem, need, || {
+        format!(
+            "the letterbox of the image ({w}x{h}) at img={img_size} needs about {} MB",
+            mb(need)
+        )
+    })?;
     let lb = tokio::task::spawn_blocking(move || apply_letterbox(&img, &info))
         .await
         .map_err(|e| Box::new(fail(svc, StatusCode::INTERNAL_SERVER_ERROR, format!("{e}"))))?;

@@ -48,7 +48,7 @@ pub(crate) struct ConvWeights {
     pub w: Vec<f32>,
     pub w0: usize,
     pub bias: Vec<f32>,
-    /// The kernel transformed for Winograd's F(2×2, 3×3), for the convolutions that run by it
+    /// The kernel transformed for Winograd's F(m×m, 3×3), for the convolutions that run by it
     /// ([`winograd::applies`]).
     pub wino: Option<winograd::Weights>,
     /// The quantized kernel of a convolution that runs in INT8 ([`int8`]).
@@ -124,7 +124,7 @@ impl ConvWeights {
             _ => None,
         };
         let wino = (q.is_none() && winograd::applies(k, stride, pad, groups, cig))
-            .then(|| winograd::Weights::new(&src, co, cig));
+            .then(|| winograd::Weights::new(&src, co, cig, winograd::tile()));
         Ok(Self {
             k,
             stride,
@@ -281,7 +281,7 @@ pub(crate) fn conv(ex: Exec, x: Act, y: Act, res: Option<Act>, cw: &ConvWeights,
     ex.each_on(tasks, run);
 }
 
-/// [`conv`] by Winograd's F(2×2, 3×3): each image's 2×2 output tiles in blocks (tasks) of at
+/// [`conv`] by Winograd's F(m×m, 3×3): each image's m×m output tiles in blocks (tasks) of at
 /// most [`winograd::Weights::block`], fewer when there are too few for the threads.
 fn conv_winograd(
     ex: Exec,
@@ -302,7 +302,7 @@ fn conv_winograd(
         h: y.h,
         w: y.w,
     };
-    let per_image = map(0).tiles();
+    let per_image = wt.tiles_of(y.h, y.w);
     let tb = wt.block().min(
         (per_image * x.b)
             .div_ceil(2 * ex.threads())
