@@ -38,7 +38,8 @@ fn input() -> Tensor {
 /// runs INT8 (on a CPU with AVX-512 VNNI; elsewhere f32, bit for bit), and its output agrees with the f32 engine's where it matters: every anchor the
 /// f32 model scores ≥ 0.5 is scored within 0.1 with its box within 4 px (measured on an AMD
 /// AVX-512 machine: 0.040 and 1.76 px on the zmm kernel, 0.048 and 2.51 px with the AVX2 f32
-/// kernel and the ymm INT8 one), and the anchors above 0.5 are as many to within 2 %.
+/// kernel and the ymm INT8 one, with F(2x2) Winograd; 0.057 and 1.58 px on the zmm kernel with
+/// F(4x4)), and the anchors above 0.5 are as many to within 2 % (10 % with 7-bit weights, below).
 #[test]
 fn calibration_round_trips_and_runs_close_to_f32() {
     let w = shipped();
@@ -118,19 +119,19 @@ fn calibration_round_trips_and_runs_close_to_f32() {
     println!("anchors ≥ 0.5: f32 {nf}, int8 {nq}; worst score {worst_s:.4}, box {worst_b:.3} px");
     assert!(nf > 15, "{nf}");
     // The kernel of AVX2 CPUs without VNNI has 7-bit weights (measured under
-    // YOLO9_CPU_GEMM=avx2-novnni: box 5.54 px; its BCCD mAP50-95 equals f32's, cpu-engine.md).
-    let box_bound = match mq.cpu_engine().unwrap().int8_kernel() {
-        Some("avx2") => 8.0,
-        _ => 4.0,
+    // YOLO9_CPU_GEMM=avx2-novnni: box 5.54 px and 22 anchors against f32's 22 with the f32
+    // layers by Winograd's F(2x2); box 5.74 px and 24 anchors with F(4x4), whose rounding moves
+    // values across the INT8 steps elsewhere; its BCCD test mAP50-95 0.527 against f32's 0.529,
+    // `int8_keeps_the_shipped_weights_map`), so its bounds are wider.
+    let (box_bound, count_bound) = match mq.cpu_engine().unwrap().int8_kernel() {
+        Some("avx2") => (8.0, 0.1 * nf as f64 + 1.0),
+        _ => (4.0, 0.02 * nf as f64 + 1.0),
     };
     assert!(
         worst_s <= 0.1 && worst_b <= box_bound,
         "score {worst_s} box {worst_b}"
     );
-    assert!(
-        (nf as f64 - nq as f64).abs() <= 0.02 * nf as f64 + 1.0,
-        "{nf} {nq}"
-    );
+    assert!((nf as f64 - nq as f64).abs() <= count_bound, "{nf} {nq}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
