@@ -786,7 +786,6 @@ async fn read_body(
 /// The 413 of a picture whose header declares `w` x `h` pixels, `n` bytes to decode, over the
 /// whole budget of images in flight.
 fn too_big_image(svc: &Service, w: u32, h: u32, n: u64) -> Response {
-    let mb = |b: u64| b.div_ceil(1 << 20);
     let limit = svc.mem.cap.min(crate::data::image::MAX_DECODE_BYTES);
     fail(
         svc,
@@ -993,7 +992,6 @@ fn reserve_decode(
     let Some((w, h, n)) = crate::data::image::declared_need(bytes) else {
         return Ok(());
     };
-    let mb = |b: u64| b.div_ceil(1 << 20);
     // Over the budget, or over what the decoder's own guard accepts: refused before any decode.
     if n > svc.mem.cap || n > crate::data::image::MAX_DECODE_BYTES {
         return Err(Box::new(too_big_image(svc, w, h, n)));
@@ -1001,6 +999,11 @@ fn reserve_decode(
     grow_or_busy(svc, mem, n, || {
         format!("the image ({w}x{h}) needs about {} MB to decode", mb(n))
     })
+}
+
+/// `bytes` in whole MiB, rounded up (the unit of `--decode-budget-mb` and its messages).
+fn mb(bytes: u64) -> u64 {
+    bytes.div_ceil(1 << 20)
 }
 
 /// `need` more bytes held by `mem`, or a 503 naming `what` (what needs them and how many MB)
@@ -1014,7 +1017,6 @@ fn grow_or_busy(
     if mem.grow(need) {
         return Ok(());
     }
-    let mb = |b: u64| b.div_ceil(1 << 20);
     Err(Box::new(fail(
         svc,
         StatusCode::SERVICE_UNAVAILABLE,
@@ -1048,7 +1050,6 @@ async fn letterboxed(
         ))
     })?;
     let need = 3 * u64::from(info.out_w()) * u64::from(info.out_h());
-    let mb = |b: u64| b.div_ceil(1 << 20);
     let (w, h) = img.dimensions();
     if mem.bytes + need > svc.mem.cap {
         return Err(Box::new(fail(
